@@ -1,0 +1,30 @@
+"""The one exception hierarchy of metrics_core.
+
+Every error the library raises on purpose derives from ``MetricsError``, so training code can
+catch "anything the metrics layer refused" in one clause.  Subclasses are grouped by cause and
+also derive from the matching built-in (``ValueError``, ``TypeError`` ...), so code written
+against the built-ins keeps working.  Messages say what was expected, what arrived, and where
+(path, line number, key) when there is a where.
+"""
+
+from __future__ import annotations
+
+
+class MetricsError(Exception):
+    """Base class of every error raised on purpose by metrics_core."""
+
+
+class RecordValueError(MetricsError, ValueError):
+    """A record field has a value the format cannot hold (NaN, Infinity, a reserved key)."""
+
+
+class RecordTypeError(MetricsError, TypeError):
+    """A record field has a type that is not a JSON scalar."""
+
+
+class WriterLockedError(MetricsError, RuntimeError):
+    """Another writer already holds the run's metrics file."""
+
+
+class WriterStateError(MetricsError, RuntimeError):
+    """The writer was used outside its ``with`` block (not opened yet, or already closed)."""

@@ -1,0 +1,294 @@
+"""Append-only, crash-safe ``metrics.jsonl`` writer for one training session.
+
+Contract
+--------
+* One record is one line: a flat JSON object terminated by ``\\n``.  The newline is the commit
+  point: bytes after the last ``\\n`` are not a record, and every reader ignores them.
+* A process killed mid-write (SIGKILL, OOM killer, node loss) leaves at most one incomplete last
+  line.  The next ``MetricsWriter`` to open the file cuts exactly that tail (scanning back in
+  bounded 4096-byte chunks, so a huge file costs nothing to open) and reports the count in
+  ``discarded_bytes``.  Complete historical lines are never read, validated or rewritten.
+* A write that fails half-way (disk full) is rolled back to the previous line boundary before the
+  error propagates, so a later write never glues itself onto a torn line.
+* Invalid input raises *before* anything touches the file: the file stays byte-identical.
+* One writer per file.  The lock is an open-file-description lock (``F_OFD_SETLK``, Linux ≥ 3.15),
+  an ``fcntl`` byte-range lock: unlike ``flock`` it is carried by NFS (NLM for v3, native in v4)
+  and Lustre, and unlike classic POSIX ``lockf`` locks it belongs to this open file, so a reader in
+  the same process closing its own descriptor of the file cannot silently drop it, and a second
+  writer in the same process is refused too.  Where OFD locks do not exist (non-Linux) it falls
+  back to ``lockf``.
+
+Assumed: the clock is only used for the ``time`` field; ordering comes from the file.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import math
+import operator
+import os
+import struct
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import orjson
+
+from metrics_core.errors import (
+    RecordTypeError,
+    RecordValueError,
+    WriterLockedError,
+    WriterStateError,
+)
+
+SCHEMA_VERSION = 1
+METRICS_FILENAME = "metrics.jsonl"
+BASE_FIELDS = frozenset(
+    ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
+)
+TAIL_CHUNK = 4096
+_PLAIN_SCALARS = frozenset((int, str, bool, type(None)))
+
+
+@dataclass
+class RunContext:
+    """Where a session writes and how its records are labelled."""
+
+    directory: Path
+    run_id: str
+    session_id: str
+
+    def __post_init__(self) -> None:
+        self.directory = Path(self.directory)
+
+
+@dataclass
+class TrainingState:
+    """The three counters stamped on every record; any object with these attributes works."""
+
+    step: int = 0
+    tokens_seen: int = 0
+    skipped_updates: int = 0
+
+
+class _HasCounters(Protocol):
+    step: int
+    tokens_seen: int
+    skipped_updates: int
+
+
+def json_scalar(key: str, value: Any) -> str | int | float | bool | None:
+    """Return ``value`` as a plain JSON scalar, or raise naming ``key``.
+
+    numpy scalars are unwrapped with ``.item()`` (orjson refuses them without an option, and the
+    training side must not import numpy just to recognise them).  NaN and ±Infinity are refused
+    explicitly because orjson would silently write them as ``null``.
+    """
+    kind = type(value)
+    if kind is float:
+        if not math.isfinite(value):
+            raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
+        return value
+    if kind is int or kind is str or kind is bool or value is None:
+        return value
+    if kind.__module__ == "numpy" and getattr(value, "ndim", None) == 0:
+        return json_scalar(key, value.item())
+    if isinstance(value, bool):
+        return bool(value)
+    if isinstance(value, int):
+        return int(value)
+    if isinstance(value, float):
+        return json_scalar(key, float(value))
+    if isinstance(value, str):
+        return str(value)
+    hint = " (call .item() on a 0-d tensor)" if hasattr(value, "item") else ""
+    raise RecordTypeError(
+        f"{key!r} has type {kind.__module__}.{kind.__qualname__}: expected a JSON scalar "
+        f"(str, int, float, bool, None or a numpy scalar){hint}; nothing was written"
+    )
+
+
+def _counter(state: object, name: str) -> int:
+    value = getattr(state, name)
+    if isinstance(value, bool):
+        raise RecordTypeError(f"state.{name} is a bool: expected an int")
+    try:
+        return operator.index(value)
+    except TypeError:
+        kind = type(value)
+        raise RecordTypeError(
+            f"state.{name} has type {kind.__module__}.{kind.__qualname__}: expected an int"
+        ) from None
+
+
+def tail_start(fd: int, size: int) -> int:
+    """Offset just after the last ``\\n`` in the first ``size`` bytes of ``fd`` (0 if none).
+
+    Reads backwards in ``TAIL_CHUNK`` pieces, so only the torn tail itself is ever read.
+    """
+    end = size
+    while end > 0:
+        start = max(0, end - TAIL_CHUNK)
+        newline = os.pread(fd, end - start, start).rfind(b"\n")
+        if newline >= 0:
+            return start + newline + 1
+        end = start
+    return 0
+
+
+def _lock_exclusive(fd: int) -> None:
+    """Take a non-blocking exclusive lock on the whole file; BlockingIOError if held."""
+    if hasattr(fcntl, "F_OFD_SETLK"):
+        # struct flock {short l_type; short l_whence; off_t l_start; off_t l_len; pid_t l_pid;}
+        # l_len = 0 locks to end of file whatever it grows to; OFD locks need l_pid = 0.
+        request = struct.pack("hhqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        try:
+            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
+        except OSError as exc:
+            if exc.errno in (11, 13):  # EAGAIN / EACCES: somebody else holds it
+                raise BlockingIOError(exc.errno, exc.strerror) from None
+            raise
+    else:  # pragma: no cover - non-Linux
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+
+
+class MetricsWriter:
+    """Context manager owning ``run.directory / "metrics.jsonl"`` for one session.
+
+    >>> with MetricsWriter(RunContext("runs/a", "a", "s1")) as w:
+    ...     w.write("train", state, train_loss=2.3, lr=3e-4)
+
+    ``fsync=True`` makes each record durable against power loss at the cost of a disk flush per
+    write (milliseconds on network storage); the default survives process death, which is the
+    common failure, at microsecond cost.  ``clock`` returns nanoseconds since the Unix epoch.
+    """
+
+    def __init__(
+        self,
+        run: RunContext,
+        *,
+        fsync: bool = False,
+        clock: Callable[[], int] = time.time_ns,
+    ) -> None:
+        self.run = run
+        self.path = Path(run.directory) / METRICS_FILENAME
+        self.fsync = fsync
+        self.discarded_bytes = 0
+        self._clock = clock
+        self._stamp_second = -1
+        self._stamp_prefix = ""
+        self._file: Any = None
+        self._size = 0
+
+    def __enter__(self) -> MetricsWriter:
+        if self._file is not None:
+            raise WriterStateError(f"{self.path}: this writer is already open")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        file = open(self.path, "ab+", buffering=0)
+        try:
+            try:
+                _lock_exclusive(file.fileno())
+            except BlockingIOError:
+                raise WriterLockedError(
+                    f"{self.path}: another writer holds this file; only one process may write a "
+                    "run's metrics.jsonl at a time (give each concurrent job its own run directory)"
+                ) from None
+            size = os.fstat(file.fileno()).st_size
+            keep = size if size == 0 or os.pread(file.fileno(), 1, size - 1) == b"\n" else None
+            if keep is None:
+                keep = tail_start(file.fileno(), size)
+                os.ftruncate(file.fileno(), keep)
+                if self.fsync:
+                    os.fsync(file.fileno())
+            self.discarded_bytes = size - keep
+            self._size = keep
+        except BaseException:
+            file.close()
+            raise
+        self._file = file
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the file and release the lock (idempotent)."""
+        if self._file is not None:
+            self._file.close()  # closing the descriptor releases the OFD lock
+            self._file = None
+
+    def record(self, event: str, state: _HasCounters, values: Mapping[str, Any]) -> dict[str, Any]:
+        """Build and validate the record ``write`` would append, without writing it.
+
+        This is the hot path of every ``write``: plain ints, strs and finite floats take a
+        branch each; anything else goes through ``json_scalar`` for unwrapping or a clear error.
+        """
+        if type(event) is not str or not event:
+            raise RecordTypeError(f"event must be a non-empty str, got {event!r}")
+        if not BASE_FIELDS.isdisjoint(values):
+            clash = ", ".join(sorted(map(repr, BASE_FIELDS.intersection(values))))
+            raise RecordValueError(
+                f"{clash} collide with base fields set by the writer; rename them (nothing was written)"
+            )
+        step, tokens_seen, skipped = state.step, state.tokens_seen, state.skipped_updates
+        if not (type(step) is int and type(tokens_seen) is int and type(skipped) is int):
+            step, tokens_seen, skipped = (
+                _counter(state, "step"),
+                _counter(state, "tokens_seen"),
+                _counter(state, "skipped_updates"),
+            )
+        record: dict[str, Any] = {
+            "schema_version": SCHEMA_VERSION,
+            "time": self._timestamp(),
+            "run_id": self.run.run_id,
+            "session_id": self.run.session_id,
+            "event": event,
+            "step": step,
+            "tokens_seen": tokens_seen,
+            "skipped_updates": skipped,
+            **values,
+        }
+        for key, value in values.items():
+            kind = type(value)
+            if kind is float:
+                if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
+                    raise RecordValueError(
+                        f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written"
+                    )
+            elif kind not in _PLAIN_SCALARS:
+                record[key] = json_scalar(key, value)
+        return record
+
+    def _timestamp(self) -> str:
+        """UTC ISO-8601 with offset; the date-time part is formatted once per second, not per call."""
+        seconds, nanos = divmod(self._clock(), 1_000_000_000)
+        if seconds != self._stamp_second:
+            self._stamp_second = seconds
+            self._stamp_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
+        return f"{self._stamp_prefix}.{nanos // 1000:06d}+00:00"
+
+    def write(self, event: str, state: _HasCounters, /, **values: Any) -> dict[str, Any]:
+        """Append one record and flush it to the OS; return the record as written."""
+        if self._file is None:
+            raise WriterStateError(f"{self.path}: write() outside the writer's with-block")
+        record = self.record(event, state, values)
+        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        fd = self._file.fileno()
+        try:
+            written = self._file.write(line)
+            while written < len(line):  # a short write to a regular file is rare but legal
+                written += self._file.write(line[written:])
+        except BaseException:
+            # Never leave a torn line for the next record to glue onto; the file size, not a
+            # local counter, says whether the line is complete (an interrupt may land anywhere).
+            if os.fstat(fd).st_size != self._size + len(line):
+                os.ftruncate(fd, self._size)
+                raise
+            self._size += len(line)
+            raise
+        self._size += len(line)
+        if self.fsync:
+            os.fsync(fd)
+        return record

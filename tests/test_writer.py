@@ -1,0 +1,410 @@
+"""MetricsWriter: record format, tail recovery, refusal of bad input, locking, real crashes."""
+
+from __future__ import annotations
+
+import math
+import signal
+import subprocess
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import orjson
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from metrics_core import (
+    MetricsWriter,
+    RecordTypeError,
+    RecordValueError,
+    RunContext,
+    TrainingState,
+    WriterLockedError,
+    WriterStateError,
+)
+from tests.conftest import read_records, spawn_python
+
+
+def test_path_is_metrics_jsonl_and_directory_is_created(run: RunContext) -> None:
+    """The writer owns run.directory/metrics.jsonl and creates missing directories."""
+    assert not run.directory.exists()
+    with MetricsWriter(run) as writer:
+        assert writer.path == run.directory / "metrics.jsonl"
+        assert writer.discarded_bytes == 0
+    assert writer.path.is_file()
+
+
+def test_run_context_accepts_str(tmp_path: Path) -> None:
+    """RunContext.directory may be given as a str and becomes a Path."""
+    ctx = RunContext(str(tmp_path / "r"), "r", "s")
+    assert ctx.directory == tmp_path / "r"
+
+
+def test_record_has_base_fields_and_is_returned_as_written(run: RunContext) -> None:
+    """A record is one flat JSON line with the base fields first, identical to what write returns."""
+    state = TrainingState(step=7, tokens_seen=7000, skipped_updates=1)
+    with MetricsWriter(run) as writer:
+        returned = writer.write("train", state, train_loss=2.5, lr=3e-4, note="warmup", flag=True, gap=None)
+    raw = writer.path.read_bytes()
+    assert raw.count(b"\n") == 1 and raw.endswith(b"\n")
+    (on_disk,) = read_records(writer.path)
+    assert on_disk == returned
+    assert list(on_disk)[:8] == [
+        "schema_version",
+        "time",
+        "run_id",
+        "session_id",
+        "event",
+        "step",
+        "tokens_seen",
+        "skipped_updates",
+    ]
+    assert on_disk["schema_version"] == 1
+    assert (on_disk["run_id"], on_disk["session_id"], on_disk["event"]) == ("exp1", "s1", "train")
+    assert (on_disk["step"], on_disk["tokens_seen"], on_disk["skipped_updates"]) == (7, 7000, 1)
+    assert on_disk["gap"] is None and on_disk["note"] == "warmup" and on_disk["flag"] is True
+    when = datetime.fromisoformat(on_disk["time"])
+    assert when.utcoffset() is not None and when.utcoffset().total_seconds() == 0
+
+
+def test_any_object_with_the_three_counters_is_a_state(run: RunContext) -> None:
+    """The writer reads only step, tokens_seen and skipped_updates from the state."""
+
+    class Trainer:
+        step, tokens_seen, skipped_updates, model = np.int64(3), 300, 0, object()
+
+    with MetricsWriter(run) as writer:
+        record = writer.write("checkpoint", Trainer(), path="ckpt-3.pt")
+    assert record["step"] == 3 and type(record["step"]) is int
+
+
+def test_state_counter_of_wrong_type_is_refused(run: RunContext) -> None:
+    """A float step is a caller bug: TypeError naming the counter, nothing written."""
+    with MetricsWriter(run) as writer:
+        with pytest.raises(RecordTypeError, match=r"state\.step .*float"):
+            writer.write("train", TrainingState(step=1.5))
+    assert writer.path.read_bytes() == b""
+
+
+def test_sessions_append_and_keep_prior_lines(run: RunContext) -> None:
+    """A second session appends after the first one's complete lines without touching them."""
+    state = TrainingState()
+    with MetricsWriter(run) as writer:
+        for step in range(3):
+            state.step = step
+            writer.write("train", state, train_loss=1.0 / (step + 1))
+    before = writer.path.read_bytes()
+    resumed = RunContext(run.directory, run.run_id, "s2")
+    with MetricsWriter(resumed) as writer:
+        assert writer.discarded_bytes == 0
+        writer.write("session_start", state, discarded_bytes=writer.discarded_bytes)
+    after = writer.path.read_bytes()
+    assert after.startswith(before)
+    assert [r["session_id"] for r in read_records(writer.path)] == ["s1", "s1", "s1", "s2"]
+
+
+@pytest.mark.parametrize("tail_len", [1, 4095, 4096, 4097, 3 * 4096 + 17])
+def test_torn_tail_is_cut_exactly(run: RunContext, tail_len: int) -> None:
+    """Only the bytes after the last newline are cut, whatever their length relative to the chunk."""
+    with MetricsWriter(run) as writer:
+        writer.write("train", TrainingState(step=1), train_loss=1.0)
+        writer.write("train", TrainingState(step=2), train_loss=0.9)
+    complete = writer.path.read_bytes()
+    torn = (b'{"schema_version":1,"x":"' + b"y" * tail_len)[:tail_len]
+    writer.path.write_bytes(complete + torn)
+    resumed = RunContext(run.directory, run.run_id, "s2")
+    with MetricsWriter(resumed) as writer:
+        assert writer.discarded_bytes == tail_len
+        assert writer.path.read_bytes() == complete
+        writer.write("train", TrainingState(step=3), train_loss=0.8)
+    assert [r["step"] for r in read_records(writer.path)] == [1, 2, 3]
+
+
+@pytest.mark.parametrize("size", [1, 4096, 4097, 50_000])
+def test_file_without_any_newline_becomes_empty(run: RunContext, size: int) -> None:
+    """A file holding no complete line at all is truncated to empty."""
+    run.directory.mkdir(parents=True)
+    (run.directory / "metrics.jsonl").write_bytes(b"x" * size)
+    with MetricsWriter(run) as writer:
+        assert writer.discarded_bytes == size
+    assert writer.path.read_bytes() == b""
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    content=st.one_of(
+        st.binary(max_size=300),
+        st.lists(st.sampled_from([b"\n", b"a" * 4095, b"{}", b"\xff", b"b" * 4096, b"\n\n"]), max_size=8).map(
+            b"".join
+        ),
+    )
+)
+def test_tail_recovery_property(tmp_path_factory: pytest.TempPathFactory, content: bytes) -> None:
+    """For any file content, opening keeps exactly the prefix up to and including the last newline."""
+    directory = tmp_path_factory.mktemp("prop")
+    (directory / "metrics.jsonl").write_bytes(content)
+    with MetricsWriter(RunContext(directory, "r", "s")) as writer:
+        pass
+    expected = content[: content.rfind(b"\n") + 1]
+    assert writer.path.read_bytes() == expected
+    assert writer.discarded_bytes == len(content) - len(expected)
+
+
+@pytest.mark.parametrize(
+    "bad", [math.nan, math.inf, -math.inf, np.float32("nan"), np.float64("-inf")], ids=repr
+)
+def test_nan_and_infinity_are_refused_and_nothing_is_written(run: RunContext, bad: float) -> None:
+    """NaN/Inf raise ValueError naming the key; the file stays byte-identical."""
+    with MetricsWriter(run) as writer:
+        writer.write("train", TrainingState(step=1), train_loss=1.0)
+        before = writer.path.read_bytes()
+        with pytest.raises(ValueError, match="'grad_norm_max'"):
+            writer.write("train", TrainingState(step=2), train_loss=1.0, grad_norm_max=bad)
+        assert writer.path.read_bytes() == before
+
+
+@pytest.mark.parametrize(
+    ("bad", "type_name"),
+    [
+        ([1.0], "list"),
+        ({"a": 1}, "dict"),
+        (object(), "object"),
+        (np.array([1.0, 2.0]), "ndarray"),
+        (b"x", "bytes"),
+    ],
+)
+def test_non_scalar_values_are_refused(run: RunContext, bad: object, type_name: str) -> None:
+    """A value that is not a JSON scalar raises TypeError naming key and type; nothing written."""
+    with MetricsWriter(run) as writer:
+        with pytest.raises(TypeError, match=rf"'loss_parts' has type .*{type_name}"):
+            writer.write("train", TrainingState(), loss_parts=bad)
+    assert writer.path.read_bytes() == b""
+
+
+@pytest.mark.parametrize("key", ["step", "time", "event", "session_id", "schema_version"])
+def test_keys_colliding_with_base_fields_are_refused(run: RunContext, key: str) -> None:
+    """A value may not overwrite a base field."""
+    with MetricsWriter(run) as writer:
+        with pytest.raises(RecordValueError, match=key):
+            writer.write("train", TrainingState(), **{key: 1})
+    assert writer.path.read_bytes() == b""
+
+
+def test_numpy_scalars_are_written_as_plain_json(run: RunContext) -> None:
+    """numpy scalars are unwrapped, so the line is standard JSON with the same values."""
+    with MetricsWriter(run) as writer:
+        record = writer.write(
+            "train", TrainingState(), a=np.float32(0.5), b=np.int64(3), c=np.bool_(True), d=np.str_("x")
+        )
+    assert read_records(writer.path) == [record]
+    assert (record["a"], record["b"], record["c"], record["d"]) == (0.5, 3, True, "x")
+
+
+def test_write_outside_the_with_block_is_an_error(run: RunContext) -> None:
+    """Writing before opening or after closing raises instead of silently dropping the record."""
+    writer = MetricsWriter(run)
+    with pytest.raises(WriterStateError, match="outside"):
+        writer.write("train", TrainingState())
+    with writer:
+        writer.write("train", TrainingState())
+    with pytest.raises(WriterStateError):
+        writer.write("train", TrainingState())
+    assert len(read_records(writer.path)) == 1
+
+
+def test_fsync_mode_writes_the_same_records(run: RunContext) -> None:
+    """fsync=True changes durability, not content."""
+    with MetricsWriter(run, fsync=True) as writer:
+        writer.write("train", TrainingState(step=1), train_loss=1.0)
+    assert read_records(writer.path)[0]["train_loss"] == 1.0
+
+
+def test_injected_clock_sets_time(run: RunContext) -> None:
+    """The time field comes from the clock passed in (ns since epoch), as ISO-8601 UTC with offset."""
+    fixed = datetime.fromisoformat("2026-01-02T03:04:05.000006+00:00")
+    ticks = iter([int(fixed.timestamp()) * 10**9 + 6_999, int(fixed.timestamp() + 1) * 10**9 + 123_456_789])
+    with MetricsWriter(run, clock=lambda: next(ticks)) as writer:
+        first = writer.write("train", TrainingState())
+        second = writer.write("train", TrainingState())
+    assert first["time"] == "2026-01-02T03:04:05.000006+00:00"
+    assert second["time"] == "2026-01-02T03:04:06.123456+00:00"
+
+
+def test_default_clock_is_now_in_utc(run: RunContext) -> None:
+    """Without a clock the time is the current UTC time."""
+    with MetricsWriter(run) as writer:
+        record = writer.write("train", TrainingState())
+    assert abs(datetime.fromisoformat(record["time"]).timestamp() - time.time()) < 5
+
+
+LOCK_HOLDER = """
+import sys
+from metrics_core import MetricsWriter, RunContext, TrainingState
+with MetricsWriter(RunContext(sys.argv[1], "r", "holder")) as w:
+    w.write("session_start", TrainingState())
+    print("ready", flush=True)
+    sys.stdin.readline()
+print("closed", flush=True)
+"""
+
+
+def test_second_writer_process_is_refused_until_the_first_closes(run: RunContext) -> None:
+    """A real second process holding the file makes this one fail with a message naming the file."""
+    holder = spawn_python(LOCK_HOLDER, str(run.directory))
+    try:
+        assert holder.stdout.readline().strip() == "ready", holder.stderr.read()
+        with pytest.raises(WriterLockedError, match="another writer") as info:
+            with MetricsWriter(RunContext(run.directory, "r", "intruder")):
+                pass
+        assert str(run.directory / "metrics.jsonl") in str(info.value)
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        assert holder.stdout.readline().strip() == "closed"
+    finally:
+        holder.kill()
+        holder.wait()
+    with MetricsWriter(RunContext(run.directory, "r", "next")) as writer:
+        writer.write("session_start", TrainingState())
+    assert [r["session_id"] for r in read_records(writer.path)] == ["holder", "next"]
+
+
+def test_second_writer_in_the_same_process_is_refused(run: RunContext) -> None:
+    """The lock belongs to the open file, so even this process cannot open the run twice."""
+    with MetricsWriter(run):
+        with pytest.raises(WriterLockedError):
+            with MetricsWriter(RunContext(run.directory, "r", "twin")):
+                pass
+
+
+PROBE_LOCK = """
+import sys
+from metrics_core import MetricsWriter, RunContext, WriterLockedError
+try:
+    with MetricsWriter(RunContext(sys.argv[1], "r", "probe")):
+        print("acquired")
+except WriterLockedError:
+    print("refused")
+"""
+
+
+def test_reader_closing_the_file_in_the_writers_process_keeps_the_lock(run: RunContext) -> None:
+    """Opening and closing the file for reading (as the dashboard would) must not drop the lock."""
+    with MetricsWriter(run) as writer:
+        with open(writer.path, "rb") as peek:
+            peek.read()
+        probe = subprocess.run(
+            [sys.executable, "-c", PROBE_LOCK, str(run.directory)], capture_output=True, text=True, check=True
+        )
+        assert probe.stdout.strip() == "refused"
+
+
+LOOP_WRITER = """
+import sys
+from metrics_core import MetricsWriter, RunContext, TrainingState
+state = TrainingState()
+with MetricsWriter(RunContext(sys.argv[1], "r", "doomed")) as w:
+    while True:
+        state.step += 1
+        state.tokens_seen += 4096
+        w.write("train", state, train_loss=10.0 / state.step, lr=3e-4, tokens=4096,
+                attempted_updates=1, updates=1, skipped_updates_in_window=0,
+                grad_norm_avg=1.0, grad_norm_max=1.0, clipped_fraction=0.0)
+        print(state.step, flush=True)
+"""
+
+
+def test_sigkill_mid_loop_loses_no_written_record(run: RunContext) -> None:
+    """Every record a killed writer reported as written is on disk; the next session continues."""
+    child = spawn_python(LOOP_WRITER, str(run.directory))
+    last_reported = 0
+    deadline = time.monotonic() + 30
+    while last_reported < 2000 and time.monotonic() < deadline:
+        last_reported = int(child.stdout.readline())
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    assert child.returncode == -signal.SIGKILL
+    path = run.directory / "metrics.jsonl"
+    data = path.read_bytes()
+    complete = data[: data.rfind(b"\n") + 1]
+    steps = [orjson.loads(line)["step"] for line in complete.splitlines()]
+    assert steps == list(range(1, len(steps) + 1)), "records must be whole and in order"
+    assert len(steps) >= last_reported
+    with MetricsWriter(RunContext(run.directory, "r", "resumed")) as writer:
+        assert writer.discarded_bytes == len(data) - len(complete)
+        writer.write("session_start", TrainingState(step=steps[-1]), discarded_bytes=writer.discarded_bytes)
+    records = read_records(path)
+    assert records[-1]["session_id"] == "resumed" and len(records) == len(steps) + 1
+
+
+TORN_WRITER = """
+import os, sys, time
+from metrics_core import MetricsWriter, RunContext, TrainingState
+with MetricsWriter(RunContext(sys.argv[1], "r", "doomed")) as w:
+    for step in range(1, 4):
+        w.write("train", TrainingState(step=step), train_loss=1.0)
+    # A trainer dying inside a multi-part write leaves half a line behind.
+    os.write(w._file.fileno(), b'{"schema_version":1,"event":"train","step":4,"train_lo')
+    print("torn", flush=True)
+    time.sleep(60)
+"""
+
+
+def test_sigkill_with_torn_line_then_resume_cuts_only_the_tail(run: RunContext) -> None:
+    """A process killed with half a line on disk: the next session cuts just that and appends."""
+    child = spawn_python(TORN_WRITER, str(run.directory))
+    assert child.stdout.readline().strip() == "torn", child.stderr.read()
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    with MetricsWriter(RunContext(run.directory, "r", "resumed")) as writer:
+        assert writer.discarded_bytes == len(b'{"schema_version":1,"event":"train","step":4,"train_lo')
+        writer.write("train", TrainingState(step=4), train_loss=0.5)
+    assert [(r["session_id"], r["step"]) for r in read_records(writer.path)] == [
+        ("doomed", 1),
+        ("doomed", 2),
+        ("doomed", 3),
+        ("resumed", 4),
+    ]
+
+
+DISK_FULL_WRITER = """
+import resource, signal, sys
+from metrics_core import MetricsWriter, RunContext, TrainingState
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+with MetricsWriter(RunContext(sys.argv[1], "r", "s")) as w:
+    resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
+    step = 0
+    try:
+        while True:
+            step += 1
+            w.write("train", TrainingState(step=step), train_loss=1.0, pad="p" * 150)
+    except OSError as exc:
+        print("failed at", step, exc.errno, flush=True)
+"""
+
+
+def test_failed_write_is_rolled_back_to_a_line_boundary(run: RunContext) -> None:
+    """A write cut short by a full disk (file-size limit) leaves no torn line behind."""
+    result = subprocess.run(
+        [sys.executable, "-c", DISK_FULL_WRITER, str(run.directory)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert result.stdout.startswith("failed at"), result.stderr
+    failed_step = int(result.stdout.split()[2])
+    records = read_records(run.directory / "metrics.jsonl")
+    assert [r["step"] for r in records] == list(range(1, failed_step))
+
+
+def test_importing_metrics_core_stays_light() -> None:
+    """The training side must not pull in the UI or data stack."""
+    code = (
+        "import sys, metrics_core, metrics_core.writer, metrics_core.window\n"
+        "heavy = {'streamlit', 'plotly', 'pandas', 'numpy', 'watchdog', 'torch'}\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
