@@ -9,6 +9,7 @@ from metrics_core.errors import (
     MetricsError,
     RecordTypeError,
     RecordValueError,
+    RunNotFoundError,
     WriterLockedError,
     WriterStateError,
 )
@@ -23,6 +24,7 @@ __all__ = [
     "RecordTypeError",
     "RecordValueError",
     "RunContext",
+    "RunNotFoundError",
     "TrainingState",
     "TrainingWindow",
     "WriterLockedError",

@@ -28,3 +28,11 @@ class WriterLockedError(MetricsError, RuntimeError):
 
 class WriterStateError(MetricsError, RuntimeError):
     """The writer was used outside its ``with`` block (not opened yet, or already closed)."""
+
+
+class RunNotFoundError(MetricsError, FileNotFoundError):
+    """A run directory or metrics file that was asked for does not exist."""
+
+
+class RunPathError(MetricsError, ValueError):
+    """A run name that points outside the runs root (``..``, an absolute path, a symlink escape)."""

@@ -138,12 +138,29 @@ def tail_start(fd: int, size: int) -> int:
     return 0
 
 
+_FLOCK = "hhqqixxxx"  # struct flock {short l_type; short l_whence; off_t l_start; off_t l_len; pid_t l_pid;}
+
+
+def lock_is_held(fd: int) -> bool | None:
+    """Whether some writer holds the metrics file open on ``fd`` (any mode); None if unknowable.
+
+    Lets a reader tell a hung trainer (lock held, no records) from a dead one (lock gone) from
+    the file alone, on the same host or over NFS.
+    """
+    if not hasattr(fcntl, "F_OFD_GETLK"):  # pragma: no cover - non-Linux
+        return None
+    try:
+        reply = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
+    except OSError:
+        return None
+    return struct.unpack(_FLOCK, reply)[0] != fcntl.F_UNLCK
+
+
 def _lock_exclusive(fd: int) -> None:
     """Take a non-blocking exclusive lock on the whole file; BlockingIOError if held."""
     if hasattr(fcntl, "F_OFD_SETLK"):
-        # struct flock {short l_type; short l_whence; off_t l_start; off_t l_len; pid_t l_pid;}
         # l_len = 0 locks to end of file whatever it grows to; OFD locks need l_pid = 0.
-        request = struct.pack("hhqqixxxx", fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
+        request = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
         try:
             fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
         except OSError as exc:

@@ -34,3 +34,29 @@ def spawn_python(code: str, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def base_record(step: int = 0, *, event: str = "train", session: str = "s1", **values: object) -> dict:
+    """A valid record as the writer would produce it, for hand-crafted files."""
+    return {
+        "schema_version": 1,
+        "time": f"2026-11-29T10:{step // 60 % 60:02d}:{step % 60:02d}.000000+00:00",
+        "run_id": "r",
+        "session_id": session,
+        "event": event,
+        "step": step,
+        "tokens_seen": step * 100,
+        "skipped_updates": 0,
+        **values,
+    }
+
+
+def append_bytes(path: Path, data: bytes) -> None:
+    """Append raw bytes, as a (possibly misbehaving) trainer would."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "ab") as out:
+        out.write(data)
+
+
+def append_records(path: Path, *records: dict) -> None:
+    append_bytes(path, b"".join(orjson.dumps(r) + b"\n" for r in records))

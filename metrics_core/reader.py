@@ -1,0 +1,701 @@
+"""Incremental reader of one run's ``metrics.jsonl``.
+
+Promises
+--------
+* ``refresh()`` hands out only **new, complete** records: it remembers the byte offset after the
+  last ``\\n`` it consumed and reads only what was appended since.  Bytes after the last ``\\n``
+  are never parsed, even when they happen to be valid JSON: they are ``pending_bytes`` until
+  their newline arrives (a writer may be mid-line, or was killed there and the next writer will
+  cut them).
+* A complete line that is not a JSON object with valid base fields is skipped and counted in
+  ``bad_lines``, with the line number and reason of the first few in ``bad_line_samples``; it
+  is never fatal.  Blank lines are ignored.  ``schema_version`` above 1 is read and reported.
+* A file that shrank, was replaced (new inode) or was rewritten before the consumed offset is
+  re-read from the start; ``resets`` counts that and ``reset_reasons`` says why.
+* Records are held column-wise (``metrics_core.columns``): ~8 bytes per numeric field, strings
+  as categories.
+
+Cost: a refresh that finds nothing new is one ``stat``.  New bytes are parsed by an exact
+per-line loop (orjson) for small appends and by pyarrow's JSON reader for large blocks (a cold
+load); pyarrow is only given complete lines, and any block it rejects, or in which any line fails
+validation, is re-parsed line by line so that every bad line is found and located exactly.
+
+Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
+are contiguous and an earlier session's records never change once a later session has begun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import io
+import math
+import os
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import orjson
+import pandas as pd
+
+from metrics_core.columns import Chunk, Table, chunk_from_pylist
+from metrics_core.errors import RunNotFoundError
+from metrics_core.writer import BASE_FIELDS, METRICS_FILENAME, lock_is_held
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_MICROSECOND = timedelta(microseconds=1)
+_BASE_ORDER = (
+    "schema_version",
+    "time",
+    "run_id",
+    "session_id",
+    "event",
+    "step",
+    "tokens_seen",
+    "skipped_updates",
+)
+_BASE_TYPES = {
+    name: (str if name in ("time", "run_id", "session_id", "event") else int) for name in _BASE_ORDER
+}
+_BASE_TUPLE = tuple(_BASE_TYPES[name] for name in _BASE_ORDER)
+assert set(_BASE_ORDER) == BASE_FIELDS
+READ_CHUNK = 32 << 20  # bytes per read; bounds peak memory of a cold load
+ARROW_MIN_BLOCK = 1 << 20  # below this the per-line loop is faster than pyarrow's start-up
+MAX_BAD_LINE_SAMPLES = 20
+FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
+_MARKER_EVENTS = ("session_start", "session_end")
+_RECENT_TIMES = 64
+
+
+@dataclass(frozen=True, slots=True)
+class BadLine:
+    """A complete line that was skipped: 1-based line number, why, and its first bytes."""
+
+    line: int
+    reason: str
+    excerpt: str
+
+
+@dataclass(frozen=True, slots=True)
+class Session:
+    """One process lifetime writing the run, with what its resume cost.
+
+    ``steps_replayed`` / ``tokens_replayed`` / ``records_superseded`` describe the earlier
+    sessions' records this session made obsolete by resuming from an older step (work redone).
+    ``downtime_s`` is the wall-clock gap since the previous session's last record.
+    """
+
+    session_id: str
+    index: int
+    first_step: int
+    last_step: int
+    start_time: datetime
+    end_time: datetime
+    records: int
+    first_tokens_seen: int
+    last_tokens_seen: int
+    skipped_updates: int
+    downtime_s: float | None
+    steps_replayed: int
+    tokens_replayed: int
+    records_superseded: int
+    discarded_bytes: int | None
+    resumed_from_step: int | None
+    end_status: str | None
+
+    @property
+    def resume_step(self) -> int:
+        """The step this session (re)started at: its first record's step."""
+        return self.first_step
+
+
+class _SessionAcc:
+    """Running aggregates of one session, updated per ingested batch."""
+
+    __slots__ = (
+        "discarded_bytes", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
+        "last_step", "last_tokens", "max_step", "records", "resumed_from_step", "session_id", "start_ns",
+    )  # fmt: skip
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.records = 0
+        self.first_step = self.last_step = self.max_step = 0
+        self.first_tokens = self.last_tokens = self.last_skipped = 0
+        self.start_ns = self.end_ns = 0
+        self.discarded_bytes: int | None = None
+        self.resumed_from_step: int | None = None
+        self.end_status: str | None = None
+
+
+@dataclass(slots=True)
+class _Batch:
+    """Parsed complete lines: base fields as arrays in file order, values per event.
+
+    The bulk parser hands values over as typed ``chunks``; the per-line parser as ``rows``
+    (dicts with ``time`` in ns), which the reader columnarises later in bulk, because building
+    ~20 small numpy arrays per refresh would cost more than parsing the lines.
+    """
+
+    count: int
+    lines: int
+    bad: list[BadLine]
+    session_codes: np.ndarray  # int32 codes into session_ids
+    session_ids: list[str]
+    event_codes: np.ndarray  # int32 codes into event_names
+    event_names: list[str]
+    steps: np.ndarray
+    times: np.ndarray  # int64 ns since epoch
+    tokens_seen: np.ndarray
+    skipped: np.ndarray
+    schema_versions: dict[int, int]
+    markers: list[dict[str, Any]]  # session_start / session_end records
+    chunks: dict[str, tuple[dict[str, Chunk], int]] = field(default_factory=dict)
+    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+
+
+def _time_ns(text: str) -> int | None:
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        return None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    # float seconds hold microseconds exactly until 2255 (< 2**53 µs), so rounding is exact.
+    return round(when.timestamp() * 1e6) * 1000
+
+
+def _excerpt(line: bytes) -> str:
+    return line[:80].decode("utf-8", "replace") + ("…" if len(line) > 80 else "")
+
+
+def _check_record(line: bytes) -> dict[str, Any] | str:
+    """The record with ``time`` as int ns since the epoch, or the reason the line is bad."""
+    try:
+        obj = orjson.loads(line)
+    except orjson.JSONDecodeError as exc:
+        return f"invalid JSON: {exc}"
+    if type(obj) is not dict:
+        return f"not a JSON object but a {type(obj).__name__}"
+    if not (obj.keys() >= BASE_FIELDS and tuple(map(type, map(obj.__getitem__, _BASE_ORDER))) == _BASE_TUPLE):
+        for name in _BASE_ORDER:
+            if name not in obj:
+                return f"missing base field {name!r}"
+            if type(obj[name]) is not _BASE_TYPES[name]:
+                return f"base field {name!r} is {obj[name]!r}, expected {_BASE_TYPES[name].__name__}"
+    stamp = _time_ns(obj["time"])
+    if stamp is None:
+        return f"time {obj['time']!r} is not ISO-8601"
+    obj["time"] = stamp
+    return obj
+
+
+def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
+    """Dictionary-encode ``values`` in order of first appearance."""
+    index: dict[str, int] = {}
+    codes = [index.setdefault(value, len(index)) for value in values]
+    return np.array(codes, dtype=np.int32), list(index)
+
+
+def _parse_lines(block: bytes, first_line: int) -> _Batch:
+    """Exact parse of complete lines: every bad line is found, counted and located."""
+    rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    lines = block.split(b"\n")[:-1]  # block ends with \n
+    for number, line in enumerate(lines, start=first_line):
+        if not line.strip():
+            continue
+        checked = _check_record(line)
+        if isinstance(checked, str):
+            bad.append(BadLine(number, checked, _excerpt(line)))
+        else:
+            rows.append(checked)
+    by_event: dict[str, list[dict[str, Any]]] = {}
+    versions: dict[int, int] = {}
+    for row in rows:
+        by_event.setdefault(row["event"], []).append(row)
+        versions[row["schema_version"]] = versions.get(row["schema_version"], 0) + 1
+    session_codes, session_ids = _codes([row["session_id"] for row in rows])
+    event_codes, event_names = _codes([row["event"] for row in rows])
+    return _Batch(
+        count=len(rows),
+        lines=len(lines),
+        bad=bad,
+        session_codes=session_codes,
+        session_ids=session_ids,
+        event_codes=event_codes,
+        event_names=event_names,
+        steps=np.array([row["step"] for row in rows], dtype=np.int64),
+        times=np.array([row["time"] for row in rows], dtype=np.int64),
+        tokens_seen=np.array([row["tokens_seen"] for row in rows], dtype=np.int64),
+        skipped=np.array([row["skipped_updates"] for row in rows], dtype=np.int64),
+        schema_versions=versions,
+        markers=[row for row in rows if row["event"] in _MARKER_EVENTS],
+        rows=by_event,
+    )
+
+
+def _columnarize(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
+    """Typed chunks, one per key seen in any of ``rows`` (absent = missing)."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    del keys["event"]
+    return {key: chunk_from_pylist([row.get(key) for row in rows]) for key in keys}
+
+
+def _parse_arrow(block: bytes) -> _Batch | None:
+    """Fast columnar parse of a large block, or None when any line needs the exact parser."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.json as pj
+
+    schema = pa.schema(
+        [(name, pa.string() if kind is str else pa.int64()) for name, kind in _BASE_TYPES.items()]
+    )
+    try:
+        table = pj.read_json(
+            io.BytesIO(block),
+            read_options=pj.ReadOptions(block_size=8 << 20),
+            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
+        )
+        times = pc.cast(table["time"], pa.timestamp("ns", tz="UTC")).combine_chunks()
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return None
+    lines = block.count(b"\n")
+    if table.num_rows != lines or any(table[name].null_count for name in _BASE_ORDER):
+        return None  # blank or bad lines: the exact parser numbers them
+    simple = (
+        pa.types.is_integer,
+        pa.types.is_floating,
+        pa.types.is_string,
+        pa.types.is_boolean,
+        pa.types.is_null,
+    )
+    if not all(any(test(field.type) for test in simple) for field in table.schema):
+        return None  # nested values: keep them exactly as the per-line parser does
+    table = table.set_column(table.schema.get_field_index("time"), "time", times.cast(pa.int64()))
+    events = table["event"].combine_chunks().dictionary_encode()
+    sessions = table["session_id"].combine_chunks().dictionary_encode()
+    event_codes = events.indices.to_numpy().astype(np.int32)
+    event_names = events.dictionary.to_pylist()
+    chunks: dict[str, tuple[dict[str, Chunk], int]] = {}
+    for code, event in enumerate(event_names):
+        part = table.filter(pa.array(event_codes == code))
+        chunks[event] = (
+            {
+                name: _arrow_chunk(part[name].combine_chunks())
+                for name in part.column_names
+                if name != "event" and part[name].null_count < part.num_rows
+            },
+            part.num_rows,
+        )
+    marker_codes = [code for code, event in enumerate(event_names) if event in _MARKER_EVENTS]
+    markers = table.take(np.flatnonzero(np.isin(event_codes, marker_codes))).to_pylist()
+    version_counts = pc.value_counts(table["schema_version"]).to_pylist()
+    return _Batch(
+        count=table.num_rows,
+        lines=lines,
+        bad=[],
+        session_codes=sessions.indices.to_numpy().astype(np.int32),
+        session_ids=sessions.dictionary.to_pylist(),
+        event_codes=event_codes,
+        event_names=event_names,
+        steps=table["step"].to_numpy(),
+        times=table["time"].to_numpy(),
+        tokens_seen=table["tokens_seen"].to_numpy(),
+        skipped=table["skipped_updates"].to_numpy(),
+        schema_versions={item["values"]: item["counts"] for item in version_counts},
+        markers=markers,
+        chunks=chunks,
+    )
+
+
+def _arrow_chunk(array: Any) -> Chunk:
+    import pyarrow as pa
+
+    kind = array.type
+    if pa.types.is_integer(kind) and array.null_count == 0:
+        return Chunk("int", array.to_numpy())
+    if pa.types.is_integer(kind) or pa.types.is_floating(kind):
+        return Chunk("float", array.cast(pa.float64()).to_numpy(zero_copy_only=False))
+    if pa.types.is_boolean(kind):
+        values = array.cast(pa.int8()).fill_null(-1)
+        return Chunk("bool", values.to_numpy())
+    encoded = array.dictionary_encode()
+    return Chunk(
+        "cat", encoded.indices.fill_null(-1).to_numpy().astype(np.int32), encoded.dictionary.to_pylist()
+    )
+
+
+class RunReader:
+    """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
+
+    def __init__(self, path: str | os.PathLike[str], *, bulk_threshold: int = ARROW_MIN_BLOCK) -> None:
+        """``bulk_threshold``: new bytes from which pyarrow parses instead of the per-line loop."""
+        self._fd: int | None = None
+        path = Path(path)
+        if path.is_dir():
+            path = path / METRICS_FILENAME
+        elif not path.exists():
+            raise RunNotFoundError(
+                f"{path}: no such run directory or metrics file "
+                f"(expected a directory holding {METRICS_FILENAME})"
+            )
+        self.path = path
+        self.bulk_threshold = bulk_threshold
+        self.resets = 0
+        self.reset_reasons: list[str] = []
+        self._clear()
+
+    def _clear(self) -> None:
+        self._offset = 0
+        self._lines = 0
+        self._stat_key: tuple[int, int, int] | None = None
+        self._tail_check = b""
+        self.pending_bytes = 0
+        self.records = 0
+        self.bad_lines = 0
+        self.bad_line_samples: list[BadLine] = []
+        self.schema_versions: dict[int, int] = {}
+        self.last_event: str | None = None
+        self._tables: dict[str, Table] = {}
+        self._sessions: list[_SessionAcc] = []
+        self._session_index: dict[str, int] = {}
+        self._recent_times: deque[int] = deque(maxlen=_RECENT_TIMES)
+        self._replay_cache: dict[int, tuple[int, int, int]] = {}
+        self._first_step_in_event: dict[str, dict[int, int]] = {}
+        self._pending: dict[str, list[dict[str, Any]]] = {}
+        self._pending_rows = 0
+        self._bulk_parsed = False
+
+    def close(self) -> None:
+        """Release the file descriptor (the parsed data stays)."""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def __del__(self) -> None:
+        self.close()
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def refresh(self) -> int:
+        """Parse whatever complete lines were appended since the last call; return how many records."""
+        try:
+            stat = os.stat(self.path)
+        except FileNotFoundError:
+            return 0
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        if key == self._stat_key:
+            return 0
+        if self._fd is not None and self._changed_under_us(stat):
+            self.close()
+            self._clear()
+        if self._fd is None:
+            self._fd = os.open(self.path, os.O_RDONLY)
+            self._inode = os.fstat(self._fd).st_ino
+        self._stat_key = key
+        before = self.records
+        size = os.fstat(self._fd).st_size
+        read_size = READ_CHUNK
+        while self._offset < size:
+            data = os.pread(self._fd, min(read_size, size - self._offset), self._offset)
+            cut = data.rfind(b"\n") + 1
+            if cut == 0:
+                if self._offset + len(data) >= size:
+                    break  # only an incomplete tail is left
+                read_size *= 2  # one line longer than the read size
+                continue
+            self._ingest_block(data[:cut])
+            self._offset += cut
+            self._tail_check = data[max(0, cut - 32) : cut]
+            read_size = READ_CHUNK
+        self.pending_bytes = size - self._offset
+        if self._bulk_parsed:
+            self._bulk_parsed = False
+            _return_memory_to_os()
+        return self.records - before
+
+    def _changed_under_us(self, stat: os.stat_result) -> bool:
+        """Record and report a replacement, shrink or rewrite; True if the reader must restart."""
+        if stat.st_ino != self._inode:
+            reason = "file was replaced (new inode)"
+        elif stat.st_size < self._offset:
+            reason = f"file shrank from {self._offset} to {stat.st_size} bytes"
+        elif self._tail_check and (
+            os.pread(self._fd, len(self._tail_check), self._offset - len(self._tail_check))
+            != self._tail_check
+        ):
+            reason = "file was rewritten before the read offset"
+        else:
+            return False
+        self.resets += 1
+        self.reset_reasons.append(reason)
+        return True
+
+    def _ingest_block(self, block: bytes) -> None:
+        batch = _parse_arrow(block) if len(block) >= self.bulk_threshold else None
+        if batch is not None:
+            self._bulk_parsed = True
+        else:
+            batch = _parse_lines(block, self._lines + 1)
+        self._lines += batch.lines
+        self.bad_lines += len(batch.bad)
+        room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
+        self.bad_line_samples.extend(batch.bad[: max(room, 0)])
+        if not batch.count:
+            return
+        for version, count in batch.schema_versions.items():
+            self.schema_versions[version] = self.schema_versions.get(version, 0) + count
+        to_global = np.array([self._session(sid) for sid in batch.session_ids], dtype=np.int32)
+        sessions = to_global[batch.session_codes]
+        self._update_sessions(batch, sessions)
+        self._note_first_steps(batch, sessions)
+        for marker in batch.markers:
+            self._note_marker(marker)
+        if batch.chunks:
+            self._flush()  # rows parsed earlier come first in every table
+            for event, (chunks, count) in batch.chunks.items():
+                self._tables.setdefault(event, Table()).extend(chunks, count)
+        for event, rows in batch.rows.items():
+            self._pending.setdefault(event, []).extend(rows)
+            self._pending_rows += len(rows)
+        if self._pending_rows >= FLUSH_ROWS:
+            self._flush()
+        self.records += batch.count
+        self.last_event = batch.event_names[batch.event_codes[-1]]
+        self._recent_times.extend(batch.times[-_RECENT_TIMES:].tolist())
+
+    def _flush(self) -> None:
+        """Columnarise rows the per-line parser left as dicts (called before any query)."""
+        for event, rows in self._pending.items():
+            self._tables.setdefault(event, Table()).extend(_columnarize(rows), len(rows))
+        self._pending.clear()
+        self._pending_rows = 0
+
+    def _update_sessions(self, batch: _Batch, sessions: np.ndarray) -> None:
+        for index in dict.fromkeys(sessions.tolist()):
+            rows = np.flatnonzero(sessions == index)
+            first, last = rows[0], rows[-1]
+            acc = self._sessions[index]
+            if acc.records == 0:
+                acc.first_step, acc.start_ns = int(batch.steps[first]), int(batch.times[first])
+                acc.first_tokens = int(batch.tokens_seen[first])
+                acc.max_step = acc.first_step
+            acc.records += len(rows)
+            acc.last_step, acc.end_ns = int(batch.steps[last]), int(batch.times[last])
+            acc.last_tokens, acc.last_skipped = int(batch.tokens_seen[last]), int(batch.skipped[last])
+            acc.max_step = max(acc.max_step, int(batch.steps[rows].max()))
+
+    def _note_first_steps(self, batch: _Batch, sessions: np.ndarray) -> None:
+        """Remember each session's first step per event (decides supersession at the resume step)."""
+        pairs = batch.event_codes.astype(np.int64) * len(self._sessions) + sessions
+        unique, first_rows = np.unique(pairs, return_index=True)
+        for pair, row in zip(unique.tolist(), first_rows.tolist(), strict=True):
+            event, session = batch.event_names[pair // len(self._sessions)], pair % len(self._sessions)
+            self._first_step_in_event.setdefault(event, {}).setdefault(session, int(batch.steps[row]))
+
+    def _note_marker(self, record: dict[str, Any]) -> None:
+        """Keep what session_start / session_end say about their session."""
+        acc = self._sessions[self._session_index[record["session_id"]]]
+        if record["event"] == "session_end":
+            status = record.get("status")
+            acc.end_status = status if isinstance(status, str) else None
+        elif acc.discarded_bytes is None and acc.resumed_from_step is None:
+            acc.discarded_bytes = _int_or_none(record.get("discarded_bytes"))
+            acc.resumed_from_step = _int_or_none(record.get("resumed_from_step"))
+
+    def _session(self, session_id: str) -> int:
+        index = self._session_index.get(session_id)
+        if index is None:
+            index = self._session_index[session_id] = len(self._sessions)
+            self._sessions.append(_SessionAcc(session_id))
+        return index
+
+    # -- queries ---------------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[str]:
+        """Event names seen so far."""
+        self._flush()
+        return list(self._tables)
+
+    @property
+    def last_record_time(self) -> datetime | None:
+        """Time of the last complete record, or None before any."""
+        if not self._recent_times:
+            return None
+        return _EPOCH + timedelta(microseconds=self._recent_times[-1] // 1000)
+
+    def typical_gap_s(self) -> float | None:
+        """Median gap between the last few records (the run's usual logging cadence)."""
+        times = np.array(self._recent_times, dtype=np.int64)
+        if len(times) < 2:
+            return None
+        return float(np.median(np.diff(times))) / 1e9
+
+    @property
+    def last_end_status(self) -> str | None:
+        """The ``status`` of the last record when it is a ``session_end``, else None."""
+        if self.last_event != "session_end" or not self._sessions:
+            return None
+        return self._sessions[-1].end_status
+
+    def writer_alive(self) -> bool | None:
+        """Whether a MetricsWriter currently holds this run's file (None: cannot tell)."""
+        return None if self._fd is None else lock_is_held(self._fd)
+
+    def frame(self, event: str) -> pd.DataFrame:
+        """All records of ``event`` in file order, one column per field seen in any of them."""
+        self._flush()
+        table = self._tables.get(event)
+        if table is None:
+            return pd.DataFrame({name: pd.Series(dtype=object) for name in _BASE_ORDER})
+        data: dict[str, Any] = {}
+        for name in _BASE_ORDER:
+            if name == "event":
+                data[name] = pd.Categorical.from_codes(
+                    np.zeros(table.size, dtype=np.int8), categories=[event]
+                )
+            elif name == "time":
+                data[name] = pd.to_datetime(table.columns["time"].view(), unit="ns", utc=True)
+            elif name == "session_id":
+                data[name] = pd.Categorical.from_codes(
+                    self._global_sessions(table), categories=self._session_ids()
+                )
+            else:
+                data[name] = table.columns[name].series()
+        for name, column in table.columns.items():
+            if name not in data:
+                data[name] = column.series()
+        return pd.DataFrame(data, copy=False)
+
+    def effective(self, event: str) -> pd.DataFrame:
+        """Records of ``event`` that no later session redid: the run as if it had never crashed.
+
+        A later session that starts at step S (its first record) supersedes an earlier session's
+        records with step > S, and those at exactly S when it logged the same event at S itself.
+        A record's step is the update count *after* its work, so a session resuming from the
+        checkpoint of step S did not redo the window that ended at S unless it logged it again.
+        """
+        frame = self.frame(event)
+        table = self._tables.get(event)
+        if table is None:
+            return frame
+        thresholds = self._thresholds(event)
+        later_min = np.minimum.accumulate(thresholds[::-1])[::-1]  # min over sessions >= i
+        cutoffs = np.append(later_min[1:], math.inf)  # min over sessions > i
+        keep = table.columns["step"].view() < cutoffs[self._global_sessions(table)]
+        return frame[keep].reset_index(drop=True)
+
+    def _session_ids(self) -> list[str]:
+        return [acc.session_id for acc in self._sessions]
+
+    def _global_sessions(self, table: Table) -> np.ndarray:
+        """Per row of ``table``, the index of its session in ``self._sessions``."""
+        column = table.columns["session_id"]
+        mapping = np.array([self._session_index[sid] for sid in column.categories], dtype=np.int32)
+        return mapping[column.view()]
+
+    def _thresholds(self, event: str) -> np.ndarray:
+        """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
+        firsts = self._first_step_in_event.get(event, {})
+        return np.array(
+            [
+                acc.first_step + (firsts.get(index) != acc.first_step)
+                for index, acc in enumerate(self._sessions)
+            ],
+            dtype=np.float64,
+        )
+
+    @property
+    def sessions(self) -> list[Session]:
+        """Sessions in order of first appearance, with downtime and replay accounting."""
+        result = []
+        previous_end: int | None = None
+        for index, acc in enumerate(self._sessions):
+            steps, tokens, superseded = self._replay(index)
+            result.append(
+                Session(
+                    session_id=acc.session_id,
+                    index=index,
+                    first_step=acc.first_step,
+                    last_step=acc.last_step,
+                    start_time=_EPOCH + timedelta(microseconds=acc.start_ns // 1000),
+                    end_time=_EPOCH + timedelta(microseconds=acc.end_ns // 1000),
+                    records=acc.records,
+                    first_tokens_seen=acc.first_tokens,
+                    last_tokens_seen=acc.last_tokens,
+                    skipped_updates=acc.last_skipped,
+                    downtime_s=None if previous_end is None else (acc.start_ns - previous_end) / 1e9,
+                    steps_replayed=steps,
+                    tokens_replayed=tokens,
+                    records_superseded=superseded,
+                    discarded_bytes=acc.discarded_bytes,
+                    resumed_from_step=acc.resumed_from_step,
+                    end_status=acc.end_status,
+                )
+            )
+            previous_end = acc.end_ns
+        return result
+
+    def _replay(self, index: int) -> tuple[int, int, int]:
+        """(steps, tokens, records) of earlier sessions' work that session ``index`` redid.
+
+        Depends only on earlier sessions' records and on this session's first ones, so it is
+        final, and cached, once a later session exists.
+        """
+        if index == 0:
+            return 0, 0, 0
+        cached = self._replay_cache.get(index)
+        if cached is not None:
+            return cached
+        self._flush()
+        start = self._sessions[index].first_step
+        frontier, tokens, superseded = start, 0, 0
+        for event, table in self._tables.items():
+            thresholds = self._thresholds(event)[: index + 1]
+            # upper[i]: records of session i at or above it were superseded before this session began.
+            upper = np.append(np.minimum.accumulate(thresholds[index - 1 : 0 : -1])[::-1], math.inf)
+            sessions = self._global_sessions(table)
+            steps = table.columns["step"].view()
+            earlier = sessions < index
+            mask = earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+            count = int(mask.sum())
+            if not count:
+                continue
+            superseded += count
+            frontier = max(frontier, int(steps[mask].max()))
+            if event == "train" and "tokens" in table.columns:
+                tokens += int(np.nansum(table.columns["tokens"].view()[mask]))
+        result = (frontier - start, tokens, superseded)
+        if index + 1 < len(self._sessions):
+            self._replay_cache[index] = result
+        return result
+
+    def resident_bytes(self) -> int:
+        """Bytes held by the parsed columns (the data a dashboard keeps per run)."""
+        self._flush()
+        return sum(table.nbytes() for table in self._tables.values())
+
+
+def _return_memory_to_os() -> None:
+    """Give back the parse buffers of a bulk load: pyarrow's pool and glibc both keep freed
+    memory for reuse, which after a cold load of a large run is several times the data kept."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)
+
+
+def _int_or_none(value: Any) -> int | None:
+    return (
+        int(value)
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
+        else None
+    )
