@@ -575,22 +575,25 @@ class RunReader:
         return pd.DataFrame(data, copy=False)
 
     def effective(self, event: str) -> pd.DataFrame:
-        """Records of ``event`` that no later session redid: the run as if it had never crashed.
+        """Records of ``event`` that no later session redid: the run as if it had never crashed."""
+        return self.frame(event)[~self.superseded(event)].reset_index(drop=True)
+
+    def superseded(self, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, whether a later session redid that work.
 
         A later session that starts at step S (its first record) supersedes an earlier session's
         records with step > S, and those at exactly S when it logged the same event at S itself.
         A record's step is the update count *after* its work, so a session resuming from the
         checkpoint of step S did not redo the window that ended at S unless it logged it again.
         """
-        frame = self.frame(event)
+        self._flush()
         table = self._tables.get(event)
         if table is None:
-            return frame
+            return np.zeros(0, dtype=bool)
         thresholds = self._thresholds(event)
         later_min = np.minimum.accumulate(thresholds[::-1])[::-1]  # min over sessions >= i
         cutoffs = np.append(later_min[1:], math.inf)  # min over sessions > i
-        keep = table.columns["step"].view() < cutoffs[self._global_sessions(table)]
-        return frame[keep].reset_index(drop=True)
+        return table.columns["step"].view() >= cutoffs[self._global_sessions(table)]
 
     def _session_ids(self) -> list[str]:
         return [acc.session_id for acc in self._sessions]

@@ -1,0 +1,20 @@
+"""The live training-metrics dashboard.
+
+    streamlit run app.py -- --runs /shared/runs [--refresh 1] [--poll] [--demo]
+
+Everything here is navigation; pages live in pages/, logic in metrics_core.
+"""
+
+import streamlit as st
+
+from metrics_core.dashboard.settings import maybe_start_demo, settings
+
+st.set_page_config(page_title="Training metrics", page_icon=":material/monitoring:", layout="wide")
+maybe_start_demo(settings())
+st.navigation(
+    [
+        st.Page("pages/overview.py", title="Runs", icon=":material/table_rows:", default=True),
+        st.Page("pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+    ],
+    position="top",
+).run()

@@ -1,0 +1,211 @@
+"""A live demo run: real (small) training through the real MetricsWriter + TrainingWindow path.
+
+``python -m metrics_core.dashboard.demo RUN_DIR`` trains a two-layer numpy MLP on a synthetic
+regression task with mixed-precision-style dynamic loss scaling, so the log shows what the
+dashboard is for:
+
+* FP16-style skipped updates: the loss scale grows until the scaled gradient overflows the
+  float16 range, the step is skipped and the scale halves, as ``torch.cuda.amp.GradScaler`` does;
+* gradient clipping at ``max_grad_norm`` and the clipped fraction it causes;
+* a crash: session 1 dies with half a record on disk (a torn last line), session 2 resumes from
+  an *older* checkpoint, redoing steps, then crashes the same way; session 3 resumes and keeps
+  training live, one window a second, until ``--steps``.
+
+The process exits when its parent (the dashboard server) exits: Linux's parent-death signal,
+and a check of ``getppid()`` every window for other systems.  It writes only inside RUN_DIR.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
+
+FP16_MAX = 65504.0
+WINDOW = 10  # attempts per train record
+MAX_GRAD_NORM = 1.2
+
+
+class Model:
+    """y = W2·tanh(W1·x): enough to give a real, noisy, decreasing loss."""
+
+    def __init__(self, rng: np.random.Generator, width: int = 32, inputs: int = 16) -> None:
+        self.w1 = rng.normal(0, 0.5, (inputs, width))
+        self.w2 = rng.normal(0, 0.5, (width, 1))
+
+    def loss_and_grads(self, x: np.ndarray, y: np.ndarray) -> tuple[float, list[np.ndarray]]:
+        hidden = np.tanh(x @ self.w1)
+        error = hidden @ self.w2 - y
+        loss = float(np.mean(error**2))
+        d_out = 2 * error / len(x)
+        grad_w2 = hidden.T @ d_out
+        grad_w1 = x.T @ ((d_out @ self.w2.T) * (1 - hidden**2))
+        return loss, [grad_w1, grad_w2]
+
+    def params(self) -> list[np.ndarray]:
+        return [self.w1, self.w2]
+
+
+def _batch(rng: np.random.Generator, teacher: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+    rows = int(rng.integers(24, 64))  # variable batch: token weighting matters
+    x = rng.normal(size=(rows, teacher.shape[0]))
+    y = np.sin(x @ teacher) + rng.normal(0, 0.1, (rows, 1))
+    return x, y, rows * 128  # 128 "tokens" per example
+
+
+def _save(directory: Path, step: int, model: Model, state: TrainingState, scale: float) -> Path:
+    path = directory / "checkpoints" / f"step-{step:07d}.npz"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.npz")
+    np.savez(tmp, w1=model.w1, w2=model.w2, step=step, tokens=state.tokens_seen,
+             skipped=state.skipped_updates, scale=scale)  # fmt: skip
+    os.replace(tmp, path)
+    return path
+
+
+def _parent_gone(parent: int) -> bool:
+    return os.getppid() != parent
+
+
+def run_session(
+    directory: Path,
+    session: int,
+    *,
+    resume_from: Path | None,
+    stop_at: int,
+    pace: float,
+    crash: bool,
+    seed: int,
+) -> None:
+    """One process lifetime of the trainer: resume, train to ``stop_at``, then crash or finish."""
+    rng = np.random.default_rng(seed + session)
+    teacher = np.random.default_rng(seed).normal(size=(16, 1))
+    model, state, scale = Model(np.random.default_rng(seed)), TrainingState(), 2.0**10
+    resumed_step = None
+    if resume_from is not None:
+        saved = np.load(resume_from)
+        model.w1, model.w2, scale = saved["w1"], saved["w2"], float(saved["scale"])
+        state = TrainingState(int(saved["step"]), int(saved["tokens"]), int(saved["skipped"]))
+        resumed_step = state.step
+    parent = os.getppid()
+    window, lr = TrainingWindow(), 0.05
+    with MetricsWriter(RunContext(directory, "demo", f"demo-s{session}")) as writer:
+        writer.write("session_start", state, discarded_bytes=writer.discarded_bytes,
+                     resumed_from_step=resumed_step)  # fmt: skip
+        while state.step < stop_at:
+            x, y, tokens = _batch(rng, teacher)
+            loss, grads = model.loss_and_grads(x, y)
+            scaled_norm = scale * float(np.sqrt(sum(np.sum(g * g) for g in grads)))
+            skipped = scaled_norm > FP16_MAX  # the scaled gradient overflowed float16
+            grad_norm = scaled_norm / scale
+            window.add(loss, tokens, grad_norm, skipped, MAX_GRAD_NORM)
+            state.tokens_seen += tokens
+            if skipped:
+                state.skipped_updates += 1
+                scale /= 2
+            else:
+                clip = min(1.0, MAX_GRAD_NORM / max(grad_norm, 1e-12))
+                for param, grad in zip(model.params(), grads, strict=True):
+                    param -= lr * clip * grad
+                state.step += 1
+                if state.step % 50 == 0:
+                    scale *= 4  # grow the scale until it overflows again
+            if window.attempts < WINDOW:
+                continue
+            lr = 0.05 * (0.5 ** (state.step / 2000))
+            writer.write("train", state, **window.summary(lr))
+            window.reset()
+            if state.step % 100 < WINDOW and not skipped:
+                vx, vy, vtokens = _batch(np.random.default_rng(seed + 99), teacher)
+                writer.write(
+                    "validation", state, val_loss=model.loss_and_grads(vx, vy)[0], val_tokens=vtokens
+                )
+            if state.step % 200 < WINDOW and not skipped:
+                writer.write(
+                    "checkpoint", state, path=str(_save(directory, state.step, model, state, scale).name)
+                )
+            if pace:
+                time.sleep(pace)
+            if _parent_gone(parent):
+                writer.write("session_end", state, status="interrupted")
+                return
+        if crash:
+            # Die mid-record, as a SIGKILL during a write would: half a line, no session_end.
+            line = b'{"schema_version":1,"event":"train","step":' + str(state.step).encode()
+            os.write(writer._file.fileno(), line)
+            os._exit(1)
+        writer.write("session_end", state, status="finished")
+
+
+def _latest_checkpoint(directory: Path, before: int) -> Path:
+    checkpoints = sorted((directory / "checkpoints").glob("step-*.npz"))
+    eligible = [path for path in checkpoints if int(path.stem.split("-")[1]) <= before]
+    return eligible[-1]
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", type=Path)
+    parser.add_argument("--steps", type=int, default=20_000, help="steps of the final session")
+    parser.add_argument("--pace", type=float, default=1.0, help="seconds between live windows")
+    parser.add_argument("--downtime", type=float, default=3.0, help="seconds between crash and resume")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--session", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--resume", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--crash", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.session is not None:  # one trainer process (a child of the supervisor below)
+        run_session(args.run_dir, args.session, resume_from=args.resume, stop_at=args.stop_at,
+                    pace=args.pace, crash=args.crash, seed=args.seed)  # fmt: skip
+        return
+    # Supervisor: three trainer processes, like a job scheduler restarting a preempted job.
+    # It watches its own parent (the dashboard) by polling: PR_SET_PDEATHSIG would fire when the
+    # *thread* that started it ends, and Streamlit starts it from a short-lived script thread.
+    supervisor_parent = os.getppid()
+    plan = [(1, None, 600, 0.0, True), (2, 400, 1200, 0.0, True), (3, 1000, args.steps, args.pace, False)]
+    for session, resume_below, stop_at, pace, crash in plan:
+        command = [sys.executable, "-m", "metrics_core.dashboard.demo", str(args.run_dir)]
+        command += ["--session", str(session), "--stop-at", str(stop_at), "--pace", str(pace)]
+        command += ["--seed", str(args.seed)]
+        if resume_below is not None:
+            command += ["--resume", str(_latest_checkpoint(args.run_dir, resume_below))]
+        if crash:
+            command.append("--crash")
+        trainer = subprocess.Popen(command, preexec_fn=die_with_parent)
+        while trainer.poll() is None:
+            if _parent_gone(supervisor_parent):
+                trainer.terminate()
+                return
+            time.sleep(0.2)
+        time.sleep(args.downtime)
+
+
+def die_with_parent() -> None:
+    """In a child before exec: get SIGTERM when the parent's (single) thread dies (Linux)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG = 1
+    except (AttributeError, OSError):
+        pass
+
+
+def start_demo(runs_root: Path) -> subprocess.Popen:
+    """Start the demo supervisor writing ``runs_root / "demo"``; it exits when this process does."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "metrics_core.dashboard.demo", str(Path(runs_root) / "demo")],
+        stdout=subprocess.DEVNULL,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,63 @@
+"""Dashboard settings from the command line (``streamlit run app.py -- ...``) and the environment,
+and the process-wide objects built from them (one store, at most one demo)."""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from metrics_core.dashboard.demo import start_demo
+from metrics_core.dashboard.store import RunStore
+from metrics_core.runs import find_runs
+
+
+@dataclass(frozen=True)
+class Settings:
+    runs: Path
+    refresh: float
+    poll: bool
+    demo: bool
+
+
+def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
+    """``--runs DIR`` (else ``$METRICS_RUNS_DIR``, else ``./runs``), ``--refresh S``, ``--poll``,
+    ``--demo``; unknown arguments are left to Streamlit."""
+    parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
+    parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")))
+    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", "1")))
+    parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1")
+    parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1")
+    args, _ = parser.parse_known_args(argv)
+    if args.refresh <= 0:
+        raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
+    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo)
+
+
+def settings() -> Settings:
+    return parse_settings(sys.argv[1:], dict(os.environ))
+
+
+@st.cache_resource(show_spinner=False)
+def get_store(runs: Path, poll: bool) -> RunStore:
+    """The one RunStore of this server process (shared by every browser tab)."""
+    return RunStore(runs, force_polling=poll)
+
+
+@st.cache_resource(show_spinner=False)
+def get_demo(runs: Path) -> int:
+    """Start the demo trainer once per server process; returns its pid. It dies with the server."""
+    process = start_demo(runs)
+    atexit.register(process.terminate)
+    return process.pid
+
+
+def maybe_start_demo(config: Settings) -> None:
+    """With ``--demo``, an empty runs root gets the live demo run."""
+    if config.demo and not find_runs(config.runs):
+        get_demo(config.runs.resolve())

@@ -1,0 +1,180 @@
+"""Parsed run data held once per server process and shared by every browser tab.
+
+Streamlit's ``st.cache_resource`` hands the same ``RunStore`` to every session and script thread,
+so all of it is thread-safe: one lock guards the run table, one lock per run guards its reader.
+Pages never touch a reader: they get an immutable ``RunView`` snapshot, rebuilt only when the
+run's file changed, so ten open tabs cost one parse and one set of frames.
+
+Refresh policy: a run is re-read when the watcher reports its file changed, and in any case when
+its last refresh is older than ``safety_interval`` seconds (a no-change refresh is one ``stat``),
+so a lost inotify event or a network filesystem never means stale data.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.reader import BadLine, RunReader, Session
+from metrics_core.runs import RunInfo, find_runs, resolve_run, run_status
+from metrics_core.watch import RunsWatcher
+
+EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end")
+
+
+@dataclass(frozen=True)
+class RunView:
+    """Everything a page shows about one run, as of one refresh."""
+
+    name: str
+    records: int
+    sessions: list[Session]
+    frames: dict[str, pd.DataFrame]
+    superseded: dict[str, np.ndarray]
+    bad_lines: int
+    bad_line_samples: list[BadLine]
+    pending_bytes: int
+    schema_versions: dict[int, int]
+    resets: int
+    reset_reasons: list[str]
+    last_record_time: datetime | None
+    status: str
+
+    def effective(self, event: str) -> pd.DataFrame:
+        """``event`` records no later session redid."""
+        return self.frames[event][~self.superseded[event]].reset_index(drop=True)
+
+
+@dataclass
+class _Entry:
+    reader: RunReader
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    refreshed_at: float = float("-inf")
+    view_key: tuple[int, ...] | None = None
+    view: RunView | None = None
+
+
+class RunStore:
+    """Readers and views of every run under ``root``; see the module docstring."""
+
+    def __init__(
+        self,
+        root: str | Path,
+        *,
+        force_polling: bool = False,
+        safety_interval: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.root = Path(root)
+        self.safety_interval = safety_interval
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, _Entry] = {}
+        self._runs: list[RunInfo] = []
+        self._runs_key: tuple[int, float] | None = None
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.watcher = RunsWatcher(self.root, force_polling=force_polling).start()
+
+    def close(self) -> None:
+        self.watcher.stop()
+        with self._lock:
+            for entry in self._entries.values():
+                entry.reader.close()
+
+    def runs(self) -> list[RunInfo]:
+        """The runs under the root, rediscovered when the watcher saw the tree change."""
+        with self._lock:
+            key = (self.watcher.structure_generation, self._clock() // (self.safety_interval * 5))
+            if key != self._runs_key:
+                self._runs = find_runs(self.root)
+                self._runs_key = key
+            dirty = self.watcher.take_dirty()
+            for name, entry in self._entries.items():
+                if entry.reader.path.parent in dirty or (self.root / name) in dirty:
+                    entry.refreshed_at = float("-inf")
+            return list(self._runs)
+
+    def view(self, name: str, *, now: datetime | None = None) -> RunView:
+        """A fresh snapshot of run ``name``; raises RunPathError / RunNotFoundError for bad names."""
+        info = resolve_run(self.root, name)
+        self.runs()  # collect watcher hints
+        with self._lock:
+            entry = self._entries.get(info.name)
+            if entry is None:
+                entry = self._entries[info.name] = _Entry(RunReader(info.directory))
+        with entry.lock:
+            if self._clock() - entry.refreshed_at >= self.safety_interval or entry.view is None:
+                entry.reader.refresh()
+                entry.refreshed_at = self._clock()
+            reader = entry.reader
+            status = run_status(reader, now=now or datetime.now(timezone.utc))
+            key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
+            if key != entry.view_key or entry.view is None:
+                entry.view = _build_view(info.name, reader, status)
+                entry.view_key = key
+            elif entry.view.status != status:
+                entry.view = _with_status(entry.view, status)
+            return entry.view
+
+    def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
+        """One row per run with what the runs table shows."""
+        now = now or datetime.now(timezone.utc)
+        rows = []
+        for info in self.runs():
+            view = self.view(info.name, now=now)
+            train, validation = view.frames["train"], view.frames["validation"]
+            last = train.iloc[-1] if len(train) else None
+            rows.append(
+                {
+                    "run": info.name,
+                    "status": view.status,
+                    "sessions": len(view.sessions),
+                    "last step": view.sessions[-1].last_step if view.sessions else None,
+                    "tokens seen": view.sessions[-1].last_tokens_seen if view.sessions else None,
+                    "train loss": _last_value(train, "train_loss"),
+                    "val loss": _last_value(validation, "val_loss"),
+                    "skipped updates": int(last["skipped_updates"]) if last is not None else None,
+                    "last record age (s)": (now - view.last_record_time).total_seconds()
+                    if view.last_record_time
+                    else None,
+                    "bad lines": view.bad_lines,
+                }
+            )
+        return pd.DataFrame(rows)
+
+
+def _last_value(frame: pd.DataFrame, column: str) -> float | None:
+    if column not in frame.columns:
+        return None
+    values = frame[column].dropna()
+    return float(values.iloc[-1]) if len(values) else None
+
+
+def _build_view(name: str, reader: RunReader, status: str) -> RunView:
+    frames = {event: reader.frame(event) for event in EVENTS}
+    return RunView(
+        name=name,
+        records=reader.records,
+        sessions=reader.sessions,
+        frames=frames,
+        superseded={event: reader.superseded(event) for event in EVENTS},
+        bad_lines=reader.bad_lines,
+        bad_line_samples=list(reader.bad_line_samples),
+        pending_bytes=reader.pending_bytes,
+        schema_versions=dict(reader.schema_versions),
+        resets=reader.resets,
+        reset_reasons=list(reader.reset_reasons),
+        last_record_time=reader.last_record_time,
+        status=status,
+    )
+
+
+def _with_status(view: RunView, status: str) -> RunView:
+    return replace(view, status=status)

@@ -1,0 +1,53 @@
+"""Downsampling that never hides the story.
+
+A browser chart needs at most a few thousand points per trace, but a plain stride or a
+reservoir sample drops exactly the points a user is looking for: a loss spike is one window in
+ten thousand.  ``minmax_indices`` splits the series into equal-count buckets and keeps, from each,
+the first point, the minimum and the maximum (so every spike and dip survives and the line's
+shape is kept), one missing value if the bucket holds any (so a gap stays a gap), and always the
+very last point (TensorBoard: "the latest datum should always be included").
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def minmax_indices(values: np.ndarray, max_points: int = 4000) -> np.ndarray:
+    """Sorted row indices to keep so that at most ~``max_points`` remain; all rows if fewer.
+
+    ``values`` is the y series (NaN = missing).  Each bucket contributes up to four indices, so
+    buckets number ``max_points // 4``.
+    """
+    count = len(values)
+    if count <= max_points:
+        return np.arange(count)
+    buckets = max(1, max_points // 4)
+    edges = np.linspace(0, count, buckets + 1).astype(np.int64)
+    starts = edges[:-1]
+    finite = np.isfinite(values)
+    # argmin/argmax per bucket with NaN masked out: +inf/-inf never win where a real value exists.
+    low = np.where(finite, values, np.inf)
+    high = np.where(finite, values, -np.inf)
+    mins = _bucket_arg(low, edges, np.minimum)
+    maxs = _bucket_arg(high, edges, np.maximum)
+    gaps = _first_per_bucket(np.flatnonzero(~finite), edges)
+    return np.unique(np.concatenate([starts, mins, maxs, gaps, [count - 1]]))
+
+
+def _bucket_arg(values: np.ndarray, edges: np.ndarray, reduce: np.ufunc) -> np.ndarray:
+    """Index of the reduce-extreme value within each bucket [edges[i], edges[i+1])."""
+    starts = edges[:-1]
+    extremes = reduce.reduceat(values, starts)
+    bucket_of_row = np.repeat(np.arange(len(starts)), np.diff(edges))
+    hits = np.flatnonzero(values == extremes[bucket_of_row])
+    first_hit = np.unique(bucket_of_row[hits], return_index=True)[1]
+    return hits[first_hit]
+
+
+def _first_per_bucket(rows: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The first of ``rows`` (sorted) inside each bucket that holds any."""
+    if not len(rows):
+        return rows
+    buckets = np.searchsorted(edges, rows, side="right") - 1
+    return rows[np.unique(buckets, return_index=True)[1]]

@@ -1,0 +1,97 @@
+"""A real `streamlit run app.py` on a free loopback port, and a real headless Chromium.
+
+Shared by the browser tests and benchmarks/bench_live.py.  Chromium is Debian's
+(/usr/bin/chromium, installed by .ci/run), driven by Playwright without its own browser download.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]  # fmt: skip
+
+# In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs).
+GRAPH_JS = """(title) => {
+  const graphs = [...document.querySelectorAll('.js-plotly-plot')];
+  const graph = graphs.find(g => g.layout && g.layout.title.text === title);
+  if (!graph) return null;
+  return {
+    traces: graph.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || [])})),
+    shapes: (graph.layout.shapes || []).map(s => ({x0: s.x0, type: s.type})),
+    annotations: (graph.layout.annotations || []).map(a => a.text),
+    xrange: graph.layout.xaxis.range ? Array.from(graph.layout.xaxis.range) : null,
+    autorange: graph.layout.xaxis.autorange,
+  };
+}"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def streamlit_server(runs_root: Path, *extra: str, refresh: float = 1.0) -> Iterator[str]:
+    """Start the dashboard on ``runs_root``; yield its base URL; stop it."""
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port", str(port),
+         "--", "--runs", str(runs_root), "--refresh", str(refresh), *extra],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"streamlit did not start:\n{process.stdout.read()}") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    """A headless Debian Chromium under Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def wait_until(page: object, predicate, timeout: float = 20.0, interval: float = 0.05) -> object:
+    """Poll ``predicate()`` until it returns something truthy; return it, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        page.wait_for_timeout(interval * 1000)
+    raise AssertionError(f"condition not met within {timeout} s")

@@ -1,0 +1,101 @@
+"""Every page under streamlit.testing.v1.AppTest: widgets found by key, good and bad query params."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from tests.conftest import append_records, base_record
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir()
+    monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
+    return root
+
+
+def make_run(root: Path, name: str, sessions: int = 1) -> None:
+    for index in range(sessions):
+        start = index * 50
+        windows = [
+            base_record(step, session=f"s{index}", train_loss=5.0 / (step + 1), tokens=100,
+                        grad_norm_avg=None if step % 30 == 0 else 1.0)
+            for step in range(start + 10, start + 101, 10)
+        ]  # fmt: skip
+        start_record = base_record(start, event="session_start", session=f"s{index}", discarded_bytes=0)
+        append_records(root / name / "metrics.jsonl", start_record, *windows)
+
+
+def open_page(page: str, **query: str) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=30)
+    for key, value in query.items():
+        app.query_params[key] = value
+    app.run()
+    if page != "overview":
+        app.switch_page(f"pages/{page}.py").run()
+    return app
+
+
+def test_overview_of_an_empty_root_offers_the_demo(runs_root: Path) -> None:
+    """No runs: the page says so and offers the live demo button."""
+    app = open_page("overview")
+    assert not app.exception
+    assert "No runs" in app.info[0].value
+    assert app.button(key="start_demo")
+
+
+def test_overview_lists_runs_and_filters_by_regex(runs_root: Path) -> None:
+    """Every run is a row; the regex filter narrows it; a bad regex is an error, not a crash."""
+    make_run(runs_root, "alpha")
+    make_run(runs_root, "group/beta")
+    app = open_page("overview")
+    assert not app.exception
+    table = app.dataframe[0].value
+    assert sorted(table["run"]) == ["run?run=alpha", "run?run=group/beta"]
+    assert set(table.columns) >= {"status", "sessions", "last step", "train loss", "bad lines"}
+    app.text_input(key="run_filter").input("^gr").run()
+    assert list(app.dataframe[0].value["run"]) == ["run?run=group/beta"]
+    app.text_input(key="run_filter").input("([").run()
+    assert "Invalid regular expression" in app.error[0].value
+    assert len(app.dataframe[0].value) == 2
+
+
+def test_run_page_shows_the_controls_and_status(runs_root: Path) -> None:
+    """A real run: title, status caption and every control, found by key."""
+    make_run(runs_root, "alpha", sessions=2)
+    app = open_page("run", run="alpha")
+    assert not app.exception
+    assert app.title[0].value == "alpha"
+    assert "2 session(s)" in app.caption[0].value
+    for key in ("x_axis", "smoothing", "log_y", "history", "pause"):
+        assert app.session_state[key] is not None
+    app.selectbox(key="x_axis").select("tokens_seen").run()
+    app.radio(key="history").set_value("all").run()
+    app.toggle(key="pause").set_value(True).run()
+    assert not app.exception
+
+
+@pytest.mark.parametrize(
+    ("run", "message"),
+    [
+        ("missing", "no run there"),
+        ("../outside", "without '..'"),
+        ("/etc", "relative"),
+        ("link", "outside"),
+        ("", "empty"),
+    ],
+)
+def test_run_page_refuses_bad_run_parameters(runs_root: Path, tmp_path: Path, run: str, message: str) -> None:
+    """Unknown runs and paths escaping the root get a clear message and read nothing."""
+    make_run(tmp_path / "outside_root", "secret")
+    (runs_root / "link").symlink_to(tmp_path / "outside_root" / "secret")
+    app = open_page("run", run=run)
+    assert not app.exception
+    assert message in app.error[0].value
+    assert not app.title

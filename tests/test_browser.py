@@ -1,0 +1,116 @@
+"""The dashboard in a real headless Chromium against a real `streamlit run`: what only a browser shows."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import orjson
+import pytest
+
+from metrics_core import MetricsWriter, RunContext, TrainingState
+from tests.conftest import append_bytes, append_records, base_record
+from tests.live_server import GRAPH_JS, chromium, streamlit_server, wait_until
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("browser_runs")
+
+
+@pytest.fixture(scope="module")
+def server(runs_root: Path) -> Iterator[str]:
+    with streamlit_server(runs_root) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with chromium() as instance:
+        yield instance
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    tab = context.new_page()
+    yield tab
+    context.close()
+
+
+def loss(page: object) -> dict | None:
+    return page.evaluate(GRAPH_JS, "Loss")
+
+
+def train_points(graph: dict) -> list[tuple[float, float]]:
+    raw = [t for t in graph["traces"] if t["name"].startswith("train") and "smoothed" not in t["name"]]
+    return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True))
+
+
+def open_run(page: object, server: str, name: str, expect_last_step: int) -> dict:
+    page.goto(f"{server}/run?run={name}")
+    return wait_until(
+        page,
+        lambda: (g := loss(page)) and train_points(g) and train_points(g)[-1][0] == expect_last_step and g,
+    )
+
+
+def test_charts_are_drawn_with_the_right_data_and_session_markers(
+    page: object, server: str, runs_root: Path
+) -> None:
+    """Six real plotly graphs; the loss chart holds exactly the effective history and marks each resume."""
+    path = runs_root / "drawn" / "metrics.jsonl"
+    append_records(path, *(base_record(s, session="a", train_loss=10.0 / s) for s in range(10, 101, 10)))
+    append_records(path, base_record(60, event="session_start", session="b"))
+    append_records(path, *(base_record(s, session="b", train_loss=20.0 / s) for s in range(70, 151, 10)))
+    graph = open_run(page, server, "drawn", 150)
+    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 6
+    assert page.evaluate("document.querySelectorAll('iframe .js-plotly-plot').length") == 0
+    expected = [(s, 10.0 / s) for s in range(10, 61, 10)] + [(s, 20.0 / s) for s in range(70, 151, 10)]
+    assert [x for x, _ in train_points(graph)] == [x for x, _ in expected]
+    assert [y for _, y in train_points(graph)] == pytest.approx([y for _, y in expected], rel=1e-6)
+    assert [s["x0"] for s in graph["shapes"] if s["type"] == "line"] == [60]
+    assert graph["annotations"] == ["S2 · resume @ 60"]
+
+
+def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
+    page: object, server: str, runs_root: Path
+) -> None:
+    """A record from a real writer shows up live; half a line is not drawn until it is completed."""
+    run = RunContext(runs_root / "live", "live", "s1")
+    state = TrainingState()
+    with MetricsWriter(run) as writer:
+        for step in range(10, 51, 10):
+            state.step = step
+            writer.write("train", state, train_loss=1.0)
+    open_run(page, server, "live", 50)
+    with MetricsWriter(RunContext(run.directory, "live", "s1")) as writer:
+        state.step = 60
+        writer.write("train", state, train_loss=0.5)
+        assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5))
+    line = orjson.dumps(base_record(70, session="s1", train_loss=0.25)) + b"\n"
+    append_bytes(run.directory / "metrics.jsonl", line[:40])
+    page.wait_for_timeout(3000)  # three refresh periods
+    assert train_points(loss(page))[-1][0] == 60
+    append_bytes(run.directory / "metrics.jsonl", line[40:])
+    assert wait_until(page, lambda: train_points(loss(page))[-1] == (70, 0.25))
+
+
+def test_zoom_survives_live_updates(page: object, server: str, runs_root: Path) -> None:
+    """A user's box-zoom stays put while new records stream in and are drawn."""
+    path = runs_root / "zoom" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1001, 10)))
+    open_run(page, server, "zoom", 1000)
+    plot = page.locator(".js-plotly-plot").filter(has_text="Loss").locator(".nsewdrag").first
+    box = plot.bounding_box()
+    page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5)
+    page.mouse.down()
+    page.mouse.move(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5, steps=8)
+    page.mouse.up()
+    zoomed = wait_until(page, lambda: loss(page)["xrange"] if loss(page)["autorange"] is False else None)
+    assert 200 < zoomed[0] < zoomed[1] < 700
+    append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(1010, 1101, 10)))
+    wait_until(page, lambda: train_points(loss(page))[-1][0] == 1100)
+    after = loss(page)
+    assert after["xrange"] == pytest.approx(zoomed)
+    assert after["autorange"] is False
