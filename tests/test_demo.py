@@ -1,0 +1,82 @@
+"""The built-in demo: real training through the real writer, crashes with torn tails, resumes,
+writes only inside its run directory, and dies with the dashboard that started it."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from metrics_core.reader import RunReader
+from metrics_core.runs import find_runs
+from tests.conftest import spawn_python
+
+
+def test_demo_trains_crashes_and_resumes(tmp_path: Path) -> None:
+    """Three sessions; each resume cut a torn tail and redid steps; skips and clipping happen."""
+    root = tmp_path / "runs"
+    subprocess.run(
+        [sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "demo"), "--steps", "1100",
+         "--pace", "0", "--downtime", "0.1"],
+        check=True, timeout=240,
+    )  # fmt: skip
+    assert [run.name for run in find_runs(root)] == ["demo"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    reader = RunReader(root / "demo")
+    reader.refresh()
+    s1, s2, s3 = reader.sessions
+    assert reader.bad_lines == 0 and reader.pending_bytes == 0
+    assert s1.discarded_bytes == 0 and s2.discarded_bytes > 0 and s3.discarded_bytes > 0
+    assert s2.resumed_from_step < s1.last_step and s2.steps_replayed > 0
+    assert s3.resumed_from_step < s2.last_step and s3.steps_replayed > 0
+    assert (s1.end_status, s2.end_status, s3.end_status) == (None, None, "finished")
+    train = reader.frame("train")
+    assert train["skipped_updates_in_window"].sum() > 0
+    assert (train["clipped_fraction"] > 0).any()
+    assert (train["attempted_updates"] == train["updates"] + train["skipped_updates_in_window"]).all()
+    assert train["train_loss"].iloc[-1] < train["train_loss"].iloc[0]
+
+
+PARENT = """
+import sys, time
+from pathlib import Path
+from metrics_core.dashboard.demo import start_demo
+process = start_demo(Path(sys.argv[1]))
+print(process.pid, flush=True)
+time.sleep(120)
+"""
+
+
+def demo_pids(root: Path, *, besides: int) -> set[int]:
+    """Processes running the demo module on ``root`` (other than ``besides``, the test's parent)."""
+    pids = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+            except OSError:
+                continue
+            if "metrics_core.dashboard.demo" in command and str(root) in command:
+                pids.add(int(entry.name))
+    return pids - {besides}
+
+
+def test_demo_stops_when_the_dashboard_process_dies(tmp_path: Path) -> None:
+    """SIGKILL the process that started the demo: supervisor and trainer exit on their own."""
+    root = tmp_path / "runs"
+    parent = spawn_python(PARENT, str(root))
+    supervisor = int(parent.stdout.readline())
+    deadline = time.monotonic() + 60
+    while not (root / "demo" / "metrics.jsonl").exists() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    running = demo_pids(root, besides=parent.pid)
+    assert supervisor in running and len(running) == 2  # supervisor + one trainer
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 20
+    while demo_pids(root, besides=parent.pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert demo_pids(root, besides=parent.pid) == set()
