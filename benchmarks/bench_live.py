@@ -51,9 +51,7 @@ def latency(appends: int) -> list[float]:
                 writer.write("train", state, train_loss=1.0 / step)
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.goto(f"{url}/run?run=live")
-            page.wait_for_function(
-                "document.querySelectorAll('.js-plotly-plot').length === 6", timeout=60_000
-            )
+            page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length === 6", timeout=60_000)
             page.evaluate(WATCH_JS)
             time.sleep(2)
             for number in range(appends):

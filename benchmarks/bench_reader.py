@@ -44,9 +44,7 @@ print(elapsed, rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 
 
 def cold_load(mode: str, path: Path) -> tuple[float, int, int]:
-    out = subprocess.run(
-        [sys.executable, "-c", COLD, mode, str(path)], capture_output=True, text=True, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", COLD, mode, str(path)], capture_output=True, text=True, check=True)
     seconds, rows, peak = out.stdout.split()
     return float(seconds), int(rows), int(peak)
 

@@ -82,8 +82,7 @@ def main() -> None:
         f"ratio {writes['write'] / writes['floor']:.2f}x  (targets: <= 5 us, <= 3x)"
     )
     print(
-        f"add():   median {adds['add']:.3f} us, floor {adds['floor']:.3f} us, "
-        f"ratio {adds['add'] / adds['floor']:.2f}x"
+        f"add():   median {adds['add']:.3f} us, floor {adds['floor']:.3f} us, ratio {adds['add'] / adds['floor']:.2f}x"
     )
 
 

@@ -18,9 +18,7 @@ RUN_ID = "llama-7b-pretrain-lr3e-4-bs1024-ctx4096-2026-11-29"
 BASE_TIME_NS = 1_764_400_000 * 10**9
 
 
-def record(
-    session: str, event: str, step: int, tokens_seen: int, skipped: int, t_ns: int, **values: object
-) -> bytes:
+def record(session: str, event: str, step: int, tokens_seen: int, skipped: int, t_ns: int, **values: object) -> bytes:
     seconds, nanos = divmod(t_ns, 10**9)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos // 1000:06d}+00:00"
     base = {

@@ -153,9 +153,7 @@ class Column:
 
     def series(self, categories: Sequence[str] | None = None) -> pd.Series | np.ndarray:
         """The column as what a DataFrame should hold: numeric, boolean, categorical or object."""
-        return _as_pandas(
-            self.kind, self.view(), categories if categories is not None else self.categories, self.size
-        )
+        return _as_pandas(self.kind, self.view(), categories if categories is not None else self.categories, self.size)
 
 
 def _convert(chunk: Chunk, kind: str) -> Chunk:

@@ -57,9 +57,7 @@ _BASE_ORDER = (
     "tokens_seen",
     "skipped_updates",
 )
-_BASE_TYPES = {
-    name: (str if name in ("time", "run_id", "session_id", "event") else int) for name in _BASE_ORDER
-}
+_BASE_TYPES = {name: (str if name in ("time", "run_id", "session_id", "event") else int) for name in _BASE_ORDER}
 _BASE_TUPLE = tuple(_BASE_TYPES[name] for name in _BASE_ORDER)
 assert set(_BASE_ORDER) == BASE_FIELDS
 READ_CHUNK = 32 << 20  # bytes per read; bounds peak memory of a cold load
@@ -110,6 +108,18 @@ class Session:
     def resume_step(self) -> int:
         """The step this session (re)started at: its first record's step."""
         return self.first_step
+
+
+@dataclass(frozen=True, slots=True)
+class IngestHealth:
+    """What reading the file ran into: skipped lines, an incomplete tail, versions, restarts."""
+
+    bad_lines: int
+    bad_line_samples: tuple[BadLine, ...]
+    pending_bytes: int
+    schema_versions: dict[int, int]
+    resets: int
+    reset_reasons: tuple[str, ...]
 
 
 class _SessionAcc:
@@ -253,9 +263,7 @@ def _parse_arrow(block: bytes) -> _Batch | None:
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    schema = pa.schema(
-        [(name, pa.string() if kind is str else pa.int64()) for name, kind in _BASE_TYPES.items()]
-    )
+    schema = pa.schema([(name, pa.string() if kind is str else pa.int64()) for name, kind in _BASE_TYPES.items()])
     try:
         table = pj.read_json(
             io.BytesIO(block),
@@ -326,9 +334,7 @@ def _arrow_chunk(array: Any) -> Chunk:
         values = array.cast(pa.int8()).fill_null(-1)
         return Chunk("bool", values.to_numpy())
     encoded = array.dictionary_encode()
-    return Chunk(
-        "cat", encoded.indices.fill_null(-1).to_numpy().astype(np.int32), encoded.dictionary.to_pylist()
-    )
+    return Chunk("cat", encoded.indices.fill_null(-1).to_numpy().astype(np.int32), encoded.dictionary.to_pylist())
 
 
 class RunReader:
@@ -342,8 +348,7 @@ class RunReader:
             path = path / METRICS_FILENAME
         elif not path.exists():
             raise RunNotFoundError(
-                f"{path}: no such run directory or metrics file "
-                f"(expected a directory holding {METRICS_FILENAME})"
+                f"{path}: no such run directory or metrics file (expected a directory holding {METRICS_FILENAME})"
             )
         self.path = path
         self.bulk_threshold = bulk_threshold
@@ -427,8 +432,7 @@ class RunReader:
         elif stat.st_size < self._offset:
             reason = f"file shrank from {self._offset} to {stat.st_size} bytes"
         elif self._tail_check and (
-            os.pread(self._fd, len(self._tail_check), self._offset - len(self._tail_check))
-            != self._tail_check
+            os.pread(self._fd, len(self._tail_check), self._offset - len(self._tail_check)) != self._tail_check
         ):
             reason = "file was rewritten before the read offset"
         else:
@@ -538,6 +542,17 @@ class RunReader:
             return None
         return float(np.median(np.diff(times))) / 1e9
 
+    def ingest_health(self) -> IngestHealth:
+        """A snapshot of what reading the file ran into so far."""
+        return IngestHealth(
+            bad_lines=self.bad_lines,
+            bad_line_samples=tuple(self.bad_line_samples),
+            pending_bytes=self.pending_bytes,
+            schema_versions=dict(self.schema_versions),
+            resets=self.resets,
+            reset_reasons=tuple(self.reset_reasons),
+        )
+
     @property
     def last_end_status(self) -> str | None:
         """The ``status`` of the last record when it is a ``session_end``, else None."""
@@ -558,15 +573,11 @@ class RunReader:
         data: dict[str, Any] = {}
         for name in _BASE_ORDER:
             if name == "event":
-                data[name] = pd.Categorical.from_codes(
-                    np.zeros(table.size, dtype=np.int8), categories=[event]
-                )
+                data[name] = pd.Categorical.from_codes(np.zeros(table.size, dtype=np.int8), categories=[event])
             elif name == "time":
                 data[name] = pd.to_datetime(table.columns["time"].view(), unit="ns", utc=True)
             elif name == "session_id":
-                data[name] = pd.Categorical.from_codes(
-                    self._global_sessions(table), categories=self._session_ids()
-                )
+                data[name] = pd.Categorical.from_codes(self._global_sessions(table), categories=self._session_ids())
             else:
                 data[name] = table.columns[name].series()
         for name, column in table.columns.items():
@@ -608,10 +619,7 @@ class RunReader:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
         firsts = self._first_step_in_event.get(event, {})
         return np.array(
-            [
-                acc.first_step + (firsts.get(index) != acc.first_step)
-                for index, acc in enumerate(self._sessions)
-            ],
+            [acc.first_step + (firsts.get(index) != acc.first_step) for index, acc in enumerate(self._sessions)],
             dtype=np.float64,
         )
 
@@ -646,6 +654,24 @@ class RunReader:
             previous_end = acc.end_ns
         return result
 
+    def replaced_by(self, index: int, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, whether session ``index`` is the one that redid it.
+
+        Rows of earlier sessions that were still effective when session ``index`` began and
+        that it superseded: together with its own records at the same steps, its replay window.
+        """
+        self._flush()
+        table = self._tables.get(event)
+        if table is None or index == 0:
+            return np.zeros(0 if table is None else table.size, dtype=bool)
+        thresholds = self._thresholds(event)[: index + 1]
+        # upper[i]: records of session i at or above it were superseded before session `index` began.
+        upper = np.append(np.minimum.accumulate(thresholds[index - 1 : 0 : -1])[::-1], math.inf)
+        sessions = self._global_sessions(table)
+        steps = table.columns["step"].view()
+        earlier = sessions < index
+        return earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+
     def _replay(self, index: int) -> tuple[int, int, int]:
         """(steps, tokens, records) of earlier sessions' work that session ``index`` redid.
 
@@ -661,16 +687,11 @@ class RunReader:
         start = self._sessions[index].first_step
         frontier, tokens, superseded = start, 0, 0
         for event, table in self._tables.items():
-            thresholds = self._thresholds(event)[: index + 1]
-            # upper[i]: records of session i at or above it were superseded before this session began.
-            upper = np.append(np.minimum.accumulate(thresholds[index - 1 : 0 : -1])[::-1], math.inf)
-            sessions = self._global_sessions(table)
-            steps = table.columns["step"].view()
-            earlier = sessions < index
-            mask = earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+            mask = self.replaced_by(index, event)
             count = int(mask.sum())
             if not count:
                 continue
+            steps = table.columns["step"].view()
             superseded += count
             frontier = max(frontier, int(steps[mask].max()))
             if event == "train" and "tokens" in table.columns:
@@ -697,8 +718,4 @@ def _return_memory_to_os() -> None:
 
 
 def _int_or_none(value: Any) -> int | None:
-    return (
-        int(value)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value
-        else None
-    )
+    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None

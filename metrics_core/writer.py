@@ -118,9 +118,7 @@ def _counter(state: object, name: str) -> int:
         return operator.index(value)
     except TypeError:
         kind = type(value)
-        raise RecordTypeError(
-            f"state.{name} has type {kind.__module__}.{kind.__qualname__}: expected an int"
-        ) from None
+        raise RecordTypeError(f"state.{name} has type {kind.__module__}.{kind.__qualname__}: expected an int") from None
 
 
 def tail_start(fd: int, size: int) -> int:
@@ -271,9 +269,7 @@ class MetricsWriter:
             kind = type(value)
             if kind is float:
                 if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
-                    raise RecordValueError(
-                        f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written"
-                    )
+                    raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
             elif kind not in _PLAIN_SCALARS:
                 record[key] = json_scalar(key, value)
         return record

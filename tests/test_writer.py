@@ -137,9 +137,7 @@ def test_file_without_any_newline_becomes_empty(run: RunContext, size: int) -> N
 @given(
     content=st.one_of(
         st.binary(max_size=300),
-        st.lists(st.sampled_from([b"\n", b"a" * 4095, b"{}", b"\xff", b"b" * 4096, b"\n\n"]), max_size=8).map(
-            b"".join
-        ),
+        st.lists(st.sampled_from([b"\n", b"a" * 4095, b"{}", b"\xff", b"b" * 4096, b"\n\n"]), max_size=8).map(b"".join),
     )
 )
 def test_tail_recovery_property(tmp_path_factory: pytest.TempPathFactory, content: bytes) -> None:
@@ -153,9 +151,7 @@ def test_tail_recovery_property(tmp_path_factory: pytest.TempPathFactory, conten
     assert writer.discarded_bytes == len(content) - len(expected)
 
 
-@pytest.mark.parametrize(
-    "bad", [math.nan, math.inf, -math.inf, np.float32("nan"), np.float64("-inf")], ids=repr
-)
+@pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, np.float32("nan"), np.float64("-inf")], ids=repr)
 def test_nan_and_infinity_are_refused_and_nothing_is_written(run: RunContext, bad: float) -> None:
     """NaN/Inf raise ValueError naming the key; the file stays byte-identical."""
     with MetricsWriter(run) as writer:

@@ -1,16 +1,34 @@
-"""The run page's charts, as pure functions of a ``RunView`` and the page's options."""
+"""The pages' charts and tables, as pure functions of ``RunView`` snapshots and page options."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
-from metrics_core.analysis import tokens_per_second
-from metrics_core.dashboard.figures import Series, metric_figure
+from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_second
+from metrics_core.dashboard.figures import Highlight, Series, metric_figure, session_colour, x_values
 from metrics_core.dashboard.store import RunView
+
+HISTORY_MODES = {
+    "effective": "effective history",
+    "all": "all sessions (superseded dimmed)",
+    "sessions": "sessions overlaid, replays shaded",
+}
+# metric -> (event, label) for the compare page
+COMPARE_METRICS = {
+    "train_loss": ("train", "train loss"),
+    "val_loss": ("validation", "validation loss"),
+    "grad_norm_avg": ("train", "grad norm avg"),
+    "clipped_fraction": ("train", "clipped fraction"),
+    "skipped_updates": ("train", "skipped updates (cumulative)"),
+    "lr": ("train", "learning rate"),
+    "tokens_per_s": ("train", "tokens/s"),
+}
+RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
 @dataclass(frozen=True)
@@ -20,51 +38,129 @@ class ChartOptions:
     x: str = "step"
     smoothing: float = 0.0
     log_y: bool = False
-    history: str = "effective"  # or "all": superseded records drawn dimmed
+    history: str = "effective"
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    """One chart: its series, and whether smoothing and a log scale apply to it."""
+
+    title: str
+    series: list[Series]
+    smoothed: bool
+    loggable: bool
+
+
+def _with_throughput(frame: pd.DataFrame) -> pd.DataFrame:
+    return frame.assign(tokens_per_s=tokens_per_second(frame)) if len(frame) else frame
 
 
 def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.ndarray | None]:
+    """The rows a history mode draws, and which of them to dim."""
     if history == "effective":
         return view.effective(event), None
-    return view.frames[event], view.superseded[event]
+    return view.frames[event], view.superseded[event] if history == "all" else None
+
+
+def chart_specs(view: RunView, history: str) -> dict[str, ChartSpec]:
+    """Loss, clipped fraction, skipped updates, grad norm, LR and throughput, keyed by chart id."""
+    train, dim = _rows(view, "train", history)
+    validation, validation_dim = _rows(view, "validation", history)
+    return {
+        "loss": ChartSpec("Loss", [Series(train, "train_loss", "train", dim),
+                                   Series(validation, "val_loss", "validation", validation_dim, markers=True)],
+                          True, True),
+        "clipped": ChartSpec("Clipped fraction", [
+            Series(train, "clipped_fraction", "clipped", dim, gap_markers=True)], False, False),
+        "skipped": ChartSpec("Skipped updates", [
+            Series(train, "skipped_updates_in_window", "per window", dim),
+            Series(train, "skipped_updates", "cumulative", dim, secondary_y=True)], False, False),
+        "grad_norm": ChartSpec("Gradient norm (pre-clip)", [
+            Series(train, "grad_norm_avg", "avg", dim, gap_markers=True),
+            Series(train, "grad_norm_max", "max", dim)], True, True),
+        "lr": ChartSpec("Learning rate", [Series(train, "lr", "lr", dim)], False, True),
+        "throughput": ChartSpec("Throughput (tokens/s)", [
+            Series(_with_throughput(train), "tokens_per_s", "tokens/s", dim)], True, False),
+    }  # fmt: skip
+
+
+def replays(view: RunView) -> list[ReplayWindow]:
+    return replay_windows(view.frames["train"], view.sessions, view.replaced)
+
+
+def replay_highlights(view: RunView, x: str) -> list[Highlight]:
+    """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
+    train = view.frames["train"]
+    origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
+    result = []
+    for window in replays(view):
+        session = view.sessions[window.session]
+        rows = view.replaced[window.session] | (
+            (train["session_id"] == session.session_id)
+            & (train["step"] >= window.first_step) & (train["step"] <= window.last_step)
+        ).to_numpy()  # fmt: skip
+        if x in ("step", "tokens_seen"):
+            xs = x_values(train[rows], x, origin)
+            x0 = session.first_step if x == "step" else session.first_tokens_seen
+            delta = "" if window.loss_delta is None else f" · Δloss {window.loss_delta:+.3g}"
+            label = f"replay S{window.session}→S{window.session + 1}{delta}"
+            result.append(Highlight(float(x0), float(np.max(xs)), label, session_colour(window.session)))
+    return result
 
 
 def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
-    """Loss, clipped fraction, skipped updates, grad norm, LR and throughput, keyed by chart id."""
-    train, train_superseded = _rows(view, "train", options.history)
-    validation, validation_superseded = _rows(view, "validation", options.history)
-    throughput = train.assign(tokens_per_s=tokens_per_second(train)) if len(train) else train
-    # chart id: (title, series, smoothed, log-scale allowed)
-    specs: dict[str, tuple[str, list[Series], bool, bool]] = {
-        "loss": ("Loss", [
-            Series(train, "train_loss", "train", train_superseded),
-            Series(validation, "val_loss", "validation", validation_superseded, markers=True),
-        ], True, True),
-        "clipped": ("Clipped fraction", [
-            Series(train, "clipped_fraction", "clipped", train_superseded, gap_markers=True),
-        ], False, False),
-        "skipped": ("Skipped updates", [
-            Series(train, "skipped_updates_in_window", "per window", train_superseded),
-            Series(train, "skipped_updates", "cumulative", train_superseded, secondary_y=True),
-        ], False, False),
-        "grad_norm": ("Gradient norm (pre-clip)", [
-            Series(train, "grad_norm_avg", "avg", train_superseded, gap_markers=True),
-            Series(train, "grad_norm_max", "max", train_superseded),
-        ], True, True),
-        "lr": ("Learning rate", [Series(train, "lr", "lr", train_superseded)], False, True),
-        "throughput": ("Throughput (tokens/s)", [
-            Series(throughput, "tokens_per_s", "tokens/s", train_superseded),
-        ], True, False),
-    }  # fmt: skip
+    """Every chart of the run page as a figure."""
+    highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
     return {
         key: metric_figure(
-            series,
-            title=title,
+            spec.series,
+            title=spec.title,
             sessions=view.sessions,
             x=options.x,
-            smoothing=options.smoothing if smoothed else 0.0,
-            log_y=options.log_y and loggable,
-            revision=f"{view.name}:{key}:{options.x}:{options.log_y and loggable}",
+            smoothing=options.smoothing if spec.smoothed else 0.0,
+            log_y=options.log_y and spec.loggable,
+            revision=f"{view.name}:{key}:{options.x}:{options.log_y and spec.loggable}:{options.history}",
+            highlights=highlights,
         )
-        for key, (title, series, smoothed, loggable) in specs.items()
+        for key, spec in chart_specs(view, options.history).items()
     }
+
+
+def chart_csv(spec: ChartSpec) -> str:
+    """Exactly the rows a chart draws (raw, not downsampled, not smoothed), as CSV."""
+    parts = []
+    for item in spec.series:
+        if item.column not in item.frame.columns:
+            continue
+        part = item.frame[["session_id", "step", "tokens_seen", "time", item.column]].rename(
+            columns={item.column: "value"}
+        )
+        part.insert(0, "series", item.label)
+        part.insert(1, "metric", item.column)
+        part["superseded"] = item.superseded if item.superseded is not None else False
+        parts.append(part)
+    return pd.concat(parts).to_csv(index=False) if parts else ""
+
+
+def session_overlay(view: RunView, *, x: str, smoothing: float) -> go.Figure:
+    """The sessions page's chart: every session's loss on one axis, replay windows shaded."""
+    spec = chart_specs(view, "sessions")["loss"]
+    return metric_figure(
+        spec.series, title="Loss by session", sessions=view.sessions, x=x, smoothing=smoothing,
+        revision=f"{view.name}:sessions:{x}", highlights=replay_highlights(view, x),
+    )  # fmt: skip
+
+
+def compare_chart(views: Mapping[str, RunView], metric: str, *, x: str, smoothing: float, log_y: bool) -> go.Figure:
+    """One metric of several runs (effective histories), each run a colour and named by its path."""
+    event, label = COMPARE_METRICS[metric]
+    series = []
+    for number, (name, view) in enumerate(views.items()):
+        frame = view.effective(event)
+        if metric == "tokens_per_s":
+            frame = _with_throughput(frame)
+        series.append(Series(frame, metric, name, colour=RUN_COLOURS[number % len(RUN_COLOURS)]))
+    return metric_figure(
+        series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
+        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}",
+    )  # fmt: skip

@@ -125,13 +125,9 @@ def run_session(
             window.reset()
             if state.step % 100 < WINDOW and not skipped:
                 vx, vy, vtokens = _batch(np.random.default_rng(seed + 99), teacher)
-                writer.write(
-                    "validation", state, val_loss=model.loss_and_grads(vx, vy)[0], val_tokens=vtokens
-                )
+                writer.write("validation", state, val_loss=model.loss_and_grads(vx, vy)[0], val_tokens=vtokens)
             if state.step % 200 < WINDOW and not skipped:
-                writer.write(
-                    "checkpoint", state, path=str(_save(directory, state.step, model, state, scale).name)
-                )
+                writer.write("checkpoint", state, path=str(_save(directory, state.step, model, state, scale).name))
             if pace:
                 time.sleep(pace)
             if _parent_gone(parent):

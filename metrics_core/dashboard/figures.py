@@ -43,6 +43,8 @@ class Series:
 
     ``superseded`` marks rows a later session redid (drawn dimmed); ``None`` means none are.
     ``gap_markers`` marks rows where the value is missing (e.g. no successful update).
+    ``colour`` set: one trace in that colour named ``label`` (comparing runs), instead of one
+    trace per session in the session's colour.
     """
 
     frame: pd.DataFrame
@@ -52,6 +54,17 @@ class Series:
     secondary_y: bool = False
     gap_markers: bool = False
     markers: bool = False
+    colour: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Highlight:
+    """A shaded x-range with a label (a replay window)."""
+
+    x0: float
+    x1: float
+    label: str
+    colour: str
 
 
 def session_colour(index: int) -> str:
@@ -122,6 +135,7 @@ def metric_figure(
     log_y: bool = False,
     max_points: int = CHART_POINTS,
     revision: str = "",
+    highlights: Sequence[Highlight] = (),
 ) -> go.Figure:
     """A line chart of ``series`` split by session, with session boundaries marked.
 
@@ -146,6 +160,11 @@ def metric_figure(
             x=at, y=1.0, yref="paper", yanchor="bottom", showarrow=False,
             text=f"S{session.index + 1} · resume @ {session.resume_step}",
             font={"size": 10, "color": session_colour(session.index)},
+        )  # fmt: skip
+    for highlight in highlights:
+        figure.add_vrect(
+            x0=highlight.x0, x1=highlight.x1, fillcolor=highlight.colour, opacity=0.15, line_width=0, layer="below",
+            annotation_text=highlight.label, annotation_position="top left", annotation_font_size=10,
         )  # fmt: skip
     figure.update_layout(
         template="none",  # the default template adds ~10 KB of styling JSON to every update
@@ -187,7 +206,7 @@ def _add_series(
         return
     xs = x_values(frame, x, origin)
     ys = pd.to_numeric(frame[item.column], errors="coerce").to_numpy(dtype=np.float64)
-    session_codes = frame["session_id"].cat.codes.to_numpy()
+    session_codes = frame["session_id"].cat.codes.to_numpy() if item.colour is None else np.zeros(len(frame), int)
     superseded = item.superseded if item.superseded is not None else np.zeros(len(frame), dtype=bool)
     dash = DASHES[number % len(DASHES)]
     axis = "y2" if item.secondary_y else "y"
@@ -196,8 +215,8 @@ def _add_series(
             rows = np.flatnonzero((session_codes == code) & (superseded == dimmed))
             if not len(rows):
                 continue
-            name = f"{item.label} · S{code + 1}" + (" (superseded)" if dimmed else "")
-            colour = session_colour(int(code))
+            name = (item.label if item.colour else f"{item.label} · S{code + 1}") + (" (superseded)" if dimmed else "")
+            colour = item.colour or session_colour(int(code))
             opacity = SUPERSEDED_OPACITY if dimmed else 1.0
             raw, smooth = ys[rows], ema_smooth(ys[rows], smoothing) if smoothing > 0 else None
             budget = int(min(TRACE_POINTS, max(MIN_TRACE_POINTS, points_per_row * len(rows))))

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from metrics_core.reader import BadLine, RunReader, Session
+from metrics_core.reader import IngestHealth, RunReader, Session
 from metrics_core.runs import RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 
@@ -38,12 +38,8 @@ class RunView:
     sessions: list[Session]
     frames: dict[str, pd.DataFrame]
     superseded: dict[str, np.ndarray]
-    bad_lines: int
-    bad_line_samples: list[BadLine]
-    pending_bytes: int
-    schema_versions: dict[int, int]
-    resets: int
-    reset_reasons: list[str]
+    replaced: dict[int, np.ndarray]  # per session index: the train rows it redid
+    ingest: IngestHealth
     last_record_time: datetime | None
     status: str
 
@@ -144,7 +140,7 @@ class RunStore:
                     "last record age (s)": (now - view.last_record_time).total_seconds()
                     if view.last_record_time
                     else None,
-                    "bad lines": view.bad_lines,
+                    "bad lines": view.ingest.bad_lines,
                 }
             )
         return pd.DataFrame(rows)
@@ -158,19 +154,14 @@ def _last_value(frame: pd.DataFrame, column: str) -> float | None:
 
 
 def _build_view(name: str, reader: RunReader, status: str) -> RunView:
-    frames = {event: reader.frame(event) for event in EVENTS}
     return RunView(
         name=name,
         records=reader.records,
         sessions=reader.sessions,
-        frames=frames,
+        frames={event: reader.frame(event) for event in EVENTS},
         superseded={event: reader.superseded(event) for event in EVENTS},
-        bad_lines=reader.bad_lines,
-        bad_line_samples=list(reader.bad_line_samples),
-        pending_bytes=reader.pending_bytes,
-        schema_versions=dict(reader.schema_versions),
-        resets=reader.resets,
-        reset_reasons=list(reader.reset_reasons),
+        replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
+        ingest=reader.ingest_health(),
         last_record_time=reader.last_record_time,
         status=status,
     )

@@ -1,0 +1,43 @@
+"""`/compare?run=<a>&run=<b>…` — one metric of several runs overlaid; the URL is shareable."""
+
+import pandas as pd
+import streamlit as st
+
+from metrics_core.dashboard.chart import live_chart, load_plotly
+from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
+from metrics_core.dashboard.overview import filter_runs
+from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.widgets import view_or_stop
+
+config = settings()
+store = get_store(config.runs, config.poll)
+st.title("Compare runs")
+names = [run.name for run in store.runs()]
+pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
+shown, error = filter_runs(pd.DataFrame({"run": names}), pattern)
+if error:
+    st.error(error)
+asked = st.query_params.get_all("run")
+unknown = [name for name in asked if name not in names]
+if unknown:
+    st.warning(f"Not runs under the root, ignored: {', '.join(map(repr, unknown))}")
+picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)),
+                        default=[name for name in asked if name in names], key="compare_runs")  # fmt: skip
+st.query_params["run"] = picked
+metric = st.selectbox("Metric", list(COMPARE_METRICS), format_func=lambda m: COMPARE_METRICS[m][1], key="metric")
+x = st.segmented_control("x axis", ["step", "tokens_seen"], default="step", key="compare_x") or "step"
+smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
+log_y = st.toggle("Log-scale y", key="log_y")
+load_plotly()
+
+
+@st.fragment(run_every=config.refresh)
+def chart() -> None:
+    if not picked:
+        st.info("Pick one or more runs to compare.")
+        return
+    views = {name: view_or_stop(store, name) for name in picked}
+    live_chart(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), key="chart_compare")
+
+
+chart()

@@ -1,0 +1,45 @@
+"""`/sessions?run=<name>` — the sessions of one resumed run side by side: what each crash cost."""
+
+import streamlit as st
+
+from metrics_core.analysis import lost_work, session_table
+from metrics_core.dashboard.chart import live_chart, load_plotly
+from metrics_core.dashboard.charts import session_overlay
+from metrics_core.dashboard.overview import run_link
+from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.widgets import csv_button, view_or_stop
+from metrics_core.diagnostics import diagnose
+
+config = settings()
+store = get_store(config.runs, config.poll)
+name = st.query_params.get("run", "")
+view_or_stop(store, name)
+st.title(f"Sessions of {name}")
+st.markdown(f"[Back to the run's charts]({run_link(name)})")
+x = st.segmented_control("Align on", ["step", "tokens_seen"], default="step", key="align") or "step"
+smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="smoothing")
+load_plotly()
+
+
+@st.fragment(run_every=config.refresh)
+def sessions() -> None:
+    view = store.view(name)
+    train = view.frames["train"]
+    lost = lost_work(view.sessions, train, view.superseded["train"])
+    share = "–" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
+    for column, (label, value) in zip(st.columns(4), [
+        ("Total downtime", f"{lost.downtime_s:,.0f} s"), ("Steps replayed", f"{lost.steps_replayed:,}"),
+        ("Tokens replayed", f"{lost.tokens_replayed:,}"), ("Training time superseded", share),
+    ], strict=True):  # fmt: skip
+        column.metric(label, value)
+    table = session_table(view.sessions, train, view.status)
+    st.table(table.set_index("session"))
+    csv_button("CSV of the sessions table", lambda: table.to_csv(index=False), "sessions.csv", key="csv_sessions")
+    findings = diagnose(train=train, sessions=view.sessions, replaced=view.replaced, ingest=view.ingest)
+    for finding in findings:
+        if finding.check in ("tokens per step at resume", "loss jump at resume"):
+            st.warning(finding.message, icon=":material/warning:")
+    live_chart(session_overlay(view, x=x, smoothing=smoothing), key="chart_sessions")
+
+
+sessions()

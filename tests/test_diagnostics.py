@@ -1,0 +1,168 @@
+"""Replay accounting and loss-sanity diagnostics on crafted runs, read through the public reader."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
+from metrics_core.analysis import lost_work, replay_windows, session_table
+from metrics_core.diagnostics import Finding, diagnose_reader
+from metrics_core.reader import RunReader
+from tests.conftest import append_bytes, append_records, base_record
+from tests.test_reader import three_session_run
+
+
+def read(path: Path) -> RunReader:
+    reader = RunReader(path)
+    reader.refresh()
+    return reader
+
+
+def window(
+    step: int,
+    session: str = "s1",
+    *,
+    tokens: int = 8000,
+    seen: int | None = None,
+    loss: float = 1.0,
+    attempted: int = 10,
+    updates: int = 10,
+    skipped: int = 0,
+    cumulative_skipped: int = 0,
+) -> dict:
+    """A train record of a 10-step window of 8 batches x 100 tokens per step."""
+    return base_record(step, session=session, train_loss=loss, tokens=tokens, attempted_updates=attempted,
+                       updates=updates, skipped_updates_in_window=skipped) | {
+        "tokens_seen": step * 800 if seen is None else seen, "skipped_updates": cumulative_skipped}  # fmt: skip
+
+
+def checks(findings: list[Finding]) -> dict[str, Finding]:
+    return {finding.check: finding for finding in findings}
+
+
+def test_clean_run_from_the_real_writer_says_so_in_one_line(tmp_path: Path) -> None:
+    """A run written through MetricsWriter and TrainingWindow passes every check."""
+    state, win = TrainingState(), TrainingWindow()
+    with MetricsWriter(RunContext(tmp_path / "r", "r", "s")) as writer:
+        writer.write("session_start", state, discarded_bytes=0, resumed_from_step=None)
+        for attempt in range(200):
+            skipped = attempt % 37 == 0
+            win.add(2.0 - attempt / 200, 800, 0.9, skipped, 1.0)
+            state.tokens_seen += 800
+            state.skipped_updates += skipped
+            state.step += not skipped
+            if win.attempts == 10:
+                writer.write("train", state, **win.summary(1e-3))
+                win.reset()
+    (finding,) = diagnose_reader(read(tmp_path / "r"))
+    assert finding.severity == "ok" and "20 train windows in 1 session" in finding.message
+
+
+def test_tokens_counted_on_one_batch_of_eight_is_flagged(tmp_path: Path) -> None:
+    """Windows whose tokens cover 1 of 8 batches are named with session, steps and count."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(window(s, tokens=1000 if 50 <= s <= 70 else 8000) for s in range(10, 201, 10)))
+    found = checks(diagnose_reader(read(path)))
+    subset = found["tokens per window"]
+    assert (subset.session, subset.first_step, subset.last_step, subset.records) == ("s1", 50, 70, 3)
+    assert "subset of batches" in subset.message
+    mismatch = found["tokens_seen vs windows"]
+    assert (mismatch.first_step, mismatch.last_step, mismatch.records) == (50, 70, 3)
+    assert "ok" not in {f.severity for f in found.values()}
+
+
+def test_window_accounting_and_counters_are_checked(tmp_path: Path) -> None:
+    """attempted ≠ updates + skipped, a skipped counter that does not add up, steps going back."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(
+        path,
+        window(10), window(20, attempted=12, updates=10, skipped=1, cumulative_skipped=1),
+        window(30, cumulative_skipped=5), window(25, seen=30 * 800 + 8000 - 5 * 800, attempted=-5, updates=-5,
+                                                cumulative_skipped=5),
+    )  # fmt: skip
+    found = checks(diagnose_reader(read(path)))
+    assert found["window accounting"].first_step == 20 and found["window accounting"].records == 1
+    assert found["skipped_updates vs windows"].first_step == 30
+    assert found["steps increasing"].first_step == 25
+    assert found["window accounting"].severity == "error"
+
+
+def test_loss_jump_at_resume_is_flagged(tmp_path: Path) -> None:
+    """A resumed session whose redo of the same steps has a clearly different loss is named."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(window(s, loss=1.0) for s in range(10, 101, 10)))
+    append_records(path, base_record(60, event="session_start", session="s2"),
+                   *(window(s, "s2", loss=1.5) for s in range(70, 151, 10)))  # fmt: skip
+    reader = read(path)
+    jump = checks(diagnose_reader(reader))["loss jump at resume"]
+    assert (jump.session, jump.first_step, jump.last_step, jump.records) == ("s2", 60, 100, 4)
+    assert "+0.5" in jump.message
+    (replay,) = replay_windows(reader.frame("train"), reader.sessions,
+                               {s.index: reader.replaced_by(s.index, "train") for s in reader.sessions})  # fmt: skip
+    assert (replay.first_step, replay.last_step, replay.earlier_records, replay.redo_records) == (
+        60,
+        100,
+        4,
+        4,
+    )
+    assert replay.loss_delta == pytest.approx(0.5)
+
+
+def test_matching_resume_and_tokens_per_step_change(tmp_path: Path) -> None:
+    """A resume that reproduces the loss is not flagged; a changed batch size is."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(window(s) for s in range(10, 101, 10)))
+    append_records(path, *(window(s, "s2", tokens=16000, seen=80_000 + (s - 100) * 1600) for s in range(110, 151, 10)))
+    found = checks(diagnose_reader(read(path)))
+    assert "loss jump at resume" not in found
+    assert "16,000 tokens per step" not in found["tokens per step at resume"].message
+    assert "1,600 tokens per step" in found["tokens per step at resume"].message
+
+
+def test_ingest_health_findings(tmp_path: Path) -> None:
+    """Bad lines (with line numbers), pending bytes and reader resets are reported."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, window(10), window(20))
+    append_bytes(path, b"[1, 2]\n")
+    append_records(path, window(30))
+    reader = read(path)
+    assert "line 3: not a JSON object" in checks(diagnose_reader(reader))["bad lines"].message
+    append_bytes(path, b'{"x')
+    reader.refresh()
+    assert "3 byte(s)" in checks(diagnose_reader(reader))["pending bytes"].message
+    replacement = path.with_name("rotated")
+    append_records(replacement, window(10))
+    replacement.replace(path)
+    reader.refresh()
+    resets = checks(diagnose_reader(reader))["reader resets"]
+    assert resets.severity == "warning" and "replaced" in resets.message
+
+
+def test_schema_version_finding(tmp_path: Path) -> None:
+    """Records of a newer schema are counted and reported."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, window(10), window(20) | {"schema_version": 2})
+    assert checks(diagnose_reader(read(path)))["schema versions"].records == 1
+
+
+def test_session_table_and_lost_work(tmp_path: Path) -> None:
+    """The sessions table and the lost-work summary of a three-session run."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    three_session_run(path)
+    reader = read(path)
+    table = session_table(reader.sessions, reader.frame("train"), "stalled")
+    assert list(table["session"]) == [1, 2, 3]
+    assert list(table["resume step"].fillna(-1)) == [-1, 60, 120]
+    assert list(table["steps replayed"]) == [0, 40, 30]
+    assert list(table["tokens replayed"]) == [0, 4000, 3000]
+    assert list(table["end status"]) == ["crashed", "crashed", "stalled"]
+    lost = lost_work(reader.sessions, reader.frame("train"), reader.superseded("train"))
+    assert (lost.steps_replayed, lost.tokens_replayed) == (70, 7000)
+    assert lost.downtime_s == pytest.approx(sum(s.downtime_s or 0 for s in reader.sessions))
+    assert lost.superseded_time_s == pytest.approx(70.0)  # 7 superseded windows, 10 s apart
+    assert 0 < lost.superseded_share < 1
+    assert np.isfinite(table["mean tokens/s"].astype(float)).all()
+    assert str(table["resume step"].dtype) == "Int64"
