@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import math
 import operator
-from dataclasses import dataclass, fields
+import sys
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from metrics_core.errors import RecordTypeError, RecordValueError
@@ -31,6 +32,11 @@ def _finite_loss(loss: Any) -> float:
             f"loss is {value!r}: a non-finite loss cannot be token-weighted; the window was not changed"
         )
     return value
+
+
+def _is_tensor(value: Any) -> bool:
+    """A torch tensor, recognised without importing torch (it is loaded if one exists)."""
+    return type(value).__module__.startswith("torch") and hasattr(value, "device")
 
 
 def _token_count(tokens: Any) -> int:
@@ -61,22 +67,36 @@ class TrainingWindow:
     grad_norm_max: float = 0.0
     nonfinite_grad_norms: int = 0
     clipped_updates: int = 0
+    _device_sums: Any = field(default=None, repr=False, compare=False)
 
     def add(
         self,
-        loss: float,
+        loss: Any,
         tokens: int,
-        grad_norm: float | None = None,
-        skipped: bool = False,
+        grad_norm: Any = None,
+        skipped: Any = False,
         max_grad_norm: float | None = None,
     ) -> None:
         """Record one optimizer attempt (one backward pass + step or skip).
 
         ``grad_norm`` is the pre-clipping norm (what ``clip_grad_norm_`` returns); ``None`` means
-        it was not measured.  Invalid input raises before anything is accumulated.
+        it was not measured.  ``loss``, ``grad_norm`` and ``skipped`` may be 0-d torch tensors:
+        then nothing is transferred to the host until ``summary()`` (see ``tensor_window``), and a
+        non-finite tensor loss is reported there.  Invalid input raises before anything is
+        accumulated.
         """
-        loss_value = _finite_loss(loss)
         count = _token_count(tokens)
+        if "torch" in sys.modules and any(map(_is_tensor, (loss, grad_norm, skipped))):
+            if self._device_sums is None:
+                from metrics_core.tensor_window import TensorSums
+
+                device = next(value.device for value in (loss, grad_norm, skipped) if _is_tensor(value))
+                self._device_sums = TensorSums(device)
+            self._device_sums.add(loss, count, grad_norm, skipped, max_grad_norm)
+            self.tokens += count
+            self.attempts += 1
+            return
+        loss_value = _finite_loss(loss)
         self.loss_sum += loss_value * count
         self.tokens += count
         self.attempts += 1
@@ -97,21 +117,37 @@ class TrainingWindow:
             self.clipped_updates += 1
 
     def summary(self, lr: float | None = None) -> dict[str, Any]:
-        """The window as the fields of a ``train`` record."""
+        """The window as the fields of a ``train`` record (one host transfer if tensors were added)."""
+        loss_sum, skips, updates = self.loss_sum, self.skips, self.updates
+        grad_norms, grad_sum, grad_max = self.grad_norms, self.grad_norm_sum, self.grad_norm_max
+        nonfinite, clipped = self.nonfinite_grad_norms, self.clipped_updates
+        if self._device_sums is not None:
+            device = self._device_sums.fold()
+            if not math.isfinite(device["loss_sum"]):
+                raise RecordValueError(
+                    "a NaN or infinite tensor loss was added in this window: it cannot be token-weighted "
+                    "(tensor losses are checked here, once per window, to avoid a device sync per step)"
+                )
+            loss_sum += device["loss_sum"]
+            skips, updates = skips + int(device["skips"]), updates + int(device["updates"])
+            nonfinite, clipped = nonfinite + int(device["nonfinite"]), clipped + int(device["clipped"])
+            if device["grad_norms"]:
+                grad_max = max(grad_max, device["grad_norm_max"]) if grad_norms else device["grad_norm_max"]
+            grad_norms, grad_sum = grad_norms + int(device["grad_norms"]), grad_sum + device["grad_norm_sum"]
         return {
-            "train_loss": self.loss_sum / self.tokens if self.tokens else None,
+            "train_loss": loss_sum / self.tokens if self.tokens else None,
             "lr": lr,
             "tokens": self.tokens,
             "attempted_updates": self.attempts,
-            "updates": self.updates,
-            "skipped_updates_in_window": self.skips,
-            "grad_norm_avg": self.grad_norm_sum / self.grad_norms if self.grad_norms else None,
-            "grad_norm_max": self.grad_norm_max if self.grad_norms else None,
-            "clipped_fraction": self.clipped_updates / self.updates if self.updates else None,
-            "nonfinite_grad_norms": self.nonfinite_grad_norms,
+            "updates": updates,
+            "skipped_updates_in_window": skips,
+            "grad_norm_avg": grad_sum / grad_norms if grad_norms else None,
+            "grad_norm_max": grad_max if grad_norms else None,
+            "clipped_fraction": clipped / updates if updates else None,
+            "nonfinite_grad_norms": nonfinite,
         }
 
     def reset(self) -> None:
         """Start a new window (call after each ``train`` record)."""
-        for field in fields(self):
-            setattr(self, field.name, field.default)
+        for item in fields(self):
+            setattr(self, item.name, item.default)

@@ -11,6 +11,8 @@ import pytest
 
 from metrics_core import RunContext
 
+REPO = Path(__file__).resolve().parents[1]
+
 
 @pytest.fixture
 def run(tmp_path: Path) -> RunContext:
