@@ -43,23 +43,13 @@ import pandas as pd
 
 from metrics_core.columns import Chunk, Table, chunk_from_pylist
 from metrics_core.errors import RunNotFoundError
-from metrics_core.writer import BASE_FIELDS, METRICS_FILENAME, lock_is_held
+from metrics_core.writer import BASE_FIELD_ORDER, BASE_FIELDS, METRICS_FILENAME, lock_is_held
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
-_BASE_ORDER = (
-    "schema_version",
-    "time",
-    "run_id",
-    "session_id",
-    "event",
-    "step",
-    "tokens_seen",
-    "skipped_updates",
-)
+_BASE_ORDER = BASE_FIELD_ORDER
 _BASE_TYPES = {name: (str if name in ("time", "run_id", "session_id", "event") else int) for name in _BASE_ORDER}
 _BASE_TUPLE = tuple(_BASE_TYPES[name] for name in _BASE_ORDER)
-assert set(_BASE_ORDER) == BASE_FIELDS
 READ_CHUNK = 32 << 20  # bytes per read; bounds peak memory of a cold load
 ARROW_MIN_BLOCK = 1 << 20  # below this the per-line loop is faster than pyarrow's start-up
 MAX_BAD_LINE_SAMPLES = 20
@@ -375,7 +365,6 @@ class RunReader:
         self._first_step_in_event: dict[str, dict[int, int]] = {}
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_rows = 0
-        self._bulk_parsed = False
 
     def close(self) -> None:
         """Release the file descriptor (the parsed data stays)."""
@@ -407,6 +396,7 @@ class RunReader:
         before = self.records
         size = os.fstat(self._fd).st_size
         read_size = READ_CHUNK
+        bulk = False
         while self._offset < size:
             data = os.pread(self._fd, min(read_size, size - self._offset), self._offset)
             cut = data.rfind(b"\n") + 1
@@ -415,13 +405,12 @@ class RunReader:
                     break  # only an incomplete tail is left
                 read_size *= 2  # one line longer than the read size
                 continue
-            self._ingest_block(data[:cut])
+            bulk |= self._ingest_block(data[:cut])
             self._offset += cut
             self._tail_check = data[max(0, cut - 32) : cut]
             read_size = READ_CHUNK
         self.pending_bytes = size - self._offset
-        if self._bulk_parsed:
-            self._bulk_parsed = False
+        if bulk:
             _return_memory_to_os()
         return self.records - before
 
@@ -441,18 +430,18 @@ class RunReader:
         self.reset_reasons.append(reason)
         return True
 
-    def _ingest_block(self, block: bytes) -> None:
+    def _ingest_block(self, block: bytes) -> bool:
+        """Parse and store one block of complete lines; True if pyarrow parsed it."""
         batch = _parse_arrow(block) if len(block) >= self.bulk_threshold else None
-        if batch is not None:
-            self._bulk_parsed = True
-        else:
+        bulk = batch is not None
+        if batch is None:
             batch = _parse_lines(block, self._lines + 1)
         self._lines += batch.lines
         self.bad_lines += len(batch.bad)
         room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
         self.bad_line_samples.extend(batch.bad[: max(room, 0)])
         if not batch.count:
-            return
+            return bulk
         for version, count in batch.schema_versions.items():
             self.schema_versions[version] = self.schema_versions.get(version, 0) + count
         to_global = np.array([self._session(sid) for sid in batch.session_ids], dtype=np.int32)
@@ -473,6 +462,7 @@ class RunReader:
         self.records += batch.count
         self.last_event = batch.event_names[batch.event_codes[-1]]
         self._recent_times.extend(batch.times[-_RECENT_TIMES:].tolist())
+        return bulk
 
     def _flush(self) -> None:
         """Columnarise rows the per-line parser left as dicts (called before any query)."""

@@ -45,9 +45,9 @@ from metrics_core.errors import (
 
 SCHEMA_VERSION = 1
 METRICS_FILENAME = "metrics.jsonl"
-BASE_FIELDS = frozenset(
-    ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
-)
+# Every record starts with these, in this order (docs/FORMAT.md).
+BASE_FIELD_ORDER = ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
+BASE_FIELDS = frozenset(BASE_FIELD_ORDER)
 TAIL_CHUNK = 4096
 _PLAIN_SCALARS = frozenset((int, str, bool, type(None)))
 

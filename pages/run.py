@@ -3,12 +3,18 @@
 import streamlit as st
 
 from metrics_core.dashboard.chart import live_chart, load_plotly
-from metrics_core.dashboard.charts import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
+from metrics_core.dashboard.charts import (
+    HISTORY_MODES,
+    ChartOptions,
+    chart_csv,
+    chart_specs,
+    view_charts,
+    view_findings,
+)
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.overview import run_link
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import csv_button, health_panel, view_or_stop
-from metrics_core.diagnostics import diagnose
 
 config = settings()
 store = get_store(config.runs, config.poll)
@@ -34,15 +40,14 @@ def charts() -> None:
     view = store.view(name)
     st.caption(f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
                f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
-    health_panel(diagnose(train=view.frames["train"], sessions=view.sessions, replaced=view.replaced,
-                          ingest=view.ingest))  # fmt: skip
-    specs = chart_specs(view, options.history)
+    health_panel(view_findings(view))
     left, right = st.columns(2)
-    for number, (key, figure) in enumerate(run_charts(view, options).items()):
+    for number, (key, figure) in enumerate(view_charts(view, options).items()):
         with left if number % 2 == 0 else right:
             live_chart(figure, key=f"chart_{key}")
             file_name = f"{name}-{key}.csv".replace("/", "_")
-            csv_button("CSV of this chart", lambda spec=specs[key]: chart_csv(spec), file_name, key=f"csv_{key}")
+            rows = lambda key=key: chart_csv(chart_specs(view, options.history)[key])  # noqa: E731 - built on click
+            csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
 
 
 charts()

@@ -4,11 +4,10 @@ import streamlit as st
 
 from metrics_core.analysis import lost_work, session_table
 from metrics_core.dashboard.chart import live_chart, load_plotly
-from metrics_core.dashboard.charts import session_overlay
+from metrics_core.dashboard.charts import session_overlay, view_findings
 from metrics_core.dashboard.overview import run_link
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import csv_button, view_or_stop
-from metrics_core.diagnostics import diagnose
 
 config = settings()
 store = get_store(config.runs, config.poll)
@@ -35,11 +34,11 @@ def sessions() -> None:
     table = session_table(view.sessions, train, view.status)
     st.table(table.set_index("session"))
     csv_button("CSV of the sessions table", lambda: table.to_csv(index=False), "sessions.csv", key="csv_sessions")
-    findings = diagnose(train=train, sessions=view.sessions, replaced=view.replaced, ingest=view.ingest)
-    for finding in findings:
+    for finding in view_findings(view):
         if finding.check in ("tokens per step at resume", "loss jump at resume"):
             st.warning(finding.message, icon=":material/warning:")
-    live_chart(session_overlay(view, x=x, smoothing=smoothing), key="chart_sessions")
+    overlay = view.memo(("overlay", x, smoothing), lambda: session_overlay(view, x=x, smoothing=smoothing))
+    live_chart(overlay, key="chart_sessions")
 
 
 sessions()

@@ -12,6 +12,7 @@ import plotly.graph_objects as go
 from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_second
 from metrics_core.dashboard.figures import Highlight, Series, metric_figure, session_colour, x_values
 from metrics_core.dashboard.store import RunView
+from metrics_core.diagnostics import Finding, diagnose
 
 HISTORY_MODES = {
     "effective": "effective history",
@@ -124,6 +125,21 @@ def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
         )
         for key, spec in chart_specs(view, options.history).items()
     }
+
+
+def view_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
+    """``run_charts`` computed once per snapshot and options, shared by every tab."""
+    return view.memo(("charts", options), lambda: run_charts(view, options))
+
+
+def view_findings(view: RunView) -> list[Finding]:
+    """The run's diagnostics, computed once per snapshot."""
+    return view.memo(
+        "findings",
+        lambda: diagnose(
+            train=view.frames["train"], sessions=view.sessions, replaced=view.replaced, ingest=view.ingest
+        ),
+    )
 
 
 def chart_csv(spec: ChartSpec) -> str:

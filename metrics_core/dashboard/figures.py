@@ -153,19 +153,23 @@ def metric_figure(
     for number, item in enumerate(series):
         _add_series(figure, item, number, x=x, origin=origin, smoothing=smoothing,
                     points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
+    # Shapes and annotations as plain dicts in one layout update: plotly's add_vline/add_vrect
+    # cost ~20 ms each in validation, which was half of a chart's build time on a long run.
+    shapes, annotations = [], []
     for session in sessions[1:]:
-        at = _session_x(session, x, origin)
-        figure.add_vline(x=at, line={"color": session_colour(session.index), "width": 1.5, "dash": "dash"})
-        figure.add_annotation(
-            x=at, y=1.0, yref="paper", yanchor="bottom", showarrow=False,
-            text=f"S{session.index + 1} · resume @ {session.resume_step}",
-            font={"size": 10, "color": session_colour(session.index)},
-        )  # fmt: skip
+        at, colour = _session_x(session, x, origin), session_colour(session.index)
+        shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": at, "x1": at, "y0": 0, "y1": 1,
+                       "line": {"color": colour, "width": 1.5, "dash": "dash"}})  # fmt: skip
+        annotations.append({"x": at, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,
+                            "text": f"S{session.index + 1} · resume @ {session.resume_step}",
+                            "font": {"size": 10, "color": colour}})  # fmt: skip
     for highlight in highlights:
-        figure.add_vrect(
-            x0=highlight.x0, x1=highlight.x1, fillcolor=highlight.colour, opacity=0.15, line_width=0, layer="below",
-            annotation_text=highlight.label, annotation_position="top left", annotation_font_size=10,
-        )  # fmt: skip
+        shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": highlight.x0, "x1": highlight.x1,
+                       "y0": 0, "y1": 1, "fillcolor": highlight.colour, "opacity": 0.15, "line": {"width": 0},
+                       "layer": "below"})  # fmt: skip
+        annotations.append({"x": highlight.x0, "y": 1.0, "xref": "x", "yref": "paper", "xanchor": "left",
+                            "yanchor": "top", "showarrow": False, "text": highlight.label,
+                            "font": {"size": 10}})  # fmt: skip
     figure.update_layout(
         template="none",  # the default template adds ~10 KB of styling JSON to every update
         font={"family": "sans-serif", "size": 11, "color": "#31333f"},
@@ -184,6 +188,8 @@ def metric_figure(
         },
         yaxis={"type": "log" if log_y else "linear", "gridcolor": "#eee", "zeroline": False},
         yaxis3={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
+        shapes=shapes,
+        annotations=annotations,
     )
     if any(item.secondary_y for item in series):
         figure.update_layout(yaxis2={"overlaying": "y", "side": "right", "showgrid": False})
