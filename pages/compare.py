@@ -7,10 +7,10 @@ from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
 from metrics_core.dashboard.overview import filter_runs
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import view_or_stop
+from metrics_core.dashboard.widgets import views_or_warn
 
 config = settings()
-store = get_store(config.runs, config.poll)
+store = get_store(config)
 st.title("Compare runs")
 names = [run.name for run in store.runs()]
 pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
@@ -36,7 +36,7 @@ def chart() -> None:
     if not picked:
         st.info("Pick one or more runs to compare.")
         return
-    views = {name: view_or_stop(store, name) for name in picked}
+    views = views_or_warn(store, picked)
     live_chart(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), key="chart_compare")
 
 

@@ -6,7 +6,7 @@ from metrics_core.dashboard.overview import filter_runs, run_links
 from metrics_core.dashboard.settings import get_demo, get_store, settings
 
 config = settings()
-store = get_store(config.runs, config.poll)
+store = get_store(config)
 st.title("Runs")
 st.caption(f"Watching `{config.runs.resolve()}` ({store.watcher.mode}: {store.watcher.mode_reason})")
 pattern = st.text_input("Filter runs (regular expression)", key="run_filter", placeholder="e.g. ^llama.*lr3e-4")

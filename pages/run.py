@@ -17,9 +17,9 @@ from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import csv_button, health_panel, view_or_stop
 
 config = settings()
-store = get_store(config.runs, config.poll)
+store = get_store(config)
 name = st.query_params.get("run", "")
-view_or_stop(store, name)
+view_or_stop(store, name, refresh=config.refresh)
 
 st.title(name)
 st.markdown(

@@ -10,9 +10,9 @@ from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import csv_button, view_or_stop
 
 config = settings()
-store = get_store(config.runs, config.poll)
+store = get_store(config)
 name = st.query_params.get("run", "")
-view_or_stop(store, name)
+view_or_stop(store, name, refresh=config.refresh)
 st.title(f"Sessions of {name}")
 st.markdown(f"[Back to the run's charts]({run_link(name)})")
 x = st.segmented_control("Align on", ["step", "tokens_seen"], default="step", key="align") or "step"

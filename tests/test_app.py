@@ -140,3 +140,14 @@ def test_compare_page_reads_and_writes_the_url(runs_root: Path) -> None:
     app.selectbox(key="metric").select("val_loss").run()
     app.text_input(key="compare_filter").input("^gr").run()
     assert not app.exception
+
+
+def test_missing_runs_root_is_a_clear_error_and_nothing_is_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A mistyped --runs is named on the page; no directory appears out of nowhere."""
+    monkeypatch.setenv("METRICS_RUNS_DIR", str(tmp_path / "typo"))
+    app = open_page("overview")
+    assert not app.exception
+    assert "runs root does not exist" in app.error[0].value
+    assert not (tmp_path / "typo").exists()

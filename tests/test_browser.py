@@ -130,3 +130,11 @@ def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, s
     rows = page.locator("[data-testid='stTable'] tbody tr")
     assert rows.count() == 3
     assert "s3" in rows.nth(2).inner_text()
+
+
+def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(page: object, server: str, runs_root: Path) -> None:
+    """A colleague's link to a run that has not written yet turns into its charts without a reload."""
+    page.goto(f"{server}/run?run=later")
+    wait_until(page, lambda: page.get_by_text("no run there").count() > 0)
+    append_records(runs_root / "later" / "metrics.jsonl", *(base_record(s, train_loss=1.0) for s in (10, 20)))
+    assert wait_until(page, lambda: (g := loss(page)) and train_points(g)[-1][0] == 20)

@@ -150,3 +150,16 @@ def test_run_charts_builds_every_chart(reader: RunReader, tmp_path: Path) -> Non
     assert figures["loss"].layout.yaxis.type == "log"
     assert figures["clipped"].layout.yaxis.type == "linear"
     assert any(t.name.startswith("validation") for t in figures["loss"].data)
+
+
+def test_gap_markers_of_a_long_run_stay_bounded(tmp_path: Path) -> None:
+    """40k windows, half with no successful update: the markers are sampled, the chart stays small."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, grad_norm_avg=None if s % 2 else 1.0) for s in range(40_000)))
+    reader = RunReader(path)
+    reader.refresh()
+    figure = metric_figure([Series(reader.frame("train"), "grad_norm_avg", "avg", gap_markers=True)],
+                           title="g", sessions=reader.sessions)  # fmt: skip
+    (markers,) = traces(figure, "no successful update")
+    assert 100 < len(markers.x) <= 4000 and markers.x[0] == 1 and markers.x[-1] == 39_999
+    assert len(figure.to_json()) < 200_000

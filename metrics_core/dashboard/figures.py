@@ -259,6 +259,8 @@ def _add_series(
                     )
                 )
             missing = rows[~np.isfinite(raw)]
+            if len(missing) > budget:  # markers only point at gaps: an even sample keeps the JSON bounded
+                missing = np.unique(missing[np.linspace(0, len(missing) - 1, budget).astype(np.int64)])
             if item.gap_markers and len(missing):
                 figure.add_trace(
                     go.Scatter(

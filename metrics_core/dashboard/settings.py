@@ -14,6 +14,7 @@ import streamlit as st
 
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.store import RunStore
+from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
 
 
@@ -62,9 +63,19 @@ def _leave_legacy_pages_mode() -> None:
 
 
 @st.cache_resource(show_spinner=False)
-def get_store(runs: Path, poll: bool) -> RunStore:
-    """The one RunStore of this server process (shared by every browser tab)."""
+def _store(runs: Path, poll: bool) -> RunStore:
     return RunStore(runs, force_polling=poll)
+
+
+def get_store(config: Settings) -> RunStore:
+    """The one RunStore of this server process (shared by every browser tab), or a clear error on
+    the page when the runs root is missing (nothing is created unless ``--demo`` asked for it)."""
+    try:
+        return _store(config.runs, config.poll)
+    except MetricsError as exc:
+        st.error(str(exc))
+        st.stop()
+        raise  # unreachable: st.stop() ends the script
 
 
 @st.cache_resource(show_spinner=False)
@@ -76,6 +87,8 @@ def get_demo(runs: Path) -> int:
 
 
 def maybe_start_demo(config: Settings) -> None:
-    """With ``--demo``, an empty runs root gets the live demo run."""
-    if config.demo and not find_runs(config.runs):
-        get_demo(config.runs.resolve())
+    """With ``--demo``, a missing or empty runs root gets the live demo run."""
+    if config.demo:
+        config.runs.mkdir(parents=True, exist_ok=True)
+        if not find_runs(config.runs):
+            get_demo(config.runs.resolve())

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from metrics_core.errors import RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
 from metrics_core.runs import RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
@@ -91,7 +92,11 @@ class RunStore:
         self._entries: dict[str, _Entry] = {}
         self._runs: list[RunInfo] = []
         self._runs_key: tuple[int, float] | None = None
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.is_dir():
+            raise RunNotFoundError(
+                f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
+                "METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a demo run)"
+            )
         self.watcher = RunsWatcher(self.root, force_polling=force_polling).start()
 
     def close(self) -> None:
