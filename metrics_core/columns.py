@@ -151,9 +151,9 @@ class Column:
             grown[: self.size] = self._buffer[: self.size]
             self._buffer = grown
 
-    def series(self, categories: Sequence[str] | None = None) -> pd.Series | np.ndarray:
+    def series(self) -> pd.Series | np.ndarray:
         """The column as what a DataFrame should hold: numeric, boolean, categorical or object."""
-        return _as_pandas(self.kind, self.view(), categories if categories is not None else self.categories, self.size)
+        return _as_pandas(self.kind, self.view(), self.categories, self.size)
 
 
 def _convert(chunk: Chunk, kind: str) -> Chunk:

@@ -137,7 +137,7 @@ class RunStore:
                 entry.view = _build_view(info.name, reader, status)
                 entry.view_key = key
             elif entry.view.status != status:
-                entry.view = _with_status(entry.view, status)
+                entry.view = replace(entry.view, status=status)  # same data; derived data rebuilt once
             return entry.view
 
     def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
@@ -186,7 +186,3 @@ def _build_view(name: str, reader: RunReader, status: str) -> RunView:
         last_record_time=reader.last_record_time,
         status=status,
     )
-
-
-def _with_status(view: RunView, status: str) -> RunView:
-    return replace(view, status=status)
