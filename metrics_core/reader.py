@@ -117,13 +117,13 @@ class _SessionAcc:
 
     __slots__ = (
         "discarded_bytes", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
-        "last_step", "last_tokens", "max_step", "records", "resumed_from_step", "session_id", "start_ns",
+        "last_step", "last_tokens", "records", "resumed_from_step", "session_id", "start_ns",
     )  # fmt: skip
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
         self.records = 0
-        self.first_step = self.last_step = self.max_step = 0
+        self.first_step = self.last_step = 0
         self.first_tokens = self.last_tokens = self.last_skipped = 0
         self.start_ns = self.end_ns = 0
         self.discarded_bytes: int | None = None
@@ -479,11 +479,9 @@ class RunReader:
             if acc.records == 0:
                 acc.first_step, acc.start_ns = int(batch.steps[first]), int(batch.times[first])
                 acc.first_tokens = int(batch.tokens_seen[first])
-                acc.max_step = acc.first_step
             acc.records += len(rows)
             acc.last_step, acc.end_ns = int(batch.steps[last]), int(batch.times[last])
             acc.last_tokens, acc.last_skipped = int(batch.tokens_seen[last]), int(batch.skipped[last])
-            acc.max_step = max(acc.max_step, int(batch.steps[rows].max()))
 
     def _note_first_steps(self, batch: _Batch, sessions: np.ndarray) -> None:
         """Remember each session's first step per event (decides supersession at the resume step)."""

@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 
-class TensorSums:
+class TensorAttempts:
     """One window's attempts that carried tensors; see the module docstring."""
 
     def __init__(self, device: torch.device) -> None:

@@ -67,7 +67,7 @@ class TrainingWindow:
     grad_norm_max: float = 0.0
     nonfinite_grad_norms: int = 0
     clipped_updates: int = 0
-    _device_sums: Any = field(default=None, repr=False, compare=False)
+    _device_attempts: Any = field(default=None, repr=False, compare=False)
 
     def add(
         self,
@@ -87,12 +87,12 @@ class TrainingWindow:
         """
         count = _token_count(tokens)
         if "torch" in sys.modules and any(map(_is_tensor, (loss, grad_norm, skipped))):
-            if self._device_sums is None:
-                from metrics_core.tensor_window import TensorSums
+            if self._device_attempts is None:
+                from metrics_core.tensor_window import TensorAttempts
 
                 device = next(value.device for value in (loss, grad_norm, skipped) if _is_tensor(value))
-                self._device_sums = TensorSums(device)
-            self._device_sums.add(loss, count, grad_norm, skipped, max_grad_norm)
+                self._device_attempts = TensorAttempts(device)
+            self._device_attempts.add(loss, count, grad_norm, skipped, max_grad_norm)
             self.tokens += count
             self.attempts += 1
             return
@@ -121,8 +121,8 @@ class TrainingWindow:
         loss_sum, skips, updates = self.loss_sum, self.skips, self.updates
         grad_norms, grad_sum, grad_max = self.grad_norms, self.grad_norm_sum, self.grad_norm_max
         nonfinite, clipped = self.nonfinite_grad_norms, self.clipped_updates
-        if self._device_sums is not None:
-            device = self._device_sums.fold()
+        if self._device_attempts is not None:
+            device = self._device_attempts.fold()
             if not math.isfinite(device["loss_sum"]):
                 raise RecordValueError(
                     "a NaN or infinite tensor loss was added in this window: it cannot be token-weighted "

@@ -95,8 +95,8 @@ def test_nonfinite_tensor_loss_is_reported_at_summary() -> None:
         window.summary(1.0)
 
 
-def test_reset_clears_device_sums() -> None:
-    """After reset the tensor sums are gone too."""
+def test_reset_clears_device_attempts() -> None:
+    """After reset the kept tensor attempts are gone too."""
     window = TrainingWindow()
     window.add(torch.tensor(1.0), 10, torch.tensor(1.0), torch.tensor(False), 1.0)
     window.reset()
