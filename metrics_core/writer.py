@@ -49,6 +49,10 @@ METRICS_FILENAME = "metrics.jsonl"
 BASE_FIELD_ORDER = ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
 BASE_FIELDS = frozenset(BASE_FIELD_ORDER)
 TAIL_CHUNK = 4096
+# One config record holds a run's hyperparameters, not its artifacts; the cap keeps every reader's
+# per-line cost bounded (a vocabulary or a dataset manifest belongs in a file whose path is logged).
+MAX_CONFIG_BYTES = 64 * 1024
+MAX_CONFIG_DEPTH = 64
 _PLAIN_SCALARS = frozenset((int, str, bool, type(None)))
 
 
@@ -79,8 +83,8 @@ class _HasCounters(Protocol):
     skipped_updates: int
 
 
-def json_scalar(key: str, value: Any) -> str | int | float | bool | None:
-    """Return ``value`` as a plain JSON scalar, or raise naming ``key``.
+def json_scalar(where: str, value: Any) -> str | int | float | bool | None:
+    """Return ``value`` as a plain JSON scalar, or raise naming ``where`` (``"'lr'"``, ``"config['lr']"``).
 
     numpy scalars are unwrapped with ``.item()`` (orjson refuses them without an option, and the
     training side must not import numpy just to recognise them).  NaN and ±Infinity are refused
@@ -89,25 +93,54 @@ def json_scalar(key: str, value: Any) -> str | int | float | bool | None:
     kind = type(value)
     if kind is float:
         if not math.isfinite(value):
-            raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
+            raise RecordValueError(f"{where} is {value!r}: JSON has no NaN or Infinity, nothing was written")
         return value
     if kind is int or kind is str or kind is bool or value is None:
         return value
     if kind.__module__ == "numpy" and getattr(value, "ndim", None) == 0:
-        return json_scalar(key, value.item())
+        return json_scalar(where, value.item())
     if isinstance(value, bool):
         return bool(value)
     if isinstance(value, int):
         return int(value)
     if isinstance(value, float):
-        return json_scalar(key, float(value))
+        return json_scalar(where, float(value))
     if isinstance(value, str):
         return str(value)
     hint = " (call .item() on a 0-d tensor)" if hasattr(value, "item") else ""
     raise RecordTypeError(
-        f"{key!r} has type {kind.__module__}.{kind.__qualname__}: expected a JSON scalar "
+        f"{where} has type {kind.__module__}.{kind.__qualname__}: expected a JSON scalar "
         f"(str, int, float, bool, None or a numpy scalar){hint}; nothing was written"
     )
+
+
+def config_tree(where: str, value: Any, depth: int = 0) -> Any:
+    """``value`` as plain JSON (dicts with str keys, lists, scalars), or raise naming the key path.
+
+    Mappings become dicts and tuples become lists (``betas=(0.9, 0.95)`` is a common
+    hyperparameter); sets are refused because their order, and so the line, would vary between
+    runs.  The depth cap turns a config that contains itself into an error instead of a
+    RecursionError, and stays far below orjson's own nesting limit.
+    """
+    if isinstance(value, Mapping | list | tuple) and depth >= MAX_CONFIG_DEPTH:
+        raise RecordValueError(
+            f"{where} nests deeper than {MAX_CONFIG_DEPTH} levels (does the config contain itself?); "
+            "nothing was written"
+        )
+    if isinstance(value, Mapping):
+        tree: dict[str, Any] = {}
+        for key, item in value.items():
+            if not isinstance(key, str):
+                kind = type(key)
+                raise RecordTypeError(
+                    f"{where} has the key {key!r} of type {kind.__module__}.{kind.__qualname__}: "
+                    "config keys must be str at every level; nothing was written"
+                )
+            tree[str(key)] = config_tree(f"{where}[{key!r}]", item, depth + 1)
+        return tree
+    if isinstance(value, list | tuple):
+        return [config_tree(f"{where}[{index}]", item, depth + 1) for index, item in enumerate(value)]
+    return json_scalar(where, value)
 
 
 def _counter(state: object, name: str) -> int:
@@ -247,6 +280,19 @@ class MetricsWriter:
             raise RecordValueError(
                 f"{clash} collide with base fields set by the writer; rename them (nothing was written)"
             )
+        record = self._base(event, state)
+        record.update(values)
+        for key, value in values.items():
+            kind = type(value)
+            if kind is float:
+                if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
+                    raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
+            elif kind not in _PLAIN_SCALARS:
+                record[key] = json_scalar(repr(key), value)
+        return record
+
+    def _base(self, event: str, state: _HasCounters) -> dict[str, Any]:
+        """The base fields of a record, in their documented order."""
         step, tokens_seen, skipped = state.step, state.tokens_seen, state.skipped_updates
         if not (type(step) is int and type(tokens_seen) is int and type(skipped) is int):
             step, tokens_seen, skipped = (
@@ -254,7 +300,7 @@ class MetricsWriter:
                 _counter(state, "tokens_seen"),
                 _counter(state, "skipped_updates"),
             )
-        record: dict[str, Any] = {
+        return {
             "schema_version": SCHEMA_VERSION,
             "time": self._timestamp(),
             "run_id": self.run.run_id,
@@ -263,16 +309,7 @@ class MetricsWriter:
             "step": step,
             "tokens_seen": tokens_seen,
             "skipped_updates": skipped,
-            **values,
         }
-        for key, value in values.items():
-            kind = type(value)
-            if kind is float:
-                if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
-                    raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
-            elif kind not in _PLAIN_SCALARS:
-                record[key] = json_scalar(key, value)
-        return record
 
     def _timestamp(self) -> str:
         """UTC ISO-8601 with offset; the date-time part is formatted once per second, not per call."""
@@ -287,7 +324,41 @@ class MetricsWriter:
         if self._file is None:
             raise WriterStateError(f"{self.path}: write() outside the writer's with-block")
         record = self.record(event, state, values)
-        line = orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE)
+        self._append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+        return record
+
+    def write_config(self, state: _HasCounters, config: Mapping[str, Any], /) -> dict[str, Any]:
+        """Append the run's hyperparameters as one ``config`` record; return the record as written.
+
+        The one record whose value may nest: ``{"config": {...}}`` holds dicts (str keys), lists
+        and JSON scalars, so a dashboard can show and diff the configs of runs and sessions.  Every
+        other event stays flat, which keeps the hot ``write`` path and the columnar reader simple.
+        Refused before anything is written: a non-str key or a non-JSON value (RecordTypeError),
+        NaN/Infinity or a config over ``MAX_CONFIG_BYTES`` once serialized (RecordValueError), each
+        naming the key path such as ``config['optim']['lr']``.
+        """
+        if self._file is None:
+            raise WriterStateError(f"{self.path}: write_config() outside the writer's with-block")
+        if not isinstance(config, Mapping):
+            kind = type(config)
+            raise RecordTypeError(
+                f"config has type {kind.__module__}.{kind.__qualname__}: expected a mapping of str keys; "
+                "nothing was written"
+            )
+        tree = config_tree("config", config)
+        size = len(orjson.dumps(tree))
+        if size > MAX_CONFIG_BYTES:
+            raise RecordValueError(
+                f"config is {size} bytes as JSON, over the limit of {MAX_CONFIG_BYTES} bytes; log large "
+                "artifacts (vocabularies, file lists) as files and record their path; nothing was written"
+            )
+        record = self._base("config", state)
+        record["config"] = tree
+        self._append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
+        return record
+
+    def _append(self, line: bytes) -> None:
+        """Append one complete line, or leave the file ending on the previous line boundary."""
         fd = self._file.fileno()
         try:
             written = self._file.write(line)
@@ -304,4 +375,3 @@ class MetricsWriter:
         self._size += len(line)
         if self.fsync:
             os.fsync(fd)
-        return record

@@ -17,6 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metrics_core import (
+    MetricsError,
     MetricsWriter,
     RecordTypeError,
     RecordValueError,
@@ -25,6 +26,7 @@ from metrics_core import (
     WriterLockedError,
     WriterStateError,
 )
+from metrics_core.writer import MAX_CONFIG_BYTES
 from tests.conftest import read_records, spawn_python
 
 
@@ -197,6 +199,85 @@ def test_numpy_scalars_are_written_as_plain_json(run: RunContext) -> None:
         )
     assert read_records(writer.path) == [record]
     assert (record["a"], record["b"], record["c"], record["d"]) == (0.5, 3, True, "x")
+
+
+def test_config_record_holds_the_nested_hyperparameters(run: RunContext) -> None:
+    """write_config appends one 'config' record whose nested value reads back as plain JSON."""
+    config = {
+        "model": {"layers": 12, "dims": [768, 3072], "act": "gelu", "tied": True, "dropout": None},
+        "optim": {"name": "adamw", "lr": np.float32(0.5), "betas": (0.9, 0.95), "steps": np.int64(10)},
+        "data": [{"path": "a.bin", "weight": 0.7}, {"path": "b.bin", "weight": 0.3}],
+        "seed": 1,
+    }
+    with MetricsWriter(run) as writer:
+        writer.write("session_start", TrainingState())
+        returned = writer.write_config(TrainingState(step=5), config)
+    _, on_disk = read_records(writer.path)
+    assert on_disk == returned
+    assert on_disk["event"] == "config" and on_disk["step"] == 5 and list(on_disk)[-1] == "config"
+    assert on_disk["config"] == {
+        "model": {"layers": 12, "dims": [768, 3072], "act": "gelu", "tied": True, "dropout": None},
+        "optim": {"name": "adamw", "lr": 0.5, "betas": [0.9, 0.95], "steps": 10},
+        "data": [{"path": "a.bin", "weight": 0.7}, {"path": "b.bin", "weight": 0.3}],
+        "seed": 1,
+    }
+    assert type(on_disk["config"]["optim"]["steps"]) is int
+
+
+@pytest.mark.parametrize(
+    ("config", "error", "message"),
+    [
+        ({"optim": {"lr": math.nan}}, RecordValueError, r"config\['optim'\]\['lr'\] is nan"),
+        ({"optim": {"betas": [0.9, np.float64("inf")]}}, RecordValueError, r"config\['optim'\]\['betas'\]\[1\] is inf"),
+        ({"model": {3: "x"}}, RecordTypeError, r"config\['model'\] has the key 3 of type builtins\.int"),
+        ({"tags": {"a", "b"}}, RecordTypeError, r"config\['tags'\] has type builtins\.set"),
+        ({"w": np.zeros(3)}, RecordTypeError, r"config\['w'\] has type numpy\.ndarray"),
+        ({"run": {"fn": print}}, RecordTypeError, r"config\['run'\]\['fn'\] has type"),
+    ],
+    ids=["nan", "inf-in-list", "int-key", "set", "ndarray", "function"],
+)
+def test_config_refuses_bad_values_naming_the_key_path(
+    run: RunContext, config: dict, error: type[MetricsError], message: str
+) -> None:
+    """A bad key or value anywhere in the config is refused with its key path; nothing is written."""
+    with MetricsWriter(run) as writer:
+        writer.write("session_start", TrainingState())
+        before = writer.path.read_bytes()
+        with pytest.raises(error, match=message):
+            writer.write_config(TrainingState(), config)
+        assert writer.path.read_bytes() == before
+
+
+def test_config_over_the_size_limit_is_refused(run: RunContext) -> None:
+    """A config whose JSON exceeds MAX_CONFIG_BYTES is refused saying its size and the limit."""
+    fits = {"vocab": "x" * (MAX_CONFIG_BYTES - len('{"vocab":""}'))}
+    too_big = {"vocab": fits["vocab"] + "x"}
+    with MetricsWriter(run) as writer:
+        writer.write_config(TrainingState(), fits)
+        before = writer.path.read_bytes()
+        limit = rf"{MAX_CONFIG_BYTES + 1} bytes .* limit of {MAX_CONFIG_BYTES} bytes"
+        with pytest.raises(RecordValueError, match=limit):
+            writer.write_config(TrainingState(), too_big)
+        assert writer.path.read_bytes() == before
+    assert len(read_records(writer.path)) == 1
+
+
+def test_config_that_contains_itself_is_refused(run: RunContext) -> None:
+    """A reference cycle is a clear RecordValueError, not a RecursionError; nothing is written."""
+    config: dict = {"a": {}}
+    config["a"]["loop"] = config
+    with MetricsWriter(run) as writer:
+        with pytest.raises(RecordValueError, match="deeper than"):
+            writer.write_config(TrainingState(), config)
+        with pytest.raises(RecordTypeError, match="expected a mapping"):
+            writer.write_config(TrainingState(), [("lr", 0.1)])
+    assert writer.path.read_bytes() == b""
+
+
+def test_write_config_outside_the_with_block_is_an_error(run: RunContext) -> None:
+    """write_config, like write, refuses to run on a writer that is not open."""
+    with pytest.raises(WriterStateError, match="outside"):
+        MetricsWriter(run).write_config(TrainingState(), {"lr": 0.1})
 
 
 def test_write_outside_the_with_block_is_an_error(run: RunContext) -> None:
