@@ -19,6 +19,9 @@ from typing import Any
 
 import torch
 
+# The order of ``fold_tensor``: the additive sums first, the one maximum last (-inf when no norm counted).
+FOLD_NAMES = ("loss_sum", "updates", "skips", "grad_norms", "grad_norm_sum", "nonfinite", "clipped", "grad_norm_max")
+
 
 class TensorAttempts:
     """One window's attempts that carried tensors; see the module docstring."""
@@ -49,8 +52,11 @@ class TensorAttempts:
             for value in values
         ])  # fmt: skip
 
-    def fold(self) -> dict[str, float]:
-        """The window's sums as Python numbers: the one host transfer of the window."""
+    def fold_tensor(self) -> torch.Tensor:
+        """The window's sums as one float64 vector on the window's device, in ``FOLD_NAMES`` order.
+
+        No host transfer: ``metrics_core.distributed`` packs this into its collective as is.
+        """
         f64 = torch.float64
         loss = self._vector(self.losses, f64)
         skip = self._vector(self.skipped, torch.bool)
@@ -61,10 +67,12 @@ class TensorAttempts:
         ok = ~skip
         finite = torch.isfinite(norm)
         counted = finite & ok
-        sums = torch.stack([
-            (loss * tokens).sum(), skip.sum(), ok.sum(), counted.sum(),
-            torch.where(counted, norm, 0.0).sum(), torch.where(counted, norm, -math.inf).max(),
-            (ok & measured & ~finite).sum(), (counted & (norm > threshold)).sum(),
+        return torch.stack([
+            (loss * tokens).sum(), ok.sum(), skip.sum(), counted.sum(),
+            torch.where(counted, norm, 0.0).sum(), (ok & measured & ~finite).sum(),
+            (counted & (norm > threshold)).sum(), torch.where(counted, norm, -math.inf).max(),
         ]).to(f64)  # fmt: skip
-        names = ("loss_sum", "skips", "updates", "grad_norms", "grad_norm_sum", "grad_norm_max", "nonfinite", "clipped")
-        return dict(zip(names, sums.tolist(), strict=True))
+
+    def fold(self) -> dict[str, float]:
+        """The window's sums as Python numbers: the one host transfer of the window."""
+        return dict(zip(FOLD_NAMES, self.fold_tensor().tolist(), strict=True))

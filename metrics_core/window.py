@@ -53,6 +53,47 @@ def _token_count(tokens: Any) -> int:
     return count
 
 
+@dataclass(frozen=True, slots=True)
+class WindowTotals:
+    """The additive sums of a window, from which a ``train`` record is derived.
+
+    Kept apart from ``TrainingWindow`` so that one process's sums and the sums reduced over a
+    process group (``metrics_core.distributed``) become a record by the same code.
+    ``grad_norm_max`` is ``-inf`` when no finite norm was counted.
+    """
+
+    loss_sum: float
+    tokens: int
+    attempts: int
+    updates: int
+    skips: int
+    grad_norms: int
+    grad_norm_sum: float
+    grad_norm_max: float
+    nonfinite: int
+    clipped: int
+
+    def summary(self, lr: float | None) -> dict[str, Any]:
+        """The ``train`` record fields; a tensor loss is checked for NaN/Infinity here, once per window."""
+        if not math.isfinite(self.loss_sum):
+            raise RecordValueError(
+                "a NaN or infinite tensor loss was added in this window: it cannot be token-weighted "
+                "(tensor losses are checked here, once per window, to avoid a device sync per step)"
+            )
+        return {
+            "train_loss": self.loss_sum / self.tokens if self.tokens else None,
+            "lr": lr,
+            "tokens": self.tokens,
+            "attempted_updates": self.attempts,
+            "updates": self.updates,
+            "skipped_updates_in_window": self.skips,
+            "grad_norm_avg": self.grad_norm_sum / self.grad_norms if self.grad_norms else None,
+            "grad_norm_max": self.grad_norm_max if self.grad_norms else None,
+            "clipped_fraction": self.clipped / self.updates if self.updates else None,
+            "nonfinite_grad_norms": self.nonfinite,
+        }
+
+
 @dataclass
 class TrainingWindow:
     """Accumulates one log window of optimizer attempts; see the module docstring."""
@@ -116,36 +157,39 @@ class TrainingWindow:
         if max_grad_norm is not None and max_grad_norm > 0 and norm > max_grad_norm:
             self.clipped_updates += 1
 
+    def host_totals(self) -> WindowTotals:
+        """The sums of the attempts added as Python numbers (tensor attempts are not in them)."""
+        return WindowTotals(
+            loss_sum=self.loss_sum,
+            tokens=self.tokens,
+            attempts=self.attempts,
+            updates=self.updates,
+            skips=self.skips,
+            grad_norms=self.grad_norms,
+            grad_norm_sum=self.grad_norm_sum,
+            grad_norm_max=self.grad_norm_max if self.grad_norms else -math.inf,
+            nonfinite=self.nonfinite_grad_norms,
+            clipped=self.clipped_updates,
+        )
+
     def summary(self, lr: float | None = None) -> dict[str, Any]:
         """The window as the fields of a ``train`` record (one host transfer if tensors were added)."""
-        loss_sum, skips, updates = self.loss_sum, self.skips, self.updates
-        grad_norms, grad_sum, grad_max = self.grad_norms, self.grad_norm_sum, self.grad_norm_max
-        nonfinite, clipped = self.nonfinite_grad_norms, self.clipped_updates
+        totals = self.host_totals()
         if self._device_attempts is not None:
             device = self._device_attempts.fold()
-            if not math.isfinite(device["loss_sum"]):
-                raise RecordValueError(
-                    "a NaN or infinite tensor loss was added in this window: it cannot be token-weighted "
-                    "(tensor losses are checked here, once per window, to avoid a device sync per step)"
-                )
-            loss_sum += device["loss_sum"]
-            skips, updates = skips + int(device["skips"]), updates + int(device["updates"])
-            nonfinite, clipped = nonfinite + int(device["nonfinite"]), clipped + int(device["clipped"])
-            if device["grad_norms"]:
-                grad_max = max(grad_max, device["grad_norm_max"]) if grad_norms else device["grad_norm_max"]
-            grad_norms, grad_sum = grad_norms + int(device["grad_norms"]), grad_sum + device["grad_norm_sum"]
-        return {
-            "train_loss": loss_sum / self.tokens if self.tokens else None,
-            "lr": lr,
-            "tokens": self.tokens,
-            "attempted_updates": self.attempts,
-            "updates": updates,
-            "skipped_updates_in_window": skips,
-            "grad_norm_avg": grad_sum / grad_norms if grad_norms else None,
-            "grad_norm_max": grad_max if grad_norms else None,
-            "clipped_fraction": clipped / updates if updates else None,
-            "nonfinite_grad_norms": nonfinite,
-        }
+            totals = WindowTotals(
+                loss_sum=totals.loss_sum + device["loss_sum"],
+                tokens=totals.tokens,
+                attempts=totals.attempts,
+                updates=totals.updates + int(device["updates"]),
+                skips=totals.skips + int(device["skips"]),
+                grad_norms=totals.grad_norms + int(device["grad_norms"]),
+                grad_norm_sum=totals.grad_norm_sum + device["grad_norm_sum"],
+                grad_norm_max=max(totals.grad_norm_max, device["grad_norm_max"]),
+                nonfinite=totals.nonfinite + int(device["nonfinite"]),
+                clipped=totals.clipped + int(device["clipped"]),
+            )
+        return totals.summary(lr)
 
     def reset(self) -> None:
         """Start a new window (call after each ``train`` record)."""
