@@ -8,10 +8,20 @@ run's file changed, so ten open tabs cost one parse and one set of frames.
 Refresh policy: a run is re-read when the watcher reports its file changed, and in any case when
 its last refresh is older than ``safety_interval`` seconds (a no-change refresh is one ``stat``),
 so a lost inotify event or a network filesystem never means stale data.
+
+Failure containment: one run never takes a page down.  Whatever reading or snapshotting a run
+raises (a reader bug, a permission error, a value pandas cannot hold) becomes a ``RunViewError``
+naming the run and the cause in plain text; ``overview()`` turns it into that run's row with
+status ``error`` and lists every other run.  The failed run's reader is discarded (its state is
+unknown after an exception mid-refresh) and the failure is remembered: the file is re-read from
+the start only once it changed and ``safety_interval`` has passed, so a broken run costs one
+``stat`` per refresh, not a full re-read.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Hashable
@@ -23,13 +33,25 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.errors import RunNotFoundError
+from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
 from metrics_core.runs import RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end")
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
+OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+                    "skipped updates", "last record age (s)", "bad lines", "error")  # fmt: skip
+_log = logging.getLogger(__name__)
+
+
+class RunViewError(MetricsError, RuntimeError):
+    """A run's data could not be read or shown; ``cause`` says why in plain text (no traceback)."""
+
+    def __init__(self, name: str, cause: str) -> None:
+        super().__init__(f"run {name!r} cannot be shown: {cause}")
+        self.name = name
+        self.cause = cause
 
 
 @dataclass(frozen=True, eq=False)
@@ -72,6 +94,9 @@ class _Entry:
     refreshed_at: float = float("-inf")
     view_key: tuple[int, ...] | None = None
     view: RunView | None = None
+    failure: str | None = None  # why the last attempt failed, until the file changes
+    failure_stamp: tuple[int, int, int] | None = None
+    failed_at: float = float("-inf")
 
 
 class RunStore:
@@ -119,7 +144,11 @@ class RunStore:
             return list(self._runs)
 
     def view(self, name: str, *, now: datetime | None = None) -> RunView:
-        """A fresh snapshot of run ``name``; raises RunPathError / RunNotFoundError for bad names."""
+        """A fresh snapshot of run ``name``.
+
+        Raises RunPathError / RunNotFoundError for bad names (OSError for one the OS refuses,
+        e.g. too long), and RunViewError when the run exists but cannot be read or shown.
+        """
         info = resolve_run(self.root, name)
         self.runs()  # collect watcher hints
         with self._lock:
@@ -127,50 +156,95 @@ class RunStore:
             if entry is None:
                 entry = self._entries[info.name] = _Entry(RunReader(info.directory))
         with entry.lock:
-            if self._clock() - entry.refreshed_at >= self.safety_interval or entry.view is None:
-                entry.reader.refresh()
-                entry.refreshed_at = self._clock()
-            reader = entry.reader
-            status = run_status(reader, now=now or datetime.now(timezone.utc))
-            key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
-            if key != entry.view_key or entry.view is None:
-                entry.view = _build_view(info.name, reader, status)
-                entry.view_key = key
-            elif entry.view.status != status:
-                entry.view = replace(entry.view, status=status)  # same data; derived data rebuilt once
-            return entry.view
+            if entry.failure is not None:
+                stamp = _stamp(info.metrics_path)
+                if stamp == entry.failure_stamp or self._clock() - entry.failed_at < self.safety_interval:
+                    raise RunViewError(info.name, entry.failure)
+            try:
+                view = self._fresh_view(info.name, entry, now or datetime.now(timezone.utc))
+            except RunNotFoundError:
+                raise  # the run vanished: pages wait for it to come back
+            except Exception as exc:
+                _log.warning("run %r cannot be shown", info.name, exc_info=True)
+                entry.reader.close()
+                entry.reader = RunReader(info.directory)
+                entry.view = entry.view_key = None
+                entry.refreshed_at = float("-inf")
+                entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
+                entry.failed_at = self._clock()
+                raise RunViewError(info.name, entry.failure) from exc
+            entry.failure = entry.failure_stamp = None
+            return view
+
+    def _fresh_view(self, name: str, entry: _Entry, now: datetime) -> RunView:
+        """``entry``'s snapshot, refreshed if due; the caller holds ``entry.lock``."""
+        if self._clock() - entry.refreshed_at >= self.safety_interval or entry.view is None:
+            entry.reader.refresh()
+            entry.refreshed_at = self._clock()
+        reader = entry.reader
+        status = run_status(reader, now=now)
+        key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
+        if key != entry.view_key or entry.view is None:
+            entry.view = _build_view(name, reader, status)
+            entry.view_key = key
+        elif entry.view.status != status:
+            entry.view = replace(entry.view, status=status)  # same data; derived data rebuilt once
+        return entry.view
 
     def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
-        """One row per run with what the runs table shows."""
+        """One row per run with what the runs table shows; a run that cannot be shown is a row
+        with status ``error`` and the reason in ``error``, never an exception."""
         now = now or datetime.now(timezone.utc)
         rows = []
         for info in self.runs():
-            view = self.view(info.name, now=now)
-            train, validation = view.frames["train"], view.frames["validation"]
-            last = train.iloc[-1] if len(train) else None
-            rows.append(
-                {
-                    "run": info.name,
-                    "status": view.status,
-                    "sessions": len(view.sessions),
-                    "last step": view.sessions[-1].last_step if view.sessions else None,
-                    "tokens seen": view.sessions[-1].last_tokens_seen if view.sessions else None,
-                    "train loss": _last_value(train, "train_loss"),
-                    "val loss": _last_value(validation, "val_loss"),
-                    "skipped updates": int(last["skipped_updates"]) if last is not None else None,
-                    "last record age (s)": (now - view.last_record_time).total_seconds()
-                    if view.last_record_time
-                    else None,
-                    "bad lines": view.ingest.bad_lines,
-                }
-            )
-        return pd.DataFrame(rows)
+            try:
+                rows.append(_overview_row(self.view(info.name, now=now), now))
+            except Exception as exc:
+                reason = exc.cause if isinstance(exc, RunViewError) else _cause(exc)
+                rows.append({"run": info.name, "status": "error", "error": reason})
+        return pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
+
+
+def _overview_row(view: RunView, now: datetime) -> dict[str, Any]:
+    train, validation = view.frames["train"], view.frames["validation"]
+    last = train.iloc[-1] if len(train) else None
+    return {
+        "run": view.name,
+        "status": view.status,
+        "sessions": len(view.sessions),
+        "last step": view.sessions[-1].last_step if view.sessions else None,
+        "tokens seen": view.sessions[-1].last_tokens_seen if view.sessions else None,
+        "train loss": _last_value(train, "train_loss"),
+        "val loss": _last_value(validation, "val_loss"),
+        "skipped updates": int(last["skipped_updates"]) if last is not None else None,
+        "last record age (s)": (now - view.last_record_time).total_seconds() if view.last_record_time else None,
+        "bad lines": view.ingest.bad_lines,
+        "error": None,
+    }
+
+
+def _cause(exc: BaseException) -> str:
+    """An exception as one plain line: its type and message, no traceback."""
+    message = " ".join(str(exc).split())
+    if isinstance(exc, MetricsError):
+        return message or type(exc).__name__
+    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _stamp(path: Path) -> tuple[int, int, int] | None:
+    """What changes when a file is appended to or replaced."""
+    try:
+        stat = os.stat(path)
+    except OSError:
+        return None
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
 
 
 def _last_value(frame: pd.DataFrame, column: str) -> float | None:
     if column not in frame.columns:
         return None
-    values = frame[column].dropna()
+    # A trainer may have logged a string under a numeric name: it is no value to show.
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
     return float(values.iloc[-1]) if len(values) else None
 
 
