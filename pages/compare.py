@@ -5,23 +5,24 @@ import streamlit as st
 
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
-from metrics_core.dashboard.overview import filter_runs
+from metrics_core.dashboard.overview import filter_runs, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import views_or_warn
+from metrics_core.dashboard.widgets import name_text, run_names_or_stop, views_or_warn
 
 config = settings()
 store = get_store(config)
 st.title("Compare runs")
-names = [run.name for run in store.runs()]
+names = run_names_or_stop(store)
 pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
 shown, error = filter_runs(pd.DataFrame({"run": names}), pattern)
 if error:
-    st.error(error)
+    st.error(md_text(error))
 asked = st.query_params.get_all("run")
 unknown = [name for name in asked if name not in names]
 if unknown:
-    st.warning(f"Not runs under the root, ignored: {', '.join(map(repr, unknown))}")
-picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)),
+    st.warning(f"Not runs under the root, ignored: {', '.join(map(name_text, unknown[:5]))}"
+               + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))  # fmt: skip
+picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)), format_func=shorten,
                         default=[name for name in asked if name in names], key="compare_runs")  # fmt: skip
 st.query_params["run"] = picked
 metric = st.selectbox("Metric", list(COMPARE_METRICS), format_func=lambda m: COMPARE_METRICS[m][1], key="metric")

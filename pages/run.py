@@ -12,16 +12,16 @@ from metrics_core.dashboard.charts import (
     view_findings,
 )
 from metrics_core.dashboard.figures import X_MODES
-from metrics_core.dashboard.overview import run_link
+from metrics_core.dashboard.overview import file_stem, md_text, run_link, shorten
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import csv_button, health_panel, view_or_stop
+from metrics_core.dashboard.widgets import csv_button, health_panel, live_view, view_or_stop
 
 config = settings()
 store = get_store(config)
 name = st.query_params.get("run", "")
-view_or_stop(store, name, refresh=config.refresh)
+name = view_or_stop(store, name, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 
-st.title(name)
+st.title(md_text(shorten(name)))
 st.markdown(
     f"[Compare its sessions]({run_link(name, 'sessions')}) · [Compare with other runs]({run_link(name, 'compare')})"
 )
@@ -37,7 +37,9 @@ load_plotly()
 
 @st.fragment(run_every=None if paused else config.refresh)
 def charts() -> None:
-    view = store.view(name)
+    view = live_view(store, name)
+    if view is None:
+        return
     st.caption(f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
                f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     health_panel(view_findings(view))
@@ -45,7 +47,7 @@ def charts() -> None:
     for number, (key, figure) in enumerate(view_charts(view, options).items()):
         with left if number % 2 == 0 else right:
             live_chart(figure, key=f"chart_{key}")
-            file_name = f"{name}-{key}.csv".replace("/", "_")
+            file_name = f"{file_stem(name)}-{key}.csv"
             rows = lambda key=key: chart_csv(chart_specs(view, options.history)[key])  # noqa: E731 - built on click
             csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
 

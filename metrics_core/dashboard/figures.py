@@ -9,7 +9,10 @@ without a server:
 * smoothing is TensorBoard's debiased EMA, with the raw line kept faint behind it;
 * a missing value (a window with no successful update) breaks the line and gets a marker on the
   chart's floor: never interpolated over;
-* every trace is downsampled by ``minmax_indices`` (spikes and the last point survive).
+* every trace is downsampled by ``minmax_indices`` (spikes and the last point survive);
+* titles, trace names and labels are untrusted (a run name, a directory name): plotly.js renders
+  a subset of HTML in them, so each is passed through ``plotly_text`` (and shortened) here, at
+  the sink, and callers hand over raw strings.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
 
+from metrics_core.dashboard.overview import plotly_text, shorten
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import Session
 
@@ -35,6 +39,7 @@ RAW_OPACITY = 0.25
 CHART_POINTS = 8000  # drawn points per chart, shared by its traces
 TRACE_POINTS = 4000
 MIN_TRACE_POINTS = 200
+LABEL_CHARS = 40  # a legend entry (a run name on the compare chart)
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,13 +173,13 @@ def metric_figure(
                        "y0": 0, "y1": 1, "fillcolor": highlight.colour, "opacity": 0.15, "line": {"width": 0},
                        "layer": "below"})  # fmt: skip
         annotations.append({"x": highlight.x0, "y": 1.0, "xref": "x", "yref": "paper", "xanchor": "left",
-                            "yanchor": "top", "showarrow": False, "text": highlight.label,
+                            "yanchor": "top", "showarrow": False, "text": plotly_text(shorten(highlight.label)),
                             "font": {"size": 10}})  # fmt: skip
     figure.update_layout(
         template="none",  # the default template adds ~10 KB of styling JSON to every update
         font={"family": "sans-serif", "size": 11, "color": "#31333f"},
         plot_bgcolor="white",
-        title={"text": title, "x": 0.01, "font": {"size": 14}},
+        title={"text": plotly_text(shorten(title)), "x": 0.01, "font": {"size": 14}},
         height=330,
         margin={"l": 50, "r": 20, "t": 50, "b": 30},
         uirevision=revision or title,
@@ -215,13 +220,14 @@ def _add_series(
     session_codes = frame["session_id"].cat.codes.to_numpy() if item.colour is None else np.zeros(len(frame), int)
     superseded = item.superseded if item.superseded is not None else np.zeros(len(frame), dtype=bool)
     dash = DASHES[number % len(DASHES)]
+    label = plotly_text(shorten(item.label, LABEL_CHARS))
     axis = "y2" if item.secondary_y else "y"
     for code in np.unique(session_codes):
         for dimmed in (False, True):
             rows = np.flatnonzero((session_codes == code) & (superseded == dimmed))
             if not len(rows):
                 continue
-            name = (item.label if item.colour else f"{item.label} · S{code + 1}") + (" (superseded)" if dimmed else "")
+            name = (label if item.colour else f"{label} · S{code + 1}") + (" (superseded)" if dimmed else "")
             colour = item.colour or session_colour(int(code))
             opacity = SUPERSEDED_OPACITY if dimmed else 1.0
             raw, smooth = ys[rows], ema_smooth(ys[rows], smoothing) if smoothing > 0 else None
@@ -233,7 +239,7 @@ def _add_series(
                     x=xs[rows][keep],
                     y=_compact(raw[keep]),
                     name=name,
-                    legendgroup=name,
+                    legendgroup=f"{number}:{name}",  # unique per series even when shortened labels collide
                     mode=mode,
                     yaxis=axis,
                     opacity=opacity * (RAW_OPACITY if smooth is not None else 1.0),
@@ -250,7 +256,7 @@ def _add_series(
                         x=xs[rows][keep],
                         y=_compact(smooth[keep]),
                         name=f"{name} (smoothed)",
-                        legendgroup=name,
+                        legendgroup=f"{number}:{name}",
                         mode="lines",
                         yaxis=axis,
                         opacity=opacity,

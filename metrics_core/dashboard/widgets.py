@@ -1,30 +1,49 @@
-"""Small Streamlit pieces shared by pages: the health panel, CSV buttons, run-name errors."""
+"""Small Streamlit pieces shared by pages: the health panel, CSV buttons, run-name errors.
+
+Everything that puts an untrusted string (a run name, a session id, a reason from a file or a
+URL) on the page goes through ``overview.md_text`` here or in the page, shortened first; and
+every store call a page makes goes through a function here that turns ``MetricsError`` and
+``OSError`` into a plain message, so no page shows a traceback for what it can foresee.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import pandas as pd
 import streamlit as st
 
+from metrics_core.dashboard.overview import TITLE_CHARS, WORD_CHARS, md_text, shorten, shorten_words
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
 from metrics_core.errors import MetricsError, RunPathError
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}  # fmt: skip
+STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
+
+
+def name_text(name: str) -> str:
+    """A run name inside a markdown message: quoted, shortened, escaped."""
+    return md_text(repr(shorten(name, TITLE_CHARS)))
+
+
+def reason_text(exc: BaseException) -> str:
+    """An exception's message for a markdown message: one line, long tokens cut, escaped."""
+    return md_text(shorten_words(" ".join(str(exc).split()) or type(exc).__name__))
 
 
 def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
     """The run's view, or a clear message and a stopped page.
 
     A name that escapes the runs root is refused for good.  A run that does not exist (yet: a
-    link opened before the trainer wrote its first record) is re-checked every ``refresh``
-    seconds and the page reloads itself when it appears.
+    link opened before the trainer wrote its first record), or cannot be read right now, is
+    re-checked every ``refresh`` seconds and the page reloads itself when it can be shown.
     """
     try:
         return store.view(name)
-    except MetricsError as exc:
-        st.error(f"Cannot show run {name!r}: {exc}")
+    except STORE_ERRORS as exc:
+        st.error(f"Cannot show run {name_text(name)}: {reason_text(exc)}")
         st.page_link("pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
         if not isinstance(exc, RunPathError):
 
@@ -32,11 +51,41 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
             def wait_for_run() -> None:
                 try:
                     store.view(name)
-                except MetricsError:
+                except STORE_ERRORS:
                     return
                 st.rerun()
 
             wait_for_run()
+        st.stop()
+        raise  # unreachable: st.stop() ends the script
+
+
+def live_view(store: RunStore, name: str) -> RunView | None:
+    """In a live fragment: the run's latest view, or None after saying why it cannot be shown now
+    (a run that turned unreadable keeps its page; the next refresh tries again)."""
+    try:
+        return store.view(name)
+    except STORE_ERRORS as exc:
+        st.error(f"Cannot show run {name_text(name)} right now: {reason_text(exc)}")
+        return None
+
+
+def overview_or_stop(store: RunStore) -> pd.DataFrame:
+    """The runs table, or a plain message when the root itself cannot be listed."""
+    try:
+        return store.overview()
+    except STORE_ERRORS as exc:
+        st.error(f"Cannot list the runs: {reason_text(exc)}")
+        st.stop()
+        raise  # unreachable: st.stop() ends the script
+
+
+def run_names_or_stop(store: RunStore) -> list[str]:
+    """The names of the runs under the root, or a plain message when it cannot be listed."""
+    try:
+        return [run.name for run in store.runs()]
+    except STORE_ERRORS as exc:
+        st.error(f"Cannot list the runs: {reason_text(exc)}")
         st.stop()
         raise  # unreachable: st.stop() ends the script
 
@@ -47,18 +96,33 @@ def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
     for name in names:
         try:
             views[name] = store.view(name)
-        except MetricsError as exc:
-            st.warning(f"Skipping run {name!r}: {exc}")
+        except STORE_ERRORS as exc:
+            st.warning(f"Skipping run {name_text(name)}: {reason_text(exc)}")
     return views
 
 
 def health_panel(findings: Sequence[Finding]) -> None:
-    """Diagnostics, worst first; a clean run is one line."""
+    """Diagnostics, worst first; a clean run is one line.  Messages embed session ids, bad-line
+    reasons and excerpts from the file, so they are escaped and their long tokens cut."""
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     worst = min(findings, key=lambda f: order[f.severity]).severity
     with st.expander(f"Health: {worst}", expanded=worst in ("error", "warning"), icon=SEVERITY_ICONS[worst]):
         for finding in sorted(findings, key=lambda f: order[f.severity]):
-            st.markdown(f"{SEVERITY_ICONS[finding.severity]} **{finding.check}** — {finding.message}")
+            st.markdown(f"{SEVERITY_ICONS[finding.severity]} **{md_text(finding.check)}** — "
+                        f"{md_text(shorten_words(finding.message))}")  # fmt: skip
+
+
+def finding_text(finding: Finding) -> str:
+    """A finding's message for ``st.warning`` and friends: escaped, long tokens cut."""
+    return md_text(shorten_words(finding.message))
+
+
+def table_text(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` for ``st.table``, which renders every cell as markdown: text cells escaped and
+    shortened, numbers and times untouched."""
+    cut = lambda value: md_text(shorten(value, WORD_CHARS)) if isinstance(value, str) else value  # noqa: E731
+    text = table.select_dtypes(include=["object", "string"]).columns
+    return table.assign(**{column: table[column].map(cut) for column in text})
 
 
 def csv_button(label: str, make: Callable[[], str], file_name: str, key: str) -> None:

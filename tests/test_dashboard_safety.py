@@ -1,0 +1,275 @@
+"""One run never takes a page down, and untrusted text stays text: pure helpers, the store, AppTest."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from metrics_core.dashboard import store as store_module
+from metrics_core.dashboard.figures import Highlight, Series, metric_figure
+from metrics_core.dashboard.overview import (
+    ELLIPSIS,
+    file_stem,
+    md_text,
+    plotly_text,
+    run_link,
+    run_links,
+    shorten,
+    shorten_words,
+)
+from metrics_core.dashboard.store import RunStore, RunViewError
+from metrics_core.dashboard.widgets import table_text
+from metrics_core.reader import RunReader
+from tests.conftest import append_records, base_record
+
+APP = str(Path(__file__).resolve().parents[1] / "app.py")
+HOSTILE = [
+    "**bold**",
+    "[x](https://evil.example)",
+    "<img src=x onerror=alert(1)>",
+    '<a href="https://evil.example">x</a>',
+    "[Log in again](https://evil.example/login)",
+    "`code` _em_ ~~strike~~ $x^2$ :red[red] :material/home: https://evil.example www.evil.example a@evil.example",
+    "# heading\n- item\r\n> quote",
+    "&lt;b&gt;entity&lt;/b&gt; &amp;",
+]
+PUNCTUATION = re.compile(r"[!-/:-@\[-`{-~]")
+
+
+# -- pure helpers ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_md_text_escapes_every_punctuation_mark_and_removes_line_breaks(text: str) -> None:
+    """Every ASCII punctuation mark is backslash-escaped (so nothing can form markup) and no line breaks."""
+    escaped = md_text(text)
+    assert "\n" not in escaped and "\r" not in escaped
+    unescaped = re.sub(r"\\(.)", r"\1", escaped)
+    assert unescaped == re.sub(r"[\r\n]", " ", text)  # removing the escapes gives the text back
+    assert not re.search(r"(?<!\\)" + PUNCTUATION.pattern, re.sub(r"\\.", "", escaped))
+
+
+def test_md_text_leaves_plain_words_alone() -> None:
+    """Letters, digits, spaces and non-ASCII text are not touched."""
+    assert md_text("run 42 Δloss → ok") == "run 42 Δloss → ok"
+
+
+@pytest.mark.parametrize("text", HOSTILE)
+def test_plotly_text_cannot_form_a_tag(text: str) -> None:
+    """No '<' or '>' survive, '&' cannot start an entity, and decoding gives the text back."""
+    escaped = plotly_text(text)
+    assert "<" not in escaped and ">" not in escaped and "\n" not in escaped
+    assert re.fullmatch(r"([^&]|&(amp|lt|gt);)*", escaped)
+    decoded = escaped.replace("&lt;", "<").replace("&gt;", ">").replace("&amp;", "&")
+    assert decoded == re.sub(r"[\r\n]", " ", text)
+
+
+def test_shorten_cuts_long_text_with_an_ellipsis() -> None:
+    """Short text is unchanged; long text keeps its start, ends with an ellipsis and fits the limit."""
+    assert shorten("short", 80) == "short"
+    long = shorten("x" * 10_000, 80)
+    assert len(long) == 80 and long.endswith(ELLIPSIS) and long.startswith("x" * 79)
+
+
+def test_shorten_words_keeps_the_sentence_and_cuts_the_long_token() -> None:
+    """A 10k-character id inside a message is cut; the words after it survive."""
+    message = f"session {'s' * 10_000}, steps 10–20: 2 window(s) bad"
+    short = shorten_words(message)
+    assert short.endswith("steps 10–20: 2 window(s) bad")
+    assert max(len(word) for word in short.split()) <= 60 + 1 and ELLIPSIS in short
+
+
+@pytest.mark.parametrize("name", [*HOSTILE, "a b?c=d&run=e#f", "100%", "../../etc", "x" * 300])
+def test_run_link_quotes_everything_but_a_readable_path(name: str) -> None:
+    """A run link is always a relative URL with a single run= parameter: no scheme, no markdown, no HTML."""
+    link = run_link(name)
+    assert re.fullmatch(r"run\?run=[A-Za-z0-9_.~/%-]*", link)
+    assert run_link("group/beta") == "run?run=group/beta"
+
+
+def test_file_stem_is_a_safe_file_name() -> None:
+    """Download names hold only safe characters and stay short."""
+    assert file_stem("group/beta") == "group_beta"
+    assert re.fullmatch(r"[A-Za-z0-9._-]{1,100}", file_stem("<img src=x>" * 100))
+    assert file_stem("../..") == "run"
+
+
+def test_table_text_escapes_string_cells_only() -> None:
+    """st.table renders cells as markdown: strings are escaped and shortened, numbers are untouched."""
+    table = pd.DataFrame({"id": ["[Log in again](https://evil.example/login)", "s" * 10_000], "records": [3, 4]})
+    shown = table_text(table)
+    assert shown["id"][0] == md_text("[Log in again](https://evil.example/login)")
+    assert len(shown["id"][1]) <= 60 and shown["id"][1].endswith(ELLIPSIS)
+    assert shown["records"].tolist() == [3, 4]
+
+
+def test_overview_links_and_error_reasons_are_shortened() -> None:
+    """The runs table shown: run column as links, a long error reason cut."""
+    table = pd.DataFrame({"run": ["a"], "error": ["x" * 5000]})
+    shown = run_links(table)
+    assert shown["run"][0] == "run?run=a"
+    assert len(shown["error"][0]) <= 120
+
+
+def test_figure_text_fields_are_escaped_for_plotly() -> None:
+    """Trace names, titles and highlight labels carry no HTML a plotly.js label would render."""
+    frame = pd.DataFrame({"step": [1, 2], "train_loss": [1.0, 0.5], "session_id": ["s", "s"]})
+    frame["session_id"] = frame["session_id"].astype("category")
+    name = '<a href="https://evil.example">x</a>' + "y" * 500
+    figure = metric_figure(
+        [Series(frame, "train_loss", name, colour="#000")],
+        title="<b>title</b>",
+        sessions=[],
+        highlights=[Highlight(1.0, 2.0, "<br>label", "#000")],
+    )
+    texts = [trace.name for trace in figure.data] + [figure.layout.title.text]
+    texts += [annotation.text for annotation in figure.layout.annotations]
+    assert all("<" not in text and ">" not in text for text in texts)
+    assert figure.data[0].name.startswith("&lt;a href=") and len(figure.data[0].name) < 80
+    assert figure.layout.title.text == "&lt;b&gt;title&lt;/b&gt;"
+
+
+# -- the store contains failures per run ---------------------------------------------------------
+
+
+@pytest.fixture
+def poisoned(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Make reading any run called 'poisoned' raise, as a reader bug would; counts the attempts."""
+    calls = {"refresh": 0, "raise": 1}
+    original = RunReader.refresh
+
+    def refresh(self: RunReader) -> int:
+        if self.path.parent.name == "poisoned":
+            calls["refresh"] += 1
+            if calls["raise"]:
+                raise OverflowError("Python int too large to convert to C long")
+        return original(self)
+
+    monkeypatch.setattr(store_module.RunReader, "refresh", refresh)
+    return calls
+
+
+def make_runs(root: Path, *names: str) -> None:
+    for name in names:
+        append_records(root / name / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in (10, 20)))
+
+
+def test_overview_lists_every_run_and_a_failing_one_as_an_error_row(tmp_path: Path, poisoned: dict) -> None:
+    """One run whose reading raises is a row with status 'error' and the reason; the others are listed."""
+    make_runs(tmp_path, "alpha", "poisoned", "zeta")
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        table = store.overview()
+        assert table["run"].tolist() == ["alpha", "poisoned", "zeta"]
+        rows = table.set_index("run")
+        assert rows.loc["poisoned", "status"] == "error"
+        assert rows.loc["poisoned", "error"] == "OverflowError: Python int too large to convert to C long"
+        assert rows.loc["alpha", "status"] != "error" and rows.loc["alpha", "last step"] == 20
+        assert pd.isna(rows.loc["zeta", "error"])
+        with pytest.raises(RunViewError, match=r"run 'poisoned' cannot be shown: OverflowError"):
+            store.view("poisoned")
+    finally:
+        store.close()
+
+
+def test_a_failed_run_is_retried_from_scratch_only_once_its_file_changed(tmp_path: Path, poisoned: dict) -> None:
+    """A cached failure costs no re-read; after an append the run is re-read from the start and shown."""
+    make_runs(tmp_path, "poisoned")
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        for _ in range(3):
+            with pytest.raises(RunViewError):
+                store.view("poisoned")
+        assert poisoned["refresh"] == 1
+        poisoned["raise"] = 0
+        append_records(tmp_path / "poisoned" / "metrics.jsonl", base_record(30, train_loss=0.1))
+        view = store.view("poisoned")
+        assert view.records == 3 and view.frames["train"]["step"].tolist() == [10, 20, 30]
+        assert store.overview()["status"].tolist() != ["error"]
+    finally:
+        store.close()
+
+
+def test_a_string_logged_under_a_loss_name_does_not_break_the_overview(tmp_path: Path) -> None:
+    """A metric string value where a number was expected is shown as no value, not a crash."""
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0),
+                   base_record(20, train_loss='<a href="https://evil.example">x</a>'))  # fmt: skip
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        row = store.overview().iloc[0]
+        assert row["status"] != "error" and row["train loss"] == 1.0
+    finally:
+        store.close()
+
+
+# -- pages under AppTest -----------------------------------------------------------------------
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    root = tmp_path / "runs"
+    root.mkdir()
+    monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
+    return root
+
+
+def open_page(page: str, **query: str | list[str]) -> AppTest:
+    app = AppTest.from_file(APP, default_timeout=30)
+    for key, value in query.items():
+        app.query_params[key] = value
+    app.run()
+    if page != "overview":
+        app.switch_page(f"pages/{page}.py").run()
+    return app
+
+
+def test_overview_page_shows_the_error_row_and_the_other_runs(runs_root: Path, poisoned: dict) -> None:
+    """The runs page survives a failing run: every run is a row, the failing one says why."""
+    make_runs(runs_root, "alpha", "poisoned")
+    app = open_page("overview")
+    assert not app.exception
+    table = app.dataframe[0].value.set_index("run")
+    assert list(table.index) == ["run?run=alpha", "run?run=poisoned"]
+    assert table.loc["run?run=poisoned", "status"] == "error"
+    assert "OverflowError" in table.loc["run?run=poisoned", "error"]
+
+
+@pytest.mark.parametrize("page", ["run", "sessions"])
+def test_a_failing_run_page_names_the_run_and_the_cause(runs_root: Path, poisoned: dict, page: str) -> None:
+    """The run's own pages show one plain error naming run and cause; no exception, no title."""
+    make_runs(runs_root, "poisoned")
+    app = open_page(page, run="poisoned")
+    assert not app.exception
+    message = app.error[0].value
+    assert "poisoned" in message and "OverflowError" in message and "Traceback" not in message
+    assert not app.title
+
+
+def test_hostile_names_reach_markdown_only_escaped(runs_root: Path) -> None:
+    """Run titles, session ids in the sessions table and names from the URL are escaped markdown."""
+    name = "[x](https:__evil.example)"  # '/' would make a nested run directory
+    append_records(runs_root / name / "metrics.jsonl",
+                   *(base_record(s, session="[Log in again](https://evil.example/login)", train_loss=1.0)
+                     for s in (10, 20)))  # fmt: skip
+    app = open_page("run", run=name)
+    assert not app.exception
+    assert app.title[0].value == md_text(name)
+    app = open_page("sessions", run=name)
+    assert not app.exception
+    assert app.table[0].value["id"].tolist() == [md_text("[Log in again](https://evil.example/login)")]
+    app = open_page("compare", run=["**y**", name])
+    assert not app.exception
+    assert md_text("'**y**'") in app.warning[0].value
+    app = open_page("run", run="**bold**")
+    assert not app.exception and md_text("'**bold**'") in app.error[0].value
+
+
+def test_a_too_long_run_name_in_the_url_is_a_plain_error(runs_root: Path) -> None:
+    """A name the OS refuses (ENAMETOOLONG) is an error message, shortened, not a crash."""
+    app = open_page("run", run="n" * 10_000)
+    assert not app.exception
+    assert "Cannot show run" in app.error[0].value and len(app.error[0].value) < 1000
