@@ -30,6 +30,18 @@ class WriterStateError(MetricsError, RuntimeError):
     """The writer was used outside its ``with`` block (not opened yet, or already closed)."""
 
 
+class WriteFailedError(MetricsError, OSError):
+    """The OS refused to write a metrics file: disk full, file-size limit, I/O error.
+
+    Also an ``OSError`` with the original ``errno`` and the file as ``filename``, so code that
+    catches ``OSError`` or checks ``exc.errno == errno.ENOSPC`` keeps working; ``str()`` is the
+    whole message: the file, the cause, and what state the file was left in.
+    """
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+
 class RunNotFoundError(MetricsError, FileNotFoundError):
     """A run directory or metrics file that was asked for does not exist."""
 

@@ -8,6 +8,9 @@ target stays inside ``root``, and a directory reached twice (through a link) is 
 Status comes from the file alone, never from a heartbeat thread:
 
 * ``finished`` / ``failed`` / ``interrupted`` — the last record is a ``session_end`` with that status;
+* ``failed``   — also when the writer noted a failed write (disk full, file-size limit) and nothing
+  was written after it: the session could not even log its ``session_end``, but it did not crash.
+  ``write_failure`` gives the reason (the note's contract is in ``metrics_core.writer``);
 * ``live``     — the last record is recent: younger than ``max(60 s, 5 × the usual gap)``;
 * ``stalled``  — no recent record, but a writer still holds the file's lock (a hung job) or we
   cannot tell;
@@ -23,9 +26,11 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
+import orjson
+
 from metrics_core.errors import RunNotFoundError, RunPathError
 from metrics_core.reader import RunReader
-from metrics_core.writer import METRICS_FILENAME
+from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
 
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
@@ -105,14 +110,64 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
     return RunInfo(candidate.as_posix(), directory)
 
 
+@dataclass(frozen=True, slots=True)
+class WriteFailure:
+    """A write the writer could not make, as its failure note tells it."""
+
+    session_id: str
+    time: datetime
+    error: str  # "No space left on device (ENOSPC)"
+
+
+def write_failure(reader: RunReader) -> WriteFailure | None:
+    """The failed write that is the last thing to have happened to the run, if there is one.
+
+    The note counts only while ``metrics.jsonl`` still ends exactly where the failed write left
+    it (same offset after the last complete record, same size), so a record written later, by
+    the same or a resumed session, makes it stale.  A blank, torn (being rewritten right now)
+    or unreadable note is no note.  Cost: one small read and a ``stat``, plus a backwards scan
+    of the torn tail when the sizes match.
+    """
+    try:
+        note = orjson.loads((reader.path.parent / FAILURE_NOTE_FILENAME).read_bytes() or b"null")
+    except (OSError, orjson.JSONDecodeError):
+        return None
+    if not (
+        isinstance(note, dict)
+        and isinstance(note.get("end"), int)
+        and isinstance(note.get("size"), int)
+        and isinstance(note.get("session_id"), str)
+        and isinstance(note.get("error"), str)
+        and isinstance(note.get("time"), str)
+    ):
+        return None
+    try:
+        fd = os.open(reader.path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        size = os.fstat(fd).st_size
+        if size != note["size"] or tail_start(fd, size) != note["end"]:
+            return None
+    finally:
+        os.close(fd)
+    try:
+        when = datetime.fromisoformat(note["time"])
+    except ValueError:
+        return None
+    return WriteFailure(note["session_id"], when, note["error"])
+
+
 def run_status(reader: RunReader, *, now: datetime) -> str:
-    """The run's health from its log and its writer lock; see the module docstring."""
-    last = reader.last_record_time
-    if last is None:
-        return "empty"
+    """The run's health from its log, its writer lock and its failure note; see the module docstring."""
     if reader.last_event == "session_end":
         status = reader.last_end_status
         return status if status in END_STATUSES else "finished"
+    if write_failure(reader) is not None:
+        return "failed"
+    last = reader.last_record_time
+    if last is None:
+        return "empty"
     alive = reader.writer_alive()
     if reader.pending_bytes and alive is False:
         return "crashed"

@@ -2,14 +2,36 @@
 
 Contract
 --------
-* One record is one line: a flat JSON object terminated by ``\\n``.  The newline is the commit
-  point: bytes after the last ``\\n`` are not a record, and every reader ignores them.
+* One record is one line: a JSON object terminated by ``\\n``, flat except for the ``config``
+  record of ``write_config``.  The newline is the commit point: bytes after the last ``\\n`` are
+  not a record, and every reader ignores them.
 * A process killed mid-write (SIGKILL, OOM killer, node loss) leaves at most one incomplete last
-  line.  The next ``MetricsWriter`` to open the file cuts exactly that tail (scanning back in
-  bounded 4096-byte chunks, so a huge file costs nothing to open) and reports the count in
-  ``discarded_bytes``.  Complete historical lines are never read, validated or rewritten.
-* A write that fails half-way (disk full) is rolled back to the previous line boundary before the
-  error propagates, so a later write never glues itself onto a torn line.
+  line, the torn tail.  The next ``MetricsWriter`` to open the file finds it (scanning back in
+  bounded 4096-byte chunks, so a huge file costs nothing to open) and reports its length in
+  ``discarded_bytes``, which its first record (``session_start``) carries.  Complete historical
+  lines are never read, validated or rewritten.
+* The cut and its report cannot be separated by a crash: the tail is not cut at open but by the
+  first write, which writes its line over the tail and then truncates what is left of it.  A
+  process killed before its first write leaves the tail in place for the next writer to report;
+  one killed between the overwrite and the truncation leaves its complete first line followed by
+  the rest of the tail, which the next writer cuts and reports as its own cut.  The tail holds no
+  ``\\n`` and the new line's only ``\\n`` is its last byte, so no reader ever sees a mix of the
+  two as a record.  (The descriptor is not ``O_APPEND``: Linux ``pwrite`` would append there.)
+* A write that fails half-way (disk full, file-size limit, an interrupt) is undone before the
+  error propagates: the file again ends where this write found it, on a complete record (plus a
+  not yet cut torn tail of the same length), so a later write never glues itself onto a torn line.
+  OS errors become ``WriteFailedError`` (a ``MetricsError`` and an ``OSError`` with the original
+  ``errno``) naming the file and the cause.
+* Failure note: at open the writer pre-sizes a hidden sidecar, ``.metrics.jsonl.failure``
+  (``NOTE_BYTES`` of real, allocated bytes).  When a write fails in the OS, the writer overwrites
+  it in place, without growing it, so that it fits on a full disk and under a file-size limit,
+  with one JSON object padded with spaces: ``session_id``, ``time``, ``error`` (``"No space left
+  on device (ENOSPC)"``), ``end`` (offset after the last complete record) and ``size`` (file size).
+  The note applies only while the file still has exactly that ``end`` and ``size``: any record
+  written later, by this session or a resumed one, moves ``end`` and makes it stale, and it never
+  touches ``metrics.jsonl``.  ``metrics_core.runs`` reads it to report such a run as ``failed``
+  with the reason, instead of ``crashed``.  Assumed: an ordinary, not copy-on-write filesystem
+  (on btrfs or ZFS an in-place overwrite needs free space, so the note is best effort there).
 * Invalid input raises *before* anything touches the file: the file stays byte-identical.
 * One writer per file.  The lock is an open-file-description lock (``F_OFD_SETLK``, Linux ≥ 3.15),
   an ``fcntl`` byte-range lock: unlike ``flock`` it is carried by NFS (NLM for v3, native in v4)
@@ -23,7 +45,9 @@ Assumed: the clock is only used for the ``time`` field; ordering comes from the 
 
 from __future__ import annotations
 
+import errno
 import fcntl
+import io
 import math
 import operator
 import os
@@ -39,12 +63,16 @@ import orjson
 from metrics_core.errors import (
     RecordTypeError,
     RecordValueError,
+    WriteFailedError,
     WriterLockedError,
     WriterStateError,
 )
 
 SCHEMA_VERSION = 1
 METRICS_FILENAME = "metrics.jsonl"
+# Hidden, so run discovery and file listings ignore it; see "Failure note" above.
+FAILURE_NOTE_FILENAME = ".metrics.jsonl.failure"
+NOTE_BYTES = 1024
 # Every record starts with these, in this order (docs/FORMAT.md).
 BASE_FIELD_ORDER = ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
 BASE_FIELDS = frozenset(BASE_FIELD_ORDER)
@@ -222,19 +250,23 @@ class MetricsWriter:
     ) -> None:
         self.run = run
         self.path = Path(run.directory) / METRICS_FILENAME
+        self.note_path = Path(run.directory) / FAILURE_NOTE_FILENAME
         self.fsync = fsync
         self.discarded_bytes = 0
         self._clock = clock
         self._stamp_second = -1
         self._stamp_prefix = ""
-        self._file: Any = None
-        self._size = 0
+        self._file: io.FileIO | None = None
+        self._note: io.FileIO | None = None
+        self._size = 0  # offset after the last complete record: where the next line goes
+        self._file_end = 0  # the file's size: larger than _size while a torn tail awaits its cut
 
     def __enter__(self) -> MetricsWriter:
         if self._file is not None:
             raise WriterStateError(f"{self.path}: this writer is already open")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        file = open(self.path, "ab+", buffering=0)
+        # FileIO objects (not bare descriptors) so a writer dropped without close() still closes.
+        file = io.FileIO(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), "r+")
         try:
             try:
                 _lock_exclusive(file.fileno())
@@ -244,25 +276,54 @@ class MetricsWriter:
                     "run's metrics.jsonl at a time (give each concurrent job its own run directory)"
                 ) from None
             size = os.fstat(file.fileno()).st_size
-            keep = size if size == 0 or os.pread(file.fileno(), 1, size - 1) == b"\n" else None
-            if keep is None:
-                keep = tail_start(file.fileno(), size)
-                os.ftruncate(file.fileno(), keep)
-                if self.fsync:
-                    os.fsync(file.fileno())
-            self.discarded_bytes = size - keep
-            self._size = keep
+            keep = tail_start(file.fileno(), size)
+            self._note = self._reserve_note()
         except BaseException:
             file.close()
             raise
+        self.discarded_bytes = size - keep
+        self._size, self._file_end = keep, size
         self._file = file
         return self
+
+    def _reserve_note(self) -> io.FileIO:
+        """Open the failure note, writing its ``NOTE_BYTES`` now, while the disk has room.
+
+        Real bytes, not ``ftruncate``: a sparse file would need new blocks at the moment the disk
+        is full.  An existing note is kept as it is: it is stale unless the file is still exactly
+        as the failed write left it (see the module docstring), and then it still tells the truth.
+        """
+        note = io.FileIO(os.open(self.note_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), "r+")
+        try:
+            if os.fstat(note.fileno()).st_size != NOTE_BYTES:
+                os.pwrite(note.fileno(), b" " * (NOTE_BYTES - 1) + b"\n", 0)
+                os.ftruncate(note.fileno(), NOTE_BYTES)
+                if self.fsync:
+                    os.fsync(note.fileno())
+        except OSError as exc:
+            note.close()
+            raise WriteFailedError(
+                exc.errno,
+                f"{self.note_path}: cannot reserve the writer's failure note: {_cause(exc)}; nothing was written",
+                str(self.note_path),
+            ) from exc
+        except BaseException:
+            note.close()
+            raise
+        return note
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
     def close(self) -> None:
-        """Close the file and release the lock (idempotent)."""
+        """Close the file and release the lock (idempotent).
+
+        A torn tail found at open and not yet cut (nothing was written) stays for the next writer,
+        which reports it.
+        """
+        if self._note is not None:
+            self._note.close()
+            self._note = None
         if self._file is not None:
             self._file.close()  # closing the descriptor releases the OFD lock
             self._file = None
@@ -358,20 +419,67 @@ class MetricsWriter:
         return record
 
     def _append(self, line: bytes) -> None:
-        """Append one complete line, or leave the file ending on the previous line boundary."""
+        """Write one complete line at the end of the records, cutting a pending torn tail after it.
+
+        On any exception the line is either wholly in the file (its newline landed: it counts) or
+        wholly undone; OS errors are raised as ``WriteFailedError`` after the failure note.
+        """
         fd = self._file.fileno()
+        start, end = self._size, self._size + len(line)
         try:
-            written = self._file.write(line)
-            while written < len(line):  # a short write to a regular file is rare but legal
-                written += self._file.write(line[written:])
-        except BaseException:
-            # Never leave a torn line for the next record to glue onto; the file size, not a
-            # local counter, says whether the line is complete (an interrupt may land anywhere).
-            if os.fstat(fd).st_size != self._size + len(line):
-                os.ftruncate(fd, self._size)
+            try:
+                written = os.pwrite(fd, line, start)
+                while written < len(line):  # a short write to a regular file is rare but legal
+                    written += os.pwrite(fd, line[written:], start + written)
+            except BaseException:
+                # An interrupt may land after the last byte: the newline, not a counter, decides.
+                # A pending tail holds no newline, so it cannot fake one at that offset.
+                if os.pread(fd, 1, end - 1) != b"\n":
+                    if os.fstat(fd).st_size > self._file_end:
+                        os.ftruncate(fd, self._file_end)
+                    raise
+                self._committed(fd, end)
                 raise
-            self._size += len(line)
-            raise
-        self._size += len(line)
-        if self.fsync:
-            os.fsync(fd)
+            self._committed(fd, end)
+            if self.fsync:
+                os.fsync(fd)
+        except OSError as exc:
+            if self._size != end:
+                consequence = "the file still ends on a complete record; this record was not written"
+            else:  # the newline landed; the fsync, or the deferred cut, after it failed
+                consequence = "this record was written, but the fsync or tail cut after it did not complete"
+            message = f"{self.path}: write failed: {_cause(exc)}; {consequence}"
+            failure = WriteFailedError(exc.errno, message, str(self.path))
+            self._note_failure(failure, _cause(exc))
+            raise failure from exc
+
+    def _committed(self, fd: int, end: int) -> None:
+        """Count a line whose newline is in the file, then make the deferred cut of the torn tail."""
+        self._size = end
+        if self._file_end > end:  # the rest of the torn tail after the line that overwrote it
+            os.ftruncate(fd, end)
+        self._file_end = end
+
+    def _note_failure(self, failure: WriteFailedError, cause: str) -> None:
+        """Overwrite the pre-sized failure note in place; a note that cannot be written is told on ``failure``."""
+        note = orjson.dumps(
+            {
+                "session_id": self.run.session_id[:100],  # bounded: the note must fit NOTE_BYTES
+                "time": self._timestamp(),
+                "error": cause,
+                "end": self._size,
+                "size": self._file_end,
+            }
+        )
+        try:
+            os.pwrite(self._note.fileno(), note.ljust(NOTE_BYTES - 1) + b"\n", 0)
+            if self.fsync:
+                os.fsync(self._note.fileno())
+        except OSError as exc:
+            failure.add_note(f"{self.note_path}: the failure note could not be written either: {_cause(exc)}")
+
+
+def _cause(exc: OSError) -> str:
+    """``"No space left on device (ENOSPC)"``: the OS's words and the name to search for."""
+    name = errno.errorcode.get(exc.errno or 0, f"errno {exc.errno}")
+    return f"{exc.strerror or os.strerror(exc.errno or 0)} ({name})"

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import errno
 import math
+import os
 import signal
 import subprocess
 import sys
 import time
-from datetime import datetime
+from collections.abc import Iterator
+from datetime import datetime, timezone
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +29,10 @@ from metrics_core import (
     WriterLockedError,
     WriterStateError,
 )
+from metrics_core.errors import WriteFailedError
+from metrics_core.reader import RunReader
+from metrics_core.runs import run_status, write_failure
+from metrics_core.session import training_session
 from metrics_core.writer import MAX_CONFIG_BYTES
 from tests.conftest import read_records, spawn_python
 
@@ -108,9 +115,9 @@ def test_sessions_append_and_keep_prior_lines(run: RunContext) -> None:
     assert [r["session_id"] for r in read_records(writer.path)] == ["s1", "s1", "s1", "s2"]
 
 
-@pytest.mark.parametrize("tail_len", [1, 4095, 4096, 4097, 3 * 4096 + 17])
-def test_torn_tail_is_cut_exactly(run: RunContext, tail_len: int) -> None:
-    """Only the bytes after the last newline are cut, whatever their length relative to the chunk."""
+@pytest.mark.parametrize("tail_len", [1, 150, 4095, 4096, 4097, 3 * 4096 + 17])
+def test_torn_tail_is_cut_exactly_by_the_first_write(run: RunContext, tail_len: int) -> None:
+    """Only the bytes after the last newline are cut, by the first write, whatever their length."""
     with MetricsWriter(run) as writer:
         writer.write("train", TrainingState(step=1), train_loss=1.0)
         writer.write("train", TrainingState(step=2), train_loss=0.9)
@@ -120,19 +127,25 @@ def test_torn_tail_is_cut_exactly(run: RunContext, tail_len: int) -> None:
     resumed = RunContext(run.directory, run.run_id, "s2")
     with MetricsWriter(resumed) as writer:
         assert writer.discarded_bytes == tail_len
-        assert writer.path.read_bytes() == complete
+        assert writer.path.read_bytes() == complete + torn, "the tail stays until a record reports its cut"
+        record = writer.write("session_start", TrainingState(step=2), discarded_bytes=writer.discarded_bytes)
+        assert writer.path.read_bytes() == complete + orjson.dumps(record) + b"\n"
         writer.write("train", TrainingState(step=3), train_loss=0.8)
-    assert [r["step"] for r in read_records(writer.path)] == [1, 2, 3]
+    assert [r["step"] for r in read_records(writer.path)] == [1, 2, 2, 3]
 
 
 @pytest.mark.parametrize("size", [1, 4096, 4097, 50_000])
-def test_file_without_any_newline_becomes_empty(run: RunContext, size: int) -> None:
-    """A file holding no complete line at all is truncated to empty."""
+def test_file_without_any_newline_is_replaced_by_the_first_record(run: RunContext, size: int) -> None:
+    """A file holding no complete line is all torn tail: kept by an idle writer, cut by the first write."""
     run.directory.mkdir(parents=True)
     (run.directory / "metrics.jsonl").write_bytes(b"x" * size)
     with MetricsWriter(run) as writer:
         assert writer.discarded_bytes == size
-    assert writer.path.read_bytes() == b""
+    assert writer.path.read_bytes() == b"x" * size
+    with MetricsWriter(run) as writer:
+        assert writer.discarded_bytes == size
+        record = writer.write("session_start", TrainingState(), discarded_bytes=writer.discarded_bytes)
+    assert read_records(writer.path) == [record]
 
 
 @settings(max_examples=200, deadline=None)
@@ -143,14 +156,89 @@ def test_file_without_any_newline_becomes_empty(run: RunContext, size: int) -> N
     )
 )
 def test_tail_recovery_property(tmp_path_factory: pytest.TempPathFactory, content: bytes) -> None:
-    """For any file content, opening keeps exactly the prefix up to and including the last newline."""
+    """For any content: opening changes nothing; the first write keeps exactly the prefix up to the last newline."""
     directory = tmp_path_factory.mktemp("prop")
     (directory / "metrics.jsonl").write_bytes(content)
-    with MetricsWriter(RunContext(directory, "r", "s")) as writer:
-        pass
     expected = content[: content.rfind(b"\n") + 1]
-    assert writer.path.read_bytes() == expected
-    assert writer.discarded_bytes == len(content) - len(expected)
+    with MetricsWriter(RunContext(directory, "r", "s")) as writer:
+        assert writer.path.read_bytes() == content
+        assert writer.discarded_bytes == len(content) - len(expected)
+        record = writer.write("session_start", TrainingState(), discarded_bytes=writer.discarded_bytes)
+    assert writer.path.read_bytes() == expected + orjson.dumps(record) + b"\n"
+
+
+def test_reader_never_sees_the_torn_tail_or_a_shrink_while_it_is_cut(run: RunContext) -> None:
+    """A reader tailing the file across the deferred cut gets each record once and never restarts."""
+    with MetricsWriter(run) as writer:
+        writer.write("train", TrainingState(step=1), train_loss=1.0)
+    torn = b'{"schema_version":1,"event":"train","step":2,"note":"' + b"z" * 600
+    with open(writer.path, "ab") as out:
+        out.write(torn)
+    reader = RunReader(writer.path)
+    assert reader.refresh() == 1 and reader.pending_bytes == len(torn)
+    with MetricsWriter(RunContext(run.directory, "exp1", "s2")) as writer:
+        assert reader.refresh() == 0 and reader.pending_bytes == len(torn)
+        writer.write("session_start", TrainingState(step=1), discarded_bytes=writer.discarded_bytes)
+        assert reader.refresh() == 1 and reader.pending_bytes == 0
+        writer.write("train", TrainingState(step=2), train_loss=0.5)
+    assert reader.refresh() == 1
+    assert reader.resets == 0 and reader.bad_lines == 0
+    assert [s.discarded_bytes for s in reader.sessions] == [None, len(torn)]
+
+
+CUT_THEN_DIE = """
+import sys, time
+from metrics_core import MetricsWriter, RunContext
+with MetricsWriter(RunContext(sys.argv[1], "r", "doomed")) as w:
+    print(w.discarded_bytes, flush=True)
+    time.sleep(60)
+"""
+
+
+def test_writer_killed_before_its_first_write_leaves_the_cut_to_the_next(run: RunContext) -> None:
+    """SIGKILL between open and the first write: the torn tail is still there, and the next session reports it."""
+    with MetricsWriter(run) as writer:
+        writer.write("session_start", TrainingState(), discarded_bytes=0)
+    torn = b'{"schema_version":1,"event":"tr'
+    with open(writer.path, "ab") as out:
+        out.write(torn)
+    child = spawn_python(CUT_THEN_DIE, str(run.directory))
+    try:
+        assert child.stdout.readline().strip() == str(len(torn)), child.stderr.read()
+    finally:
+        child.kill()
+        child.wait()
+    assert child.returncode == -signal.SIGKILL
+    assert writer.path.read_bytes().endswith(b"}\n" + torn)
+    with MetricsWriter(RunContext(run.directory, "exp1", "s3")) as writer:
+        writer.write("session_start", TrainingState(), discarded_bytes=writer.discarded_bytes)
+    reader = RunReader(writer.path)
+    reader.refresh()
+    assert [(s.session_id, s.discarded_bytes) for s in reader.sessions] == [("s1", 0), ("s3", len(torn))]
+
+
+def test_writer_killed_between_overwrite_and_cut_leaves_the_rest_for_the_next(run: RunContext) -> None:
+    """State a kill after the overwrite and before the truncate leaves: the next session cuts and reports the rest."""
+    with MetricsWriter(run) as writer:
+        writer.write("session_start", TrainingState(), discarded_bytes=0)
+    torn = b'{"schema_version":1,"event":"train","note":"' + b"q" * 500
+    with MetricsWriter(RunContext(run.directory, "exp1", "s2")) as writer:
+        line = orjson.dumps(writer.record("session_start", TrainingState(), {"discarded_bytes": len(torn)})) + b"\n"
+    # What the killed writer left: its first line written over the tail, the tail's rest not yet cut.
+    with open(writer.path, "ab") as out:
+        out.write(line + torn[len(line) :])
+    rest = len(torn) - len(line)
+    with MetricsWriter(RunContext(run.directory, "exp1", "s3")) as writer:
+        assert writer.discarded_bytes == rest
+        writer.write("session_start", TrainingState(), discarded_bytes=writer.discarded_bytes)
+    reader = RunReader(writer.path)
+    reader.refresh()
+    assert [(s.session_id, s.discarded_bytes) for s in reader.sessions] == [
+        ("s1", 0),
+        ("s2", len(torn)),
+        ("s3", rest),
+    ]
+    assert reader.bad_lines == 0 and reader.pending_bytes == 0
 
 
 @pytest.mark.parametrize("bad", [math.nan, math.inf, -math.inf, np.float32("nan"), np.float64("-inf")], ids=repr)
@@ -417,13 +505,14 @@ def test_sigkill_mid_loop_loses_no_written_record(run: RunContext) -> None:
 
 
 TORN_WRITER = """
-import os, sys, time
+import sys, time
 from metrics_core import MetricsWriter, RunContext, TrainingState
 with MetricsWriter(RunContext(sys.argv[1], "r", "doomed")) as w:
     for step in range(1, 4):
         w.write("train", TrainingState(step=step), train_loss=1.0)
     # A trainer dying inside a multi-part write leaves half a line behind.
-    os.write(w._file.fileno(), b'{"schema_version":1,"event":"train","step":4,"train_lo')
+    with open(w.path, "ab") as out:
+        out.write(b'{"schema_version":1,"event":"train","step":4,"train_lo')
     print("torn", flush=True)
     time.sleep(60)
 """
@@ -447,33 +536,178 @@ def test_sigkill_with_torn_line_then_resume_cuts_only_the_tail(run: RunContext) 
 
 
 DISK_FULL_WRITER = """
-import resource, signal, sys
-from metrics_core import MetricsWriter, RunContext, TrainingState
-signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
-with MetricsWriter(RunContext(sys.argv[1], "r", "s")) as w:
-    resource.setrlimit(resource.RLIMIT_FSIZE, (5000, 5000))
-    step = 0
+import json, resource, signal, sys
+from metrics_core import MetricsError, MetricsWriter, RunContext, TrainingState
+signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # Python ignores it already; a trainer may not
+failures = []
+
+def failed(exc):
+    failures.append({"type": type(exc).__name__, "errno": exc.errno, "filename": exc.filename, "message": str(exc),
+                     "library": isinstance(exc, MetricsError)})
+
+state = TrainingState()
+with MetricsWriter(RunContext(sys.argv[1], "r", sys.argv[2])) as w:
+    limit = w.path.stat().st_size + int(sys.argv[3])
+    resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
     try:
+        w.write("session_start", state, discarded_bytes=w.discarded_bytes)
         while True:
-            step += 1
-            w.write("train", TrainingState(step=step), train_loss=1.0, pad="p" * 150)
+            state.step += 1
+            w.write("train", state, train_loss=1.0, pad="p" * 150)
     except OSError as exc:
-        print("failed at", step, exc.errno, flush=True)
+        failed(exc)
+    try:
+        w.write("session_end", state, status="failed", error="disk full")
+    except OSError as exc:
+        failed(exc)
+print(json.dumps({"step": state.step, "failures": failures}))
 """
 
 
-def test_failed_write_is_rolled_back_to_a_line_boundary(run: RunContext) -> None:
-    """A write cut short by a full disk (file-size limit) leaves no torn line behind."""
+def run_until_the_file_size_limit(directory: Path, session_id: str, room: int) -> dict:
+    """Run a real writer process allowed ``room`` more bytes than the file has; return what it saw."""
     result = subprocess.run(
-        [sys.executable, "-c", DISK_FULL_WRITER, str(run.directory)],
+        [sys.executable, "-c", DISK_FULL_WRITER, str(directory), session_id, str(room)],
         capture_output=True,
         text=True,
         check=True,
     )
-    assert result.stdout.startswith("failed at"), result.stderr
-    failed_step = int(result.stdout.split()[2])
-    records = read_records(run.directory / "metrics.jsonl")
-    assert [r["step"] for r in records] == list(range(1, failed_step))
+    return orjson.loads(result.stdout)
+
+
+def test_file_size_limit_raises_write_failed_and_the_run_reads_as_failed(run: RunContext) -> None:
+    """EFBIG mid-line: WriteFailedError naming file and cause, no torn line, status failed with the reason."""
+    outcome = run_until_the_file_size_limit(run.directory, "s1", 5000)
+    path = run.directory / "metrics.jsonl"
+    assert len(outcome["failures"]) == 2, "the failed train write and the failed session_end"
+    for failure in outcome["failures"]:
+        assert failure["type"] == "WriteFailedError" and failure["library"]
+        assert failure["errno"] == errno.EFBIG and failure["filename"] == str(path)
+        assert failure["message"] == (
+            f"{path}: write failed: File too large (EFBIG); "
+            "the file still ends on a complete record; this record was not written"
+        )
+    records = read_records(path)
+    assert [r["event"] for r in records] == ["session_start"] + ["train"] * (outcome["step"] - 1)
+    assert [r["step"] for r in records[1:]] == list(range(1, outcome["step"]))
+    reader = RunReader(path)
+    reader.refresh()
+    assert reader.pending_bytes == 0 and reader.bad_lines == 0
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "failed"
+    failure = write_failure(reader)
+    assert failure is not None and (failure.session_id, failure.error) == ("s1", "File too large (EFBIG)")
+    assert abs(failure.time.timestamp() - time.time()) < 60
+
+
+def test_a_resumed_session_is_not_marked_failed_by_an_old_note(run: RunContext) -> None:
+    """The note of a failed write goes stale as soon as any later record is written."""
+    run_until_the_file_size_limit(run.directory, "s1", 3000)
+    reader = RunReader(run.directory)
+    reader.refresh()
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "failed"
+    with MetricsWriter(RunContext(run.directory, "exp1", "s2")) as writer:
+        assert writer.discarded_bytes == 0
+        writer.write("session_start", TrainingState(), discarded_bytes=0)
+        reader.refresh()
+        assert write_failure(reader) is None
+        assert run_status(reader, now=datetime.now(timezone.utc)) == "live"
+    assert (run.directory / ".metrics.jsonl.failure").stat().st_size == 1024, "the note never grows"
+
+
+def test_failed_first_write_over_a_torn_tail_keeps_the_tail_for_the_next_report(run: RunContext) -> None:
+    """EFBIG while the first line overwrites a torn tail: the tail keeps its length, so its cut is still reported."""
+    with MetricsWriter(run) as writer:
+        writer.write("session_start", TrainingState(), discarded_bytes=0)
+    torn = b'{"schema_version":1,"event":"train","pad":"' + b"t" * 57
+    with open(writer.path, "ab") as out:
+        out.write(torn)
+    complete = len(writer.path.read_bytes()) - len(torn)
+    # 50 bytes past the tail: the ~250-byte session_start line overwrites the tail, then hits the limit.
+    outcome = run_until_the_file_size_limit(run.directory, "s2", 50)
+    assert outcome["step"] == 0 and [f["errno"] for f in outcome["failures"]] == [errno.EFBIG] * 2
+    data = writer.path.read_bytes()
+    assert len(data) == complete + len(torn) and b"\n" not in data[complete:]
+    reader = RunReader(writer.path)
+    reader.refresh()
+    assert reader.pending_bytes == len(torn) and reader.writer_alive() is False
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "failed", "failed, not crashed"
+    with MetricsWriter(RunContext(run.directory, "exp1", "s3")) as writer:
+        assert writer.discarded_bytes == len(torn)
+        writer.write("session_start", TrainingState(), discarded_bytes=writer.discarded_bytes)
+    reader.refresh()
+    assert [(s.session_id, s.discarded_bytes) for s in reader.sessions] == [("s1", 0), ("s3", len(torn))]
+
+
+@pytest.fixture
+def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
+    """A real 64 KiB filesystem that fills up (tmpfs); needs root to mount."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    mount_point = tmp_path / "tmpfs"
+    mount_point.mkdir()
+    mounted = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mount_point)], capture_output=True, text=True
+    )
+    if mounted.returncode:
+        pytest.skip(f"cannot mount a tmpfs here: {mounted.stderr.strip()}")
+    try:
+        yield mount_point
+    finally:
+        # Lazy: a descriptor still open (a failed test's reader) must not leave the mount behind.
+        subprocess.run(["umount", "--lazy", str(mount_point)], check=True)
+
+
+def test_full_filesystem_raises_write_failed_and_the_run_reads_as_failed(tiny_tmpfs: Path) -> None:
+    """ENOSPC on a real full filesystem: every earlier record intact, the run failed with the reason."""
+    directory = tiny_tmpfs / "runs" / "a"
+    state = TrainingState()
+    written = []
+    with MetricsWriter(RunContext(directory, "a", "s1")) as writer:
+        written.append(writer.write("session_start", state, discarded_bytes=0))
+        with pytest.raises(WriteFailedError) as info:
+            while True:
+                state.step += 1
+                written.append(writer.write("train", state, train_loss=1.0, pad="p" * 300))
+        with pytest.raises(WriteFailedError):
+            writer.write("session_end", state, status="failed", error="disk full")
+    assert isinstance(info.value, OSError) and info.value.errno == errno.ENOSPC
+    assert info.value.filename == str(writer.path)
+    assert str(info.value) == (
+        f"{writer.path}: write failed: No space left on device (ENOSPC); "
+        "the file still ends on a complete record; this record was not written"
+    )
+    assert read_records(writer.path) == written
+    reader = RunReader(writer.path)
+    reader.refresh()
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "failed"
+    assert write_failure(reader).error == "No space left on device (ENOSPC)"
+    subprocess.run(["mount", "-o", "remount,size=256k", str(tiny_tmpfs)], check=True)
+    with MetricsWriter(RunContext(directory, "a", "s2")) as writer:
+        writer.write("session_start", state, discarded_bytes=writer.discarded_bytes)
+        reader.refresh()
+        assert run_status(reader, now=datetime.now(timezone.utc)) == "live"
+    reader.close()
+    assert read_records(writer.path)[:-1] == written
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="needs session.py: training_session must not let a failing session_end replace the exception "
+    "that ended the block (catch WriteFailedError around the session_end log in the except paths)",
+)
+def test_training_session_on_a_full_disk_propagates_the_original_exception(tiny_tmpfs: Path) -> None:
+    """The trainer's own error, not the session_end write failure, reaches the caller; the run reads failed."""
+    directory = tiny_tmpfs / "runs" / "b"
+    with pytest.raises(ZeroDivisionError):
+        with training_session(directory, handle_sigterm=False) as session:
+            with pytest.raises(WriteFailedError):
+                while True:
+                    session.log("train", train_loss=1.0, pad="p" * 300)
+            raise ZeroDivisionError("the loss diverged")
+    reader = RunReader(directory)
+    reader.refresh()
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "failed"
+    reader.close()
 
 
 def test_importing_metrics_core_stays_light() -> None:
