@@ -20,6 +20,25 @@ Contract
 * SIGTERM is handled only while the block runs, only in the main thread, and the previous
   handler is restored afterwards.
 * Session ids, when not given, are unique and sort by start time: ``20261129T172939123456Z-host-pid``.
+
+Distributed (data-parallel) training
+------------------------------------
+When a ``torch.distributed`` process group is initialised before the block, the session sees it
+by itself (nothing is imported for a single process):
+
+* only global rank 0 opens the ``MetricsWriter``; every other rank gets a ``SilentWriter`` that
+  builds and validates each record and writes nothing — it never creates, opens or locks the run
+  directory, so ranks do not need to agree on a shared filesystem;
+* ``session_start`` records ``rank`` and ``world_size``;
+* ``session.window`` is a ``DistributedWindow``: ``log_window`` reduces the window over the group
+  (``group=``, default the world) and is therefore a **collective: call it on every rank, at the
+  same points of the loop** (e.g. ``if window.attempts == 50``, which holds on every rank of a
+  data-parallel job).  All ranks get the same global record and advance ``state`` identically.
+  ``log``, ``log_validation`` and ``log_checkpoint`` are local and may be called on any subset of
+  ranks (they write only on rank 0);
+* a rank that dies or stops calling ``log_window`` makes the others fail in their next
+  ``log_window`` with ``WindowReductionError`` once the process group's ``timeout`` has passed
+  (gloo notices a dead peer's closed sockets at once), and rank 0 ends the session ``failed``.
 """
 
 from __future__ import annotations
@@ -28,12 +47,13 @@ import os
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from metrics_core.distributed import DistributedWindow, SilentWriter, process_group_rank
 from metrics_core.window import TrainingWindow
 from metrics_core.writer import MetricsWriter, RunContext, TrainingState
 
@@ -52,12 +72,30 @@ class _Terminated(BaseException):
 
 
 class TrainingSession:
-    """The open session: its writer, its counters and the current log window."""
+    """The open session: its writer, its counters and the current log window.
 
-    def __init__(self, writer: MetricsWriter, state: Any) -> None:
+    ``rank`` and ``world_size`` are 0 and 1 without a process group; ``writes`` says whether this
+    process's records reach the file (only on rank 0).
+    """
+
+    def __init__(
+        self,
+        writer: MetricsWriter | SilentWriter,
+        state: Any,
+        *,
+        window: TrainingWindow | None = None,
+        rank: int = 0,
+        world_size: int = 1,
+    ) -> None:
         self.writer = writer
         self.state = state
-        self.window = TrainingWindow()
+        self.window = window if window is not None else TrainingWindow()
+        self.rank = rank
+        self.world_size = world_size
+
+    @property
+    def writes(self) -> bool:
+        return not isinstance(self.writer, SilentWriter)
 
     def log(self, event: str, **values: Any) -> dict[str, Any]:
         """Write any event with the current counters."""
@@ -66,6 +104,7 @@ class TrainingSession:
     def log_window(self, lr: float | None, *, advance_state: bool = True, **extra: Any) -> dict[str, Any]:
         """Write the window as a ``train`` record and start a new one.
 
+        Under a process group this is a collective (module docstring): call it on every rank.
         With ``advance_state`` the counters move by the window's own totals: ``step`` by its
         successful updates, ``skipped_updates`` by its skips, ``tokens_seen`` by its tokens, so
         a trainer that passes tensors never has to read a tensor to count steps.
@@ -96,19 +135,38 @@ def training_session(
     resumed_from_step: int | None = None,
     fsync: bool = False,
     handle_sigterm: bool = True,
+    group: Any = None,
+    config: Mapping[str, Any] | None = None,
 ) -> Iterator[TrainingSession]:
     """Open the run's writer, log ``session_start``, yield the session, log ``session_end``.
 
     ``state`` defaults to a fresh ``TrainingState``; when resuming, pass the counters restored
     from the checkpoint and ``resumed_from_step``.  ``run_id`` defaults to the directory name.
+    ``group`` is the process group windows are reduced over when ``torch.distributed`` is
+    initialised (default: the world; pass the data-parallel group under tensor/pipeline parallelism).
+    ``config`` (hyperparameters) is logged once as a ``config`` record right after ``session_start``;
+    every rank validates it, only rank 0 writes it, and a refused config ends the session ``failed``.
     """
     directory = Path(directory)
     context = RunContext(directory, run_id or directory.resolve().name, session_id or new_session_id())
-    with MetricsWriter(context, fsync=fsync) as writer:
-        session = TrainingSession(writer, state if state is not None else TrainingState())
-        session.log("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step)
+    ranks = process_group_rank()
+    rank, world_size = ranks if ranks is not None else (0, 1)
+    writer = MetricsWriter(context, fsync=fsync) if rank == 0 else SilentWriter(context)
+    with writer:
+        session = TrainingSession(
+            writer,
+            state if state is not None else TrainingState(),
+            window=DistributedWindow(group=group) if ranks is not None else None,
+            rank=rank,
+            world_size=world_size,
+        )
+        distributed = {"rank": rank, "world_size": world_size} if ranks is not None else {}
+        session.log("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
+                    **distributed)  # fmt: skip
         previous = _install_sigterm() if handle_sigterm else None
         try:
+            if config is not None:
+                session.writer.write_config(session.state, config)
             yield session
         except (KeyboardInterrupt, _Terminated) as exc:
             cause = "SIGTERM" if isinstance(exc, _Terminated) else "KeyboardInterrupt"

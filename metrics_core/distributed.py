@@ -1,0 +1,272 @@
+"""Training windows of a data-parallel job, reduced over its ``torch.distributed`` process group.
+
+Why: each data-parallel rank sees 1/world_size of the batches.  A log written by rank 0 from its
+own window reports a loss over the wrong set of batches — the "loss that looks too good" of the
+field story.  ``DistributedWindow`` is a ``TrainingWindow`` whose ``summary()`` reduces the
+window over the process group first, so rank 0 writes the job's numbers.
+
+Contract
+--------
+* **Collective.** ``summary()`` (and so ``TrainingSession.log_window``) is a collective: every rank
+  of the group must call it at the same point of the loop, the same number of times.  A rank that
+  does not leaves the others waiting in it until the process group's ``timeout``; then, like a
+  rank that died, it surfaces as ``WindowReductionError`` on the waiting ranks.
+* **Cost.** Exactly two ``all_reduce`` per window, issued together and waited on together: one SUM
+  of a packed float64 vector (the window's sums and each rank's timing in its own slot), one MAX
+  (grad-norm max and the per-rank counts).  None per ``add()``, which stays a host-only append;
+  the single host transfer of the window happens after the collectives (a device sync on GPU).
+  Sums of integers are exact in float64 up to 2**53.
+* **Device.** NCCL reduces tensors on the rank's current CUDA device (``torch.cuda.set_device``);
+  gloo and MPI on the CPU; a mixed backend (``cpu:gloo,cuda:nccl``) where the window's tensors
+  are.  ``device=`` overrides.
+* **Semantics.** ``tokens`` is the sum over ranks and ``train_loss`` the mean over every rank's
+  tokens.  Ranks of a data-parallel job take the *same* optimizer steps, so ``attempted_updates``,
+  ``updates``, ``skipped_updates_in_window`` and ``nonfinite_grad_norms`` are per-step counts,
+  reduced by MAX — summing would make ``step`` run world_size times too fast and break resuming
+  from a checkpoint's step.  Whether every rank agreed is recorded in ``ranks_in_lockstep``
+  (SUM == world_size × MAX for each count).  ``grad_norm_avg`` is over every rank's successful
+  updates, ``grad_norm_max`` a MAX, ``clipped_fraction`` the summed clipped over the summed updates.
+* **Validation after the collective.** A NaN tensor loss on any rank makes the global sum NaN, so
+  every rank raises the same ``RecordValueError`` after the reduction, and none is left waiting.
+* **Per-rank health** (also in the SUM, one slot per rank): each rank's time per attempt and
+  tokens/s, from ``time.monotonic`` on the host at the window's start and at ``summary()`` entry —
+  no device sync.  The window starts at ``reset()`` (the previous ``summary``), or for a fresh
+  window at its first ``add()``, so the first window of a session misses one attempt's time.
+  Caveat: a job that synchronises every step (DDP's gradient all-reduce blocking the host) runs
+  every rank at the slowest one's pace, so wall times converge; what differs then is the host
+  work between synchronisations and the tokens per rank.
+* **Groups.** ``group=None`` is the default (world) group.  With tensor or pipeline parallelism
+  pass the data-parallel group: its ranks must see different batches, or tokens count twice.
+  ``slowest_rank`` is always a global rank.
+
+Nothing here is imported by ``import metrics_core``; torch is imported only by ``DistributedWindow``
+methods and by ``process_group_rank`` once the caller has imported ``torch.distributed``.
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from metrics_core.errors import MetricsError, RecordTypeError
+from metrics_core.window import TrainingWindow, WindowTotals
+from metrics_core.writer import MetricsWriter, RunContext, config_tree
+
+# Layout of the SUM vector: these sums, then world_size time-per-attempt slots, then world_size
+# tokens/s slots (each rank writes its own slot, every other slot is 0.0, so the SUM gathers them).
+SUM_FIELDS = (
+    "loss_sum", "tokens", "attempts", "updates", "skips", "grad_norms", "grad_norm_sum", "nonfinite", "clipped",
+)  # fmt: skip
+# Layout of the MAX vector.
+MAX_FIELDS = ("grad_norm_max", "attempts", "updates", "skips", "nonfinite")
+_COUNTS = ("attempts", "updates", "skips", "nonfinite")
+
+
+class WindowReductionError(MetricsError, RuntimeError):
+    """The collective that reduces a window across ranks failed: a rank died, hung or skipped it."""
+
+
+def process_group_rank() -> tuple[int, int] | None:
+    """``(global rank, world size)`` when a default process group is initialised, else ``None``.
+
+    Never imports torch: a process group exists only if the caller imported ``torch.distributed``.
+    """
+    dist = sys.modules.get("torch.distributed")
+    if dist is None or not dist.is_available() or not dist.is_initialized():
+        return None
+    return dist.get_rank(), dist.get_world_size()
+
+
+@dataclass(frozen=True, slots=True)
+class RankHealth:
+    """The spread of per-rank speed in one window (``None`` where no rank had an attempt)."""
+
+    world_size: int
+    slowest_rank: int | None
+    step_time_min_s: float | None
+    step_time_max_s: float | None
+    tokens_per_s_min: float | None
+    tokens_per_s_max: float | None
+
+    def fields(self) -> dict[str, Any]:
+        return {
+            "world_size": self.world_size,
+            "slowest_rank": self.slowest_rank,
+            "rank_step_time_min_s": self.step_time_min_s,
+            "rank_step_time_max_s": self.step_time_max_s,
+            "rank_tokens_per_s_min": self.tokens_per_s_min,
+            "rank_tokens_per_s_max": self.tokens_per_s_max,
+        }
+
+
+def rank_health(step_times: list[float], tokens_per_s: list[float], global_rank: Callable[[int], int]) -> RankHealth:
+    """Slowest rank = longest time per attempt (the lowest rank on a tie); NaN slots had no attempt."""
+    timed = [(seconds, rank) for rank, seconds in enumerate(step_times) if math.isfinite(seconds)]
+    rates = [rate for rate in tokens_per_s if math.isfinite(rate)]
+    if not timed:
+        return RankHealth(len(step_times), None, None, None, None, None)
+    slowest_time, slowest = max(timed, key=lambda item: (item[0], -item[1]))
+    return RankHealth(
+        world_size=len(step_times),
+        slowest_rank=global_rank(slowest),
+        step_time_min_s=min(seconds for seconds, _ in timed),
+        step_time_max_s=slowest_time,
+        tokens_per_s_min=min(rates) if rates else None,
+        tokens_per_s_max=max(rates) if rates else None,
+    )
+
+
+@dataclass
+class DistributedWindow(TrainingWindow):
+    """A ``TrainingWindow`` whose ``summary()`` is a collective over ``group``; see the module docstring."""
+
+    group: Any = field(default=None, repr=False, compare=False)
+    device: Any = field(default=None, repr=False, compare=False)
+    clock: Callable[[], float] = field(default=time.monotonic, repr=False, compare=False)
+    _started: float | None = field(default=None, repr=False, compare=False)
+
+    def add(
+        self,
+        loss: Any,
+        tokens: int,
+        grad_norm: Any = None,
+        skipped: Any = False,
+        max_grad_norm: float | None = None,
+    ) -> None:
+        """``TrainingWindow.add``, plus the host clock reading that starts a fresh window."""
+        super().add(loss, tokens, grad_norm, skipped, max_grad_norm)
+        if self._started is None:
+            self._started = self.clock()
+
+    def reset(self) -> None:
+        """Start a new window now; the group, device and clock are kept."""
+        group, device, clock = self.group, self.device, self.clock
+        super().reset()
+        self.group, self.device, self.clock = group, device, clock
+        self._started = clock()
+
+    def _collective_device(self, torch: Any, dist: Any) -> Any:
+        if self.device is not None:
+            return torch.device(self.device)
+        backend = str(dist.get_backend(self.group)).lower()
+        on_cuda = self._device_attempts is not None and self._device_attempts.device.type == "cuda"
+        if "nccl" in backend and ("gloo" not in backend or on_cuda):
+            return torch.device("cuda", torch.cuda.current_device())
+        return torch.device("cpu")
+
+    def summary(self, lr: float | None = None) -> dict[str, Any]:
+        """The global window as ``train`` record fields, plus the per-rank health fields.
+
+        A collective: every rank of the group must call it at the same point (module docstring).
+        """
+        elapsed = self.clock() - self._started if self._started is not None else math.nan
+        import torch
+        import torch.distributed as dist
+
+        size, rank = dist.get_world_size(self.group), dist.get_rank(self.group)
+        device = self._collective_device(torch, dist)
+        host = self.host_totals()
+        values = [float(getattr(host, name)) for name in SUM_FIELDS] + [0.0] * (2 * size)
+        timed = host.attempts > 0 and elapsed > 0
+        values[len(SUM_FIELDS) + rank] = elapsed / host.attempts if timed else math.nan
+        values[len(SUM_FIELDS) + size + rank] = host.tokens / elapsed if timed else math.nan
+        f64 = torch.float64
+        sums = torch.tensor(values, dtype=f64, device=device)
+        if self._device_attempts is None:
+            maxima = torch.tensor([host.grad_norm_max, *(values[SUM_FIELDS.index(name)] for name in _COUNTS)],
+                                  dtype=f64, device=device)  # fmt: skip
+        else:
+            folded = self._device_attempts.fold_tensor().to(device)  # FOLD_NAMES order
+            sums[0] += folded[0]
+            sums[3:9] += folded[1:7]
+            local_max = torch.maximum(folded[7], torch.tensor(host.grad_norm_max, dtype=f64, device=device))
+            maxima = torch.cat([local_max.reshape(1), sums[[SUM_FIELDS.index(name) for name in _COUNTS]]])
+        try:
+            sum_work = dist.all_reduce(sums, op=dist.ReduceOp.SUM, group=self.group, async_op=True)
+            max_work = dist.all_reduce(maxima, op=dist.ReduceOp.MAX, group=self.group, async_op=True)
+            sum_work.wait()
+            max_work.wait()
+            reduced = torch.cat([sums, maxima]).tolist()  # the window's one host transfer (a sync on GPU)
+        except Exception as exc:  # gloo/NCCL raise RuntimeError subclasses (DistBackendError, timeouts)
+            raise WindowReductionError(
+                f"reducing the training window across {size} ranks failed on rank {rank}: a rank died, hangs, "
+                f"or did not call log_window()/summary() at this point ({type(exc).__name__}: {exc})"[:2000]
+            ) from exc
+        return self._record(lr, reduced, size)
+
+    def _record(self, lr: float | None, reduced: list[float], size: int) -> dict[str, Any]:
+        count = len(SUM_FIELDS)
+        total = dict(zip(SUM_FIELDS, reduced[:count], strict=True))
+        maximum = dict(zip(MAX_FIELDS, reduced[count + 2 * size :], strict=True))
+        per_step = {name: int(maximum[name]) for name in _COUNTS}
+        totals = WindowTotals(
+            loss_sum=total["loss_sum"],
+            tokens=int(total["tokens"]),
+            attempts=per_step["attempts"],
+            updates=per_step["updates"],
+            skips=per_step["skips"],
+            grad_norms=int(total["grad_norms"]),
+            grad_norm_sum=total["grad_norm_sum"],
+            grad_norm_max=maximum["grad_norm_max"],
+            nonfinite=per_step["nonfinite"],
+            clipped=int(total["clipped"]),
+        )
+        summary = totals.summary(lr)
+        if total["updates"]:  # clipped over every rank's updates, not over the per-step count
+            summary["clipped_fraction"] = total["clipped"] / total["updates"]
+        lockstep = all(total[name] == size * maximum[name] for name in _COUNTS)
+        if self.group is None:
+            global_rank: Callable[[int], int] = int
+        else:
+            import torch.distributed as dist
+
+            def global_rank(group_rank: int) -> int:
+                return dist.get_global_rank(self.group, group_rank)
+
+        health = rank_health(reduced[count : count + size], reduced[count + size : count + 2 * size], global_rank)
+        return {**summary, "ranks_in_lockstep": lockstep, **health.fields()}
+
+
+class SilentWriter:
+    """What ranks other than 0 hold in place of a ``MetricsWriter``: the same ``write`` API, no file.
+
+    Every record is still built and validated exactly as rank 0's writer does (so a bad value
+    fails on every rank alike), returned, and dropped.  The run directory is never created,
+    opened or locked.
+    """
+
+    def __init__(self, run: RunContext) -> None:
+        self._builder = MetricsWriter(run)  # never entered: no file is opened
+        self.run = run
+        self.path = self._builder.path
+        self.discarded_bytes = 0
+
+    def __enter__(self) -> SilentWriter:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        return None
+
+    def close(self) -> None:
+        return None
+
+    def record(self, event: str, state: Any, values: Any) -> dict[str, Any]:
+        return self._builder.record(event, state, values)
+
+    def write(self, event: str, state: Any, /, **values: Any) -> dict[str, Any]:
+        """Build and validate the record rank 0 would write; write nothing."""
+        return self._builder.record(event, state, values)
+
+    def write_config(self, state: Any, config: Mapping[str, Any], /) -> dict[str, Any]:
+        """Validate the config as rank 0's ``write_config`` does (keys and values); write nothing."""
+        if not isinstance(config, Mapping):
+            kind = type(config)
+            raise RecordTypeError(
+                f"config has type {kind.__module__}.{kind.__qualname__}: expected a mapping of str keys; "
+                "nothing was written"
+            )
+        return {**self._builder.record("config", state, {}), "config": config_tree("config", config)}
