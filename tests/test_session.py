@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core import TrainingState
+from metrics_core import RecordValueError, TrainingState
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
 from metrics_core.session import new_session_id, training_session
@@ -113,3 +113,21 @@ def test_sigkill_leaves_no_session_end_and_reads_as_crashed(tmp_path: Path) -> N
     assert reader.sessions[0].end_status is None and reader.last_event == "heartbeat"
     later = datetime.now(timezone.utc) + timedelta(hours=1)
     assert run_status(reader, now=later) == "crashed"
+
+
+def test_config_is_logged_once_right_after_session_start(tmp_path: Path) -> None:
+    """training_session(config=...) writes one nested config record right after session_start."""
+    with training_session(tmp_path / "run", config={"optim": {"lr": 3e-4, "betas": [0.9, 0.95]}, "seed": 1}):
+        pass
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["event"] for r in records] == ["session_start", "config", "session_end"]
+    assert records[1]["config"] == {"optim": {"lr": 3e-4, "betas": [0.9, 0.95]}, "seed": 1}
+
+
+def test_refused_config_ends_the_session_failed(tmp_path: Path) -> None:
+    """A config the writer refuses (NaN) propagates, and the session still gets its end record."""
+    with pytest.raises(RecordValueError), training_session(tmp_path / "run", config={"lr": float("nan")}):
+        pass
+    records = read_records(tmp_path / "run" / "metrics.jsonl")
+    assert [r["event"] for r in records] == ["session_start", "session_end"]
+    assert records[-1]["status"] == "failed"
