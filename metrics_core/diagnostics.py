@@ -9,7 +9,8 @@ Checks on ``train`` windows: ``attempted_updates == updates + skipped_updates_in
 per window against the run's median; cumulative ``tokens_seen``, ``skipped_updates`` and ``step``
 advancing by exactly the window's ``tokens``, ``skipped_updates_in_window`` and ``updates``;
 steps and times increasing within a session; missing losses; windows with no successful update;
-tokens per step changing across a resume; the loss jumping across a resume.  Ingest health:
+tokens per step changing across a resume; the loss jumping across a resume; in data-parallel runs,
+one rank persistently slower than the others (a straggler).  Ingest health:
 bad lines, bytes pending after the last newline, schema versions, reader resets.
 """
 
@@ -28,6 +29,10 @@ from metrics_core.reader import IngestHealth, RunReader, Session
 TOKENS_FAR_OFF = 2.0  # a window with < 1/2 or > 2x the median tokens is flagged
 TOKENS_PER_STEP_CHANGE = 0.10
 LOSS_JUMP = 0.05  # relative difference of redo vs replaced loss over a replay window
+# A straggler: the same rank slowest in >= STRAGGLER_WINDOWS consecutive windows, each with the
+# slowest rank's time per attempt >= STRAGGLER_RATIO x the fastest rank's (its throughput ratio).
+STRAGGLER_WINDOWS = 5
+STRAGGLER_RATIO = 1.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,6 +142,44 @@ def _resume_checks(
     return findings
 
 
+def _straggler_checks(train: pd.DataFrame) -> list[Finding]:
+    """One warning per (session, rank) that was the slowest rank by a margin, window after window.
+
+    Uses the per-rank health fields of ``metrics_core.distributed``; a single slow window (a
+    checkpoint save, a GC pause) is noise, a streak is a slow GPU, node, NIC or data loader.
+    """
+    columns = ("slowest_rank", "rank_step_time_max_s", "rank_step_time_min_s")
+    if not set(columns) <= set(train.columns):
+        return []
+    findings = []
+    for session_id, rows in train.groupby("session_id", observed=True, sort=False):
+        slowest, longest, shortest = (pd.to_numeric(rows[c]).to_numpy(dtype=np.float64, na_value=np.nan)
+                                      for c in columns)  # fmt: skip
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = longest / shortest
+        slow = np.isfinite(slowest) & (ratio >= STRAGGLER_RATIO)
+        steps = rows["step"].to_numpy()
+        streaks: dict[int, list[tuple[int, int]]] = {}  # rank -> [(first row, end row)]
+        start = 0
+        for row in range(1, len(rows) + 1):
+            if row == len(rows) or not (slow[row] and slow[start] and slowest[row] == slowest[start]):
+                if slow[start] and row - start >= STRAGGLER_WINDOWS:
+                    streaks.setdefault(int(slowest[start]), []).append((start, row))
+                start = row
+        for rank, spans in streaks.items():
+            flagged = np.concatenate([np.arange(first, end) for first, end in spans])
+            first_step, last_step = int(steps[spans[0][0]]), int(steps[spans[-1][1] - 1])
+            findings.append(Finding(
+                "warning", "straggler rank",
+                f"session {session_id}, steps {first_step}–{last_step}: rank {rank} was the slowest rank in "
+                f"{max(end - first for first, end in spans)} consecutive windows, its time per attempt "
+                f"{float(np.median(ratio[flagged])):.2f}× the fastest rank's (median; up to "
+                f"{float(np.max(ratio[flagged])):.2f}×): slow GPU, node, network link or data loader?",
+                str(session_id), first_step, last_step, len(flagged),
+            ))  # fmt: skip
+    return findings
+
+
 def _ingest_checks(ingest: IngestHealth) -> list[Finding]:
     findings = []
     if ingest.bad_lines:
@@ -165,7 +208,12 @@ def diagnose(
     ingest: IngestHealth,
 ) -> list[Finding]:
     """Every finding for a run, or one ``ok`` finding saying what a clean run passed."""
-    findings = _window_checks(train) + _resume_checks(train, sessions, replaced) + _ingest_checks(ingest)
+    findings = (
+        _window_checks(train)
+        + _straggler_checks(train)
+        + _resume_checks(train, sessions, replaced)
+        + _ingest_checks(ingest)
+    )
     if not findings:
         findings.append(Finding("ok", "all", f"All checks passed on {len(train)} train windows in "
                                 f"{len(sessions)} session(s).", records=len(train)))  # fmt: skip

@@ -166,3 +166,34 @@ def test_session_table_and_lost_work(tmp_path: Path) -> None:
     assert 0 < lost.superseded_share < 1
     assert np.isfinite(table["mean tokens/s"].astype(float)).all()
     assert str(table["resume step"].dtype) == "Int64"
+
+
+def health(step: int, slowest: int, ratio: float, session: str = "s1") -> dict:
+    """A clean data-parallel window whose slowest rank takes ``ratio`` x the fastest rank's time."""
+    return window(step, session) | {"world_size": 4, "slowest_rank": slowest, "rank_step_time_min_s": 0.2,
+                                    "rank_step_time_max_s": 0.2 * ratio, "rank_tokens_per_s_min": 1000.0,
+                                    "rank_tokens_per_s_max": 1000.0 * ratio}  # fmt: skip
+
+
+def test_persistently_slow_rank_is_named_with_its_ratio(tmp_path: Path) -> None:
+    """Rank 3 slowest by 1.5x in 7 consecutive windows: one warning naming rank, steps and ratio."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    ranks = [0, 1, 3, 3, 3, 3, 3, 3, 3, 2]
+    append_records(path, *(health(10 * (i + 1), rank, 1.5 if rank == 3 else 1.05) for i, rank in enumerate(ranks)))
+    found = [f for f in diagnose_reader(read(path)) if f.check == "straggler rank"]
+    (straggler,) = found
+    assert (straggler.severity, straggler.session, straggler.records) == ("warning", "s1", 7)
+    assert (straggler.first_step, straggler.last_step) == (30, 90)
+    assert "rank 3 was the slowest rank in 7 consecutive windows" in straggler.message
+    assert "1.50×" in straggler.message
+
+
+def test_short_streaks_small_ratios_and_rotating_ranks_are_not_stragglers(tmp_path: Path) -> None:
+    """A 4-window streak, a 1.1x spread, or a different slowest rank each window is no finding."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    records = [health(10 * (i + 1), 2, 2.0) for i in range(4)]  # too short
+    records += [health(10 * (i + 5), 1, 1.1) for i in range(8)]  # too small a spread
+    records += [health(10 * (i + 13), i % 4, 2.0) for i in range(8)]  # no single rank
+    append_records(path, *records)
+    findings = diagnose_reader(read(path))
+    assert [f.check for f in findings] == ["all"]
