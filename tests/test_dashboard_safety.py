@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
@@ -202,6 +203,32 @@ def test_a_string_logged_under_a_loss_name_does_not_break_the_overview(tmp_path:
     try:
         row = store.overview().iloc[0]
         assert row["status"] != "error" and row["train loss"] == 1.0
+    finally:
+        store.close()
+
+
+def test_a_string_among_loss_values_is_a_gap_in_the_view_not_a_failure(tmp_path: Path) -> None:
+    """A field whose type changed (a string under train_loss once) is numeric in the view, the string a NaN."""
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0),
+                   base_record(20, train_loss="<b>oops</b>"), base_record(30, train_loss=0.5))  # fmt: skip
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        loss = store.view("r").frames["train"]["train_loss"]
+        assert loss.dtype == np.float64 and loss.isna().tolist() == [False, True, False]
+    finally:
+        store.close()
+
+
+def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bug in the advisory checks is one error finding with the cause, not a page that fails."""
+    from metrics_core.dashboard import charts
+
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    monkeypatch.setattr(charts, "diagnose", lambda **_: 1 / 0)
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        [finding] = charts.view_findings(store.view("r"))
+        assert finding.severity == "error" and "ZeroDivisionError" in finding.message
     finally:
         store.close()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -29,6 +30,7 @@ COMPARE_METRICS = {
     "lr": ("train", "learning rate"),
     "tokens_per_s": ("train", "tokens/s"),
 }
+_log = logging.getLogger(__name__)
 RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
 
@@ -133,13 +135,17 @@ def view_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
 
 
 def view_findings(view: RunView) -> list[Finding]:
-    """The run's diagnostics, computed once per snapshot."""
-    return view.memo(
-        "findings",
-        lambda: diagnose(
-            train=view.frames["train"], sessions=view.sessions, replaced=view.replaced, ingest=view.ingest
-        ),
-    )
+    """The run's diagnostics, computed once per snapshot; diagnostics that fail on odd data are
+    themselves a finding, never a page that fails to load."""
+    return view.memo("findings", lambda: _diagnose(view))
+
+
+def _diagnose(view: RunView) -> list[Finding]:
+    try:
+        return diagnose(train=view.frames["train"], sessions=view.sessions, replaced=view.replaced, ingest=view.ingest)
+    except Exception as exc:
+        _log.warning("diagnostics of run %r failed", view.name, exc_info=True)
+        return [Finding("error", "diagnostics", f"the checks could not run on this data: {type(exc).__name__}: {exc}")]
 
 
 def chart_csv(spec: ChartSpec) -> str:
