@@ -171,6 +171,28 @@ def config_tree(where: str, value: Any, depth: int = 0) -> Any:
     return json_scalar(where, value)
 
 
+def config_value(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``config`` field ``write_config`` writes: ``config`` as plain JSON, or the error it raises.
+
+    Public so that a process that writes nothing (a non-zero rank) refuses exactly what rank 0's
+    writer would.
+    """
+    if not isinstance(config, Mapping):
+        kind = type(config)
+        raise RecordTypeError(
+            f"config has type {kind.__module__}.{kind.__qualname__}: expected a mapping of str keys; "
+            "nothing was written"
+        )
+    tree = config_tree("config", config)
+    size = len(orjson.dumps(tree))
+    if size > MAX_CONFIG_BYTES:
+        raise RecordValueError(
+            f"config is {size} bytes as JSON, over the limit of {MAX_CONFIG_BYTES} bytes; log large "
+            "artifacts (vocabularies, file lists) as files and record their path; nothing was written"
+        )
+    return tree
+
+
 def _counter(state: object, name: str) -> int:
     value = getattr(state, name)
     if isinstance(value, bool):
@@ -341,19 +363,6 @@ class MetricsWriter:
             raise RecordValueError(
                 f"{clash} collide with base fields set by the writer; rename them (nothing was written)"
             )
-        record = self._base(event, state)
-        record.update(values)
-        for key, value in values.items():
-            kind = type(value)
-            if kind is float:
-                if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
-                    raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
-            elif kind not in _PLAIN_SCALARS:
-                record[key] = json_scalar(repr(key), value)
-        return record
-
-    def _base(self, event: str, state: _HasCounters) -> dict[str, Any]:
-        """The base fields of a record, in their documented order."""
         step, tokens_seen, skipped = state.step, state.tokens_seen, state.skipped_updates
         if not (type(step) is int and type(tokens_seen) is int and type(skipped) is int):
             step, tokens_seen, skipped = (
@@ -361,7 +370,7 @@ class MetricsWriter:
                 _counter(state, "tokens_seen"),
                 _counter(state, "skipped_updates"),
             )
-        return {
+        record: dict[str, Any] = {
             "schema_version": SCHEMA_VERSION,
             "time": self._timestamp(),
             "run_id": self.run.run_id,
@@ -370,7 +379,16 @@ class MetricsWriter:
             "step": step,
             "tokens_seen": tokens_seen,
             "skipped_updates": skipped,
+            **values,
         }
+        for key, value in values.items():
+            kind = type(value)
+            if kind is float:
+                if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
+                    raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
+            elif kind not in _PLAIN_SCALARS:
+                record[key] = json_scalar(repr(key), value)
+        return record
 
     def _timestamp(self) -> str:
         """UTC ISO-8601 with offset; the date-time part is formatted once per second, not per call."""
@@ -400,21 +418,8 @@ class MetricsWriter:
         """
         if self._file is None:
             raise WriterStateError(f"{self.path}: write_config() outside the writer's with-block")
-        if not isinstance(config, Mapping):
-            kind = type(config)
-            raise RecordTypeError(
-                f"config has type {kind.__module__}.{kind.__qualname__}: expected a mapping of str keys; "
-                "nothing was written"
-            )
-        tree = config_tree("config", config)
-        size = len(orjson.dumps(tree))
-        if size > MAX_CONFIG_BYTES:
-            raise RecordValueError(
-                f"config is {size} bytes as JSON, over the limit of {MAX_CONFIG_BYTES} bytes; log large "
-                "artifacts (vocabularies, file lists) as files and record their path; nothing was written"
-            )
-        record = self._base("config", state)
-        record["config"] = tree
+        record = self.record("config", state, {})
+        record["config"] = config_value(config)
         self._append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
         return record
 
