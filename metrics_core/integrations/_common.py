@@ -1,0 +1,135 @@
+"""What the framework integrations share: a session opened and closed from separate callbacks.
+
+``training_session`` is a ``with`` block; a framework instead begins training in one callback and
+ends it in another (or in a teardown hook that is told the outcome), and knows the step it resumed
+from only once its checkpoint is loaded.  ``RunSession`` keeps the same records and statuses,
+driven by those calls.  ``sigterm_raises`` is the scheduler's SIGTERM turned into an exception
+while a framework's ``train()`` runs, so the loop unwinds and ``session_end`` says ``interrupted``.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from metrics_core.session import SIGTERM_EXIT, new_session_id
+from metrics_core.writer import MetricsWriter, RunContext, TrainingState
+
+__all__ = ["SIGTERM_EXIT", "RunSession", "Terminated", "end_status", "plain_config", "sigterm_raises"]
+
+
+class Terminated(BaseException):
+    """Raised in the main thread by ``sigterm_raises``'s handler to unwind the training loop."""
+
+
+def end_status(exc: BaseException | None) -> tuple[str, str | None]:
+    """``session_end``'s ``status`` and ``error`` for a block that ended with ``exc`` (None: cleanly)."""
+    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None) and type(exc) is SystemExit):
+        return "finished", None
+    if isinstance(exc, Terminated):
+        return "interrupted", "SIGTERM"
+    if isinstance(exc, KeyboardInterrupt):
+        return "interrupted", "KeyboardInterrupt"
+    return "failed", f"{type(exc).__name__}: {exc}"[:2000]
+
+
+def plain_config(value: Any, depth: int = 0) -> Any:
+    """``value`` as JSON the writer's ``write_config`` accepts, never refusing: a config is logged for
+    people to read, so an object it cannot hold (a dtype, an enum, a path, NaN) becomes its text
+    rather than an exception inside someone's training run."""
+    if depth > 32:
+        return str(value)
+    if isinstance(value, Mapping):
+        return {str(key): plain_config(item, depth + 1) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain_config(item, depth + 1) for item in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if value is None or isinstance(value, bool | int | float | str):
+        return value
+    if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+        return plain_config(value.item(), depth + 1)
+    return str(value)
+
+
+@contextmanager
+def sigterm_raises() -> Iterator[None]:
+    """SIGTERM raises ``Terminated`` in the main thread while the block runs (elsewhere: no change)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def terminate(signum: int, frame: object) -> None:
+        raise Terminated
+
+    previous = signal.signal(signal.SIGTERM, terminate)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class RunSession:
+    """One session of a run, opened by ``start`` and closed by ``end``, each at most once.
+
+    ``state`` holds the counters stamped on every record; the integration moves them.  A config
+    that the writer refuses (over its size limit) is replaced by a record saying why: losing the
+    config must not stop the training run.
+    """
+
+    def __init__(
+        self, directory: str | os.PathLike[str], *, run_id: str | None = None, session_id: str | None = None,
+        fsync: bool = False,
+    ) -> None:  # fmt: skip
+        self.directory = Path(directory)
+        self.run_id = run_id or self.directory.resolve().name
+        self.session_id = session_id
+        self.fsync = fsync
+        self.state = TrainingState()
+        self.writer: MetricsWriter | None = None
+
+    @property
+    def is_open(self) -> bool:
+        return self.writer is not None
+
+    def start(self, resumed_from_step: int | None, config: Mapping[str, Any] | None = None) -> None:
+        """Open the writer, write ``session_start`` at ``state``'s counters, then the config."""
+        context = RunContext(self.directory, self.run_id, self.session_id or new_session_id())
+        writer = MetricsWriter(context, fsync=self.fsync).__enter__()
+        self.writer = writer
+        self.write("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step)
+        if config:
+            self.write_config(config)
+
+    def write(self, event: str, /, **values: Any) -> dict[str, Any] | None:
+        if self.writer is None:
+            return None
+        return self.writer.write(event, self.state, **values)
+
+    def write_config(self, config: Mapping[str, Any]) -> None:
+        from metrics_core.errors import MetricsError
+
+        if self.writer is None:
+            return
+        try:
+            self.writer.write_config(self.state, plain_config(config))
+        except MetricsError as exc:
+            self.writer.write("config_refused", self.state, error=f"{type(exc).__name__}: {exc}"[:2000])
+
+    def end(self, exc: BaseException | None = None) -> None:
+        """Write ``session_end`` for an outcome (``exc`` None: finished) and release the file."""
+        writer, self.writer = self.writer, None
+        if writer is None:
+            return
+        status, error = end_status(exc)
+        try:
+            writer.write("session_end", self.state, status=status, **({"error": error} if error else {}))
+        finally:
+            writer.close()
+        self.session_id = None  # a later start() in this process is a new session
