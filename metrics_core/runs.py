@@ -5,7 +5,8 @@ Discovery promises: every directory under ``root`` (down to ``max_depth``) that 
 Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
 
-Status comes from the file alone, never from a heartbeat thread:
+Status comes from the run directory alone (the log, its lock and the writer's failure note),
+never from a heartbeat thread:
 
 * ``finished`` / ``failed`` / ``interrupted`` — the last record is a ``session_end`` with that status;
 * ``failed``   — also when the writer noted a failed write (disk full, file-size limit) and nothing
@@ -35,6 +36,7 @@ from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_st
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
 END_STATUSES = ("finished", "failed", "interrupted")
+_NOTE_FIELDS = {"session_id": str, "time": str, "error": str, "end": int, "size": int}
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,14 +134,7 @@ def write_failure(reader: RunReader) -> WriteFailure | None:
         note = orjson.loads((reader.path.parent / FAILURE_NOTE_FILENAME).read_bytes() or b"null")
     except (OSError, orjson.JSONDecodeError):
         return None
-    if not (
-        isinstance(note, dict)
-        and isinstance(note.get("end"), int)
-        and isinstance(note.get("size"), int)
-        and isinstance(note.get("session_id"), str)
-        and isinstance(note.get("error"), str)
-        and isinstance(note.get("time"), str)
-    ):
+    if not (isinstance(note, dict) and all(type(note.get(key)) is kind for key, kind in _NOTE_FIELDS.items())):
         return None
     try:
         fd = os.open(reader.path, os.O_RDONLY | os.O_CLOEXEC)

@@ -638,6 +638,22 @@ def test_failed_first_write_over_a_torn_tail_keeps_the_tail_for_the_next_report(
     assert [(s.session_id, s.discarded_bytes) for s in reader.sessions] == [("s1", 0), ("s3", len(torn))]
 
 
+def test_a_healthy_run_has_a_blank_note_and_a_garbled_note_is_no_note(run: RunContext) -> None:
+    """The pre-sized note is blank until a write fails; a note that does not parse never fails a run."""
+    with MetricsWriter(run) as writer:
+        writer.write("session_start", TrainingState(), discarded_bytes=0)
+    note = run.directory / ".metrics.jsonl.failure"
+    assert note.read_bytes() == b" " * 1023 + b"\n"
+    reader = RunReader(writer.path)
+    reader.refresh()
+    assert write_failure(reader) is None
+    size = writer.path.stat().st_size
+    for garbled in (b'{"session_id":"s1","end":' + str(size).encode(), b"[]", b'{"end":"0","size":0}'):
+        note.write_bytes(garbled.ljust(1024))
+        assert write_failure(reader) is None
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "live"
+
+
 @pytest.fixture
 def tiny_tmpfs(tmp_path: Path) -> Iterator[Path]:
     """A real 64 KiB filesystem that fills up (tmpfs); needs root to mount."""
