@@ -19,9 +19,9 @@ from pathlib import Path
 from typing import Any
 
 from metrics_core.session import SIGTERM_EXIT, new_session_id
-from metrics_core.writer import MetricsWriter, RunContext, TrainingState
+from metrics_core.writer import BASE_FIELDS, MetricsWriter, RunContext, TrainingState
 
-__all__ = ["SIGTERM_EXIT", "RunSession", "Terminated", "end_status", "plain_config", "sigterm_raises"]
+__all__ = ["SIGTERM_EXIT", "RunSession", "Terminated", "end_status", "plain_config", "scalars", "sigterm_raises"]
 
 
 class Terminated(BaseException):
@@ -56,6 +56,22 @@ def plain_config(value: Any, depth: int = 0) -> Any:
     if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
         return plain_config(value.item(), depth + 1)
     return str(value)
+
+
+def scalars(values: Mapping[str, Any]) -> dict[str, Any]:
+    """A framework's logged values as flat JSON scalars, never refusing: 0-d tensors read (the
+    framework already chose to log them), NaN/inf as null (a diverged metric must not stop the
+    training run), other objects as text, and a key that is a base field prefixed ``metric_``."""
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        if getattr(value, "ndim", None) == 0 and hasattr(value, "item"):
+            value = value.item()
+        if isinstance(value, float) and not math.isfinite(value):
+            value = None
+        elif value is not None and not isinstance(value, bool | int | float | str):
+            value = str(value)
+        out[f"metric_{key}" if key in BASE_FIELDS else str(key)] = value
+    return out
 
 
 @contextmanager

@@ -73,7 +73,14 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_callback import ExportableState
 
 from metrics_core.errors import RecordValueError
-from metrics_core.integrations._common import SIGTERM_EXIT, RunSession, Terminated, end_status, sigterm_raises
+from metrics_core.integrations._common import (
+    SIGTERM_EXIT,
+    RunSession,
+    Terminated,
+    end_status,
+    scalars,
+    sigterm_raises,
+)
 from metrics_core.window import TrainingWindow
 
 IGNORE_INDEX = -100  # transformers' label for "no loss here" (padding, prompt tokens)
@@ -184,10 +191,10 @@ class MetricsCallback(TrainerCallback, ExportableState):
         elif "train_runtime" in logs:
             self._sync_counters(args, state)
             summary = {("mean_logged_loss" if key == "train_loss" else key): value for key, value in logs.items()}
-            self.run.write("trainer_summary", **_scalars(summary))
+            self.run.write("trainer_summary", **scalars(summary))
         else:  # a user's own trainer.log({...})
             self._sync_counters(args, state)
-            self.run.write("trainer_log", **_scalars(logs))
+            self.run.write("trainer_log", **scalars(logs))
 
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.run.is_open:
@@ -243,7 +250,7 @@ class MetricsCallback(TrainerCallback, ExportableState):
             self._last_hf_tokens = hf_tokens
         self._window_steps = self._window_skips = 0
         self._sync_counters(args, state)
-        self.run.write("train", **_scalars({**fields, **extra}))
+        self.run.write("train", **scalars({**fields, **extra}))
 
     def _fold_window(self, lr: float | None, max_norm: float) -> dict[str, Any]:
         """The window of exact per-step sums as a ``TrainingWindow`` summary: one host transfer."""
@@ -276,21 +283,7 @@ class MetricsCallback(TrainerCallback, ExportableState):
             values["val_loss"] = loss_sum / tokens if tokens else None
             values["val_tokens"] = int(tokens)
         self._sync_counters(args, state)
-        self.run.write("validation", **_scalars(values))
-
-
-def _scalars(values: Mapping[str, Any]) -> dict[str, Any]:
-    """Flat JSON scalars: tensors read, NaN/inf as null (a diverged metric must not stop training)."""
-    out: dict[str, Any] = {}
-    for key, value in values.items():
-        if hasattr(value, "item") and getattr(value, "ndim", 1) == 0:
-            value = value.item()
-        if isinstance(value, float) and value - value != 0:
-            value = None
-        elif value is not None and not isinstance(value, bool | int | float | str):
-            value = str(value)
-        out[key] = value
-    return out
+        self.run.write("validation", **scalars(values))
 
 
 def _callbacks(trainer: Trainer) -> list[MetricsCallback]:
