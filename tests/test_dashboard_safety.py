@@ -49,7 +49,7 @@ def test_md_text_escapes_every_punctuation_mark_and_removes_line_breaks(text: st
     """Every ASCII punctuation mark is backslash-escaped (so nothing can form markup) and no line breaks."""
     escaped = md_text(text)
     assert "\n" not in escaped and "\r" not in escaped
-    unescaped = re.sub(r"\\(.)", r"\1", escaped)
+    unescaped = re.sub(r"\\(.)", r"\1", escaped).replace("\u2060", "")
     assert unescaped == re.sub(r"[\r\n]", " ", text)  # removing the escapes gives the text back
     assert not re.search(r"(?<!\\)" + PUNCTUATION.pattern, re.sub(r"\\.", "", escaped))
 
@@ -57,6 +57,14 @@ def test_md_text_escapes_every_punctuation_mark_and_removes_line_breaks(text: st
 def test_md_text_leaves_plain_words_alone() -> None:
     """Letters, digits, spaces and non-ASCII text are not touched."""
     assert md_text("run 42 Δloss → ok") == "run 42 Δloss → ok"
+
+
+@pytest.mark.parametrize("text", ["https://evil.example/login", "WWW.evil.example", "a@evil.example", "ftp://x"])
+def test_md_text_breaks_the_shapes_gfm_autolinks(text: str) -> None:
+    """GFM autolink literals see through escapes: an invisible word joiner breaks ://, www. and @."""
+    shown = re.sub(r"\\(.)", r"\1", md_text(text))
+    assert "\u2060" in shown and shown.replace("\u2060", "") == text
+    assert not re.search(r"://|www\.|@[\w-]", shown, re.IGNORECASE)
 
 
 @pytest.mark.parametrize("text", HOSTILE)

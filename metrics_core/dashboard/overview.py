@@ -7,7 +7,10 @@ files and URLs, so nothing here lets them become markup:
   ``st.caption``, ``st.error`` and friends, ``st.table`` cells): every ASCII punctuation mark is
   backslash-escaped (CommonMark allows that for all of them), so no link, emphasis, code span,
   HTML tag, ``:material/…:`` or ``:red[…]`` directive, ``$math$`` or autolink can form;
-  control characters become spaces so no line break can start a heading or a list.
+  control characters become spaces so no line break can start a heading or a list.  Escapes
+  do not stop GFM's autolink literals (Streamlit's markdown finds ``https://…``, ``www.…`` and
+  ``a@b.c`` in the already-unescaped text, checked in a real browser), so a WORD JOINER
+  (U+2060, invisible, no line break) is put into ``://``, ``www.`` and ``@``.
 * ``plotly_text`` for plotly titles, trace names and annotations: plotly.js renders a subset of
   HTML there (``<a href>``, ``<b>``, ``<br>``), and decodes ``&lt;`` ``&gt;`` ``&amp;`` back for
   display, so escaping those three keeps the text exactly as written.
@@ -32,6 +35,9 @@ ELLIPSIS = "…"
 _MARKDOWN_SPECIALS = re.compile("([" + re.escape(string.punctuation) + "])")
 # Line breaks, other C0/C1 controls, and bidi overrides (which can make text read backwards).
 _CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
+WORD_JOINER = "\u2060"
+# The points where GFM's autolink literals start: "https:|//", "www|.", "a@|b".
+_AUTOLINK_SHAPES = re.compile(r"(?<=:)(?=//)|(?i:(?<=www))(?=\.)|(?<=@)(?=[-\w])")
 _LONG_WORD = re.compile(rf"\S{{{WORD_CHARS + 1},}}")
 
 
@@ -48,8 +54,10 @@ def shorten_words(text: object, limit: int = MESSAGE_CHARS, word_limit: int = WO
 
 
 def md_text(text: object) -> str:
-    """``text`` for a markdown context, shown literally: punctuation escaped, controls as spaces."""
-    return _MARKDOWN_SPECIALS.sub(r"\\\1", _CONTROLS.sub(" ", str(text)))
+    """``text`` for a markdown context, shown literally: punctuation escaped, controls as spaces,
+    URL and e-mail shapes broken by an invisible word joiner."""
+    text = _AUTOLINK_SHAPES.sub(WORD_JOINER, _CONTROLS.sub(" ", str(text)))
+    return _MARKDOWN_SPECIALS.sub(r"\\\1", text)
 
 
 def plotly_text(text: object) -> str:

@@ -1,0 +1,268 @@
+"""Hostile input in a real headless Chromium against a real `streamlit run`: one server for the module.
+
+Poisoned runs (one per class of line a reader once choked on) must be listed and drawn with the
+bad line named; hostile names and session ids must stay visible text (no link, no bold, no image,
+no page wider than the window); no URL, good or bad, shows a traceback or a server path.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import quote, unquote
+
+import orjson
+import pytest
+
+from tests.conftest import append_bytes, append_records, base_record
+from tests.live_server import GRAPH_JS, REPO, chromium, streamlit_server, wait_until
+
+NORMAL = ("normal-a", "normal-b", "normal-c")
+
+
+def good(step: int, **values: object) -> bytes:
+    return orjson.dumps(base_record(step, train_loss=1.0 / step, **values)) + b"\n"
+
+
+_BAD = good(25)  # a valid line, bent into each bad one below
+POISONED = {
+    "poison-step-2p63": _BAD.replace(b'"step":25', b'"step":9223372036854775808'),
+    "poison-tokens-1e400": _BAD.replace(b'"tokens_seen":2500', b'"tokens_seen":1e400'),
+    "poison-time-1500": _BAD.replace(b"2026-11-29T10:00:25.000000+00:00", b"1500-01-01T00:00:00+00:00"),
+    "poison-time-9999": _BAD.replace(b"2026-11-29T10:00:25.000000+00:00", b"9999-12-31T23:59:59+00:00"),
+    "poison-time-0001": _BAD.replace(b"2026-11-29T10:00:25.000000+00:00", b"0001-01-01T00:00:00+14:00"),
+    "poison-utf8": _BAD.replace(b'"session_id":"s1"', b'"session_id":"s\xff\xfe1"'),
+    "poison-nan": _BAD.replace(b'"train_loss":0.04', b'"train_loss":NaN'),
+    "poison-2mb": orjson.dumps(base_record(25, train_loss=0.5, note="x" * (2 << 20))) + b"\n",
+}
+LOGIN = "[Log in again](https://evil.example/login)"
+LONG_ID = "L" * 10_000
+EVIL_VALUE = '<a href="https://evil.example">x</a>'
+NESTED = "[x](https:/evil.example)"  # the directory "[x](https:" holding "evil.example)"
+HOSTILE_RUNS = ("**bold**", "<img src=x onerror=alert(1)>", NESTED)
+SESSIONS_RUN = "hostile-sessions"
+
+# Every <a> (HTML or SVG) whose target is on evil.example; <b>/<strong> made from a name; injected images.
+DOM_CHECK_JS = """() => {
+  const host = (href) => { try { return new URL(href, location.href).hostname; } catch { return ''; } };
+  const evil = [...document.querySelectorAll('a')]
+    .map(a => a.getAttribute('href') || a.getAttribute('xlink:href') || '')
+    .filter(href => host(href).endsWith('evil.example'));
+  const bold = [...document.querySelectorAll('strong, b')].map(e => e.textContent)
+    .filter(t => /bold|Log in|evil/.test(t));
+  const images = document.querySelectorAll('img[src="x"], img[onerror], [onerror]').length;
+  const main = document.querySelector('[data-testid="stMain"]');
+  return {
+    evil, bold, images,
+    text: document.body.innerText.replaceAll('\u2060', ''),
+    width: window.innerWidth,
+    scroll: Math.max(document.documentElement.scrollWidth, document.body.scrollWidth),
+    mainOverflow: main ? main.scrollWidth - main.clientWidth : 0,
+    exceptions: document.querySelectorAll('[data-testid="stException"]').length,
+    alerts: window.__alerts || [],
+  };
+}"""
+VIEWPORT = {"width": 1400, "height": 1100}
+
+
+def make_root(root: Path) -> None:
+    for name in NORMAL:
+        append_records(root / name / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    for name, line in POISONED.items():
+        append_bytes(root / name / "metrics.jsonl", good(10) + good(20) + line + good(30) + good(40))
+    for name in HOSTILE_RUNS:
+        append_records(root / name / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in (10, 20, 30)))
+    # Two sessions with hostile ids, each with one window whose counters do not add up (a finding
+    # that names the session), a replay with a loss jump (a resume warning naming both), a string
+    # where a loss belongs, and a session_end whose status is HTML.
+    path = root / SESSIONS_RUN / "metrics.jsonl"
+    accounting = {"attempted_updates": 2, "updates": 1, "skipped_updates_in_window": 0}
+    append_records(path, *(base_record(s, session=LOGIN, train_loss=1.0 / s, note=EVIL_VALUE) for s in (10, 20, 30)))
+    append_records(path, base_record(40, session=LOGIN, train_loss=EVIL_VALUE, **accounting),
+                   base_record(50, session=LOGIN, train_loss=0.02),
+                   base_record(50, event="session_end", session=LOGIN, status=EVIL_VALUE))  # fmt: skip
+    append_records(path, *(base_record(s, session=LONG_ID, train_loss=5.0 / s) for s in range(30, 81, 10)))
+    append_records(path, base_record(90, session=LONG_ID, train_loss=0.05, **accounting))
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    root = tmp_path_factory.mktemp("hostile_runs")
+    make_root(root)
+    with streamlit_server(root) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with chromium() as instance:
+        yield instance
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    context = browser.new_context(viewport=VIEWPORT)
+    context.add_init_script("window.__alerts = []; window.alert = (m) => window.__alerts.push(String(m));")
+    tab = context.new_page()
+    tab.on("dialog", lambda dialog: dialog.dismiss())
+    yield tab
+    context.close()
+
+
+def url_of(server: str, page: str, *runs: str) -> str:
+    return f"{server}/{page}" + ("?" + "&".join(f"run={quote(run, safe='')}" for run in runs) if runs else "")
+
+
+def body_text(page: object) -> str:
+    """The page's visible text; markdown text carries invisible word joiners that stop autolinks."""
+    return page.evaluate("document.body.innerText").replace("\u2060", "")
+
+
+def assert_nothing_injected(page: object) -> dict:
+    """The page's DOM holds no link to evil.example, no bold name, no image, no traceback, and fits the window."""
+    dom = page.evaluate(DOM_CHECK_JS)
+    assert dom["evil"] == [], dom["evil"]
+    assert dom["bold"] == [], dom["bold"]
+    assert dom["images"] == 0 and dom["alerts"] == []
+    assert dom["exceptions"] == 0 and "Traceback" not in dom["text"] and str(REPO) not in dom["text"]
+    assert dom["scroll"] <= dom["width"] + 5, f"page is {dom['scroll']} px wide in a {dom['width']} px window"
+    assert dom["mainOverflow"] <= 5
+    return dom
+
+
+def overview_rows(page: object, pattern: str) -> dict[str, list[str]]:
+    """The runs table's rows (by run name) after filtering by ``pattern``, read from the grid's cells."""
+    box = page.get_by_label("Filter runs (regular expression)")
+    box.fill(pattern)
+    box.press("Enter")
+    regex = re.compile(pattern)
+
+    def rows() -> dict[str, list[str]] | None:
+        cells = page.evaluate(
+            "() => [...document.querySelectorAll('[data-testid=stDataFrame] tbody tr')]"
+            ".map(tr => [...tr.querySelectorAll('td')].map(td => td.textContent))"
+        )
+        table = {unquote(row[0].removeprefix("run?run=")): row for row in cells if row}
+        return table if table and all(regex.search(name) for name in table) else None
+
+    return wait_until(page, rows, timeout=30)
+
+
+def loss_steps(page: object) -> list[tuple[float, float]]:
+    graph = page.evaluate(GRAPH_JS, "Loss")
+    if not graph:
+        return []
+    raw = [t for t in graph["traces"] if t["name"].startswith("train") and "smoothed" not in t["name"]]
+    return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True))
+
+
+# -- poisoned runs ------------------------------------------------------------------------------
+
+
+def test_overview_lists_every_run_with_its_bad_line_count(page: object, server: str) -> None:
+    """/ lists every normal and poisoned run, none as an error, each poisoned one with 1 bad line."""
+    page.goto(f"{server}/")
+    headers = "[...document.querySelectorAll('[data-testid=stDataFrame] thead th')].map(h => h.textContent)"
+    columns = wait_until(page, lambda: page.evaluate(headers), timeout=30)
+    status, bad = columns.index("status"), columns.index("bad lines")
+    normal = overview_rows(page, "^normal-")
+    assert sorted(normal) == list(NORMAL)
+    assert all(row[bad] == "0" and row[status] != "error" for row in normal.values())
+    poisoned = overview_rows(page, "^poison-")
+    assert sorted(poisoned) == sorted(POISONED)
+    errors = {name: row[columns.index("error")] for name, row in poisoned.items() if row[status] == "error"}
+    assert errors == {}, f"runs the reader could not read: {errors}"
+    assert {name: row[bad] for name, row in poisoned.items()} == dict.fromkeys(POISONED, "1")
+    assert_nothing_injected(page)
+
+
+@pytest.mark.parametrize("name", list(POISONED))
+def test_poisoned_run_draws_its_valid_records_and_names_the_bad_line(page: object, server: str, name: str) -> None:
+    """The run page draws the four valid records around the bad line and names line 3 and why."""
+    page.goto(url_of(server, "run", name))
+    wait_until(page, lambda: loss_steps(page) or page.get_by_text("Cannot show run").count(), timeout=30)
+    assert page.get_by_text("Cannot show run").count() == 0, body_text(page)[:2000]
+    points = loss_steps(page)
+    assert [x for x, _ in points] == [10, 20, 30, 40]
+    assert [y for _, y in points] == pytest.approx([1 / 10, 1 / 20, 1 / 30, 1 / 40], rel=1e-6)
+    assert "1 bad lines" in page.locator("[data-testid='stCaptionContainer']").first.inner_text()
+    health = page.locator("[data-testid='stExpander']").first.inner_text()
+    assert re.search(r"line 3: \S", health), health
+    assert_nothing_injected(page)
+
+
+# -- hostile names and ids ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", HOSTILE_RUNS)
+def test_hostile_run_names_are_literal_titles_on_run_and_sessions(page: object, server: str, name: str) -> None:
+    """A run called '**bold**', '<img …>' or '[x](https:/evil.example)' is its literal title, never markup."""
+    for which, title in (("run", name), ("sessions", f"Sessions of {name}")):
+        page.goto(url_of(server, which, name))
+        heading = wait_until(page, lambda: (h := page.locator("h1")).count() and h.first.inner_text(), timeout=30)
+        assert heading.strip() == title
+        wait_until(page, lambda: page.locator(".js-plotly-plot").count() > 0, timeout=30)
+        assert_nothing_injected(page)
+
+
+def test_hostile_session_ids_on_the_run_page_are_text_and_the_long_one_is_cut(page: object, server: str) -> None:
+    """Findings name both sessions: the link-shaped id is literal text, the 10k id ends in an ellipsis."""
+    page.goto(url_of(server, "run", SESSIONS_RUN))
+    health = wait_until(page, lambda: LOGIN in (t := body_text(page)) and "L" * 50 + "…" in t and t, timeout=30)
+    assert LONG_ID not in health
+    assert_nothing_injected(page)
+
+
+def test_hostile_session_ids_and_values_on_the_sessions_page(page: object, server: str) -> None:
+    """The sessions table and resume warnings show ids and an HTML status as text, shortened, in the window."""
+    page.goto(url_of(server, "sessions", SESSIONS_RUN))
+    wait_until(page, lambda: page.locator("[data-testid='stTable'] tbody tr").count() == 2, timeout=30)
+    table = page.locator("[data-testid='stTable']").inner_text().replace("\u2060", "")
+    assert LOGIN in table and EVIL_VALUE in table
+    assert "L" * 50 in table and LONG_ID not in table and "…" in table
+    wait_until(page, lambda: page.locator(".js-plotly-plot").count() > 0, timeout=30)
+    assert_nothing_injected(page)
+
+
+def test_hostile_names_on_compare_and_overview(page: object, server: str) -> None:
+    """Compare's legend and multiselect show hostile run names literally; the runs table too."""
+    page.goto(url_of(server, "compare", *HOSTILE_RUNS, SESSIONS_RUN))
+    graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, "train loss"), timeout=30)
+    names = {trace["name"] for trace in graph["traces"]}
+    assert {"**bold**", "&lt;img src=x onerror=alert(1)&gt;", NESTED} <= names  # plotly decodes the entities
+    legend = page.evaluate("document.querySelector('.js-plotly-plot .legend').textContent")
+    assert "<img src=x onerror=alert(1)>" in legend and "**bold**" in legend and NESTED in legend
+    assert_nothing_injected(page)
+    page.goto(f"{server}/")
+    rows = overview_rows(page, r"bold|img|evil|hostile")
+    assert sorted(rows) == sorted([*HOSTILE_RUNS, SESSIONS_RUN])
+    assert_nothing_injected(page)
+
+
+# -- no tracebacks -------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("path", "expect"),
+    [
+        ("/", "Runs"),
+        ("/run", "empty or invalid run name"),
+        ("/run?run=../../etc", "without '..'"),
+        ("/run?run=nonexistent", "no run there"),
+        ("/run?run=" + "n" * 5000, "Cannot show run"),
+        ("/run?run=normal-a", "normal-a"),
+        ("/sessions", "empty or invalid run name"),
+        ("/sessions?run=../../etc", "without '..'"),
+        ("/sessions?run=normal-a", "Sessions of normal-a"),
+        ("/compare", "Pick one or more runs"),
+        ("/compare?run=x&run=**y**", "Not runs under the root, ignored: 'x', '**y**'"),
+        ("/compare?run=normal-a&run=normal-b", "train loss"),
+    ],
+)
+def test_no_page_shows_a_traceback(page: object, server: str, path: str, expect: str) -> None:
+    """Good and bad query parameters alike: a plain page or a plain message, never a stack trace."""
+    page.goto(server + path)
+    wait_until(page, lambda: expect in body_text(page), timeout=30)
+    page.wait_for_timeout(1500)  # a live fragment's next run must not fail either
+    assert_nothing_injected(page)
