@@ -215,6 +215,7 @@ def test_train_and_val_loss_are_token_weighted_where_trainer_averages_means(
         output_dir=str(tmp_path / "out"), max_steps=4, per_device_train_batch_size=2, gradient_accumulation_steps=2,
         learning_rate=0.0, weight_decay=0.0, logging_steps=4, save_strategy="no", eval_strategy="steps",
         eval_steps=4, per_device_eval_batch_size=4, report_to="none", use_cpu=True, disable_tqdm=True,
+        include_num_input_tokens_seen="no" if token_weighted else "all",
     )  # fmt: skip
     trainer_class = type("T", (TokenWeightedLoss, Trainer), {}) if token_weighted else Trainer
     run = tmp_path / "runs" / "exact"
@@ -238,6 +239,7 @@ def test_train_and_val_loss_are_token_weighted_where_trainer_averages_means(
         assert train["tokens_seen"] == tokens
     else:
         assert train["loss_weighting"] == "trainer_mean_of_step_means"
+        assert train["tokens"] == train["tokens_seen"] == 16 * 12  # Trainer's input-token count
         assert abs(train["train_loss"] - expected) > 1e-3
 
 

@@ -39,12 +39,16 @@ world-rank-0 process writes.
 Trainer's logged loss is not token-weighted
 -------------------------------------------
 Trainer's ``loss`` is ``sum(per-step loss) / steps`` over the ``logging_steps`` window: a mean of
-per-step means, each weighting a step by 1 whatever its token count.  Within a step, with
-gradient accumulation, a model that ignores ``num_items_in_batch`` contributes per-micro-batch
-means divided by the accumulation count, i.e. again a mean of means; padding and ``-100``
-labels change each micro-batch's token count but not its weight.  Its ``eval_loss`` is the mean
-of per-batch mean losses (weighted by examples, not tokens).  Without ``TokenWeightedLoss`` the
-callback writes that value as ``train_loss`` with ``loss_weighting: "trainer_mean_of_step_means"``.
+per-step means, each step weighted 1 whatever its token count.  Within a step, a model that
+ignores ``num_items_in_batch`` gives per-micro-batch means divided by the accumulation count
+(again a mean of means); padding and ``-100`` labels change a micro-batch's token count, not its
+weight.  ``eval_loss`` is the mean of per-batch losses (weighted by examples, not tokens).  And
+the denominator itself can be off: Trainer counts ``labels[..., 1:]`` only for models whose
+``loss_type`` it maps to the causal-LM loss; for one it does not (``GPT2LMHeadModel`` in
+transformers 5.24: ``loss_type`` None) it counts every row's position 0 too, which is never
+predicted, and reports (and back-propagates) the loss scaled by predicted/counted tokens — 0.87
+on the test's uneven rows.  Without ``TokenWeightedLoss`` the callback writes Trainer's value as
+``train_loss`` with ``loss_weighting: "trainer_mean_of_step_means"``.
 
 ``TokenWeightedLoss`` (a ``Trainer`` mixin) is the exact one: its ``compute_loss`` takes the
 model's logits and labels and adds, under ``no_grad``, the summed cross-entropy and the number of
@@ -142,6 +146,8 @@ class MetricsCallback(TrainerCallback, ExportableState):
     ) -> None:
         if not state.is_world_process_zero:
             return
+        if self.run.is_open:  # a previous train() in this process raised, outside guard(): close it
+            self.run.end(RuntimeError("train() raised before on_train_end; wrap it in guard() to record why"))
         resumed = state.global_step > 0
         if resumed:  # our counters as of the checkpoint Trainer just loaded
             saved = (state.stateful_callbacks or {}).get(type(self).__name__)
