@@ -308,3 +308,12 @@ def test_a_too_long_run_name_in_the_url_is_a_plain_error(runs_root: Path) -> Non
     app = open_page("run", run="n" * 10_000)
     assert not app.exception
     assert "Cannot show run" in app.error[0].value and len(app.error[0].value) < 1000
+
+
+def test_the_server_shows_no_error_details_in_the_browser() -> None:
+    """.streamlit/config.toml hides uncaught exceptions' tracebacks and messages, with a value 1.67 accepts."""
+    import tomllib
+    from streamlit.config import ShowErrorDetailsConfigOptions
+
+    config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
+    assert config["client"]["showErrorDetails"] == ShowErrorDetailsConfigOptions.NONE.value
