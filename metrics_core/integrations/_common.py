@@ -18,6 +18,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from metrics_core.distributed import process_group_rank
 from metrics_core.session import SIGTERM_EXIT, new_session_id
 from metrics_core.writer import BASE_FIELDS, MetricsWriter, RunContext, TrainingState
 
@@ -119,7 +120,12 @@ class RunSession:
         context = RunContext(self.directory, self.run_id, self.session_id or new_session_id())
         writer = MetricsWriter(context, fsync=self.fsync).__enter__()
         self.writer = writer
-        self.write("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step)
+        # The framework decides who writes (only its global rank 0 calls start); like
+        # training_session, session_start names the rank and world size when a group exists.
+        ranks = process_group_rank()
+        distributed = {"rank": ranks[0], "world_size": ranks[1]} if ranks is not None else {}
+        self.write("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
+                   **distributed)  # fmt: skip
         if config:
             self.write_config(config)
 
