@@ -7,12 +7,18 @@ about 8 bytes per numeric field.
 
 Column kinds, chosen from the values seen and widened when a later value needs it:
 
-* ``int``   — int64; becomes ``float`` the first time a value is missing or fractional;
+* ``int``   — int64; becomes ``float`` the first time a value is missing, fractional or beyond
+  the int64 range;
 * ``float`` — float64, NaN = missing (JSON has no NaN, so NaN is never a real value here);
 * ``bool``  — int8, -1 = missing;
 * ``cat``   — int32 codes into a list of strings, -1 = missing (run/session ids, statuses);
 * ``object``— Python objects, for a field whose type changes between records (a buggy writer);
+  its numbers are floats, whichever order the types arrived in (an ``int`` column with a gap is
+  already ``float`` when a string turns it into ``object``: one rule gives one answer);
 * ``null``  — only missing values so far; takes the kind of the first real value.
+
+A field that never held a value (absent, or ``null`` in every record so far) is not a column:
+``null`` and absent are one thing in JSON lines, and pyarrow cannot tell them apart.
 
 Rows are only ever appended, never changed, so a slice handed out by ``view`` stays valid.
 """
@@ -47,10 +53,11 @@ def chunk_from_pylist(values: list[Any]) -> Chunk:
     kinds.discard(type(None))
     if not kinds:
         return Chunk("null", None)
-    if kinds == {int}:
-        if not has_missing:
+    if kinds == {int} and not has_missing:
+        try:
             return Chunk("int", np.array(values, dtype=np.int64))
-        return Chunk("float", np.array([np.nan if v is None else v for v in values], dtype=np.float64))
+        except OverflowError:
+            pass  # beyond int64: read as the nearest floats, as pyarrow reads such a column
     if kinds <= {int, float}:
         return Chunk("float", np.array([np.nan if v is None else v for v in values], dtype=np.float64))
     if kinds == {bool}:
@@ -60,7 +67,7 @@ def chunk_from_pylist(values: list[Any]) -> Chunk:
         codes = [-1 if v is None else categories.setdefault(v, len(categories)) for v in values]
         return Chunk("cat", np.array(codes, dtype=np.int32), list(categories))
     array = np.empty(len(values), dtype=object)
-    array[:] = values
+    array[:] = [float(v) if type(v) is int else v for v in values]
     return Chunk("object", array)
 
 
@@ -151,6 +158,14 @@ class Column:
             grown[: self.size] = self._buffer[: self.size]
             self._buffer = grown
 
+    def numbers(self) -> np.ndarray:
+        """The column as float64: NaN where a value is missing or not a number (a string, a bool)."""
+        if self.kind in ("int", "float"):
+            return self.view().astype(np.float64, copy=False)
+        if self.kind == "object":
+            return np.array([v if type(v) is float else np.nan for v in self.view().tolist()], dtype=np.float64)
+        return np.full(self.size, np.nan)
+
     def series(self) -> pd.Series | np.ndarray:
         """The column as what a DataFrame should hold: numeric, boolean, categorical or object."""
         return _as_pandas(self.kind, self.view(), self.categories, self.size)
@@ -165,8 +180,9 @@ def _convert(chunk: Chunk, kind: str) -> Chunk:
 
 
 def as_python(kind: str, values: np.ndarray, categories: Sequence[str]) -> list[Any]:
-    if kind == "float":
-        return [None if v != v else v for v in values.tolist()]
+    """Values of a typed column as the Python objects an ``object`` column holds."""
+    if kind in ("int", "float"):
+        return [None if v != v else float(v) for v in values.tolist()]
     if kind == "bool":
         return [None if v < 0 else bool(v) for v in values.tolist()]
     if kind == "cat":
@@ -196,12 +212,13 @@ class Table:
         for name, chunk in chunks.items():
             column = self.columns.get(name)
             if column is None:
+                if chunk.kind == "null":
+                    continue  # never held a value: not a column yet (module docstring)
                 column = self.columns[name] = Column("null", self.size)
             column.extend(chunk, count)
-        if len(chunks) < len(self.columns):
-            for name, column in self.columns.items():
-                if name not in chunks:
-                    column.extend(Chunk("null", None), count)
+        for column in self.columns.values():
+            if column.size == self.size:  # absent from ``chunks``
+                column.extend(Chunk("null", None), count)
         self.size += count
 
     def nbytes(self) -> int:

@@ -32,39 +32,40 @@ import io
 import math
 import os
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-import orjson
 import pandas as pd
 
 from metrics_core.columns import Chunk, Table, chunk_from_pylist
 from metrics_core.errors import RunNotFoundError
-from metrics_core.writer import BASE_FIELD_ORDER, BASE_FIELDS, METRICS_FILENAME, lock_is_held
+from metrics_core.records import (
+    EXCERPT_BYTES,
+    MAX_FIELDS,
+    MAX_RECORD_BYTES,
+    TIME_MAX_NS,
+    TIME_MIN_NS,
+    BadLine,
+    check_record,
+    excerpt,
+)
+from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME, lock_is_held
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-_MICROSECOND = timedelta(microseconds=1)
 _BASE_ORDER = BASE_FIELD_ORDER
-_BASE_TYPES = {name: (str if name in ("time", "run_id", "session_id", "event") else int) for name in _BASE_ORDER}
-_BASE_TUPLE = tuple(_BASE_TYPES[name] for name in _BASE_ORDER)
+_STRING_FIELDS = ("time", "run_id", "session_id", "event")
 READ_CHUNK = 32 << 20  # bytes per read; bounds peak memory of a cold load
 ARROW_MIN_BLOCK = 1 << 20  # below this the per-line loop is faster than pyarrow's start-up
+ARROW_MAX_LINE = 16 << 10  # longer lines go to the exact parser: no real record is this wide
 MAX_BAD_LINE_SAMPLES = 20
+_FINGERPRINT = 256  # first bytes of a line compared to notice a rewrite (time and session id)
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 _MARKER_EVENTS = ("session_start", "session_end")
 _RECENT_TIMES = 64
-
-
-@dataclass(frozen=True, slots=True)
-class BadLine:
-    """A complete line that was skipped: 1-based line number, why, and its first bytes."""
-
-    line: int
-    reason: str
-    excerpt: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,42 +158,6 @@ class _Batch:
     rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
 
 
-def _time_ns(text: str) -> int | None:
-    try:
-        when = datetime.fromisoformat(text)
-    except ValueError:
-        return None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=timezone.utc)
-    # float seconds hold microseconds exactly until 2255 (< 2**53 µs), so rounding is exact.
-    return round(when.timestamp() * 1e6) * 1000
-
-
-def _excerpt(line: bytes) -> str:
-    return line[:80].decode("utf-8", "replace") + ("…" if len(line) > 80 else "")
-
-
-def _check_record(line: bytes) -> dict[str, Any] | str:
-    """The record with ``time`` as int ns since the epoch, or the reason the line is bad."""
-    try:
-        obj = orjson.loads(line)
-    except orjson.JSONDecodeError as exc:
-        return f"invalid JSON: {exc}"
-    if type(obj) is not dict:
-        return f"not a JSON object but a {type(obj).__name__}"
-    if not (obj.keys() >= BASE_FIELDS and tuple(map(type, map(obj.__getitem__, _BASE_ORDER))) == _BASE_TUPLE):
-        for name in _BASE_ORDER:
-            if name not in obj:
-                return f"missing base field {name!r}"
-            if type(obj[name]) is not _BASE_TYPES[name]:
-                return f"base field {name!r} is {obj[name]!r}, expected {_BASE_TYPES[name].__name__}"
-    stamp = _time_ns(obj["time"])
-    if stamp is None:
-        return f"time {obj['time']!r} is not ISO-8601"
-    obj["time"] = stamp
-    return obj
-
-
 def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
     """Dictionary-encode ``values`` in order of first appearance."""
     index: dict[str, int] = {}
@@ -200,17 +165,17 @@ def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
     return np.array(codes, dtype=np.int32), list(index)
 
 
-def _parse_lines(block: bytes, first_line: int) -> _Batch:
-    """Exact parse of complete lines: every bad line is found, counted and located."""
+def _parse_lines(block: bytes, first_line: int, max_bytes: int) -> _Batch:
+    """Exact parse of complete lines (``metrics_core.records``): every bad line is found, counted and located."""
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
     lines = block.split(b"\n")[:-1]  # block ends with \n
     for number, line in enumerate(lines, start=first_line):
         if not line.strip():
             continue
-        checked = _check_record(line)
+        checked = check_record(line, max_bytes=max_bytes)
         if isinstance(checked, str):
-            bad.append(BadLine(number, checked, _excerpt(line)))
+            bad.append(BadLine(number, checked, excerpt(line)))
         else:
             rows.append(checked)
     by_event: dict[str, list[dict[str, Any]]] = {}
@@ -247,39 +212,83 @@ def _columnarize(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
     return {key: chunk_from_pylist([row.get(key) for row in rows]) for key in keys}
 
 
+# The writer's time format.  pyarrow reads more than this, and where it does, Python may read the
+# same text differently (or not at all): only times of this shape are trusted to pyarrow.
+_ARROW_TIME = r"^\d{4}-\d{2}-\d{2}T(?:[01]\d|2[0-3]):[0-5]\d:[0-5]\d(?:\.\d{1,9})?(?:Z|[+-](?:[01]\d|2[0-3]):[0-5]\d)$"
+
+
+def _segments(block: bytes) -> Iterator[tuple[bytes, bool]]:
+    """``block`` cut into runs of lines, each flagged ``wide`` when its lines exceed ``ARROW_MAX_LINE``.
+
+    Wide lines (a hostile line, a record of thousands of fields) go to the exact parser alone, so
+    that pyarrow never builds thousands of columns for a whole block, and the rest of the block
+    keeps its fast path.
+    """
+    ends = np.flatnonzero(np.frombuffer(block, dtype=np.uint8) == 10)
+    wide = np.diff(ends, prepend=-1) > ARROW_MAX_LINE + 1
+    if not wide.any():
+        yield block, False
+        return
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    changes = np.flatnonzero(np.diff(wide.astype(np.int8))) + 1
+    for first, last in zip(np.concatenate(([0], changes)), np.concatenate((changes, [len(ends)])), strict=True):
+        yield block[starts[first] : ends[last - 1] + 1], bool(wide[first])
+
+
 def _parse_arrow(block: bytes) -> _Batch | None:
-    """Fast columnar parse of a large block, or None when any line needs the exact parser."""
+    """Fast columnar parse of a large block, or None when any line needs the exact parser.
+
+    pyarrow's reader is more lenient than the record rules (it takes ``NaN``, invalid UTF-8,
+    blank lines, times in other shapes, integers as doubles): its answer is used only when every
+    check below shows it equals what ``metrics_core.records`` gives line by line; otherwise the
+    block is parsed exactly, so one file gives one answer whichever path reads it.
+    """
+    import pyarrow as pa
+
+    try:
+        return _arrow_batch(block)
+    except (pa.ArrowException, ValueError, OverflowError, UnicodeDecodeError):
+        return None
+
+
+def _arrow_batch(block: bytes) -> _Batch | None:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
-    schema = pa.schema([(name, pa.string() if kind is str else pa.int64()) for name, kind in _BASE_TYPES.items()])
-    try:
-        table = pj.read_json(
-            io.BytesIO(block),
-            read_options=pj.ReadOptions(block_size=8 << 20),
-            parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
-        )
-        times = pc.cast(table["time"], pa.timestamp("ns", tz="UTC")).combine_chunks()
-    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-        return None
     lines = block.count(b"\n")
-    if table.num_rows != lines or any(table[name].null_count for name in _BASE_ORDER):
-        return None  # blank or bad lines: the exact parser numbers them
-    simple = (
-        pa.types.is_integer,
-        pa.types.is_floating,
-        pa.types.is_string,
-        pa.types.is_boolean,
-        pa.types.is_null,
+    if block.count(b"{") != lines or b"[" in block:
+        return None  # nested values (pyarrow is slow on deep nesting; orjson refuses it at once)
+    schema = pa.schema([(name, pa.string() if name in _STRING_FIELDS else pa.int64()) for name in _BASE_ORDER])
+    table = pj.read_json(
+        io.BytesIO(block),
+        read_options=pj.ReadOptions(block_size=8 << 20),
+        parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
     )
-    if not all(any(test(field.type) for test in simple) for field in table.schema):
-        return None  # nested values: keep them exactly as the per-line parser does
-    table = table.set_column(table.schema.get_field_index("time"), "time", times.cast(pa.int64()))
+    if table.num_rows != lines or table.num_columns > MAX_FIELDS:
+        return None  # blank lines, or too many fields: the exact parser numbers them
+    if any(table[name].null_count for name in _BASE_ORDER):
+        return None
+    accepted = (pa.int64(), pa.float64(), pa.string(), pa.bool_(), pa.null())
+    if any(field.type not in accepted for field in table.schema):
+        return None  # nested values or unsigned integers: kept exactly by the per-line parser
+    for column in table.columns:
+        if column.type == pa.string():
+            column.validate(full=True)  # invalid UTF-8 raises: orjson refuses such a line
+        elif column.type == pa.float64() and pc.any(pc.invert(pc.is_finite(column))).as_py():
+            return None  # NaN / Infinity literals, which JSON does not have
+    if not pc.all(pc.match_substring_regex(table["time"], _ARROW_TIME)).as_py():
+        return None
+    # Python's ISO parser keeps microseconds (it drops further digits): so does this.
+    times = pc.cast(table["time"], pa.timestamp("ns", tz="UTC")).cast(pa.int64()).to_numpy(zero_copy_only=False)
+    times = times // 1000 * 1000
+    if len(times) and (times.min() < TIME_MIN_NS or times.max() > TIME_MAX_NS):
+        return None
     events = table["event"].combine_chunks().dictionary_encode()
     sessions = table["session_id"].combine_chunks().dictionary_encode()
     event_codes = events.indices.to_numpy().astype(np.int32)
     event_names = events.dictionary.to_pylist()
+    table = table.set_column(table.schema.get_field_index("time"), "time", pa.array(times))
     chunks: dict[str, tuple[dict[str, Chunk], int]] = {}
     for code, event in enumerate(event_names):
         part = table.filter(pa.array(event_codes == code))
@@ -303,7 +312,7 @@ def _parse_arrow(block: bytes) -> _Batch | None:
         event_codes=event_codes,
         event_names=event_names,
         steps=table["step"].to_numpy(),
-        times=table["time"].to_numpy(),
+        times=times,
         tokens_seen=table["tokens_seen"].to_numpy(),
         skipped=table["skipped_updates"].to_numpy(),
         schema_versions={item["values"]: item["counts"] for item in version_counts},
@@ -330,8 +339,15 @@ def _arrow_chunk(array: Any) -> Chunk:
 class RunReader:
     """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
 
-    def __init__(self, path: str | os.PathLike[str], *, bulk_threshold: int = ARROW_MIN_BLOCK) -> None:
-        """``bulk_threshold``: new bytes from which pyarrow parses instead of the per-line loop."""
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        bulk_threshold: int = ARROW_MIN_BLOCK,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+    ) -> None:
+        """``bulk_threshold``: new bytes from which pyarrow parses instead of the per-line loop.
+        ``max_record_bytes``: longer lines are bad lines, found by their length, never parsed."""
         self._fd: int | None = None
         path = Path(path)
         if path.is_dir():
@@ -342,6 +358,7 @@ class RunReader:
             )
         self.path = path
         self.bulk_threshold = bulk_threshold
+        self.max_record_bytes = max_record_bytes
         self.resets = 0
         self.reset_reasons: list[str] = []
         self._clear()
@@ -349,8 +366,11 @@ class RunReader:
     def _clear(self) -> None:
         self._offset = 0
         self._lines = 0
-        self._stat_key: tuple[int, int, int] | None = None
-        self._tail_check = b""
+        self._stat_key: tuple[int, int, int, int] | None = None
+        self._scanned = 0  # bytes after _offset known to hold no newline: never scanned again
+        self._pending_head = b""  # their first bytes, to notice when they are cut and rewritten
+        self._head = b""  # the file's first bytes, and where the last consumed line starts and its
+        self._last_line: tuple[int, bytes] = (0, b"")  # first bytes: a rewrite changes one of them
         self.pending_bytes = 0
         self.records = 0
         self.bad_lines = 0
@@ -378,12 +398,16 @@ class RunReader:
     # -- reading ---------------------------------------------------------------------------
 
     def refresh(self) -> int:
-        """Parse whatever complete lines were appended since the last call; return how many records."""
+        """Parse whatever complete lines were appended since the last call; return how many records.
+
+        Never raises for what the file holds: bad lines are counted, not thrown.
+        """
         try:
             stat = os.stat(self.path)
         except FileNotFoundError:
             return 0
-        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        # ctime too: `cp -p` over a run keeps size and mtime, but no write keeps ctime.
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
         if key == self._stat_key:
             return 0
         if self._fd is not None and self._changed_under_us(stat):
@@ -395,34 +419,79 @@ class RunReader:
         self._stat_key = key
         before = self.records
         size = os.fstat(self._fd).st_size
-        read_size = READ_CHUNK
-        bulk = False
-        while self._offset < size:
-            data = os.pread(self._fd, min(read_size, size - self._offset), self._offset)
-            cut = data.rfind(b"\n") + 1
-            if cut == 0:
-                if self._offset + len(data) >= size:
-                    break  # only an incomplete tail is left
-                read_size *= 2  # one line longer than the read size
-                continue
-            bulk |= self._ingest_block(data[:cut])
-            self._offset += cut
-            self._tail_check = data[max(0, cut - 32) : cut]
-            read_size = READ_CHUNK
-        self.pending_bytes = size - self._offset
-        if bulk:
+        if self._scanned and (
+            size < self._offset + self._scanned
+            or self._read(self._offset, len(self._pending_head)) != self._pending_head
+        ):
+            self._scanned = 0  # the incomplete tail was cut (a writer resumed): scan it anew
+        if self._read_to(size):
             _return_memory_to_os()
+        self.pending_bytes = size - self._offset
         return self.records - before
 
+    def _read(self, position: int, count: int) -> bytes:
+        return os.pread(self._fd, count, position)
+
+    def _read_to(self, size: int) -> bool:
+        """Consume every complete line before ``size``; True if pyarrow parsed any of them.
+
+        Each byte is scanned for a newline once: bytes of an incomplete line are remembered as
+        scanned, and a line longer than ``max_record_bytes`` is skipped by its length alone.
+        """
+        chunk = max(READ_CHUNK, self.max_record_bytes + 1)  # holds any line short enough to parse
+        bulk = False
+        while self._offset + self._scanned < size:
+            start = self._offset + self._scanned
+            data = self._read(start, min(chunk, size - start))
+            if not data:
+                break  # the file shrank under us: the next refresh notices
+            first = data.find(b"\n")
+            if first < 0:
+                self._scanned += len(data)
+                self._pending_head = self._read(self._offset, EXCERPT_BYTES)
+                continue
+            if self._scanned:  # the line that began at _offset ends at start + first
+                if self._scanned + first > self.max_record_bytes:
+                    self._skip_long_line(self._scanned + first)
+                self._scanned = 0  # a short line is re-read whole from its start, next turn
+                continue
+            cut = data.rfind(b"\n") + 1
+            bulk |= self._ingest_block(data[:cut])
+            if start == 0:
+                self._head = data[: min(first + 1, _FINGERPRINT)]
+            last = data.rfind(b"\n", 0, cut - 1) + 1
+            self._last_line = (start + last, data[last : min(cut, last + _FINGERPRINT)])
+            self._offset = start + cut
+            self._scanned = len(data) - cut
+            if self._scanned:
+                self._pending_head = data[cut : cut + EXCERPT_BYTES]
+        return bulk
+
+    def _skip_long_line(self, length: int) -> None:
+        """Count the line at ``_offset`` (``length`` bytes, newline excluded) as bad, unparsed."""
+        head = self._read(self._offset, _FINGERPRINT)
+        if self._offset == 0:
+            self._head = head
+        self._last_line = (self._offset, head)
+        self._lines += 1
+        self._note_bad([BadLine(self._lines, f"line of {length:,} bytes is longer than the "
+                                             f"{self.max_record_bytes:,}-byte record limit",
+                                excerpt(head[: EXCERPT_BYTES + 1]))])  # fmt: skip
+        self._offset += length + 1
+
     def _changed_under_us(self, stat: os.stat_result) -> bool:
-        """Record and report a replacement, shrink or rewrite; True if the reader must restart."""
+        """Record and report a replacement, shrink or rewrite; True if the reader must restart.
+
+        A rewrite in place (``cp`` over the file, truncate and rewrite) keeps the inode and may
+        keep the size; it changes the first line or the last line read, which hold the times and
+        session id of their records: both are compared, two small reads per change.
+        """
+        position, last = self._last_line
         if stat.st_ino != self._inode:
             reason = "file was replaced (new inode)"
         elif stat.st_size < self._offset:
             reason = f"file shrank from {self._offset} to {stat.st_size} bytes"
-        elif self._tail_check and (
-            os.pread(self._fd, len(self._tail_check), self._offset - len(self._tail_check)) != self._tail_check
-        ):
+        elif self._read(0, len(self._head)) != self._head or self._read(position, len(last)) != last:
             reason = "file was rewritten before the read offset"
         else:
             return False
@@ -431,17 +500,23 @@ class RunReader:
         return True
 
     def _ingest_block(self, block: bytes) -> bool:
-        """Parse and store one block of complete lines; True if pyarrow parsed it."""
-        batch = _parse_arrow(block) if len(block) >= self.bulk_threshold else None
-        bulk = batch is not None
-        if batch is None:
-            batch = _parse_lines(block, self._lines + 1)
+        """Parse and store one block of complete lines; True if pyarrow parsed any of it."""
+        if len(block) < self.bulk_threshold:
+            self._ingest(_parse_lines(block, self._lines + 1, self.max_record_bytes))
+            return False
+        bulk = False
+        for segment, wide in _segments(block):
+            batch = None if wide or len(segment) < self.bulk_threshold else _parse_arrow(segment)
+            bulk |= batch is not None
+            self._ingest(batch or _parse_lines(segment, self._lines + 1, self.max_record_bytes))
+        return bulk
+
+    def _ingest(self, batch: _Batch) -> None:
+        """Store one parsed batch: counts, sessions, markers, columns."""
         self._lines += batch.lines
-        self.bad_lines += len(batch.bad)
-        room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
-        self.bad_line_samples.extend(batch.bad[: max(room, 0)])
+        self._note_bad(batch.bad)
         if not batch.count:
-            return bulk
+            return
         for version, count in batch.schema_versions.items():
             self.schema_versions[version] = self.schema_versions.get(version, 0) + count
         to_global = np.array([self._session(sid) for sid in batch.session_ids], dtype=np.int32)
@@ -462,7 +537,11 @@ class RunReader:
         self.records += batch.count
         self.last_event = batch.event_names[batch.event_codes[-1]]
         self._recent_times.extend(batch.times[-_RECENT_TIMES:].tolist())
-        return bulk
+
+    def _note_bad(self, bad: list[BadLine]) -> None:
+        self.bad_lines += len(bad)
+        room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
+        self.bad_line_samples.extend(bad[: max(room, 0)])
 
     def _flush(self) -> None:
         """Columnarise rows the per-line parser left as dicts (called before any query)."""
@@ -683,7 +762,8 @@ class RunReader:
             superseded += count
             frontier = max(frontier, int(steps[mask].max()))
             if event == "train" and "tokens" in table.columns:
-                tokens += int(np.nansum(table.columns["tokens"].view()[mask]))
+                replayed = np.nansum(table.columns["tokens"].numbers()[mask])
+                tokens += int(replayed) if math.isfinite(replayed) else 0  # a garbage count is not work
         result = (frontier - start, tokens, superseded)
         if index + 1 < len(self._sessions):
             self._replay_cache[index] = result
@@ -706,4 +786,6 @@ def _return_memory_to_os() -> None:
 
 
 def _int_or_none(value: Any) -> int | None:
-    return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and value == value else None
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if math.isfinite(value) else None

@@ -111,15 +111,62 @@ def test_corrupt_middle_lines_are_counted_located_and_skipped(metrics: Path, bul
     assert reader.frame("train")["step"].tolist() == list(range(len(good)))
 
 
-def test_a_one_megabyte_line_is_read(metrics: Path) -> None:
-    """A huge but valid line is a record; a huge corrupt one is one bad line."""
-    append_records(metrics, base_record(1, note="x" * (1 << 20)))
-    append_bytes(metrics, b'{"junk": "' + b"y" * (1 << 20) + b"\n")
-    append_records(metrics, base_record(2))
-    reader = RunReader(metrics)
+@pytest.mark.parametrize("bulk_threshold", [0, 1 << 40], ids=["pyarrow", "per-line"])
+def test_lines_up_to_the_record_limit_are_read_and_longer_ones_are_bad(metrics: Path, bulk_threshold: int) -> None:
+    """A line just under max_record_bytes is a record; a longer one, valid JSON or not, is one bad line."""
+    limit = 64 << 10
+    fits = base_record(1, note="")
+    fits["note"] = "x" * (limit - len(orjson.dumps(fits)))
+    too_long = base_record(2, note="y" * limit)
+    append_records(metrics, fits, too_long)
+    append_bytes(metrics, b'{"junk": "' + b"z" * (3 * limit) + b"\n")
+    append_records(metrics, base_record(3))
+    reader = RunReader(metrics, bulk_threshold=bulk_threshold, max_record_bytes=limit)
     assert reader.refresh() == 2
-    assert reader.bad_lines == 1 and reader.bad_line_samples[0].line == 2
-    assert len(reader.frame("train")["note"][0]) == 1 << 20
+    assert list(reader.frame("train")["step"]) == [1, 3]
+    assert len(reader.frame("train")["note"][0]) == len(fits["note"])
+    assert [(bad.line, bad.reason.split(" is ")[0]) for bad in reader.bad_line_samples] == [
+        (2, f"line of {len(orjson.dumps(too_long)):,} bytes"),
+        (3, f"line of {3 * limit + 10:,} bytes"),
+    ]
+    assert reader.bad_line_samples[1].excerpt == '{"junk": "' + "z" * 70 + "…"
+
+
+def test_the_default_record_limit_is_one_mebibyte(metrics: Path) -> None:
+    """The documented default: 1 MiB lines are records, 1 MiB + 1 are not."""
+    record = base_record(1, note="")
+    record["note"] = "x" * ((1 << 20) - len(orjson.dumps(record)))
+    append_records(metrics, record, {**record, "note": record["note"] + "x", "step": 2})
+    reader = RunReader(metrics)
+    assert reader.refresh() == 1 and reader.bad_lines == 1
+
+
+def test_a_huge_pending_line_is_scanned_once_and_never_held(metrics: Path) -> None:
+    """A 40 MB line still being written costs a scan of its new bytes per refresh, not a re-read from its start."""
+    append_records(metrics, base_record(1))
+    reader = RunReader(metrics)
+    reader.refresh()
+    reads: list[int] = []
+    original = os.pread
+
+    def counting_pread(fd: int, count: int, offset: int) -> bytes:
+        data = original(fd, count, offset)
+        reads.append(len(data))
+        return data
+
+    os.pread = counting_pread
+    try:
+        for _ in range(4):
+            append_bytes(metrics, b'{"a": "' + b"q" * (10 << 20))
+            reader.refresh()
+        append_bytes(metrics, b'"}\n')
+        append_records(metrics, base_record(2))
+        assert reader.refresh() == 1
+    finally:
+        os.pread = original
+    assert sum(reads) < (40 << 20) + (2 << 20), f"read {sum(reads):,} bytes for a 40 MB line"
+    assert reader.bad_lines == 1 and "longer than" in reader.bad_line_samples[0].reason
+    assert list(reader.frame("train")["step"]) == [1, 2]
 
 
 @pytest.mark.parametrize("bulk_threshold", [0, 1 << 40], ids=["pyarrow", "per-line"])
@@ -310,11 +357,25 @@ def test_records_from_the_real_writer_read_back(tmp_path: Path) -> None:
     state = TrainingState(step=5, tokens_seen=500)
     with MetricsWriter(RunContext(tmp_path / "w", "w", "s")) as writer:
         written = writer.write("train", state, train_loss=1.25, grad_norm_avg=None)
+        writer.write("train", state, train_loss=1.0, grad_norm_avg=0.5)
     reader = RunReader(tmp_path / "w")
     reader.refresh()
     row = reader.frame("train").iloc[0]
     assert row["train_loss"] == 1.25 and np.isnan(row["grad_norm_avg"])
     assert row["time"] == pd.Timestamp(written["time"])
+
+
+@pytest.mark.parametrize("bulk_threshold", [0, 1 << 40], ids=["pyarrow", "per-line"])
+def test_a_field_that_never_held_a_value_is_not_a_column(metrics: Path, bulk_threshold: int) -> None:
+    """null and absent are one thing in JSON lines: a field null so far has no column until its first value."""
+    append_records(metrics, base_record(1, grad_norm_avg=None), base_record(2))
+    reader = RunReader(metrics, bulk_threshold=bulk_threshold)
+    reader.refresh()
+    assert "grad_norm_avg" not in reader.frame("train")
+    append_records(metrics, base_record(3, grad_norm_avg=0.5))
+    reader.refresh()
+    assert reader.frame("train")["grad_norm_avg"].tolist()[:2] == [pytest.approx(np.nan, nan_ok=True)] * 2
+    assert reader.frame("train")["grad_norm_avg"].tolist()[2] == 0.5
 
 
 def test_memory_is_columnar(tmp_path: Path) -> None:

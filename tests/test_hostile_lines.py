@@ -1,0 +1,305 @@
+"""No line can break the read path, and both parse paths give one answer for one file.
+
+Every class of hostile line found against the first slice is a regression test here, read through
+the public ``RunReader`` by the exact per-line parser, by pyarrow's bulk path, and incrementally,
+and a differential fuzz test feeds hypothesis-generated files to all three.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from metrics_core.reader import RunReader
+from tests.conftest import append_bytes, base_record
+
+PER_LINE, BULK = 1 << 40, 0
+EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end")
+
+
+def line(record: dict[str, Any]) -> bytes:
+    """One compact JSON line; the standard library also writes integers beyond 64 bits."""
+    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
+
+
+def snapshot(reader: RunReader) -> dict[str, Any]:
+    """Everything a page or the CLI can ask of a reader, as plain comparable values (never raises)."""
+    frames = {}
+    for event in reader.events:
+        frame = reader.frame(event)
+        frames[event] = {
+            name: (
+                str(column.dtype),
+                [None if isinstance(v, float) and math.isnan(v) else v for v in column.astype(object).tolist()],
+            )
+            for name, column in frame.items()
+        }
+        frames[event]["time"] = ("ns", frame["time"].astype("int64").tolist())
+        frames[event]["__superseded"] = ("bool", reader.superseded(event).tolist())
+        frames[event]["__effective"] = ("int", len(reader.effective(event)))
+    return {
+        "records": reader.records,
+        "bad": [(bad.line, bad.reason) for bad in reader.bad_line_samples],
+        "bad_lines": reader.bad_lines,
+        "frames": frames,
+        "sessions": reader.sessions,
+        "pending": reader.pending_bytes,
+        "versions": reader.schema_versions,
+    }
+
+
+def read_all_ways(path: Path, data: bytes) -> list[dict[str, Any]]:
+    """Snapshots of ``data`` read whole (per line, bulk, default) and appended line by line (per line, bulk)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(data)
+    results = []
+    for reader in (RunReader(path, bulk_threshold=PER_LINE), RunReader(path, bulk_threshold=BULK), RunReader(path)):
+        reader.refresh()
+        results.append(snapshot(reader))
+    for threshold in (PER_LINE, BULK):
+        reader = RunReader(path, bulk_threshold=threshold)
+        path.write_bytes(b"")
+        reader.refresh()
+        for piece in data.splitlines(keepends=True):
+            append_bytes(path, piece)
+            reader.refresh()
+        results.append(snapshot(reader))
+        path.write_bytes(b"")
+    return results
+
+
+# -- each class of hostile line the adversarial review found -----------------------------------
+
+HOSTILE = {
+    "step 2^63": line(base_record(5) | {"step": 1 << 63}),
+    "tokens_seen 2^63": line(base_record(5) | {"tokens_seen": 1 << 63}),
+    "skipped_updates 2^64-1": line(base_record(5) | {"skipped_updates": (1 << 64) - 1}),
+    "schema_version 2^63": line(base_record(5) | {"schema_version": 1 << 63}),
+    "step -2^63-1": line(base_record(5) | {"step": -(1 << 63) - 1}),
+    "step 1e400": line(base_record(5))[:-1].replace(b'"step":5', b'"step":1e400') + b"\n",
+    "year 1500": line(base_record(5) | {"time": "1500-01-01T00:00:00+00:00"}),
+    "year 2263": line(base_record(5) | {"time": "2263-01-01T00:00:00+00:00"}),
+    "year 2300": line(base_record(5) | {"time": "2300-06-01T00:00:00+00:00"}),
+    "year 9999": line(base_record(5) | {"time": "9999-12-31T23:59:59.999999+00:00"}),
+    "year 1 at +14:00": line(base_record(5) | {"time": "0001-01-01T00:00:00+14:00"}),
+    "NaN literal": line(base_record(5, train_loss=1.0)).replace(b'"train_loss":1.0', b'"train_loss":NaN'),
+    "Infinity literal": line(base_record(5, train_loss=1.0)).replace(b'"train_loss":1.0', b'"train_loss":Infinity'),
+    "invalid UTF-8": line(base_record(5, note="ab")).replace(b'"ab"', b'"a\xff\xfeb"'),
+    "lone surrogate": line(base_record(5, note="ab")).replace(b'"ab"', b'"\\ud800"'),
+    "repeated event": line(base_record(5))[:-2] + b',"event":"validation"}\n',
+    "10k-deep nesting": line(base_record(5))[:-2] + b',"x":' + b"[" * 10_000 + b"]" * 10_000 + b"}\n",
+    "50k fields": line({**base_record(5), **{f"k{i}": i for i in range(50_000)}}),
+    "2 MB line": line(base_record(5, note="x" * (2 << 20))),
+    "not an object": b"[1, 2, 3]\n",
+    "random bytes": bytes(range(256)).replace(b"\n", b"") + b"\n",
+}
+
+
+@pytest.mark.parametrize("hostile", list(HOSTILE), ids=list(HOSTILE))
+def test_a_hostile_line_is_one_bad_line_and_hides_nothing(tmp_path: Path, hostile: str) -> None:
+    """Around each hostile line (in a file big enough for the bulk path) every valid record is read, whichever way."""
+    before = b"".join(line(base_record(step, train_loss=3.0 - step / 1000)) for step in range(1, 6001))
+    after = b"".join(line(base_record(step, session="s2", train_loss=1.0)) for step in range(6001, 6101))
+    data = before + HOSTILE[hostile] + after
+    assert len(data) > 1 << 20  # the cold load goes through pyarrow
+    results = read_all_ways(tmp_path / "run" / "metrics.jsonl", data)
+    for result in results:
+        assert result["records"] == 6100
+        assert result["bad_lines"] == 1 and result["bad"][0][0] == 6001
+        assert result["frames"]["train"]["step"][1] == list(range(1, 6101))
+        assert [session.session_id for session in result["sessions"]] == ["s1", "s2"]
+    assert all(result == results[0] for result in results[1:])
+
+
+def test_a_huge_integer_value_reads_as_the_nearest_float_on_both_paths(tmp_path: Path) -> None:
+    """A value (not a base field) beyond int64 is kept as the nearest float, never an overflow."""
+    records = [base_record(step, tokens=step) for step in range(1, 4)]
+    records[1]["tokens"] = 1 << 63
+    results = read_all_ways(tmp_path / "run" / "metrics.jsonl", b"".join(map(line, records)))
+    assert results[0]["frames"]["train"]["tokens"] == ("float64", [1.0, float(1 << 63), 3.0])
+    assert all(result == results[0] for result in results[1:])
+
+
+def test_crlf_and_a_time_without_zone_are_read_as_documented(tmp_path: Path) -> None:
+    """CRLF endings are whitespace; a time without a zone is UTC; a repeated value key: the last wins."""
+    data = (
+        line(base_record(1, train_loss=2.0))[:-1]
+        + b"\r\n"
+        + line(base_record(2) | {"time": "2026-11-29T10:00:02"})
+        + line(base_record(3))[:-2]
+        + b',"lr":1,"lr":2}\n'
+        + line(base_record(4) | {"step": -4})
+    )
+    results = read_all_ways(tmp_path / "run" / "metrics.jsonl", data)
+    train = results[0]["frames"]["train"]
+    assert results[0]["bad_lines"] == 0
+    assert train["time"][1][1] == pd.Timestamp("2026-11-29T10:00:02Z").value
+    assert train["lr"][1] == [None, None, 2.0, None]
+    assert train["step"][1] == [1, 2, 3, -4]
+    assert all(result == results[0] for result in results[1:])
+
+
+# -- differential fuzz ---------------------------------------------------------------------------
+
+INTS = st.sampled_from([0, 1, -1, 7, 2**31, 2**53 + 1, 2**63 - 1, 2**63, 2**64 - 1, -(2**63), -(2**63) - 1])
+FLOATS = st.sampled_from([0.0, -0.0, 1.5, 0.1, 1e308, 5e-324, -2.5e-10, 1e16])
+TEXT = st.text(max_size=12) | st.sampled_from(["", "[x](https://evil.example)", "é✓", "a\\u0000b", "<b>x</b>"])
+VALUES = INTS | FLOATS | TEXT | st.booleans() | st.none()
+GOOD_TIMES = st.sampled_from([
+    "2026-11-29T10:00:00.000000+00:00", "2026-11-29T10:00:01.5+00:00", "2026-11-29T11:00:02.123456789+01:00",
+    "2026-11-29T10:00:03Z", "2026-11-29T10:00:04", "2026-11-29 10:00:05+00:00", "1677-09-22T00:00:00+00:00",
+    "2262-04-10T00:00:00+00:00", "2026-11-29T10:00:06.1234567-05:30", "20261129T100007Z",
+])  # fmt: skip
+BAD_TIMES = st.sampled_from([
+    "1500-01-01T00:00:00+00:00", "2263-01-01T00:00:00+00:00", "0001-01-01T00:00:00+14:00", "yesterday", "",
+    "2026-02-30T00:00:00+00:00", "2026-11-29T24:00:00+00:00", "2026-11-29T10:00:60+00:00", "9999-12-31T23:59:59Z",
+])  # fmt: skip
+LITERALS = [b"NaN", b"Infinity", b"-Infinity", b"1e400", b"-1e400", b"18446744073709551616", b"true", b"null", b"{}"]
+
+
+@st.composite
+def valid_record(draw: st.DrawFn, uid: int) -> dict[str, Any]:
+    record = {
+        "schema_version": draw(st.sampled_from([1, 1, 2])),
+        "time": draw(GOOD_TIMES),
+        "run_id": "r",
+        "session_id": draw(st.sampled_from(["s1", "s2", "s3", "[x](https://e.x)"])),
+        "event": draw(st.sampled_from(EVENTS)),
+        "step": draw(st.integers(-3, 40) | st.sampled_from([2**63 - 1, -(2**63)])),
+        "tokens_seen": draw(st.integers(0, 10**6)),
+        "skipped_updates": draw(st.integers(0, 3)),
+    }
+    keys = st.sampled_from(["train_loss", "lr", "tokens", "status", "note", "flag", "grad_norm_avg"])
+    record.update(draw(st.dictionaries(keys, VALUES, max_size=5)))
+    record["uid"] = uid
+    return record
+
+
+@st.composite
+def hostile_line(draw: st.DrawFn) -> bytes:
+    raw = bytearray(line(draw(valid_record(-1))))
+    kind = draw(st.sampled_from(["mutate", "truncate", "literal", "bad time", "bytes", "duplicate", "blank"]))
+    if kind == "mutate":
+        for _ in range(draw(st.integers(1, 4))):
+            raw[draw(st.integers(0, len(raw) - 2))] = draw(st.integers(0, 255).filter(lambda b: b != 10))
+    elif kind == "truncate":
+        raw = raw[: draw(st.integers(0, len(raw) - 2))] + b"\n"
+    elif kind == "literal":
+        field = draw(st.sampled_from([b'"step":', b'"tokens_seen":', b'"schema_version":', b'"uid":']))
+        head, _, rest = bytes(raw).partition(field)
+        value_end = min(i for i in (rest.find(b","), rest.find(b"}")) if i >= 0)
+        raw = bytearray(head + field + draw(st.sampled_from(LITERALS)) + rest[value_end:])
+    elif kind == "bad time":
+        raw = bytearray(line(draw(valid_record(-1)) | {"time": draw(BAD_TIMES)}))
+    elif kind == "bytes":
+        raw = bytearray(draw(st.binary(max_size=60)).replace(b"\n", b"") + b"\n")
+    elif kind == "duplicate":
+        raw = raw[:-2] + b',"' + draw(st.sampled_from([b"event", b"step", b"time"])) + b'":"x"}\n'
+    else:
+        raw = bytearray(draw(st.sampled_from([b"\n", b"  \n", b"\r\n", b"\t\n"])))
+    return bytes(raw)
+
+
+@st.composite
+def fuzzed_file(draw: st.DrawFn) -> tuple[bytes, set[int]]:
+    parts, valid = [], set()
+    for uid in range(draw(st.integers(1, 25))):
+        if draw(st.booleans()):
+            parts.append(line(draw(valid_record(uid))))
+            valid.add(uid)
+        else:
+            parts.append(draw(hostile_line()))
+    if draw(st.booleans()):
+        parts.append(b'{"schema_version":1,"time":"2026-')  # an incomplete tail
+    return b"".join(parts), valid
+
+
+@settings(max_examples=int(os.environ.get("METRICS_FUZZ", "150")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])  # fmt: skip
+@given(case=fuzzed_file())
+def test_both_parse_paths_agree_on_any_file_and_keep_every_valid_record(
+    tmp_path: Path, case: tuple[bytes, set[int]]
+) -> None:
+    """Random bytes, mutated records and numeric edges: no exception, one answer, no valid record lost."""
+    data, valid = case
+    results = read_all_ways(tmp_path / "fuzz" / "metrics.jsonl", data)
+    for result in results[1:]:
+        assert result == results[0]
+    seen = [uid for frame in results[0]["frames"].values() for uid in frame.get("uid", ("", []))[1]]
+    assert valid <= {int(uid) for uid in seen if type(uid) in (int, float) and math.isfinite(uid)}
+
+
+# -- rewrites in place -------------------------------------------------------------------------
+
+
+def same_shaped(session: str, second: int, count: int = 50) -> bytes:
+    """Lines of one length, all ending in the writer's usual suffix."""
+    return b"".join(
+        line(base_record(step, session=session) | {"time": f"2026-11-29T10:00:{second:02d}.000000+00:00"})
+        for step in range(count)
+    )
+
+
+def replace_with(path: Path, data: bytes) -> None:
+    path.with_name("new").write_bytes(data)
+    os.replace(path.with_name("new"), path)
+
+
+def copy_over(path: Path, data: bytes) -> None:
+    path.with_name("src").write_bytes(data)
+    shutil.copyfile(path.with_name("src"), path)  # same inode: truncate, then write
+
+
+REWRITES = {
+    "truncate and rewrite": lambda path, data: path.write_bytes(data),
+    "delete and recreate": lambda path, data: (path.unlink(), path.write_bytes(data)),
+    "os.replace": replace_with,
+    "cp over": copy_over,
+}
+
+
+@pytest.mark.parametrize("rewrite", list(REWRITES), ids=list(REWRITES))
+@pytest.mark.parametrize("grow", [False, True], ids=["same size", "grown"])
+def test_a_rewrite_in_place_is_noticed_and_never_mixed(tmp_path: Path, rewrite: str, grow: bool) -> None:
+    """A new run written over an old one, same-shaped lines, same or larger size: the reader starts over."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(same_shaped("sA", 1))
+    reader = RunReader(path)
+    assert reader.refresh() == 50
+    new = same_shaped("sB", 2, 60 if grow else 50)
+    stat = path.stat()
+    REWRITES[rewrite](path, new)
+    if not grow:  # like `cp -p`: the same size and modification time as before
+        os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    reader.refresh()
+    assert reader.resets == 1, reader.reset_reasons
+    assert set(reader.frame("train")["session_id"]) == {"sB"}
+    assert reader.records == len(reader.frame("train")) == (60 if grow else 50)
+
+
+def test_a_torn_tail_cut_and_rewritten_by_the_next_writer_is_read_correctly(tmp_path: Path) -> None:
+    """The pending bytes a reader scanned are re-scanned when a resumed writer cuts them and appends."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    good = line(base_record(1))
+    append_bytes(path, good + b'{"schema_version":1,"time":"2026-11-29T10:00:09.0000' + b"0" * 300)
+    reader = RunReader(path)
+    assert reader.refresh() == 1 and reader.pending_bytes > 300
+    with open(path, "r+b") as out:  # what MetricsWriter does on open: cut the torn tail, then append
+        out.truncate(len(good))
+        out.seek(0, os.SEEK_END)
+        out.write(line(base_record(2, session="s2")) + line(base_record(3, session="s2")))
+    assert reader.refresh() == 2
+    assert reader.bad_lines == 0 and reader.pending_bytes == 0
+    assert list(reader.frame("train")["step"]) == [1, 2, 3]
+    assert np.all(reader.frame("train")["session_id"].astype(str) == ["s1", "s2", "s2"])
