@@ -10,6 +10,8 @@ from metrics_core.errors import (
     RecordTypeError,
     RecordValueError,
     RunNotFoundError,
+    WindowReductionError,
+    WriteFailedError,
     WriterLockedError,
     WriterStateError,
 )
@@ -27,6 +29,8 @@ __all__ = [
     "RunNotFoundError",
     "TrainingState",
     "TrainingWindow",
+    "WindowReductionError",
+    "WriteFailedError",
     "WriterLockedError",
     "WriterStateError",
 ]

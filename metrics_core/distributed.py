@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from metrics_core.errors import MetricsError, RecordTypeError
+from metrics_core.errors import RecordTypeError, WindowReductionError
 from metrics_core.window import TrainingWindow, WindowTotals
 from metrics_core.writer import MetricsWriter, RunContext, config_tree
 
@@ -64,10 +64,6 @@ SUM_FIELDS = (
 # Layout of the MAX vector.
 MAX_FIELDS = ("grad_norm_max", "attempts", "updates", "skips", "nonfinite")
 _COUNTS = ("attempts", "updates", "skips", "nonfinite")
-
-
-class WindowReductionError(MetricsError, RuntimeError):
-    """The collective that reduces a window across ranks failed: a rank died, hung or skipped it."""
 
 
 def process_group_rank() -> tuple[int, int] | None:

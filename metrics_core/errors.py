@@ -48,3 +48,7 @@ class RunNotFoundError(MetricsError, FileNotFoundError):
 
 class RunPathError(MetricsError, ValueError):
     """A run name that points outside the runs root (``..``, an absolute path, a symlink escape)."""
+
+
+class WindowReductionError(MetricsError, RuntimeError):
+    """The collective that reduces a window across ranks failed: a rank died, hung or skipped it."""

@@ -54,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 from metrics_core.distributed import DistributedWindow, SilentWriter, process_group_rank
+from metrics_core.errors import WriteFailedError
 from metrics_core.window import TrainingWindow
 from metrics_core.writer import MetricsWriter, RunContext, TrainingState
 
@@ -170,21 +171,33 @@ def training_session(
             yield session
         except (KeyboardInterrupt, _Terminated) as exc:
             cause = "SIGTERM" if isinstance(exc, _Terminated) else "KeyboardInterrupt"
-            session.log("session_end", status="interrupted", error=cause)
+            _end_while_unwinding(session, exc, status="interrupted", error=cause)
             if isinstance(exc, _Terminated):
                 raise SystemExit(SIGTERM_EXIT) from None
             raise
         except BaseException as exc:
             if isinstance(exc, SystemExit) and exc.code in (0, None):
-                session.log("session_end", status="finished")
+                _end_while_unwinding(session, exc, status="finished")
             else:
-                session.log("session_end", status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
+                _end_while_unwinding(session, exc, status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
             raise
         else:
             session.log("session_end", status="finished")
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _end_while_unwinding(session: TrainingSession, exc: BaseException, **values: Any) -> None:
+    """Write ``session_end`` while ``exc`` propagates; a full disk must not replace ``exc``.
+
+    The writer has already left its failure note (the run reads ``failed``), so the training
+    error, which is what the user needs to see, goes on with the write error as a note on it.
+    """
+    try:
+        session.log("session_end", **values)
+    except WriteFailedError as failure:
+        exc.add_note(f"session_end was not written: {failure}")
 
 
 def _install_sigterm() -> Any:

@@ -706,11 +706,6 @@ def test_full_filesystem_raises_write_failed_and_the_run_reads_as_failed(tiny_tm
     assert read_records(writer.path)[:-1] == written
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="needs session.py: training_session must not let a failing session_end replace the exception "
-    "that ended the block (catch WriteFailedError around the session_end log in the except paths)",
-)
 def test_training_session_on_a_full_disk_propagates_the_original_exception(tiny_tmpfs: Path) -> None:
     """The trainer's own error, not the session_end write failure, reaches the caller; the run reads failed."""
     directory = tiny_tmpfs / "runs" / "b"
