@@ -6,11 +6,12 @@ turns one such bug into a finding that names the session, the step range and how
 are affected; a clean run gets a single line saying what was checked.
 
 Checks on ``train`` windows: ``attempted_updates == updates + skipped_updates_in_window``; tokens
-per window against the run's median; cumulative ``tokens_seen``, ``skipped_updates`` and ``step``
-advancing by exactly the window's ``tokens``, ``skipped_updates_in_window`` and ``updates``;
-steps and times increasing within a session; missing losses; windows with no successful update;
-tokens per step changing across a resume; the loss jumping across a resume; in data-parallel runs,
-one rank persistently slower than the others (a straggler).  Ingest health:
+per attempted update against the run's median (a session's first window, partial, left out);
+cumulative ``tokens_seen``, ``skipped_updates`` and ``step`` advancing by exactly the window's
+``tokens``, ``skipped_updates_in_window`` and ``updates``; steps and times increasing within a
+session; missing losses; windows with no successful update; tokens per step changing across a
+resume; the loss jumping across a resume; in data-parallel runs, one rank persistently slower than
+the others (a straggler).  Ingest health:
 bad lines, bytes pending after the last newline, schema versions, reader resets.
 """
 
@@ -77,21 +78,12 @@ def _window_checks(train: pd.DataFrame) -> list[Finding]:
     findings: list[Finding] = []
     columns = set(train.columns)
     if {"attempted_updates", "updates", "skipped_updates_in_window"} <= columns:
-        bad = (train["attempted_updates"] != train["updates"] + train["skipped_updates_in_window"]).to_numpy()
+        counts = train[["attempted_updates", "updates", "skipped_updates_in_window"]]
+        bad = (counts.notna().all(axis=1) & (counts.iloc[:, 0] != counts.iloc[:, 1] + counts.iloc[:, 2])).to_numpy()
         findings += _per_session("window accounting", "error", train, bad,
                                  "where attempted_updates ≠ updates + skipped_updates_in_window")  # fmt: skip
     if "tokens" in columns and len(train):
-        median = float(train["tokens"].median())
-        if median > 0:
-            ratio = (train["tokens"] / median).to_numpy(dtype=np.float64)
-            bad = (ratio < 1 / TOKENS_FAR_OFF) | (ratio > TOKENS_FAR_OFF)
-            findings += _per_session(
-                "tokens per window",
-                "warning",
-                train,
-                bad,
-                f"with tokens far from the run's median of {median:,.0f} (metrics over a subset of batches?)",
-            )
+        findings += _tokens_per_update(train)
     for cumulative, per_window in (("tokens_seen", "tokens"), ("skipped_updates", "skipped_updates_in_window"),
                                    ("step", "updates")):  # fmt: skip
         if per_window in columns:
@@ -110,6 +102,39 @@ def _window_checks(train: pd.DataFrame) -> list[Finding]:
         findings += _per_session("no successful update", "info", train, (train["updates"] == 0).to_numpy(),
                                  "with no successful update (every attempt skipped)")  # fmt: skip
     return findings
+
+
+def _tokens_per_update(train: pd.DataFrame) -> list[Finding]:
+    """Windows whose tokens per attempted update are far from the run's median.
+
+    Per attempted update, not per window: a loop that logs every N iterations has short windows
+    at every start and resume, which are partial, not wrong.  A session's first window is
+    partial by nature (it begins wherever the checkpoint left the loop) and is left out.
+    """
+    tokens = pd.to_numeric(train["tokens"], errors="coerce").to_numpy(dtype=np.float64)
+    attempts = (
+        pd.to_numeric(train["attempted_updates"], errors="coerce").to_numpy(dtype=np.float64)
+        if "attempted_updates" in train.columns
+        else np.ones(len(train))
+    )
+    with np.errstate(divide="ignore", invalid="ignore"):
+        per_update = tokens / attempts
+    judged = np.isfinite(per_update) & (attempts > 0) & train["session_id"].duplicated().to_numpy()
+    if not judged.any():
+        return []
+    median = float(np.median(per_update[judged]))
+    if median <= 0:
+        return []
+    ratio = per_update / median
+    bad = judged & ((ratio < 1 / TOKENS_FAR_OFF) | (ratio > TOKENS_FAR_OFF))
+    return _per_session(
+        "tokens per update",
+        "warning",
+        train,
+        bad,
+        f"with tokens per attempted update far from the run's median of {median:,.0f} "
+        "(metrics over a subset of batches?)",
+    )
 
 
 def _resume_checks(

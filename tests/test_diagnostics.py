@@ -66,12 +66,37 @@ def test_tokens_counted_on_one_batch_of_eight_is_flagged(tmp_path: Path) -> None
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(window(s, tokens=1000 if 50 <= s <= 70 else 8000) for s in range(10, 201, 10)))
     found = checks(diagnose_reader(read(path)))
-    subset = found["tokens per window"]
+    subset = found["tokens per update"]
     assert (subset.session, subset.first_step, subset.last_step, subset.records) == ("s1", 50, 70, 3)
     assert "subset of batches" in subset.message
     mismatch = found["tokens_seen vs windows"]
     assert (mismatch.first_step, mismatch.last_step, mismatch.records) == (50, 70, 3)
     assert "ok" not in {f.severity for f in found.values()}
+
+
+def test_short_windows_at_every_resume_do_not_cry_wolf(tmp_path: Path) -> None:
+    """A loop logging every 5 iterations: each session's first window covers 1; tokens per update stay normal."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    records, seen = [], 0
+    for session, first in (("s1", 1), ("s2", 41), ("s3", 81)):
+        for step in [first, *range(first + 4, first + 40, 5)]:
+            attempts = 1 if step == first else 5
+            seen += attempts * 800
+            records.append(
+                window(step, session, tokens=attempts * 800, seen=seen, attempted=attempts, updates=attempts)
+            )
+    append_records(path, *records)
+    found = checks(diagnose_reader(read(path)))
+    assert "tokens per update" not in found
+
+
+def test_missing_counts_are_not_an_accounting_error(tmp_path: Path) -> None:
+    """A window that did not log attempted_updates is not flagged as attempted ≠ updates + skipped."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    records = [window(s) for s in range(10, 61, 10)]
+    del records[2]["attempted_updates"]
+    append_records(path, *records)
+    assert "window accounting" not in checks(diagnose_reader(read(path)))
 
 
 def test_window_accounting_and_counters_are_checked(tmp_path: Path) -> None:
