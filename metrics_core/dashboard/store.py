@@ -16,6 +16,9 @@ status ``error`` and lists every other run.  The failed run's reader is discarde
 unknown after an exception mid-refresh) and the failure is remembered: the file is re-read from
 the start only once it changed and ``safety_interval`` has passed, so a broken run costs one
 ``stat`` per refresh, not a full re-read.
+
+The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
+once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
 """
 
 from __future__ import annotations
@@ -33,15 +36,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from metrics_core.dashboard.config import view_config
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
 from metrics_core.runs import RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 
-EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end")
+EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
-                    "skipped updates", "last record age (s)", "bad lines", "error")  # fmt: skip
+                    "skipped updates", "last record age (s)", "bad lines", "error", "config")  # fmt: skip
 _log = logging.getLogger(__name__)
 
 
@@ -220,6 +224,7 @@ def _overview_row(view: RunView, now: datetime) -> dict[str, Any]:
         "last record age (s)": (now - view.last_record_time).total_seconds() if view.last_record_time else None,
         "bad lines": view.ingest.bad_lines,
         "error": None,
+        "config": config.values if (config := view_config(view)) is not None else None,
     }
 
 
@@ -264,12 +269,18 @@ def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
     return frame.assign(**{column: values for column, values in numbers.items() if values.notna().any()})
 
 
+def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:
+    frame = reader.frame(event)
+    # config records hold the nested "config" object: kept as written, never made numeric
+    return frame if event == "config" else _numeric_where_numbers(frame)
+
+
 def _build_view(name: str, reader: RunReader, status: str) -> RunView:
     return RunView(
         name=name,
         records=reader.records,
         sessions=reader.sessions,
-        frames={event: _numeric_where_numbers(reader.frame(event)) for event in EVENTS},
+        frames={event: _view_frame(reader, event) for event in EVENTS},
         superseded={event: reader.superseded(event) for event in EVENTS},
         replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
         ingest=reader.ingest_health(),
