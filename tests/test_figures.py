@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+import io
 import math
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
 
-from metrics_core.dashboard.charts import ChartOptions, run_charts
+from metrics_core.dashboard.charts import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
 from metrics_core.dashboard.figures import (
     SESSION_COLOURS,
+    STRAGGLER_TITLE,
     SUPERSEDED_OPACITY,
     Series,
     ema_smooth,
     metric_figure,
+    out_of_lockstep,
+    rank_time_ratio,
+    straggler_figure,
 )
 from metrics_core.dashboard.store import RunStore
 from metrics_core.downsample import minmax_indices
@@ -163,3 +169,91 @@ def test_gap_markers_of_a_long_run_stay_bounded(tmp_path: Path) -> None:
     (markers,) = traces(figure, "no successful update")
     assert 100 < len(markers.x) <= 4000 and markers.x[0] == 1 and markers.x[-1] == 39_999
     assert len(figure.to_json()) < 200_000
+
+
+# -- the straggler chart of a data-parallel run --------------------------------------------------
+
+
+def rank_window(step: int, *, session: str = "s1", slowest: int = 3, lockstep: bool = True, **values: object) -> dict:
+    """A train record as DistributedWindow writes it on a 4-rank job: rank 0.10 s, the slowest 0.10–0.16 s."""
+    fields = {"train_loss": 1.0 / step, "world_size": 4, "slowest_rank": slowest, "rank_step_time_min_s": 0.1,
+              "rank_step_time_max_s": 0.1 + 0.01 * (step // 10 % 7), "rank_tokens_per_s_min": 900.0,
+              "rank_tokens_per_s_max": 1000.0, "ranks_in_lockstep": lockstep}  # fmt: skip
+    return base_record(step, session=session, **{**fields, **values})
+
+
+def distributed_run(path: Path) -> None:
+    """Two sessions of a 4-rank job (S2 resumes at 60); the window at step 50 had ranks out of lockstep."""
+    append_records(path, *(rank_window(s, lockstep=s != 50) for s in range(10, 101, 10)))
+    append_records(path, base_record(60, event="session_start", session="s2"))
+    append_records(path, *(rank_window(s, session="s2", slowest=1) for s in range(70, 151, 10)))
+
+
+def test_straggler_band_spans_fastest_to_slowest_and_names_the_slowest_rank(tmp_path: Path) -> None:
+    """Per session: a min line, a max line filled down to it (hover: slowest rank and ratio), the ratio on y2."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    distributed_run(path)
+    reader = RunReader(path)
+    reader.refresh()
+    figure = straggler_figure(reader.effective("train"), sessions=reader.sessions)
+    low, high, ratio = traces(figure, "fastest rank · S2")[0], traces(figure, "rank step time")[1], None
+    assert list(high.x) == list(range(70, 151, 10)) and list(low.y) == pytest.approx([0.1] * 9)
+    assert high.fill == "tonexty" and list(high.y) == pytest.approx([0.1 + 0.01 * (s // 10 % 7) for s in high.x])
+    assert "slowest: rank %{customdata[0]}" in high.hovertemplate
+    assert {row[0] for row in high.customdata} == {"1"}
+    (ratio,) = traces(figure, "slowest / fastest · S2")
+    assert ratio.yaxis == "y2" and list(ratio.y) == pytest.approx([y / 0.1 for y in high.y], rel=1e-6)
+    assert [s.x0 for s in figure.layout.shapes if s.type == "line"] == [60]  # the resume, as on every chart
+
+
+def test_windows_out_of_lockstep_are_marked(tmp_path: Path) -> None:
+    """ranks_in_lockstep false puts a mark on the floor at that step; true or missing does not."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    distributed_run(path)
+    append_records(path, base_record(160, session="s2", world_size=4))  # no lockstep field at all
+    reader = RunReader(path)
+    reader.refresh()
+    train = reader.frame("train")
+    assert out_of_lockstep(train).tolist() == [s == 50 for s in train["step"]]
+    (marks,) = traces(straggler_figure(train, sessions=reader.sessions), "ranks out of lockstep")
+    assert list(marks.x) == [50] and marks.yaxis == "y3"
+
+
+def test_rank_time_ratio_is_nan_where_a_time_is_missing_or_zero() -> None:
+    """max/min per window; a missing time or a zero minimum is no ratio, never inf."""
+    frame = pd.DataFrame({"rank_step_time_min_s": [0.1, None, 0.0], "rank_step_time_max_s": [0.3, 0.2, 0.1]})
+    ratio = rank_time_ratio(frame)
+    assert ratio[0] == pytest.approx(3.0) and np.isnan(ratio[1:]).all()
+
+
+def test_straggler_chart_only_for_a_multi_rank_run_and_its_csv(tmp_path: Path) -> None:
+    """world_size > 1 adds the 'straggler' chart (after the others) with a CSV of what it draws; one rank adds none."""
+    distributed_run(tmp_path / "dp" / "metrics.jsonl")
+    append_records(tmp_path / "single" / "metrics.jsonl", *(base_record(s, train_loss=1.0, world_size=1)
+                                                             for s in (10, 20)))  # fmt: skip
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("dp")
+        for history in HISTORY_MODES:
+            figures = run_charts(view, ChartOptions(history=history))
+            assert list(figures)[-1] == "straggler" and figures["straggler"].layout.title.text == STRAGGLER_TITLE
+        csv = pd.read_csv(io.StringIO(chart_csv(chart_specs(view, "effective")["straggler"])))
+        assert set(csv["metric"]) == {"rank_step_time_min_s", "rank_step_time_max_s", "rank_step_time_ratio",
+                                      "slowest_rank", "ranks_in_lockstep"}  # fmt: skip
+        assert len(csv[csv["metric"] == "slowest_rank"]) == 15  # effective history: S1 to 60, S2 from 70
+        assert "straggler" not in run_charts(store.view("single"), ChartOptions())
+    finally:
+        store.close()
+
+
+def test_straggler_chart_of_a_long_run_stays_small(tmp_path: Path) -> None:
+    """40k windows: both band edges downsampled together, spikes of either edge kept, the JSON bounded."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(rank_window(s, rank_step_time_max_s=5.0 if s == 12_345 else 0.2) for s in range(1, 40_001)))
+    reader = RunReader(path)
+    reader.refresh()
+    figure = straggler_figure(reader.frame("train"), sessions=reader.sessions)
+    (high,) = traces(figure, "rank step time")
+    assert len(high.x) <= 8000 and 12_345 in list(high.x) and high.x[-1] == 40_000
+    assert len(traces(figure, "fastest rank")[0].x) == len(high.x)
+    assert len(figure.to_json()) < 400_000

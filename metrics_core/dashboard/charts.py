@@ -11,7 +11,17 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_second
-from metrics_core.dashboard.figures import Highlight, Series, metric_figure, session_colour, x_values
+from metrics_core.dashboard.figures import (
+    STRAGGLER_TITLE,
+    Highlight,
+    Series,
+    is_distributed,
+    metric_figure,
+    rank_time_ratio,
+    session_colour,
+    straggler_figure,
+    x_values,
+)
 from metrics_core.dashboard.store import RunView
 from metrics_core.diagnostics import Finding, diagnose
 
@@ -46,12 +56,17 @@ class ChartOptions:
 
 @dataclass(frozen=True)
 class ChartSpec:
-    """One chart: its series, and whether smoothing and a log scale apply to it."""
+    """One chart: its series, and whether smoothing and a log scale apply to it.
+
+    ``kind`` "lines" is drawn by ``metric_figure``; "straggler" by ``straggler_figure`` from the
+    first series' frame (the other series are what its CSV holds).
+    """
 
     title: str
     series: list[Series]
     smoothed: bool
     loggable: bool
+    kind: str = "lines"
 
 
 def _with_throughput(frame: pd.DataFrame) -> pd.DataFrame:
@@ -66,10 +81,11 @@ def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.nda
 
 
 def chart_specs(view: RunView, history: str) -> dict[str, ChartSpec]:
-    """Loss, clipped fraction, skipped updates, grad norm, LR and throughput, keyed by chart id."""
+    """Loss, clipped fraction, skipped updates, grad norm, LR and throughput, keyed by chart id;
+    and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
     train, dim = _rows(view, "train", history)
     validation, validation_dim = _rows(view, "validation", history)
-    return {
+    specs = {
         "loss": ChartSpec("Loss", [Series(train, "train_loss", "train", dim),
                                    Series(validation, "val_loss", "validation", validation_dim, markers=True)],
                           True, True),
@@ -85,6 +101,15 @@ def chart_specs(view: RunView, history: str) -> dict[str, ChartSpec]:
         "throughput": ChartSpec("Throughput (tokens/s)", [
             Series(_with_throughput(train), "tokens_per_s", "tokens/s", dim)], True, False),
     }  # fmt: skip
+    if is_distributed(view.frames["train"]):
+        ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
+        specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
+            Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
+            Series(ranks, "rank_step_time_max_s", "slowest rank's time", dim),
+            Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
+            Series(ranks, "slowest_rank", "slowest rank", dim),
+            Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
+    return specs
 
 
 def replays(view: RunView) -> list[ReplayWindow]:
@@ -114,7 +139,8 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
 def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
     """Every chart of the run page as a figure."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
-    return {
+    specs = chart_specs(view, options.history)
+    figures = {
         key: metric_figure(
             spec.series,
             title=spec.title,
@@ -125,8 +151,16 @@ def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
             revision=f"{view.name}:{key}:{options.x}:{options.log_y and spec.loggable}:{options.history}",
             highlights=highlights,
         )
-        for key, spec in chart_specs(view, options.history).items()
+        for key, spec in specs.items()
+        if spec.kind == "lines"
     }
+    if "straggler" in specs:
+        first = specs["straggler"].series[0]
+        figures["straggler"] = straggler_figure(
+            first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
+            revision=f"{view.name}:straggler:{options.x}:{options.history}",
+        )  # fmt: skip
+    return figures
 
 
 def view_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
