@@ -1,13 +1,15 @@
-"""`/compare?run=<a>&run=<b>…` — one metric of several runs overlaid; the URL is shareable."""
+"""`/compare?run=<a>&run=<b>…` — one metric of several runs overlaid and the config keys that
+differ between them; the URL is shareable."""
 
 import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
+from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.overview import filter_runs, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import name_text, run_names_or_stop, views_or_warn
+from metrics_core.dashboard.widgets import config_diff_panel, name_text, run_names_or_stop, views_or_warn
 
 config = settings()
 store = get_store(config)
@@ -39,6 +41,7 @@ def chart() -> None:
         return
     views = views_or_warn(store, picked)
     live_chart(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), key="chart_compare")
+    config_diff_panel({name: config.values if (config := view_config(view)) else None for name, view in views.items()})
 
 
 chart()

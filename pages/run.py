@@ -11,10 +11,11 @@ from metrics_core.dashboard.charts import (
     view_charts,
     view_findings,
 )
+from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.overview import file_stem, md_text, run_link, shorten
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import csv_button, health_panel, live_view, view_or_stop
+from metrics_core.dashboard.widgets import config_panel, csv_button, health_panel, live_view, view_or_stop
 
 config = settings()
 store = get_store(config)
@@ -43,6 +44,7 @@ def charts() -> None:
     st.caption(f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
                f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     health_panel(view_findings(view))
+    config_panel(view_config(view))
     left, right = st.columns(2)
     for number, (key, figure) in enumerate(view_charts(view, options).items()):
         with left if number % 2 == 0 else right:

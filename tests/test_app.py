@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -157,3 +158,108 @@ def test_missing_runs_root_is_a_clear_error_and_nothing_is_created(
     assert not app.exception
     assert "runs root does not exist" in app.error[0].value
     assert not (tmp_path / "typo").exists()
+
+
+# -- run config and the straggler chart ----------------------------------------------------------
+
+
+def add_config(root: Path, name: str, config: object, *, session: str = "s0", step: int = 0) -> None:
+    append_records(root / name / "metrics.jsonl", base_record(step, event="config", session=session, config=config))
+
+
+def download_keys(app: AppTest) -> list[str]:
+    return [button.key for button in app.get("download_button")]
+
+
+def test_run_page_shows_the_config_and_what_changed_at_resume(runs_root: Path) -> None:
+    """Config expander: key → value of the latest session, opened with the LR change at S2's resume."""
+    make_run(runs_root, "alpha", sessions=2)
+    add_config(runs_root, "alpha", {"optim": {"lr": 3e-4, "betas": [0.9, 0.95]}, "model": "gpt2"}, session="s0")
+    add_config(runs_root, "alpha", {"optim": {"lr": 1e-4, "betas": [0.9, 0.95]}, "model": "gpt2"}, session="s1",
+               step=50)  # fmt: skip
+    app = open_page("run", run="alpha")
+    assert not app.exception
+    (expander,) = [e for e in app.expander if e.label.startswith("Config")]
+    assert "changed at resume" in expander.label
+    config, changes = (frame.value for frame in expander.dataframe)
+    assert dict(zip(config["key"], config["value"], strict=True)) == {
+        "optim.lr": "0.0001", "optim.betas": "[0.9, 0.95]", "model": "gpt2"}  # fmt: skip
+    assert changes.to_dict("records") == [
+        {"session": "S2", "step": 50, "key": "optim.lr", "before": "0.0003", "after": "0.0001"}]  # fmt: skip
+    assert "csv_straggler" not in download_keys(app)  # one rank: no straggler chart
+
+
+def test_run_page_without_config_says_how_to_log_one(runs_root: Path) -> None:
+    """No config record: a one-line hint, no expander, no table."""
+    make_run(runs_root, "alpha")
+    app = open_page("run", run="alpha")
+    assert not app.exception
+    assert not [e for e in app.expander if e.label.startswith("Config")]
+    assert any("No config logged" in caption.value for caption in app.caption)
+
+
+def test_run_page_of_a_distributed_run_has_the_straggler_chart(runs_root: Path) -> None:
+    """world_size > 1: a seventh chart with its CSV button, kept across history modes."""
+    from tests.test_figures import distributed_run
+
+    distributed_run(runs_root / "dp" / "metrics.jsonl")
+    app = open_page("run", run="dp")
+    assert not app.exception
+    assert "csv_straggler" in download_keys(app) and len(download_keys(app)) == 7
+    app.radio(key="history").set_value("sessions").run()
+    assert not app.exception and "csv_straggler" in download_keys(app)
+
+
+def test_overview_config_columns_and_filter(runs_root: Path) -> None:
+    """Chosen config keys become columns; key=value terms filter rows; a bad term is an error, not a crash."""
+    for name, lr in (("alpha", 3e-4), ("beta", 1e-4)):
+        make_run(runs_root, name)
+        add_config(runs_root, name, {"optim": {"lr": lr}, "model": "gpt2"})
+    make_run(runs_root, "plain")  # no config at all
+    app = open_page("overview")
+    assert not app.exception
+    assert "config" not in app.dataframe[0].value.columns
+    assert app.multiselect(key="config_columns").options == ["model", "optim.lr"]
+    app.multiselect(key="config_columns").set_value(["optim.lr"]).run()
+    table = app.dataframe[0].value.set_index("run")
+    assert table["optim.lr"].tolist()[:2] == ["0.0003", "0.0001"] and pd.isna(table.loc["run?run=plain", "optim.lr"])
+    app.text_input(key="config_filter").input("optim.lr=3e-4").run()
+    assert list(app.dataframe[0].value["run"]) == ["run?run=alpha"]
+    app.text_input(key="config_filter").input("model!=gpt2").run()
+    assert list(app.dataframe[0].value["run"]) == ["run?run=plain"]
+    app.text_input(key="config_filter").input("lr").run()
+    assert "not key=value" in shown(app.error[0].value) and len(app.dataframe[0].value) == 3
+
+
+def test_overview_without_any_config(runs_root: Path) -> None:
+    """Runs without configs: no keys to choose, and a config filter term simply matches nothing."""
+    make_run(runs_root, "alpha")
+    app = open_page("overview")
+    assert not app.exception and app.multiselect(key="config_columns").options == []
+    app.text_input(key="config_filter").input("lr=1").run()
+    assert not app.exception and app.dataframe[0].value.empty
+
+
+def test_compare_page_shows_the_config_keys_that_differ(runs_root: Path) -> None:
+    """Differing keys by run (a missing key is '(not set)'); identical keys behind the toggle."""
+    make_run(runs_root, "alpha")
+    make_run(runs_root, "beta")
+    add_config(runs_root, "alpha", {"optim": {"lr": 3e-4}, "model": "gpt2", "only_alpha": 1})
+    add_config(runs_root, "beta", {"optim": {"lr": 1e-4}, "model": "gpt2"})
+    app = open_page("compare", run=["alpha", "beta"])
+    assert not app.exception
+    table = app.dataframe[0].value
+    assert list(table.columns) == ["alpha", "beta"]
+    assert table.to_dict("index") == {"only_alpha": {"alpha": "1", "beta": "(not set)"},
+                                      "optim.lr": {"alpha": "0.0003", "beta": "0.0001"}}  # fmt: skip
+    app.toggle(key="config_all").set_value(True).run()
+    assert sorted(app.dataframe[0].value.index) == ["model", "only_alpha", "optim.lr"]
+
+
+def test_compare_page_without_configs(runs_root: Path) -> None:
+    """Runs without configs: a plain note instead of a table, no toggle needed."""
+    make_run(runs_root, "alpha")
+    make_run(runs_root, "beta")
+    app = open_page("compare", run=["alpha", "beta"])
+    assert not app.exception and not app.dataframe
+    assert any("None of these runs logged a config" in caption.value for caption in app.caption)

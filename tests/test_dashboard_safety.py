@@ -317,3 +317,27 @@ def test_the_server_shows_no_error_details_in_the_browser() -> None:
 
     config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
     assert config["client"]["showErrorDetails"] == ShowErrorDetailsConfigOptions.NONE.value
+
+
+def test_hostile_config_keys_and_values_stay_text_on_every_page(runs_root: Path) -> None:
+    """Config keys, values and a session id from the file reach the page only as dataframe cells or escaped."""
+    evil_session = "[Log in again](https://evil.example/login)"
+    config = {h: h for h in HOSTILE} | {"nested": {"**k**": ["<b>x</b>"]}}
+    for name in ("a", "b"):
+        append_records(runs_root / name / "metrics.jsonl", base_record(10, session=evil_session, train_loss=1.0),
+                       base_record(10, event="config", session=evil_session,
+                                   config={**config, "n": name}))  # fmt: skip
+    app = open_page("run", run="a")
+    assert not app.exception
+    table = app.expander[1].dataframe[0].value
+    assert dict(zip(table["key"], table["value"], strict=True))["nested.**k**"] == '["<b>x</b>"]'
+    assert set(HOSTILE) - {"# heading\n- item\r\n> quote"} <= set(table["key"])  # cells: text kept as written
+    markdown = [e.value for e in (*app.caption, *app.markdown)] + [e.label for e in app.expander]
+    assert md_text(repr(shorten(evil_session, 40))) in " ".join(markdown)
+    assert not any("](https://evil" in text or "<img" in text or "**k**" in text for text in markdown)
+    app = open_page("compare", run=["a", "b"])
+    assert not app.exception and app.dataframe[0].value.index.tolist() == ["n"]
+    app = open_page("overview")
+    app.multiselect(key="config_columns").set_value(["<img src=x onerror=alert(1)>"]).run()
+    assert not app.exception
+    assert app.dataframe[0].value["<img src=x onerror=alert(1)>"].tolist() == ["<img src=x onerror=alert(1)>"] * 2

@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import streamlit as st
 
+from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
 from metrics_core.dashboard.overview import TITLE_CHARS, WORD_CHARS, md_text, shorten, shorten_words
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
@@ -129,3 +130,37 @@ def csv_button(label: str, make: Callable[[], str], file_name: str, key: str) ->
     """A download button whose CSV is built only when clicked."""
     st.download_button(label, data=make, file_name=file_name, mime="text/csv", key=key,
                        icon=":material/download:", on_click="ignore", type="tertiary")  # fmt: skip
+
+
+def config_panel(config: RunConfig | None) -> None:
+    """The run's config as a key → value table, and what changed at each resume (then opened:
+    a learning rate changed on resume is what the user must not miss).  Keys and values are
+    dataframe cells (plain text); the session id is escaped."""
+    if config is None:
+        st.caption("No config logged: pass `config=` to `training_session`, or call `write_config`.")
+        return
+    changed = " · changed at resume" if config.changes else ""
+    with st.expander(f"Config ({len(config.values)} keys){changed}", expanded=bool(config.changes),
+                     icon=":material/tune:"):  # fmt: skip
+        session = f"S{config.session + 1}" if config.session is not None else "an unknown session"
+        st.caption(f"From the config record of session {session} (id {md_text(repr(shorten(config.session_id, 40)))}, "
+                   f"step {config.step}); {config.records} config record(s) in the run."
+                   + (f" {config.dropped_keys} further keys not shown." if config.dropped_keys else ""))  # fmt: skip
+        st.dataframe(config_table(config), hide_index=True, width="stretch")
+        if config.changes:
+            st.markdown("**Changed from the previous config record**")
+            st.dataframe(changes_table(config), hide_index=True, width="stretch")
+
+
+def config_diff_panel(configs: dict[str, dict[str, str] | None]) -> None:
+    """The compare page's table: config keys by run, only those that differ unless asked."""
+    st.subheader("Config")
+    if not any(config is not None for config in configs.values()):
+        st.caption("None of these runs logged a config.")
+        return
+    every_key = st.toggle("Show identical keys too", key="config_all")
+    table = config_diff(configs, differing_only=not every_key)
+    if table.empty:
+        st.caption("Their configs are identical." if len(configs) > 1 else "Pick another run to see what differs.")
+        return
+    st.dataframe(table, width="stretch")
