@@ -9,6 +9,7 @@ import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.dashboard.figures import STRAGGLER_TITLE
 from tests.conftest import append_bytes, append_records, base_record
 from tests.live_server import GRAPH_JS, chromium, streamlit_server, wait_until
 
@@ -138,3 +139,41 @@ def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(page: object,
     wait_until(page, lambda: page.get_by_text("no run there").count() > 0)
     append_records(runs_root / "later" / "metrics.jsonl", *(base_record(s, train_loss=1.0) for s in (10, 20)))
     assert wait_until(page, lambda: (g := loss(page)) and train_points(g)[-1][0] == 20)
+
+
+# In the page: each st.dataframe under `selector` as rows of cell texts (glide-data-grid keeps an
+# accessible <table> of its visible cells beside the canvas it draws).
+GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-testid=stDataFrame]')].map(frame =>
+  [...frame.querySelectorAll('table tr')].map(row => [...row.querySelectorAll('th, td')].map(c => c.textContent)))"""
+
+
+def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, server: str, runs_root: Path) -> None:
+    """A 4-rank run: the rank step-time band with its slowest rank and lockstep mark; the config with the
+    LR changed at resume; and on /compare the keys that differ from another run."""
+    from tests.test_figures import distributed_run
+
+    path = runs_root / "ranks" / "metrics.jsonl"
+    distributed_run(path)
+    append_records(path, base_record(0, event="config", session="s1", config={"optim": {"lr": 3e-4}, "model": "gpt2"}))
+    append_records(path, base_record(60, event="config", session="s2", config={"optim": {"lr": 1e-4}, "model": "gpt2"}))
+    append_records(runs_root / "ranks-other" / "metrics.jsonl", base_record(10, train_loss=1.0),
+                   base_record(10, event="config", config={"optim": {"lr": 1e-4}, "model": "llama"}))  # fmt: skip
+    page.goto(f"{server}/run?run=ranks")
+    graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, STRAGGLER_TITLE))
+    band = {t["name"]: t for t in graph["traces"]}
+    assert band["rank step time, fastest–slowest · S2"]["x"] == list(range(70, 151, 10))
+    assert band["fastest rank · S2"]["y"] == pytest.approx([0.1] * 9)
+    assert band["ranks out of lockstep"]["x"] == [50]
+    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 7
+    hover = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot')]
+        .find(g => g.layout.title.text === {STRAGGLER_TITLE!r}).data[4].customdata[0][0]""")
+    assert hover == "1"  # the slowest rank of S2's windows, shown as "slowest: rank 1"
+    config, changes = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, "[data-testid=stExpander]"))
+                                 and len(grids) == 2 and all(len(g) > 1 for g in grids) and grids)  # fmt: skip
+    assert config == [["key", "value"], ["optim.lr", "0.0001"], ["model", "gpt2"]]
+    assert changes[1] == ["S2", "60", "optim.lr", "0.0003", "0.0001"]
+    page.goto(f"{server}/compare?run=ranks&run=ranks-other")
+    (diff,) = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, "[data-testid=stMain]")) and grids
+                         and len(grids[0]) > 1 and grids)  # fmt: skip
+    assert diff[1:] == [["model", "gpt2", "llama"]]
+    assert diff[0][1:] == ["ranks", "ranks-other"]
