@@ -1,132 +1,384 @@
-"""``python -m metrics_core tail|summary RUN_DIR``: a run in the terminal, through ssh or a log file.
+"""``python -m metrics_core tail|summary RUN_DIR``: a run in the terminal, on a training node, through ssh or a log.
 
-Every record is one plain, newline-terminated line (no carriage returns, no colours), so the
-output reads the same live, in ``less`` and in a file.  Both commands use ``RunReader``: torn
-tails are not printed until complete and bad lines are skipped, exactly as in the dashboard.
+Runs with the package's own dependency only (orjson): training nodes install ``metrics_core``
+alone, so both commands read the file through ``metrics_core.digest`` (the record rules of
+``metrics_core.records``, the session and replay rules of ``RunReader``), never through numpy or
+pandas.  ``tests/test_cli.py`` runs them in a venv that holds nothing else.
+
+Output contract:
+
+* ``tail``: one plain, newline-terminated line per record, in file order (no carriage returns,
+  no colours), so it reads the same live, in ``less`` and in a file.  A torn last line is never
+  printed; bad lines are skipped and reported once on stderr with where they are.  ``-n N`` reads
+  backwards from the end, so its cost does not grow with the file; ``-n +K`` starts at the K-th
+  record, like tail(1).  ``--follow`` prints new complete records as they land and, when the file
+  is cut or replaced, says so on stderr and prints the new content from its start.
+* ``summary``: every line at most ``WIDTH`` columns whatever the file holds ("…" where a value is
+  cut), "—" where a value is missing, never ``NaN``/``None``.
+* Strings from the file go through ``digest.clean``: a hostile session id cannot move the cursor
+  or recolour the terminal.
+* Exit status 0, also on Ctrl-C and when the reader of a pipe goes away (``| head``); 2 when the
+  run does not exist.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
+import os
 import sys
 import time
-from collections.abc import Sequence
-from datetime import datetime, timezone
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any, TextIO
 
-import pandas as pd
-
-from metrics_core.analysis import lost_work, session_table, tokens_per_second
-from metrics_core.diagnostics import diagnose_reader
+from metrics_core.digest import (
+    LineFollower,
+    Rates,
+    RunDigest,
+    SessionDigest,
+    Skipped,
+    clean,
+    fit,
+    last_records,
+    metrics_path,
+    number,
+    shorten,
+    width,
+)
 from metrics_core.errors import MetricsError
-from metrics_core.reader import RunReader
-from metrics_core.runs import run_status
+
+WIDTH = 100  # summary lines fit an 100-column terminal
+MISSING = "—"
+ID_COLUMNS = 16  # session ids, shortened in the middle: their ends tell sessions apart
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
+# -- formatting ---------------------------------------------------------------------------------
 
 
-def _number(value: Any, spec: str) -> str:
-    return "–" if value is None or pd.isna(value) else format(value, spec)
+def pad(text: str, columns: int, *, right: bool = False) -> str:
+    """``text`` cut or padded to exactly ``columns`` terminal columns."""
+    text = fit(text, columns)
+    fill = " " * (columns - width(text))
+    return fill + text if right else text + fill
 
 
-def _rate(value: Any) -> str:
-    if value is None or pd.isna(value):
-        return "–"
+def stamp(time_ns: int) -> str:
+    """A record's time, to the second, in UTC."""
+    return (_EPOCH + timedelta(microseconds=time_ns // 1000)).strftime("%Y-%m-%d %H:%M:%S") + "Z"
+
+
+def value_text(value: Any, spec: str) -> str:
+    """A numeric field formatted with ``spec``, or "—" when it is missing or not a number."""
+    as_number = number(value)
+    if as_number is None or not math.isfinite(as_number):
+        return MISSING
+    return format(as_number, spec)
+
+
+def count_text(value: int | None, columns: int = 14) -> str:
+    """An integer with thousands separators, or in k/M/G/T/P/E when that would not fit ``columns``."""
+    if value is None:
+        return MISSING
+    text = f"{value:,}"
+    if len(text) <= columns:
+        return text
+    for unit, scale in (("E", 1e18), ("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g}{unit}"
+    return text
+
+
+def rate_text(value: float | None) -> str:
+    if value is None:
+        return MISSING
     for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(value) >= scale:
             return f"{value / scale:.2f}{unit}"
     return f"{value:.0f}"
 
 
-def _describe(event: str, row: pd.Series) -> str:
-    get = row.get
+def bytes_text(value: int | None) -> str:
+    if value is None:
+        return MISSING
+    for unit, scale in (("GB", 1 << 30), ("MB", 1 << 20), ("kB", 1 << 10)):
+        if abs(value) >= scale:
+            return f"{value / scale:.3g} {unit}"
+    return f"{value} B"
+
+
+def duration_text(seconds: float | None) -> str:
+    """A duration a person reads at a glance: 45 s, 4.2 min, 3.1 h, 2.5 d."""
+    if seconds is None or not math.isfinite(seconds):
+        return MISSING
+    size = abs(seconds)
+    for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if size >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds:.2g} s" if size < 10 else f"{seconds:.0f} s"
+
+
+def loss_text(value: float) -> str:
+    return f"{value:.4f}" if 1e-3 <= abs(value) < 1e5 else f"{value:.3e}"
+
+
+# -- tail -------------------------------------------------------------------------------------
+
+
+def describe(record: Mapping[str, Any], rate: float | None) -> str:
+    """The values of one record, after its base fields, as "name value" pairs."""
+    event, get = record["event"], record.get
     if event == "train":
-        skips, clip = get("skipped_updates_in_window"), get("clipped_fraction")
-        return (f"loss {_number(get('train_loss'), '.4f')}  lr {_number(get('lr'), '.2e')}  "
-                f"skips {_number(skips, '.0f')}  clip {_number(clip, '.2f')}  "
-                f"tok/s {_rate(get('tokens_per_s'))}")  # fmt: skip
+        return (f"loss {value_text(get('train_loss'), '.4f')}  lr {value_text(get('lr'), '.2e')}  "
+                f"skips {value_text(get('skipped_updates_in_window'), '.0f')}  "
+                f"clip {value_text(get('clipped_fraction'), '.2f')}  tok/s {rate_text(rate)}")  # fmt: skip
     if event == "validation":
-        return f"val_loss {_number(get('val_loss'), '.4f')}  val_tokens {_number(get('val_tokens'), ',.0f')}"
+        return f"val_loss {value_text(get('val_loss'), '.4f')}  val_tokens {value_text(get('val_tokens'), ',.0f')}"
     if event == "session_start":
-        return (f"discarded {_number(get('discarded_bytes'), '.0f')} B  "
-                f"resumed from {_number(get('resumed_from_step'), '.0f')}")  # fmt: skip
+        discarded = value_text(get("discarded_bytes"), ".0f")
+        unit = "" if discarded == MISSING else " B"
+        return f"discarded {discarded}{unit}  resumed from {value_text(get('resumed_from_step'), '.0f')}"
     if event == "session_end":
-        error = get("error")
-        return f"status {get('status')}" + (f"  ({error})" if isinstance(error, str) else "")
+        status, error = get("status"), get("error")
+        text = f"status {fit(clean(status), 20) if isinstance(status, str) else MISSING}"
+        return text + (f"  ({fit(clean(error), 200)})" if isinstance(error, str) else "")
     if event == "checkpoint":
-        return f"path {get('path')}" if isinstance(get("path"), str) else ""
-    return ""
+        path = get("path")
+        return f"path {fit(clean(path), 200)}" if isinstance(path, str) else ""
+    # Unknown events and config: their own fields, cut so that one record stays one readable line.
+    extra = [key for key in record if key not in _BASE_KEYS]
+    return fit("  ".join(f"{clean(key)} {_any_text(record[key])}" for key in extra), 200)
 
 
-def new_lines(reader: RunReader, printed: dict[str, int], events: Sequence[str] | None = None) -> list[str]:
-    """Lines for the records not printed yet (``printed`` counts per event, updated), in time order.
-
-    The reader keeps records per event; equal times (a coarse clock) fall back to step, then to the
-    order in which the events first appeared in the file.
-    """
-    numbers = {session.session_id: session.index + 1 for session in reader.sessions}
-    rows: list[tuple[pd.Timestamp, int, int, int, str]] = []
-    for rank, event in enumerate(reader.events):
-        if events and event not in events:
-            continue
-        frame = reader.frame(event)
-        if event == "train":
-            frame = frame.assign(tokens_per_s=tokens_per_second(frame))
-        start, printed[event] = printed.get(event, 0), len(frame)
-        for position, row in frame.iloc[start:].iterrows():
-            stamp = row["time"].strftime("%Y-%m-%d %H:%M:%S")
-            text = (f"{stamp}Z  S{numbers[row['session_id']]}  {event:<13} step {row['step']:>9}  "
-                    f"{_describe(event, row)}").rstrip()  # fmt: skip
-            rows.append((row["time"], row["step"], rank, position, text))
-    return [row[-1] for row in sorted(rows, key=lambda row: row[:4])]
+_BASE_KEYS = frozenset(("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen",
+                        "skipped_updates"))  # fmt: skip
 
 
-def tail(reader: RunReader, out: TextIO, *, follow: bool, events: Sequence[str] | None, interval: float) -> None:
-    printed: dict[str, int] = {}
-    reader.refresh()
-    while True:
-        for line in new_lines(reader, printed, events):
-            out.write(line + "\n")
-        out.flush()
-        if not follow:
-            return
+def _any_text(value: Any) -> str:
+    if isinstance(value, str):
+        return fit(clean(value), 40)
+    if isinstance(value, dict):
+        return "{…}"
+    if isinstance(value, list):
+        return "[…]"
+    return MISSING if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def record_line(record: Mapping[str, Any], rate: float | None) -> str:
+    """One record as one plain line: time, session, event, step, then its values."""
+    session = pad(shorten(clean(record["session_id"]), ID_COLUMNS), ID_COLUMNS)
+    event = pad(clean(record["event"]), 13)
+    return f"{stamp(record['time'])}  {session}  {event} step {record['step']:>9}  {describe(record, rate)}".rstrip()
+
+
+def skipped_note(skipped: Sequence[Skipped]) -> str:
+    """One stderr line: how many bad lines were skipped, where the first few are and why."""
+    first = "; ".join(f"{s.where}: {fit(clean(s.reason), 60)}" for s in skipped[:3])
+    more = f"; and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
+    return f"tail: skipped {len(skipped):,} bad line(s): {first}{more}"
+
+
+class _Printer:
+    """Writes record lines in file order, computing each train record's tokens/s on the way."""
+
+    def __init__(self, out: TextIO, keep: Callable[[Mapping[str, Any]], bool]) -> None:
+        self.out, self.keep, self.rates = out, keep, Rates()
+
+    def feed(self, record: Mapping[str, Any], *, show: bool = True) -> None:
+        rate = self.rates(record) if record["event"] == "train" else None
+        if show and self.keep(record):
+            self.out.write(record_line(record, rate) + "\n")
+
+
+def tail(
+    path: Path,
+    out: TextIO,
+    err: TextIO,
+    *,
+    count: int = 10,
+    from_record: int | None = None,
+    follow: bool = False,
+    events: Sequence[str] | None = None,
+    interval: float = 1.0,
+) -> None:
+    """Print the last ``count`` records (or those from the ``from_record``-th on), then follow."""
+    wanted = frozenset(events or ())
+    keep = (lambda record: record["event"] in wanted) if wanted else (lambda record: True)
+    printer = _Printer(out, keep)
+    if from_record is not None:
+        follower = LineFollower(path)
+        skipped: list[Skipped] = []
+        seen = 0
+        for batch in follower.batches():
+            for record in batch.records:
+                seen += keep(record)
+                printer.feed(record, show=seen >= from_record)
+            skipped += batch.skipped
+    else:
+        found = last_records(path, count, keep=keep)
+        for record in found.context:
+            printer.feed(record, show=False)
+        for record in found.records:
+            printer.feed(record)
+        skipped = found.skipped
+        follower = LineFollower(path, offset=found.end, line=found.end_line)
+    out.flush()
+    if skipped:
+        err.write(skipped_note(skipped) + "\n")
+    while follow:
         time.sleep(interval)
-        reader.refresh()
+        skipped = []
+        for batch in follower.batches():
+            if batch.reset is not None:
+                err.write(f"tail: {clean(str(path))}: {batch.reset}; printing it again from its start\n")
+                printer = _Printer(out, keep)
+            for record in batch.records:
+                printer.feed(record)
+            skipped += batch.skipped
+        out.flush()
+        if skipped:
+            err.write(skipped_note(skipped) + "\n")
+    follower.close()
 
 
-def summary(reader: RunReader, out: TextIO) -> None:
-    reader.refresh()
-    status = run_status(reader, now=datetime.now(timezone.utc))
-    train = reader.frame("train")
-    out.write(f"{reader.path}: {status}, {len(reader.sessions)} session(s), {reader.records} records\n\n")
-    table = session_table(reader.sessions, train, status)
-    out.write(table.to_string(index=False) + "\n\n")
-    lost = lost_work(reader.sessions, train, reader.superseded("train"))
-    share = "–" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
-    out.write(f"lost work: downtime {lost.downtime_s:,.0f} s, {lost.steps_replayed:,} steps and "
-              f"{lost.tokens_replayed:,} tokens replayed, {share} of training time superseded\n\n")  # fmt: skip
-    for finding in diagnose_reader(reader):
-        out.write(f"[{finding.severity}] {finding.check}: {finding.message}\n")
+# -- summary ----------------------------------------------------------------------------------
+
+# (header, columns, right-aligned): 3+16+10+10+8+8+8+11+9 columns and 8 two-space gaps = 99.
+_TABLE = (("#", 3, True), ("session", 16, False), ("first step", 10, True), ("last step", 10, True),
+          ("records", 8, True), ("downtime", 8, True), ("replayed", 8, True), ("end status", 11, False),
+          ("discarded", 9, True))  # fmt: skip
 
 
-def main(argv: Sequence[str] | None = None, out: TextIO = sys.stdout) -> int:
+def _row(cells: Sequence[str]) -> str:
+    return "  ".join(pad(cell, columns, right=right) for cell, (_, columns, right) in zip(cells, _TABLE, strict=True))
+
+
+def session_rows(sessions: Sequence[SessionDigest], status: str) -> list[str]:
+    """The sessions table: one row per session, what it ran and what its resume cost.
+
+    A session without ``session_end`` crashed if a later one exists; the last one has the run's
+    status (as ``metrics_core.analysis.session_table``).
+    """
+    rows = [_row([header for header, _, _ in _TABLE])]
+    for s in sessions:
+        ended = s.end_status or ("crashed" if s.index + 1 < len(sessions) else status) or "no session_end"
+        rows.append(_row([
+            str(s.index + 1), shorten(clean(s.session_id), ID_COLUMNS), count_text(s.first_step, 10),
+            count_text(s.last_step, 10), count_text(s.records, 8), duration_text(s.downtime_s),
+            count_text(s.steps_replayed, 8), clean(ended), bytes_text(s.discarded_bytes),
+        ]))  # fmt: skip
+    return rows
+
+
+def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
+    """What ``summary`` prints, each line at most ``WIDTH`` columns."""
+    # runs holds the status rules; it is imported here so that tail never depends on it.
+    from metrics_core.runs import run_status, write_failure
+
+    status = run_status(digest, now=now)
+    label = 10
+    lines = [f"{'run':<{label}}{shorten(clean(str(digest.path)), WIDTH - label)}"]
+    if digest.run_ids:
+        ids = ", ".join(shorten(clean(run_id), 40) for run_id in list(digest.run_ids)[:2])
+        extra = f" (+{len(digest.run_ids) - 2:,} more)" if len(digest.run_ids) > 2 else ""
+        lines.append(f"{'run id':<{label}}{ids}{extra}")
+    state = status
+    failure = write_failure(digest)
+    if failure is not None:
+        state += f" — write failed: {clean(failure.error)}"
+    last = digest.last_record_time
+    if last is not None:
+        state += f" · last record {last:%Y-%m-%d %H:%M:%S}Z ({duration_text((now - last).total_seconds())} ago)"
+    lines.append(f"{'status':<{label}}{state}")
+    sessions = digest.sessions
+    lines.append(f"{'records':<{label}}{digest.records:,} in {len(sessions):,} session(s) · "
+                 f"{digest.bad_lines:,} bad line(s) · torn tail {bytes_text(digest.pending_bytes)}")  # fmt: skip
+    if sessions:
+        lines += ["", *session_rows(sessions, status), ""]
+        lost = digest.lost_work()
+        share = MISSING if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
+        lines.append(f"{'lost work':<{label}}downtime {duration_text(lost.downtime_s)} · "
+                     f"{count_text(lost.steps_replayed)} steps and "
+                     f"{count_text(lost.tokens_replayed)} tokens replayed")  # fmt: skip
+        lines.append(" " * label + f"training time superseded {share} (train windows a later session redid)")
+        losses = []
+        for key, name in (("train_loss", "train loss"), ("val_loss", "val loss")):
+            value = digest.last_loss.get(key)
+            losses.append(f"{name} {MISSING}" if value is None else
+                          f"{name} {loss_text(value[0])} (step {count_text(value[1])})")  # fmt: skip
+        lines.append(f"{'last':<{label}}" + " · ".join(losses))
+    lines += ["", "checks"]
+    for check in digest.checks():
+        head = f"  [{check.severity}] {check.check}: "
+        lines.append(head + check.messages[0])
+        lines += [" " * width(head) + message for message in check.messages[1:6]]
+        if len(check.messages) > 6:
+            lines.append(" " * width(head) + f"… and {len(check.messages) - 6:,} more")
+    return [fit(line, WIDTH) for line in lines]
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def _lines_arg(text: str) -> tuple[int, bool]:
+    """``-n``: "N" (the last N records) or "+K" (from the K-th record on), as tail(1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of records like 10 or +10, got {text!r}") from None
+    return (max(value, 1), True) if text.startswith("+") else (abs(value), False)
+
+
+def _interval_arg(text: str) -> float:
+    value = float(text)
+    if not (math.isfinite(value) and value > 0):
+        raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
+    return value
+
+
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m metrics_core", description=__doc__.splitlines()[0])
     commands = parser.add_subparsers(dest="command", required=True)
     tail_cmd = commands.add_parser("tail", help="print records as lines; --follow to keep printing new ones")
-    tail_cmd.add_argument("run_dir")
-    tail_cmd.add_argument("--follow", "-f", action="store_true")
+    tail_cmd.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
+    tail_cmd.add_argument("-n", "--lines", type=_lines_arg, default=(10, False), metavar="N",
+                          help="the last N records (default 10), or +K: from the K-th record on")  # fmt: skip
+    tail_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing records as they arrive")
     tail_cmd.add_argument("--event", action="append", help="only this event (repeatable)")
-    tail_cmd.add_argument("--interval", type=float, default=1.0, help="seconds between checks with --follow")
-    summary_cmd = commands.add_parser("summary", help="sessions table, lost work, status and diagnostics")
-    summary_cmd.add_argument("run_dir")
-    args = parser.parse_args(argv)
+    tail_cmd.add_argument("--interval", type=_interval_arg, default=1.0, help="seconds between checks with --follow")
+    summary_cmd = commands.add_parser("summary", help="status, sessions, lost work and health checks")
+    summary_cmd.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
+    """Run one command; return the exit status (see the module docstring)."""
+    out = sys.stdout if out is None else out
+    err = sys.stderr if err is None else err
+    args = _parser().parse_args(argv)
     try:
-        reader = RunReader(args.run_dir)
+        path = metrics_path(args.run_dir)
         if args.command == "tail":
-            tail(reader, out, follow=args.follow, events=args.event, interval=args.interval)
+            count, from_start = args.lines
+            tail(path, out, err, count=count, from_record=count if from_start else None, follow=args.follow,
+                 events=args.event, interval=args.interval)  # fmt: skip
         else:
-            summary(reader, out)
+            digest = RunDigest(path)
+            try:
+                digest.refresh()
+                out.write("".join(line + "\n" for line in summary_lines(digest, now=datetime.now(timezone.utc))))
+            finally:
+                digest.close()
+        out.flush()
     except MetricsError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        err.write(f"error: {clean(str(exc))}\n")
         return 2
-    except (KeyboardInterrupt, BrokenPipeError):
+    except KeyboardInterrupt:
+        return 0
+    except BrokenPipeError:
+        if out is sys.stdout:
+            # The interpreter flushes stdout again at exit, which would fail and print a traceback.
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
     return 0

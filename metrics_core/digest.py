@@ -803,7 +803,7 @@ class RunDigest:
 
     def _flagged(self, check: str, severity: str, flagged: dict[int, _Flagged], what: str) -> CheckResult:
         if not flagged:
-            return CheckResult("ok", check, (f"all {self.train_windows:,} train windows pass",))
+            return CheckResult("ok", check, (f"all {self.train_windows:,} train window(s) pass",))
         messages = tuple(
             f"session {shorten(clean(self._sessions[index].session_id), 16)}, steps {f.first_step:,}–"
             f"{f.last_step:,}: {f.count:,} window(s) {what}"
