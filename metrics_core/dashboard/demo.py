@@ -100,6 +100,10 @@ def run_session(
     with MetricsWriter(RunContext(directory, "demo", f"demo-s{session}")) as writer:
         writer.write("session_start", state, discarded_bytes=writer.discarded_bytes,
                      resumed_from_step=resumed_step)  # fmt: skip
+        writer.write_config(state, {
+            "model": {"inputs": 16, "width": 32}, "optim": {"lr": 0.05, "lr_half_life_steps": 2000,
+            "max_grad_norm": MAX_GRAD_NORM}, "fp16": {"initial_scale": 2.0**10}, "window": WINDOW, "seed": seed,
+        })  # fmt: skip
         while state.step < stop_at:
             x, y, tokens = _batch(rng, teacher)
             loss, grads = model.loss_and_grads(x, y)
@@ -135,8 +139,11 @@ def run_session(
                 return
         if crash:
             # Die mid-record, as a SIGKILL during a write would: half a line, no session_end.
+            # The writer writes with pwrite at its own offset (the descriptor's position stays at 0),
+            # so the torn tail goes explicitly to the end of the file.
             line = b'{"schema_version":1,"event":"train","step":' + str(state.step).encode()
-            os.write(writer._file.fileno(), line)
+            fd = writer._file.fileno()
+            os.pwrite(fd, line, os.fstat(fd).st_size)
             os._exit(1)
         writer.write("session_end", state, status="finished")
 
