@@ -363,6 +363,7 @@ def straggler_figure(
     _layout(figure, title=STRAGGLER_TITLE, sessions=sessions, x=x, origin=origin, log_y=False, revision=revision,
             highlights=highlights)  # fmt: skip
     figure.update_layout(
+        margin={"l": 50, "r": 55, "t": 50, "b": 30},  # room for the ratio axis and its title
         yaxis={"title": {"text": "s per step", "standoff": 2, "font": {"size": 11}}, "rangemode": "tozero"},
         yaxis2={"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
                 "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}},
