@@ -33,7 +33,7 @@ import math
 import os
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from metrics_core.records import (
     TIME_MAX_NS,
     TIME_MIN_NS,
     BadLine,
-    check_record,
+    check_lines,
     excerpt,
 )
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME, lock_is_held
@@ -134,11 +134,9 @@ class _SessionAcc:
 
 @dataclass(slots=True)
 class _Batch:
-    """Parsed complete lines: base fields as arrays in file order, values per event.
+    """What pyarrow parsed: base fields as arrays in file order, values as typed chunks per event.
 
-    The bulk parser hands values over as typed ``chunks``; the per-line parser as ``rows``
-    (dicts with ``time`` in ns), which the reader columnarises later in bulk, because building
-    ~20 small numpy arrays per refresh would cost more than parsing the lines.
+    (The per-line parser hands over dicts instead, see ``RunReader._ingest_rows``.)
     """
 
     count: int
@@ -154,53 +152,12 @@ class _Batch:
     skipped: np.ndarray
     schema_versions: dict[int, int]
     markers: list[dict[str, Any]]  # session_start / session_end records
-    chunks: dict[str, tuple[dict[str, Chunk], int]] = field(default_factory=dict)
-    rows: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    chunks: dict[str, tuple[dict[str, Chunk], int]]
 
 
-def _codes(values: list[str]) -> tuple[np.ndarray, list[str]]:
-    """Dictionary-encode ``values`` in order of first appearance."""
-    index: dict[str, int] = {}
-    codes = [index.setdefault(value, len(index)) for value in values]
-    return np.array(codes, dtype=np.int32), list(index)
-
-
-def _parse_lines(block: bytes, first_line: int, max_bytes: int) -> _Batch:
+def _parse_lines(block: bytes, first_line: int, max_bytes: int) -> tuple[list[dict[str, Any]], list[BadLine], int]:
     """Exact parse of complete lines (``metrics_core.records``): every bad line is found, counted and located."""
-    rows: list[dict[str, Any]] = []
-    bad: list[BadLine] = []
-    lines = block.split(b"\n")[:-1]  # block ends with \n
-    for number, line in enumerate(lines, start=first_line):
-        if not line.strip():
-            continue
-        checked = check_record(line, max_bytes=max_bytes)
-        if isinstance(checked, str):
-            bad.append(BadLine(number, checked, excerpt(line)))
-        else:
-            rows.append(checked)
-    by_event: dict[str, list[dict[str, Any]]] = {}
-    versions: dict[int, int] = {}
-    for row in rows:
-        by_event.setdefault(row["event"], []).append(row)
-        versions[row["schema_version"]] = versions.get(row["schema_version"], 0) + 1
-    session_codes, session_ids = _codes([row["session_id"] for row in rows])
-    event_codes, event_names = _codes([row["event"] for row in rows])
-    return _Batch(
-        count=len(rows),
-        lines=len(lines),
-        bad=bad,
-        session_codes=session_codes,
-        session_ids=session_ids,
-        event_codes=event_codes,
-        event_names=event_names,
-        steps=np.array([row["step"] for row in rows], dtype=np.int64),
-        times=np.array([row["time"] for row in rows], dtype=np.int64),
-        tokens_seen=np.array([row["tokens_seen"] for row in rows], dtype=np.int64),
-        skipped=np.array([row["skipped_updates"] for row in rows], dtype=np.int64),
-        schema_versions=versions,
-        markers=[row for row in rows if row["event"] in _MARKER_EVENTS],
-        rows=by_event,
-    )
+    return check_lines(block, first_line, max_bytes=max_bytes)
 
 
 def _columnarize(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
@@ -413,12 +370,13 @@ class RunReader:
         if self._fd is not None and self._changed_under_us(stat):
             self.close()
             self._clear()
+        size = stat.st_size  # the file the descriptor reads: _changed_under_us compared inodes
         if self._fd is None:
             self._fd = os.open(self.path, os.O_RDONLY)
-            self._inode = os.fstat(self._fd).st_ino
+            opened = os.fstat(self._fd)
+            self._inode, size = opened.st_ino, opened.st_size
         self._stat_key = key
         before = self.records
-        size = os.fstat(self._fd).st_size
         if self._scanned and (
             size < self._offset + self._scanned
             or self._read(self._offset, len(self._pending_head)) != self._pending_head
@@ -502,14 +460,63 @@ class RunReader:
     def _ingest_block(self, block: bytes) -> bool:
         """Parse and store one block of complete lines; True if pyarrow parsed any of it."""
         if len(block) < self.bulk_threshold:
-            self._ingest(_parse_lines(block, self._lines + 1, self.max_record_bytes))
+            self._ingest_rows(*_parse_lines(block, self._lines + 1, self.max_record_bytes))
             return False
         bulk = False
         for segment, wide in _segments(block):
             batch = None if wide or len(segment) < self.bulk_threshold else _parse_arrow(segment)
-            bulk |= batch is not None
-            self._ingest(batch or _parse_lines(segment, self._lines + 1, self.max_record_bytes))
+            if batch is None:
+                self._ingest_rows(*_parse_lines(segment, self._lines + 1, self.max_record_bytes))
+            else:
+                self._ingest(batch)
+                bulk = True
         return bulk
+
+    def _ingest_rows(self, rows: list[dict[str, Any]], bad: list[BadLine], lines: int) -> None:
+        """Store what the per-line parser found, in one pass of plain Python over the rows.
+
+        Same accounting as ``_ingest`` of a pyarrow batch, without numpy: for a refresh of a few
+        records, creating the ~10 small arrays that the vectorised form needs cost more than
+        parsing the lines.  The rows themselves stay dicts until ``_flush``.
+        """
+        self._lines += lines
+        self._note_bad(bad)
+        if not rows:
+            return
+        versions, pending, firsts = self.schema_versions, self._pending, self._first_step_in_event
+        session_id, acc, index, last = None, None, -1, None
+        for row in rows:
+            if row["session_id"] != session_id:
+                if last is not None:
+                    _note_last(acc, last)
+                session_id = row["session_id"]
+                index = self._session(session_id)
+                acc = self._sessions[index]
+                if acc.records == 0:
+                    acc.first_step, acc.start_ns, acc.first_tokens = row["step"], row["time"], row["tokens_seen"]
+            acc.records += 1
+            last = row
+            event = row["event"]
+            version = row["schema_version"]
+            versions[version] = versions.get(version, 0) + 1
+            per_event = pending.get(event)
+            if per_event is None:
+                per_event = pending[event] = []
+            per_event.append(row)
+            by_session = firsts.get(event)
+            if by_session is None:
+                by_session = firsts[event] = {}
+            if index not in by_session:
+                by_session[index] = row["step"]
+            if event in _MARKER_EVENTS:
+                self._note_marker(row)
+        _note_last(acc, last)
+        self._pending_rows += len(rows)
+        if self._pending_rows >= FLUSH_ROWS:
+            self._flush()
+        self.records += len(rows)
+        self.last_event = last["event"]
+        self._recent_times.extend([row["time"] for row in rows[-_RECENT_TIMES:]])
 
     def _ingest(self, batch: _Batch) -> None:
         """Store one parsed batch: counts, sessions, markers, columns."""
@@ -529,11 +536,6 @@ class RunReader:
             self._flush()  # rows parsed earlier come first in every table
             for event, (chunks, count) in batch.chunks.items():
                 self._tables.setdefault(event, Table()).extend(chunks, count)
-        for event, rows in batch.rows.items():
-            self._pending.setdefault(event, []).extend(rows)
-            self._pending_rows += len(rows)
-        if self._pending_rows >= FLUSH_ROWS:
-            self._flush()
         self.records += batch.count
         self.last_event = batch.event_names[batch.event_codes[-1]]
         self._recent_times.extend(batch.times[-_RECENT_TIMES:].tolist())
@@ -783,6 +785,11 @@ def _return_memory_to_os() -> None:
     pa.default_memory_pool().release_unused()
     with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
         ctypes.CDLL(None).malloc_trim(0)
+
+
+def _note_last(acc: _SessionAcc, row: dict[str, Any]) -> None:
+    acc.last_step, acc.end_ns = row["step"], row["time"]
+    acc.last_tokens, acc.last_skipped = row["tokens_seen"], row["skipped_updates"]
 
 
 def _int_or_none(value: Any) -> int | None:

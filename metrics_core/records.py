@@ -30,6 +30,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
+from operator import itemgetter
 from typing import Any
 
 import orjson
@@ -53,6 +54,11 @@ _INT_FIELDS = tuple(name for name in BASE_FIELD_ORDER if name not in _STRING_FIE
 # is cheap; only a line where the count is off (a repeat, a nested "step" key, an escaped key
 # name) pays for the exact check with the standard library's pairs hook.
 _BASE_KEY = re.compile(rb'"(?:' + b"|".join(name.encode() for name in BASE_FIELD_ORDER) + rb')"\s*:')
+_base_values = itemgetter(*BASE_FIELD_ORDER)
+# The writer's time, ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``: its second is parsed once (cached).
+_WRITER_SECOND = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}", re.ASCII)
+_SECOND_CACHE: dict[str, int | None] = {}
+_SECOND_CACHE_SIZE = 4096
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,15 +77,33 @@ def excerpt(line: bytes) -> str:
 
 def time_ns(text: str) -> int | None:
     """``text`` as integer nanoseconds since the epoch (exact, whole microseconds), or None."""
+    micros = _iso_micros(text)
+    if micros is None:
+        return None
+    stamp = micros * 1000
+    return stamp if TIME_MIN_NS <= stamp <= TIME_MAX_NS else None
+
+
+def _iso_micros(text: str) -> int | None:
     try:
         when = datetime.fromisoformat(text)
         if when.tzinfo is None:
             when = when.replace(tzinfo=timezone.utc)
-        micros = (when - _EPOCH) // _MICROSECOND  # exact integer arithmetic, any year
+        return (when - _EPOCH) // _MICROSECOND  # exact integer arithmetic, any year
     except (ValueError, OverflowError):
         return None
-    stamp = micros * 1000
-    return stamp if TIME_MIN_NS <= stamp <= TIME_MAX_NS else None
+
+
+def _second_micros(prefix: str) -> int | None:
+    """Microseconds since the epoch of a writer-shaped ``YYYY-MM-DDTHH:MM:SS`` UTC (cached), or None."""
+    try:
+        return _SECOND_CACHE[prefix]
+    except KeyError:
+        if len(_SECOND_CACHE) >= _SECOND_CACHE_SIZE:
+            _SECOND_CACHE.clear()
+        micros = _iso_micros(prefix + "+00:00") if _WRITER_SECOND.fullmatch(prefix) else None
+        _SECOND_CACHE[prefix] = micros
+        return micros
 
 
 def check_record(line: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any] | str:
@@ -115,6 +139,102 @@ def check_record(line: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str,
         return f"time {_short(obj['time'])} is not ISO-8601 within the years 1678–2262"
     obj["time"] = stamp
     return obj
+
+
+def check_lines(
+    block: bytes, first_line: int, *, max_bytes: int = MAX_RECORD_BYTES
+) -> tuple[list[dict[str, Any]], list[BadLine], int]:
+    """``check_record`` of every line of ``block`` (complete lines, ending in ``\\n``).
+
+    Returns the records (``time`` in ns), the bad lines numbered from ``first_line``, and the
+    number of lines; blank lines are neither.  Each line gets exactly ``check_record``'s answer:
+    a line that leaves the fast path below is handed to ``check_record`` itself.
+
+    Cost: a writer's line costs ``orjson.loads`` plus ~0.8 µs (``check_record``: ~1.7 µs),
+    because what needs no per-line answer is checked once per block:
+
+    * the int64 range: four values in [0, 2**63) are recognised by one ``|`` and a shift;
+    * no repeated key: with no escape in the block, every key occurrence needs its own ``:``,
+      and the writer's time holds three; so when the block's colons number exactly the distinct
+      keys plus three per fast-path record (plus the colons of the other lines), no fast-path
+      record holds a key twice: one ``bytes.count`` per block instead of a regex per line;
+    * the time: the writer's format is parsed once per distinct second, then six ASCII digits.
+    """
+    lines = block.split(b"\n")[:-1]
+    rows: list[dict[str, Any]] = []
+    bad: list[BadLine] = []
+    loads, base_values, second_micros = orjson.loads, _base_values, _second_micros
+    prefix, second = "", None
+    colons = 0  # what the block's colon count must be if no fast-path record repeats a key
+    for number, line in enumerate(lines, start=first_line):
+        if line[:1] != b"{" or len(line) > max_bytes:
+            if line.strip():
+                colons += _exact(line, number, max_bytes, rows, bad)
+            continue
+        try:
+            obj = loads(line)
+            version, when, run_id, session, event, step, tokens, skipped = base_values(obj)
+        except (orjson.JSONDecodeError, KeyError, TypeError):
+            colons += _exact(line, number, max_bytes, rows, bad)
+            continue
+        stamp = None
+        if (
+            type(when) is str and type(version) is int and type(step) is int and type(tokens) is int
+            and type(skipped) is int and type(run_id) is str and type(session) is str and type(event) is str
+            and not (version | step | tokens | skipped) >> 63 and len(obj) <= MAX_FIELDS
+            and len(when) == 32 and when[19] == "." and when[26:] == "+00:00"
+        ):  # fmt: skip
+            if when[:19] != prefix:
+                prefix = when[:19]
+                second = second_micros(prefix)
+            digits = when[20:26]
+            if second is not None and digits.isdigit() and digits.isascii():
+                stamp = (second + int(digits)) * 1000
+        if stamp is None or not TIME_MIN_NS <= stamp <= TIME_MAX_NS:
+            colons += _exact(line, number, max_bytes, rows, bad)
+            continue
+        obj["time"] = stamp
+        rows.append(obj)
+        colons += len(obj) + 3
+    if b"\\" in block or block.count(b":") != colons:
+        rows, bad = _check_repeats(rows, bad, lines, first_line)
+    return rows, bad, len(lines)
+
+
+def _exact(line: bytes, number: int, max_bytes: int, rows: list[dict[str, Any]], bad: list[BadLine]) -> int:
+    """``check_record`` of one line into ``rows`` or ``bad``; returns the line's colons."""
+    checked = check_record(line, max_bytes=max_bytes)
+    if isinstance(checked, str):
+        bad.append(BadLine(number, checked, excerpt(line)))
+    else:
+        rows.append(checked)
+    return line.count(b":")
+
+
+def _check_repeats(
+    rows: list[dict[str, Any]], bad: list[BadLine], lines: list[bytes], first_line: int
+) -> tuple[list[dict[str, Any]], list[BadLine]]:
+    """``check_record``'s repeated-key rule on every record of a block whose colon count was off.
+
+    Rows are in line order and every non-blank line gave a row or a bad line, so walking both
+    pairs each row with its line.  Rows ``check_record`` accepted pass this rule again.
+    """
+    bad_numbers = {item.line for item in bad}
+    rows_iter = iter(rows)
+    kept: list[dict[str, Any]] = []
+    found: list[BadLine] = []
+    for number, line in enumerate(lines, start=first_line):
+        if number in bad_numbers or not line.strip():
+            continue
+        row = next(rows_iter)
+        repeated = len(_BASE_KEY.findall(line)) != len(BASE_FIELD_ORDER) and _repeated_base_field(line)
+        if repeated:
+            found.append(BadLine(number, f"base field {repeated!r} appears more than once", excerpt(line)))
+        else:
+            kept.append(row)
+    if found:
+        bad = sorted(bad + found, key=lambda item: item.line)
+    return kept, bad
 
 
 def _repeated_base_field(line: bytes) -> str | None:

@@ -21,6 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from metrics_core.reader import RunReader
+from metrics_core.records import check_lines, check_record
 from tests.conftest import append_bytes, base_record
 
 PER_LINE, BULK = 1 << 40, 0
@@ -303,3 +304,57 @@ def test_a_torn_tail_cut_and_rewritten_by_the_next_writer_is_read_correctly(tmp_
     assert reader.bad_lines == 0 and reader.pending_bytes == 0
     assert list(reader.frame("train")["step"]) == [1, 2, 3]
     assert np.all(reader.frame("train")["session_id"].astype(str) == ["s1", "s2", "s2"])
+
+
+# -- the batch checker gives each line check_record's answer ---------------------------------
+
+
+def per_line_answers(block: bytes) -> tuple[list[Any], list[tuple[int, str]]]:
+    rows, bad = [], []
+    for number, raw in enumerate(block.split(b"\n")[:-1], start=1):
+        if raw.strip():
+            checked = check_record(raw)
+            if isinstance(checked, str):
+                bad.append((number, checked))
+            else:
+                rows.append(checked)
+    return rows, bad
+
+
+WRITER_LINE = line(base_record(5, train_loss=1.5, note="a:b"))
+TRICKY = {
+    "repeat with space before colon": WRITER_LINE[:-2] + b',"step" :6}\n',
+    "escaped repeat": WRITER_LINE[:-2] + b',"\\u0073tep":6}\n',
+    "escaped key only": WRITER_LINE.replace(b'"step":', b'"\\u0073tep":'),
+    "colon-free nested repeat": WRITER_LINE[:-2] + b',"x":{"step":1}}\n',
+    "value repeat": WRITER_LINE[:-2] + b',"lr":1,"lr":2}\n',
+    "escaped colon in time": WRITER_LINE.replace(b"10:00:05", b"10\\u003a00:05"),
+    "time 24:00": WRITER_LINE.replace(b"10:00:05", b"24:00:00"),
+    "time Feb 30": WRITER_LINE.replace(b"2026-11-29", b"2026-02-30"),
+    "time non-ASCII digit": WRITER_LINE.replace(b".000000+", "١00000+".encode()[:-1] + b"+").replace(b"05.", b"05."),
+    "negative step": line(base_record(-5)),
+    "step 2^63": line(base_record(5) | {"step": 1 << 63}),
+    "time before 1970": line(base_record(5) | {"time": "1969-12-31T23:59:59.500000+00:00"}),
+    "last representable microsecond": line(base_record(5) | {"time": "2262-04-11T23:47:16.854775+00:00"}),
+    "one microsecond later": line(base_record(5) | {"time": "2262-04-11T23:47:16.854776+00:00"}),
+    "blank": b" \r\n",
+    "CRLF": WRITER_LINE[:-1] + b"\r\n",
+}
+
+
+@pytest.mark.parametrize("tricky", list(TRICKY), ids=list(TRICKY))
+def test_the_batch_checker_gives_each_line_check_records_answer(tricky: str) -> None:
+    """Each line that defeats a block-level shortcut (colons, escapes, the time cache) is judged by check_record."""
+    block = WRITER_LINE + TRICKY[tricky] + WRITER_LINE
+    rows, bad, lines = check_lines(block, 1)
+    assert lines == 3
+    assert (rows, [(item.line, item.reason) for item in bad]) == per_line_answers(block)
+
+
+@settings(max_examples=int(os.environ.get("METRICS_FUZZ", "150")), deadline=None)
+@given(case=fuzzed_file())
+def test_the_batch_checker_agrees_with_check_record_on_any_file(case: tuple[bytes, set[int]]) -> None:
+    """check_lines is check_record applied line by line, on any fuzzed file."""
+    data = case[0][: case[0].rfind(b"\n") + 1]
+    rows, bad, _ = check_lines(data, 1)
+    assert (rows, [(item.line, item.reason) for item in bad]) == per_line_answers(data)
