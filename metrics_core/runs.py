@@ -26,12 +26,15 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import orjson
 
 from metrics_core.errors import RunNotFoundError, RunPathError
-from metrics_core.reader import RunReader
 from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
+
+if TYPE_CHECKING:  # annotations only: run_status must load on a training node without numpy/pandas
+    from metrics_core.reader import RunReader
 
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0

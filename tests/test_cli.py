@@ -28,11 +28,6 @@ from tests.conftest import REPO, append_bytes, append_records, base_record
 from tests.test_reader import three_session_run
 
 ESCAPE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
-# runs.py imports reader (numpy, pandas) at module level only for a type annotation; until the
-# import moves under TYPE_CHECKING, summary's status rules cannot load on a training node.
-RUNS_NEEDS_PANDAS = pytest.mark.xfail(
-    reason="metrics_core.runs imports metrics_core.reader at module level (see the CLI report)", strict=True
-)
 
 
 def cli(*args: str, python: str = sys.executable, timeout: float = 60) -> subprocess.CompletedProcess:
@@ -244,7 +239,6 @@ def test_tail_runs_where_only_orjson_is_installed(tmp_path: Path, light_python: 
     assert len(result.stdout.splitlines()) == 3 and "step       200" in result.stdout
 
 
-@RUNS_NEEDS_PANDAS
 def test_summary_runs_where_only_orjson_is_installed(tmp_path: Path, light_python: str) -> None:
     """In a venv with orjson and metrics_core only, summary answers with the same numbers."""
     three_session_run(tmp_path / "r" / "metrics.jsonl")
@@ -270,7 +264,6 @@ def test_tail_loads_no_numpy_or_pandas(tmp_path: Path) -> None:
     assert _modules_after("tail", tmp_path) == []
 
 
-@RUNS_NEEDS_PANDAS
 def test_summary_loads_no_numpy_or_pandas(tmp_path: Path) -> None:
     """Where numpy and pandas are installed, summary still does not import them."""
     three_session_run(tmp_path / "metrics.jsonl")
