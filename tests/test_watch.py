@@ -33,6 +33,7 @@ def test_watcher_sees_new_run_and_append(tmp_path: Path, force_polling: bool) ->
         append_records(root / "new" / "metrics.jsonl", base_record(1))
         assert wait_for(lambda: watcher.structure_generation > generation)
         assert wait_for(lambda: root / "new" in watcher.take_dirty())
+        time.sleep(0.3)  # the creation's trailing events (close_write...) may still be on their way
         watcher.take_dirty()
         append_records(root / "old" / "metrics.jsonl", base_record(2))
         dirty: set[Path] = set()
