@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from metrics_core.digest import LostWork
 from metrics_core.reader import Session
 
 
@@ -124,22 +125,6 @@ def session_table(sessions: Sequence[Session], train: pd.DataFrame, run_status: 
             }
         )
     return pd.DataFrame(rows).astype({"resume step": "Int64", "discarded bytes": "Int64", "mean tokens/s": "Int64"})
-
-
-@dataclass(frozen=True, slots=True)
-class LostWork:
-    """What the run's crashes cost, over all sessions."""
-
-    downtime_s: float
-    steps_replayed: int
-    tokens_replayed: int
-    superseded_time_s: float
-    training_time_s: float
-
-    @property
-    def superseded_share(self) -> float | None:
-        """Share of training time spent producing records a later session redid."""
-        return self.superseded_time_s / self.training_time_s if self.training_time_s > 0 else None
 
 
 def lost_work(sessions: Sequence[Session], train: pd.DataFrame, superseded: np.ndarray) -> LostWork:

@@ -489,7 +489,8 @@ class CheckResult:
 
 @dataclass(frozen=True, slots=True)
 class LostWork:
-    """What the run's crashes cost, as ``metrics_core.analysis.lost_work`` computes it."""
+    """What the run's crashes cost, over all sessions (``RunDigest.lost_work`` and
+    ``metrics_core.analysis.lost_work`` both give it, with and without pandas)."""
 
     downtime_s: float
     steps_replayed: int
