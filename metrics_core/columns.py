@@ -83,6 +83,16 @@ class Column:
         self._index: dict[str, int] = {}
         self._buffer: np.ndarray | None = None if kind == "null" else np.empty(0, _NUMPY_DTYPES[kind])
 
+    @classmethod
+    def restore(cls, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> Column:
+        """A column holding ``values`` (its own buffer, of the kind's dtype), as a cache saved it."""
+        column = cls(kind, 0 if values is None else len(values))
+        if values is not None:
+            column._buffer = values
+            column.categories = list(categories)
+            column._index = {category: code for code, category in enumerate(column.categories)}
+        return column
+
     def view(self) -> np.ndarray | None:
         """The filled part of the buffer (a view: rows are never modified once written)."""
         return None if self._buffer is None else self._buffer[: self.size]

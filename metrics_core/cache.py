@@ -1,0 +1,229 @@
+"""A columnar cache of parsed runs, so that reopening a big run after a restart parses only new bytes.
+
+Contract
+--------
+* The cache lives in a directory its owner passes in (the dashboard's own cache directory),
+  never in the runs root, which may be read-only.  One file per run file, named by the run
+  file's identity (device and inode): ``<dev>-<ino>.mcc``.
+* A cache file holds everything ``RunReader`` knows after a parse up to a line boundary: the
+  columns of each event (as Arrow IPC streams, typed as ``metrics_core.columns`` holds them), the
+  sessions' accumulators, counters, bad-line samples, the byte offset and line count, and the
+  fingerprints the reader itself uses to notice a rewrite (the file's first bytes and the first
+  bytes of the last line read).
+* It is only used when it matches the file: same device and inode, the file at least as long as
+  the cached offset, the same first bytes and the same bytes where the last cached line starts,
+  the same cache format and the same record limit.  Otherwise it is ignored, and overwritten at
+  the next save.  A rewrite that keeps inode, size, first line and the last line read would also
+  fool the live reader's own check: the cache promises no more, and no less, than a reader that
+  stayed open.  The size at save is not required: a resumed writer legitimately cuts a torn tail
+  after the offset.
+* Restoring, the reader continues from the cached offset with ``refresh()``, so only appended
+  bytes are parsed, and the result equals a cold parse exactly (tests compare full snapshots).
+* Writes are atomic (a unique temporary file in the cache directory, then ``os.replace``), so a
+  second dashboard process sees the old file or the new one, never half of one; the last writer
+  wins and both wrote a valid cache.  Every byte is covered by a CRC-32: a corrupt, truncated or
+  foreign file is ignored, never an exception.  A cache directory that cannot be written means
+  no cache, not an error.
+* Bounded: a run whose cache would exceed ``max_file_bytes`` is not cached, and after each save
+  the oldest files beyond ``max_total_bytes`` are removed.
+
+When the reader saves (``CachePolicy``): after a refresh that parsed at least ``min_records``
+records from a cold start (a parse worth skipping next time), then after later refreshes at most
+once per ``interval_s`` seconds while the run grows (so a restart replays at most that much of a
+live run), and on ``close()`` when anything was parsed since the last save.
+
+Cost: a save writes ~the resident column bytes (~115 B/record); a load reads them back and
+copies them into growable buffers, ~5 % of a cold parse (``benchmarks/bench_reader.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import struct
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from metrics_core.columns import Column, Table
+
+if TYPE_CHECKING:
+    from metrics_core.reader import RunReader
+
+FORMAT = 1  # bump when the record rules (records.py) or the column typing (columns.py) change
+_MAGIC = b"MCCACHE1"
+_PREFIX = struct.Struct("<8sQQI")  # magic, header bytes, payload bytes, crc32 of header + payload
+_NUMERIC = {"int": "int64", "float": "float64", "bool": "int8"}
+
+
+@dataclass(frozen=True)
+class CachePolicy:
+    """Where the cache lives and when a reader writes it (see the module docstring)."""
+
+    directory: Path
+    min_records: int = 50_000
+    interval_s: float = 300.0
+    max_file_bytes: int = 2 << 30
+    max_total_bytes: int = 16 << 30
+    clock: Callable[[], float] = field(default=time.monotonic, compare=False)
+
+    def path_for(self, stat: os.stat_result) -> Path:
+        return Path(self.directory) / f"{stat.st_dev:x}-{stat.st_ino:x}.mcc"
+
+
+def save(reader: RunReader, policy: CachePolicy) -> bool:
+    """Write ``reader``'s parsed state to its cache file; False (and no exception) if it cannot."""
+    try:
+        state, tables = reader._cache_state()
+        streams = {event: _table_bytes(table) for event, table in tables.items()}
+        payload = b"".join(streams.values())
+        state["tables"] = [
+            [event, table.size, len(streams[event]), [[name, column.kind, list(column.categories)]
+                                                      for name, column in table.columns.items()]]
+            for event, table in tables.items()
+        ]  # fmt: skip
+        header = json.dumps(state).encode()
+        if len(header) + len(payload) > policy.max_file_bytes:
+            return False
+        crc = zlib.crc32(payload, zlib.crc32(header))
+        directory = Path(policy.directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        if reader._fd is None:
+            return False
+        target = policy.path_for(os.fstat(reader._fd))
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".mcc")
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(_PREFIX.pack(_MAGIC, len(header), len(payload), crc))
+                out.write(header)
+                out.write(payload)
+            os.replace(temporary, target)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+            raise
+        _prune(directory, policy.max_total_bytes, keep=target)
+        return True
+    except (OSError, ValueError, TypeError):
+        return False  # unwritable directory, full disk, a value JSON cannot hold: no cache
+
+
+def load(reader: RunReader, policy: CachePolicy) -> bool:
+    """Restore ``reader`` (open, nothing parsed yet) from a cache file that matches its file."""
+    if reader._fd is None:
+        return False
+    try:
+        stat = os.fstat(reader._fd)
+        with open(policy.path_for(stat), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return False
+    try:
+        state, tables = _decode(data)
+        if not _matches(reader, state, stat):
+            return False
+        reader._restore_cache_state(state, tables)
+        return True
+    except Exception:  # a corrupt or foreign file of any shape: never the caller's problem
+        reader._clear()
+        return False
+
+
+def _matches(reader: RunReader, state: dict[str, Any], stat: os.stat_result) -> bool:
+    if state.get("format") != FORMAT or state.get("max_record_bytes") != reader.max_record_bytes:
+        return False
+    if (state["dev"], state["ino"]) != (stat.st_dev, stat.st_ino) or stat.st_size < state["offset"]:
+        return False
+    head = bytes.fromhex(state["head"])
+    position, last = state["last_line"][0], bytes.fromhex(state["last_line"][1])
+    return reader._read(0, len(head)) == head and reader._read(position, len(last)) == last
+
+
+def _decode(data: bytes) -> tuple[dict[str, Any], dict[str, Table]]:
+    import pyarrow as pa
+
+    magic, header_size, payload_size, crc = _PREFIX.unpack_from(data)
+    start = _PREFIX.size
+    if magic != _MAGIC or len(data) != start + header_size + payload_size:
+        raise ValueError("not a complete cache file")
+    view = memoryview(data)
+    header, payload = view[start : start + header_size], view[start + header_size :]
+    if zlib.crc32(payload, zlib.crc32(header)) != crc:
+        raise ValueError("cache file checksum mismatch")
+    state = json.loads(bytes(header))
+    tables: dict[str, Table] = {}
+    position = 0
+    for event, size, length, columns in state["tables"]:
+        batch = pa.ipc.open_stream(payload[position : position + length]).read_all() if length else None
+        position += length
+        table = tables[event] = Table()
+        table.size = size
+        for index, (name, kind, categories) in enumerate(columns):
+            values = None if batch is None else batch.column(index).combine_chunks()
+            table.columns[name] = _column(kind, values, categories, size)
+    return state, tables
+
+
+def _table_bytes(table: Table) -> bytes:
+    """One Arrow IPC stream of the table's columns, in order (empty for a table without columns)."""
+    import pyarrow as pa
+
+    arrays = [_arrow(column) for column in table.columns.values()]
+    if not arrays:
+        return b""
+    batch = pa.record_batch(arrays, names=[f"c{i}" for i in range(len(arrays))])
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_stream(sink, batch.schema) as writer:
+        writer.write_batch(batch)
+    return sink.getvalue().to_pybytes()
+
+
+def _arrow(column: Column) -> Any:
+    import pyarrow as pa
+
+    if column.kind == "null":
+        return pa.nulls(column.size)
+    values = column.view()
+    if column.kind == "object":
+        return pa.array([json.dumps(value) for value in values.tolist()], type=pa.string())
+    return pa.array(values)  # int64, float64, int8 (bool, -1 missing) or int32 codes (cat, -1 missing)
+
+
+def _column(kind: str, values: Any, categories: list[str], size: int) -> Column:
+    if kind == "null":
+        return Column("null", size)
+    if kind == "object":
+        array = np.empty(size, dtype=object)
+        array[:] = [json.loads(value) for value in values.to_pylist()]
+    else:
+        array = values.to_numpy(zero_copy_only=False).copy()  # a growable buffer of its own
+        expected = {"cat": "int32", **_NUMERIC}[kind]
+        if array.dtype != np.dtype(expected) or len(array) != size:
+            raise ValueError("column does not match its description")
+        if kind == "cat" and len(array) and (array.max() >= len(categories) or array.min() < -1):
+            raise ValueError("category code out of range")
+    return Column.restore(kind, array, categories)
+
+
+def _prune(directory: Path, budget: int, *, keep: Path) -> None:
+    """Remove the least recently written cache files beyond ``budget`` bytes (never ``keep``)."""
+    entries = []
+    for path in directory.glob("*.mcc"):
+        with contextlib.suppress(OSError):
+            stat = path.stat()
+            entries.append((stat.st_mtime_ns, stat.st_size, path))
+    total = sum(size for _, size, _ in entries)
+    for _, size, path in sorted(entries):
+        if total <= budget:
+            break
+        if path != keep:
+            with contextlib.suppress(OSError):  # another process may have removed it
+                path.unlink()
+            total -= size
