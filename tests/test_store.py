@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import pytest
+
+from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.charts import ChartOptions, view_charts
-from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.store import RunStore, view_summary
 from tests.conftest import append_records, base_record
 
 
@@ -45,5 +49,113 @@ def test_derived_data_is_computed_once_per_snapshot_across_threads(tmp_path: Pat
         assert calls == [1] and results == [1] * 8
         options = ChartOptions(smoothing=0.5)
         assert view_charts(view, options) is view_charts(view, options)
+    finally:
+        store.close()
+
+
+# -- issue 10: the overview is O(runs), and each run's row is kept incrementally ------------------
+
+
+def summary_of(store: RunStore, name: str) -> object:
+    return store._entries[name].summary
+
+
+def test_incremental_summary_equals_the_full_recount_after_every_append(tmp_path: Path) -> None:
+    """Each row from the reader's column tails equals the O(n) one from the snapshot's frames, append by append."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    appends = [
+        [base_record(s, train_loss=1.0 / s) for s in (10, 20)],
+        [base_record(20, event="validation", val_loss=0.7), base_record(30)],  # a window with no loss
+        [base_record(20, event="session_start", session="s2"), base_record(30, session="s2", train_loss=0.4)],
+        [base_record(30, event="config", session="s2", config={"optim": {"lr": 1e-4}})],
+        [base_record(40, session="s2", train_loss="oops"), base_record(50, session="s2", train_loss=0.3)],
+        [base_record(60, session="s2", event="session_end", status="finished")],
+    ]
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        for records in appends:
+            append_records(path, *records)
+            store.overview()
+            view = store.view("r")
+            assert summary_of(store, "r") == view_summary(view)
+    finally:
+        store.close()
+
+
+def count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> list[int]:
+    calls: list[int] = []
+    original = getattr(owner, name)
+
+    def counted(*args: object, **kwargs: object) -> object:
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(owner, name, counted)
+    return calls
+
+
+def overview_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Work of a cold overview, a no-change one and one after a single append, on ``runs`` runs."""
+    for number in range(runs):
+        append_records(root / f"run{number:04d}" / "metrics.jsonl",
+                       *(base_record(s, train_loss=1.0 / s) for s in range(10, 60, 10)))  # fmt: skip
+    frames = count_calls(monkeypatch, store_module.RunReader, "frame")
+    resolves = count_calls(monkeypatch, store_module, "resolve_run")
+    store = RunStore(root, safety_interval=3600.0, load_budget_s=3600.0)
+    try:
+        assert (store.overview()["status"] != "loading").all()
+        cold = dict(store.stats)
+        store.overview()
+        idle = {key: store.stats[key] - cold[key] for key in cold}
+        append_records(root / "run0000" / "metrics.jsonl", base_record(60, train_loss=0.1))
+        store._entries["run0000"].refreshed_at = float("-inf")  # as the watcher's hint does
+        before = dict(store.stats)
+        assert store.overview().set_index("run").loc["run0000", "last step"] == 60
+        after = {key: store.stats[key] - before[key] for key in before}
+    finally:
+        store.close()
+    return {"cold_summaries": cold["summaries"], "cold_walks": cold["find_runs"], "idle_summaries": idle["summaries"],
+            "idle_builds": idle["table_builds"], "append_summaries": after["summaries"], "frames": len(frames),
+            "resolves": len(resolves)}  # fmt: skip
+
+
+def test_overview_work_grows_linearly_with_runs_and_an_append_touches_one_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """20 vs 200 runs: one walk per call, one summary per run cold, none when idle, one per appended run;
+    no frame of any run is built and no run name is resolved again (the O(n²) of issue 10)."""
+    small = overview_work(tmp_path / "small", 20, monkeypatch)
+    large = overview_work(tmp_path / "large", 200, monkeypatch)
+    assert small == {"cold_summaries": 20, "cold_walks": 1, "idle_summaries": 0, "idle_builds": 0,
+                     "append_summaries": 1, "frames": 0, "resolves": 0}  # fmt: skip
+    assert large == {**small, "cold_summaries": 200}
+    assert large["cold_summaries"] <= 10 * small["cold_summaries"]
+
+
+def test_a_cold_root_is_listed_at_once_and_filled_in_by_later_calls(tmp_path: Path) -> None:
+    """With no load budget left, every run is still a row (status 'loading'), read by the next calls."""
+    for name in ("a", "b", "c"):
+        append_records(tmp_path / name / "metrics.jsonl", base_record(10, train_loss=1.0))
+    store = RunStore(tmp_path, load_budget_s=0.0)
+    try:
+        first = store.overview()
+        assert first["run"].tolist() == ["a", "b", "c"]
+        assert first["status"].tolist() == ["loading"] * 3
+        store.load_budget_s = 10.0
+        assert "loading" not in store.overview()["status"].tolist()
+    finally:
+        store.close()
+
+
+def test_an_idle_overview_only_recomputes_ages(tmp_path: Path) -> None:
+    """No change: the same rows, the table not rebuilt, and the record age follows the clock."""
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    store = RunStore(tmp_path, safety_interval=3600.0)
+    try:
+        first = store.overview()
+        builds = store.stats["table_builds"]
+        later = store.overview(now=datetime.now(timezone.utc) + timedelta(seconds=30))
+        assert store.stats["table_builds"] == builds
+        assert later["last record age (s)"].iloc[0] == pytest.approx(first["last record age (s)"].iloc[0] + 30, abs=1)
     finally:
         store.close()

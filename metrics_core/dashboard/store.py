@@ -17,6 +17,20 @@ unknown after an exception mid-refresh) and the failure is remembered: the file 
 the start only once it changed and ``safety_interval`` has passed, so a broken run costs one
 ``stat`` per refresh, not a full re-read.
 
+Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
+
+* ``overview()`` costs O(runs) per call and touches no record: each run's row comes from a
+  ``RunSummary`` that the refresh which read new bytes updates from the tail of the reader's
+  columns (O(new records), never a frame of the whole run), and the table is rebuilt only when a
+  row changed; otherwise only the ages column is recomputed.  A run's status is re-evaluated
+  when its file is stat'ed (every ``safety_interval`` or on a watcher hint), and never again
+  once it ended (``session_end``) until the file changes.
+* Cold loading is bounded per call: runs never read yet are read smallest file first until
+  ``load_budget_s`` is spent; the rest are listed with status ``loading`` and filled in by the
+  next calls, so a root of 1,000 runs is listed about as fast as a root of one.
+* ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
+  the root: a page showing one run does not pay for the 999 others.
+
 The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
 """
@@ -36,10 +50,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.dashboard.config import view_config
+from metrics_core.dashboard.config import run_config, view_config
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
-from metrics_core.runs import RunInfo, find_runs, resolve_run, run_status
+from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
@@ -91,20 +105,40 @@ class RunView:
         return self.frames[event][~self.superseded[event]].reset_index(drop=True)
 
 
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What the runs table shows of one run, as of its last read; ``overview_row`` lays it out."""
+
+    status: str
+    sessions: int
+    last_step: int | None
+    tokens_seen: int | None
+    train_loss: float | None
+    val_loss: float | None
+    skipped_updates: int | None
+    last_record_time: datetime | None
+    bad_lines: int
+    config: dict[str, str] | None
+
+
 @dataclass
 class _Entry:
+    name: str
     reader: RunReader
     lock: threading.Lock = field(default_factory=threading.Lock)
     refreshed_at: float = float("-inf")
-    view_key: tuple[int, ...] | None = None
+    data_key: tuple[int, ...] | None = None  # what the summary and the view were built from
     view: RunView | None = None
+    summary: RunSummary | None = None
+    row: dict[str, Any] | None = None
+    config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
     failure: str | None = None  # why the last attempt failed, until the file changes
     failure_stamp: tuple[int, int, int] | None = None
     failed_at: float = float("-inf")
 
 
 class RunStore:
-    """Readers and views of every run under ``root``; see the module docstring."""
+    """Readers, per-run summaries and views of every run under ``root``; see the module docstring."""
 
     def __init__(
         self,
@@ -112,15 +146,25 @@ class RunStore:
         *,
         force_polling: bool = False,
         safety_interval: float = 2.0,
+        load_budget_s: float = 0.5,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.root = Path(root)
         self.safety_interval = safety_interval
+        self.load_budget_s = load_budget_s
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
+        self._by_directory: dict[Path, _Entry] = {}
         self._runs: list[RunInfo] = []
         self._runs_key: tuple[int, float] | None = None
+        self._rows_generation = 0  # bumped whenever any run's row changes
+        self._table: pd.DataFrame | None = None
+        self._table_key: tuple[int, int] | None = None
+        self._table_times = np.zeros(0, dtype=np.float64)  # last record time (s since epoch) per row
+        self._runs_generation = 0
+        # Work counters, read by the complexity tests (work is counted, not timed).
+        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0}
         if not self.root.is_dir():
             raise RunNotFoundError(
                 f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
@@ -141,11 +185,26 @@ class RunStore:
             if key != self._runs_key:
                 self._runs = find_runs(self.root)
                 self._runs_key = key
-            dirty = self.watcher.take_dirty()
-            for name, entry in self._entries.items():
-                if entry.reader.path.parent in dirty or (self.root / name) in dirty:
-                    entry.refreshed_at = float("-inf")
+                self._runs_generation += 1
+                self.stats["find_runs"] += 1
+            self._take_hints()
             return list(self._runs)
+
+    def _take_hints(self) -> None:
+        """Mark the runs the watcher saw change as due; O(changed runs).  Caller holds ``_lock``."""
+        for directory in self.watcher.take_dirty():
+            entry = self._by_directory.get(directory)
+            if entry is not None:
+                entry.refreshed_at = float("-inf")
+
+    def _entry(self, info: RunInfo) -> _Entry:
+        with self._lock:
+            entry = self._entries.get(info.name)
+            if entry is None:
+                entry = self._entries[info.name] = _Entry(info.name, RunReader(info.directory))
+                self._by_directory[info.directory] = self._by_directory[self.root / info.name] = entry
+                self._by_directory[entry.reader.path.parent] = entry
+            return entry
 
     def view(self, name: str, *, now: datetime | None = None) -> RunView:
         """A fresh snapshot of run ``name``.
@@ -154,78 +213,252 @@ class RunStore:
         e.g. too long), and RunViewError when the run exists but cannot be read or shown.
         """
         info = resolve_run(self.root, name)
-        self.runs()  # collect watcher hints
         with self._lock:
-            entry = self._entries.get(info.name)
-            if entry is None:
-                entry = self._entries[info.name] = _Entry(RunReader(info.directory))
+            self._take_hints()
+        entry = self._entry(info)
         with entry.lock:
-            if entry.failure is not None:
-                stamp = _stamp(info.metrics_path)
-                if stamp == entry.failure_stamp or self._clock() - entry.failed_at < self.safety_interval:
-                    raise RunViewError(info.name, entry.failure)
-            try:
-                view = self._fresh_view(info.name, entry, now or datetime.now(timezone.utc))
-            except RunNotFoundError:
-                raise  # the run vanished: pages wait for it to come back
-            except Exception as exc:
-                _log.warning("run %r cannot be shown", info.name, exc_info=True)
-                entry.reader.close()
-                entry.reader = RunReader(info.directory)
-                entry.view = entry.view_key = None
-                entry.refreshed_at = float("-inf")
-                entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
-                entry.failed_at = self._clock()
-                raise RunViewError(info.name, entry.failure) from exc
-            entry.failure = entry.failure_stamp = None
-            return view
+            self._update(entry, info, now or datetime.now(timezone.utc))
+            if entry.view is None:
+                try:
+                    entry.view = _build_view(info.name, entry.reader, entry.summary.status)
+                except Exception as exc:
+                    raise self._failed(entry, info, exc) from exc
+                self.stats["views"] += 1
+            elif entry.view.status != entry.summary.status:
+                entry.view = replace(entry.view, status=entry.summary.status)  # same data, derived data rebuilt
+            return entry.view
 
-    def _fresh_view(self, name: str, entry: _Entry, now: datetime) -> RunView:
-        """``entry``'s snapshot, refreshed if due; the caller holds ``entry.lock``."""
-        if self._clock() - entry.refreshed_at >= self.safety_interval or entry.view is None:
+    def _update(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
+        """Refresh ``entry`` if due and bring its summary up to date; the caller holds ``entry.lock``.
+
+        Cost when nothing changed: one ``stat`` per ``safety_interval`` (plus ``run_status`` for a
+        run that has not ended); after an append, O(new records).
+        """
+        if entry.failure is not None:
+            stamp = _stamp(info.metrics_path)
+            if stamp == entry.failure_stamp or self._clock() - entry.failed_at < self.safety_interval:
+                raise RunViewError(info.name, entry.failure)
+        due = self._clock() - entry.refreshed_at >= self.safety_interval or entry.summary is None
+        if not due:
+            return
+        try:
             entry.reader.refresh()
             entry.refreshed_at = self._clock()
+            reader = entry.reader
+            key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
+            if key != entry.data_key or entry.summary is None:
+                entry.view = None  # built on demand: the overview never needs one
+                entry.data_key = key
+                self._summarise(entry, now)
+            elif entry.summary.status not in END_STATUSES or reader.last_event != "session_end":
+                status = run_status(reader, now=now)
+                if status != entry.summary.status:
+                    self._set_summary(entry, replace(entry.summary, status=status))
+        except RunNotFoundError:
+            raise  # the run vanished: pages wait for it to come back
+        except Exception as exc:
+            raise self._failed(entry, info, exc) from exc
+        entry.failure = entry.failure_stamp = None
+
+    def _failed(self, entry: _Entry, info: RunInfo, exc: Exception) -> RunViewError:
+        """Forget ``entry``'s reader (its state is unknown after an exception) and remember why."""
+        _log.warning("run %r cannot be shown", info.name, exc_info=exc)
+        entry.reader.close()
+        entry.reader = RunReader(info.directory)
+        entry.view = entry.data_key = entry.summary = entry.config_key = None
+        entry.refreshed_at = float("-inf")
+        entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
+        entry.failed_at = self._clock()
+        self._set_row(entry, _error_row(info.name, entry.failure))
+        return RunViewError(info.name, entry.failure)
+
+    def _summarise(self, entry: _Entry, now: datetime) -> None:
+        """``entry``'s summary from the tail of its reader's columns: O(records since the last one)."""
+        self.stats["summaries"] += 1
         reader = entry.reader
-        status = run_status(reader, now=now)
-        key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
-        if key != entry.view_key or entry.view is None:
-            entry.view = _build_view(name, reader, status)
-            entry.view_key = key
-        elif entry.view.status != status:
-            entry.view = replace(entry.view, status=status)  # same data; derived data rebuilt once
-        return entry.view
+        tail = _Tail(reader)
+        config_key = (tail.size("config"), reader.resets)
+        if config_key == entry.config_key and entry.summary is not None:
+            config = entry.summary.config
+        else:  # config records are few; a new one is flattened with all before it (the changes need them)
+            found = run_config(reader.frame("config"), reader.sessions) if config_key[0] else None
+            config = found.values if found is not None else None
+            entry.config_key = config_key
+        session = tail.last_session()
+        self._set_summary(entry, RunSummary(
+            status=run_status(reader, now=now),
+            sessions=tail.sessions(),
+            last_step=session.last_step if session else None,
+            tokens_seen=session.last_tokens if session else None,
+            train_loss=tail.last_number("train", "train_loss"),
+            val_loss=tail.last_number("validation", "val_loss"),
+            skipped_updates=tail.last_int("train", "skipped_updates"),
+            last_record_time=reader.last_record_time,
+            bad_lines=reader.bad_lines,
+            config=config,
+        ))  # fmt: skip
+
+    def _set_summary(self, entry: _Entry, summary: RunSummary) -> None:
+        entry.summary = summary
+        self._set_row(entry, overview_row(entry.name, summary))
+
+    def _set_row(self, entry: _Entry, row: dict[str, Any]) -> None:
+        if row != entry.row:
+            entry.row = row
+            with self._lock:
+                self._rows_generation += 1
 
     def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run with what the runs table shows; a run that cannot be shown is a row
-        with status ``error`` and the reason in ``error``, never an exception."""
+        with status ``error`` and the reason in ``error``, never an exception.  A run not read
+        yet when this call's ``load_budget_s`` ran out is a row with status ``loading``."""
         now = now or datetime.now(timezone.utc)
-        rows = []
-        for info in self.runs():
+        infos = self.runs()
+        entries = [self._entry(info) for info in infos]
+        deadline = self._clock() + self.load_budget_s
+        cold = [number for number, entry in enumerate(entries) if entry.summary is None and entry.failure is None]
+        if cold:  # smallest first: most of a large root is listed in the first call
+            cold.sort(key=lambda number: _size(infos[number].metrics_path))
+        pending = set(cold)
+        for number in cold:
+            if self._clock() >= deadline:
+                break
+            pending.discard(number)
+            self._refresh_row(entries[number], infos[number], now)
+        for number, (info, entry) in enumerate(zip(infos, entries, strict=True)):
+            if number in pending:
+                if entry.row is None:
+                    self._set_row(entry, {"run": info.name, "status": "loading"})
+            elif number not in cold:
+                self._refresh_row(entry, info, now)
+        return self._overview_table(entries, now)
+
+    def _refresh_row(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
+        with entry.lock:
             try:
-                rows.append(_overview_row(self.view(info.name, now=now), now))
-            except Exception as exc:
-                reason = exc.cause if isinstance(exc, RunViewError) else _cause(exc)
-                rows.append({"run": info.name, "status": "error", "error": reason})
-        return pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
+                self._update(entry, info, now)
+            except RunViewError:
+                pass  # its row says why
+            except Exception as exc:  # the run vanished, or the OS refused its path
+                self._set_row(entry, _error_row(info.name, _cause(exc)))
+
+    def _overview_table(self, entries: list[_Entry], now: datetime) -> pd.DataFrame:
+        """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
+        with self._lock:
+            key = (self._runs_generation, self._rows_generation)
+        if key != self._table_key or self._table is None:
+            rows = [entry.row for entry in entries]
+            self._table = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
+            self._table_times = np.array(
+                [_epoch_s(entry.summary.last_record_time) if entry.summary else np.nan for entry in entries],
+                dtype=np.float64,
+            )
+            self._table_key = key
+            self.stats["table_builds"] += 1
+        ages = now.timestamp() - self._table_times
+        return self._table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
 
 
-def _overview_row(view: RunView, now: datetime) -> dict[str, Any]:
+class _Tail:
+    """The last values of a reader's columns, read from their ends: O(1) per query, plus the run of
+    missing values at the end of a column.
+
+    Reads ``RunReader``'s private tables and session accumulators: the reader has no public
+    "last value" query yet (``frame()`` builds the whole run, O(records)).
+    """
+
+    def __init__(self, reader: RunReader) -> None:
+        reader.events  # noqa: B018 - columnarises rows the per-line parser left as dicts
+        self._reader = reader
+
+    def size(self, event: str) -> int:
+        table = self._reader._tables.get(event)
+        return 0 if table is None else table.size
+
+    def sessions(self) -> int:
+        return len(self._reader._sessions)
+
+    def last_session(self) -> Any:
+        return self._reader._sessions[-1] if self._reader._sessions else None
+
+    def _column(self, event: str, name: str) -> Any:
+        table = self._reader._tables.get(event)
+        return None if table is None else table.columns.get(name)
+
+    def last_int(self, event: str, name: str) -> int | None:
+        column = self._column(event, name)
+        if column is None or column.size == 0 or column.kind not in ("int", "float"):
+            return None
+        value = column.view()[-1]
+        return int(value) if np.isfinite(value) else None
+
+    def last_number(self, event: str, name: str) -> float | None:
+        """The last value of ``name`` that is a number (``_last_value`` of the whole frame)."""
+        column = self._column(event, name)
+        if column is None or column.size == 0:
+            return None
+        if column.kind not in ("int", "float"):  # a writer that mixed types: rare, so the O(n) way
+            return _last_value(pd.DataFrame({name: column.series()}), name)
+        values, end, block = column.view(), column.size, 64
+        while end > 0:  # backwards in doubling blocks: cost grows with the trailing gap, not the run
+            chunk = values[max(0, end - block) : end].astype(np.float64, copy=False)
+            found = np.flatnonzero(~np.isnan(chunk))
+            if len(found):
+                return float(chunk[found[-1]])
+            end, block = end - block, block * 2
+        return None
+
+
+def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
+    """A run's row of the runs table (ages are filled in per call by ``RunStore.overview``)."""
+    return {
+        "run": name,
+        "status": summary.status,
+        "sessions": summary.sessions,
+        "last step": summary.last_step,
+        "tokens seen": summary.tokens_seen,
+        "train loss": summary.train_loss,
+        "val loss": summary.val_loss,
+        "skipped updates": summary.skipped_updates,
+        "last record age (s)": None,
+        "bad lines": summary.bad_lines,
+        "error": None,
+        "config": summary.config,
+    }
+
+
+def _error_row(name: str, reason: str) -> dict[str, Any]:
+    return {"run": name, "status": "error", "error": reason}
+
+
+def view_summary(view: RunView) -> RunSummary:
+    """The summary of a snapshot the O(n) way, from its frames: the test oracle of ``_summarise``."""
     train, validation = view.frames["train"], view.frames["validation"]
     last = train.iloc[-1] if len(train) else None
-    return {
-        "run": view.name,
-        "status": view.status,
-        "sessions": len(view.sessions),
-        "last step": view.sessions[-1].last_step if view.sessions else None,
-        "tokens seen": view.sessions[-1].last_tokens_seen if view.sessions else None,
-        "train loss": _last_value(train, "train_loss"),
-        "val loss": _last_value(validation, "val_loss"),
-        "skipped updates": int(last["skipped_updates"]) if last is not None else None,
-        "last record age (s)": (now - view.last_record_time).total_seconds() if view.last_record_time else None,
-        "bad lines": view.ingest.bad_lines,
-        "error": None,
-        "config": config.values if (config := view_config(view)) is not None else None,
-    }
+    config = view_config(view)
+    return RunSummary(
+        status=view.status,
+        sessions=len(view.sessions),
+        last_step=view.sessions[-1].last_step if view.sessions else None,
+        tokens_seen=view.sessions[-1].last_tokens_seen if view.sessions else None,
+        train_loss=_last_value(train, "train_loss"),
+        val_loss=_last_value(validation, "val_loss"),
+        skipped_updates=int(last["skipped_updates"]) if last is not None else None,
+        last_record_time=view.last_record_time,
+        bad_lines=view.ingest.bad_lines,
+        config=config.values if config is not None else None,
+    )
+
+
+def _epoch_s(when: datetime | None) -> float:
+    return np.nan if when is None else when.timestamp()
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.stat(path).st_size
+    except OSError:
+        return 0
 
 
 def _cause(exc: BaseException) -> str:
