@@ -1,8 +1,10 @@
-"""Read-side benchmark: cold load vs pandas, refresh cost at two file sizes, bytes per record.
+"""Read-side benchmark: cold load vs pandas, cache reopen vs cold parse, refresh vs the floor.
 
-Run: python benchmarks/bench_reader.py [--records 1000000] [--big 5000000]
-Each cold load runs in its own subprocess so its wall time and peak RSS are its own; the
-refresh timings alternate between the small and the big run in one process.
+Run: python benchmarks/bench_reader.py [--sizes 100000,300000,1000000] [--small 10000 --big 300000]
+     METRICS_BENCH_5M=1 adds a 5,000,000-record run to the refresh measurement.
+Each load runs in its own subprocess so its wall time and peak RSS are its own; candidate and
+baseline subprocesses alternate (``--repeats`` rounds) and the median of per-round ratios is
+printed.  The refresh timings alternate between the runs and the floor in one process.
 """
 
 from __future__ import annotations
@@ -28,23 +30,32 @@ from metrics_core.reader import RunReader
 
 COLD = """
 import resource, sys, time
-mode, path = sys.argv[1], sys.argv[2]
+from pathlib import Path
+mode, path, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3]
 import pandas as pd
+from metrics_core.cache import CachePolicy
 from metrics_core.reader import RunReader
-import pyarrow.json  # imported up front by both so import time is not counted
+import pyarrow.json, pyarrow.ipc  # imported up front by all so import time is not counted
+policy = CachePolicy(Path(cache_dir), min_records=1)
 start = time.perf_counter()
 if mode == "pandas":
     rows = len(pd.read_json(path, lines=True))
-else:
+elif mode == "reader":
     reader = RunReader(path)
     rows = reader.refresh()
+else:  # "reopen": the cache file must exist
+    reader = RunReader(path, cache=policy)
+    reader.refresh()
+    rows = reader.records
+    assert reader._cache_saved_at is not None
 elapsed = time.perf_counter() - start
 print(elapsed, rows, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
 """
 
 
-def cold_load(mode: str, path: Path) -> tuple[float, int, int]:
-    out = subprocess.run([sys.executable, "-c", COLD, mode, str(path)], capture_output=True, text=True, check=True)
+def cold_load(mode: str, path: Path, cache_dir: Path | None = None) -> tuple[float, int, int]:
+    args = [sys.executable, "-c", COLD, mode, str(path), str(cache_dir or path.parent / "cache")]
+    out = subprocess.run(args, capture_output=True, text=True, check=True)
     seconds, rows, peak = out.stdout.split()
     return float(seconds), int(rows), int(peak)
 
@@ -55,29 +66,30 @@ def rss_bytes() -> int:
 
 
 class FloorTail:
-    """The least any tailer must do per refresh: stat, read the new bytes, parse each line."""
+    """The least any tailer must do per refresh: stat, pread the new bytes (fd held open), parse each line."""
 
     def __init__(self, path: Path) -> None:
         self.path, self.offset = path, path.stat().st_size
+        self.fd = os.open(path, os.O_RDONLY)
 
     def refresh(self) -> int:
         size = os.stat(self.path).st_size
-        with open(self.path, "rb") as handle:
-            data = os.pread(handle.fileno(), size - self.offset, self.offset)
+        data = os.pread(self.fd, size - self.offset, self.offset)
         self.offset = size
         return len([orjson.loads(line) for line in data.splitlines()])
 
 
-def refresh_after_appends(run_dirs: list[Path], rounds: int = 40, appends: int = 10) -> dict[Path, float]:
+def refresh_after_appends(run_dirs: list[Path], rounds: int = 200, appends: int = 10) -> dict[Path, float]:
     """Median µs of refresh() after `appends` new records, alternating between runs each round.
 
-    The first run is also tailed by FloorTail, timed the same way, under the key Path("floor").
+    The first run is also tailed by FloorTail, timed the same way, under the key Path("floor"),
+    and the columnarisation a page's next query pays (``_flush``) is timed under Path("flush").
     """
     readers: dict[Path, RunReader | FloorTail] = {d: RunReader(d) for d in run_dirs}
     for reader in readers.values():
         reader.refresh()
     readers[Path("floor")] = FloorTail(run_dirs[0] / "metrics.jsonl")
-    timings: dict[Path, list[float]] = {d: [] for d in readers}
+    timings: dict[Path, list[float]] = {d: [] for d in [*readers, Path("flush")]}
     state = TrainingState(step=10**9)
     writers = {d: MetricsWriter(RunContext(d, "bench", "append")).__enter__() for d in run_dirs}
     for _ in range(rounds):
@@ -103,6 +115,10 @@ def refresh_after_appends(run_dirs: list[Path], rounds: int = 40, appends: int =
                 got = readers[key].refresh()
                 timings[key].append((time.perf_counter_ns() - start) / 1000)
                 assert got == appends, got
+                if key == run_dirs[0]:
+                    start = time.perf_counter_ns()
+                    readers[key]._flush()
+                    timings[Path("flush")].append((time.perf_counter_ns() - start) / 1000)
     for writer in writers.values():
         writer.close()
     return {d: statistics.median(t) for d, t in timings.items()}
@@ -110,41 +126,65 @@ def refresh_after_appends(run_dirs: list[Path], rounds: int = 40, appends: int =
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--records", type=int, default=1_000_000)
+    parser.add_argument("--sizes", default="100000,300000,1000000", help="cold-load sizes, comma-separated")
+    parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--small", type=int, default=10_000)
-    parser.add_argument("--big", type=int, default=5_000_000)
+    parser.add_argument("--big", type=int, default=300_000)
     parser.add_argument("--skip-cold", action="store_true", help="only the refresh measurement")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if not args.skip_cold:
-            cold_section(root, args.records)
-        small, big = root / "small", root / "big"
-        write_run(small / "metrics.jsonl", args.small)
-        write_run(big / "metrics.jsonl", args.big)
-        medians = refresh_after_appends([small, big])
-        print(
-            f"refresh()  after 10 appended records: {medians[small]:.0f} us on {args.small} records, "
-            f"{medians[big]:.0f} us on {args.big} records, ratio {medians[big] / medians[small]:.2f}x "
-            "(goal <= 100 us, ratio <= 1.3x)"
-        )
-        print(
-            f"refresh()  floor (stat + pread + orjson per line) {medians[Path('floor')]:.0f} us; "
-            f"RunReader / floor {medians[small] / medians[Path('floor')]:.1f}x"
-        )
+            for size in map(int, args.sizes.split(",")):
+                cold_section(root, size, args.repeats)
+        runs = {args.small: root / "small", args.big: root / "big"}
+        if os.environ.get("METRICS_BENCH_5M"):
+            runs[5_000_000] = root / "huge"
+        for count, directory in runs.items():
+            write_run(directory / "metrics.jsonl", count)
+        medians = refresh_after_appends(list(runs.values()))
+        small = medians[runs[args.small]]
+        floor = medians[Path("floor")]
+        for count, directory in runs.items():
+            took = medians[directory]
+            print(f"refresh()  after 10 appended records, {count:>9,} records: {took:6.0f} us, "
+                  f"{took / floor:.2f}x floor, {took / small:.2f}x the {args.small:,} run")  # fmt: skip
+        print(f"refresh()  floor (stat + pread on an open fd + orjson per line): {floor:.0f} us  "
+              f"(goal: reader <= 3x floor, big/small <= 1.3)")  # fmt: skip
+        flush = medians[Path("flush")]
+        print(f"refresh()  + the columnarisation the next query pays (_flush): {small + flush:.0f} us, "
+              f"{(small + flush) / floor:.2f}x floor")  # fmt: skip
 
 
-def cold_section(root: Path, records: int) -> None:
-    """Cold load vs pandas, and resident bytes per record."""
-    cold = root / "cold" / "metrics.jsonl"
+def cold_section(root: Path, records: int, repeats: int) -> None:
+    """Cold load vs pandas, cache reopen vs cold load, and resident bytes per record."""
+    cold = root / f"cold{records}" / "metrics.jsonl"
+    cache_dir = root / f"cache{records}"
     count = write_run(cold, records)
     size = cold.stat().st_size
-    print(f"cold file: {count} records, {size / 1e6:.0f} MB, {size / count:.0f} B/line")
-    ours = cold_load("reader", cold)
-    theirs = cold_load("pandas", cold)
-    print(f"cold load  RunReader: {ours[0]:.2f} s, peak RSS {ours[2] / 1e9:.2f} GB ({ours[1]} records)")
-    print(f"cold load  pandas.read_json(lines=True): {theirs[0]:.2f} s, peak RSS {theirs[2] / 1e9:.2f} GB")
-    print(f"cold load  speed-up {theirs[0] / ours[0]:.1f}x  (goal >= 5x, peak <= 1.2 GB)")
+    print(f"cold file: {count:,} records, {size / 1e6:.0f} MB, {size / count:.0f} B/line")
+    from metrics_core.cache import CachePolicy
+
+    writer = RunReader(cold, cache=CachePolicy(cache_dir, min_records=1))
+    writer.refresh()
+    writer.close()
+    ours, theirs, reopen, vs_pandas, vs_cold = [], [], [], [], []
+    for _ in range(repeats):
+        ours.append(cold_load("reader", cold))
+        theirs.append(cold_load("pandas", cold))
+        reopen.append(cold_load("reopen", cold, cache_dir))
+        vs_pandas.append(theirs[-1][0] / ours[-1][0])
+        vs_cold.append(reopen[-1][0] / ours[-1][0])
+    med = statistics.median
+    print(f"cold load  RunReader: {med(o[0] for o in ours):.2f} s, peak RSS {max(o[2] for o in ours) / 1e9:.2f} GB")
+    print(f"cold load  pandas.read_json(lines=True): {med(t[0] for t in theirs):.2f} s, "
+          f"peak RSS {max(t[2] for t in theirs) / 1e9:.2f} GB")  # fmt: skip
+    print(f"cold load  speed-up vs pandas {med(vs_pandas):.1f}x (rounds: {', '.join(f'{r:.1f}' for r in vs_pandas)}; "
+          "goal >= 5x)")  # fmt: skip
+    cache_bytes = sum(p.stat().st_size for p in cache_dir.glob("*.mcc"))
+    rounds = ", ".join(f"{100 * r:.1f}" for r in vs_cold)
+    print(f"reopen     from the cache: {med(r[0] for r in reopen):.3f} s = {100 * med(vs_cold):.1f} % of a cold parse "
+          f"(rounds: {rounds} %; goal <= 10 %), cache file {cache_bytes / 1e6:.0f} MB")  # fmt: skip
     gc.collect()
     before = rss_bytes()
     reader = RunReader(cold)

@@ -387,3 +387,34 @@ def test_memory_is_columnar(tmp_path: Path) -> None:
     reader = RunReader(path)
     reader.refresh()
     assert reader.resident_bytes() / count < 150
+
+
+def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer_run(tmp_path: Path) -> None:
+    """Scaled-down refresh-cost scenario: bytes read and lines parsed do not grow with the run (counts)."""
+    from benchmarks.generate import record, write_run
+
+    work = {}
+    for count in (20_000, 200_000):
+        path = tmp_path / f"run{count}" / "metrics.jsonl"
+        write_run(path, count)
+        reader = RunReader(path)
+        reader.refresh()
+        read, parsed = [0], [0]
+        original_read, original_ingest = reader._read, reader._ingest_block
+
+        def counting_read(position: int, size: int, read=read, original=original_read) -> bytes:
+            data = original(position, size)
+            read[0] += len(data)
+            return data
+
+        def counting_ingest(block: bytes, parsed=parsed, original=original_ingest) -> bool:
+            parsed[0] += block.count(b"\n")
+            return original(block)
+
+        reader._read, reader._ingest_block = counting_read, counting_ingest
+        for round_ in range(5):
+            append_bytes(path, b"".join(record("s", "train", 10**9 + round_ * 10 + i, 0, 0, 10**18) for i in range(10)))
+            assert reader.refresh() == 10
+        work[count] = (read[0], parsed[0])
+    assert work[200_000][1] == work[20_000][1] == 50
+    assert work[200_000][0] <= 3 * work[20_000][0]
