@@ -51,8 +51,9 @@ _BASE_TYPES = {name: (str if name in _STRING_FIELDS else int) for name in BASE_F
 _BASE_TUPLE = tuple(_BASE_TYPES[name] for name in BASE_FIELD_ORDER)
 _INT_FIELDS = tuple(name for name in BASE_FIELD_ORDER if name not in _STRING_FIELDS)
 # Each base key once at the top level, as the writer produces it.  Counting them in the raw bytes
-# is cheap; only a line where the count is off (a repeat, a nested "step" key, an escaped key
-# name) pays for the exact check with the standard library's pairs hook.
+# is cheap; only a line where the count is off (a repeat, a nested "step" key) or that holds a
+# \u escape (which can spell a key name: "\u0073tep" is "step") pays for the exact check with
+# the standard library's pairs hook.
 _BASE_KEY = re.compile(rb'"(?:' + b"|".join(name.encode() for name in BASE_FIELD_ORDER) + rb')"\s*:')
 _base_values = itemgetter(*BASE_FIELD_ORDER)
 # The writer's time, ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``: its second is parsed once (cached).
@@ -130,7 +131,7 @@ def check_record(line: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str,
     for name in _INT_FIELDS:
         if not INT64_MIN <= obj[name] <= INT64_MAX:
             return f"base field {name!r} is {obj[name]}, outside the signed 64-bit range"
-    if len(_BASE_KEY.findall(line)) != len(BASE_FIELD_ORDER):
+    if len(_BASE_KEY.findall(line)) != len(BASE_FIELD_ORDER) or b"\\u" in line:
         repeated = _repeated_base_field(line)
         if repeated:
             return f"base field {repeated!r} appears more than once"
@@ -227,7 +228,8 @@ def _check_repeats(
         if number in bad_numbers or not line.strip():
             continue
         row = next(rows_iter)
-        repeated = len(_BASE_KEY.findall(line)) != len(BASE_FIELD_ORDER) and _repeated_base_field(line)
+        suspect = len(_BASE_KEY.findall(line)) != len(BASE_FIELD_ORDER) or b"\\u" in line
+        repeated = suspect and _repeated_base_field(line)
         if repeated:
             found.append(BadLine(number, f"base field {repeated!r} appears more than once", excerpt(line)))
         else:
