@@ -442,8 +442,8 @@ def number(value: Any) -> float | None:
     return None
 
 
-def _int_or_none(value: Any) -> int | None:
-    """As the reader reads ``discarded_bytes`` / ``resumed_from_step`` of a session_start."""
+def int_or_none(value: Any) -> int | None:
+    """A session_start's ``discarded_bytes`` / ``resumed_from_step`` as an int, or None if it is none."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value) if math.isfinite(value) else None
@@ -641,8 +641,8 @@ class RunDigest:
             status = record.get("status")
             session.end_status = status if isinstance(status, str) else None
         elif event == "session_start" and session.discarded_bytes is None and session.resumed_from_step is None:
-            session.discarded_bytes = _int_or_none(record.get("discarded_bytes"))
-            session.resumed_from_step = _int_or_none(record.get("resumed_from_step"))
+            session.discarded_bytes = int_or_none(record.get("discarded_bytes"))
+            session.resumed_from_step = int_or_none(record.get("resumed_from_step"))
 
     def _add_train(self, record: dict[str, Any], index: int, rows: _Rows) -> None:
         self.train_windows += 1

@@ -44,6 +44,7 @@ import pandas as pd
 from metrics_core.cache import FORMAT as _CACHE_FORMAT
 from metrics_core.cache import CachePolicy
 from metrics_core.columns import Chunk, Table, chunk_from_pylist
+from metrics_core.digest import int_or_none, supersede_thresholds
 from metrics_core.errors import RunNotFoundError
 from metrics_core.records import (
     EXCERPT_BYTES,
@@ -687,8 +688,8 @@ class RunReader:
             status = record.get("status")
             acc.end_status = status if isinstance(status, str) else None
         elif acc.discarded_bytes is None and acc.resumed_from_step is None:
-            acc.discarded_bytes = _int_or_none(record.get("discarded_bytes"))
-            acc.resumed_from_step = _int_or_none(record.get("resumed_from_step"))
+            acc.discarded_bytes = int_or_none(record.get("discarded_bytes"))
+            acc.resumed_from_step = int_or_none(record.get("resumed_from_step"))
 
     def _session(self, session_id: str) -> int:
         index = self._session_index.get(session_id)
@@ -794,11 +795,8 @@ class RunReader:
 
     def _thresholds(self, event: str) -> np.ndarray:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
-        firsts = self._first_step_in_event.get(event, {})
-        return np.array(
-            [acc.first_step + (firsts.get(index) != acc.first_step) for index, acc in enumerate(self._sessions)],
-            dtype=np.float64,
-        )
+        firsts = [acc.first_step for acc in self._sessions]
+        return np.array(supersede_thresholds(firsts, self._first_step_in_event.get(event, {})), dtype=np.float64)
 
     @property
     def sessions(self) -> list[Session]:
@@ -898,9 +896,3 @@ def _return_memory_to_os() -> None:
 def _note_last(acc: _SessionAcc, row: dict[str, Any]) -> None:
     acc.last_step, acc.end_ns = row["step"], row["time"]
     acc.last_tokens, acc.last_skipped = row["tokens_seen"], row["skipped_updates"]
-
-
-def _int_or_none(value: Any) -> int | None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value) if math.isfinite(value) else None
