@@ -52,9 +52,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from metrics_core.errors import RecordTypeError, WindowReductionError
+from metrics_core.errors import WindowReductionError
 from metrics_core.window import TrainingWindow, WindowTotals
-from metrics_core.writer import MetricsWriter, RunContext, config_tree
+from metrics_core.writer import MetricsWriter, RunContext, config_value
 
 # Layout of the SUM vector: these sums, then world_size time-per-attempt slots, then world_size
 # tokens/s slots (each rank writes its own slot, every other slot is 0.0, so the SUM gathers them).
@@ -258,11 +258,5 @@ class SilentWriter:
         return self._builder.record(event, state, values)
 
     def write_config(self, state: Any, config: Mapping[str, Any], /) -> dict[str, Any]:
-        """Validate the config as rank 0's ``write_config`` does (keys and values); write nothing."""
-        if not isinstance(config, Mapping):
-            kind = type(config)
-            raise RecordTypeError(
-                f"config has type {kind.__module__}.{kind.__qualname__}: expected a mapping of str keys; "
-                "nothing was written"
-            )
-        return {**self._builder.record("config", state, {}), "config": config_tree("config", config)}
+        """Validate the config exactly as rank 0's ``write_config`` does (size cap included); write nothing."""
+        return {**self._builder.record("config", state, {}), "config": config_value(config)}
