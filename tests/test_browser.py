@@ -177,3 +177,38 @@ def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, serve
                          and len(grids[0]) > 1 and grids)  # fmt: skip
     assert diff[1:] == [["model", "gpt2", "llama"]]
     assert diff[0][1:] == ["ranks", "ranks-other"]
+
+
+def test_a_live_update_sends_only_the_new_points(page: object, server: str, runs_root: Path) -> None:
+    """Ten records appended to a 1,000-record run reach the page in a few KB (extended traces), not
+    the ~150 KB of six whole figures, and the drawn data is exactly the run's."""
+    path = runs_root / "bytes" / "metrics.jsonl"
+    record = lambda s: base_record(s, train_loss=5.0 / s, grad_norm_avg=1.0, lr=1e-4)  # noqa: E731
+    append_records(path, *map(record, range(10, 10_001, 10)))
+    received: list[int] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(len(frame))))
+    open_run(page, server, "bytes", 10_000)
+    page.wait_for_timeout(2000)
+    received.clear()
+    append_records(path, *map(record, range(10_010, 10_101, 10)))
+    wait_until(page, lambda: train_points(loss(page))[-1][0] == 10_100)
+    page.wait_for_timeout(1500)  # the update's remaining messages, and an idle refresh
+    assert sum(received) < 20_000, received  # ~7 KB: six extends, the caption, the health panel
+    points = train_points(loss(page))
+    assert [x for x, _ in points] == list(range(10, 10_101, 10))
+    assert [y for _, y in points] == pytest.approx([5.0 / s for s in range(10, 10_101, 10)], rel=1e-6)
+
+
+def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(
+    page: object, server: str, runs_root: Path
+) -> None:
+    """The session remembers what it sent, the new page does not hold it: it asks, and is sent, the whole figure."""
+    path = runs_root / "back" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 101, 10)))
+    open_run(page, server, "back", 100)
+    page.locator("[data-testid=stTopNavLink]").filter(has_text="Runs").first.click()  # same session
+    wait_until(page, lambda: page.locator(".metrics-chart").count() == 0)
+    append_records(path, base_record(110, train_loss=0.5))
+    page.go_back()
+    graph = wait_until(page, lambda: (g := loss(page)) and train_points(g) and train_points(g)[-1][0] == 110 and g)
+    assert [x for x, _ in train_points(graph)] == list(range(10, 111, 10))

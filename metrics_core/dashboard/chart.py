@@ -1,4 +1,5 @@
-"""A live plotly chart for Streamlit that keeps the user's zoom across data updates.
+"""A live plotly chart for Streamlit that keeps the user's zoom across data updates and sends
+only the new points of a live run.
 
 ``st.plotly_chart`` remounts the chart whenever its data changes, which throws away zoom and
 pan every second on a live run.  This is a ``st.components.v2`` component instead: it renders
@@ -6,38 +7,66 @@ into the page DOM (no iframe, so the graph is a ``.js-plotly-plot`` element whos
 ``layout`` automated checks can read) and redraws with ``Plotly.react``, which keeps the view while
 ``layout.uirevision`` is unchanged.
 
+Transport (issue 10: every update used to resend every chart's whole figure, ~150 KB a second
+for one tab on a 1k-record run).  Per browser session and chart key, ``live_chart`` remembers
+what it last sent: the figure's "head" (layout and every trace's non-array properties, hashed)
+and each trace's per-point arrays (``x``, ``y``, ``customdata``).  When the head is unchanged
+and every new array starts with what was sent, the payload is only the appended points, applied
+in the page with ``Plotly.extendTraces`` (plus the layout when it changed: a y-range fitted to
+the data, a note counting points off-scale; a few KB, drawn with ``Plotly.react`` on the data
+already in the page); anything else (a new session trace, a moved
+downsampling bucket, new options) sends the whole figure.  Payloads carry a sequence number and
+the one they extend: the page applies each once, and a page that does not hold the base (the
+chart was remounted) asks for the whole figure with a trigger value, which reruns the fragment.
+Cost per update: O(points drawn) to compare prefixes, bytes O(new points).
+
 plotly.js is the copy shipped inside the ``plotly`` Python package (no network).  It is ~4.8 MB,
 so it lives in a separate loader component mounted once per page: its element never changes,
-so Streamlit's message cache sends it to each browser once, while chart updates carry only the
-figure.
+so Streamlit's message cache sends it to each browser session once, while chart updates carry
+only the figure or the new points.
 """
 
 from __future__ import annotations
 
-import zlib
-from functools import cache
+import hashlib
+from dataclasses import dataclass
+from functools import cache, partial
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import plotly
 import plotly.graph_objects as go
 import streamlit as st
+from plotly.utils import PlotlyJSONEncoder
 
 _ASSETS = Path(__file__).parent / "assets"
+POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
+_SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
+_RESYNC = "_metrics_live_chart_resync"  # chart keys whose page asked for the whole figure
+
+
+# Every element carries its component's JS on every rerun (BidiComponent.js_content), so the
+# chart's runtime rides with plotly.js in the loader, sent once per session, and each chart
+# element carries only this stub (~150 bytes instead of ~4 KB per chart per refresh).
+_STUB = """export default function (component) {
+  const run = () => (window.__metricsChart ? window.__metricsChart(component) : setTimeout(run, 20));
+  run();
+}"""
 
 
 @cache
 def _loader() -> object:
     source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+    runtime = (_ASSETS / "chart.js").read_text(encoding="utf-8")
     return st.components.v2.component(
-        "metrics_plotly_loader", js=source + "\nexport default function () {}\n", isolate_styles=False
+        "metrics_plotly_loader", js=f"{source}\n{runtime}\nexport default function () {{}}\n", isolate_styles=False
     )
 
 
 @cache
 def _chart() -> object:
-    return st.components.v2.component(
-        "metrics_live_chart", js=(_ASSETS / "chart.js").read_text(encoding="utf-8"), isolate_styles=False
-    )
+    return st.components.v2.component("metrics_live_chart", js=_STUB, isolate_styles=False)
 
 
 def load_plotly() -> None:
@@ -45,7 +74,129 @@ def load_plotly() -> None:
     _loader()(key="metrics_plotly_loader", height="content")
 
 
+@dataclass(frozen=True, slots=True)
+class Encoded:
+    """A figure split for diffing: its traces' non-array properties (hashed), its per-point arrays,
+    its layout and its full JSON."""
+
+    head: str
+    arrays: tuple[dict[str, np.ndarray], ...]
+    layout: str
+    json: str
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    seq: int
+    encoded: Encoded
+    payload: dict[str, Any]
+
+
+def encode(figure: go.Figure) -> Encoded:
+    """``figure`` as ``Encoded``: O(points), once per figure object (figures are memoised per
+    snapshot and shared by every tab, so a refresh with nothing new encodes nothing)."""
+    cached = getattr(figure, "_metrics_encoded", None)
+    if cached is None:
+        cached = figure._metrics_encoded = _encode(figure)  # a race encodes twice, harmlessly
+    return cached
+
+
+def _encode(figure: go.Figure) -> Encoded:
+    spec = figure.to_plotly_json()  # arrays come packed ({dtype, bdata}): read them off the traces
+    arrays, heads = [], []
+    for trace, packed in zip(figure.data, spec["data"], strict=True):
+        points = {name: _array(trace[name]) for name in POINT_ARRAYS if _is_array(trace[name])}
+        arrays.append(points)
+        heads.append({name: value for name, value in packed.items() if name not in points})
+    encoder = PlotlyJSONEncoder(sort_keys=True)
+    head = hashlib.sha1(encoder.encode(heads).encode()).hexdigest()
+    return Encoded(head, tuple(arrays), encoder.encode(spec["layout"]), figure.to_json())
+
+
+def _is_array(value: Any) -> bool:
+    return isinstance(value, (list, tuple, np.ndarray)) and np.ndim(value) >= 1
+
+
+def _array(values: Any) -> np.ndarray:
+    return values if isinstance(values, np.ndarray) else np.asarray(values, dtype=object)
+
+
+def extension(old: Encoded, new: Encoded) -> list[dict[str, Any]] | None:
+    """The ``Plotly.extendTraces`` calls that turn the drawn ``old`` into ``new``, or None when
+    ``new`` is not ``old`` plus appended points.  ``[]``: nothing new."""
+    if old.head != new.head or len(old.arrays) != len(new.arrays):
+        return None
+    groups: dict[tuple[str, ...], dict[str, Any]] = {}
+    for index, (before, after) in enumerate(zip(old.arrays, new.arrays, strict=True)):
+        if before.keys() != after.keys():
+            return None
+        lengths = {len(values) for values in after.values()}
+        if len(lengths) > 1:
+            return None
+        for name, values in after.items():
+            kept = before[name]
+            if len(values) < len(kept) or not _same(values[: len(kept)], kept):
+                return None
+        grown = {name: values[len(before[name]) :] for name, values in after.items()}
+        if not grown or not len(next(iter(grown.values()))):
+            continue
+        group = groups.setdefault(tuple(sorted(grown)), {"indices": [], "update": {name: [] for name in sorted(grown)}})
+        group["indices"].append(index)
+        for name, values in grown.items():
+            group["update"][name].append(_json_list(values))
+    return list(groups.values())
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
+        return bool(np.array_equal(a, b, equal_nan=True))
+    pairs = zip(a.tolist(), b.tolist(), strict=True)
+    return a.shape == b.shape and all(x == y or (x != x and y != y) for x, y in pairs)
+
+
+def _json_list(values: np.ndarray) -> list[Any]:
+    if values.dtype.kind == "f":
+        return [None if v != v else v for v in values.astype(np.float64).tolist()]
+    if values.dtype.kind in "iub":
+        return values.tolist()
+    return [[_plain(item) for item in row] if isinstance(row, (list, tuple, np.ndarray)) else _plain(row)
+            for row in values.tolist()]  # fmt: skip
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, float) and value != value:
+        return None
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool) -> _Sent:
+    """What to send for ``encoded`` after ``previous`` (None: nothing sent yet in this session)."""
+    if previous is not None and previous.encoded is encoded and not resync:
+        return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq})  # an idle refresh: a few bytes
+    steps = None if previous is None or resync else extension(previous.encoded, encoded)
+    if steps == [] and encoded.layout == previous.encoded.layout:
+        return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq})
+    seq = 1 if previous is None else previous.seq + 1
+    if steps is None:
+        return _Sent(seq, encoded, {"op": "full", "seq": seq, "figure": encoded.json})
+    payload = {"op": "extend", "seq": seq, "base": previous.seq, "steps": steps}
+    if encoded.layout != previous.encoded.layout:  # e.g. a y-range fitted to the data: small, sent whole
+        payload["layout"] = encoded.layout
+    return _Sent(seq, encoded, payload)
+
+
+def _ask_full(key: str) -> None:
+    """The page could not extend chart ``key`` (remounted): its next payload is the whole figure."""
+    st.session_state.setdefault(_RESYNC, set()).add(key)
+
+
 def live_chart(figure: go.Figure, *, key: str) -> None:
-    """Show ``figure``; later calls with the same ``key`` update it in place."""
-    payload = figure.to_json()
-    _chart()(key=key, data={"figure": payload, "revision": zlib.crc32(payload.encode())}, height="content")
+    """Show ``figure``; later calls with the same ``key`` update it in place, sending only new
+    points when that is all that changed."""
+    sent: dict[str, _Sent] = st.session_state.setdefault(_SENT, {})
+    asked: set[str] = st.session_state.setdefault(_RESYNC, set())
+    resync = key in asked
+    asked.discard(key)
+    current = next_payload(sent.get(key), encode(figure), resync=resync)
+    sent[key] = current
+    _chart()(key=key, data=current.payload, height="content", on_resync_change=partial(_ask_full, key))

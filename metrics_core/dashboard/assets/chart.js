@@ -1,6 +1,13 @@
 // Draws a plotly figure into the page DOM and redraws it in place with Plotly.react, so that a
 // live update keeps the user's zoom and pan (layout.uirevision stays the same across updates).
-// plotly.js itself is loaded once per page by the "metrics_plotly_loader" component.
+// A payload is {op: "full", seq, figure} or {op: "extend", seq, base, steps[, layout]}: an extend
+// appends only the new points (Plotly.extendTraces) to the figure drawn at `base`, and redraws
+// with the new layout on the data already drawn when one is sent; each seq is applied
+// once, and a chart that does not hold `base` (remounted) asks Python for the whole figure.
+// {op: "same", seq} says nothing changed since `seq` (an idle refresh: a few bytes).
+// This runtime is appended to plotly.js in the "metrics_plotly_loader" component, whose element is
+// sent once per browser session; each chart element only carries a stub calling
+// window.__metricsChart, since every element carries its component's JS on every rerun.
 function whenPlotlyReady() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   return new Promise((resolve) => {
@@ -32,8 +39,24 @@ function unpack(value) {
   return out;
 }
 
-export default function (component) {
-  const { data, parentElement } = component;
+// New points in the drawn array's own type: a typed array stays typed (null -> NaN).
+function like(target, values) {
+  if (target && ArrayBuffer.isView(target)) return target.constructor.from(values, (v) => (v === null ? NaN : v));
+  return values;
+}
+
+function extend(Plotly, graph, steps) {
+  for (const step of steps) {
+    const update = {};
+    for (const [name, tails] of Object.entries(step.update)) {
+      update[name] = tails.map((tail, i) => like(graph.data[step.indices[i]][name], tail));
+    }
+    Plotly.extendTraces(graph, update, step.indices);
+  }
+}
+
+window.__metricsChart = function (component) {
+  const { data, parentElement, setTriggerValue } = component;
   let graph = parentElement.querySelector(".metrics-chart");
   if (!graph) {
     graph = document.createElement("div");
@@ -41,11 +64,28 @@ export default function (component) {
     graph.style.width = "100%";
     parentElement.appendChild(graph);
   }
-  const figure = unpack(JSON.parse(data.figure));
-  graph.dataset.revision = String(data.revision);
-  whenPlotlyReady().then((Plotly) => {
-    Plotly.react(graph, figure.data, figure.layout, { responsive: true, displaylogo: false });
-    graph.dataset.drawnRevision = String(data.revision);
+  if (graph.dataset.seq === String(data.seq)) return; // already drawn (a rerun with nothing new)
+  const base = data.op === "extend" ? data.base : data.op === "same" ? data.seq : null;
+  if (base !== null && graph.dataset.wanted !== String(base)) {
+    // This div never drew the base figure: ask once per missing base for the whole figure.
+    if (graph.dataset.asked !== String(data.seq)) {
+      graph.dataset.asked = String(data.seq);
+      setTriggerValue("resync", data.seq);
+    }
+    return;
+  }
+  if (data.op === "same") return; // drawn, or being drawn: wanted === seq
+  graph.dataset.wanted = String(data.seq);
+  const figure = data.op === "full" ? unpack(JSON.parse(data.figure)) : null;
+  // Plotly calls are chained so that an extend never runs before the figure it extends is drawn.
+  const previous = graph.__metricsDrawn || whenPlotlyReady();
+  graph.__metricsDrawn = previous.then(() => whenPlotlyReady()).then((Plotly) => {
+    if (figure) Plotly.react(graph, figure.data, figure.layout, { responsive: true, displaylogo: false });
+    else {
+      extend(Plotly, graph, data.steps);
+      if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), { responsive: true, displaylogo: false });
+    }
+    graph.dataset.seq = String(data.seq);
   });
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
-}
+};

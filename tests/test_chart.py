@@ -1,0 +1,64 @@
+"""The live chart's transport: after an append, only the new points travel (extendTraces), else the figure."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import plotly.graph_objects as go
+
+from metrics_core.dashboard.chart import encode, extension, next_payload
+from metrics_core.dashboard.charts import ChartOptions, run_charts
+from metrics_core.dashboard.store import RunStore
+from tests.conftest import append_records, base_record
+
+
+def line(xs: list[float], title: str = "t") -> go.Figure:
+    return go.Figure(go.Scatter(x=xs, y=[x * 2.0 for x in xs]), layout={"title": {"text": title}})
+
+
+def test_appended_points_are_an_extension_and_anything_else_a_full_figure() -> None:
+    """Same traces and a prefix: the tails; a changed old point, or fewer points: None."""
+    old = encode(line([1.0, 2.0]))
+    assert extension(old, encode(line([1.0, 2.0, 3.0]))) == [{"indices": [0], "update": {"x": [[3.0]], "y": [[6.0]]}}]
+    assert extension(old, encode(line([1.0, 2.0]))) == []
+    assert extension(old, encode(go.Figure(go.Scatter(x=[1.0, 2.0, 3.0], y=[2.0, 4.0, 6.0], mode="markers")))) is None
+    assert extension(old, encode(line([1.5, 2.0, 3.0]))) is None
+    assert extension(old, encode(line([1.0]))) is None
+
+
+def test_payload_sequence_extends_resends_and_resyncs() -> None:
+    """First a full figure; then an extend naming its base; the same data again is a few bytes saying so;
+    a page that asked for a resync gets the whole figure."""
+    first = next_payload(None, encode(line([1.0])), resync=False)
+    assert first.payload["op"] == "full" and first.seq == 1
+    second = next_payload(first, encode(line([1.0, 2.0])), resync=False)
+    assert second.payload == {"op": "extend", "seq": 2, "base": 1, "steps": [
+        {"indices": [0], "update": {"x": [[2.0]], "y": [[4.0]]}}]}  # fmt: skip
+    assert next_payload(second, encode(line([1.0, 2.0])), resync=False).payload == {"op": "same", "seq": 2}
+    relaid = next_payload(second, encode(line([1.0, 2.0, 3.0], title="fitted")), resync=False)
+    assert relaid.payload["op"] == "extend" and '"fitted"' in relaid.payload["layout"]
+    again = next_payload(second, encode(line([1.0, 2.0])), resync=True)
+    assert again.payload["op"] == "full" and again.seq == 3
+
+
+def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> None:
+    """Ten appended records on a 1,000-record run: every chart is extended, ~O(10) points, not resent."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    values = lambda s: {"train_loss": 5.0 / s, "grad_norm_avg": 1.0, "grad_norm_max": 2.0, "lr": 1e-4,  # noqa: E731
+                        "clipped_fraction": 0.1, "skipped_updates_in_window": 0, "tokens": 100}  # fmt: skip
+    append_records(path, *(base_record(s, **values(s)) for s in range(10, 10_001, 10)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        options = ChartOptions(smoothing=0.6)
+        charts = run_charts(store.view("r"), options)
+        before = {key: next_payload(None, encode(figure), resync=False) for key, figure in charts.items()}
+        full = sum(len(json.dumps(sent.payload)) for sent in before.values())
+        append_records(path, *(base_record(s, **values(s)) for s in range(10_010, 10_101, 10)))
+        after = {key: next_payload(before[key], encode(f), resync=False)
+                 for key, f in run_charts(store.view("r"), options).items()}  # fmt: skip
+    finally:
+        store.close()
+    assert {sent.payload["op"] for sent in after.values()} == {"extend"}
+    update = sum(len(json.dumps(sent.payload)) for sent in after.values())
+    assert update <= 10_000 < full
