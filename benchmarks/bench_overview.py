@@ -1,0 +1,136 @@
+"""The runs overview on a cluster head's root (issue 10): 1,000 runs against a root of one.
+
+Run: python benchmarks/bench_overview.py [--root DIR] [--seconds 10] [--browser]
+
+Measured side by side in one process, on ``generate_root``'s root (990 small runs, 9 of 100k
+records, one live run appending a record per second) and on a root holding only the live run:
+
+* listed: wall time of the first ``RunStore.overview()`` of a fresh store, which lists every run
+  (those not read within the load budget as ``loading``); filled: until no row is ``loading``;
+* idle refresh: server CPU (``time.process_time``) of one ``overview()`` call, called every
+  0.25 s for ``--seconds`` while the live run appends (so some calls see a change);
+* with ``--browser``: a real ``streamlit run`` and Chromium on each root: wall time from opening
+  the page until the table is drawn with every run, and the server's CPU (from /proc) per second
+  with the page open and idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+import orjson
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_live import cpu_seconds, server_pid
+from benchmarks.generate_root import LIVE, make_root, small_run
+from metrics_core.dashboard.store import RunStore
+
+
+class LiveWriter(threading.Thread):
+    """Appends one train record per second to ``path``, stamped now."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(daemon=True)
+        self.path, self.stop = path, threading.Event()
+
+    def run(self) -> None:
+        step = 100_000
+        while not self.stop.wait(1.0):
+            step += 10
+            line = {"schema_version": 1, "time": datetime.now(timezone.utc).isoformat(), "run_id": "live",
+                    "session_id": "s-1000000", "event": "train", "step": step, "tokens_seen": step * 1000,
+                    "skipped_updates": 0, "train_loss": 1.0}  # fmt: skip
+            with open(self.path, "ab") as out:
+                out.write(orjson.dumps(line) + b"\n")
+
+
+def store_figures(root: Path, seconds: float) -> dict[str, float]:
+    store = RunStore(root)
+    try:
+        start = time.perf_counter()
+        table = store.overview()
+        listed = time.perf_counter() - start
+        while (table["status"] == "loading").any():
+            table = store.overview()
+        filled = time.perf_counter() - start
+        cpu = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            before = time.process_time()
+            store.overview()
+            cpu.append(time.process_time() - before)
+            time.sleep(0.25)
+    finally:
+        store.close()
+    return {"runs": len(table), "listed_s": listed, "filled_s": filled, "idle_cpu_ms": statistics.median(cpu) * 1e3,
+            "mean_cpu_ms": statistics.mean(cpu) * 1e3}  # fmt: skip
+
+
+def browser_figures(root: Path, runs: int, seconds: float) -> dict[str, float]:
+    from tests.live_server import chromium, streamlit_server
+
+    with streamlit_server(root) as url, chromium() as browser:
+        pid = server_pid(url)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        start = time.perf_counter()
+        page.goto(url)
+        page.wait_for_function(
+            f"[...document.querySelectorAll('[data-testid=stDataFrame] [aria-rowcount]')]"
+            f".some(g => +g.getAttribute('aria-rowcount') >= {runs + 1})",
+            timeout=600_000,
+        )
+        shown = time.perf_counter() - start
+        time.sleep(5)
+        before, wall = cpu_seconds(pid), time.monotonic()
+        time.sleep(seconds)
+        cpu = (cpu_seconds(pid) - before) / (time.monotonic() - wall)
+    return {"shown_s": shown, "server_cpu_share": cpu}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "metrics_bench_root1000")
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--browser", action="store_true")
+    args = parser.parse_args()
+    big = make_root(args.root)
+    one = Path(tempfile.mkdtemp(prefix="metrics_bench_root1_"))
+    small_run(one / LIVE / "metrics.jsonl", 10**6)
+    writers = [LiveWriter(big / LIVE / "metrics.jsonl"), LiveWriter(one / LIVE / "metrics.jsonl")]
+    for writer in writers:
+        writer.start()
+    try:
+        results = {"1 run": store_figures(one, args.seconds), "1,000 runs": store_figures(big, args.seconds)}
+        for label, found in results.items():
+            print(f"store, {label:>10}: {found['runs']} listed in {found['listed_s'] * 1e3:.0f} ms, all rows read in "
+                  f"{found['filled_s']:.2f} s; overview() every 0.25 s: median {found['idle_cpu_ms']:.2f} ms CPU, "
+                  f"mean {found['mean_cpu_ms']:.2f} ms")  # fmt: skip
+        one_run, many = results["1 run"], results["1,000 runs"]
+        print(f"ratio 1,000 runs / 1 run: listed {many['listed_s'] / one_run['listed_s']:.1f}x, "
+              f"idle overview() CPU {many['idle_cpu_ms'] / max(one_run['idle_cpu_ms'], 1e-3):.0f}x "
+              f"(goals: listed within 2x of a 1-run root in the browser; idle refresh < 50 ms)")  # fmt: skip
+        if args.browser:
+            pages = {"1 run": browser_figures(one, 1, args.seconds),
+                     "1,000 runs": browser_figures(big, 1000, args.seconds)}  # fmt: skip
+            for label, found in pages.items():
+                print(
+                    f"browser, {label:>10}: table with every run drawn {found['shown_s']:.1f} s after opening "
+                    f"the page (cold server); idle page: server CPU {found['server_cpu_share']:.1%} of a core"
+                )
+            print(f"ratio 1,000 runs / 1 run: shown {pages['1,000 runs']['shown_s'] / pages['1 run']['shown_s']:.2f}x "
+                  f"(goal <= 2x)")  # fmt: skip
+    finally:
+        for writer in writers:
+            writer.stop.set()
+
+
+if __name__ == "__main__":
+    main()
