@@ -39,6 +39,17 @@ function unpack(value) {
   return out;
 }
 
+// plotly.py packs arrays in their narrowest type (steps 10..100 arrive as an Int8Array), and
+// extendTraces keeps the drawn array's type: an integer array is widened to float64 before new
+// points are appended, so step 1010 never wraps around to -14.
+function widen(trace, name) {
+  const target = trace[name];
+  if (ArrayBuffer.isView(target) && !(target instanceof Float64Array || target instanceof Float32Array)) {
+    trace[name] = Float64Array.from(target);
+  }
+  return trace[name];
+}
+
 // New points in the drawn array's own type: a typed array stays typed (null -> NaN).
 function like(target, values) {
   if (target && ArrayBuffer.isView(target)) return target.constructor.from(values, (v) => (v === null ? NaN : v));
@@ -49,7 +60,7 @@ function extend(Plotly, graph, steps) {
   for (const step of steps) {
     const update = {};
     for (const [name, tails] of Object.entries(step.update)) {
-      update[name] = tails.map((tail, i) => like(graph.data[step.indices[i]][name], tail));
+      update[name] = tails.map((tail, i) => like(widen(graph.data[step.indices[i]], name), tail));
     }
     Plotly.extendTraces(graph, update, step.indices);
   }
