@@ -3,13 +3,20 @@
     streamlit run app.py -- --runs /shared/runs [--refresh 1] [--poll] [--demo]
 
 Everything here is navigation; pages live in pages/, logic in metrics_core.
+
+Every request the page makes goes to this server: the page icon is an emoji (Streamlit draws it
+as an inline SVG; a ``:material/…:`` page icon makes every browser fetch the favicon from
+fonts.gstatic.com, which fails on an air-gapped cluster and tells Google who opens the
+dashboard), and the nav icons use the Material Symbols font Streamlit serves itself.
 """
 
 import streamlit as st
 
 from metrics_core.dashboard.settings import maybe_start_demo, settings
+from metrics_core.dashboard.widgets import CALM_CSS
 
-st.set_page_config(page_title="Training metrics", page_icon=":material/monitoring:", layout="wide")
+st.set_page_config(page_title="Training metrics", page_icon="📈", layout="wide")
+st.html(CALM_CSS)
 maybe_start_demo(settings())
 st.navigation(
     [

@@ -1,5 +1,5 @@
-"""`/compare?run=<a>&run=<b>…` — one metric of several runs overlaid and the config keys that
-differ between them; the URL is shareable."""
+"""`/compare?run=<a>&run=<b>…` — several metrics of several runs, one colour per run, and the
+config keys that differ between them; controls in the sidebar, the URL is shareable."""
 
 import pandas as pd
 import streamlit as st
@@ -7,40 +7,50 @@ import streamlit as st
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
 from metrics_core.dashboard.config import view_config
+from metrics_core.dashboard.figures import with_theme
 from metrics_core.dashboard.overview import filter_runs, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import config_diff_panel, name_text, run_names_or_stop, views_or_warn
+from metrics_core.dashboard.widgets import config_diff_panel, name_text, page_theme, run_names_or_stop, views_or_warn
 
+DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]
 config = settings()
 store = get_store(config)
 st.title("Compare runs")
 names = run_names_or_stop(store)
-pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
-shown, error = filter_runs(pd.DataFrame({"run": names}), pattern)
-if error:
-    st.error(md_text(error))
 asked = st.query_params.get_all("run")
 unknown = [name for name in asked if name not in names]
 if unknown:
     st.warning(f"Not runs under the root, ignored: {', '.join(map(name_text, unknown[:5]))}"
                + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))  # fmt: skip
-picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)), format_func=shorten,
-                        default=[name for name in asked if name in names], key="compare_runs")  # fmt: skip
+with st.sidebar:
+    pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
+    shown, error = filter_runs(pd.DataFrame({"run": names}), pattern)
+    if error:
+        st.error(md_text(error))
+    picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)), format_func=shorten,
+                            default=[name for name in asked if name in names], key="compare_runs")  # fmt: skip
+    metrics = st.multiselect("Metrics", list(COMPARE_METRICS), default=DEFAULT_METRICS, key="compare_metrics",
+                             format_func=lambda m: COMPARE_METRICS[m][1])  # fmt: skip
+    x = st.segmented_control("x axis", ["step", "tokens_seen"], default="step", key="compare_x") or "step"
+    smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
+    log_y = st.toggle("Log-scale y", key="log_y")
 st.query_params["run"] = picked
-metric = st.selectbox("Metric", list(COMPARE_METRICS), format_func=lambda m: COMPARE_METRICS[m][1], key="metric")
-x = st.segmented_control("x axis", ["step", "tokens_seen"], default="step", key="compare_x") or "step"
-smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
-log_y = st.toggle("Log-scale y", key="log_y")
+theme = page_theme()
 load_plotly()
 
 
 @st.fragment(run_every=config.refresh)
 def chart() -> None:
     if not picked:
-        st.info("Pick one or more runs to compare.")
+        st.info("Pick one or more runs to compare in the sidebar.")
         return
     views = views_or_warn(store, picked)
-    live_chart(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), key="chart_compare")
+    columns = st.columns(2)
+    for number, metric in enumerate(metrics):
+        figure = with_theme(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), theme)
+        figure.update_layout(showlegend=number == 0)  # one colour per run on every chart: one key is enough
+        with columns[number % 2]:
+            live_chart(figure, key=f"chart_compare_{metric}")
     config_diff_panel({name: config.values if (config := view_config(view)) else None for name, view in views.items()})
 
 

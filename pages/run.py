@@ -1,4 +1,5 @@
-"""`/run?run=<name>` — one run's charts, refreshed live, with session boundaries and health."""
+"""`/run?run=<name>` — one run's charts, refreshed live, with session boundaries and health.
+Opened from the top bar with no run named, it offers a picker of the runs."""
 
 import streamlit as st
 
@@ -12,20 +13,28 @@ from metrics_core.dashboard.charts import (
     view_findings,
 )
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.figures import X_MODES
-from metrics_core.dashboard.overview import file_stem, md_text, run_link, shorten
+from metrics_core.dashboard.figures import X_MODES, with_theme
+from metrics_core.dashboard.overview import file_stem, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.widgets import config_panel, csv_button, health_panel, live_view, view_or_stop
+from metrics_core.dashboard.widgets import (
+    config_panel,
+    csv_button,
+    health_panel,
+    live_view,
+    page_theme,
+    run_or_pick,
+    session_key_panel,
+)
 
 config = settings()
 store = get_store(config)
-name = st.query_params.get("run", "")
-name = view_or_stop(store, name, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
-
+name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)))
-st.markdown(
-    f"[Compare its sessions]({run_link(name, 'sessions')}) · [Compare with other runs]({run_link(name, 'compare')})"
-)
+sessions_link, compare_link, _ = st.columns([1, 1, 3])
+sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
+                        query_params={"run": name})  # fmt: skip
+compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
+                       query_params={"run": name})  # fmt: skip
 with st.sidebar:
     x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
@@ -33,6 +42,7 @@ with st.sidebar:
     history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
 options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history)
+theme = page_theme()
 load_plotly()
 
 
@@ -45,8 +55,12 @@ def charts() -> None:
                f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     health_panel(view_findings(view))
     config_panel(view_config(view))
+    session_key_panel(view)
+    built = view_charts(view, options)  # not inside the memo below: RunView.memo's lock is not reentrant
+    themed = lambda: {key: with_theme(figure, theme) for key, figure in built.items()}  # noqa: E731
+    figures = view.memo(("themed", options, theme), themed)  # a dark copy once per snapshot, shared by tabs
     left, right = st.columns(2)
-    for number, (key, figure) in enumerate(view_charts(view, options).items()):
+    for number, (key, figure) in enumerate(figures.items()):
         with left if number % 2 == 0 else right:
             live_chart(figure, key=f"chart_{key}")
             file_name = f"{file_stem(name)}-{key}.csv"

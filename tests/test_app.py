@@ -95,7 +95,6 @@ def test_run_page_shows_the_controls_and_status(runs_root: Path) -> None:
         ("../outside", "without '..'"),
         ("/etc", "relative"),
         ("link", "outside"),
-        ("", "empty"),
     ],
 )
 def test_run_page_refuses_bad_run_parameters(runs_root: Path, tmp_path: Path, run: str, message: str) -> None:
@@ -144,7 +143,9 @@ def test_compare_page_reads_and_writes_the_url(runs_root: Path) -> None:
     assert app.multiselect(key="compare_runs").value == ["alpha"]
     app.multiselect(key="compare_runs").set_value(["alpha", "group/beta"]).run()
     assert app.query_params["run"] == ["alpha", "group/beta"]
-    app.selectbox(key="metric").select("val_loss").run()
+    assert app.multiselect(key="compare_metrics").value == ["train_loss", "val_loss", "grad_norm_avg", "lr",
+                                                            "tokens_per_s"]  # fmt: skip
+    app.multiselect(key="compare_metrics").set_value(["val_loss", "skipped_updates"]).run()
     app.text_input(key="compare_filter").input("^gr").run()
     assert not app.exception
 
@@ -222,7 +223,8 @@ def test_overview_config_columns_and_filter(runs_root: Path) -> None:
     assert app.multiselect(key="config_columns").options == ["model", "optim.lr"]
     app.multiselect(key="config_columns").set_value(["optim.lr"]).run()
     table = app.dataframe[0].value.set_index("run")
-    assert table["optim.lr"].tolist()[:2] == ["0.0003", "0.0001"] and pd.isna(table.loc["run?run=plain", "optim.lr"])
+    assert table.loc[["run?run=alpha", "run?run=beta"], "optim.lr"].tolist() == ["0.0003", "0.0001"]
+    assert pd.isna(table.loc["run?run=plain", "optim.lr"])
     app.text_input(key="config_filter").input("optim.lr=3e-4").run()
     assert list(app.dataframe[0].value["run"]) == ["run?run=alpha"]
     app.text_input(key="config_filter").input("model!=gpt2").run()
@@ -263,3 +265,58 @@ def test_compare_page_without_configs(runs_root: Path) -> None:
     app = open_page("compare", run=["alpha", "beta"])
     assert not app.exception and not app.dataframe
     assert any("None of these runs logged a config" in caption.value for caption in app.caption)
+
+
+# -- pages opened from the top bar, and the runs table as people read it --------------------------
+
+
+@pytest.mark.parametrize("page", ["run", "sessions"])
+def test_run_and_sessions_pages_without_a_run_offer_a_picker(runs_root: Path, page: str) -> None:
+    """Opened with no ?run=: a picker of the runs instead of an error; choosing one names it in the URL."""
+    make_run(runs_root, "alpha", sessions=2)
+    make_run(runs_root, "group/beta")
+    app = open_page(page)
+    assert not app.exception and not app.error
+    picker = app.selectbox(key="run_picker")
+    assert picker.options == ["alpha", "group/beta"] and picker.value is None
+    picker.select("group/beta").run()
+    assert not app.exception
+    assert app.query_params["run"] == "group/beta"
+    assert "group/beta" in shown(app.title[0].value)
+
+
+def test_run_page_picker_of_an_empty_root_says_so(runs_root: Path) -> None:
+    """No runs at all: a plain note, no picker, no error."""
+    app = open_page("run")
+    assert not app.exception and not app.error
+    assert "No runs" in app.info[0].value
+
+
+def test_overview_reads_at_a_glance(runs_root: Path) -> None:
+    """Status badge, a loss trend per run, human numbers, "—" for a missing value, newest first."""
+    make_run(runs_root, "older", sessions=1)
+    append_records(runs_root / "newer" / "metrics.jsonl",
+                   *(base_record(s, train_loss=3.0 - s / 1000, tokens=22_000)
+                     for s in range(10, 1001, 10)))  # fmt: skip
+    app = open_page("overview")
+    assert not app.exception
+    table = app.dataframe[0].value
+    assert list(table["run"]) == ["run?run=newer", "run?run=older"]
+    newer = table.iloc[0]
+    assert newer["status"] == "💥 crashed"  # no session_end, nothing for long: a badge, then the word
+    assert newer["tokens seen"].endswith("k") or newer["tokens seen"].endswith("M")
+    assert newer["val loss"] == "—"
+    assert len(newer["loss trend"]) == 40 and newer["loss trend"][0] > newer["loss trend"][-1]
+    assert {"started", "duration", "last activity"} <= set(table.columns)
+
+
+def test_sessions_page_shows_durations_as_clock_times(runs_root: Path) -> None:
+    """Durations and downtimes read h:mm:ss; the CSV is named after the run."""
+    from tests.test_reader import three_session_run
+
+    three_session_run(runs_root / "resumed" / "metrics.jsonl")
+    app = open_page("sessions", run="resumed")
+    assert not app.exception
+    table = app.table[0].value
+    assert [shown(value) for value in table["duration"]] == ["0:01:40", "0:01:30", "0:01:20"]
+    assert table["downtime before"].iloc[0] == "—"

@@ -10,6 +10,20 @@ without a server:
 * a missing value (a window with no successful update) breaks the line and gets a marker on the
   chart's floor: never interpolated over;
 * every trace is downsampled by ``minmax_indices`` (spikes and the last point survive);
+* every axis is titled with its unit and formatted on purpose (``AXES``, by column): loss,
+  fraction 0–1, count, tokens/s, learning rate in ``2.5e-4`` notation, steps and tokens in SI
+  (``2k``, ``22M``), so no ``250µ`` stands next to ``2k``;
+* the default y-range is robust (``robust_range``): an initial loss of 10 does not flatten a
+  curve that lives around 2; plotly's autoscale button (or a double-click) shows the full range,
+  and a note on the chart says how many points are off-scale;
+* a sparse series (validation every N steps, ``markers=True``) is drawn raw with markers, never
+  smoothed like the dense series beside it;
+* resume labels never overlap: each is placed, in one of two rows, only where it fits at the
+  narrowest plot width we support (``MIN_PLOT_PX``), full ("S3 · resume @ 120") or short
+  ("S3"), else left to the hover of a marker on the boundary line;
+* legends are compact: a session-split chart lists its series once (not once per session); the
+  page shows one session key (``session_key``) for all its charts;
+* ``theme`` ("light"/"dark") colours the figure like the Streamlit theme around it;
 * titles, trace names and labels are untrusted (a run name, a directory name): plotly.js renders
   a subset of HTML in them, so each is passed through ``plotly_text`` (and shortened) here, at
   the sink, and callers hand over raw strings.
@@ -40,6 +54,54 @@ CHART_POINTS = 8000  # drawn points per chart, shared by its traces
 TRACE_POINTS = 4000
 MIN_TRACE_POINTS = 200
 LABEL_CHARS = 40  # a legend entry (a run name on the compare chart)
+HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
+MIN_PLOT_PX = 300  # the narrowest plot area resume labels must fit (a phone, 390 px wide)
+LABEL_FONT = 10
+LABEL_CHAR_PX = 6.2  # an upper bound of a 10 px sans-serif glyph's advance
+LABEL_ROWS = 2
+LABEL_ROW_PX = 13
+ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
+ROBUST_QUANTILES = (0.005, 0.995)
+ROBUST_MIN_POINTS = 20
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """How a quantity's axis reads: its title with the unit, and d3 formats for ticks and hover.
+
+    ``fixed`` pins the range (a fraction is 0–1); ``robust`` lets ``robust_range`` choose the
+    default range (counts that only grow need none).
+    """
+
+    title: str
+    tickformat: str = ".3~g"
+    hoverformat: str = ".4~g"
+    fixed: tuple[float, float] | None = None
+    robust: bool = True
+
+
+AXES = {
+    "train_loss": Axis("loss"),
+    "val_loss": Axis("loss"),
+    "clipped_fraction": Axis("fraction clipped (0–1)", ".1~f", ".3~f", fixed=(-0.02, 1.02)),
+    "skipped_updates_in_window": Axis("skipped in window (count)", ",~d", ",d", robust=False),
+    "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False),
+    "grad_norm_avg": Axis("gradient norm (L2)"),
+    "grad_norm_max": Axis("gradient norm (L2)"),
+    "lr": Axis("learning rate", ".1~e", ".3~e"),
+    "tokens_per_s": Axis("throughput (tokens/s)", "~s", ",.0f"),
+}
+X_AXES = {
+    "step": Axis("step", "~s", ","),
+    "tokens_seen": Axis("tokens seen", "~s", ","),
+    "time": Axis("wall time (UTC)", "", ""),
+    "relative": Axis("hours since start (h)", ".3~f", ".3~f"),
+}
+# Streamlit's own palettes (its default light and dark themes), so a chart sits in the page.
+THEMES = {
+    "light": {"font": "#31333f", "paper": "#ffffff", "plot": "#ffffff", "grid": "#e6e9ef", "muted": "#808495"},
+    "dark": {"font": "#fafafa", "paper": "#0e1117", "plot": "#0e1117", "grid": "#31333f", "muted": "#a3a8b8"},
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +192,51 @@ def _session_x(session: Session, x: str, origin: pd.Timestamp | None) -> object:
     return (start - origin).total_seconds() / 3600.0 if origin is not None else 0.0
 
 
+def axis_for(series: Sequence[Series], *, secondary: bool) -> Axis | None:
+    """The axis of the first series drawn on that side: its column's ``AXES`` entry, or its label."""
+    for item in series:
+        if item.secondary_y == secondary:
+            return AXES.get(item.column, Axis(item.label))
+    return None
+
+
+def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[tuple[float, float], int] | None:
+    """A default y-range outliers cannot squash, and how many points lie outside it.
+
+    From each array (one series, in x order) the first ``ROBUST_SKIP`` is left out (warm-up: an
+    initial loss of 10 above a curve living at 2), then the 0.5%–99.5% quantiles of the rest, padded
+    by 10%, widened to keep every series' latest value in view (``"the latest datum should always
+    be included"``).  None when the full range is not more than 1.5× that (nothing to hide) or there
+    are too few points.  With ``log`` the range is in log10 units, as plotly wants it.
+    """
+    later, every, latest = [], [], []
+    for values in columns:
+        values = np.asarray(values, dtype=np.float64)
+        values = values[np.isfinite(values) & (values > 0)] if log else values[np.isfinite(values)]
+        if log:
+            values = np.log10(values)
+        if not len(values):
+            continue
+        every.append(values)
+        later.append(values[int(len(values) * ROBUST_SKIP) :])
+        latest.append(values[-1])
+    if not every or sum(map(len, every)) < ROBUST_MIN_POINTS:
+        return None
+    body = np.concatenate(later)
+    low, high = np.quantile(body, ROBUST_QUANTILES)
+    low, high = min(low, *latest), max(high, *latest)
+    pad = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
+    low, high = low - pad, high + pad
+    full = np.concatenate(every)
+    full_low, full_high = float(full.min()), float(full.max())
+    if full_high - full_low <= 1.5 * (high - low):
+        return None
+    if not log and full_low >= 0:
+        low = max(low, 0.0)  # a non-negative quantity's axis does not dip below zero
+    outside = int(np.count_nonzero((full < low) | (full > high)))
+    return (float(low), float(high)), outside
+
+
 def metric_figure(
     series: Sequence[Series],
     *,
@@ -141,6 +248,7 @@ def metric_figure(
     max_points: int = CHART_POINTS,
     revision: str = "",
     highlights: Sequence[Highlight] = (),
+    theme: str = "light",
 ) -> go.Figure:
     """A line chart of ``series`` split by session, with session boundaries marked.
 
@@ -155,31 +263,108 @@ def metric_figure(
     figure = go.Figure()
     drawn_rows = sum(len(item.frame) for item in series if item.column in item.frame.columns)
     traces_per_row = 2 if smoothing > 0 else 1
+    drawn: dict[bool, list[np.ndarray]] = {False: [], True: []}  # per axis, for the robust range
+    spans: list[float] = []
+    legend = len({item.label for item in series}) > 1
     for number, item in enumerate(series):
-        _add_series(figure, item, number, x=x, origin=origin, smoothing=smoothing,
-                    points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
+        added = _add_series(figure, item, number, x=x, origin=origin, smoothing=smoothing, legend=legend,
+                            points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
+        drawn[item.secondary_y] += added[0]
+        spans += added[1]
     _layout(figure, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
-            highlights=highlights)  # fmt: skip
-    if any(item.secondary_y for item in series):
-        figure.update_layout(yaxis2={"overlaying": "y", "side": "right", "showgrid": False})
+            highlights=highlights, theme=theme, spans=spans)  # fmt: skip
+    _y_axes(figure, series, drawn, log_y=log_y, theme=theme)
     return figure
+
+
+def _y_axes(
+    figure: go.Figure, series: Sequence[Series], drawn: dict[bool, list[np.ndarray]], *, log_y: bool, theme: str
+) -> None:
+    """Titles, formats and default ranges of the primary (left) and secondary (right) y axes."""
+    palette = THEMES[theme]
+    off_scale = 0
+    for secondary in (False, True):
+        axis = axis_for(series, secondary=secondary)
+        if axis is None:
+            continue
+        log = log_y and not secondary
+        settings = {"title": {"text": plotly_text(axis.title), "standoff": 4, "font": {"size": 11}},
+                    "tickformat": axis.tickformat, "hoverformat": axis.hoverformat,
+                    "exponentformat": "e", "separatethousands": True}  # fmt: skip
+        if axis.fixed is not None and not log:
+            settings["range"] = list(axis.fixed)
+        elif axis.robust and (robust := robust_range(drawn[secondary], log=log)) is not None:
+            settings["range"], outside = list(robust[0]), robust[1]
+            off_scale += outside
+        if secondary:
+            settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero")
+        figure.update_layout({"yaxis2" if secondary else "yaxis": settings})
+    if off_scale:
+        figure.add_annotation(
+            x=1, y=0, xref="paper", yref="paper", xanchor="right", yanchor="bottom", showarrow=False,
+            text=f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale · autoscale ⤢ shows all",
+            font={"size": 9, "color": palette["muted"]}, bgcolor=palette["plot"], opacity=0.9,
+        )  # fmt: skip
+
+
+def resume_labels(positions: Sequence[tuple[float, str, str]], *, span: float) -> list[tuple[str, int] | None]:
+    """Where each session boundary's label goes so that no two overlap at ``MIN_PLOT_PX`` or wider.
+
+    ``positions`` are (x, full label, short label) in x order; ``span`` the x-axis range they sit in.
+    Each label is tried full then short, in row 0 then row 1; one that fits nowhere is None (its
+    boundary keeps a hover marker).  A wider plot (or a zoom) only moves labels apart, so a layout
+    that fits at the narrowest width fits at every width.
+    """
+    scale = MIN_PLOT_PX / span if span > 0 else 0.0
+    rows: list[list[tuple[float, float]]] = [[] for _ in range(LABEL_ROWS)]
+    placed: list[tuple[str, int] | None] = []
+    for at, full, short in positions:
+        choice = None
+        for text in (full, short):
+            half = (len(text) * LABEL_CHAR_PX + 6) / 2
+            left, right = at * scale - half, at * scale + half
+            for row, taken in enumerate(rows):
+                if all(right <= other_left or left >= other_right for other_left, other_right in taken):
+                    taken.append((left, right))
+                    choice = (text, row)
+                    break
+            if choice:
+                break
+        placed.append(choice)
+    return placed
 
 
 def _layout(
     figure: go.Figure, *, title: str, sessions: Sequence[Session], x: str, origin: pd.Timestamp | None, log_y: bool,
-    revision: str, highlights: Sequence[Highlight],
+    revision: str, highlights: Sequence[Highlight], theme: str = "light", spans: Sequence[float] = (),
 ) -> None:  # fmt: skip
     """The layout every chart shares: session boundary lines, shaded highlights, axes, legend."""
     # Shapes and annotations as plain dicts in one layout update: plotly's add_vline/add_vrect
     # cost ~20 ms each in validation, which was half of a chart's build time on a long run.
+    palette = THEMES[theme]
     shapes, annotations = [], []
-    for session in sessions[1:]:
-        at, colour = _session_x(session, x, origin), session_colour(session.index)
+    boundaries = [(_session_x(session, x, origin), session) for session in sessions[1:]]
+    edges = [float(at) for at, _ in boundaries] + [float(value) for value in spans]
+    span = max(edges) - min(edges) if edges else 0.0
+    labels = resume_labels([(float(at), f"S{s.index + 1} · resume @ {s.resume_step}", f"S{s.index + 1}")
+                            for at, s in boundaries], span=span)  # fmt: skip
+    for (at, session), label in zip(boundaries, labels, strict=True):
+        colour = session_colour(session.index)
         shapes.append({"type": "line", "xref": "x", "yref": "paper", "x0": at, "x1": at, "y0": 0, "y1": 1,
                        "line": {"color": colour, "width": 1.5, "dash": "dash"}})  # fmt: skip
-        annotations.append({"x": at, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom", "showarrow": False,
-                            "text": f"S{session.index + 1} · resume @ {session.resume_step}",
-                            "font": {"size": 10, "color": colour}})  # fmt: skip
+        if label is not None:
+            annotations.append({"x": at, "y": 1.0, "xref": "x", "yref": "paper", "yanchor": "bottom",
+                                "yshift": label[1] * LABEL_ROW_PX, "showarrow": False, "text": label[0],
+                                "hovertext": f"S{session.index + 1} · resume @ {session.resume_step}",
+                                "font": {"size": LABEL_FONT, "color": colour}})  # fmt: skip
+    if boundaries:  # every boundary's full label in the hover of a marker at its top, placed or not
+        figure.add_trace(go.Scatter(
+            x=[at for at, _ in boundaries], y=[1.0] * len(boundaries), yaxis="y3", mode="markers",
+            name="session starts", showlegend=False, cliponaxis=False,
+            marker={"symbol": "triangle-down", "size": 7, "color": [session_colour(s.index) for _, s in boundaries]},
+            hovertext=[f"S{s.index + 1} · resume @ {s.resume_step}" for _, s in boundaries],
+            hovertemplate="%{hovertext}<extra></extra>",
+        ))  # fmt: skip
     for highlight in highlights:
         shapes.append({"type": "rect", "xref": "x", "yref": "paper", "x0": highlight.x0, "x1": highlight.x1,
                        "y0": 0, "y1": 1, "fillcolor": highlight.colour, "opacity": 0.15, "line": {"width": 0},
@@ -187,27 +372,56 @@ def _layout(
         annotations.append({"x": highlight.x0, "y": 1.0, "xref": "x", "yref": "paper", "xanchor": "left",
                             "yanchor": "top", "showarrow": False, "text": plotly_text(shorten(highlight.label)),
                             "font": {"size": 10}})  # fmt: skip
+    x_axis = X_AXES[x]
     figure.update_layout(
         template="none",  # the default template adds ~10 KB of styling JSON to every update
-        font={"family": "sans-serif", "size": 11, "color": "#31333f"},
-        plot_bgcolor="white",
+        font={"family": "sans-serif", "size": 11, "color": palette["font"]},
+        paper_bgcolor=palette["paper"],
+        plot_bgcolor=palette["plot"],
         title={"text": plotly_text(shorten(title)), "x": 0.01, "font": {"size": 14}},
         height=330,
-        margin={"l": 50, "r": 20, "t": 50, "b": 30},
+        margin={"l": 60, "r": 20, "t": 50 + LABEL_ROW_PX, "b": 30},
         uirevision=revision or title,
         hovermode="x unified",
-        legend={"orientation": "h", "y": -0.12, "yanchor": "top", "font": {"size": 10}},
+        hoverlabel={"namelength": -1},
+        legend={"orientation": "h", "y": -0.14, "yanchor": "top", "font": {"size": 10}},
         xaxis={
-            "title": {"text": X_MODES[x], "standoff": 2, "font": {"size": 11}},
+            "title": {"text": x_axis.title, "standoff": 2, "font": {"size": 11}},
             "type": "date" if x == "time" else "linear",
-            "gridcolor": "#eee",
+            "tickformat": x_axis.tickformat,
+            "hoverformat": x_axis.hoverformat,
+            "gridcolor": palette["grid"],
             "zeroline": False,
         },
-        yaxis={"type": "log" if log_y else "linear", "gridcolor": "#eee", "zeroline": False},
+        yaxis={"type": "log" if log_y else "linear", "gridcolor": palette["grid"], "zeroline": False},
         yaxis3={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
         shapes=shapes,
         annotations=annotations,
     )
+
+
+def with_theme(figure: go.Figure, theme: str) -> go.Figure:
+    """``figure`` coloured for ``theme``; the light figure itself, or a recoloured copy (figures are
+    shared by every tab, so they are never changed in place)."""
+    if theme not in THEMES or theme == "light":
+        return figure
+    palette = THEMES[theme]
+    themed = go.Figure(figure)
+    themed.update_layout(font_color=palette["font"], paper_bgcolor=palette["paper"], plot_bgcolor=palette["plot"],
+                         xaxis_gridcolor=palette["grid"], yaxis_gridcolor=palette["grid"])  # fmt: skip
+    for annotation in themed.layout.annotations:
+        if annotation.bgcolor:
+            annotation.bgcolor = palette["plot"]
+    return themed
+
+
+def session_key(sessions: Sequence[Session]) -> list[tuple[str, str, str]]:
+    """One line per session for the page's single session key: (``"S2"``, colour, what it did)."""
+    key = []
+    for session in sessions:
+        what = "start" if session.index == 0 else f"resume @ {session.resume_step}"
+        key.append((f"S{session.index + 1}", session_colour(session.index), what))
+    return key
 
 
 def _compact(values: np.ndarray) -> np.ndarray:
@@ -219,45 +433,72 @@ def _compact(values: np.ndarray) -> np.ndarray:
 
 def _add_series(
     figure: go.Figure, item: Series, number: int, *, x: str, origin: pd.Timestamp | None, smoothing: float,
-    points_per_row: float,
-) -> None:  # fmt: skip
+    points_per_row: float, legend: bool = True,
+) -> tuple[list[np.ndarray], list[float]]:  # fmt: skip
+    """Add ``item``'s traces; return the y values drawn (for the axis range) and the x extent."""
     frame = item.frame
     if item.column not in frame.columns or frame.empty:
-        return
+        return [], []
     xs = x_values(frame, x, origin)
     ys = pd.to_numeric(frame[item.column], errors="coerce").to_numpy(dtype=np.float64)
+    steps = frame["step"].to_numpy() if x != "step" and "step" in frame.columns else None
     session_codes = frame["session_id"].cat.codes.to_numpy() if item.colour is None else np.zeros(len(frame), int)
     superseded = item.superseded if item.superseded is not None else np.zeros(len(frame), dtype=bool)
     dash = DASHES[number % len(DASHES)]
     label = plotly_text(shorten(item.label, LABEL_CHARS))
+    full = plotly_text(shorten(item.label, HOVER_CHARS))
     axis = "y2" if item.secondary_y else "y"
+    events = item.column == "skipped_updates_in_window"  # a count that is mostly 0: marks where it is not
+    if events:
+        ys = np.where(ys > 0, ys, np.nan)
+    smoothing = 0.0 if item.markers or events else smoothing  # sparse series are drawn raw
+    style = AXES.get(item.column, Axis(item.label))
+    per_session = item.colour is None
+    group = f"{number}:{label}"
+    drawn: list[np.ndarray] = []
+    finite_x = xs[np.isfinite(xs)] if xs.dtype.kind == "f" else xs
+    extent = [float(np.min(finite_x)), float(np.max(finite_x))] if len(finite_x) else []
+    if per_session and legend:  # one legend entry per series, in a neutral colour: sessions are the page's key
+        figure.add_trace(go.Scatter(
+            x=[], y=[], name=label, legendgroup=group, mode="markers" if events or item.markers else "lines",
+            line={"color": "#808495", "dash": dash, "width": 1.5}, marker={"color": "#808495", "size": 6},
+            yaxis=axis, hoverinfo="skip",
+        ))  # fmt: skip
     for code in np.unique(session_codes):
         for dimmed in (False, True):
             rows = np.flatnonzero((session_codes == code) & (superseded == dimmed))
             if not len(rows):
                 continue
-            name = (label if item.colour else f"{label} · S{code + 1}") + (" (superseded)" if dimmed else "")
+            suffix = "" if item.colour else f" · S{code + 1}"
+            name = label + suffix + (" (superseded)" if dimmed else "")
+            where = full + suffix + (" (superseded)" if dimmed else "")
             colour = item.colour or session_colour(int(code))
             opacity = SUPERSEDED_OPACITY if dimmed else 1.0
             raw, smooth = ys[rows], ema_smooth(ys[rows], smoothing) if smoothing > 0 else None
             budget = int(min(TRACE_POINTS, max(MIN_TRACE_POINTS, points_per_row * len(rows))))
             keep = minmax_indices(raw, budget)
-            mode = "lines+markers" if item.markers else "lines"
+            drawn.append(raw[keep])
+            mode = "markers" if events else "lines+markers" if item.markers else "lines"
+            at_step = "" if steps is None else " · step %{customdata:,}"
+            hover = f"{where}: %{{y:{style.hoverformat}}}{at_step}<extra></extra>"
             figure.add_trace(
                 go.Scatter(
                     x=xs[rows][keep],
                     y=_compact(raw[keep]),
                     name=name,
-                    legendgroup=f"{number}:{name}",  # unique per series even when shortened labels collide
+                    legendgroup=group,  # unique per series even when shortened labels collide
                     mode=mode,
                     yaxis=axis,
                     opacity=opacity * (RAW_OPACITY if smooth is not None else 1.0),
-                    line={"color": colour, "dash": dash, "width": 1.5},
-                    marker={"size": 4},
-                    showlegend=smooth is None,
+                    line={"color": colour, "dash": dash, "width": 1.5, "shape": "hv" if item.secondary_y
+                          and item.column == "skipped_updates" else "linear"},
+                    marker={"size": 7 if events else 4},
+                    showlegend=not per_session and smooth is None,
                     connectgaps=False,
+                    customdata=None if steps is None else steps[rows][keep],
+                    hovertemplate=hover,
                 )
-            )
+            )  # fmt: skip
             if smooth is not None:
                 keep = minmax_indices(smooth, budget)
                 figure.add_trace(
@@ -265,18 +506,22 @@ def _add_series(
                         x=xs[rows][keep],
                         y=_compact(smooth[keep]),
                         name=f"{name} (smoothed)",
-                        legendgroup=f"{number}:{name}",
+                        legendgroup=group,
                         mode="lines",
                         yaxis=axis,
                         opacity=opacity,
                         line={"color": colour, "dash": dash, "width": 2},
                         connectgaps=False,
+                        showlegend=not per_session,
+                        customdata=None if steps is None else steps[rows][keep],
+                        hovertemplate=f"{where} (smoothed): %{{y:{style.hoverformat}}}{at_step}<extra></extra>",
                     )
                 )
             missing = rows[~np.isfinite(raw)]
             if len(missing) > budget:  # markers only point at gaps: an even sample keeps the JSON bounded
                 missing = np.unique(missing[np.linspace(0, len(missing) - 1, budget).astype(np.int64)])
             if item.gap_markers and len(missing):
+                first_gap = not any(trace.legendgroup == "gaps" for trace in figure.data)
                 figure.add_trace(
                     go.Scatter(
                         x=xs[missing],
@@ -285,15 +530,17 @@ def _add_series(
                         mode="markers",
                         name=f"no successful update · S{code + 1}",
                         legendgroup="gaps",
+                        showlegend=first_gap,
                         marker={
                             "symbol": "x-thin",
                             "size": 8,
                             "color": colour,
                             "line": {"width": 2, "color": colour},
                         },
-                        hovertemplate="no successful update<extra></extra>",
+                        hovertemplate=f"no successful update · S{code + 1}<extra></extra>",
                     )
                 )
+    return drawn, extent
 
 
 # -- data-parallel ranks -----------------------------------------------------------------------
@@ -345,6 +592,7 @@ def straggler_figure(
     revision: str = "",
     highlights: Sequence[Highlight] = (),
     max_points: int = CHART_POINTS,
+    theme: str = "light",
 ) -> go.Figure:
     """Per-rank time per step of a data-parallel run, from its ``train`` records.
 
@@ -360,11 +608,14 @@ def straggler_figure(
     figure = go.Figure()
     if len(frame):
         _add_band(figure, frame, superseded, x=x, origin=origin, points_per_row=max_points / len(frame) / 3)
+    xs = x_values(frame, x, origin) if len(frame) else np.array([])
+    spans = [float(np.nanmin(xs)), float(np.nanmax(xs))] if len(xs) else []
     _layout(figure, title=STRAGGLER_TITLE, sessions=sessions, x=x, origin=origin, log_y=False, revision=revision,
-            highlights=highlights)  # fmt: skip
+            highlights=highlights, theme=theme, spans=spans)  # fmt: skip
     figure.update_layout(
-        margin={"l": 50, "r": 55, "t": 50, "b": 30},  # room for the ratio axis and its title
-        yaxis={"title": {"text": "s per step", "standoff": 2, "font": {"size": 11}}, "rangemode": "tozero"},
+        margin={"l": 60, "r": 55, "t": 50 + LABEL_ROW_PX, "b": 30},  # room for the ratio axis and its title
+        yaxis={"title": {"text": "time per step (s)", "standoff": 2, "font": {"size": 11}}, "rangemode": "tozero",
+               "tickformat": ".3~g", "hoverformat": ".4~g"},
         yaxis2={"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
                 "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}},
     )  # fmt: skip

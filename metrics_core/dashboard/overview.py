@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import re
 import string
+from datetime import datetime as _datetime
 from urllib.parse import quote
 
 import pandas as pd
@@ -99,3 +100,120 @@ def run_links(table: pd.DataFrame) -> pd.DataFrame:
             lambda text: shorten_words(text, CELL_CHARS) if isinstance(text, str) else None
         )
     return shown
+
+
+# -- the runs table as people read it ------------------------------------------------------------
+
+MISSING = "—"
+STATUS_BADGES = {
+    "live": "🟢 live", "stalled": "🟡 stalled", "finished": "✅ finished", "interrupted": "🟠 interrupted",
+    "failed": "🔴 failed", "crashed": "💥 crashed", "error": "⛔ error",
+}  # fmt: skip
+TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
+
+
+def _number(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if number == number and abs(number) != float("inf") else None
+
+
+def human_count(value: object) -> str:
+    """``22_040_000`` → ``"22.0M"``, ``1234`` → ``"1.2k"``, ``950`` → ``"950"``; missing → ``"—"``."""
+    number = _number(value)
+    if number is None:
+        return MISSING
+    for size, suffix in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(number) >= size:
+            return f"{number / size:.1f}{suffix}"
+    return f"{number:.0f}"
+
+
+def human_value(value: object, digits: int = 4) -> str:
+    """A loss or other measured value with ``digits`` significant digits; missing → ``"—"``."""
+    number = _number(value)
+    return MISSING if number is None else f"{number:.{digits}g}"
+
+
+def age_text(seconds: object) -> str:
+    """How long ago: ``"18 s ago"``, ``"4 min ago"``, ``"3 h ago"``, ``"2 d ago"``; missing → ``"—"``.
+
+    The coarser the older, so an idle run's row changes once a minute at most, not every second.
+    """
+    number = _number(seconds)
+    if number is None:
+        return MISSING
+    number = max(number, 0.0)
+    for size, unit in ((86_400, "d"), (3_600, "h"), (60, "min")):
+        if number >= size:
+            return f"{int(number // size)} {unit} ago"
+    return f"{int(number)} s ago"
+
+
+def clock_text(seconds: object) -> str:
+    """A duration as ``h:mm:ss`` (``"27:03:09"`` past a day); missing → ``"—"``."""
+    number = _number(seconds)
+    if number is None:
+        return MISSING
+    total = round(max(number, 0.0))
+    return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+def status_badge(status: object) -> str:
+    """A status with a coloured mark in front, readable without colour too."""
+    return STATUS_BADGES.get(str(status), str(status)) if status is not None else MISSING
+
+
+def trend(values: object, points: int = TREND_POINTS) -> list[float]:
+    """At most ``points`` values evenly picked from a series (its last value always kept), for a
+    sparkline; non-finite values dropped."""
+    array = pd.to_numeric(pd.Series(values, dtype=object), errors="coerce").to_numpy(dtype=float)
+    array = array[pd.notna(array) & (abs(array) != float("inf"))]
+    if len(array) > points:
+        array = array[[round(i * (len(array) - 1) / (points - 1)) for i in range(points)]]
+    return [float(value) for value in array]
+
+
+def _stamp(value: object) -> str:
+    """A start time to the minute, in UTC; missing (or NaT) → ``"—"``."""
+    if not isinstance(value, _datetime) or pd.isna(value):
+        return MISSING
+    return value.strftime("%Y-%m-%d %H:%M UTC")
+
+
+def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
+    """The runs table as the page shows it: newest activity first, status badges, human numbers,
+    ages and durations as text; the run column stays the name (the page makes it a link).
+
+    ``table`` is the store's overview, optionally with ``started`` (a datetime), ``duration (s)``
+    and ``loss trend`` (a list of floats) per run.
+    """
+    order = table.sort_values("last record age (s)", na_position="last", kind="stable").index
+    table = table.loc[order]
+    shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
+    if "loss trend" in table.columns:
+        shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
+    shown["train loss"] = table["train loss"].map(human_value)
+    shown["val loss"] = table["val loss"].map(human_value)
+    shown["last activity"] = table["last record age (s)"].map(age_text)
+    if "started" in table.columns:
+        shown["started"] = table["started"].map(_stamp)
+    if "duration (s)" in table.columns:
+        shown["duration"] = table["duration (s)"].map(clock_text)
+    shown["sessions"] = table["sessions"].map(human_count)
+    shown["last step"] = table["last step"].map(human_count)
+    shown["tokens seen"] = table["tokens seen"].map(human_count)
+    shown["skipped updates"] = table["skipped updates"].map(human_count)
+    shown["bad lines"] = table["bad lines"].map(human_count)
+    shown["error"] = table["error"].map(lambda text: shorten_words(text, CELL_CHARS) if isinstance(text, str) else "")
+    extra = [column for column in table.columns if column not in OVERVIEW_KNOWN]
+    for column in extra:
+        shown[column] = table[column]
+    return shown.reset_index(drop=True)
+
+
+OVERVIEW_KNOWN = frozenset({"run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+                            "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
+                            "duration (s)", "loss trend", "last record time"})  # fmt: skip

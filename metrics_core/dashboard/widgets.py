@@ -8,13 +8,23 @@ every store call a page makes goes through a function here that turns ``MetricsE
 
 from __future__ import annotations
 
+import html
 from collections.abc import Callable, Sequence
 
 import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
-from metrics_core.dashboard.overview import TITLE_CHARS, WORD_CHARS, md_text, shorten, shorten_words
+from metrics_core.dashboard.figures import THEMES, session_key
+from metrics_core.dashboard.overview import (
+    TITLE_CHARS,
+    WORD_CHARS,
+    md_text,
+    readable_runs,
+    shorten,
+    shorten_words,
+    trend,
+)
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
 from metrics_core.errors import MetricsError, RunPathError
@@ -22,6 +32,15 @@ from metrics_core.errors import MetricsError, RunPathError
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}  # fmt: skip
 STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
+
+# Calm while live.  While a fragment reruns, Streamlit marks its elements data-stale="true" and
+# fades them to opacity 0.33 (a 1 s transition after 0.5 s: charts flicker to ~0.9 on every
+# refresh of a slow run), and the top bar's running indicator blinks.  A refresh that changes
+# nothing must change nothing on screen; a connection problem still shows.
+CALM_CSS = """<style>
+[data-stale="true"] { opacity: 1 !important; transition: none !important; }
+[data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) { visibility: hidden; }
+</style>"""
 
 
 def name_text(name: str) -> str:
@@ -59,6 +78,84 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
             wait_for_run()
         st.stop()
         raise  # unreachable: st.stop() ends the script
+
+
+def page_theme() -> str:
+    """The browser's Streamlit theme, "light" or "dark", for the figure functions."""
+    kind = st.context.theme.type
+    return kind if kind in THEMES else "light"
+
+
+def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
+    """The view of the run named by ``?run=``; with no run named (the page opened from the top
+    bar), a picker of the runs that sets the parameter, and a stopped page until one is chosen."""
+    name = st.query_params.get("run", "")
+    if name:
+        return view_or_stop(store, name, refresh=refresh)
+    names = run_names_or_stop(store)
+    if not names:
+        st.info("No runs under the root yet.")
+        st.page_link("pages/overview.py", label="All runs", icon=":material/arrow_back:")
+        st.stop()
+    choice = st.selectbox("Run", names, index=None, format_func=shorten, key="run_picker",
+                          placeholder="Choose a run")  # fmt: skip
+    if choice is None:
+        st.stop()
+    st.query_params["run"] = choice
+    st.rerun()
+    raise AssertionError("unreachable: st.rerun() ends the script")
+
+
+def session_key_panel(view: RunView) -> None:
+    """One key of the run's session colours for every chart on the page (charts list series only).
+
+    Only generated text goes into this HTML: "S2", a hex colour from the palette, and a step number.
+    """
+    if len(view.sessions) < 2:
+        return
+    items = " ".join(f'<span style="color:{colour};white-space:nowrap">━ <b>{label}</b> {html.escape(what)}</span>'
+                     for label, colour, what in session_key(view.sessions))  # fmt: skip
+    st.markdown(f"Sessions: {items} · faint: superseded", unsafe_allow_html=True)
+
+
+def overview_with_trends(store: RunStore, table: pd.DataFrame) -> pd.DataFrame:
+    """The store's runs table with ``started``, ``duration (s)`` and ``loss trend`` per run, from each
+    run's snapshot (computed once per snapshot, shared by every tab)."""
+    extras = []
+    for name, status in zip(table["run"], table["status"], strict=True):
+        view = None
+        if status != "error":
+            try:
+                view = store.view(name)
+            except STORE_ERRORS:
+                view = None
+        extras.append(view.memo("overview extras", lambda view=view: _extras(view)) if view else {})
+    return table.assign(**{key: [extra.get(key) for extra in extras]
+                           for key in ("started", "duration (s)", "loss trend")})  # fmt: skip
+
+
+RUNS_COLUMNS = {
+    "run": st.column_config.LinkColumn("run", display_text=r"run=(.*)$", help="Click a row to open the run"),
+    "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
+}
+
+
+def runs_signature(table: pd.DataFrame) -> tuple[object, ...]:
+    """What the runs page shows of ``table``, to tell whether a refresh changed anything (ages
+    coarsen with time, so an idle run changes its row once a minute at most)."""
+    shown = readable_runs(table)
+    return tuple(map(tuple, shown.astype(str).itertuples(index=False))) + tuple(table["config"].astype(str))
+
+
+def _extras(view: RunView) -> dict[str, object]:
+    start = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
+    end = pd.Timestamp(view.last_record_time) if view.last_record_time else None
+    train = view.effective("train")
+    return {
+        "started": start,
+        "duration (s)": (end - start).total_seconds() if start is not None and end is not None else None,
+        "loss trend": trend(train["train_loss"]) if "train_loss" in train.columns else [],
+    }
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
