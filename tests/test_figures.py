@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+import itertools
 import math
 from pathlib import Path
 
@@ -48,7 +49,7 @@ def test_session_boundaries_are_labelled_lines_at_resume_steps(reader: RunReader
                            sessions=reader.sessions)  # fmt: skip
     lines = [shape for shape in figure.layout.shapes if shape.type == "line"]
     assert [line.x0 for line in lines] == [60, 120]
-    assert [a.text for a in figure.layout.annotations] == ["S2 · resume @ 60", "S3 · resume @ 120"]
+    assert [a.text for a in figure.layout.annotations if a.hovertext] == ["S2 · resume @ 60", "S3 · resume @ 120"]
     assert [line.line.color for line in lines] == [SESSION_COLOURS[1], SESSION_COLOURS[2]]
 
 
@@ -257,3 +258,173 @@ def test_straggler_chart_of_a_long_run_stays_small(tmp_path: Path) -> None:
     assert len(high.x) <= 8000 and 12_345 in list(high.x) and high.x[-1] == 40_000
     assert len(traces(figure, "fastest rank")[0].x) == len(high.x)
     assert len(figure.to_json()) < 400_000
+
+
+# -- charts a reader can trust at a glance --------------------------------------------------------
+
+
+def resumed_run(path: Path, sessions: int, *, apart: int = 20, last: int = 2000) -> None:
+    """``sessions`` sessions, each resuming ``apart`` steps after the previous one started."""
+    for index in range(sessions):
+        start = index * apart
+        append_records(path, base_record(start, event="session_start", session=f"s{index}"))
+        end = start + apart if index + 1 < sessions else last
+        append_records(path, *(base_record(s, session=f"s{index}", train_loss=2.0) for s in range(start + 1, end + 1)))
+
+
+def test_every_chart_has_titled_axes_with_units_and_deliberate_formats(reader: RunReader) -> None:
+    """Loss, fraction 0–1, counts, tokens/s and LR: each y axis titled; LR in e-notation, steps in SI."""
+    store = RunStore(reader.path.parent.parent)
+    try:
+        figures = run_charts(store.view("run"), ChartOptions())
+    finally:
+        store.close()
+    for figure in figures.values():
+        assert figure.layout.xaxis.title.text == "step" and figure.layout.xaxis.tickformat == "~s"
+        assert figure.layout.yaxis.title.text
+    assert figures["loss"].layout.yaxis.title.text == "loss"
+    assert figures["clipped"].layout.yaxis.title.text == "fraction clipped (0–1)"
+    assert list(figures["clipped"].layout.yaxis.range) == [-0.02, 1.02]
+    assert "count" in figures["skipped"].layout.yaxis.title.text
+    assert "cumulative" in figures["skipped"].layout.yaxis2.title.text
+    assert figures["throughput"].layout.yaxis.title.text == "throughput (tokens/s)"
+    assert figures["lr"].layout.yaxis.tickformat == ".1~e"  # 2.5e-4, never "250µ"
+    assert all(figure.layout.yaxis.exponentformat == "e" for figure in figures.values())
+
+
+def test_hover_names_the_full_series_its_session_and_the_step(tmp_path: Path) -> None:
+    """A long run name is shortened in the legend but whole in the hover; off the step axis the step is there too."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 60, 10)))
+    reader = RunReader(path)
+    reader.refresh()
+    name = "group/" + "x" * 60 + "/lr3e-4"
+    by_step = metric_figure([Series(reader.frame("train"), "train_loss", name)], title="Loss", sessions=reader.sessions)
+    (trace,) = [t for t in by_step.data if t.x is not None and len(t.x)]
+    assert trace.hovertemplate.startswith(f"{name} · S1: %{{y:")
+    assert len(trace.name) < len(name) and "step" not in trace.hovertemplate  # the x axis is the step
+    by_tokens = metric_figure([Series(reader.frame("train"), "train_loss", name)], title="Loss",
+                              sessions=reader.sessions, x="tokens_seen")  # fmt: skip
+    (trace,) = [t for t in by_tokens.data if t.x is not None and len(t.x)]
+    assert "step %{customdata:,}" in trace.hovertemplate and list(trace.customdata) == [10, 20, 30, 40, 50]
+
+
+@pytest.mark.parametrize("sessions", [2, 3, 8, 30])
+def test_resume_labels_never_overlap(tmp_path: Path, sessions: int) -> None:
+    """Sessions resumed 20 steps apart on a 2k-step run: placed labels never overlap at the narrowest width,
+    and every boundary keeps its full label in a hover marker."""
+    from metrics_core.dashboard.figures import LABEL_CHAR_PX, MIN_PLOT_PX
+
+    path = tmp_path / "r" / "metrics.jsonl"
+    resumed_run(path, sessions)
+    reader = RunReader(path)
+    reader.refresh()
+    figure = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions)  # fmt: skip
+    labels = [a for a in figure.layout.annotations if a.hovertext]
+    scale = MIN_PLOT_PX / (2000 - 1)
+    for row in (0, 13):
+        boxes = sorted((a.x * scale - (len(a.text) * LABEL_CHAR_PX + 6) / 2, a.x * scale + (len(a.text) * LABEL_CHAR_PX
+                        + 6) / 2) for a in labels if a.yshift == row)  # fmt: skip
+        assert all(right <= next_left for (_, right), (next_left, _) in itertools.pairwise(boxes))
+    (markers,) = [t for t in figure.data if t.name == "session starts"]
+    assert list(markers.hovertext) == [f"S{i + 1} · resume @ {i * 20}" for i in range(1, sessions)]
+    assert labels[0].text == "S2 · resume @ 20"  # the first always fits in full
+
+
+def test_resume_label_layout_prefers_full_then_short_then_hover_only() -> None:
+    """Far apart: full labels in one row; close: a second row, then "S3", then nothing (hover only)."""
+    from metrics_core.dashboard.figures import resume_labels
+
+    far = resume_labels([(100, "S2 · resume @ 100", "S2"), (900, "S3 · resume @ 900", "S3")], span=1000)
+    assert far == [("S2 · resume @ 100", 0), ("S3 · resume @ 900", 0)]
+    close = resume_labels([(100 + i, f"S{i + 2} · resume @ {100 + i}", f"S{i + 2}") for i in range(4)], span=1000)
+    assert close[:2] == [("S2 · resume @ 100", 0), ("S3 · resume @ 101", 1)] and close[2:] == [None, None]
+
+
+def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_path: Path) -> None:
+    """An initial loss of 10 over a curve living around 2: the default range hugs the curve, the note counts
+    the off-scale point, and plotly's autoscale (autorange) is not disabled."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    noise = np.random.default_rng(0).normal(0, 0.05, 500)
+    append_records(
+        path, *(base_record(s, train_loss=10.0 if s == 1 else 2.0 + float(noise[s - 1])) for s in range(1, 501))
+    )
+    reader = RunReader(path)
+    reader.refresh()
+    figure = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions)  # fmt: skip
+    low, high = figure.layout.yaxis.range
+    assert 1.5 < low < 2.0 < high < 2.5
+    assert any("1 point off-scale" in a.text for a in figure.layout.annotations)
+    assert figure.layout.yaxis.fixedrange is not True
+    log = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss", sessions=reader.sessions,
+                        log_y=True)  # fmt: skip
+    assert log.layout.yaxis.range[1] < math.log10(10.0)
+
+
+def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
+    """No outliers: no range is imposed (plotly's own autorange), no note."""
+    from metrics_core.dashboard.figures import robust_range
+
+    assert robust_range([np.linspace(3.0, 2.0, 500)]) is None
+    assert robust_range([np.array([1.0, 2.0])]) is None  # too few points to judge
+    (low, high), outside = robust_range([np.r_[np.full(100, 55e3), [30e6, 40e6], np.full(100, 56e3)]])
+    assert low >= 0 and high < 1e5 and outside == 2  # throughput spikes off-scale, the floor at 0
+
+
+def test_skipped_updates_are_marks_where_nonzero_and_a_cumulative_step_line(tmp_path: Path) -> None:
+    """5k windows: per-window skips drawn only where > 0 (markers), the cumulative count a step line on a titled y2."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, skipped_updates=s // 500, skipped_updates_in_window=int(s % 500 == 0))
+                           for s in range(1, 5001)))  # fmt: skip
+    reader = RunReader(path)
+    reader.refresh()
+    train = reader.frame("train")
+    figure = metric_figure([Series(train, "skipped_updates_in_window", "per window"),
+                            Series(train, "skipped_updates", "cumulative", secondary_y=True)],
+                           title="Skipped updates", sessions=reader.sessions)  # fmt: skip
+    (marks,) = [t for t in figure.data if t.name == "per window · S1"]
+    assert marks.mode == "markers" and list(marks.x[np.isfinite(np.asarray(marks.y, dtype=float))]) == list(
+        range(500, 5001, 500)
+    )
+    (line,) = [t for t in figure.data if t.name == "cumulative · S1"]
+    assert line.line.shape == "hv" and line.yaxis == "y2"
+    assert figure.layout.yaxis2.title.text == "skipped, cumulative (count)"
+
+
+def test_sparse_series_are_drawn_raw_with_markers_beside_smoothed_dense_ones(reader: RunReader) -> None:
+    """Validation every N steps is not EMA-smoothed; train loss is (with its faint raw line)."""
+    figure = metric_figure([Series(reader.effective("train"), "train_loss", "train"),
+                            Series(reader.effective("validation"), "val_loss", "validation", markers=True)],
+                           title="Loss", sessions=reader.sessions, smoothing=0.9)  # fmt: skip
+    names = [t.name for t in figure.data if t.name]
+    assert any(n.startswith("train") and n.endswith("(smoothed)") for n in names)
+    assert not any(n.startswith("validation") and "smoothed" in n for n in names)
+
+
+def test_one_legend_entry_per_series_not_per_session(reader: RunReader) -> None:
+    """Three sessions, two series: the legend lists "train" and "validation" once each; sessions are the page's key."""
+    from metrics_core.dashboard.figures import session_key
+
+    figure = metric_figure([Series(reader.effective("train"), "train_loss", "train"),
+                            Series(reader.effective("validation"), "val_loss", "validation", markers=True)],
+                           title="Loss", sessions=reader.sessions)  # fmt: skip
+    assert [t.name for t in figure.data if t.showlegend is not False] == ["train", "validation"]
+    assert session_key(reader.sessions) == [("S1", SESSION_COLOURS[0], "start"),
+                                            ("S2", SESSION_COLOURS[1], "resume @ 60"),
+                                            ("S3", SESSION_COLOURS[2], "resume @ 120")]  # fmt: skip
+
+
+def test_dark_theme_gives_dark_charts_without_touching_the_shared_light_one(reader: RunReader) -> None:
+    """with_theme("dark") recolours a copy; "light" is the figure itself (figures are shared by tabs)."""
+    from metrics_core.dashboard.figures import THEMES, with_theme
+
+    light = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
+                          sessions=reader.sessions)  # fmt: skip
+    dark = with_theme(light, "dark")
+    assert dark.layout.plot_bgcolor == THEMES["dark"]["plot"] and dark.layout.font.color == THEMES["dark"]["font"]
+    assert light.layout.plot_bgcolor == "#ffffff" and with_theme(light, "light") is light
+    built = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
+                          sessions=reader.sessions, theme="dark")  # fmt: skip
+    assert built.layout.paper_bgcolor == THEMES["dark"]["paper"]

@@ -11,6 +11,15 @@ dashboard is for:
   an *older* checkpoint, redoing steps, then crashes the same way; session 3 resumes and keeps
   training live, one window a second, until ``--steps``.
 
+Sessions 1 and 2 are history replayed in a second or two, so their records carry simulated
+times: one window a second, like the live session, ending shortly before it starts (with a
+``--downtime``-like gap of ``REPLAY_DOWNTIME_S`` between them).  Stamped with the real clock they
+would claim 10–40M tokens/s against the live session's ~55k and squash every throughput chart.
+
+Ctrl-C on ``streamlit run`` reaches the whole process group: the trainer then ends its session
+as ``interrupted`` (a ``session_end`` record, as ``training_session`` writes) and both processes
+exit quietly; SIGTERM (the dashboard exiting) does the same.
+
 The process exits when its parent (the dashboard server) exits: Linux's parent-death signal,
 and a check of ``getppid()`` every window for other systems.  It writes only inside RUN_DIR.
 """
@@ -18,11 +27,13 @@ and a check of ``getppid()`` every window for other systems.  It writes only ins
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 
 import numpy as np
@@ -32,6 +43,33 @@ from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindo
 FP16_MAX = 65504.0
 WINDOW = 10  # attempts per train record
 MAX_GRAD_NORM = 1.2
+WINDOW_S = 1.0  # simulated seconds per window of a replayed session (the live session's pace)
+REPLAY_DOWNTIME_S = 30.0  # simulated time between the replayed sessions (a scheduler's restart)
+_stop = {"requested": False}
+
+
+def _request_stop(signum: int, frame: object) -> None:
+    """SIGINT/SIGTERM: stop at the next window (never mid-write: a flag, not an exception)."""
+    _stop["requested"] = True
+
+
+def _catch_stop_signals() -> None:
+    _stop["requested"] = False
+    signal.signal(signal.SIGINT, _request_stop)
+    signal.signal(signal.SIGTERM, _request_stop)
+
+
+class SimulatedClock:
+    """A writer clock for replayed history: starts at ``start_ns``, advances ``WINDOW_S`` per ``tick``."""
+
+    def __init__(self, start_ns: int) -> None:
+        self.now_ns = start_ns
+
+    def __call__(self) -> int:
+        return self.now_ns
+
+    def tick(self) -> None:
+        self.now_ns += int(WINDOW_S * 1e9)
 
 
 class Model:
@@ -84,8 +122,13 @@ def run_session(
     pace: float,
     crash: bool,
     seed: int,
+    start_ns: int | None = None,
 ) -> None:
-    """One process lifetime of the trainer: resume, train to ``stop_at``, then crash or finish."""
+    """One process lifetime of the trainer: resume, train to ``stop_at``, then crash or finish.
+
+    With ``start_ns`` its records carry simulated times from then on (a replayed session)."""
+    _catch_stop_signals()
+    clock = SimulatedClock(start_ns) if start_ns is not None else None
     rng = np.random.default_rng(seed + session)
     teacher = np.random.default_rng(seed).normal(size=(16, 1))
     model, state, scale = Model(np.random.default_rng(seed)), TrainingState(), 2.0**10
@@ -97,7 +140,8 @@ def run_session(
         resumed_step = state.step
     parent = os.getppid()
     window, lr = TrainingWindow(), 0.05
-    with MetricsWriter(RunContext(directory, "demo", f"demo-s{session}")) as writer:
+    writer_clock = {"clock": clock} if clock is not None else {}
+    with MetricsWriter(RunContext(directory, "demo", f"demo-s{session}"), **writer_clock) as writer:
         writer.write("session_start", state, discarded_bytes=writer.discarded_bytes,
                      resumed_from_step=resumed_step)  # fmt: skip
         writer.write_config(state, {
@@ -125,6 +169,8 @@ def run_session(
             if window.attempts < WINDOW:
                 continue
             lr = 0.05 * (0.5 ** (state.step / 2000))
+            if clock is not None:
+                clock.tick()
             writer.write("train", state, **window.summary(lr))
             window.reset()
             if state.step % 100 < WINDOW and not skipped:
@@ -134,7 +180,7 @@ def run_session(
                 writer.write("checkpoint", state, path=str(_save(directory, state.step, model, state, scale).name))
             if pace:
                 time.sleep(pace)
-            if _parent_gone(parent):
+            if _parent_gone(parent) or _stop["requested"]:
                 writer.write("session_end", state, status="interrupted")
                 return
         if crash:
@@ -165,16 +211,22 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--resume", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--crash", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--start-ns", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.session is not None:  # one trainer process (a child of the supervisor below)
         run_session(args.run_dir, args.session, resume_from=args.resume, stop_at=args.stop_at,
-                    pace=args.pace, crash=args.crash, seed=args.seed)  # fmt: skip
+                    pace=args.pace, crash=args.crash, seed=args.seed, start_ns=args.start_ns)  # fmt: skip
         return
+    _catch_stop_signals()
     # Supervisor: three trainer processes, like a job scheduler restarting a preempted job.
     # It watches its own parent (the dashboard) by polling: PR_SET_PDEATHSIG would fire when the
     # *thread* that started it ends, and Streamlit starts it from a short-lived script thread.
     supervisor_parent = os.getppid()
     plan = [(1, None, 600, 0.0, True), (2, 400, 1200, 0.0, True), (3, 1000, args.steps, args.pace, False)]
+    # The replayed sessions' simulated history ends about when the live session starts: ~one
+    # window per 9 steps (skipped attempts make windows of fewer than 10 steps).
+    replay_s = (600 + 800) / 9 * WINDOW_S + REPLAY_DOWNTIME_S
+    start_ns = time.time_ns() - int(replay_s * 1e9)
     for session, resume_below, stop_at, pace, crash in plan:
         command = [sys.executable, "-m", "metrics_core.dashboard.demo", str(args.run_dir)]
         command += ["--session", str(session), "--stop-at", str(stop_at), "--pace", str(pace)]
@@ -183,13 +235,37 @@ def main(argv: list[str] | None = None) -> None:
             command += ["--resume", str(_latest_checkpoint(args.run_dir, resume_below))]
         if crash:
             command.append("--crash")
+        if not pace:  # replayed: simulated times, after the previous session's last record
+            if session > 1:
+                start_ns = _last_record_ns(args.run_dir) + int(REPLAY_DOWNTIME_S * 1e9)
+            command += ["--start-ns", str(min(start_ns, time.time_ns()))]
         trainer = subprocess.Popen(command, preexec_fn=die_with_parent)
         while trainer.poll() is None:
-            if _parent_gone(supervisor_parent):
-                trainer.terminate()
+            if _parent_gone(supervisor_parent) or _stop["requested"]:
+                trainer.terminate()  # SIGTERM: it ends its session as interrupted
+                trainer.wait()
                 return
             time.sleep(0.2)
+        if _stop["requested"]:
+            return
         time.sleep(args.downtime)
+        if not pace:  # the live session must start after the simulated history it follows
+            while _last_record_ns(args.run_dir) >= time.time_ns() and not _stop["requested"]:
+                time.sleep(0.2)
+
+
+def _last_record_ns(directory: Path) -> int:
+    """The time of the last complete record of the run (nanoseconds since the epoch)."""
+    with open(directory / "metrics.jsonl", "rb") as file:
+        file.seek(max(0, file.seek(0, os.SEEK_END) - 65536))
+        lines = file.read().split(b"\n")
+    for line in reversed(lines[:-1]):  # the last piece is a torn tail or empty
+        try:
+            stamp = json.loads(line)["time"]
+        except (ValueError, KeyError, TypeError):
+            continue
+        return int(datetime.fromisoformat(stamp).timestamp() * 1e9)
+    return time.time_ns()
 
 
 def die_with_parent() -> None:

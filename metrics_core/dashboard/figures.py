@@ -61,7 +61,7 @@ LABEL_CHAR_PX = 6.2  # an upper bound of a 10 px sans-serif glyph's advance
 LABEL_ROWS = 2
 LABEL_ROW_PX = 13
 ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
-ROBUST_QUANTILES = (0.005, 0.995)
+ROBUST_FENCE = 3.0  # interquartile ranges beyond the quartiles
 ROBUST_MIN_POINTS = 20
 
 
@@ -204,10 +204,11 @@ def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[t
     """A default y-range outliers cannot squash, and how many points lie outside it.
 
     From each array (one series, in x order) the first ``ROBUST_SKIP`` is left out (warm-up: an
-    initial loss of 10 above a curve living at 2), then the 0.5%–99.5% quantiles of the rest, padded
-    by 10%, widened to keep every series' latest value in view (``"the latest datum should always
-    be included"``).  None when the full range is not more than 1.5× that (nothing to hide) or there
-    are too few points.  With ``log`` the range is in log10 units, as plotly wants it.
+    initial loss of 10 above a curve living at 2), then the rest within 3 interquartile ranges of its
+    quartiles (a noisy curve keeps all its points, rare spikes fall outside), padded by 10%, widened
+    to keep every series' latest value in view ("the latest datum should always be included").
+    None when the full range is not more than 1.5× that (nothing to hide) or there are too few points.
+    With ``log`` the range is in log10 units, as plotly wants it.
     """
     later, every, latest = [], [], []
     for values in columns:
@@ -223,7 +224,9 @@ def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[t
     if not every or sum(map(len, every)) < ROBUST_MIN_POINTS:
         return None
     body = np.concatenate(later)
-    low, high = np.quantile(body, ROBUST_QUANTILES)
+    q1, q3 = np.quantile(body, (0.25, 0.75))
+    fence = ROBUST_FENCE * (q3 - q1)  # Tukey's fences, wide: noise stays in, a 1% spike stays out
+    low, high = max(float(body.min()), q1 - fence), min(float(body.max()), q3 + fence)
     low, high = min(low, *latest), max(high, *latest)
     pad = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
     low, high = low - pad, high + pad
