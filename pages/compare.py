@@ -35,7 +35,6 @@ with st.sidebar:
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
     log_y = st.toggle("Log-scale y", key="log_y")
 st.query_params["run"] = picked
-theme = page_theme()
 load_plotly()
 
 
@@ -45,6 +44,7 @@ def chart() -> None:
         st.info("Pick one or more runs to compare in the sidebar.")
         return
     views = views_or_warn(store, picked)
+    theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     columns = st.columns(2)
     for number, metric in enumerate(metrics):
         figure = with_theme(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), theme)

@@ -42,7 +42,6 @@ with st.sidebar:
     history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
 options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history)
-theme = page_theme()
 load_plotly()
 
 
@@ -51,6 +50,7 @@ def charts() -> None:
     view = live_view(store, name)
     if view is None:
         return
+    theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     st.caption(f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
                f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     health_panel(view_findings(view))

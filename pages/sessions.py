@@ -18,7 +18,6 @@ st.title(f"Sessions of {md_text(shorten(name))}")
 st.page_link("pages/run.py", label="Back to the run's charts", icon=":material/arrow_back:", query_params={"run": name})
 x = st.segmented_control("Align on", ["step", "tokens_seen"], default="step", key="align") or "step"
 smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="smoothing")
-theme = page_theme()
 load_plotly()
 
 
@@ -27,6 +26,7 @@ def sessions() -> None:
     view = live_view(store, name)
     if view is None:
         return
+    theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     train = view.frames["train"]
     lost = lost_work(view.sessions, train, view.superseded["train"])
     share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"

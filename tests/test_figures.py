@@ -323,7 +323,7 @@ def test_resume_labels_never_overlap(tmp_path: Path, sessions: int) -> None:
                            sessions=reader.sessions)  # fmt: skip
     labels = [a for a in figure.layout.annotations if a.hovertext]
     scale = MIN_PLOT_PX / (2000 - 1)
-    for row in (0, 13):
+    for row in (0, 16):
         boxes = sorted((a.x * scale - (len(a.text) * LABEL_CHAR_PX + 6) / 2, a.x * scale + (len(a.text) * LABEL_CHAR_PX
                         + 6) / 2) for a in labels if a.yshift == row)  # fmt: skip
         assert all(right <= next_left for (_, right), (next_left, _) in itertools.pairwise(boxes))

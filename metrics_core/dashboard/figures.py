@@ -59,7 +59,7 @@ MIN_PLOT_PX = 300  # the narrowest plot area resume labels must fit (a phone, 39
 LABEL_FONT = 10
 LABEL_CHAR_PX = 6.2  # an upper bound of a 10 px sans-serif glyph's advance
 LABEL_ROWS = 2
-LABEL_ROW_PX = 13
+LABEL_ROW_PX = 16  # a 10 px label's box is ~14 px tall
 ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
 ROBUST_FENCE = 3.0  # interquartile ranges beyond the quartiles
 ROBUST_MIN_POINTS = 20
@@ -274,6 +274,8 @@ def metric_figure(
                             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
         drawn[item.secondary_y] += added[0]
         spans += added[1]
+    if not any(trace.yaxis in (None, "y") for trace in figure.data):  # plotly draws no axis without a trace
+        figure.add_trace(go.Scatter(x=[], y=[], showlegend=False, hoverinfo="skip"))
     _layout(figure, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
             highlights=highlights, theme=theme, spans=spans)  # fmt: skip
     _y_axes(figure, series, drawn, log_y=log_y, theme=theme)

@@ -1,0 +1,258 @@
+"""The dashboard experience in a real headless Chromium against a real `streamlit run` (one server for
+the module, a second one only for the dark theme): no request leaves the server, nothing fades while
+records arrive, every axis is titled, resume labels do not overlap, a bare page offers runs, dark is
+dark, and the first chart is not much slower than a bare Streamlit app drawing the same run."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+from tests.conftest import append_records, base_record
+from tests.live_server import GRAPH_JS, REPO, chromium, free_port, streamlit_server, wait_until
+
+PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
+
+
+def eight_sessions(path: Path) -> None:
+    """Eight sessions, each resumed 20 steps after the previous one started; the last runs to step 2000."""
+    for index in range(8):
+        start = index * 20
+        append_records(path, base_record(start, event="session_start", session=f"s{index}"))
+        end = start + 20 if index < 7 else 2000
+        append_records(path, *(base_record(s, session=f"s{index}", train_loss=2.0 + 8.0 / s, tokens=100,
+                                           lr=2.5e-4, clipped_fraction=0.1, grad_norm_avg=1.0)
+                               for s in range(start + 1, end + 1)))  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("ux_runs")
+    eight_sessions(root / "eight" / "metrics.jsonl")
+    append_records(root / "live" / "metrics.jsonl", *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(runs_root: Path) -> Iterator[str]:
+    with streamlit_server(runs_root) as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with chromium() as instance:
+        yield instance
+
+
+@pytest.fixture
+def page(browser: object) -> Iterator[object]:
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    tab = context.new_page()
+    yield tab
+    context.close()
+
+
+def charts_drawn(page: object, count: int = 1) -> bool:
+    return page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= count
+
+
+def test_no_request_goes_to_another_host(page: object, server: str) -> None:
+    """Every page, opened cold: each request Chromium makes (icons, fonts, scripts) goes to the dashboard server."""
+    requests: list[str] = []
+    page.on("request", lambda request: requests.append(request.url))
+    for path in PAGES:
+        page.goto(server + path)
+        page.wait_for_load_state("networkidle")
+        if "run=" in path:
+            wait_until(page, lambda: charts_drawn(page), timeout=30)
+        page.wait_for_timeout(1000)
+    hosts = {urlsplit(url).hostname for url in requests if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
+    assert hosts == {"127.0.0.1"}, sorted(url for url in requests if urlsplit(url).hostname != "127.0.0.1")
+    assert page.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")
+
+
+# Per sample: the lowest opacity of any chart's element container (and its ancestors), and whether the
+# status widget's running indicator is visible.
+FADE_JS = """() => {
+  const low = (el) => { let o = 1; for (; el; el = el.parentElement) o *= +getComputedStyle(el).opacity; return o; };
+  const charts = [...document.querySelectorAll('[data-testid=stElementContainer][class*=st-key-chart_]')];
+  const status = document.querySelector('[data-testid=stStatusWidget]');
+  return {chart: Math.min(...charts.map(low)), charts: charts.length,
+          status: !!status && getComputedStyle(status).visibility !== 'hidden' && low(status) > 0.01};
+}"""
+
+
+def test_nothing_fades_or_flickers_while_appends_arrive(page: object, server: str, runs_root: Path) -> None:
+    """200 samples while a record lands every 0.3 s: no chart container below full opacity, no running indicator."""
+    path = runs_root / "live" / "metrics.jsonl"
+    page.goto(f"{server}/run?run=live")
+    wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+    stop = threading.Event()
+
+    def write() -> None:
+        step = 510
+        while not stop.is_set():
+            append_records(path, base_record(step, train_loss=5.0 / step))
+            step += 10
+            time.sleep(0.3)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        samples = []
+        for _ in range(200):
+            samples.append(page.evaluate(FADE_JS))
+            page.wait_for_timeout(25)
+    finally:
+        stop.set()
+        writer.join()
+    last = max(x for t in page.evaluate(GRAPH_JS, "Loss")["traces"] for x in t["x"])
+    assert last > 520  # records did arrive and were drawn while sampling
+    assert all(sample["charts"] == 6 for sample in samples)
+    faded = [sample["chart"] for sample in samples if sample["chart"] < 0.999]
+    assert not faded, f"{len(faded)} of 200 samples faded, lowest opacity {min(faded)}"
+    assert not any(sample["status"] for sample in samples)
+
+
+def test_every_axis_is_titled(page: object, server: str) -> None:
+    """Every chart on the run page draws an x and a y axis title."""
+    page.goto(f"{server}/run?run=eight")
+    wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+    titles = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(g => ({
+        title: g.layout.title.text, x: g.querySelector('.g-xtitle')?.textContent,
+        y: g.querySelector('.g-ytitle')?.textContent}))""")
+    assert len(titles) == 6
+    assert all(t["x"] == "step" and t["y"] for t in titles), titles
+    assert {t["title"]: t["y"] for t in titles}["Learning rate"] == "learning rate"
+
+
+# Bounding boxes of every annotation drawn on the Loss chart.
+LABEL_BOXES_JS = """() => {
+  const graph = [...document.querySelectorAll('.js-plotly-plot')].find(g => g.layout.title.text === 'Loss');
+  return [...graph.querySelectorAll('.annotation')].map(a => {
+    const r = a.querySelector('.annotation-text-g').getBoundingClientRect();
+    return {text: a.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom};
+  });
+}"""
+
+
+@pytest.mark.parametrize("width", [1400, 390])
+def test_resume_labels_of_eight_sessions_do_not_overlap(browser: object, server: str, width: int) -> None:
+    """Eight sessions resumed 20 steps apart on a 2k run: no two drawn labels' boxes intersect, desktop or phone."""
+    context = browser.new_context(viewport={"width": width, "height": 1000})
+    try:
+        page = context.new_page()
+        page.goto(f"{server}/run?run=eight")
+        wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+        page.wait_for_timeout(500)
+        boxes = page.evaluate(LABEL_BOXES_JS)
+        labels = [box for box in boxes if box["text"].startswith("S")]
+        assert labels and labels[0]["text"] == "S2 · resume @ 20"
+        for number, one in enumerate(boxes):
+            for other in boxes[number + 1 :]:
+                apart = (one["right"] <= other["left"] or other["right"] <= one["left"]
+                         or one["bottom"] <= other["top"] or other["bottom"] <= one["top"])  # fmt: skip
+                assert apart, (one, other)
+    finally:
+        context.close()
+
+
+def test_bare_run_page_offers_the_runs(page: object, server: str) -> None:
+    """/run from the top bar: a picker of the runs, no error; picking one opens its charts in this tab."""
+    page.goto(f"{server}/run")
+    picker = page.locator(".st-key-run_picker")
+    picker.wait_for(timeout=30_000)
+    assert page.locator("[data-testid=stAlertContentError]").count() == 0
+    picker.locator("input").fill("live")
+    page.keyboard.press("Enter")
+    wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+    assert "run=live" in page.url
+
+
+def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server started with theme.base dark: the charts' plot background is dark, their text light."""
+    monkeypatch.setenv("STREAMLIT_THEME_BASE", "dark")
+    with streamlit_server(runs_root) as url:
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        try:
+            page = context.new_page()
+            page.goto(f"{url}/run?run=eight")
+            wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+            colours = wait_until(page, lambda: (c := page.evaluate("""() => [...document.querySelectorAll(
+                '.js-plotly-plot')].map(g => [g.layout.plot_bgcolor, g.layout.font.color])""")) and
+                all(bg == "#0e1117" for bg, _ in c) and c, timeout=20)  # fmt: skip
+            assert all(font == "#fafafa" for _, font in colours)
+        finally:
+            context.close()
+
+
+BARE_APP = """
+import sys
+import streamlit as st
+from metrics_core.dashboard.figures import Series, metric_figure
+from metrics_core.dashboard.store import RunStore
+
+store = RunStore(sys.argv[1])
+view = store.view("eight")
+st.plotly_chart(metric_figure([Series(view.effective("train"), "train_loss", "train")], title="Loss",
+                              sessions=view.sessions))
+"""
+
+
+def first_chart_seconds(browser: object, url: str) -> float:
+    """Seconds from navigation to the first drawn plotly chart, in a fresh (cold-cache) context."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        page = context.new_page()
+        start = time.monotonic()
+        page.goto(url)
+        wait_until(page, lambda: page.evaluate("!!document.querySelector('.js-plotly-plot .main-svg')"), timeout=60,
+                   interval=0.01)  # fmt: skip
+        return time.monotonic() - start
+    finally:
+        context.close()
+
+
+def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
+    browser: object, server: str, runs_root: Path, tmp_path: Path
+) -> None:
+    """The run page's first chart against one st.plotly_chart of the same run (best of three, cold cache each)."""
+    app = tmp_path / "bare.py"
+    app.write_text(BARE_APP)
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.headless", "true",
+         "--browser.gatherUsageStats", "false", "--", str(runs_root)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    try:
+        wait_for_health(f"http://127.0.0.1:{port}")
+        bare = min(first_chart_seconds(browser, f"http://127.0.0.1:{port}/") for _ in range(3))
+        ours = min(first_chart_seconds(browser, f"{server}/run?run=eight") for _ in range(3))
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+    print(f"first chart: dashboard {ours:.2f} s, bare st.plotly_chart {bare:.2f} s, ratio {ours / bare:.2f}")
+    assert ours <= 3 * bare + 0.5
+
+
+def wait_for_health(url: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError(f"{url} did not start")
