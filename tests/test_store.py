@@ -6,6 +6,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from metrics_core.dashboard import store as store_module
@@ -157,5 +158,87 @@ def test_an_idle_overview_only_recomputes_ages(tmp_path: Path) -> None:
         later = store.overview(now=datetime.now(timezone.utc) + timedelta(seconds=30))
         assert store.stats["table_builds"] == builds
         assert later["last record age (s)"].iloc[0] == pytest.approx(first["last record age (s)"].iloc[0] + 30, abs=1)
+    finally:
+        store.close()
+
+
+# -- issue 10: a live update of a long run costs O(appended records) ------------------------------
+
+
+def long_run(path: Path, steps: range, session: str = "s1") -> None:
+    values = lambda s: {"train_loss": 2.0 + 1.0 / s + 0.01 * (s % 7), "grad_norm_avg": 1.0, "grad_norm_max": 2.0,  # noqa: E731
+                        "lr": 1e-4, "clipped_fraction": 0.1, "skipped_updates_in_window": 0, "tokens": 100}  # fmt: skip
+    append_records(path, *(base_record(s, session=session, **values(s)) for s in steps))
+
+
+def drawn(figure: object, name: str) -> tuple[np.ndarray, np.ndarray]:
+    [trace] = [t for t in figure.data if t.name == name]
+    return np.asarray(trace.x, dtype=np.float64), np.asarray(trace.y, dtype=np.float64)
+
+
+def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After the first build of a 30k-record run, ten appended records are drawn raw and exactly
+    (smoothed too, to 1e-6) on top of the unchanged drawn prefix, from a tail of O(warm-up + 10)
+    rows, not the 30k; a new session means a full build."""
+    from metrics_core.dashboard import charts
+
+    path = tmp_path / "r" / "metrics.jsonl"
+    long_run(path, range(10, 300_001, 10))
+    rows_seen: list[int] = []
+    original = charts.run_charts
+    monkeypatch.setattr(charts, "run_charts", lambda view, options, **kw: rows_seen.append(len(view.frames["train"]))
+                        or original(view, options, **kw))  # fmt: skip
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        options = ChartOptions(smoothing=0.6)
+        first = view_charts(store.view("r"), options)
+        for round_ in range(3):
+            steps = range(300_010 + 100 * round_, 300_101 + 100 * round_, 10)
+            long_run(path, steps)
+            view = store.view("r")
+            figures = view_charts(view, options)
+            full = original(view, options)
+            xs, ys = drawn(figures["loss"], "train · S1")
+            old_xs, _ = drawn(first["loss"], "train · S1")
+            assert np.array_equal(xs[: len(old_xs)], old_xs)  # the base, as first drawn
+            frame = view.frames["train"].set_index("step")
+            assert xs[-10:].tolist() == list(steps)
+            assert ys[-10:] == pytest.approx(frame.loc[list(steps), "train_loss"].to_numpy(), rel=1e-6)
+            smooth_x, smooth_y = drawn(figures["loss"], "train · S1 (smoothed)")
+            exact = dict(zip(*drawn(full["loss"], "train · S1 (smoothed)"), strict=True))
+            assert smooth_y[-1] == pytest.approx(exact[smooth_x[-1]], rel=1e-6)
+        warmup = charts._warmup_rows(options)
+        assert rows_seen == [30_000] + [warmup + 10] * 3  # O(appended + warm-up), not O(run)
+        long_run(path, range(300_000, 300_101, 10), session="s2")
+        rows_seen.clear()
+        view_charts(store.view("r"), options)
+        assert rows_seen == [30_030 + 11]
+    finally:
+        store.close()
+
+
+def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Snapshots within cost / REBUILD_CPU_SHARE seconds of the last check reuse its findings."""
+    from metrics_core.dashboard import charts
+
+    calls: list[int] = []
+    monkeypatch.setattr(charts, "diagnose", lambda **kw: calls.append(len(kw["train"])) or [])
+    monkeypatch.setattr(charts, "REBUILD_CPU_SHARE", 1e-9)  # every check "costs" far more than its interval
+    path = tmp_path / "r" / "metrics.jsonl"
+    long_run(path, range(10, 101, 10))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        charts.view_findings(store.view("r"))
+        long_run(path, range(110, 121, 10))
+        charts.view_findings(store.view("r"))
+        assert calls == [10]
+        monkeypatch.setattr(charts, "REBUILD_CPU_SHARE", 1e9)
+        long_run(path, range(130, 141, 10))
+        charts.view_findings(store.view("r"))
+        assert calls == [10, 14]
     finally:
         store.close()

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
-from functools import cache, partial
+from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -74,15 +74,16 @@ def load_plotly() -> None:
     _loader()(key="metrics_plotly_loader", height="content")
 
 
-@dataclass(frozen=True, slots=True)
 class Encoded:
     """A figure split for diffing: its traces' non-array properties (hashed), its per-point arrays,
-    its layout and its full JSON."""
+    its layout, and its full JSON (built only when a whole figure must be sent)."""
 
-    head: str
-    arrays: tuple[dict[str, np.ndarray], ...]
-    layout: str
-    json: str
+    def __init__(self, figure: go.Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
+        self._figure, self.head, self.arrays, self.layout = figure, head, arrays, layout
+
+    @cached_property
+    def json(self) -> str:
+        return self._figure.to_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +111,7 @@ def _encode(figure: go.Figure) -> Encoded:
         heads.append({name: value for name, value in packed.items() if name not in points})
     encoder = PlotlyJSONEncoder(sort_keys=True)
     head = hashlib.sha1(encoder.encode(heads).encode()).hexdigest()
-    return Encoded(head, tuple(arrays), encoder.encode(spec["layout"]), figure.to_json())
+    return Encoded(figure, head, tuple(arrays), encoder.encode(spec["layout"]))
 
 
 def _is_array(value: Any) -> bool:

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
@@ -12,6 +13,7 @@ import plotly.graph_objects as go
 
 from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_second
 from metrics_core.dashboard.figures import (
+    CHART_POINTS,
     STRAGGLER_TITLE,
     Highlight,
     Series,
@@ -136,8 +138,8 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     return result
 
 
-def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
-    """Every chart of the run page as a figure."""
+def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS) -> dict[str, go.Figure]:
+    """Every chart of the run page as a figure (each with a budget of ``max_points`` drawn points)."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
     specs = chart_specs(view, options.history)
     figures = {
@@ -150,6 +152,7 @@ def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
             log_y=options.log_y and spec.loggable,
             revision=f"{view.name}:{key}:{options.x}:{options.log_y and spec.loggable}:{options.history}",
             highlights=highlights,
+            max_points=max_points,
         )
         for key, spec in specs.items()
         if spec.kind == "lines"
@@ -158,20 +161,181 @@ def run_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
         first = specs["straggler"].series[0]
         figures["straggler"] = straggler_figure(
             first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
-            revision=f"{view.name}:straggler:{options.x}:{options.history}",
+            revision=f"{view.name}:straggler:{options.x}:{options.history}", max_points=max_points,
         )  # fmt: skip
     return figures
 
 
 def view_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
-    """``run_charts`` computed once per snapshot and options, shared by every tab."""
-    return view.memo(("charts", options), lambda: run_charts(view, options))
+    """The run page's charts, once per snapshot and options, shared by every tab.
+
+    On a long live run they are extended, not rebuilt (``_extend_charts``): cost O(appended
+    records + smoothing warm-up), where ``run_charts`` costs O(records) (~1.5 s per 1M).
+    """
+    return view.memo(("charts", options), lambda: _carried_charts(view, options))
+
+
+# Incremental charts.  A full build min/max-downsamples the whole run; a live update then draws
+# its records raw on top of that base, computed from a tail of the run just long enough for the
+# smoothing to forget where it started (so every new point and its smoothed value are exact to
+# ~1e-7), until the raw tail is long or old enough to fold into a new full build.
+INCREMENTAL_FROM_ROWS = 20_000  # below this a full build costs < ~50 ms: always exact
+TAIL_REBUILD_ROWS = 2_000  # appended rows drawn raw before the next full build
+TAIL_REBUILD_S = 120.0
+REBUILD_CPU_SHARE = 0.05  # full builds of a live run take at most this share of a core
+EMA_FORGET = 1e-7  # the smoothing's warm-up: rows until the start's weight falls below this
+TAIL_EVENTS = ("train", "validation")
+
+
+@dataclass(frozen=True, eq=False)
+class _Charts:
+    """The charts of ``view``, and the full build they extend (``base``), with its clock and cost."""
+
+    view: RunView
+    figures: dict[str, go.Figure]
+    base: RunView
+    built_at: float
+    cost_s: float
+
+
+def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
+    stale: list[bool] = []
+
+    def update(previous: _Charts | None) -> _Charts | None:
+        if previous is not None and view.records < previous.view.records:
+            stale.append(True)  # a tab still holding an older snapshot: leave the lineage alone
+            return previous
+        if previous is not None and previous.view is view:
+            return previous
+        extended = _extend_charts(previous, view, options) if previous is not None else None
+        return extended or _full_charts(view, options)
+
+    carried = view.lineage.carry(("charts", options), update)
+    return run_charts(view, options) if stale else carried.figures
+
+
+def _full_charts(view: RunView, options: ChartOptions) -> _Charts:
+    start = time.perf_counter()
+    figures = run_charts(view, options)
+    return _Charts(view, figures, view, time.monotonic(), time.perf_counter() - start)
+
+
+def _warmup_rows(options: ChartOptions) -> int:
+    """Rows before the first new one that a tail needs: the smoothing's memory, and one row for
+    the throughput's difference."""
+    if options.smoothing <= 0:
+        return 2
+    return int(np.ceil(np.log(EMA_FORGET) / np.log(options.smoothing))) + 2
+
+
+def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _Charts | None:
+    """``previous`` plus ``view``'s appended records, or None when only a full build will do."""
+    base = previous.base
+    rows = {event: len(base.frames[event]) for event in TAIL_EVENTS}
+    if (
+        options.history == "sessions"  # replay shading follows the data
+        or max(rows.values()) < INCREMENTAL_FROM_ROWS
+        or len(view.sessions) != len(base.sessions)
+        or view.ingest.resets != base.ingest.resets
+        or any(len(view.frames[event]) < rows[event] for event in TAIL_EVENTS)
+    ):
+        return None
+    appended = sum(len(view.frames[event]) - rows[event] for event in TAIL_EVENTS)
+    age = time.monotonic() - previous.built_at
+    if appended > TAIL_REBUILD_ROWS or age > max(TAIL_REBUILD_S, previous.cost_s / REBUILD_CPU_SHARE):
+        return None
+    for event in TAIL_EVENTS:  # an old record newly superseded changes old points: O(rows), ~1 ms per 1M
+        if not np.array_equal(view.superseded[event][: rows[event]], base.superseded[event]):
+            return None
+    warmup = _warmup_rows(options)
+    # From the previous snapshot on, not the base: each update pays for its own records only.
+    starts = {event: max(0, min(len(previous.view.frames[event]), len(view.frames[event])) - warmup)
+              for event in TAIL_EVENTS}  # fmt: skip
+    tail = _tail_view(view, starts)
+    tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS))
+    figures = {}
+    for key, figure in previous.figures.items():
+        grown = _append_points(figure, tail_figures.get(key))
+        if grown is None:
+            return None
+        figures[key] = grown
+    return _Charts(view, figures, base, previous.built_at, previous.cost_s)
+
+
+def _tail_view(view: RunView, starts: Mapping[str, int]) -> RunView:
+    """``view`` with only the rows of ``starts``' events from those positions on (the others whole)."""
+    frames, superseded = dict(view.frames), dict(view.superseded)
+    for event, start in starts.items():
+        frames[event] = view.frames[event].iloc[start:].reset_index(drop=True)
+        superseded[event] = view.superseded[event][start:]
+    start = starts["train"]
+    replaced = {index: rows[start:] for index, rows in view.replaced.items()}
+    return replace(view, frames=frames, superseded=superseded, replaced=replaced, lineage=view.lineage)
+
+
+def _append_points(figure: go.Figure, tail: go.Figure | None) -> go.Figure | None:
+    """``figure`` with each trace extended by the points of ``tail``'s trace of the same name and
+    axis that lie beyond its last x; None when a tail trace with new points has no counterpart."""
+    if tail is None:
+        return None
+    traces = {(trace.name, trace.yaxis): number for number, trace in enumerate(figure.data)}
+    grown: dict[int, dict[str, np.ndarray]] = {}
+    for trace in tail.data:
+        xs = np.asarray(trace.x) if trace.x is not None else np.zeros(0)
+        number = traces.get((trace.name, trace.yaxis))
+        last = None
+        if number is not None and figure.data[number].x is not None and len(figure.data[number].x):
+            last = figure.data[number].x[-1]
+        new = np.ones(len(xs), dtype=bool) if last is None else xs > last
+        if not new.any():
+            continue
+        if number is None:
+            return None  # a trace the base does not have (a first gap marker): rebuild
+        old = figure.data[number]
+        names = [name for name in ("x", "y", "customdata") if old[name] is not None and trace[name] is not None]
+        grown[number] = {name: np.concatenate([np.asarray(old[name]), np.asarray(trace[name])[new]]) for name in names}
+    if not grown:
+        return figure  # the same object: every tab's transport says "same"
+    # A copy (figures are shared by every tab: never changed in place) of an already validated
+    # figure, so without plotly's validation, which cost ~8 ms per chart per update.
+    result = go.Figure(figure, _validate=False)
+    for number, arrays in grown.items():
+        result.data[number].update(arrays)
+    return result
 
 
 def view_findings(view: RunView) -> list[Finding]:
-    """The run's diagnostics, computed once per snapshot; diagnostics that fail on odd data are
-    themselves a finding, never a page that fails to load."""
-    return view.memo("findings", lambda: _diagnose(view))
+    """The run's diagnostics, computed once per snapshot and at most ``REBUILD_CPU_SHARE`` of a
+    core per run: on a long live run (~1 s per 1M records) a snapshot may show the findings of an
+    earlier one, never more than ``cost / REBUILD_CPU_SHARE`` seconds old.  Diagnostics that fail on
+    odd data are themselves a finding, never a page that fails to load."""
+    return view.memo("findings", lambda: _carried_findings(view))
+
+
+@dataclass(frozen=True, eq=False)
+class _Findings:
+    records: int
+    resets: int
+    findings: list[Finding]
+    at: float
+    cost_s: float
+
+
+def _carried_findings(view: RunView) -> list[Finding]:
+    def update(previous: _Findings | None) -> _Findings:
+        now = time.monotonic()
+        if (
+            previous is not None
+            and previous.resets == view.ingest.resets
+            and previous.records <= view.records
+            and now - previous.at < previous.cost_s / REBUILD_CPU_SHARE
+        ):
+            return previous
+        start = time.perf_counter()
+        findings = _diagnose(view)
+        return _Findings(view.records, view.ingest.resets, findings, now, time.perf_counter() - start)
+
+    return view.lineage.carry("findings", update).findings
 
 
 def _diagnose(view: RunView) -> list[Finding]:

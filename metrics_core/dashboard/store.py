@@ -72,6 +72,25 @@ class RunViewError(MetricsError, RuntimeError):
         self.cause = cause
 
 
+class Lineage:
+    """State carried from one snapshot of a run to the next (incremental charts, throttled checks).
+
+    Shared by every snapshot built from one reader, so a live update can extend what the previous
+    snapshot computed instead of recomputing the run; a new reader (a reset after a failure)
+    starts a new lineage.  ``carry`` is thread-safe: one lock per lineage.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[Hashable, Any] = {}
+
+    def carry(self, key: Hashable, update: Callable[[Any], Any]) -> Any:
+        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically."""
+        with self._lock:
+            self._state[key] = value = update(self._state.get(key))
+            return value
+
+
 @dataclass(frozen=True, eq=False)
 class RunView:
     """Everything a page shows about one run, as of one refresh.
@@ -90,6 +109,7 @@ class RunView:
     ingest: IngestHealth
     last_record_time: datetime | None
     status: str
+    lineage: Lineage = field(default_factory=Lineage, repr=False)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -126,6 +146,7 @@ class _Entry:
     name: str
     reader: RunReader
     lock: threading.Lock = field(default_factory=threading.Lock)
+    lineage: Lineage = field(default_factory=Lineage)
     refreshed_at: float = float("-inf")
     data_key: tuple[int, ...] | None = None  # what the summary and the view were built from
     view: RunView | None = None
@@ -220,7 +241,7 @@ class RunStore:
             self._update(entry, info, now or datetime.now(timezone.utc))
             if entry.view is None:
                 try:
-                    entry.view = _build_view(info.name, entry.reader, entry.summary.status)
+                    entry.view = _build_view(info.name, entry.reader, entry.summary.status, entry.lineage)
                 except Exception as exc:
                     raise self._failed(entry, info, exc) from exc
                 self.stats["views"] += 1
@@ -265,6 +286,7 @@ class RunStore:
         _log.warning("run %r cannot be shown", info.name, exc_info=exc)
         entry.reader.close()
         entry.reader = RunReader(info.directory)
+        entry.lineage = Lineage()
         entry.view = entry.data_key = entry.summary = entry.config_key = None
         entry.refreshed_at = float("-inf")
         entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
@@ -508,7 +530,7 @@ def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:
     return frame if event == "config" else _numeric_where_numbers(frame)
 
 
-def _build_view(name: str, reader: RunReader, status: str) -> RunView:
+def _build_view(name: str, reader: RunReader, status: str, lineage: Lineage | None = None) -> RunView:
     return RunView(
         name=name,
         records=reader.records,
@@ -519,4 +541,5 @@ def _build_view(name: str, reader: RunReader, status: str) -> RunView:
         ingest=reader.ingest_health(),
         last_record_time=reader.last_record_time,
         status=status,
+        lineage=lineage or Lineage(),
     )
