@@ -17,6 +17,11 @@ from metrics_core.dashboard.store import RunStore
 from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
 
+# A refresh that finds nothing new costs ~1 ms in the store and a few bytes per chart, and an
+# update costs O(new records) (issue 10), so pages poll twice a second: write -> visible median
+# 391 ms, max 653 ms (benchmarks/bench_live.py), where 1 s gave a median of 640 ms.
+DEFAULT_REFRESH_S = 0.5
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -31,7 +36,7 @@ def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
     ``--demo``; unknown arguments are left to Streamlit."""
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
     parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")))
-    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", "1")))
+    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))))
     parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1")
     parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1")
     args, _ = parser.parse_known_args(argv)
