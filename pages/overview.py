@@ -9,7 +9,7 @@ on a row is not lost to a refresh, the view does not flicker).
 import streamlit as st
 
 from metrics_core.dashboard.config import config_keys, runs_table
-from metrics_core.dashboard.overview import filter_runs, md_text, readable_runs, run_links
+from metrics_core.dashboard.overview import filter_runs, md_text, readable_runs, run_links, status_colour
 from metrics_core.dashboard.settings import get_demo, get_store, settings
 from metrics_core.dashboard.widgets import RUNS_COLUMNS, overview_or_stop, overview_with_trends, runs_signature
 
@@ -51,8 +51,9 @@ shown, error = runs_table(shown, keys=chosen, config_filter=config_filter)
 if error:
     st.error(md_text(error))
 shown = readable_runs(shown)
+styled = run_links(shown).style.map(status_colour, subset=["status"])
 picked = st.dataframe(
-    run_links(shown), hide_index=True, width="stretch", key="runs_table", on_select="rerun",
+    styled, hide_index=True, width="stretch", key="runs_table", on_select="rerun",
     selection_mode="single-row", column_config=RUNS_COLUMNS,
 )  # fmt: skip
 if picked.selection.rows:

@@ -30,7 +30,7 @@ config = settings()
 store = get_store(config)
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)))
-sessions_link, compare_link, _ = st.columns([1, 1, 3])
+sessions_link, compare_link, _ = st.columns([1, 2, 3])
 sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
                         query_params={"run": name})  # fmt: skip
 compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",

@@ -303,7 +303,7 @@ def test_overview_reads_at_a_glance(runs_root: Path) -> None:
     table = app.dataframe[0].value
     assert list(table["run"]) == ["run?run=newer", "run?run=older"]
     newer = table.iloc[0]
-    assert newer["status"] == "💥 crashed"  # no session_end, nothing for long: a badge, then the word
+    assert newer["status"] == "✕ crashed"  # no session_end, nothing for long: a badge, then the word
     assert newer["tokens seen"].endswith("k") or newer["tokens seen"].endswith("M")
     assert newer["val loss"] == "—"
     assert len(newer["loss trend"]) == 40 and newer["loss trend"][0] > newer["loss trend"][-1]

@@ -84,7 +84,7 @@ AXES = {
     "train_loss": Axis("loss"),
     "val_loss": Axis("loss"),
     "clipped_fraction": Axis("fraction clipped (0–1)", ".1~f", ".3~f", fixed=(-0.02, 1.02)),
-    "skipped_updates_in_window": Axis("skipped in window (count)", ",~d", ",d", robust=False),
+    "skipped_updates_in_window": Axis("skipped in window (count)", ",~g", ",d", robust=False),
     "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False),
     "grad_norm_avg": Axis("gradient norm (L2)"),
     "grad_norm_max": Axis("gradient norm (L2)"),
@@ -303,6 +303,7 @@ def _y_axes(
             off_scale += outside
         if secondary:
             settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero")
+            figure.update_layout(margin_r=65)  # room for the right axis' ticks and title
         figure.update_layout({"yaxis2" if secondary else "yaxis": settings})
     if off_scale:
         figure.add_annotation(

@@ -105,10 +105,22 @@ def run_links(table: pd.DataFrame) -> pd.DataFrame:
 # -- the runs table as people read it ------------------------------------------------------------
 
 MISSING = "—"
+# Marks any sans-serif font has (an emoji needs a colour-emoji font, which a cluster desktop may lack);
+# the colour comes from STATUS_COLOURS, applied to the cell by the page.
 STATUS_BADGES = {
-    "live": "🟢 live", "stalled": "🟡 stalled", "finished": "✅ finished", "interrupted": "🟠 interrupted",
-    "failed": "🔴 failed", "crashed": "💥 crashed", "error": "⛔ error",
+    "live": "● live", "stalled": "◐ stalled", "finished": "✓ finished", "interrupted": "■ interrupted",
+    "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error",
 }  # fmt: skip
+STATUS_COLOURS = {"live": "#21c354", "stalled": "#d4a000", "finished": "#1c83e1", "interrupted": "#ff8c00",
+                  "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b"}  # fmt: skip
+
+
+def status_colour(badge: object) -> str:
+    """CSS for a status badge cell: its status' colour, bold."""
+    status = str(badge).split(" ", 1)[-1]
+    return f"color: {STATUS_COLOURS[status]}; font-weight: 600" if status in STATUS_COLOURS else ""
+
+
 TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
 
 
