@@ -11,6 +11,7 @@ from metrics_core.dashboard.charts import (
     chart_specs,
     view_charts,
     view_findings,
+    zoom_chart,
 )
 from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.figures import X_MODES, with_theme
@@ -62,7 +63,8 @@ def charts() -> None:
     left, right = st.columns(2)
     for number, (key, figure) in enumerate(figures.items()):
         with left if number % 2 == 0 else right:
-            live_chart(figure, key=f"chart_{key}")
+            zoom = lambda xrange, key=key: with_theme(zoom_chart(view, options, key, xrange), theme)  # noqa: E731
+            live_chart(figure, key=f"chart_{key}", zoom=zoom)  # a zoom shows that x-range's raw records
             file_name = f"{file_stem(name)}-{key}.csv"
             rows = lambda key=key: chart_csv(chart_specs(view, options.history)[key])  # noqa: E731 - built on click
             csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")

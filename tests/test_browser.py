@@ -215,3 +215,26 @@ def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(
     page.go_back()
     graph = wait_until(page, lambda: (g := loss(page)) and train_points(g) and train_points(g)[-1][0] == 110 and g)
     assert [x for x, _ in train_points(graph)] == list(range(10, 111, 10))
+
+
+def test_zooming_in_draws_every_raw_record_in_range_and_zooming_out_the_whole_run(
+    page: object, server: str, runs_root: Path
+) -> None:
+    """A 30k-record run: zoomed to 1,000 records, all 1,000 are drawn raw (the whole-run chart holds a
+    fraction there), the zoom stays through a live update, and autoscale returns to the whole run."""
+    path = runs_root / "deep" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=2.0 + 1.0 / s) for s in range(10, 300_001, 10)))
+    open_run(page, server, "deep", 300_000)
+    in_range = lambda graph: [x for x, _ in train_points(graph) if 100_005 <= x <= 110_000]  # noqa: E731
+    assert len(in_range(loss(page))) < 500
+    relayout = """(update) => Plotly.relayout([...document.querySelectorAll('.js-plotly-plot')]
+        .find(g => g.layout.title.text === 'Loss'), update)"""
+    page.evaluate(relayout, {"xaxis.range": [100_005, 110_000]})
+    zoomed = wait_until(page, lambda: len(in_range(loss(page))) == 1000 and loss(page), timeout=30)
+    assert in_range(zoomed) == list(range(100_010, 110_001, 10))
+    assert zoomed["xrange"] == pytest.approx([100_005, 110_000])
+    append_records(path, base_record(300_010, train_loss=2.0))
+    wait_until(page, lambda: train_points(loss(page))[-1][0] == 300_010, timeout=30)
+    assert loss(page)["xrange"] == pytest.approx([100_005, 110_000]) and len(in_range(loss(page))) == 1000
+    page.evaluate(relayout, {"xaxis.autorange": True})
+    wait_until(page, lambda: len(in_range(loss(page))) < 500, timeout=30)

@@ -242,3 +242,24 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
         assert calls == [10, 14]
     finally:
         store.close()
+
+
+def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tmp_path: Path) -> None:
+    """Zoomed into 1,000 of 30,000 records: all 1,000 raw in range (the whole-run chart holds far fewer
+    there), the same downsampled points outside it."""
+    from metrics_core.dashboard.charts import zoom_chart
+
+    long_run(tmp_path / "r" / "metrics.jsonl", range(10, 300_001, 10))
+    store = RunStore(tmp_path)
+    try:
+        view, options = store.view("r"), ChartOptions(smoothing=0.6)
+        whole_x, _ = drawn(view_charts(view, options)["loss"], "train · S1")
+        xs, ys = drawn(zoom_chart(view, options, "loss", (100_005.0, 110_000.0)), "train · S1")
+        inside = (xs >= 100_005) & (xs <= 110_000)
+        assert xs[inside].tolist() == list(range(100_010, 110_001, 10))
+        assert ((whole_x >= 100_005) & (whole_x <= 110_000)).sum() < 500
+        assert np.array_equal(xs[~inside], whole_x[(whole_x < 100_005) | (whole_x > 110_000)])
+        frame = view.frames["train"].set_index("step")
+        assert ys[inside] == pytest.approx(frame.loc[list(range(100_010, 110_001, 10)), "train_loss"], rel=1e-6)
+    finally:
+        store.close()

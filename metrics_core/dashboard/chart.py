@@ -29,6 +29,7 @@ only the figure or the new points.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property, partial
 from pathlib import Path
@@ -44,6 +45,7 @@ _ASSETS = Path(__file__).parent / "assets"
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
 _SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
 _RESYNC = "_metrics_live_chart_resync"  # chart keys whose page asked for the whole figure
+_ZOOM = "_metrics_live_chart_zoom"  # chart key -> the x-range the user zoomed to, or None
 
 
 # Every element carries its component's JS on every rerun (BidiComponent.js_content), so the
@@ -191,13 +193,33 @@ def _ask_full(key: str) -> None:
     st.session_state.setdefault(_RESYNC, set()).add(key)
 
 
-def live_chart(figure: go.Figure, *, key: str) -> None:
+def _note_zoom(key: str) -> None:
+    """The user zoomed chart ``key`` (an x-range) or zoomed back out (None)."""
+    state = st.session_state.get(key)
+    xrange = state.get("xrange") if hasattr(state, "get") else None
+    valid = isinstance(xrange, list) and len(xrange) == 2 and all(isinstance(v, (int, float)) for v in xrange)
+    st.session_state.setdefault(_ZOOM, {})[key] = tuple(xrange) if valid else None
+
+
+def live_chart(
+    figure: go.Figure, *, key: str, zoom: Callable[[tuple[float, float]], go.Figure | None] | None = None
+) -> None:
     """Show ``figure``; later calls with the same ``key`` update it in place, sending only new
-    points when that is all that changed."""
+    points when that is all that changed.
+
+    Zoom to raw points: the page reports the x-range the user zoomed to, and while it stands the
+    chart shows ``zoom(xrange)`` (the records in that range at full resolution, e.g.
+    ``charts.zoom_chart``) instead of ``figure``; zooming out (autoscale, double-click) returns to
+    ``figure``.  The figure keeps its ``uirevision``, so the user's view stays where it is.
+    """
+    xrange = st.session_state.get(_ZOOM, {}).get(key)
+    if xrange is not None and zoom is not None:
+        figure = zoom(xrange) or figure
     sent: dict[str, _Sent] = st.session_state.setdefault(_SENT, {})
     asked: set[str] = st.session_state.setdefault(_RESYNC, set())
     resync = key in asked
     asked.discard(key)
     current = next_payload(sent.get(key), encode(figure), resync=resync)
     sent[key] = current
-    _chart()(key=key, data=current.payload, height="content", on_resync_change=partial(_ask_full, key))
+    _chart()(key=key, data=current.payload, height="content", default={"xrange": None},
+             on_resync_change=partial(_ask_full, key), on_xrange_change=partial(_note_zoom, key))  # fmt: skip

@@ -112,13 +112,27 @@ class RunView:
     lineage: Lineage = field(default_factory=Lineage, repr=False)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
 
     def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """``compute()`` once per snapshot and ``key``, whichever thread asks first."""
+        """``compute()`` once per snapshot and ``key``, whichever thread asks first.
+
+        One lock per key: a computation may ask for another key (a zoomed chart needs the whole
+        run's), and two tabs asking for different keys do not wait for each other.
+        """
         with self._memo_lock:
-            if key not in self._memo:
-                self._memo[key] = compute()
-            return self._memo[key]
+            if key in self._memo:
+                return self._memo[key]
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._memo_lock:
+                if key in self._memo:
+                    return self._memo[key]
+            value = compute()
+            with self._memo_lock:
+                self._memo[key] = value
+                self._key_locks.pop(key, None)
+            return value
 
     def effective(self, event: str) -> pd.DataFrame:
         """``event`` records no later session redid."""

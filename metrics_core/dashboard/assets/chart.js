@@ -66,8 +66,17 @@ function extend(Plotly, graph, steps) {
   }
 }
 
+// The x-range of a relayout event in data units (a date axis reports strings: epoch ms here),
+// null when the user zoomed back out, undefined when the event did not touch the x-axis.
+function xrangeOf(event) {
+  if (event["xaxis.autorange"] === true) return null;
+  const range = event["xaxis.range"] || ("xaxis.range[0]" in event ? [event["xaxis.range[0]"], event["xaxis.range[1]"]] : undefined);
+  if (!range) return undefined;
+  return range.map((v) => (typeof v === "number" ? v : Date.parse(String(v).replace(" ", "T") + "Z")));
+}
+
 window.__metricsChart = function (component) {
-  const { data, parentElement, setTriggerValue } = component;
+  const { data, parentElement, setTriggerValue, setStateValue } = component;
   let graph = parentElement.querySelector(".metrics-chart");
   if (!graph) {
     graph = document.createElement("div");
@@ -97,6 +106,20 @@ window.__metricsChart = function (component) {
       if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), { responsive: true, displaylogo: false });
     }
     graph.dataset.seq = String(data.seq);
+    // Zoom to raw points: tell Python the visible x-range; it answers with that range at full
+    // resolution (or the whole run again after a zoom out).  One listener per div, calling the
+    // latest component instance.
+    graph.__metricsSetState = setStateValue;
+    if (!graph.__metricsListening) {
+      graph.__metricsListening = true;
+      graph.on("plotly_relayout", (event) => {
+        const range = xrangeOf(event);
+        if (range !== undefined && (range === null || range.every(Number.isFinite))) {
+          graph.dataset.zoom = JSON.stringify(range);
+          graph.__metricsSetState("xrange", range);
+        }
+      });
+    }
   });
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
 };
