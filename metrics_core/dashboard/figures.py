@@ -302,7 +302,10 @@ def _y_axes(
             settings["range"], outside = list(robust[0]), robust[1]
             off_scale += outside
         if secondary:
-            settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero")
+            # tickmode "auto": plotly.js syncs an overlaying axis' ticks to the left grid by
+            # default, which labels a count axis 3.54896, 15.6607, …
+            settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero",
+                            tickmode="auto")  # fmt: skip
             figure.update_layout(margin_r=65)  # room for the right axis' ticks and title
         figure.update_layout({"yaxis2" if secondary else "yaxis": settings})
     if off_scale:
@@ -622,7 +625,7 @@ def straggler_figure(
         margin={"l": 60, "r": 55, "t": 50 + LABEL_ROW_PX, "b": 30},  # room for the ratio axis and its title
         yaxis={"title": {"text": "time per step (s)", "standoff": 2, "font": {"size": 11}}, "rangemode": "tozero",
                "tickformat": ".3~g", "hoverformat": ".4~g"},
-        yaxis2={"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
+        yaxis2={"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero", "tickmode": "auto",
                 "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}},
     )  # fmt: skip
     return figure
