@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +51,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.config import run_config, view_config
+from metrics_core.dashboard.overview import TREND_POINTS, trend
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
@@ -59,8 +60,10 @@ from metrics_core.watch import RunsWatcher
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
-                    "skipped updates", "last record age (s)", "bad lines", "error", "config")  # fmt: skip
+                    "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
+                    "duration (s)", "loss trend")  # fmt: skip
 _log = logging.getLogger(__name__)
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class RunViewError(MetricsError, RuntimeError):
@@ -153,6 +156,8 @@ class RunSummary:
     last_record_time: datetime | None
     bad_lines: int
     config: dict[str, str] | None
+    started: datetime | None = None  # the first session's first record
+    loss_trend: tuple[float, ...] = ()  # ``overview.trend`` of the effective train loss
 
 
 @dataclass
@@ -332,6 +337,8 @@ class RunStore:
             last_record_time=reader.last_record_time,
             bad_lines=reader.bad_lines,
             config=config,
+            started=tail.started(),
+            loss_trend=tail.trend("train", "train_loss"),
         ))  # fmt: skip
 
     def _set_summary(self, entry: _Entry, summary: RunSummary) -> None:
@@ -421,6 +428,26 @@ class _Tail:
         table = self._reader._tables.get(event)
         return None if table is None else table.columns.get(name)
 
+    def started(self) -> datetime | None:
+        sessions = self._reader._sessions
+        return _EPOCH + timedelta(microseconds=sessions[0].start_ns // 1000) if sessions else None
+
+    def trend(self, event: str, name: str) -> tuple[float, ...]:
+        """``overview.trend`` of the effective values: O(rows) in numpy (~5 ms per 1M), paid only
+        by a run that changed."""
+        column = self._column(event, name)
+        if column is None or column.size == 0:
+            return ()
+        if column.kind not in ("int", "float"):
+            values = pd.to_numeric(pd.Series(column.series(), dtype=object), errors="coerce").to_numpy(dtype=float)
+        else:
+            values = column.view().astype(np.float64, copy=False)
+        values = values[~self._reader.superseded(event)]
+        values = values[np.isfinite(values)]
+        if len(values) > TREND_POINTS:
+            values = values[np.round(np.arange(TREND_POINTS) * (len(values) - 1) / (TREND_POINTS - 1)).astype(np.int64)]
+        return tuple(float(value) for value in values)
+
     def last_int(self, event: str, name: str) -> int | None:
         column = self._column(event, name)
         if column is None or column.size == 0 or column.kind not in ("int", "float"):
@@ -460,6 +487,11 @@ def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
         "bad lines": summary.bad_lines,
         "error": None,
         "config": summary.config,
+        "started": summary.started,
+        "duration (s)": (summary.last_record_time - summary.started).total_seconds()
+        if summary.started and summary.last_record_time
+        else None,
+        "loss trend": list(summary.loss_trend),
     }
 
 
@@ -483,6 +515,8 @@ def view_summary(view: RunView) -> RunSummary:
         last_record_time=view.last_record_time,
         bad_lines=view.ingest.bad_lines,
         config=config.values if config is not None else None,
+        started=view.sessions[0].start_time if view.sessions else None,
+        loss_trend=tuple(trend(view.effective("train")["train_loss"])) if "train_loss" in train.columns else (),
     )
 
 
