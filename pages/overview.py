@@ -1,29 +1,45 @@
 """`/` — every run under the root, newest activity first: status, progress, losses with a trend,
 health, chosen config keys.  A click on a row opens the run in this tab.
 
-The table is drawn by the page, not by the live fragment: the fragment only looks for a change
-and reruns the page when there is one, so a table that did not change is never redrawn (a click
-on a row is not lost to a refresh, the view does not flicker).
+Every column comes from ``RunStore.overview()`` (O(runs), from per-run summaries); no run is
+snapshotted here.  The table is drawn by the page, not by the live fragment: the fragment only
+looks for a change and reruns the page when there is one, so a table that did not change is
+never redrawn (a click on a row is not lost to a refresh, the view does not flicker).  "A change"
+is O(1) to tell: the store's ``overview_generation()`` moved, or an age shown ("18 s ago") is due
+to read differently (``next_age_change``); a refresh that finds neither costs the store's
+``overview()`` (~5 ms for 1,000 runs) and no table work.
 """
+
+import time
 
 import streamlit as st
 
 from metrics_core.dashboard.config import config_keys, runs_table
-from metrics_core.dashboard.overview import filter_runs, md_text, readable_runs, run_links, status_colour
+from metrics_core.dashboard.overview import (
+    filter_runs,
+    md_text,
+    next_age_change,
+    readable_runs,
+    run_links,
+    status_pills,
+)
 from metrics_core.dashboard.settings import get_demo, get_store, settings
-from metrics_core.dashboard.widgets import RUNS_COLUMNS, overview_or_stop, overview_with_trends, runs_signature
+from metrics_core.dashboard.widgets import RUNS_COLUMNS, overview_or_stop
 
 config = settings()
 store = get_store(config)
 st.title("Runs")
 st.caption(md_text(f"Watching {config.runs.resolve()} ({store.watcher.mode}: {store.watcher.mode_reason})"))
-table = overview_with_trends(store, overview_or_stop(store))
-st.session_state["runs_signature"] = runs_signature(table)
+generation = store.overview_generation()  # read first: a change during overview() reruns, never goes unseen
+table = overview_or_stop(store)
+st.session_state["runs_shown"] = (generation, time.time() + next_age_change(table["last record age (s)"]))
 
 
 @st.fragment(run_every=config.refresh)
 def watch_runs() -> None:
-    if runs_signature(overview_with_trends(store, overview_or_stop(store))) != st.session_state.get("runs_signature"):
+    overview_or_stop(store)  # brings the rows up to date (a stat per run when due), no table work
+    shown_generation, redraw_at = st.session_state.get("runs_shown", (None, 0.0))
+    if store.overview_generation() != shown_generation or time.time() >= redraw_at:
         st.rerun()
 
 
@@ -51,9 +67,8 @@ shown, error = runs_table(shown, keys=chosen, config_filter=config_filter)
 if error:
     st.error(md_text(error))
 shown = readable_runs(shown)
-styled = run_links(shown).style.map(status_colour, subset=["status"])
 picked = st.dataframe(
-    styled, hide_index=True, width="stretch", key="runs_table", on_select="rerun",
+    status_pills(run_links(shown)), hide_index=True, width="stretch", key="runs_table", on_select="rerun",
     selection_mode="single-row", column_config=RUNS_COLUMNS,
 )  # fmt: skip
 if picked.selection.rows:

@@ -303,7 +303,7 @@ def test_overview_reads_at_a_glance(runs_root: Path) -> None:
     table = app.dataframe[0].value
     assert list(table["run"]) == ["run?run=newer", "run?run=older"]
     newer = table.iloc[0]
-    assert newer["status"] == "✕ crashed"  # no session_end, nothing for long: a badge, then the word
+    assert list(newer["status"]) == ["✕ crashed"]  # no session_end, nothing for long: a badge, then the word
     assert newer["tokens seen"].endswith("k") or newer["tokens seen"].endswith("M")
     assert newer["val loss"] == "—"
     assert len(newer["loss trend"]) == 40 and newer["loss trend"][0] > newer["loss trend"][-1]
@@ -320,3 +320,15 @@ def test_sessions_page_shows_durations_as_clock_times(runs_root: Path) -> None:
     table = app.table[0].value
     assert [shown(value) for value in table["duration"]] == ["0:01:40", "0:01:30", "0:01:20"]
     assert table["downtime before"].iloc[0] == "—"
+
+
+def test_the_runs_page_knows_when_an_age_it_shows_next_reads_differently() -> None:
+    """Seconds until the first "N s/min/h/d ago" text changes; missing ages never do."""
+    from metrics_core.dashboard.overview import age_text, next_age_change
+
+    assert next_age_change([None, float("nan")]) == float("inf")
+    assert next_age_change([18.25, 4000.0]) == pytest.approx(0.75)
+    assert next_age_change([90.0, 2 * 86_400.0 + 10]) == pytest.approx(30.0)
+    for age in (18.25, 59.5, 90.0, 3_599.0, 4_000.0, 86_399.0, 2 * 86_400.0 + 10):
+        wait = next_age_change([age])
+        assert age_text(age + wait - 1e-6) == age_text(age) != age_text(age + wait + 1e-6)

@@ -269,7 +269,7 @@ def test_overview_page_shows_the_error_row_and_the_other_runs(runs_root: Path, p
     assert not app.exception
     table = app.dataframe[0].value.set_index("run")
     assert list(table.index) == ["run?run=alpha", "run?run=poisoned"]
-    assert table.loc["run?run=poisoned", "status"] == "! error"
+    assert list(table.loc["run?run=poisoned", "status"]) == ["! error"]
     assert "OverflowError" in table.loc["run?run=poisoned", "error"]
 
 

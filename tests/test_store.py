@@ -162,6 +162,31 @@ def test_an_idle_overview_only_recomputes_ages(tmp_path: Path) -> None:
         store.close()
 
 
+def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(tmp_path: Path) -> None:
+    """Idle calls and the periodic rediscovery leave it alone; an append and a new run move it."""
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    clock = [0.0]
+    store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
+    try:
+        store.overview()
+        idle = store.overview_generation()
+        for _ in range(3):
+            clock[0] += store_module.REDISCOVER_S  # find_runs again, same runs
+            store.overview()
+        assert store.overview_generation() == idle
+        append_records(tmp_path / "r" / "metrics.jsonl", base_record(20, train_loss=0.5))
+        clock[0] += 1.0
+        store.overview()
+        appended = store.overview_generation()
+        assert appended != idle
+        append_records(tmp_path / "s" / "metrics.jsonl", base_record(10, train_loss=1.0))
+        clock[0] += store_module.REDISCOVER_S
+        assert store.overview()["run"].tolist() == ["r", "s"]
+        assert store.overview_generation() != appended
+    finally:
+        store.close()
+
+
 # -- issue 10: a live update of a long run costs O(appended records) ------------------------------
 
 

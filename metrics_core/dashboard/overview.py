@@ -25,6 +25,7 @@ import string
 from datetime import datetime as _datetime
 from urllib.parse import quote
 
+import numpy as np
 import pandas as pd
 
 TITLE_CHARS = 80  # titles, names in messages, legend entries
@@ -106,7 +107,7 @@ def run_links(table: pd.DataFrame) -> pd.DataFrame:
 
 MISSING = "—"
 # Marks any sans-serif font has (an emoji needs a colour-emoji font, which a cluster desktop may lack);
-# the colour comes from STATUS_COLOURS, applied to the cell by the page.
+# the colour comes from STATUS_COLOURS, applied to the cell by the runs table's column config.
 STATUS_BADGES = {
     "live": "● live", "stalled": "◐ stalled", "finished": "✓ finished", "interrupted": "■ interrupted",
     "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error",
@@ -115,10 +116,11 @@ STATUS_COLOURS = {"live": "#21c354", "stalled": "#d4a000", "finished": "#1c83e1"
                   "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b"}  # fmt: skip
 
 
-def status_colour(badge: object) -> str:
-    """CSS for a status badge cell: its status' colour, bold."""
-    status = str(badge).split(" ", 1)[-1]
-    return f"color: {STATUS_COLOURS[status]}; font-weight: 600" if status in STATUS_COLOURS else ""
+def status_pills(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` with each status badge as a one-item list: the cell of a read-only multiselect
+    column (``widgets.RUNS_COLUMNS``), which colours each badge by ``STATUS_COLOURS`` in the browser.
+    A pandas Styler did that on the server at ~170 ms and 1.5 MB per drawn table of 1,000 runs."""
+    return table.assign(status=table["status"].map(lambda badge: [badge]))
 
 
 TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
@@ -162,6 +164,18 @@ def age_text(seconds: object) -> str:
         if number >= size:
             return f"{int(number // size)} {unit} ago"
     return f"{int(number)} s ago"
+
+
+def next_age_change(ages: object) -> float:
+    """Seconds until any of ``ages`` (seconds, as ``age_text`` reads them; missing ones ignored)
+    reads differently: a page showing them need not redraw before then.  ``inf`` when none will.
+    O(rows) in numpy, paid once per drawn table, not per refresh."""
+    array = pd.to_numeric(pd.Series(ages, dtype=object), errors="coerce").to_numpy(dtype=float)
+    array = np.maximum(array[np.isfinite(array)], 0.0)
+    if not len(array):
+        return float("inf")
+    unit = np.select([array < 60, array < 3_600, array < 86_400], [1.0, 60.0, 3_600.0], 86_400.0)
+    return float(np.min(unit - array % unit))
 
 
 def clock_text(seconds: object) -> str:

@@ -223,9 +223,11 @@ class RunStore:
         with self._lock:
             key = (self.watcher.structure_generation, self._clock() // REDISCOVER_S)
             if key != self._runs_key:
-                self._runs = find_runs(self.root)
+                found = find_runs(self.root)
+                if found != self._runs:  # the periodic rediscovery alone is no change to the table
+                    self._runs = found
+                    self._runs_generation += 1
                 self._runs_key = key
-                self._runs_generation += 1
                 self.stats["find_runs"] += 1
             self._take_hints()
             return list(self._runs)
@@ -351,6 +353,13 @@ class RunStore:
             with self._lock:
                 self._rows_generation += 1
 
+    def overview_generation(self) -> tuple[int, int]:
+        """Moves whenever a run appears or vanishes or a row of ``overview()`` changes (ages aside,
+        which are per call): O(1), so a live page tells "nothing changed" without comparing rows.
+        Rows change only in the store's calls (``overview()``, ``view()``): call one first."""
+        with self._lock:
+            return (self._runs_generation, self._rows_generation)
+
     def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run with what the runs table shows; a run that cannot be shown is a row
         with status ``error`` and the reason in ``error``, never an exception.  A run not read
@@ -387,8 +396,7 @@ class RunStore:
 
     def _overview_table(self, entries: list[_Entry], now: datetime) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
-        with self._lock:
-            key = (self._runs_generation, self._rows_generation)
+        key = self.overview_generation()
         if key != self._table_key or self._table is None:
             rows = [entry.row for entry in entries]
             self._table = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))

@@ -17,13 +17,13 @@ import streamlit as st
 from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
 from metrics_core.dashboard.figures import THEMES, session_key
 from metrics_core.dashboard.overview import (
+    STATUS_BADGES,
+    STATUS_COLOURS,
     TITLE_CHARS,
     WORD_CHARS,
     md_text,
-    readable_runs,
     shorten,
     shorten_words,
-    trend,
 )
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
@@ -118,44 +118,17 @@ def session_key_panel(view: RunView) -> None:
     st.markdown(f"Sessions: {items} · faint: superseded", unsafe_allow_html=True)
 
 
-def overview_with_trends(store: RunStore, table: pd.DataFrame) -> pd.DataFrame:
-    """The store's runs table with ``started``, ``duration (s)`` and ``loss trend`` per run, from each
-    run's snapshot (computed once per snapshot, shared by every tab)."""
-    extras = []
-    for name, status in zip(table["run"], table["status"], strict=True):
-        view = None
-        if status != "error":
-            try:
-                view = store.view(name)
-            except STORE_ERRORS:
-                view = None
-        extras.append(view.memo("overview extras", lambda view=view: _extras(view)) if view else {})
-    return table.assign(**{key: [extra.get(key) for extra in extras]
-                           for key in ("started", "duration (s)", "loss trend")})  # fmt: skip
-
-
 RUNS_COLUMNS = {
+    "status": st.column_config.MultiselectColumn(
+        "status",
+        options=list(STATUS_BADGES.values()),
+        color=[STATUS_COLOURS[status] for status in STATUS_BADGES],
+        help="live, stalled (no record for a while), finished, interrupted, failed, crashed (ended without "
+        "saying so), error (cannot be read)",
+    ),
     "run": st.column_config.LinkColumn("run", display_text=r"run=(.*)$", help="Click a row to open the run"),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
 }
-
-
-def runs_signature(table: pd.DataFrame) -> tuple[object, ...]:
-    """What the runs page shows of ``table``, to tell whether a refresh changed anything (ages
-    coarsen with time, so an idle run changes its row once a minute at most)."""
-    shown = readable_runs(table)
-    return tuple(map(tuple, shown.astype(str).itertuples(index=False))) + tuple(table["config"].astype(str))
-
-
-def _extras(view: RunView) -> dict[str, object]:
-    start = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
-    end = pd.Timestamp(view.last_record_time) if view.last_record_time else None
-    train = view.effective("train")
-    return {
-        "started": start,
-        "duration (s)": (end - start).total_seconds() if start is not None and end is not None else None,
-        "loss trend": trend(train["train_loss"]) if "train_loss" in train.columns else [],
-    }
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
