@@ -7,7 +7,6 @@ import streamlit as st
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.figures import with_theme
 from metrics_core.dashboard.overview import filter_runs, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import config_diff_panel, name_text, page_theme, run_names_or_stop, views_or_warn
@@ -47,7 +46,7 @@ def chart() -> None:
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     columns = st.columns(2)
     for number, metric in enumerate(metrics):
-        figure = with_theme(compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y), theme)
+        figure = compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y, theme=theme)
         figure.update_layout(showlegend=number == 0)  # one colour per run on every chart: one key is enough
         with columns[number % 2]:
             live_chart(figure, key=f"chart_compare_{metric}")

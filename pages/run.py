@@ -14,7 +14,7 @@ from metrics_core.dashboard.charts import (
     zoom_chart,
 )
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.figures import X_MODES, with_theme
+from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.overview import file_stem, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import (
@@ -42,7 +42,6 @@ with st.sidebar:
     log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
     history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
-options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history)
 load_plotly()
 
 
@@ -51,19 +50,18 @@ def charts() -> None:
     view = live_view(store, name)
     if view is None:
         return
-    theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
+    # The theme is read here: the browser reports it with each rerun, not always the first.
+    options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme())
     st.caption(f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
                f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     health_panel(view_findings(view))
     config_panel(view_config(view))
     session_key_panel(view)
-    built = view_charts(view, options)  # not inside the memo below: RunView.memo's lock is not reentrant
-    themed = lambda: {key: with_theme(figure, theme) for key, figure in built.items()}  # noqa: E731
-    figures = view.memo(("themed", options, theme), themed)  # a dark copy once per snapshot, shared by tabs
+    figures = view_charts(view, options)  # once per snapshot, options and theme, shared by tabs
     left, right = st.columns(2)
     for number, (key, figure) in enumerate(figures.items()):
         with left if number % 2 == 0 else right:
-            zoom = lambda xrange, key=key: with_theme(zoom_chart(view, options, key, xrange), theme)  # noqa: E731
+            zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
             live_chart(figure, key=f"chart_{key}", zoom=zoom)  # a zoom shows that x-range's raw records
             file_name = f"{file_stem(name)}-{key}.csv"
             rows = lambda key=key: chart_csv(chart_specs(view, options.history)[key])  # noqa: E731 - built on click

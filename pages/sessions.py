@@ -6,7 +6,6 @@ import streamlit as st
 from metrics_core.analysis import lost_work, session_table
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import session_overlay, view_findings
-from metrics_core.dashboard.figures import with_theme
 from metrics_core.dashboard.overview import clock_text, file_stem, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import csv_button, finding_text, live_view, page_theme, run_or_pick, table_text
@@ -46,7 +45,7 @@ def sessions() -> None:
         if finding.check in ("tokens per step at resume", "loss jump at resume"):
             st.warning(finding_text(finding), icon=":material/warning:")
     overlay = view.memo(("overlay", x, smoothing, theme),
-                        lambda: with_theme(session_overlay(view, x=x, smoothing=smoothing), theme))  # fmt: skip
+                        lambda: session_overlay(view, x=x, smoothing=smoothing, theme=theme))  # fmt: skip
     live_chart(overlay, key="chart_sessions")
 
 

@@ -418,15 +418,25 @@ def test_one_legend_entry_per_series_not_per_session(reader: RunReader) -> None:
                                             ("S3", SESSION_COLOURS[2], "resume @ 120")]  # fmt: skip
 
 
-def test_dark_theme_gives_dark_charts_without_touching_the_shared_light_one(reader: RunReader) -> None:
-    """with_theme("dark") recolours a copy; "light" is the figure itself (figures are shared by tabs)."""
-    from metrics_core.dashboard.figures import THEMES, with_theme
+def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
+    """Run page, zoom, sessions overlay and compare charts come out dark when asked, with no
+    recolouring by the page; the light and dark run charts are separate memo entries."""
+    from metrics_core.dashboard.charts import compare_chart, session_overlay, view_charts, zoom_chart
+    from metrics_core.dashboard.figures import THEMES
 
-    light = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
-                          sessions=reader.sessions)  # fmt: skip
-    dark = with_theme(light, "dark")
-    assert dark.layout.plot_bgcolor == THEMES["dark"]["plot"] and dark.layout.font.color == THEMES["dark"]["font"]
-    assert light.layout.plot_bgcolor == "#ffffff" and with_theme(light, "light") is light
-    built = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
-                          sessions=reader.sessions, theme="dark")  # fmt: skip
-    assert built.layout.paper_bgcolor == THEMES["dark"]["paper"]
+    three_session_run(tmp_path / "r" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("r")
+        dark, light = ChartOptions(theme="dark"), ChartOptions()
+        figures = [*view_charts(view, dark).values(), zoom_chart(view, dark, "loss", (0.0, 100.0)),
+                   session_overlay(view, x="step", smoothing=0.0, theme="dark"),
+                   compare_chart({"r": view}, "val_loss", x="step", smoothing=0.0, log_y=False, theme="dark"),
+                   ]  # fmt: skip
+        for figure in figures:
+            assert figure.layout.plot_bgcolor == THEMES["dark"]["plot"]
+            assert figure.layout.font.color == THEMES["dark"]["font"]
+        assert view_charts(view, dark) is view_charts(view, dark)
+        assert view_charts(view, light)["loss"].layout.plot_bgcolor == THEMES["light"]["plot"]
+    finally:
+        store.close()

@@ -48,12 +48,17 @@ RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf",
 
 @dataclass(frozen=True)
 class ChartOptions:
-    """What the run page's controls choose."""
+    """What the run page's controls choose, and the browser's theme ("light"/"dark", ``THEMES``).
+
+    The theme is part of every memo and lineage key the options are, so a dark tab and a light
+    tab each get their own figures, built coloured (no recoloured copy per snapshot).
+    """
 
     x: str = "step"
     smoothing: float = 0.0
     log_y: bool = False
     history: str = "effective"
+    theme: str = "light"
 
 
 @dataclass(frozen=True)
@@ -153,6 +158,7 @@ def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_
             revision=f"{view.name}:{key}:{options.x}:{options.log_y and spec.loggable}:{options.history}",
             highlights=highlights,
             max_points=max_points,
+            theme=options.theme,
         )
         for key, spec in specs.items()
         if spec.kind == "lines"
@@ -162,6 +168,7 @@ def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_
         figures["straggler"] = straggler_figure(
             first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
             revision=f"{view.name}:straggler:{options.x}:{options.history}", max_points=max_points,
+            theme=options.theme,
         )  # fmt: skip
     return figures
 
@@ -423,16 +430,18 @@ def chart_csv(spec: ChartSpec) -> str:
     return pd.concat(parts).to_csv(index=False) if parts else ""
 
 
-def session_overlay(view: RunView, *, x: str, smoothing: float) -> go.Figure:
+def session_overlay(view: RunView, *, x: str, smoothing: float, theme: str = "light") -> go.Figure:
     """The sessions page's chart: every session's loss on one axis, replay windows shaded."""
     spec = chart_specs(view, "sessions")["loss"]
     return metric_figure(
         spec.series, title="Loss by session", sessions=view.sessions, x=x, smoothing=smoothing,
-        revision=f"{view.name}:sessions:{x}", highlights=replay_highlights(view, x),
+        revision=f"{view.name}:sessions:{x}", highlights=replay_highlights(view, x), theme=theme,
     )  # fmt: skip
 
 
-def compare_chart(views: Mapping[str, RunView], metric: str, *, x: str, smoothing: float, log_y: bool) -> go.Figure:
+def compare_chart(
+    views: Mapping[str, RunView], metric: str, *, x: str, smoothing: float, log_y: bool, theme: str = "light"
+) -> go.Figure:
     """One metric of several runs (effective histories), each run a colour and named by its path."""
     event, label = COMPARE_METRICS[metric]
     series = []
@@ -443,5 +452,5 @@ def compare_chart(views: Mapping[str, RunView], metric: str, *, x: str, smoothin
         series.append(Series(frame, metric, name, colour=RUN_COLOURS[number % len(RUN_COLOURS)]))
     return metric_figure(
         series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
-        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}",
+        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
     )  # fmt: skip

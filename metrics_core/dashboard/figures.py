@@ -409,21 +409,6 @@ def _layout(
     )
 
 
-def with_theme(figure: go.Figure, theme: str) -> go.Figure:
-    """``figure`` coloured for ``theme``; the light figure itself, or a recoloured copy (figures are
-    shared by every tab, so they are never changed in place)."""
-    if theme not in THEMES or theme == "light":
-        return figure
-    palette = THEMES[theme]
-    themed = go.Figure(figure)
-    themed.update_layout(font_color=palette["font"], paper_bgcolor=palette["paper"], plot_bgcolor=palette["plot"],
-                         xaxis_gridcolor=palette["grid"], yaxis_gridcolor=palette["grid"])  # fmt: skip
-    for annotation in themed.layout.annotations:
-        if annotation.bgcolor:
-            annotation.bgcolor = palette["plot"]
-    return themed
-
-
 def session_key(sessions: Sequence[Session]) -> list[tuple[str, str, str]]:
     """One line per session for the page's single session key: (``"S2"``, colour, what it did)."""
     key = []
