@@ -7,7 +7,15 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
-from metrics_core.dashboard.chart import encode, extension, next_payload
+import metrics_core.dashboard.chart as chart_module
+from metrics_core.dashboard.chart import (
+    PLOTLY_COMPONENT,
+    encode,
+    extension,
+    next_payload,
+    plotly_source,
+    publish_plotly,
+)
 from metrics_core.dashboard.charts import ChartOptions, run_charts
 from metrics_core.dashboard.store import RunStore
 from tests.conftest import append_records, base_record
@@ -62,3 +70,23 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
     assert {sent.payload["op"] for sent in after.values()} == {"extend"}
     update = sum(len(json.dumps(sent.payload)) for sent in after.values())
     assert update <= 10_000 < full
+
+
+def test_plotly_js_is_published_under_its_content_hash_once(tmp_path: Path) -> None:
+    """The copy is the installed package's plotly.min.js, named by its hash; a second call leaves it be."""
+    name = publish_plotly(tmp_path)
+    assert name.startswith("plotly-") and name.endswith(".min.js")
+    assert (tmp_path / name).read_bytes() == plotly_source().read_bytes()
+    mtime = (tmp_path / name).stat().st_mtime_ns
+    assert publish_plotly(tmp_path) == name and (tmp_path / name).stat().st_mtime_ns == mtime
+    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left behind
+
+
+def test_streamlit_serves_the_chart_assets_directory() -> None:
+    """Streamlit's own manifest scan (editable install) gives metrics-core.plotly the assets/ directory."""
+    from streamlit.components.v2.component_manager import BidiComponentManager
+
+    manager = BidiComponentManager()
+    manager.discover_and_register_components(start_file_watching=False)
+    root = manager.get_component_path(PLOTLY_COMPONENT)
+    assert root is not None and Path(root).resolve() == (Path(chart_module.__file__).parent / "assets").resolve()

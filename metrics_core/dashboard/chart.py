@@ -20,15 +20,27 @@ the one they extend: the page applies each once, and a page that does not hold t
 chart was remounted) asks for the whole figure with a trigger value, which reruns the fragment.
 Cost per update: O(points drawn) to compare prefixes, bytes O(new points).
 
-plotly.js is the copy shipped inside the ``plotly`` Python package (no network).  It is ~4.8 MB,
-so it lives in a separate loader component mounted once per page: its element never changes,
-so Streamlit's message cache sends it to each browser session once, while chart updates carry
-only the figure or the new points.
+plotly.js (issue 11) is the copy shipped inside the ``plotly`` Python package (no network), ~4.8 MB
+(1.5 MB gzipped).  It used to ride inside a component element, so every page load (a new session)
+sent it again through the websocket.  Now it is a file the browser keeps: at startup it is copied
+into ``assets/`` under a name carrying its content hash, and ``pyproject.toml`` declares
+``assets/`` as the ``asset_dir`` of the components-v2 component ``metrics-core.plotly``, which
+Streamlit serves at ``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Streamlit sends those
+files with ``Cache-Control: public`` and nothing else (no max-age, ETag or Last-Modified), so a
+plain ``<script src>`` would be fetched whole on every page load; the page fetches it with
+``cache: "force-cache"`` (any stored copy, however old: safe, since the name is the content hash)
+and runs it from a blob URL.  Streamlit finds the asset_dir by reading ``pyproject.toml`` next to
+the package, i.e. in an editable install (``pip install -e .``, as CI does); elsewhere the route
+does not exist and plotly.js rides in the loader element as before, once per page load.
+A small loader component mounted once per page carries the chart runtime (``chart.js``, ~6 KB)
+and the URL; chart updates carry only the figure or the new points.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache, cached_property, partial
@@ -40,8 +52,12 @@ import plotly
 import plotly.graph_objects as go
 import streamlit as st
 from plotly.utils import PlotlyJSONEncoder
+from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
 _ASSETS = Path(__file__).parent / "assets"
+# Declared in pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
+PLOTLY_COMPONENT = "metrics-core.plotly"
+_LOG = logging.getLogger(__name__)
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
 _SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
 _RESYNC = "_metrics_live_chart_resync"  # chart keys whose page asked for the whole figure
@@ -49,7 +65,7 @@ _ZOOM = "_metrics_live_chart_zoom"  # chart key -> the x-range the user zoomed t
 
 
 # Every element carries its component's JS on every rerun (BidiComponent.js_content), so the
-# chart's runtime rides with plotly.js in the loader, sent once per session, and each chart
+# chart's runtime rides in the loader, sent once per session, and each chart
 # element carries only this stub (~150 bytes instead of ~4 KB per chart per refresh).
 _STUB = """export default function (component) {
   const run = () => (window.__metricsChart ? window.__metricsChart(component) : setTimeout(run, 20));
@@ -57,13 +73,43 @@ _STUB = """export default function (component) {
 }"""
 
 
+def plotly_source() -> Path:
+    """plotly.js as shipped inside the installed ``plotly`` package."""
+    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+
+
+def publish_plotly(assets: Path) -> str:
+    """Copy plotly.js into ``assets`` as ``plotly-<sha256 prefix>.min.js`` (once per plotly version) and
+    return that name.  The hash in the name is what lets the page use a cached copy without asking.
+    Written to a temporary file and renamed: a concurrent server or request never sees half a file."""
+    data = plotly_source().read_bytes()
+    name = f"plotly-{hashlib.sha256(data).hexdigest()[:16]}.min.js"
+    target = assets / name
+    if not target.is_file() or target.stat().st_size != len(data):
+        partial_copy = assets / f".{name}.{os.getpid()}.tmp"
+        partial_copy.write_bytes(data)
+        os.replace(partial_copy, target)
+    return name
+
+
 @cache
-def _loader() -> object:
-    source = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text(encoding="utf-8")
+def _plotly_url() -> str | None:
+    """The URL of the cacheable plotly.js, or None when Streamlit does not serve ``assets/`` (the package
+    is not an editable install, so Streamlit never read its pyproject.toml)."""
+    root = get_bidi_component_manager().get_component_path(PLOTLY_COMPONENT)
+    if root is None or Path(root).resolve() != _ASSETS.resolve():
+        _LOG.warning("%s has no asset_dir here: plotly.js is sent inline with every page load", PLOTLY_COMPONENT)
+        return None
+    base = "/".join(part for part in str(st.get_option("server.baseUrlPath") or "").split("/") if part)
+    prefix = f"/{base}" if base else ""
+    return f"{prefix}/_stcore/bidi-components/{PLOTLY_COMPONENT}/{publish_plotly(_ASSETS)}"
+
+
+@cache
+def _loader(inline_plotly: bool) -> object:
     runtime = (_ASSETS / "chart.js").read_text(encoding="utf-8")
-    return st.components.v2.component(
-        "metrics_plotly_loader", js=f"{source}\n{runtime}\nexport default function () {{}}\n", isolate_styles=False
-    )
+    source = plotly_source().read_text(encoding="utf-8") if inline_plotly else ""
+    return st.components.v2.component("metrics_plotly_loader", js=f"{source}\n{runtime}", isolate_styles=False)
 
 
 @cache
@@ -73,7 +119,8 @@ def _chart() -> object:
 
 def load_plotly() -> None:
     """Mount plotly.js once on this page; call before any ``live_chart``."""
-    _loader()(key="metrics_plotly_loader", height="content")
+    url = _plotly_url()
+    _loader(url is None)(key="metrics_plotly_loader", data={"src": url}, height="content")
 
 
 class Encoded:

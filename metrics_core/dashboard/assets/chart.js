@@ -5,9 +5,36 @@
 // with the new layout on the data already drawn when one is sent; each seq is applied
 // once, and a chart that does not hold `base` (remounted) asks Python for the whole figure.
 // {op: "same", seq} says nothing changed since `seq` (an idle refresh: a few bytes).
-// This runtime is appended to plotly.js in the "metrics_plotly_loader" component, whose element is
-// sent once per browser session; each chart element only carries a stub calling
+// This runtime is the "metrics_plotly_loader" component, whose element is sent once per browser
+// session with the URL of plotly.js (data.src); each chart element only carries a stub calling
 // window.__metricsChart, since every element carries its component's JS on every rerun.
+
+// plotly.js, once per page.  Streamlit serves component assets with "Cache-Control: public" and no
+// max-age, ETag or Last-Modified, so a <script src> pointing at it is fetched whole (1.5 MB gzipped)
+// on every page load.  fetch(..., {cache: "force-cache"}) takes a stored copy however old it is,
+// which is right because the file name carries the file's content hash; the script then runs from
+// a blob URL.  src null: plotly.js came inline with this runtime (no asset route on this install).
+function loadPlotly(src) {
+  if (!src || window.Plotly || window.__metricsPlotlyLoading) return;
+  window.__metricsPlotlyLoading = true;
+  const run = (url, done) => {
+    const script = document.createElement("script");
+    script.src = url;
+    script.onload = script.onerror = done;
+    document.head.appendChild(script);
+  };
+  fetch(src, { cache: "force-cache" })
+    .then((answer) => (answer.ok ? answer.blob() : Promise.reject(new Error(`${src}: ${answer.status}`))))
+    .then((blob) => {
+      const url = URL.createObjectURL(new Blob([blob], { type: "text/javascript" }));
+      run(url, () => URL.revokeObjectURL(url));
+    })
+    .catch((error) => {
+      console.warn("metrics_core: plotly.js from the cache failed, loading it plainly", error);
+      run(src, () => {});
+    });
+}
+
 function whenPlotlyReady() {
   if (window.Plotly) return Promise.resolve(window.Plotly);
   return new Promise((resolve) => {
@@ -123,3 +150,7 @@ window.__metricsChart = function (component) {
   });
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
 };
+
+export default function (component) {
+  loadPlotly(component.data && component.data.src);
+}

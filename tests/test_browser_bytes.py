@@ -1,0 +1,163 @@
+"""Bytes over the wire on a repeat page load (issue 11), in a real headless Chromium against a real
+`streamlit run`: plotly.js comes from the browser's cache, not again through the server, and the
+dashboard's reload costs at most 3x a bare Streamlit app's reload (one st.plotly_chart of the same
+run) + 200 KB.  Bytes are what Chromium's network events count: every HTTP response's
+encodedDataLength (headers and body as received, 0 for a cache hit) plus every websocket frame
+received."""
+
+from __future__ import annotations
+
+import base64
+import os
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import append_records, base_record
+from tests.live_server import REPO, chromium, free_port, streamlit_server, wait_until
+
+PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
+BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
+
+BARE_APP = """
+import sys
+import streamlit as st
+from metrics_core.dashboard.figures import Series, metric_figure
+from metrics_core.dashboard.store import RunStore
+
+view = RunStore(sys.argv[1]).view("small")
+st.plotly_chart(metric_figure([Series(view.effective("train"), "train_loss", "train")], title="Loss",
+                              sessions=view.sessions))
+"""
+
+
+class Wire:
+    """What Chromium received for one page, counted from CDP network events."""
+
+    def __init__(self, context: object, page: object) -> None:
+        self.urls: dict[str, str] = {}
+        self.http: dict[str, int] = {}  # url -> bytes received
+        self.cached: set[str] = set()  # urls answered from the disk or memory cache
+        self.frames = 0
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.on("Network.requestWillBeSent", lambda e: self.urls.__setitem__(e["requestId"], e["request"]["url"]))
+        cdp.on("Network.requestServedFromCache", lambda e: self.cached.add(self.urls.get(e["requestId"], "")))
+        cdp.on("Network.responseReceived", self._response)
+        cdp.on("Network.loadingFinished", self._finished)
+        cdp.on("Network.webSocketFrameReceived", self._frame)
+
+    def _response(self, event: dict) -> None:
+        if event["response"].get("fromDiskCache") or event["response"].get("fromPrefetchCache"):
+            self.cached.add(event["response"]["url"])
+
+    def _finished(self, event: dict) -> None:
+        url = self.urls.get(event["requestId"], "")
+        if url.startswith("http"):  # blob: and data: URLs never touch the network
+            self.http[url] = self.http.get(url, 0) + int(event["encodedDataLength"])
+
+    def _frame(self, event: dict) -> None:
+        frame = event["response"]
+        payload = frame["payloadData"]
+        self.frames += len(base64.b64decode(payload)) if frame["opcode"] == 2 else len(payload.encode())
+
+    def reset(self) -> None:
+        self.http.clear()
+        self.cached.clear()
+        self.frames = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.http.values()) + self.frames
+
+
+def chart_drawn(page: object) -> bool:
+    return page.evaluate("!!document.querySelector('.js-plotly-plot .main-svg')")
+
+
+def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:
+    """Open ``url`` until a chart is drawn, then reload it in the same context (so with its HTTP cache)
+    and count what the reload received until a chart is drawn again and ``settle_ms`` have passed."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        page = context.new_page()
+        wire = Wire(context, page)
+        page.goto(url)
+        wait_until(page, lambda: chart_drawn(page), timeout=60)
+        page.wait_for_timeout(settle_ms)
+        wire.first = dict(wire.http)  # the cold load, kept for the assertions
+        wire.reset()
+        page.reload()
+        wait_until(page, lambda: chart_drawn(page), timeout=60)
+        page.wait_for_timeout(settle_ms)
+        return wire
+    finally:
+        context.close()
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("bytes_runs")
+    append_records(root / "small" / "metrics.jsonl", *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
+    return root
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    with chromium() as instance:
+        yield instance
+
+
+@contextmanager
+def bare_server(app: Path, runs_root: Path) -> Iterator[str]:
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.headless", "true",
+         "--browser.gatherUsageStats", "false", "--", str(runs_root)],
+        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
+                    if answer.status == 200:
+                        break
+            except OSError:
+                if process.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"{app} did not start") from None
+                time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_bare_app(
+    browser: object, runs_root: Path, tmp_path: Path
+) -> None:
+    """Reload /run in the same browser: plotly.js is not received again, and the reload's bytes are
+    <= 3x a bare st.plotly_chart app's reload + 200 KB."""
+    app = tmp_path / "bare.py"
+    app.write_text(BARE_APP)
+    with bare_server(app, runs_root) as url:
+        bare = reload_bytes(browser, url + "/")
+    with streamlit_server(runs_root) as url:
+        ours = reload_bytes(browser, f"{url}/run?run=small")
+    budget = BUDGET_FACTOR * bare.total + BUDGET_SLACK
+    plotly_first = {u: n for u, n in ours.first.items() if PLOTLY_ROUTE in u}
+    plotly_reload = {u: n for u, n in ours.http.items() if PLOTLY_ROUTE in u}
+    print(f"\nreload bytes: dashboard {ours.total:,} (http {sum(ours.http.values()):,}, websocket {ours.frames:,}); "
+          f"bare st.plotly_chart {bare.total:,} (http {sum(bare.http.values()):,}, websocket {bare.frames:,}); "
+          f"budget {budget:,}; plotly.js cold {sum(plotly_first.values()):,}, on reload {plotly_reload}")  # fmt: skip
+    assert plotly_first and sum(plotly_first.values()) > 1_000_000  # the cold load fetched plotly.js from the route
+    assert all(n == 0 or u in ours.cached for u, n in plotly_reload.items()), plotly_reload
+    assert sum(plotly_reload.values()) == 0
+    assert ours.total <= budget
