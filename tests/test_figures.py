@@ -440,3 +440,18 @@ def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None
         assert view_charts(view, light)["loss"].layout.plot_bgcolor == THEMES["light"]["plot"]
     finally:
         store.close()
+
+
+def test_compare_draws_validation_loss_raw_with_markers(tmp_path: Path) -> None:
+    """val_loss on the compare page is a sparse series: markers, no smoothed trace, like the run page."""
+    from metrics_core.dashboard.charts import compare_chart
+
+    three_session_run(tmp_path / "r" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        figure = compare_chart({"r": store.view("r")}, "val_loss", x="step", smoothing=0.6, log_y=False)
+        drawn = [trace for trace in figure.data if trace.x is not None and len(trace.x)]
+        assert drawn and all("markers" in trace.mode for trace in drawn)
+        assert not any("smoothed" in (trace.name or "") for trace in figure.data)
+    finally:
+        store.close()

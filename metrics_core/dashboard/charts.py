@@ -449,7 +449,9 @@ def compare_chart(
         frame = view.effective(event)
         if metric == "tokens_per_s":
             frame = _with_throughput(frame)
-        series.append(Series(frame, metric, name, colour=RUN_COLOURS[number % len(RUN_COLOURS)]))
+        # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
+        series.append(Series(frame, metric, name, markers=event == "validation",
+                             colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
     return metric_figure(
         series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
         revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
