@@ -54,6 +54,29 @@ def test_derived_data_is_computed_once_per_snapshot_across_threads(tmp_path: Pat
         store.close()
 
 
+def test_a_memo_computation_may_ask_for_another_key_without_deadlocking(tmp_path: Path) -> None:
+    """Nested memo calls on different keys (a zoom needs the whole run's charts) finish, and each
+    key is computed once, also with a second thread asking for the inner key meanwhile."""
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("r")
+        calls: list[str] = []
+        inner = lambda: view.memo("inner", lambda: calls.append("inner") or 1)  # noqa: E731
+        results: list[object] = []
+        outer = lambda: results.append(view.memo("outer", lambda: inner() + 1))  # noqa: E731
+        threads = [threading.Thread(target=target, daemon=True) for target in (outer, lambda: results.append(inner()))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=10)
+        assert not any(thread.is_alive() for thread in threads), "nested memo calls deadlocked"
+        assert sorted(results) == [1, 2] and calls == ["inner"]
+        assert view.memo("outer", lambda: 0) == 2
+    finally:
+        store.close()
+
+
 # -- issue 10: the overview is O(runs), and each run's row is kept incrementally ------------------
 
 
