@@ -1,6 +1,6 @@
 """The live training-metrics dashboard.
 
-    streamlit run app.py -- --runs /shared/runs [--refresh 1] [--poll] [--demo]
+    streamlit run app.py -- --runs /shared/runs [--refresh 0.5] [--poll] [--demo]
 
 Everything here is navigation; pages live in pages/, logic in metrics_core.
 
