@@ -311,3 +311,43 @@ def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tm
         assert ys[inside] == pytest.approx(frame.loc[list(range(100_010, 110_001, 10)), "train_loss"], rel=1e-6)
     finally:
         store.close()
+
+
+def test_a_restarted_store_reopens_a_big_run_from_its_own_cache_dir(tmp_path: Path) -> None:
+    """The cache lives in the dashboard's directory, not the runs root; a second store reads only new bytes."""
+    from metrics_core.cache import CachePolicy
+
+    runs, cache = tmp_path / "runs", tmp_path / "cache"
+    path = runs / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 2001)))
+    policy = CachePolicy(cache, min_records=1)
+    first = RunStore(runs, cache=policy)
+    try:
+        cold = first.view("r")
+    finally:
+        first.close()  # readers save what they parsed
+    assert list(cache.iterdir()) and sorted(p.name for p in (runs / "r").iterdir()) == ["metrics.jsonl"]
+    append_records(path, base_record(2001, train_loss=0.1))
+    second = RunStore(runs, cache=policy)
+    try:
+        warm = second.view("r")
+        entry = second._entries["r"]
+        assert entry.reader._cache_saved_at is not None  # restored, not parsed cold
+        assert warm.records == cold.records + 1
+        np.testing.assert_array_equal(warm.frames["train"]["step"], np.arange(1, 2002))
+    finally:
+        second.close()
+
+
+def test_the_cache_dir_defaults_outside_the_runs_root_and_is_refused_inside_it(tmp_path: Path) -> None:
+    """--cache-dir defaults to $METRICS_CACHE_DIR, then XDG, then ~/.cache; inside the runs root is an error."""
+    from metrics_core.dashboard.settings import parse_settings
+
+    runs = tmp_path / "runs"
+    assert parse_settings(["--runs", str(runs)], {"XDG_CACHE_HOME": str(tmp_path / "x")}).cache == (
+        tmp_path / "x" / "metrics_core"
+    )
+    assert parse_settings([], {"METRICS_CACHE_DIR": str(tmp_path / "c")}).cache == tmp_path / "c"
+    assert parse_settings(["--no-cache"], {}).cache is None
+    with pytest.raises(SystemExit, match="inside the runs root"):
+        parse_settings(["--runs", str(runs), "--cache-dir", str(runs / ".cache")], {})

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.store import RunStore
 from metrics_core.errors import MetricsError
@@ -29,20 +30,35 @@ class Settings:
     refresh: float
     poll: bool
     demo: bool
+    cache: Path | None  # the dashboard's own cache directory; None: no cache
+
+
+def default_cache_dir(environ: dict[str, str]) -> Path:
+    """``$METRICS_CACHE_DIR``, else ``$XDG_CACHE_HOME/metrics_core``, else ``~/.cache/metrics_core``:
+    a directory the dashboard owns, never the runs root (which may be read-only or shared)."""
+    if environ.get("METRICS_CACHE_DIR"):
+        return Path(environ["METRICS_CACHE_DIR"])
+    base = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "metrics_core"
 
 
 def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
     """``--runs DIR`` (else ``$METRICS_RUNS_DIR``, else ``./runs``), ``--refresh S``, ``--poll``,
-    ``--demo``; unknown arguments are left to Streamlit."""
+    ``--demo``, ``--cache-dir DIR`` / ``--no-cache``; unknown arguments are left to Streamlit."""
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
     parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")))
     parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))))
     parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1")
     parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1")
+    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ))
+    parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1")
     args, _ = parser.parse_known_args(argv)
     if args.refresh <= 0:
         raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
-    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo)
+    cache = None if args.no_cache else args.cache_dir
+    if cache is not None and cache.resolve().is_relative_to(args.runs.resolve()):
+        raise SystemExit(f"--cache-dir {cache} is inside the runs root {args.runs}: the cache must live elsewhere")
+    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache)
 
 
 def settings() -> Settings:
@@ -68,15 +84,17 @@ def _leave_legacy_pages_mode() -> None:
 
 
 @st.cache_resource(show_spinner=False)
-def _store(runs: Path, poll: bool) -> RunStore:
-    return RunStore(runs, force_polling=poll)
+def _store(runs: Path, poll: bool, cache: Path | None) -> RunStore:
+    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache))
+    atexit.register(store.close)  # readers save what they parsed since their last cache write
+    return store
 
 
 def get_store(config: Settings) -> RunStore:
     """The one RunStore of this server process (shared by every browser tab), or a clear error on
     the page when the runs root is missing (nothing is created unless ``--demo`` asked for it)."""
     try:
-        return _store(config.runs, config.poll)
+        return _store(config.runs, config.poll, config.cache)
     except MetricsError as exc:
         st.error(str(exc))
         st.stop()
