@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -12,6 +13,15 @@ import pytest
 from metrics_core import RunContext
 
 REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[object]:
+    """One headless Debian Chromium per test module (tests.live_server.chromium)."""
+    from tests.live_server import chromium
+
+    with chromium() as instance:
+        yield instance
 
 
 @pytest.fixture

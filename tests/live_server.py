@@ -6,9 +6,11 @@ Shared by the browser tests and benchmarks/bench_live.py.  Chromium is Debian's
 
 from __future__ import annotations
 
+import os
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.request
 from collections.abc import Iterator
@@ -44,33 +46,42 @@ def free_port() -> int:
 
 
 @contextmanager
+def streamlit_app(app: Path, *args: str) -> Iterator[str]:
+    """``streamlit run app -- *args`` on a free loopback port: yield its base URL, then stop it."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:  # not a pipe: nobody drains it while the server runs
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+             "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
+                        if answer.status == 200:
+                            break
+                except OSError:
+                    if process.poll() is not None or time.monotonic() > deadline:
+                        log.seek(0)
+                        raise RuntimeError(f"{app} did not start:\n{log.read().decode(errors='replace')}") from None
+                    time.sleep(0.2)
+            yield url
+        finally:
+            process.terminate()
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+
+
+@contextmanager
 def streamlit_server(runs_root: Path, *extra: str, refresh: float = 1.0) -> Iterator[str]:
     """Start the dashboard on ``runs_root``; yield its base URL; stop it."""
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port", str(port),
-         "--", "--runs", str(runs_root), "--refresh", str(refresh), *extra],
-        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"streamlit did not start:\n{process.stdout.read()}") from None
-                time.sleep(0.2)
+    with streamlit_app(REPO / "app.py", "--runs", str(runs_root), "--refresh", str(refresh), *extra) as url:
         yield url
-    finally:
-        process.terminate()
-        try:
-            process.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            process.kill()
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import pytest
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures import STRAGGLER_TITLE
 from tests.conftest import append_bytes, append_records, base_record
-from tests.live_server import GRAPH_JS, chromium, streamlit_server, wait_until
+from tests.live_server import GRAPH_JS, streamlit_server, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -23,12 +23,6 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(runs_root: Path) -> Iterator[str]:
     with streamlit_server(runs_root) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with chromium() as instance:
-        yield instance
 
 
 @pytest.fixture

@@ -8,19 +8,12 @@ received."""
 from __future__ import annotations
 
 import base64
-import os
-import subprocess
-import sys
-import time
-import urllib.request
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import append_records, base_record
-from tests.live_server import REPO, chromium, free_port, streamlit_server, wait_until
+from tests.live_server import streamlit_app, streamlit_server, wait_until
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
@@ -108,38 +101,6 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with chromium() as instance:
-        yield instance
-
-
-@contextmanager
-def bare_server(app: Path, runs_root: Path) -> Iterator[str]:
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.headless", "true",
-         "--browser.gatherUsageStats", "false", "--", str(runs_root)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
-                    if answer.status == 200:
-                        break
-            except OSError:
-                if process.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"{app} did not start") from None
-                time.sleep(0.2)
-        yield url
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
-
-
 def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_bare_app(
     browser: object, runs_root: Path, tmp_path: Path
 ) -> None:
@@ -147,7 +108,7 @@ def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_ba
     <= 3x a bare st.plotly_chart app's reload + 200 KB."""
     app = tmp_path / "bare.py"
     app.write_text(BARE_APP)
-    with bare_server(app, runs_root) as url:
+    with streamlit_app(app, str(runs_root)) as url:
         bare = reload_bytes(browser, url + "/")
     with streamlit_server(runs_root) as url:
         ours = reload_bytes(browser, f"{url}/run?run=small")

@@ -5,12 +5,8 @@ dark, and the first chart is not much slower than a bare Streamlit app drawing t
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import threading
 import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -18,7 +14,7 @@ from urllib.parse import urlsplit
 import pytest
 
 from tests.conftest import append_records, base_record
-from tests.live_server import GRAPH_JS, REPO, chromium, free_port, streamlit_server, wait_until
+from tests.live_server import GRAPH_JS, streamlit_app, streamlit_server, wait_until
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
 
@@ -46,12 +42,6 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def server(runs_root: Path) -> Iterator[str]:
     with streamlit_server(runs_root) as url:
         yield url
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    with chromium() as instance:
-        yield instance
 
 
 @pytest.fixture
@@ -229,30 +219,8 @@ def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
     """The run page's first chart against one st.plotly_chart of the same run (best of three, cold cache each)."""
     app = tmp_path / "bare.py"
     app.write_text(BARE_APP)
-    port = free_port()
-    process = subprocess.Popen(
-        [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port), "--server.headless", "true",
-         "--browser.gatherUsageStats", "false", "--", str(runs_root)],
-        cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "PYTHONPATH": str(REPO)},
-    )  # fmt: skip
-    try:
-        wait_for_health(f"http://127.0.0.1:{port}")
-        bare = min(first_chart_seconds(browser, f"http://127.0.0.1:{port}/") for _ in range(3))
-        ours = min(first_chart_seconds(browser, f"{server}/run?run=eight") for _ in range(3))
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with streamlit_app(app, str(runs_root)) as bare_url:
+        bare = min(first_chart_seconds(browser, f"{bare_url}/") for _ in range(3))
+    ours = min(first_chart_seconds(browser, f"{server}/run?run=eight") for _ in range(3))
     print(f"first chart: dashboard {ours:.2f} s, bare st.plotly_chart {bare:.2f} s, ratio {ours / bare:.2f}")
     assert ours <= 3 * bare + 0.5
-
-
-def wait_for_health(url: str) -> None:
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            time.sleep(0.2)
-    raise RuntimeError(f"{url} did not start")

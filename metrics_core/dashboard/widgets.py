@@ -97,7 +97,7 @@ def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
         st.info("No runs under the root yet.")
         st.page_link("pages/overview.py", label="All runs", icon=":material/arrow_back:")
         st.stop()
-    choice = st.selectbox("Run", names, index=None, format_func=shorten, key="run_picker",
+    choice = st.selectbox("Choose a run", names, index=None, format_func=shorten, key="run_picker",
                           placeholder="Choose a run")  # fmt: skip
     if choice is None:
         st.stop()
