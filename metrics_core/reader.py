@@ -43,7 +43,7 @@ import pandas as pd
 
 from metrics_core.cache import FORMAT as _CACHE_FORMAT
 from metrics_core.cache import CachePolicy
-from metrics_core.columns import Chunk, Table, chunk_from_pylist
+from metrics_core.columns import Chunk, Column, Table, chunk_from_pylist
 from metrics_core.digest import int_or_none, supersede_thresholds
 from metrics_core.errors import RunNotFoundError
 from metrics_core.records import (
@@ -102,6 +102,16 @@ class Session:
     def resume_step(self) -> int:
         """The step this session (re)started at: its first record's step."""
         return self.first_step
+
+
+@dataclass(frozen=True, slots=True)
+class Progress:
+    """Where the run stands, in O(1): no replay accounting (``sessions`` has that, at a cost)."""
+
+    sessions: int
+    started: datetime | None  # the first session's first record
+    last_step: int | None  # of the last session's last record
+    tokens_seen: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -876,6 +886,24 @@ class RunReader:
         if index + 1 < len(self._sessions):
             self._replay_cache[index] = result
         return result
+
+    def column(self, event: str, name: str) -> Column | None:
+        """Field ``name`` of ``event`` as the reader holds it, or None.
+
+        O(1): the latest values of a field without building the run's frame (``frame()`` is
+        O(records)).  Rows are only ever appended, so a view of it stays valid; do not modify it.
+        """
+        self._flush()
+        table = self._tables.get(event)
+        return None if table is None else table.columns.get(name)
+
+    def progress(self) -> Progress:
+        """Session count, start, last step and tokens, from the running session accumulators."""
+        if not self._sessions:
+            return Progress(0, None, None, None)
+        first, last = self._sessions[0], self._sessions[-1]
+        started = _EPOCH + timedelta(microseconds=first.start_ns // 1000)
+        return Progress(len(self._sessions), started, last.last_step, last.last_tokens)
 
     def resident_bytes(self) -> int:
         """Bytes held by the parsed columns (the data a dashboard keeps per run)."""

@@ -43,7 +43,7 @@ import threading
 import time
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,6 @@ OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "tr
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
 _log = logging.getLogger(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 
 class RunViewError(MetricsError, RuntimeError):
@@ -332,19 +331,19 @@ class RunStore:
             found = run_config(reader.frame("config"), reader.sessions) if config_key[0] else None
             config = found.values if found is not None else None
             entry.config_key = config_key
-        session = tail.last_session()
+        progress = reader.progress()
         self._set_summary(entry, RunSummary(
             status=run_status(reader, now=now),
-            sessions=tail.sessions(),
-            last_step=session.last_step if session else None,
-            tokens_seen=session.last_tokens if session else None,
+            sessions=progress.sessions,
+            last_step=progress.last_step,
+            tokens_seen=progress.tokens_seen,
             train_loss=tail.last_number("train", "train_loss"),
             val_loss=tail.last_number("validation", "val_loss"),
             skipped_updates=tail.last_int("train", "skipped_updates"),
             last_record_time=reader.last_record_time,
             bad_lines=reader.bad_lines,
             config=config,
-            started=tail.started(),
+            started=progress.started,
             loss_trend=tail.trend("train", "train_loss"),
         ))  # fmt: skip
 
@@ -416,34 +415,18 @@ class RunStore:
 
 
 class _Tail:
-    """The last values of a reader's columns, read from their ends: O(1) per query, plus the run of
-    missing values at the end of a column.
-
-    Reads ``RunReader``'s private tables and session accumulators: the reader has no public
-    "last value" query yet (``frame()`` builds the whole run, O(records)).
-    """
+    """The last values of a reader's columns, read from their ends (``RunReader.column``): O(1)
+    per query, plus the run of missing values at the end of a column."""
 
     def __init__(self, reader: RunReader) -> None:
-        reader.events  # noqa: B018 - columnarises rows the per-line parser left as dicts
         self._reader = reader
 
     def size(self, event: str) -> int:
-        table = self._reader._tables.get(event)
-        return 0 if table is None else table.size
-
-    def sessions(self) -> int:
-        return len(self._reader._sessions)
-
-    def last_session(self) -> Any:
-        return self._reader._sessions[-1] if self._reader._sessions else None
+        column = self._reader.column(event, "step")  # every record has a step
+        return 0 if column is None else column.size
 
     def _column(self, event: str, name: str) -> Any:
-        table = self._reader._tables.get(event)
-        return None if table is None else table.columns.get(name)
-
-    def started(self) -> datetime | None:
-        sessions = self._reader._sessions
-        return _EPOCH + timedelta(microseconds=sessions[0].start_ns // 1000) if sessions else None
+        return self._reader.column(event, name)
 
     def trend(self, event: str, name: str) -> tuple[float, ...]:
         """``overview.trend`` of the effective values: O(rows) in numpy (~5 ms per 1M), paid only
