@@ -39,7 +39,8 @@ def shown(markdown: str) -> str:
     return re.sub(r"\\(.)", r"\1", markdown)
 
 
-def open_page(page: str, **query: str) -> AppTest:
+def open_page(page: str, **query: str | list[str]) -> AppTest:
+    """The app with ``query`` in its URL, switched to ``pages/<page>.py`` (the overview is the default)."""
     app = AppTest.from_file(APP, default_timeout=30)
     for key, value in query.items():
         app.query_params[key] = value

@@ -8,7 +8,6 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-from streamlit.testing.v1 import AppTest
 
 from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.figures import Highlight, Series, metric_figure
@@ -26,6 +25,7 @@ from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.reader import RunReader
 from tests.conftest import append_records, base_record
+from tests.test_app import open_page
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 HOSTILE = [
@@ -250,16 +250,6 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
     return root
-
-
-def open_page(page: str, **query: str | list[str]) -> AppTest:
-    app = AppTest.from_file(APP, default_timeout=30)
-    for key, value in query.items():
-        app.query_params[key] = value
-    app.run()
-    if page != "overview":
-        app.switch_page(f"pages/{page}.py").run()
-    return app
 
 
 def test_overview_page_shows_the_error_row_and_the_other_runs(runs_root: Path, poisoned: dict) -> None:
