@@ -203,10 +203,13 @@ def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(
     path = runs_root / "back" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 101, 10)))
     open_run(page, server, "back", 100)
-    page.locator("[data-testid=stTopNavLink]").filter(has_text="Runs").first.click()  # same session
-    wait_until(page, lambda: page.locator(".metrics-chart").count() == 0)
+    # Away and back by the pages' own links: the same session, no browser history (a history
+    # step could land on about:blank when the top-bar click replaced the entry instead).
+    page.get_by_text("Its sessions").first.click()
+    back = page.get_by_text("Back to the run's charts")
+    wait_until(page, lambda: "/sessions" in page.url and back.count() and loss(page) is None)
     append_records(path, base_record(110, train_loss=0.5))
-    page.go_back()
+    back.first.click()
     graph = wait_until(page, lambda: (g := loss(page)) and train_points(g) and train_points(g)[-1][0] == 110 and g)
     assert [x for x, _ in train_points(graph)] == list(range(10, 111, 10))
 
