@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import io
 import itertools
+import json
 import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 import pytest
 
 from metrics_core.dashboard.charts import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
@@ -455,3 +457,20 @@ def test_compare_draws_validation_loss_raw_with_markers(tmp_path: Path) -> None:
         assert not any("smoothed" in (trace.name or "") for trace in figure.data)
     finally:
         store.close()
+
+
+@pytest.mark.parametrize("options", [ChartOptions(), ChartOptions(x="time", smoothing=0.6, log_y=True, history="all"),
+                                     ChartOptions(x="tokens_seen", history="sessions", theme="dark")])  # fmt: skip
+def test_figures_built_without_validation_are_what_plotly_validates(reader: RunReader, tmp_path: Path,
+                                                                    options: ChartOptions) -> None:  # fmt: skip
+    """Every chart (a three-session run, a data-parallel run) passes plotly's validation unchanged."""
+    distributed_run(tmp_path / "dist" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        figures = [*run_charts(store.view("run"), options).values(), *run_charts(store.view("dist"), options).values()]
+    finally:
+        store.close()
+    assert STRAGGLER_TITLE in {figure.layout.title.text for figure in figures}
+    for figure in figures:
+        validated = go.Figure(figure.to_dict())  # raises on a misspelt property or a bad value
+        assert json.loads(validated.to_json()) == json.loads(figure.to_json())

@@ -27,16 +27,23 @@ without a server:
 * titles, trace names and labels are untrusted (a run name, a directory name): plotly.js renders
   a subset of HTML in them, so each is passed through ``plotly_text`` (and shortened) here, at
   the sink, and callers hand over raw strings.
+
+Figures are assembled as plain trace and layout dicts and wrapped once, unvalidated
+(``_figure``): plotly's per-property validation cost ~90 ms per chart (six charts: half a second
+of server CPU per live update of even a 100-record run); ``tests/test_figures.py`` validates
+the same dicts with plotly and compares, so a typo still fails there.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import pandas as pd
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from metrics_core.dashboard.overview import plotly_text, shorten
 from metrics_core.downsample import minmax_indices
@@ -63,6 +70,8 @@ LABEL_ROW_PX = 16  # a 10 px label's box is ~14 px tall
 ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
 ROBUST_FENCE = 3.0  # interquartile ranges beyond the quartiles
 ROBUST_MIN_POINTS = 20
+# What ``template="none"`` validates to: every figure carries it, so no default template's ~10 KB.
+NO_TEMPLATE = pio.templates["none"].to_plotly_json()
 
 
 @dataclass(frozen=True, slots=True)
@@ -240,6 +249,14 @@ def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[t
     return (float(low), float(high)), outside
 
 
+def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+    """``traces`` and ``layout`` as a figure, without plotly's validation (see the module docstring);
+    properties set to None are left out, as plotly leaves them out."""
+    data = [{"type": "scatter", **{name: value for name, value in trace.items() if value is not None}}
+            for trace in traces]  # fmt: skip
+    return go.Figure(data=data, layout=layout, _validate=False)
+
+
 def metric_figure(
     series: Sequence[Series],
     *,
@@ -263,27 +280,27 @@ def metric_figure(
     if x not in X_MODES:
         raise ValueError(f"x must be one of {sorted(X_MODES)}, got {x!r}")
     origin = pd.Timestamp(sessions[0].start_time) if sessions else None
-    figure = go.Figure()
+    traces: list[dict[str, Any]] = []
     drawn_rows = sum(len(item.frame) for item in series if item.column in item.frame.columns)
     traces_per_row = 2 if smoothing > 0 else 1
     drawn: dict[bool, list[np.ndarray]] = {False: [], True: []}  # per axis, for the robust range
     spans: list[float] = []
     legend = len({item.label for item in series}) > 1
     for number, item in enumerate(series):
-        added = _add_series(figure, item, number, x=x, origin=origin, smoothing=smoothing, legend=legend,
+        added = _add_series(traces, item, number, x=x, origin=origin, smoothing=smoothing, legend=legend,
                             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
         drawn[item.secondary_y] += added[0]
         spans += added[1]
-    if not any(trace.yaxis in (None, "y") for trace in figure.data):  # plotly draws no axis without a trace
-        figure.add_trace(go.Scatter(x=[], y=[], showlegend=False, hoverinfo="skip"))
-    _layout(figure, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
-            highlights=highlights, theme=theme, spans=spans)  # fmt: skip
-    _y_axes(figure, series, drawn, log_y=log_y, theme=theme)
-    return figure
+    if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
+        traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
+    layout = _layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
+                     highlights=highlights, theme=theme, spans=spans)  # fmt: skip
+    _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    return _figure(traces, layout)
 
 
 def _y_axes(
-    figure: go.Figure, series: Sequence[Series], drawn: dict[bool, list[np.ndarray]], *, log_y: bool, theme: str
+    layout: dict[str, Any], series: Sequence[Series], drawn: dict[bool, list[np.ndarray]], *, log_y: bool, theme: str
 ) -> None:
     """Titles, formats and default ranges of the primary (left) and secondary (right) y axes."""
     palette = THEMES[theme]
@@ -306,14 +323,16 @@ def _y_axes(
             # default, which labels a count axis 3.54896, 15.6607, …
             settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero",
                             tickmode="auto")  # fmt: skip
-            figure.update_layout(margin_r=65)  # room for the right axis' ticks and title
-        figure.update_layout({"yaxis2" if secondary else "yaxis": settings})
+            layout["margin"] = {**layout["margin"], "r": 65}  # room for the right axis' ticks and title
+        name = "yaxis2" if secondary else "yaxis"
+        layout[name] = {**layout.get(name, {}), **settings}
     if off_scale:
-        figure.add_annotation(
-            x=1, y=0, xref="paper", yref="paper", xanchor="right", yanchor="bottom", showarrow=False,
-            text=f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale · autoscale ⤢ shows all",
-            font={"size": 9, "color": palette["muted"]}, bgcolor=palette["plot"], opacity=0.9,
-        )  # fmt: skip
+        layout.setdefault("annotations", []).append({
+            "x": 1, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "right", "yanchor": "bottom",
+            "showarrow": False, "opacity": 0.9, "bgcolor": palette["plot"],
+            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale · autoscale ⤢ shows all",
+            "font": {"size": 9, "color": palette["muted"]},
+        })  # fmt: skip
 
 
 def resume_labels(positions: Sequence[tuple[float, str, str]], *, span: float) -> list[tuple[str, int] | None]:
@@ -344,12 +363,11 @@ def resume_labels(positions: Sequence[tuple[float, str, str]], *, span: float) -
 
 
 def _layout(
-    figure: go.Figure, *, title: str, sessions: Sequence[Session], x: str, origin: pd.Timestamp | None, log_y: bool,
-    revision: str, highlights: Sequence[Highlight], theme: str = "light", spans: Sequence[float] = (),
-) -> None:  # fmt: skip
-    """The layout every chart shares: session boundary lines, shaded highlights, axes, legend."""
-    # Shapes and annotations as plain dicts in one layout update: plotly's add_vline/add_vrect
-    # cost ~20 ms each in validation, which was half of a chart's build time on a long run.
+    traces: list[dict[str, Any]], *, title: str, sessions: Sequence[Session], x: str, origin: pd.Timestamp | None,
+    log_y: bool, revision: str, highlights: Sequence[Highlight], theme: str = "light", spans: Sequence[float] = (),
+) -> dict[str, Any]:  # fmt: skip
+    """The layout every chart shares: session boundary lines, shaded highlights, axes, legend;
+    appends the session-start markers' trace to ``traces``."""
     palette = THEMES[theme]
     shapes, annotations = [], []
     boundaries = [(_session_x(session, x, origin), session) for session in sessions[1:]]
@@ -367,7 +385,7 @@ def _layout(
                                 "hovertext": f"S{session.index + 1} · resume @ {session.resume_step}",
                                 "font": {"size": LABEL_FONT, "color": colour}})  # fmt: skip
     if boundaries:  # every boundary's full label in the hover of a marker at its top, placed or not
-        figure.add_trace(go.Scatter(
+        traces.append(dict(
             x=[at for at, _ in boundaries], y=[1.0] * len(boundaries), yaxis="y3", mode="markers",
             name="session starts", showlegend=False, cliponaxis=False,
             marker={"symbol": "triangle-down", "size": 7, "color": [session_colour(s.index) for _, s in boundaries]},
@@ -382,8 +400,8 @@ def _layout(
                             "yanchor": "top", "showarrow": False, "text": plotly_text(shorten(highlight.label)),
                             "font": {"size": 10}})  # fmt: skip
     x_axis = X_AXES[x]
-    figure.update_layout(
-        template="none",  # the default template adds ~10 KB of styling JSON to every update
+    layout = dict(
+        template=NO_TEMPLATE,  # the default template adds ~10 KB of styling JSON to every update
         font={"family": "sans-serif", "size": 11, "color": palette["font"]},
         paper_bgcolor=palette["paper"],
         plot_bgcolor=palette["plot"],
@@ -404,9 +422,12 @@ def _layout(
         },
         yaxis={"type": "log" if log_y else "linear", "gridcolor": palette["grid"], "zeroline": False},
         yaxis3={"overlaying": "y", "range": [0, 1], "visible": False, "fixedrange": True},
-        shapes=shapes,
-        annotations=annotations,
     )
+    if shapes:  # plotly leaves out empty lists
+        layout["shapes"] = shapes
+    if annotations:
+        layout["annotations"] = annotations
+    return layout
 
 
 def session_key(sessions: Sequence[Session]) -> list[tuple[str, str, str]]:
@@ -426,10 +447,10 @@ def _compact(values: np.ndarray) -> np.ndarray:
 
 
 def _add_series(
-    figure: go.Figure, item: Series, number: int, *, x: str, origin: pd.Timestamp | None, smoothing: float,
+    traces: list[dict[str, Any]], item: Series, number: int, *, x: str, origin: pd.Timestamp | None, smoothing: float,
     points_per_row: float, legend: bool = True,
 ) -> tuple[list[np.ndarray], list[float]]:  # fmt: skip
-    """Add ``item``'s traces; return the y values drawn (for the axis range) and the x extent."""
+    """Append ``item``'s traces to ``traces``; return the y values drawn (for the axis range) and the x extent."""
     frame = item.frame
     if item.column not in frame.columns or frame.empty:
         return [], []
@@ -453,7 +474,7 @@ def _add_series(
     finite_x = xs[np.isfinite(xs)] if xs.dtype.kind == "f" else xs
     extent = [float(np.min(finite_x)), float(np.max(finite_x))] if len(finite_x) else []
     if per_session and legend:  # one legend entry per series, in a neutral colour: sessions are the page's key
-        figure.add_trace(go.Scatter(
+        traces.append(dict(
             x=[], y=[], name=label, legendgroup=group, mode="markers" if events or item.markers else "lines",
             line={"color": "#808495", "dash": dash, "width": 1.5}, marker={"color": "#808495", "size": 6},
             yaxis=axis, hoverinfo="skip",
@@ -475,8 +496,8 @@ def _add_series(
             mode = "markers" if events else "lines+markers" if item.markers else "lines"
             at_step = "" if steps is None else " · step %{customdata:,}"
             hover = f"{where}: %{{y:{style.hoverformat}}}{at_step}<extra></extra>"
-            figure.add_trace(
-                go.Scatter(
+            traces.append(
+                dict(
                     x=xs[rows][keep],
                     y=_compact(raw[keep]),
                     name=name,
@@ -495,8 +516,8 @@ def _add_series(
             )  # fmt: skip
             if smooth is not None:
                 keep = minmax_indices(smooth, budget)
-                figure.add_trace(
-                    go.Scatter(
+                traces.append(
+                    dict(
                         x=xs[rows][keep],
                         y=_compact(smooth[keep]),
                         name=f"{name} (smoothed)",
@@ -515,9 +536,9 @@ def _add_series(
             if len(missing) > budget:  # markers only point at gaps: an even sample keeps the JSON bounded
                 missing = np.unique(missing[np.linspace(0, len(missing) - 1, budget).astype(np.int64)])
             if item.gap_markers and len(missing):
-                first_gap = not any(trace.legendgroup == "gaps" for trace in figure.data)
-                figure.add_trace(
-                    go.Scatter(
+                first_gap = not any(trace.get("legendgroup") == "gaps" for trace in traces)
+                traces.append(
+                    dict(
                         x=xs[missing],
                         y=np.full(len(missing), 0.03),
                         yaxis="y3",
@@ -599,26 +620,25 @@ def straggler_figure(
     if x not in X_MODES:
         raise ValueError(f"x must be one of {sorted(X_MODES)}, got {x!r}")
     origin = pd.Timestamp(sessions[0].start_time) if sessions else None
-    figure = go.Figure()
+    traces: list[dict[str, Any]] = []
     if len(frame):
-        _add_band(figure, frame, superseded, x=x, origin=origin, points_per_row=max_points / len(frame) / 3)
+        _add_band(traces, frame, superseded, x=x, origin=origin, points_per_row=max_points / len(frame) / 3)
     xs = x_values(frame, x, origin) if len(frame) else np.array([])
     spans = [float(np.nanmin(xs)), float(np.nanmax(xs))] if len(xs) else []
-    _layout(figure, title=STRAGGLER_TITLE, sessions=sessions, x=x, origin=origin, log_y=False, revision=revision,
-            highlights=highlights, theme=theme, spans=spans)  # fmt: skip
-    figure.update_layout(
-        margin={"l": 60, "r": 55, "t": 50 + LABEL_ROW_PX, "b": 30},  # room for the ratio axis and its title
-        yaxis={"title": {"text": "time per step (s)", "standoff": 2, "font": {"size": 11}}, "rangemode": "tozero",
-               "tickformat": ".3~g", "hoverformat": ".4~g"},
-        yaxis2={"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero", "tickmode": "auto",
-                "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}},
-    )  # fmt: skip
-    return figure
+    layout = _layout(traces, title=STRAGGLER_TITLE, sessions=sessions, x=x, origin=origin, log_y=False,
+                     revision=revision, highlights=highlights, theme=theme, spans=spans)  # fmt: skip
+    layout["margin"] = {"l": 60, "r": 55, "t": 50 + LABEL_ROW_PX, "b": 30}  # room for the ratio axis and its title
+    layout["yaxis"] = {**layout["yaxis"], "title": {"text": "time per step (s)", "standoff": 2, "font": {"size": 11}},
+                       "rangemode": "tozero", "tickformat": ".3~g", "hoverformat": ".4~g"}  # fmt: skip
+    layout["yaxis2"] = {"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
+                        "tickmode": "auto",
+                        "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}}  # fmt: skip
+    return _figure(traces, layout)
 
 
 def _add_band(
-    figure: go.Figure, frame: pd.DataFrame, superseded: np.ndarray | None, *, x: str, origin: pd.Timestamp | None,
-    points_per_row: float,
+    traces: list[dict[str, Any]], frame: pd.DataFrame, superseded: np.ndarray | None, *, x: str,
+    origin: pd.Timestamp | None, points_per_row: float,
 ) -> None:  # fmt: skip
     xs = x_values(frame, x, origin)
     low, high = _numbers(frame, "rank_step_time_min_s"), _numbers(frame, "rank_step_time_max_s")
@@ -636,19 +656,19 @@ def _add_band(
             colour, opacity = session_colour(int(code)), SUPERSEDED_OPACITY if dimmed else 1.0
             suffix = f" · S{code + 1}" + (" (superseded)" if dimmed else "")
             group = f"band{suffix}"
-            figure.add_trace(go.Scatter(
+            traces.append(dict(
                 x=xs[keep], y=_compact(low[keep]), name=f"fastest rank{suffix}", legendgroup=group,
                 showlegend=False, mode="lines", opacity=opacity, line={"color": colour, "width": 1},
                 connectgaps=False, hovertemplate="fastest rank: %{y:.3g} s<extra></extra>",
             ))  # fmt: skip
-            figure.add_trace(go.Scatter(
+            traces.append(dict(
                 x=xs[keep], y=_compact(high[keep]), name=f"rank step time, fastest–slowest{suffix}",
                 legendgroup=group, mode="lines", opacity=opacity, fill="tonexty",
                 fillcolor=_rgba(colour, BAND_OPACITY), line={"color": colour, "width": 1.5}, connectgaps=False,
                 customdata=np.column_stack([rank_text[keep], ratio[keep]]),
                 hovertemplate="slowest: rank %{customdata[0]} · %{y:.3g} s (%{customdata[1]:.2f}×)<extra></extra>",
             ))  # fmt: skip
-            figure.add_trace(go.Scatter(
+            traces.append(dict(
                 x=xs[keep], y=_compact(ratio[keep]), name=f"slowest / fastest{suffix}", yaxis="y2",
                 mode="lines", opacity=opacity, line={"color": colour, "width": 1, "dash": "dot"}, connectgaps=False,
                 hovertemplate="slowest / fastest: %{y:.2f}×<extra></extra>",
@@ -657,7 +677,7 @@ def _add_band(
     if len(apart) > TRACE_POINTS:  # marks only point at windows: an even sample keeps the JSON bounded
         apart = np.unique(apart[np.linspace(0, len(apart) - 1, TRACE_POINTS).astype(np.int64)])
     if len(apart):
-        figure.add_trace(go.Scatter(
+        traces.append(dict(
             x=xs[apart], y=np.full(len(apart), 0.03), yaxis="y3", mode="markers", name="ranks out of lockstep",
             marker={"symbol": "x-thin", "size": 9, "color": "#d62728", "line": {"width": 2, "color": "#d62728"}},
             customdata=frame["step"].to_numpy()[apart],
