@@ -98,6 +98,9 @@ HOSTILE = {
     "year 2263": line(base_record(5) | {"time": "2263-01-01T00:00:00+00:00"}),
     "year 2300": line(base_record(5) | {"time": "2300-06-01T00:00:00+00:00"}),
     "year 9999": line(base_record(5) | {"time": "9999-12-31T23:59:59.999999+00:00"}),
+    "hour 24 in the writer's shape": line(base_record(5) | {"time": "2026-11-29T24:00:00.000000+00:00"}),
+    "second 60 in the writer's shape": line(base_record(5) | {"time": "2026-11-29T10:00:60.000000+00:00"}),
+    "Arabic-Indic digit in the writer's shape": line(base_record(5) | {"time": "2026-11-29T10:00:0\u0665.000000+00:00"}),
     "year 1 at +14:00": line(base_record(5) | {"time": "0001-01-01T00:00:00+14:00"}),
     "NaN literal": line(base_record(5, train_loss=1.0)).replace(b'"train_loss":1.0', b'"train_loss":NaN'),
     "Infinity literal": line(base_record(5, train_loss=1.0)).replace(b'"train_loss":1.0', b'"train_loss":Infinity'),
@@ -109,6 +112,9 @@ HOSTILE = {
     "50k fields": line({**base_record(5), **{f"k{i}": i for i in range(50_000)}}),
     "2 MB line": line(base_record(5, note="x" * (2 << 20))),
     "not an object": b"[1, 2, 3]\n",
+    # Two objects on one line and a blank line: as many rows as lines, yet not one record per line.
+    "two records on one line, then a blank line": line(base_record(5))[:-1] + line(base_record(5)) + b"\n",
+    "2k-deep object nesting": line(base_record(5))[:-2] + b',"x":' + b'{"a":' * 2_000 + b"1" + b"}" * 2_000 + b"}\n",
     "random bytes": bytes(range(256)).replace(b"\n", b"") + b"\n",
 }
 
@@ -365,3 +371,32 @@ def test_the_batch_checker_agrees_with_check_record_on_any_file(case: tuple[byte
     data = case[0][: case[0].rfind(b"\n") + 1]
     rows, bad, _ = check_lines(data, 1)
     assert (rows, [(item.line, item.reason) for item in bad]) == per_line_answers(data)
+
+
+@pytest.mark.parametrize("tricky", list(TRICKY), ids=list(TRICKY))
+def test_every_read_path_gives_each_tricky_line_check_records_answer(tmp_path: Path, tricky: str) -> None:
+    """The bulk path's own shortcuts (one object per line, the writer's time as bytes) agree with check_record."""
+    data = WRITER_LINE * 3 + TRICKY[tricky] + WRITER_LINE * 3
+    rows, bad = per_line_answers(data)
+    results = read_all_ways(tmp_path / "run" / "metrics.jsonl", data)
+    assert results[0]["records"] == len(rows) and [item[0] for item in results[0]["bad"]] == [b[0] for b in bad]
+    assert all(result == results[0] for result in results[1:])
+
+
+def test_the_writer_time_shortcut_accepts_only_what_the_time_regex_accepts() -> None:
+    """Every one-byte change of a writer time: the byte-matrix check never accepts what the regex refuses."""
+    import re
+
+    import pyarrow as pa
+
+    from metrics_core.reader import _ARROW_TIME, _writer_times
+
+    writer_time = "2026-11-29T23:59:59.123456+00:00"
+    assert _writer_times(pa.chunked_array([[writer_time] * 3, [writer_time]]))
+    for position in range(len(writer_time)):
+        for char in "0123456789-+:.TZ ١\x00/":
+            text = writer_time[:position] + char + writer_time[position + 1 :]
+            if _writer_times(pa.chunked_array([[writer_time], [text]])):
+                assert re.fullmatch(_ARROW_TIME, text), text
+    assert not _writer_times(pa.chunked_array([["2026-11-29T24:00:00.000000+00:00"]]))
+    assert not _writer_times(pa.chunked_array([["2026-11-29T10:00:00.000000+01:00"]]))
