@@ -6,7 +6,8 @@ Measured side by side in one process, on ``generate_root``'s root (990 small run
 records, one live run appending a record per second) and on a root holding only the live run:
 
 * listed: wall time of the first ``RunStore.overview()`` of a fresh store, which lists every run
-  (those not read within the load budget as ``loading``); filled: until no row is ``loading``;
+  (those not read within the load budget as ``loading``); filled: until no row is ``loading``
+  (read by the store's background loader, ``overview()`` polled every 50 ms as a page would);
 * idle refresh: server CPU (``time.process_time``) of one ``overview()`` call, called every
   0.25 s for ``--seconds`` while the live run appends (so some calls see a change);
 * with ``--browser``: a real ``streamlit run`` and Chromium on each root: wall time from opening
@@ -58,7 +59,8 @@ def store_figures(root: Path, seconds: float) -> dict[str, float]:
         start = time.perf_counter()
         table = store.overview()
         listed = time.perf_counter() - start
-        while (table["status"] == "loading").any():
+        while (table["status"] == "loading").any():  # the store's loader reads them; a page polls
+            time.sleep(0.05)
             table = store.overview()
         filled = time.perf_counter() - start
         cpu = []

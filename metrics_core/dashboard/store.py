@@ -25,9 +25,13 @@ Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
   row changed; otherwise only the ages column is recomputed.  A run's status is re-evaluated
   when its file is stat'ed (every ``safety_interval`` or on a watcher hint), and never again
   once it ended (``session_end``) until the file changes.
-* Cold loading is bounded per call: runs never read yet are read smallest file first until
-  ``load_budget_s`` is spent; the rest are listed with status ``loading`` and filled in by the
-  next calls, so a root of 1,000 runs is listed about as fast as a root of one.
+* Cold loading never holds up a page: the first ``overview()`` reads runs never read yet,
+  smallest file first, until ``load_budget_s`` is spent (a small root is complete at once); the
+  rest are listed with status ``loading`` and read by one background loader thread, in the same
+  order, while pages keep getting the table as it stands (O(runs), no wait).  So a root of
+  1,000 runs is listed about as fast as a root of one, and filled at the speed of reading it, not
+  of the page's refreshes.  A run being read by the loader (or snapshotted by another tab) is not
+  waited for by ``overview()``: its row is the one it had.
 * ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
   the root: a page showing one run does not pay for the 999 others.
 
@@ -175,6 +179,7 @@ class _Entry:
     failure: str | None = None  # why the last attempt failed, until the file changes
     failure_stamp: tuple[int, int, int] | None = None
     failed_at: float = float("-inf")
+    queued: bool = False  # waiting in RunStore's cold queue
 
 
 class RunStore:
@@ -186,7 +191,7 @@ class RunStore:
         *,
         force_polling: bool = False,
         safety_interval: float = 2.0,
-        load_budget_s: float = 0.5,
+        load_budget_s: float = 0.25,
         cache: CachePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -207,8 +212,11 @@ class RunStore:
         self._table_key: tuple[int, int] | None = None
         self._table_times = np.zeros(0, dtype=np.float64)  # last record time (s since epoch) per row
         self._runs_generation = 0
+        self._cold: list[tuple[int, _Entry, RunInfo]] = []  # (file size, ...): runs never read, biggest first
+        self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
+        self._closed = threading.Event()
         # Work counters, read by the complexity tests (work is counted, not timed).
-        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0}
+        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0}
         if not self.root.is_dir():
             raise RunNotFoundError(
                 f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
@@ -217,6 +225,11 @@ class RunStore:
         self.watcher = RunsWatcher(self.root, force_polling=force_polling).start()
 
     def close(self) -> None:
+        self._closed.set()
+        with self._lock:
+            loader = self._loader
+        if loader is not None:
+            loader.join(timeout=30)  # it stops after the run it is reading
         self.watcher.stop()
         with self._lock:
             for entry in self._entries.values():
@@ -367,36 +380,82 @@ class RunStore:
     def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run with what the runs table shows; a run that cannot be shown is a row
         with status ``error`` and the reason in ``error``, never an exception.  A run not read
-        yet when this call's ``load_budget_s`` ran out is a row with status ``loading``."""
+        yet is a row with status ``loading``: this call reads cold runs for ``load_budget_s``
+        unless the background loader is already at it, and leaves the rest to the loader."""
         now = now or datetime.now(timezone.utc)
         infos = self.runs()
         entries = [self._entry(info) for info in infos]
-        deadline = self._clock() + self.load_budget_s
-        cold = [number for number, entry in enumerate(entries) if entry.summary is None and entry.failure is None]
-        if cold:  # smallest first: most of a large root is listed in the first call
-            cold.sort(key=lambda number: _size(infos[number].metrics_path))
-        pending = set(cold)
-        for number in cold:
-            if self._clock() >= deadline:
-                break
-            pending.discard(number)
-            self._refresh_row(entries[number], infos[number], now)
-        for number, (info, entry) in enumerate(zip(infos, entries, strict=True)):
-            if number in pending:
+        if self._queue_cold(entries, infos):
+            deadline = self._clock() + self.load_budget_s
+            while self._clock() < deadline and (job := self._take_cold(by_loader=False)) is not None:
+                self._read_cold(*job, now)
+            self._start_loader()
+        for info, entry in zip(infos, entries, strict=True):
+            if entry.queued and entry.summary is None and entry.failure is None:  # the loader's: not waited for
                 if entry.row is None:
                     self._set_row(entry, {"run": info.name, "status": "loading"})
-            elif number not in cold:
-                self._refresh_row(entry, info, now)
+            else:
+                self._refresh_row(entry, info, now, wait=False)
         return self._overview_table(entries, now)
 
-    def _refresh_row(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
-        with entry.lock:
-            try:
-                self._update(entry, info, now)
-            except RunViewError:
-                pass  # its row says why
-            except Exception as exc:  # the run vanished, or the OS refused its path
-                self._set_row(entry, _error_row(info.name, _cause(exc)))
+    def _queue_cold(self, entries: list[_Entry], infos: list[RunInfo]) -> bool:
+        """Queue the runs never read (nor failing) that are not queued yet, smallest file first
+        (most of a large root is listed soonest); True if this caller should read some itself,
+        i.e. no loader is at it.  One ``stat`` per newly queued run."""
+        cold = [(entry, info) for entry, info in zip(entries, infos, strict=True)
+                if entry.summary is None and entry.failure is None and not entry.queued]  # fmt: skip
+        sized = [(_size(info.metrics_path), entry, info) for entry, info in cold]
+        with self._lock:
+            for _, entry, _ in sized:
+                entry.queued = True  # until read: the overview shows it as loading meanwhile
+            if sized:
+                self._cold.extend(sized)
+                self._cold.sort(key=lambda job: -job[0])  # popped from the end
+            return bool(self._cold) and self._loader is None
+
+    def _take_cold(self, *, by_loader: bool) -> tuple[_Entry, RunInfo] | None:
+        """The next queued run to read, or None.  A loader that finds none is gone, atomically:
+        a run queued right after starts a new one."""
+        with self._lock:
+            if self._cold:
+                _, entry, info = self._cold.pop()
+                return entry, info
+            if by_loader:
+                self._loader = None
+            return None
+
+    def _read_cold(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
+        self._refresh_row(entry, info, now)
+        entry.queued = False
+
+    def _start_loader(self) -> None:
+        with self._lock:
+            if self._loader is not None or not self._cold or self._closed.is_set():
+                return
+            self._loader = threading.Thread(target=self._load_cold, name="RunStore loader", daemon=True)
+            self._loader.start()
+
+    def _load_cold(self) -> None:
+        """The loader thread: read queued runs, smallest first, until none is left or the store closes."""
+        while (job := self._take_cold(by_loader=True)) is not None:
+            if self._closed.is_set():
+                return
+            self._read_cold(*job, datetime.now(timezone.utc))
+            self.stats["background_reads"] += 1
+
+    def _refresh_row(self, entry: _Entry, info: RunInfo, now: datetime, *, wait: bool = True) -> None:
+        """Bring ``entry``'s row up to date; ``wait=False``: not if another thread is reading or
+        snapshotting the run right now (its row is then the one it had, updated next time)."""
+        if not entry.lock.acquire(blocking=wait):
+            return
+        try:
+            self._update(entry, info, now)
+        except RunViewError:
+            pass  # its row says why
+        except Exception as exc:  # the run vanished, or the OS refused its path
+            self._set_row(entry, _error_row(info.name, _cause(exc)))
+        finally:
+            entry.lock.release()
 
     def _overview_table(self, entries: list[_Entry], now: datetime) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
