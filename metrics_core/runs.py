@@ -67,7 +67,7 @@ def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunIn
     runs: list[RunInfo] = []
     seen: set[Path] = {real_root}
 
-    def visit(directory: Path, relative: tuple[str, ...]) -> None:
+    def visit(directory: Path, real_directory: Path, relative: tuple[str, ...]) -> None:
         try:
             entries = sorted(os.scandir(directory), key=lambda entry: (entry.is_symlink(), entry.name))
         except OSError:
@@ -75,21 +75,24 @@ def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunIn
         for entry in entries:
             if entry.name.startswith("."):
                 continue
-            if entry.name == METRICS_FILENAME and relative and _inside(Path(entry.path), real_root):
-                if entry.is_file():
+            link = entry.is_symlink()  # from the directory listing: no system call
+            if entry.name == METRICS_FILENAME and relative:
+                if entry.is_file() and (not link or _inside(Path(entry.path), real_root)):
                     runs.append(RunInfo("/".join(relative), directory))
                 continue
             if len(relative) >= max_depth or not entry.is_dir():
                 continue
-            real = Path(entry.path).resolve()
-            if real in seen or not _inside(real, real_root):
+            # Only a link can lead elsewhere: anything else is its real parent's real path plus its
+            # name, so the walk resolves (an lstat per path component) links alone, not 1,000 runs.
+            real = Path(entry.path).resolve() if link else real_directory / entry.name
+            if real in seen or not real.is_relative_to(real_root):
                 continue
             seen.add(real)
-            visit(Path(entry.path), (*relative, entry.name))
+            visit(Path(entry.path), real, (*relative, entry.name))
 
     if (real_root / METRICS_FILENAME).is_file():
         runs.append(RunInfo(".", Path(root)))
-    visit(Path(root), ())
+    visit(Path(root), real_root, ())
     return sorted(runs, key=lambda run: run.name)
 
 

@@ -35,6 +35,21 @@ def test_discovery_nested_hidden_and_symlinked(tmp_path: Path) -> None:
     assert find_runs(root)[0].metrics_path == root / "a" / "metrics.jsonl"
 
 
+def test_discovery_follows_links_only_inside_the_root_even_below_a_plain_directory(tmp_path: Path) -> None:
+    """A metrics file or directory linking out of the root, deep under plain directories, is no run;
+    a link to a run inside the root is listed once; the root reached through a link is walked."""
+    outside = tmp_path / "outside"
+    make_run(outside / "secret")
+    real = tmp_path / "real"
+    make_run(real / "team" / "deep" / "ok")
+    (real / "team" / "deep" / "stolen").mkdir()
+    (real / "team" / "deep" / "stolen" / "metrics.jsonl").symlink_to(outside / "secret" / "metrics.jsonl")
+    (real / "team" / "deep" / "escape").symlink_to(outside)
+    (real / "team" / "again").symlink_to(real / "team" / "deep" / "ok")
+    (tmp_path / "root").symlink_to(real)
+    assert [run.name for run in find_runs(tmp_path / "root")] == ["team/deep/ok"]
+
+
 def test_discovery_depth_is_bounded(tmp_path: Path) -> None:
     """Runs deeper than max_depth are not searched for."""
     make_run(tmp_path / "x" / "y" / "z")
