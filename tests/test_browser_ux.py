@@ -8,11 +8,13 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+from metrics_core import MetricsWriter, RunContext, TrainingState
 from tests.conftest import append_records, base_record
 from tests.live_server import GRAPH_JS, streamlit_app, streamlit_server, wait_until
 
@@ -184,6 +186,75 @@ def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypa
             assert all(font == "#fafafa" for _, font in colours)
         finally:
             context.close()
+
+
+@contextmanager
+def live_run(root: Path, name: str, every: float = 0.2) -> Iterator[None]:
+    """A real writer appending a record to run ``name`` every ``every`` s: its overview row changes at every refresh."""
+    stop = threading.Event()
+
+    def write() -> None:
+        state = TrainingState()
+        with MetricsWriter(RunContext(root / name, name, "s1")) as writer:
+            while not stop.is_set():
+                state.step += 10
+                writer.write("train", state, train_loss=5.0 / state.step)
+                stop.wait(every)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        writer.join()
+
+
+# In the page: the runs table's row names (its run links) in drawn order, and the canvas it is drawn on.
+RUN_ROWS_JS = """() => {
+  const frame = document.querySelector('[data-testid=stDataFrame]');
+  if (!frame || !frame.querySelector('canvas')) return {names: []};
+  const box = frame.querySelector('canvas').getBoundingClientRect();
+  return {names: [...frame.querySelectorAll('tbody tr')].map(r => r.querySelector('td').textContent),
+          x: box.x, y: box.y, height: box.height};
+}"""
+
+
+def row_point(page: object, name: str, x_offset: float) -> tuple[float, float]:
+    """Where run ``name``'s row is drawn on the runs table's canvas, ``x_offset`` px from its left edge
+    (glide-data-grid draws a header row and the rows at one height; the row marker column is ~34 px)."""
+    table = wait_until(page, lambda: (t := page.evaluate(RUN_ROWS_JS)) and f"run?run={name}" in t["names"] and t)
+    row_height = table["height"] / (len(table["names"]) + 1)
+    return table["x"] + x_offset, table["y"] + row_height * (table["names"].index(f"run?run={name}") + 1.5)
+
+
+def click(page: object, x: float, y: float) -> None:
+    """A person's click: the pointer arrives (the grid underlines a link under a hovering pointer), then presses."""
+    page.mouse.move(x - 8, y)
+    page.mouse.move(x, y, steps=4)
+    page.wait_for_timeout(150)
+    page.mouse.click(x, y)
+
+
+def test_a_click_on_a_row_opens_its_run_while_the_overview_is_live(page: object, server: str, runs_root: Path) -> None:
+    """The overview refreshing every second under a live run: a click on that run's link opens its page
+    (Streamlit opens link cells in a new tab), and a click on its row opens it in this tab."""
+    with live_run(runs_root, "clicked"):
+        page.goto(server + "/")
+        wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
+        last_step = page.locator("[data-testid=stDataFrame] tbody tr").first.locator("td").nth(9)
+        shown = last_step.text_content()
+        wait_until(page, lambda: last_step.text_content() != shown)  # the table is live: redrawn with new rows
+        with page.context.expect_page(timeout=10_000) as opened:
+            click(page, *row_point(page, "clicked", 50))
+        tab = opened.value
+        wait_until(tab, lambda: charts_drawn(tab), timeout=30)
+        assert tab.url == f"{server}/run?run=clicked"
+        tab.close()
+        page.wait_for_timeout(1200)  # a refresh or more after the first click
+        click(page, *row_point(page, "clicked", 17))
+        wait_until(page, lambda: charts_drawn(page), timeout=30)
+        assert page.url == f"{server}/run?run=clicked"
 
 
 BARE_APP = """
