@@ -17,6 +17,7 @@ from metrics_core.dashboard.figures import (
     STRAGGLER_TITLE,
     Highlight,
     Series,
+    figure_of,
     is_distributed,
     metric_figure,
     rank_time_ratio,
@@ -303,12 +304,12 @@ def _append_points(figure: go.Figure, tail: go.Figure | None) -> go.Figure | Non
         grown[number] = {name: np.concatenate([np.asarray(old[name]), np.asarray(trace[name])[new]]) for name in names}
     if not grown:
         return figure  # the same object: every tab's transport says "same"
-    # A copy (figures are shared by every tab: never changed in place) of an already validated
-    # figure, so without plotly's validation, which cost ~8 ms per chart per update.
-    result = go.Figure(figure, _validate=False)
+    # A new figure (figures are shared by every tab: never changed in place) from the traces'
+    # plain properties, unvalidated: copying through go.Figure cost ~12 ms per chart per update.
+    data = [trace.to_plotly_json() for trace in figure.data]
     for number, arrays in grown.items():
-        result.data[number].update(arrays)
-    return result
+        data[number].update(arrays)
+    return figure_of(data, figure.layout.to_plotly_json())
 
 
 def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[float, float]) -> go.Figure:
@@ -352,24 +353,23 @@ def _splice(whole: go.Figure, raw: go.Figure, low: float, high: float) -> go.Fig
     """``whole`` with each trace's points inside [low, high] replaced by ``raw``'s trace of the
     same name and axis: panning still shows the run around the zoom, and a live update outside
     it is still drawn."""
-    result = go.Figure(whole, _validate=False)
     zoomed = {(trace.name, trace.yaxis): trace for trace in raw.data}
-    for trace in result.data:
+    data = []
+    for trace in whole.data:
+        spec = trace.to_plotly_json()
+        data.append(spec)
         inner = zoomed.pop((trace.name, trace.yaxis), None)
         if trace.x is None or inner is None or inner.x is None:
             continue
         xs, inner_xs = np.asarray(trace.x, dtype=np.float64), np.asarray(inner.x, dtype=np.float64)
         left, right = xs < low, xs > high
         inside = (inner_xs >= low) & (inner_xs <= high)
-        arrays = {}
         for name in ("x", "y", "customdata"):
             if trace[name] is not None and inner[name] is not None:
                 outer, middle = np.asarray(trace[name]), np.asarray(inner[name])
-                arrays[name] = np.concatenate([outer[left], middle[inside], outer[right]])
-        trace.update(arrays)
-    for trace in zoomed.values():  # only in the zoomed range (a gap marker): shown as is
-        result.add_trace(trace)
-    return result
+                spec[name] = np.concatenate([outer[left], middle[inside], outer[right]])
+    data += [trace.to_plotly_json() for trace in zoomed.values()]  # only in the zoomed range (a gap marker)
+    return figure_of(data, whole.layout.to_plotly_json())
 
 
 def view_findings(view: RunView) -> list[Finding]:

@@ -29,7 +29,7 @@ without a server:
   the sink, and callers hand over raw strings.
 
 Figures are assembled as plain trace and layout dicts and wrapped once, unvalidated
-(``_figure``): plotly's per-property validation cost ~90 ms per chart (six charts: half a second
+(``figure_of``): plotly's per-property validation cost ~90 ms per chart (six charts: half a second
 of server CPU per live update of even a 100-record run); ``tests/test_figures.py`` validates
 the same dicts with plotly and compares, so a typo still fails there.
 """
@@ -249,9 +249,10 @@ def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[t
     return (float(low), float(high)), outside
 
 
-def _figure(traces: list[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
-    """``traces`` and ``layout`` as a figure, without plotly's validation (see the module docstring);
-    properties set to None are left out, as plotly leaves them out."""
+def figure_of(traces: Sequence[dict[str, Any]], layout: dict[str, Any]) -> go.Figure:
+    """``traces`` and ``layout`` (plotly's own property names, as ``to_plotly_json`` gives them) as a
+    figure, without plotly's validation (see the module docstring); properties set to None are left
+    out, as plotly leaves them out.  ~0.1 ms per trace, where a validated figure costs ~15 ms."""
     data = [{"type": "scatter", **{name: value for name, value in trace.items() if value is not None}}
             for trace in traces]  # fmt: skip
     return go.Figure(data=data, layout=layout, _validate=False)
@@ -296,7 +297,7 @@ def metric_figure(
     layout = _layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
                      highlights=highlights, theme=theme, spans=spans)  # fmt: skip
     _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
-    return _figure(traces, layout)
+    return figure_of(traces, layout)
 
 
 def _y_axes(
@@ -633,7 +634,7 @@ def straggler_figure(
     layout["yaxis2"] = {"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
                         "tickmode": "auto",
                         "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}}  # fmt: skip
-    return _figure(traces, layout)
+    return figure_of(traces, layout)
 
 
 def _add_band(
