@@ -28,11 +28,11 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import io
 import math
 import os
 from collections import deque
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -61,11 +61,14 @@ from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME, lock_is_held
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _BASE_ORDER = BASE_FIELD_ORDER
 _STRING_FIELDS = ("time", "run_id", "session_id", "event")
-READ_CHUNK = 32 << 20  # bytes per read; bounds peak memory of a cold load
+READ_CHUNK = 8 << 20  # bytes per read: a cold load holds PARSE_DEPTH + 1 of them and their tables
+PARSE_THREADS = min(4, os.cpu_count() or 1)  # blocks pyarrow parses at once during a cold load
+PARSE_DEPTH = PARSE_THREADS + 1  # blocks read ahead of the one being stored
 ARROW_MIN_BLOCK = 1 << 20  # below this the per-line loop is faster than pyarrow's start-up
 ARROW_MAX_LINE = 16 << 10  # longer lines go to the exact parser: no real record is this wide
 MAX_BAD_LINE_SAMPLES = 20
 _FINGERPRINT = 256  # first bytes of a line compared to notice a rewrite (time and session id)
+_REREAD_BYTES = 64 << 10  # an incomplete line up to this long is read again rather than skipped over
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 _MARKER_EVENTS = ("session_start", "session_end")
 _RECENT_TIMES = 64
@@ -273,9 +276,9 @@ def _arrow_batch(data: bytes, start: int, stop: int) -> _Batch | None:
     if lines is None:
         return None
     schema = pa.schema([(name, pa.string() if name in _STRING_FIELDS else pa.int64()) for name in _BASE_ORDER])
-    table = pj.read_json(
+    table = pj.read_json(  # on a _BulkParses thread: one block, parsed by this thread alone
         pa.BufferReader(pa.py_buffer(data).slice(start, stop - start)),
-        read_options=pj.ReadOptions(block_size=8 << 20),
+        read_options=pj.ReadOptions(use_threads=False, block_size=max(stop - start, 1 << 20)),
         parse_options=pj.ParseOptions(explicit_schema=schema, unexpected_field_behavior="infer"),
     )
     if table.num_rows != lines or table.num_columns > MAX_FIELDS:
@@ -375,6 +378,34 @@ def _arrow_chunk(array: Any) -> Chunk:
         return Chunk("bool", values.to_numpy())
     encoded = array.dictionary_encode()
     return Chunk("cat", encoded.indices.fill_null(-1).to_numpy().astype(np.int32), encoded.dictionary.to_pylist())
+
+
+class _BulkParses:
+    """Blocks of one ``refresh`` in file order, each parsed by pyarrow on a worker thread.
+
+    A cold load is parse-bound, and pyarrow's parse, the byte checks before it and the split by
+    event after it release the GIL: each block is parsed on its own thread while the reader reads
+    the next ones and stores the earlier ones, in order, on its own thread.  Blocks for the exact
+    parser wait in line with the rest (it numbers lines, so it needs every earlier block stored).
+    The pool starts with the first bulk block: a refresh of a few records starts no thread.
+    """
+
+    def __init__(self) -> None:
+        self._pool: ThreadPoolExecutor | None = None
+        self.queue: deque[tuple[bytes, int, int, Future[_Batch | None] | None]] = deque()
+
+    def add(self, data: bytes, start: int, stop: int, *, bulk: bool) -> None:
+        """Queue the lines of ``data[start:stop]``; ``bulk``: start pyarrow on them now."""
+        future = None
+        if bulk:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="metrics-parse")
+            future = self._pool.submit(_parse_arrow, data, start, stop)
+        self.queue.append((data, start, stop, future))
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=True, cancel_futures=True)
 
 
 class RunReader:
@@ -569,32 +600,55 @@ class RunReader:
         scanned, and a line longer than ``max_record_bytes`` is skipped by its length alone.
         """
         chunk = max(READ_CHUNK, self.max_record_bytes + 1)  # holds any line short enough to parse
+        parses = _BulkParses()
         bulk = False
-        while self._offset + self._scanned < size:
-            start = self._offset + self._scanned
-            data = self._read(start, min(chunk, size - start))
-            if not data:
-                break  # the file shrank under us: the next refresh notices
-            first = data.find(b"\n")
-            if first < 0:
-                self._scanned += len(data)
-                self._pending_head = self._read(self._offset, EXCERPT_BYTES)
-                continue
-            if self._scanned:  # the line that began at _offset ends at start + first
-                if self._scanned + first > self.max_record_bytes:
-                    self._skip_long_line(self._scanned + first)
-                self._scanned = 0  # a short line is re-read whole from its start, next turn
-                continue
-            cut = data.rfind(b"\n") + 1
-            bulk |= self._ingest_block(data, cut)
-            if start == 0:
-                self._head = data[: min(first + 1, _FINGERPRINT)]
-            last = data.rfind(b"\n", 0, cut - 1) + 1
-            self._last_line = (start + last, data[last : min(cut, last + _FINGERPRINT)])
-            self._offset = start + cut
-            self._scanned = len(data) - cut
-            if self._scanned:
-                self._pending_head = data[cut : cut + EXCERPT_BYTES]
+        try:
+            while self._offset + self._scanned < size:
+                # A short incomplete line (the tail of the last block) is read again with the
+                # next block, not scanned again; a long one is skipped over, then re-read whole.
+                resume = self._scanned <= _REREAD_BYTES
+                start = self._offset if resume else self._offset + self._scanned
+                data = self._read(start, min(chunk, size - start))
+                if not data:
+                    break  # the file shrank under us: the next refresh notices
+                first = data.find(b"\n", self._scanned if resume else 0)
+                if first < 0:
+                    self._scanned = start + len(data) - self._offset
+                    self._pending_head = self._read(self._offset, EXCERPT_BYTES)
+                    continue
+                if not resume:  # the line that began at _offset ends at start + first
+                    if self._scanned + first > self.max_record_bytes:
+                        bulk |= self._store(parses, keep=0)  # the lines before it are numbered first
+                        self._skip_long_line(self._scanned + first)
+                    self._scanned = 0  # a short line is re-read whole from its start, next turn
+                    continue
+                cut = data.rfind(b"\n") + 1
+                self._ingest_block(data, cut, parses)
+                if start == 0:
+                    self._head = data[: min(first + 1, _FINGERPRINT)]
+                last = data.rfind(b"\n", 0, cut - 1) + 1
+                self._last_line = (start + last, data[last : min(cut, last + _FINGERPRINT)])
+                self._offset = start + cut
+                self._scanned = len(data) - cut
+                if self._scanned:
+                    self._pending_head = data[cut : cut + EXCERPT_BYTES]
+                bulk |= self._store(parses, keep=PARSE_DEPTH)
+            bulk |= self._store(parses, keep=0)
+        finally:
+            parses.close()
+        return bulk
+
+    def _store(self, parses: _BulkParses, *, keep: int) -> bool:
+        """Store queued blocks, oldest first, until ``keep`` remain; True if pyarrow parsed any."""
+        bulk = False
+        while len(parses.queue) > keep:
+            data, start, stop, future = parses.queue.popleft()
+            batch = None if future is None else future.result()
+            if batch is None:
+                self._ingest_rows(*_parse_lines(data[start:stop], self._lines + 1, self.max_record_bytes))
+            else:
+                self._ingest(batch)
+                bulk = True
         return bulk
 
     def _skip_long_line(self, length: int) -> None:
@@ -629,20 +683,13 @@ class RunReader:
         self.reset_reasons.append(reason)
         return True
 
-    def _ingest_block(self, data: bytes, end: int) -> bool:
-        """Parse and store the complete lines of ``data[:end]``; True if pyarrow parsed any of them."""
+    def _ingest_block(self, data: bytes, end: int, parses: _BulkParses) -> None:
+        """Queue the complete lines of ``data[:end]`` for parsing: pyarrow where the block is large enough."""
         if end < self.bulk_threshold:
-            self._ingest_rows(*_parse_lines(data[:end], self._lines + 1, self.max_record_bytes))
-            return False
-        bulk = False
+            parses.add(data, 0, end, bulk=False)
+            return
         for start, stop, wide in _segments(data, end):
-            batch = None if wide or stop - start < self.bulk_threshold else _parse_arrow(data, start, stop)
-            if batch is None:
-                self._ingest_rows(*_parse_lines(data[start:stop], self._lines + 1, self.max_record_bytes))
-            else:
-                self._ingest(batch)
-                bulk = True
-        return bulk
+            parses.add(data, start, stop, bulk=not wide and stop - start >= self.bulk_threshold)
 
     def _ingest_rows(self, rows: list[dict[str, Any]], bad: list[BadLine], lines: int) -> None:
         """Store what the per-line parser found, in one pass of plain Python over the rows.

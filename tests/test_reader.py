@@ -407,9 +407,9 @@ def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer
             read[0] += len(data)
             return data
 
-        def counting_ingest(data: bytes, end: int, parsed=parsed, original=original_ingest) -> bool:
+        def counting_ingest(data: bytes, end: int, parses: object, parsed=parsed, original=original_ingest) -> None:
             parsed[0] += data.count(b"\n", 0, end)
-            return original(data, end)
+            original(data, end, parses)
 
         reader._read, reader._ingest_block = counting_read, counting_ingest
         for round_ in range(5):
