@@ -9,11 +9,13 @@ from pathlib import Path
 
 import numpy as np
 import orjson
+import pandas as pd
 import pytest
 
 from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.charts import ChartOptions, view_charts
 from metrics_core.dashboard.store import RunStore, view_summary
+from metrics_core.reader import RunReader
 from tests.conftest import append_bytes, append_records, base_record
 
 
@@ -104,6 +106,82 @@ def test_incremental_summary_equals_the_full_recount_after_every_append(tmp_path
             store.overview()
             view = store.view("r")
             assert summary_of(store, "r") == view_summary(view)
+    finally:
+        store.close()
+
+
+def full_view(store: RunStore, name: str) -> object:
+    """The O(n) oracle: ``name``'s snapshot built from scratch by a fresh reader."""
+    reader = RunReader(store.root / name)
+    reader.refresh()
+    return store_module._build_view(name, reader, "live")
+
+
+def assert_same_view(view: object, oracle: object) -> None:
+    assert view.records == oracle.records and view.sessions == oracle.sessions
+    for event in store_module.EVENTS:
+        pd.testing.assert_frame_equal(view.frames[event], oracle.frames[event])
+        np.testing.assert_array_equal(view.superseded[event], oracle.superseded[event])
+    assert view.replaced.keys() == oracle.replaced.keys()
+    for index, rows in oracle.replaced.items():
+        np.testing.assert_array_equal(view.replaced[index], rows)
+
+
+def test_a_snapshot_extended_from_the_last_equals_one_built_from_scratch_after_every_append(tmp_path: Path) -> None:
+    """Live appends of the last session extend the previous snapshot's frames and masks; a new session,
+    a resume that redoes steps, a new event, a type change and a rewrite too: each equals the oracle's
+    (and each summary, with a loss trend of more than 40 points, equals the snapshot's)."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    train = lambda steps, session="s1", **extra: [base_record(s, session=session, train_loss=1.0 / s, **extra)  # noqa: E731
+                                                  for s in steps]  # fmt: skip
+    appends = [
+        train(range(10, 400, 10)),
+        train(range(400, 600, 10)),  # the live case: only the last session's train rows grew
+        [base_record(600, event="validation", val_loss=0.5), *train([610])],
+        [base_record(620, event="validation", val_loss=0.4), *train([620, 630])],
+        [base_record(630, event="checkpoint", path="/c/630")],  # an event logged for the first time
+        [base_record(500, event="session_start", session="s2"), *train(range(500, 560, 10), "s2")],  # redoes 510..630
+        train(range(560, 700, 10), "s2"),
+        [base_record(700, session="s2", train_loss=float("nan")), *train([710], "s2")],  # not finite: not in the trend
+        [base_record(720, session="s2", train_loss="oops"), *train([730], "s2")],  # a string: object column
+        train([740], "s2"),
+        [base_record(750, event="session_end", session="s2", status="finished")],
+    ]
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        views = []  # held, as a page's charts hold theirs: what the next snapshot extends
+        for records in appends:
+            append_records(path, *records)
+            views.append(store.view("r"))
+            assert_same_view(views[-1], full_view(store, "r"))
+            store.overview()
+            assert summary_of(store, "r") == view_summary(views[-1])
+        path.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in train(range(10, 100, 10))))  # rewritten
+        assert_same_view(store.view("r"), full_view(store, "r"))
+    finally:
+        store.close()
+
+
+def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After an append of the last session, no supersession or replay mask is recomputed (they are
+    O(rows)); after a new session they are."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 200, 10)),
+                   base_record(190, event="validation", val_loss=0.8))  # fmt: skip
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        first = store.view("r")
+        superseded = count_calls(monkeypatch, store_module.RunReader, "superseded")
+        replaced = count_calls(monkeypatch, store_module.RunReader, "replaced_by")
+        append_records(path, base_record(200, train_loss=0.5), base_record(200, event="validation", val_loss=0.7))
+        second = store.view("r")
+        assert (len(superseded), len(replaced)) == (0, 0)
+        assert second.frames["checkpoint"] is first.frames["checkpoint"]
+        append_records(path, base_record(150, event="session_start", session="s2"))
+        store.view("r")
+        assert len(superseded) > 0 and len(replaced) > 0
     finally:
         store.close()
 

@@ -45,6 +45,7 @@ import logging
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -172,8 +173,12 @@ class _Entry:
     lineage: Lineage = field(default_factory=Lineage)
     refreshed_at: float = float("-inf")
     data_key: tuple[int, ...] | None = None  # what the summary and the view were built from
-    view: RunView | None = None
+    view: RunView | None = None  # None: stale, rebuilt by the next ``view()``
+    # The last view built, stale or not, while anything (a page, the charts' lineage) still holds
+    # it: what the next one extends.  Weak: a stale view must not pin the columns it was built on.
+    built: weakref.ref[RunView] | None = None
     summary: RunSummary | None = None
+    trend: _LossTrend = field(default_factory=lambda: _LossTrend())
     row: dict[str, Any] | None = None
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
     failure: str | None = None  # why the last attempt failed, until the file changes
@@ -279,7 +284,10 @@ class RunStore:
             self._update(entry, info, now or datetime.now(timezone.utc))
             if entry.view is None:
                 try:
-                    entry.view = _build_view(info.name, entry.reader, entry.summary.status, entry.lineage)
+                    previous = entry.built() if entry.built is not None else None
+                    entry.view = _build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
+                                             previous=previous)  # fmt: skip
+                    entry.built = weakref.ref(entry.view)
                 except Exception as exc:
                     raise self._failed(entry, info, exc) from exc
                 self.stats["views"] += 1
@@ -325,7 +333,8 @@ class RunStore:
         entry.reader.close()
         entry.reader = RunReader(info.directory)  # no cache: a state it restored may be what failed
         entry.lineage = Lineage()
-        entry.view = entry.data_key = entry.summary = entry.config_key = None
+        entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
+        entry.trend = _LossTrend()
         entry.refreshed_at = float("-inf")
         entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
         entry.failed_at = self._clock()
@@ -337,7 +346,7 @@ class RunStore:
         self.stats["summaries"] += 1
         reader = entry.reader
         tail = _Tail(reader)
-        config_key = (tail.size("config"), reader.resets)
+        config_key = (_rows(reader, "config"), reader.resets)
         if config_key == entry.config_key and entry.summary is not None:
             config = entry.summary.config
         else:  # config records are few; a new one is flattened with all before it (the changes need them)
@@ -357,7 +366,7 @@ class RunStore:
             bad_lines=reader.bad_lines,
             config=config,
             started=progress.started,
-            loss_trend=tail.trend("train", "train_loss"),
+            loss_trend=entry.trend.update(reader, progress.sessions),
         ))  # fmt: skip
 
     def _set_summary(self, entry: _Entry, summary: RunSummary) -> None:
@@ -480,28 +489,8 @@ class _Tail:
     def __init__(self, reader: RunReader) -> None:
         self._reader = reader
 
-    def size(self, event: str) -> int:
-        column = self._reader.column(event, "step")  # every record has a step
-        return 0 if column is None else column.size
-
     def _column(self, event: str, name: str) -> Any:
         return self._reader.column(event, name)
-
-    def trend(self, event: str, name: str) -> tuple[float, ...]:
-        """``overview.trend`` of the effective values: O(rows) in numpy (~5 ms per 1M), paid only
-        by a run that changed."""
-        column = self._column(event, name)
-        if column is None or column.size == 0:
-            return ()
-        if column.kind not in ("int", "float"):
-            values = pd.to_numeric(pd.Series(column.series(), dtype=object), errors="coerce").to_numpy(dtype=float)
-        else:
-            values = column.view().astype(np.float64, copy=False)
-        values = values[~self._reader.superseded(event)]
-        values = values[np.isfinite(values)]
-        if len(values) > TREND_POINTS:
-            values = values[np.round(np.arange(TREND_POINTS) * (len(values) - 1) / (TREND_POINTS - 1)).astype(np.int64)]
-        return tuple(float(value) for value in values)
 
     def last_int(self, event: str, name: str) -> int | None:
         column = self._column(event, name)
@@ -525,6 +514,81 @@ class _Tail:
                 return float(chunk[found[-1]])
             end, block = end - block, block * 2
         return None
+
+
+class _LossTrend:
+    """``overview.trend`` of a run's effective, finite train losses, kept from one summary to the
+    next: the rows it picks from are remembered, so an append made by the last session (the live
+    case) costs O(appended rows); anything else (a new session, a reset, a loss logged as a
+    string) recomputes them, O(rows) in numpy (~5 ms per 1M)."""
+
+    def __init__(self) -> None:
+        self._basis: tuple[int, int, int, str] | None = None  # (resets, sessions, train rows, last session id)
+        self._kept = np.empty(0, dtype=np.int64)  # rows that count, in a buffer grown by doubling
+        self._count = 0
+
+    def update(self, reader: RunReader, sessions: int) -> tuple[float, ...]:
+        column = reader.column("train", "train_loss")
+        if column is None or column.size == 0:
+            self._basis = None
+            return ()
+        if column.kind not in ("int", "float"):  # a writer that mixed types: rare, so the O(n) way
+            self._basis = None
+            values = pd.to_numeric(pd.Series(column.series(), dtype=object), errors="coerce").to_numpy(dtype=float)
+            return _picked(values[~reader.superseded("train") & np.isfinite(values)])
+        values, rows, basis = column.view(), column.size, self._basis
+        if (
+            basis is not None
+            and basis[:2] == (reader.resets, sessions)  # same sessions: the last one is still basis[3]
+            and _grown_in_last_session(reader, "train", basis[2], basis[3])
+        ):
+            fresh = values[basis[2] : rows].astype(np.float64, copy=False)
+            self._keep(basis[2] + np.flatnonzero(np.isfinite(fresh)))
+            last = basis[3]
+        else:
+            self._count = 0
+            self._keep(np.flatnonzero(~reader.superseded("train") & np.isfinite(values.astype(np.float64, copy=False))))
+            last = reader.sessions[-1].session_id  # O(rows), like the line above
+        self._basis = (reader.resets, sessions, rows, last)
+        kept = self._kept[: self._count]
+        if len(kept) > TREND_POINTS:
+            kept = kept[_trend_positions(len(kept))]
+        return tuple(float(value) for value in values[kept])
+
+    def _keep(self, rows: np.ndarray) -> None:
+        needed = self._count + len(rows)
+        if needed > len(self._kept):
+            grown = np.empty(max(needed, 2 * len(self._kept), 64), dtype=np.int64)
+            grown[: self._count] = self._kept[: self._count]
+            self._kept = grown
+        self._kept[self._count : needed] = rows
+        self._count = needed
+
+
+def _trend_positions(count: int) -> np.ndarray:
+    return np.round(np.arange(TREND_POINTS) * (count - 1) / (TREND_POINTS - 1)).astype(np.int64)
+
+
+def _picked(values: np.ndarray) -> tuple[float, ...]:
+    if len(values) > TREND_POINTS:
+        values = values[_trend_positions(len(values))]
+    return tuple(float(value) for value in values)
+
+
+def _grown_in_last_session(reader: RunReader, event: str, before: int, last: str) -> bool:
+    """Whether ``event``'s rows from ``before - 1`` on all belong to session ``last``, the reader's last.
+
+    Then nothing decided about the first ``before`` rows changes: their session's thresholds
+    move only when a session begins or logs ``event`` for the first time, and the last session
+    had logged it (row ``before - 1``).  And none of the new rows is superseded or redid
+    anything: no session follows theirs.  The caller checks that no session began and the
+    reader did not reset.  O(new rows).
+    """
+    column = reader.column(event, "session_id")
+    if before == 0 or column is None or column.kind != "cat" or column.size < before:
+        return False
+    codes = np.unique(column.view()[before - 1 :]).tolist()
+    return -1 not in codes and all(column.categories[code] == last for code in codes)
 
 
 def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
@@ -640,16 +704,62 @@ def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:
     return frame if event == "config" else _numeric_where_numbers(frame)
 
 
-def _build_view(name: str, reader: RunReader, status: str, lineage: Lineage | None = None) -> RunView:
+def _build_view(
+    name: str, reader: RunReader, status: str, lineage: Lineage | None = None, *, previous: RunView | None = None
+) -> RunView:
+    """A snapshot of ``reader``; with ``previous``, the last snapshot of the same reader, what did
+    not change is taken from it instead of recomputed.
+
+    Only the last session grew (a live run's append): the events that got no record keep their
+    frames and masks; those that did get a new frame (the reader's, O(rows) but zero-copy for
+    numbers) and their masks extended with False (``_grown_in_last_session``): no O(rows)
+    supersession or replay pass.  Anything else (a new session, a reset) is built from scratch.
+    """
+    sessions = reader.sessions
+    if previous is not None and (previous.ingest.resets != reader.resets or len(previous.sessions) != len(sessions)):
+        previous = None
+    frames: dict[str, pd.DataFrame] = {}
+    superseded: dict[str, np.ndarray] = {}
+    grown: dict[str, bool] = {}  # per event: extended from ``previous`` (True) or built anew (False)
+    for event in EVENTS:
+        rows = _rows(reader, event)
+        before = -1 if previous is None else len(previous.frames[event])
+        if rows == before:
+            frames[event], superseded[event] = previous.frames[event], previous.superseded[event]
+            continue
+        frames[event] = _view_frame(reader, event)
+        grown[event] = 0 < before < rows and _grown_in_last_session(reader, event, before, sessions[-1].session_id)
+        if grown[event]:
+            superseded[event] = _extended(previous.superseded[event], rows)
+        else:
+            superseded[event] = reader.superseded(event)
+    if "train" not in grown:
+        replaced = previous.replaced
+    elif grown["train"]:
+        replaced = {index: _extended(rows, len(frames["train"])) for index, rows in previous.replaced.items()}
+    else:
+        replaced = {s.index: reader.replaced_by(s.index, "train") for s in sessions}
     return RunView(
         name=name,
         records=reader.records,
-        sessions=reader.sessions,
-        frames={event: _view_frame(reader, event) for event in EVENTS},
-        superseded={event: reader.superseded(event) for event in EVENTS},
-        replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
+        sessions=sessions,
+        frames=frames,
+        superseded=superseded,
+        replaced=replaced,
         ingest=reader.ingest_health(),
         last_record_time=reader.last_record_time,
         status=status,
         lineage=lineage or Lineage(),
     )
+
+
+def _rows(reader: RunReader, event: str) -> int:
+    column = reader.column(event, "step")  # every record has a step
+    return 0 if column is None else column.size
+
+
+def _extended(mask: np.ndarray, rows: int) -> np.ndarray:
+    """``mask`` with False for the rows after it (a memcpy of a byte per row, no pass over the run)."""
+    extended = np.zeros(rows, dtype=bool)
+    extended[: len(mask)] = mask
+    return extended
