@@ -213,9 +213,9 @@ class RunStore:
         self._runs: list[RunInfo] = []
         self._runs_key: tuple[int, float] | None = None
         self._rows_generation = 0  # bumped whenever any run's row changes
-        self._table: pd.DataFrame | None = None
-        self._table_key: tuple[int, int] | None = None
-        self._table_times = np.zeros(0, dtype=np.float64)  # last record time (s since epoch) per row
+        # (overview generation, table, last record time per row in s since epoch): replaced as one
+        # value, as several threads (tabs, the loader's rows) may rebuild it at once
+        self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._runs_generation = 0
         self._cold: list[tuple[int, _Entry, RunInfo]] = []  # (file size, ...): runs never read, biggest first
         self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
@@ -468,18 +468,16 @@ class RunStore:
 
     def _overview_table(self, entries: list[_Entry], now: datetime) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
-        key = self.overview_generation()
-        if key != self._table_key or self._table is None:
-            rows = [entry.row for entry in entries]
-            self._table = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
-            self._table_times = np.array(
-                [_epoch_s(entry.summary.last_record_time) if entry.summary else np.nan for entry in entries],
-                dtype=np.float64,
-            )
-            self._table_key = key
+        key, cached = self.overview_generation(), self._table
+        if cached is None or cached[0] != key:
+            table = pd.DataFrame([entry.row for entry in entries], columns=list(OVERVIEW_COLUMNS))
+            times = np.array([_epoch_s(entry.summary.last_record_time) if entry.summary else np.nan
+                              for entry in entries], dtype=np.float64)  # fmt: skip
+            self._table = cached = (key, table, times)
             self.stats["table_builds"] += 1
-        ages = now.timestamp() - self._table_times
-        return self._table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
+        _, table, times = cached
+        ages = now.timestamp() - times
+        return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
 
 
 class _Tail:
