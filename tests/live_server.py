@@ -6,6 +6,7 @@ Shared by the browser tests and benchmarks/bench_live.py.  Chromium is Debian's
 
 from __future__ import annotations
 
+import base64
 import os
 import socket
 import subprocess
@@ -106,3 +107,45 @@ def wait_until(page: object, predicate, timeout: float = 20.0, interval: float =
             return result
         page.wait_for_timeout(interval * 1000)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+class Wire:
+    """What Chromium received for one page, counted from CDP network events: every HTTP response's
+    encodedDataLength (headers and body as received, 0 for a cache hit) and every websocket frame
+    received (payload bytes)."""
+
+    def __init__(self, context: object, page: object) -> None:
+        self.urls: dict[str, str] = {}
+        self.http: dict[str, int] = {}  # url -> bytes received
+        self.cached: set[str] = set()  # urls answered from the disk or memory cache
+        self.frames = 0
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.on("Network.requestWillBeSent", lambda e: self.urls.__setitem__(e["requestId"], e["request"]["url"]))
+        cdp.on("Network.requestServedFromCache", lambda e: self.cached.add(self.urls.get(e["requestId"], "")))
+        cdp.on("Network.responseReceived", self._response)
+        cdp.on("Network.loadingFinished", self._finished)
+        cdp.on("Network.webSocketFrameReceived", self._frame)
+
+    def _response(self, event: dict) -> None:
+        if event["response"].get("fromDiskCache") or event["response"].get("fromPrefetchCache"):
+            self.cached.add(event["response"]["url"])
+
+    def _finished(self, event: dict) -> None:
+        url = self.urls.get(event["requestId"], "")
+        if url.startswith("http"):  # blob: and data: URLs never touch the network
+            self.http[url] = self.http.get(url, 0) + int(event["encodedDataLength"])
+
+    def _frame(self, event: dict) -> None:
+        frame = event["response"]
+        payload = frame["payloadData"]
+        self.frames += len(base64.b64decode(payload)) if frame["opcode"] == 2 else len(payload.encode())
+
+    def reset(self) -> None:
+        self.http.clear()
+        self.cached.clear()
+        self.frames = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.http.values()) + self.frames
