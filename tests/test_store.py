@@ -279,6 +279,28 @@ def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path:
         store.close()
 
 
+def test_a_big_cold_run_is_read_by_the_loader_never_on_a_page_call(tmp_path: Path) -> None:
+    """Even with time left in the budget, a page's call reads only small cold runs; a run of more than
+    CALLER_READ_BYTES is listed and read in the background, and its page can be opened meanwhile."""
+    append_records(tmp_path / "small" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    records = store_module.CALLER_READ_BYTES // 150 + 1  # a record is > 150 bytes
+    append_records(
+        tmp_path / "big" / "metrics.jsonl", *(base_record(s, train_loss=1.0, pad="x" * 40) for s in range(records))
+    )
+    store = RunStore(tmp_path, load_budget_s=3600.0)
+    try:
+        first = store.overview().set_index("run")["status"]
+        assert first["small"] == "crashed" and first["big"] in ("loading", "crashed")
+        assert store.view("big").records == records
+        deadline = time.monotonic() + 60
+        while store.stats["background_reads"] < 1:
+            assert time.monotonic() < deadline, "the background loader did not read the big run"
+            time.sleep(0.01)
+        assert store.overview()["status"].tolist() == ["crashed", "crashed"]
+    finally:
+        store.close()
+
+
 def test_a_run_busy_in_another_thread_does_not_hold_up_the_overview(tmp_path: Path) -> None:
     """A run whose lock another thread holds (a tab snapshotting it, the loader reading it) keeps
     its row; every other run is refreshed, and the busy one is once it is free."""

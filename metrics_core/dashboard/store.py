@@ -26,9 +26,10 @@ Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
   when its file is stat'ed (every ``safety_interval`` or on a watcher hint), and never again
   once it ended (``session_end``) until the file changes.
 * Cold loading never holds up a page: the first ``overview()`` reads runs never read yet,
-  smallest file first, until ``load_budget_s`` is spent (a small root is complete at once); the
-  rest are listed with status ``loading`` and read by one background loader thread, in the same
-  order, while pages keep getting the table as it stands (O(runs), no wait).  So a root of
+  smallest file first, until ``load_budget_s`` is spent or the next file is bigger than
+  ``CALLER_READ_BYTES`` (a small root is complete at once, a big run never parsed on a page's
+  time); the rest are listed with status ``loading`` and read by one background loader thread,
+  in the same order, while pages keep getting the table as it stands (O(runs), no wait).  So a root of
   1,000 runs is listed about as fast as a root of one, and filled at the speed of reading it, not
   of the page's refreshes.  A run being read by the loader (or snapshotted by another tab) is not
   waited for by ``overview()``: its row is the one it had.
@@ -64,6 +65,7 @@ from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run
 from metrics_core.watch import RunsWatcher
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
+CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
@@ -396,7 +398,7 @@ class RunStore:
         entries = [self._entry(info) for info in infos]
         if self._queue_cold(entries, infos):
             deadline = self._clock() + self.load_budget_s
-            while self._clock() < deadline and (job := self._take_cold(by_loader=False)) is not None:
+            while self._clock() < deadline and (job := self._take_cold(up_to=CALLER_READ_BYTES)) is not None:
                 self._read_cold(*job, now)
             self._start_loader()
         for info, entry in zip(infos, entries, strict=True):
@@ -422,14 +424,15 @@ class RunStore:
                 self._cold.sort(key=lambda job: -job[0])  # popped from the end
             return bool(self._cold) and self._loader is None
 
-    def _take_cold(self, *, by_loader: bool) -> tuple[_Entry, RunInfo] | None:
-        """The next queued run to read, or None.  A loader that finds none is gone, atomically:
-        a run queued right after starts a new one."""
+    def _take_cold(self, *, up_to: int | None = None) -> tuple[_Entry, RunInfo] | None:
+        """The next queued run to read, or None; ``up_to``: only if its file holds at most that
+        many bytes (a page's caller).  Without it (the loader), finding none ends the loader,
+        atomically: a run queued right after starts a new one."""
         with self._lock:
-            if self._cold:
+            if self._cold and (up_to is None or self._cold[-1][0] <= up_to):
                 _, entry, info = self._cold.pop()
                 return entry, info
-            if by_loader:
+            if up_to is None:
                 self._loader = None
             return None
 
@@ -446,7 +449,7 @@ class RunStore:
 
     def _load_cold(self) -> None:
         """The loader thread: read queued runs, smallest first, until none is left or the store closes."""
-        while (job := self._take_cold(by_loader=True)) is not None:
+        while (job := self._take_cold()) is not None:
             if self._closed.is_set():
                 return
             self._read_cold(*job, datetime.now(timezone.utc))
