@@ -21,6 +21,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import orjson
 
@@ -43,7 +44,7 @@ def rss():
     with open("/proc/self/statm") as statm:
         return int(statm.read().split()[1]) * resource.getpagesize()
 before = rss()
-start = time.perf_counter()
+start, cpu = time.perf_counter(), time.process_time()
 if mode == "pandas":
     rows = len(pd.read_json(path, lines=True))
 elif mode == "pyarrow":  # the ceiling of this approach: pyarrow's JSON reader alone, default options
@@ -56,19 +57,28 @@ else:  # "reopen": the cache file must exist
     reader.refresh()
     rows = reader.records
     assert reader._cache_saved_at is not None
-elapsed = time.perf_counter() - start
+elapsed, cpu = time.perf_counter() - start, time.process_time() - cpu
 with open("/proc/self/status") as status:
     peak = next(int(line.split()[1]) * 1024 for line in status if line.startswith("VmHWM:"))
-print(elapsed, rows, peak, rss() - before)
+print(elapsed, cpu, rows, peak, rss() - before)
 """
 
 
-def cold_load(mode: str, path: Path, cache_dir: Path | None = None) -> tuple[float, int, int, int]:
-    """Seconds, rows, peak RSS and RSS growth of one load in a fresh subprocess."""
+class Load(NamedTuple):
+    """One load in a fresh subprocess: wall and CPU seconds (all threads), rows, peak RSS, RSS growth."""
+
+    seconds: float
+    cpu: float
+    rows: int
+    peak: int
+    grown: int
+
+
+def cold_load(mode: str, path: Path, cache_dir: Path | None = None) -> Load:
     args = [sys.executable, "-c", COLD, mode, str(path), str(cache_dir or path.parent / "cache")]
     out = subprocess.run(args, capture_output=True, text=True, check=True)
-    seconds, rows, peak, grown = out.stdout.split()
-    return float(seconds), int(rows), int(peak), int(grown)
+    seconds, cpu, rows, peak, grown = out.stdout.split()
+    return Load(float(seconds), float(cpu), int(rows), int(peak), int(grown))
 
 
 class FloorTail:
@@ -133,7 +143,7 @@ def refresh_after_appends(run_dirs: list[Path], rounds: int = 200, appends: int 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--sizes", default="100000,300000,1000000", help="cold-load sizes, comma-separated")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--small", type=int, default=10_000)
     parser.add_argument("--big", type=int, default=300_000)
     parser.add_argument("--skip-cold", action="store_true", help="only the refresh measurement")
@@ -175,33 +185,39 @@ def cold_section(root: Path, records: int, repeats: int) -> None:
     writer.refresh()
     writer.close()
     del writer  # its columns would distort the RSS measurement below
-    ours, arrow, theirs, reopen, vs_pandas, ceiling, vs_cold = [], [], [], [], [], [], []
+    loads: dict[str, list[Load]] = {"reader": [], "pyarrow": [], "pandas": [], "reopen": []}
     for _ in range(repeats):
-        ours.append(cold_load("reader", cold))
-        arrow.append(cold_load("pyarrow", cold))
-        theirs.append(cold_load("pandas", cold))
-        reopen.append(cold_load("reopen", cold, cache_dir))
-        vs_pandas.append(theirs[-1][0] / ours[-1][0])
-        ceiling.append(theirs[-1][0] / arrow[-1][0])
-        vs_cold.append(reopen[-1][0] / ours[-1][0])
+        for mode in loads:
+            loads[mode].append(cold_load(mode, cold, cache_dir if mode == "reopen" else None))
+    assert {load.rows for mode in ("reader", "pyarrow", "pandas") for load in loads[mode]} == {count}
     med = statistics.median
-    for name, loads in (
-        ("RunReader", ours),
-        ("pyarrow.json.read_json", arrow),
-        ("pandas.read_json(lines=True)", theirs),
-    ):
-        print(f"cold load  {name}: {med(o[0] for o in loads):.2f} s, peak RSS {max(o[2] for o in loads) / 1e9:.2f} GB")
-    print(f"cold load  speed-up vs pandas: RunReader {med(vs_pandas):.1f}x (rounds: "
-          f"{', '.join(f'{r:.1f}' for r in vs_pandas)}; goal >= 5x), pyarrow.json alone {med(ceiling):.1f}x "
-          f"(rounds: {', '.join(f'{r:.1f}' for r in ceiling)})")  # fmt: skip
+
+    def ratios(mode: str, over: str = "pandas") -> list[float]:
+        return [b.seconds / a.seconds for a, b in zip(loads[mode], loads[over], strict=True)]
+
+    names = {"reader": "RunReader", "pyarrow": "pyarrow.json.read_json", "pandas": "pandas.read_json(lines=True)"}
+    for mode, name in names.items():
+        runs = loads[mode]
+        line = (
+            f"cold load  {name:29s} {med(r.seconds for r in runs):6.2f} s wall, {med(r.cpu for r in runs):6.2f} s CPU"
+        )
+        line += f", peak RSS {max(r.peak for r in runs) / 1e9:.2f} GB"
+        if mode != "pandas":
+            rounds = ", ".join(f"{r:.1f}" for r in ratios(mode))
+            line += f", {med(ratios(mode)):.1f}x pandas (rounds: {rounds})"
+        print(line)
+    slower = med(1 / r for r in ratios("reader", "pyarrow"))
+    print(f"cold load  RunReader takes {slower:.2f}x the time of pyarrow.json alone; goal: RunReader >= 5x pandas")
+    vs_cold = [1 / r for r in ratios("reopen", "reader")]
     cache_bytes = sum(p.stat().st_size for p in cache_dir.glob("*.mcc"))
     rounds = ", ".join(f"{100 * r:.1f}" for r in vs_cold)
-    print(f"reopen     from the cache: {med(r[0] for r in reopen):.3f} s = {100 * med(vs_cold):.1f} % of a cold parse "
+    reopen = med(r.seconds for r in loads["reopen"])
+    print(f"reopen     from the cache: {reopen:.3f} s = {100 * med(vs_cold):.1f} % of a cold parse "
           f"(rounds: {rounds} %; goal <= 10 %), cache file {cache_bytes / 1e6:.0f} MB")  # fmt: skip
     reader = RunReader(cold)
     reader.refresh()
     print(
-        f"resident   {med(o[3] for o in ours) / count:.0f} B/record by RSS growth over the load, "
+        f"resident   {med(r.grown for r in loads['reader']) / count:.0f} B/record by RSS growth over the load, "
         f"{reader.resident_bytes() / count:.0f} B/record in columns (goal <= 150)"
     )
     cold.unlink()
