@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import json
+import random
+import statistics
+import time
 from pathlib import Path
 
+import pandas as pd
 import plotly.graph_objects as go
 
 import metrics_core.dashboard.chart as chart_module
+from benchmarks.generate import record, train_values, write_run
 from metrics_core.dashboard.chart import (
     PLOTLY_COMPONENT,
     encode,
@@ -16,7 +21,7 @@ from metrics_core.dashboard.chart import (
     plotly_source,
     publish_plotly,
 )
-from metrics_core.dashboard.charts import ChartOptions, run_charts
+from metrics_core.dashboard.charts import ChartOptions, run_charts, view_charts
 from metrics_core.dashboard.store import RunStore
 from tests.conftest import append_records, base_record
 
@@ -70,6 +75,56 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
     assert {sent.payload["op"] for sent in after.values()} == {"extend"}
     update = sum(len(json.dumps(sent.payload)) for sent in after.values())
     assert update <= 10_000 < full
+
+
+class LiveRun:
+    """A generated run of ``records`` records (three sessions) that one more train record at a time is
+    appended to, in its last session, and the server work that append costs the run page."""
+
+    def __init__(self, root: Path, records: int) -> None:
+        self.path = root / "live" / "metrics.jsonl"
+        write_run(self.path, records)
+        self.store = RunStore(root, safety_interval=0.0)
+        self.options = ChartOptions(smoothing=0.6)
+        self.sent = {key: next_payload(None, encode(figure), resync=False)
+                     for key, figure in view_charts(self.store.view("live"), self.options).items()}  # fmt: skip
+        last = self.store.view("live").frames["train"].iloc[-1]
+        self.session, self.step = str(last["session_id"]), int(last["step"])
+        self.t_ns = pd.Timestamp(last["time"]).value
+        self.rng = random.Random(1)
+
+    def append(self) -> float:
+        """Append one record; return the seconds the page's charts and their payloads take for it."""
+        self.step += 10
+        self.t_ns += 2 * 10**9
+        with open(self.path, "ab") as out:
+            out.write(record(self.session, "train", self.step, self.step * 419_430, 0, self.t_ns,
+                             **train_values(self.step, self.rng)))  # fmt: skip
+        view = self.store.view("live")  # the store's snapshot: not the charts' cost
+        start = time.perf_counter()
+        for key, figure in view_charts(view, self.options).items():
+            self.sent[key] = next_payload(self.sent[key], encode(figure), resync=False)
+        return time.perf_counter() - start
+
+
+def test_a_live_update_costs_the_appended_records_not_the_run_length(tmp_path: Path) -> None:
+    """Charts and payloads of one append: a 300k-record run costs at most 3x a 30k-record run (10x the rows);
+    every update is an extension of what the page holds."""
+    small, big = LiveRun(tmp_path / "small", 30_000), LiveRun(tmp_path / "big", 300_000)
+    try:
+        costs: dict[LiveRun, list[float]] = {small: [], big: []}
+        for _ in range(12):  # interleaved, so load on the machine hits both alike
+            for run in (small, big):
+                costs[run].append(run.append())
+        for run in (small, big):
+            assert {sent.payload["op"] for sent in run.sent.values()} <= {"extend", "same"}
+        ratio = statistics.median(costs[big]) / statistics.median(costs[small])
+        assert ratio <= 3.0, (
+            f"per append: 300k {statistics.median(costs[big]):.4f} s, 30k {statistics.median(costs[small]):.4f} s"
+        )
+    finally:
+        small.store.close()
+        big.store.close()
 
 
 def test_plotly_js_is_published_under_its_content_hash_once(tmp_path: Path) -> None:
