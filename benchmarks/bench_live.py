@@ -1,6 +1,6 @@
 """Live latency, server CPU and bytes per update: a real server, a real headless Chromium, a real writer.
 
-Run: python benchmarks/bench_live.py [--appends 25] [--records 1000000] [--refresh 1 0.25] [--big 0]
+Run: python benchmarks/bench_live.py [--appends 25] [--records 1000000] [--refresh 1 0.25] [--big 0] [--floor 20]
 
 Latency is measured write -> visible: Python stamps the wall clock right after MetricsWriter.write
 returns; the page stamps the wall clock (same machine, same clock) the first time the loss chart's
@@ -10,6 +10,10 @@ the server process's CPU (utime + stime from /proc, as a share of one core) and 
 page received on its websocket (Playwright's frame events), per append.  Each refresh period
 given runs side by side in one invocation; ``--big N`` adds the same measurement on a live run
 that already holds N records (``generate.write_run``), next to one of 100 records.
+
+``--floor S`` measures, over S seconds with nothing appended, what a live tab costs when nothing
+changes, next to what Streamlit itself costs: the same refresh of a fragment with nothing in it
+(the floor no page can go below), and of the run page on an idle 100-record run.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.charts import ChartOptions, run_charts
 from metrics_core.dashboard.store import RunStore
-from tests.live_server import chromium, streamlit_server
+from tests.live_server import chromium, streamlit_app, streamlit_server
 
 WATCH_JS = """() => {
   window.__seen = {};
@@ -57,6 +61,18 @@ def server_pid(url: str) -> int:
             if b"streamlit" in b" ".join(args) and port.encode() in args and b"--server.port" in args:
                 return int(entry)
     raise RuntimeError(f"no streamlit process serving {url}")
+
+
+EMPTY_FRAGMENT_APP = """
+import sys
+import streamlit as st
+
+@st.fragment(run_every=float(sys.argv[1]))
+def nothing() -> None:
+    pass
+
+nothing()
+"""
 
 
 def cpu_seconds(pid: int) -> float:
@@ -101,6 +117,41 @@ def live(appends: int, *, refresh: float, history: int = 0) -> dict[str, object]
     return {"delays": delays, "missing": len(missing), "cpu": cpu_share, "bytes": sum(received) / appends}
 
 
+def idle_cpu(seconds: float, *, refresh: float) -> dict[str, float]:
+    """Server CPU share with one tab open and nothing appended: an empty fragment, then the run page."""
+    shares = {}
+    with tempfile.TemporaryDirectory() as tmp, chromium() as browser:
+        root = Path(tmp)
+        app = root / "empty_fragment.py"
+        app.write_text(EMPTY_FRAGMENT_APP)
+        run = RunContext(root / "runs" / "idle", "idle", "s1")
+        with MetricsWriter(run) as writer:
+            state = TrainingState()
+            for step in range(10, 1010, 10):
+                state.step = step
+                writer.write("train", state, train_loss=1.0 / step)
+        pages = {
+            "empty fragment": (lambda: streamlit_app(app, str(refresh)), ""),
+            "run page, idle 100-record run": (
+                lambda: streamlit_server(root / "runs", refresh=refresh),
+                "/run?run=idle",
+            ),
+        }
+        for label, (server, path) in pages.items():
+            with server() as url:
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(url + path)
+                if path:
+                    page.wait_for_function("document.querySelectorAll('.js-plotly-plot').length >= 6", timeout=60_000)
+                time.sleep(5)
+                pid = server_pid(url)
+                cpu, wall = cpu_seconds(pid), time.monotonic()
+                time.sleep(seconds)
+                shares[label] = (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)
+                page.close()
+    return shares
+
+
 def summary(delays: list[float]) -> str:
     if not delays:
         return "no append became visible"
@@ -126,11 +177,19 @@ def figure_bytes(records: int) -> tuple[int, int, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--appends", type=int, default=25)
+    parser.add_argument("--appends", type=int, default=25, help="appends per live measurement (0: none)")
     parser.add_argument("--records", type=int, default=1_000_000, help="figure size of a run this long (0: skip)")
     parser.add_argument("--refresh", type=float, nargs="+", default=[1.0, 0.25])
     parser.add_argument("--big", type=int, default=0, help="also a live run of this many records (e.g. 1000000)")
+    parser.add_argument("--floor", type=float, default=0, help="seconds of idle CPU: empty fragment vs run page")
     args = parser.parse_args()
+    if args.floor:
+        for refresh in args.refresh:
+            shares = idle_cpu(args.floor, refresh=refresh)
+            print(f"idle, refresh {refresh:g} s: " + "; ".join(f"{label} {share:.2%} of a core"
+                                                           for label, share in shares.items()))  # fmt: skip
+    if not args.appends:
+        return
     results = {f"refresh {refresh:g} s": live(args.appends, refresh=refresh) for refresh in args.refresh}
     if args.big:
         results["100-record run"] = live(args.appends, refresh=args.refresh[-1])
