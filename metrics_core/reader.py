@@ -396,28 +396,40 @@ class _BulkParses:
     """Blocks of one ``refresh`` in file order, each parsed by pyarrow on a worker thread.
 
     A cold load is parse-bound, and pyarrow's parse, the byte checks before it and the split by
-    event after it release the GIL: each block is parsed on its own thread while the reader reads
-    the next ones and stores the earlier ones, in order, on its own thread.  Blocks for the exact
-    parser wait in line with the rest (it numbers lines, so it needs every earlier block stored).
-    The pool starts with the first bulk block: a refresh of a few records starts no thread.
+    event after it release the GIL: each block is cut and parsed on its own thread while the
+    reader reads the next ones and stores the earlier ones, in order, on its own thread.  Blocks
+    for the exact parser wait in line with the rest (it numbers lines, so it needs every earlier
+    block stored).  The pool starts with the first bulk block: a refresh of a few records starts
+    no thread.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, bulk_threshold: int) -> None:
+        self.bulk_threshold = bulk_threshold
         self._pool: ThreadPoolExecutor | None = None
-        self.queue: deque[tuple[bytes, int, int, Future[_Batch | None] | None]] = deque()
+        self.queue: deque[tuple[bytes, int, Future[list[tuple[int, int, _Batch | None]]] | None]] = deque()
 
-    def add(self, data: bytes, start: int, stop: int, *, bulk: bool) -> None:
-        """Queue the lines of ``data[start:stop]``; ``bulk``: start pyarrow on them now."""
+    def add(self, data: bytes, end: int) -> None:
+        """Queue the complete lines of ``data[:end]``; a block large enough goes to pyarrow now."""
         future = None
-        if bulk:
+        if end >= self.bulk_threshold:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="metrics-parse")
-            future = self._pool.submit(_parse_arrow, data, start, stop)
-        self.queue.append((data, start, stop, future))
+            future = self._pool.submit(_parse_block, data, end, self.bulk_threshold)
+        self.queue.append((data, end, future))
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _parse_block(data: bytes, end: int, bulk_threshold: int) -> list[tuple[int, int, _Batch | None]]:
+    """``data[:end]`` as ``(start, stop, batch)`` in order: pyarrow's batch, or None where the exact
+    parser must read the lines (wide lines, a short run between them, a line pyarrow's answer
+    cannot be trusted on)."""
+    return [
+        (start, stop, None if wide or stop - start < bulk_threshold else _parse_arrow(data, start, stop))
+        for start, stop, wide in _segments(data, end)
+    ]
 
 
 class RunReader:
@@ -612,7 +624,7 @@ class RunReader:
         scanned, and a line longer than ``max_record_bytes`` is skipped by its length alone.
         """
         chunk = max(READ_CHUNK, self.max_record_bytes + 1)  # holds any line short enough to parse
-        parses = _BulkParses()
+        parses = _BulkParses(self.bulk_threshold)
         bulk = False
         try:
             while self._offset + self._scanned < size:
@@ -654,13 +666,13 @@ class RunReader:
         """Store queued blocks, oldest first, until ``keep`` remain; True if pyarrow parsed any."""
         bulk = False
         while len(parses.queue) > keep:
-            data, start, stop, future = parses.queue.popleft()
-            batch = None if future is None else future.result()
-            if batch is None:
-                self._ingest_rows(*_parse_lines(data[start:stop], self._lines + 1, self.max_record_bytes))
-            else:
-                self._ingest(batch)
-                bulk = True
+            data, end, future = parses.queue.popleft()
+            for start, stop, batch in [(0, end, None)] if future is None else future.result():
+                if batch is None:
+                    self._ingest_rows(*_parse_lines(data[start:stop], self._lines + 1, self.max_record_bytes))
+                else:
+                    self._ingest(batch)
+                    bulk = True
         return bulk
 
     def _skip_long_line(self, length: int) -> None:
@@ -696,12 +708,8 @@ class RunReader:
         return True
 
     def _ingest_block(self, data: bytes, end: int, parses: _BulkParses) -> None:
-        """Queue the complete lines of ``data[:end]`` for parsing: pyarrow where the block is large enough."""
-        if end < self.bulk_threshold:
-            parses.add(data, 0, end, bulk=False)
-            return
-        for start, stop, wide in _segments(data, end):
-            parses.add(data, start, stop, bulk=not wide and stop - start >= self.bulk_threshold)
+        """Queue the complete lines of ``data[:end]`` for parsing: by pyarrow where the block is large enough."""
+        parses.add(data, end)
 
     def _ingest_rows(self, rows: list[dict[str, Any]], bad: list[BadLine], lines: int) -> None:
         """Store what the per-line parser found, in one pass of plain Python over the rows.
@@ -784,7 +792,8 @@ class RunReader:
         self._pending_rows = 0
 
     def _update_sessions(self, batch: _Batch, sessions: np.ndarray) -> None:
-        for index in dict.fromkeys(sessions.tolist()):
+        runs = np.flatnonzero(np.diff(sessions)) + 1  # sessions are contiguous: a few runs per block
+        for index in dict.fromkeys(sessions[np.concatenate(([0], runs))].tolist()):
             rows = np.flatnonzero(sessions == index)
             first, last = rows[0], rows[-1]
             acc = self._sessions[index]
