@@ -2,6 +2,8 @@
 
 Run: python benchmarks/bench_reader.py [--sizes 100000,300000,1000000] [--small 10000 --big 300000]
      METRICS_BENCH_5M=1 adds a 5,000,000-record run to the refresh measurement.
+     --baseline DIR adds the cold load of another version's ``metrics_core`` (a directory holding
+     it, e.g. from ``git archive <rev> metrics_core | tar -x -C DIR``), side by side in the rounds.
 Each load runs in its own subprocess so its wall time and peak RSS are its own; candidate and
 baseline subprocesses alternate (``--repeats`` rounds) and the median of per-round ratios is
 printed.  The refresh timings alternate between the runs and the floor in one process.
@@ -34,7 +36,9 @@ from metrics_core.reader import RunReader
 COLD = """
 import resource, sys, time
 from pathlib import Path
-mode, path, cache_dir = sys.argv[1], sys.argv[2], sys.argv[3]
+mode, path, cache_dir, baseline = sys.argv[1:5]
+if mode == "baseline":
+    sys.path.insert(0, baseline)  # that version's metrics_core, not this one
 import pandas as pd
 from metrics_core.cache import CachePolicy
 from metrics_core.reader import RunReader
@@ -49,7 +53,7 @@ if mode == "pandas":
     rows = len(pd.read_json(path, lines=True))
 elif mode == "pyarrow":  # the ceiling of this approach: pyarrow's JSON reader alone, default options
     rows = pyarrow.json.read_json(path).num_rows
-elif mode == "reader":
+elif mode in ("reader", "baseline"):
     reader = RunReader(path)
     rows = reader.refresh()
 else:  # "reopen": the cache file must exist
@@ -74,8 +78,8 @@ class Load(NamedTuple):
     grown: int
 
 
-def cold_load(mode: str, path: Path, cache_dir: Path | None = None) -> Load:
-    args = [sys.executable, "-c", COLD, mode, str(path), str(cache_dir or path.parent / "cache")]
+def cold_load(mode: str, path: Path, cache_dir: Path | None = None, baseline: Path | None = None) -> Load:
+    args = [sys.executable, "-c", COLD, mode, str(path), str(cache_dir or path.parent / "cache"), str(baseline or "")]
     out = subprocess.run(args, capture_output=True, text=True, check=True)
     seconds, cpu, rows, peak, grown = out.stdout.split()
     return Load(float(seconds), float(cpu), int(rows), int(peak), int(grown))
@@ -147,12 +151,13 @@ def main() -> None:
     parser.add_argument("--small", type=int, default=10_000)
     parser.add_argument("--big", type=int, default=300_000)
     parser.add_argument("--skip-cold", action="store_true", help="only the refresh measurement")
+    parser.add_argument("--baseline", type=Path, help="a directory holding another version's metrics_core package")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         if not args.skip_cold:
             for size in map(int, args.sizes.split(",")):
-                cold_section(root, size, args.repeats)
+                cold_section(root, size, args.repeats, args.baseline)
         runs = {args.small: root / "small", args.big: root / "big"}
         if os.environ.get("METRICS_BENCH_5M"):
             runs[5_000_000] = root / "huge"
@@ -172,7 +177,7 @@ def main() -> None:
               f"{(small + flush) / floor:.2f}x floor")  # fmt: skip
 
 
-def cold_section(root: Path, records: int, repeats: int) -> None:
+def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) -> None:
     """Cold load vs pandas, cache reopen vs cold load, and resident bytes per record."""
     cold = root / f"cold{records}" / "metrics.jsonl"
     cache_dir = root / f"cache{records}"
@@ -185,18 +190,22 @@ def cold_section(root: Path, records: int, repeats: int) -> None:
     writer.refresh()
     writer.close()
     del writer  # its columns would distort the RSS measurement below
-    loads: dict[str, list[Load]] = {"reader": [], "pyarrow": [], "pandas": [], "reopen": []}
+    modes = ["reader", "pyarrow", "pandas", "reopen", *(["baseline"] if baseline else [])]
+    loads: dict[str, list[Load]] = {mode: [] for mode in modes}
     for _ in range(repeats):
-        for mode in loads:
-            loads[mode].append(cold_load(mode, cold, cache_dir if mode == "reopen" else None))
-    assert {load.rows for mode in ("reader", "pyarrow", "pandas") for load in loads[mode]} == {count}
+        for mode in modes:
+            loads[mode].append(cold_load(mode, cold, cache_dir if mode == "reopen" else None, baseline))
+    assert {load.rows for mode in modes if mode != "reopen" for load in loads[mode]} == {count}
     med = statistics.median
 
     def ratios(mode: str, over: str = "pandas") -> list[float]:
         return [b.seconds / a.seconds for a, b in zip(loads[mode], loads[over], strict=True)]
 
-    names = {"reader": "RunReader", "pyarrow": "pyarrow.json.read_json", "pandas": "pandas.read_json(lines=True)"}
+    names = {"reader": "RunReader", "baseline": "RunReader --baseline", "pyarrow": "pyarrow.json.read_json",
+             "pandas": "pandas.read_json(lines=True)"}  # fmt: skip
     for mode, name in names.items():
+        if mode not in loads:
+            continue
         runs = loads[mode]
         line = (
             f"cold load  {name:29s} {med(r.seconds for r in runs):6.2f} s wall, {med(r.cpu for r in runs):6.2f} s CPU"
