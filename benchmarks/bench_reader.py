@@ -210,7 +210,7 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
         line = (
             f"cold load  {name:29s} {med(r.seconds for r in runs):6.2f} s wall, {med(r.cpu for r in runs):6.2f} s CPU"
         )
-        line += f", peak RSS {max(r.peak for r in runs) / 1e9:.2f} GB"
+        line += f", peak RSS {max(r.peak for r in runs) / 1e9:.2f} GB (+{med(r.grown for r in runs) / 1e6:.0f} MB kept)"
         if mode != "pandas":
             rounds = ", ".join(f"{r:.1f}" for r in ratios(mode))
             line += f", {med(ratios(mode)):.1f}x pandas (rounds: {rounds})"
