@@ -18,7 +18,10 @@ Promises
 Cost: a refresh that finds nothing new is one ``stat``.  New bytes are parsed by an exact
 per-line loop (orjson) for small appends and by pyarrow's JSON reader for large blocks (a cold
 load); pyarrow is only given complete lines, and any block it rejects, or in which any line fails
-validation, is re-parsed line by line so that every bad line is found and located exactly.
+validation, is re-parsed line by line so that every bad line is found and located exactly.  A
+cold load reads ``READ_CHUNK`` blocks and parses up to ``PARSE_THREADS`` of them at once on worker
+threads (pyarrow and numpy release the GIL), storing them in file order on the calling thread;
+it holds at most ``PARSE_DEPTH + 1`` blocks and their tables at a time.
 
 Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
 are contiguous and an earlier session's records never change once a later session has begun.
