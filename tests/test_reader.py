@@ -418,3 +418,38 @@ def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer
         work[count] = (read[0], parsed[0])
     assert work[200_000][1] == work[20_000][1] == 50
     assert work[200_000][0] <= 3 * work[20_000][0]
+
+
+def test_a_cold_load_reads_each_byte_once_and_a_small_refresh_starts_no_thread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Blocks of a cold load are read once (a block's torn last line is read with the next), threads only for bulk."""
+    import metrics_core.reader as reader_module
+    from benchmarks.generate import record, write_run
+
+    monkeypatch.setattr(reader_module, "READ_CHUNK", 2 << 20)  # five blocks, each for pyarrow
+    pools: list[int] = []
+
+    class CountingPool(reader_module.ThreadPoolExecutor):
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pools.append(1)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(reader_module, "ThreadPoolExecutor", CountingPool)
+    path = tmp_path / "run" / "metrics.jsonl"
+    count = write_run(path, 20_000)
+    reader = RunReader(path)
+    read = [0]
+    original = reader._read
+
+    def counting_read(position: int, size: int) -> bytes:
+        data = original(position, size)
+        read[0] += len(data)
+        return data
+
+    reader._read = counting_read
+    assert reader.refresh() == count
+    assert path.stat().st_size <= read[0] <= path.stat().st_size + 64 * 1024
+    assert len(pools) == 1
+    append_bytes(path, b"".join(record("s", "train", 10**9 + i, 0, 0, 10**18) for i in range(10)))
+    assert reader.refresh() == 10 and len(pools) == 1
