@@ -301,6 +301,37 @@ def test_a_big_cold_run_is_read_by_the_loader_never_on_a_page_call(tmp_path: Pat
         store.close()
 
 
+def test_a_big_cold_run_shows_its_last_records_from_the_tail_until_it_is_read(tmp_path: Path) -> None:
+    """Before the loader reads a big run, its row has the last step, tokens and losses of the last
+    valid records of its tail (a torn last line and a string loss skipped), and their age."""
+    append_records(tmp_path / "a" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    records = store_module.CALLER_READ_BYTES // 150 + 1
+    append_records(tmp_path / "big" / "metrics.jsonl",
+                   *(base_record(s, train_loss=1.0 / (s + 1), pad="x" * 40) for s in range(records)),
+                   base_record(records, event="validation", val_loss=0.25),
+                   base_record(records + 1, train_loss="oops"))  # fmt: skip
+    append_bytes(tmp_path / "big" / "metrics.jsonl", b'{"schema_version": 1, "step": 99')  # torn
+    store = RunStore(tmp_path, load_budget_s=0.0, safety_interval=3600.0)
+    try:
+        [first, _] = store.runs()
+        with store._entry(first).lock:  # the loader, done peeking, waits to read "a"
+            deadline = time.monotonic() + 60
+            while pd.isna((row := store.overview().set_index("run").loc["big"])["last step"]):
+                assert time.monotonic() < deadline, "the big run was never peeked at"
+                time.sleep(0.01)
+            assert row["status"] == "loading" and row["last step"] == records + 1
+            assert row["tokens seen"] == (records + 1) * 100 and row["train loss"] == 1.0 / records
+            assert row["val loss"] == 0.25 and row["last record age (s)"] > 0
+        loaded = store._entries["big"]
+        deadline = time.monotonic() + 60
+        while loaded.summary is None:
+            assert time.monotonic() < deadline, "the big run was never read"
+            time.sleep(0.01)
+        assert store.overview().set_index("run").loc["big", "status"] == "crashed"
+    finally:
+        store.close()
+
+
 def test_a_run_busy_in_another_thread_does_not_hold_up_the_overview(tmp_path: Path) -> None:
     """A run whose lock another thread holds (a tab snapshotting it, the loader reading it) keeps
     its row; every other run is refreshed, and the busy one is once it is free."""

@@ -43,6 +43,7 @@ once per snapshot, for the runs page to filter on and pick columns from; it is n
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -61,11 +62,13 @@ from metrics_core.dashboard.config import run_config, view_config
 from metrics_core.dashboard.overview import TREND_POINTS, trend
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
+from metrics_core.records import check_lines
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
+PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
@@ -182,6 +185,7 @@ class _Entry:
     summary: RunSummary | None = None
     trend: _LossTrend = field(default_factory=lambda: _LossTrend())
     row: dict[str, Any] | None = None
+    row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
     failure: str | None = None  # why the last attempt failed, until the file changes
     failure_stamp: tuple[int, int, int] | None = None
@@ -220,6 +224,7 @@ class RunStore:
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._runs_generation = 0
         self._cold: list[tuple[int, _Entry, RunInfo]] = []  # (file size, ...): runs never read, biggest first
+        self._to_peek: list[tuple[_Entry, RunInfo]] = []  # queued runs too big to read at once: peeked first
         self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
         self._closed = threading.Event()
         # Work counters, read by the complexity tests (work is counted, not timed).
@@ -373,11 +378,11 @@ class RunStore:
 
     def _set_summary(self, entry: _Entry, summary: RunSummary) -> None:
         entry.summary = summary
-        self._set_row(entry, overview_row(entry.name, summary))
+        self._set_row(entry, overview_row(entry.name, summary), summary.last_record_time)
 
-    def _set_row(self, entry: _Entry, row: dict[str, Any]) -> None:
-        if row != entry.row:
-            entry.row = row
+    def _set_row(self, entry: _Entry, row: dict[str, Any], last_record_time: datetime | None = None) -> None:
+        if row != entry.row or last_record_time != entry.row_time:
+            entry.row, entry.row_time = row, last_record_time
             with self._lock:
                 self._rows_generation += 1
 
@@ -422,6 +427,7 @@ class RunStore:
             if sized:
                 self._cold.extend(sized)
                 self._cold.sort(key=lambda job: -job[0])  # popped from the end
+                self._to_peek.extend((entry, info) for size, entry, info in sized if size > CALLER_READ_BYTES)
             return bool(self._cold) and self._loader is None
 
     def _take_cold(self, *, up_to: int | None = None) -> tuple[_Entry, RunInfo] | None:
@@ -448,12 +454,30 @@ class RunStore:
             self._loader.start()
 
     def _load_cold(self) -> None:
-        """The loader thread: read queued runs, smallest first, until none is left or the store closes."""
-        while (job := self._take_cold()) is not None:
-            if self._closed.is_set():
+        """The loader thread: peek at the big queued runs, then read queued runs, smallest first,
+        until none is left or the store closes."""
+        while True:
+            with self._lock:
+                to_peek, self._to_peek = self._to_peek, []
+            for entry, info in to_peek:
+                self._peek(entry, info)
+            job = self._take_cold()
+            if job is None or self._closed.is_set():
                 return
             self._read_cold(*job, datetime.now(timezone.utc))
             self.stats["background_reads"] += 1
+
+    def _peek(self, entry: _Entry, info: RunInfo) -> None:
+        """Give a big run not read yet the row ``_peek_row`` finds, unless it was read meanwhile."""
+        if not entry.lock.acquire(blocking=False):
+            return  # being read: its row comes with it
+        try:
+            if entry.summary is None and entry.failure is None:
+                found = _peek_row(info.name, info.metrics_path)
+                if found is not None:
+                    self._set_row(entry, *found)
+        finally:
+            entry.lock.release()
 
     def _refresh_row(self, entry: _Entry, info: RunInfo, now: datetime, *, wait: bool = True) -> None:
         """Bring ``entry``'s row up to date; ``wait=False``: not if another thread is reading or
@@ -474,8 +498,7 @@ class RunStore:
         key, cached = self.overview_generation(), self._table
         if cached is None or cached[0] != key:
             table = pd.DataFrame([entry.row for entry in entries], columns=list(OVERVIEW_COLUMNS))
-            times = np.array([_epoch_s(entry.summary.last_record_time) if entry.summary else np.nan
-                              for entry in entries], dtype=np.float64)  # fmt: skip
+            times = np.array([_epoch_s(entry.row_time) for entry in entries], dtype=np.float64)
             self._table = cached = (key, table, times)
             self.stats["table_builds"] += 1
         _, table, times = cached
@@ -613,6 +636,39 @@ def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
         else None,
         "loss trend": list(summary.loss_trend),
     }
+
+
+def _peek_row(name: str, path: Path) -> tuple[dict[str, Any], datetime] | None:
+    """A big run's row before it is read, and its last record time: status ``loading`` with the
+    last step, tokens seen and losses found in the last ``PEEK_BYTES`` of its file (valid records
+    by ``records.check_lines``, the readers' own rule); the rest stays missing until the run is
+    read.  One ``pread``, so a root of big runs shows where each one is within a second, while
+    parsing them takes minutes.  None if the tail holds no record or cannot be read."""
+    try:
+        with open(path, "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            start = max(0, size - PEEK_BYTES)
+            block = os.pread(file.fileno(), size - start, start)
+    except OSError:
+        return None
+    first = block.find(b"\n") + 1 if start else 0  # a cut first line is no record
+    records, _, _ = check_lines(block[first : block.rfind(b"\n") + 1], 1)
+    if not records:
+        return None
+    last = records[-1]
+    row = {"run": name, "status": "loading", "last step": last["step"], "tokens seen": last["tokens_seen"],
+           "train loss": _latest(records, "train", "train_loss"),
+           "val loss": _latest(records, "validation", "val_loss")}  # fmt: skip
+    return row, datetime.fromtimestamp(last["time"] / 1e9, timezone.utc)
+
+
+def _latest(records: list[dict[str, Any]], event: str, name: str) -> float | None:
+    """The last finite number logged as ``name`` by an ``event`` record (a bool is no loss)."""
+    for record in reversed(records):
+        value = record.get(name)
+        if record["event"] == event and type(value) in (int, float) and math.isfinite(value):
+            return float(value)
+    return None
 
 
 def _error_row(name: str, reason: str) -> dict[str, Any]:
