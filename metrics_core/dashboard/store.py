@@ -43,7 +43,6 @@ once per snapshot, for the runs page to filter on and pick columns from; it is n
 from __future__ import annotations
 
 import logging
-import math
 import os
 import threading
 import time
@@ -59,16 +58,25 @@ import pandas as pd
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config, view_config
-from metrics_core.dashboard.overview import TREND_POINTS, trend
+from metrics_core.dashboard.overview import trend
+from metrics_core.dashboard.rows import (
+    LossTrend,
+    RunSummary,
+    Tail,
+    error_row,
+    event_rows,
+    grown_in_last_session,
+    last_value,
+    overview_row,
+    peek_row,
+)
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
-from metrics_core.records import check_lines
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
-PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
@@ -152,24 +160,6 @@ class RunView:
         return self.frames[event][~self.superseded[event]].reset_index(drop=True)
 
 
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """What the runs table shows of one run, as of its last read; ``overview_row`` lays it out."""
-
-    status: str
-    sessions: int
-    last_step: int | None
-    tokens_seen: int | None
-    train_loss: float | None
-    val_loss: float | None
-    skipped_updates: int | None
-    last_record_time: datetime | None
-    bad_lines: int
-    config: dict[str, str] | None
-    started: datetime | None = None  # the first session's first record
-    loss_trend: tuple[float, ...] = ()  # ``overview.trend`` of the effective train loss
-
-
 @dataclass
 class _Entry:
     name: str
@@ -183,7 +173,7 @@ class _Entry:
     # it: what the next one extends.  Weak: a stale view must not pin the columns it was built on.
     built: weakref.ref[RunView] | None = None
     summary: RunSummary | None = None
-    trend: _LossTrend = field(default_factory=lambda: _LossTrend())
+    trend: LossTrend = field(default_factory=LossTrend)
     row: dict[str, Any] | None = None
     row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
@@ -341,19 +331,19 @@ class RunStore:
         entry.reader = RunReader(info.directory)  # no cache: a state it restored may be what failed
         entry.lineage = Lineage()
         entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
-        entry.trend = _LossTrend()
+        entry.trend = LossTrend()
         entry.refreshed_at = float("-inf")
         entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
         entry.failed_at = self._clock()
-        self._set_row(entry, _error_row(info.name, entry.failure))
+        self._set_row(entry, error_row(info.name, entry.failure))
         return RunViewError(info.name, entry.failure)
 
     def _summarise(self, entry: _Entry, now: datetime) -> None:
         """``entry``'s summary from the tail of its reader's columns: O(records since the last one)."""
         self.stats["summaries"] += 1
         reader = entry.reader
-        tail = _Tail(reader)
-        config_key = (_rows(reader, "config"), reader.resets)
+        tail = Tail(reader)
+        config_key = (event_rows(reader, "config"), reader.resets)
         if config_key == entry.config_key and entry.summary is not None:
             config = entry.summary.config
         else:  # config records are few; a new one is flattened with all before it (the changes need them)
@@ -468,12 +458,12 @@ class RunStore:
             self.stats["background_reads"] += 1
 
     def _peek(self, entry: _Entry, info: RunInfo) -> None:
-        """Give a big run not read yet the row ``_peek_row`` finds, unless it was read meanwhile."""
+        """Give a big run not read yet the row ``peek_row`` finds, unless it was read meanwhile."""
         if not entry.lock.acquire(blocking=False):
             return  # being read: its row comes with it
         try:
             if entry.summary is None and entry.failure is None:
-                found = _peek_row(info.name, info.metrics_path)
+                found = peek_row(info.name, info.metrics_path)
                 if found is not None:
                     self._set_row(entry, *found)
         finally:
@@ -489,7 +479,7 @@ class RunStore:
         except RunViewError:
             pass  # its row says why
         except Exception as exc:  # the run vanished, or the OS refused its path
-            self._set_row(entry, _error_row(info.name, _cause(exc)))
+            self._set_row(entry, error_row(info.name, _cause(exc)))
         finally:
             entry.lock.release()
 
@@ -506,175 +496,6 @@ class RunStore:
         return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
 
 
-class _Tail:
-    """The last values of a reader's columns, read from their ends (``RunReader.column``): O(1)
-    per query, plus the run of missing values at the end of a column."""
-
-    def __init__(self, reader: RunReader) -> None:
-        self._reader = reader
-
-    def _column(self, event: str, name: str) -> Any:
-        return self._reader.column(event, name)
-
-    def last_int(self, event: str, name: str) -> int | None:
-        column = self._column(event, name)
-        if column is None or column.size == 0 or column.kind not in ("int", "float"):
-            return None
-        value = column.view()[-1]
-        return int(value) if np.isfinite(value) else None
-
-    def last_number(self, event: str, name: str) -> float | None:
-        """The last value of ``name`` that is a number (``_last_value`` of the whole frame)."""
-        column = self._column(event, name)
-        if column is None or column.size == 0:
-            return None
-        if column.kind not in ("int", "float"):  # a writer that mixed types: rare, so the O(n) way
-            return _last_value(pd.DataFrame({name: column.series()}), name)
-        values, end, block = column.view(), column.size, 64
-        while end > 0:  # backwards in doubling blocks: cost grows with the trailing gap, not the run
-            chunk = values[max(0, end - block) : end].astype(np.float64, copy=False)
-            found = np.flatnonzero(~np.isnan(chunk))
-            if len(found):
-                return float(chunk[found[-1]])
-            end, block = end - block, block * 2
-        return None
-
-
-class _LossTrend:
-    """``overview.trend`` of a run's effective, finite train losses, kept from one summary to the
-    next: the rows it picks from are remembered, so an append made by the last session (the live
-    case) costs O(appended rows); anything else (a new session, a reset, a loss logged as a
-    string) recomputes them, O(rows) in numpy (~5 ms per 1M)."""
-
-    def __init__(self) -> None:
-        self._basis: tuple[int, int, int, str] | None = None  # (resets, sessions, train rows, last session id)
-        self._kept = np.empty(0, dtype=np.int64)  # rows that count, in a buffer grown by doubling
-        self._count = 0
-
-    def update(self, reader: RunReader, sessions: int) -> tuple[float, ...]:
-        column = reader.column("train", "train_loss")
-        if column is None or column.size == 0:
-            self._basis = None
-            return ()
-        if column.kind not in ("int", "float"):  # a writer that mixed types: rare, so the O(n) way
-            self._basis = None
-            values = pd.to_numeric(pd.Series(column.series(), dtype=object), errors="coerce").to_numpy(dtype=float)
-            return _picked(values[~reader.superseded("train") & np.isfinite(values)])
-        values, rows, basis = column.view(), column.size, self._basis
-        if (
-            basis is not None
-            and basis[:2] == (reader.resets, sessions)  # same sessions: the last one is still basis[3]
-            and _grown_in_last_session(reader, "train", basis[2], basis[3])
-        ):
-            fresh = values[basis[2] : rows].astype(np.float64, copy=False)
-            self._keep(basis[2] + np.flatnonzero(np.isfinite(fresh)))
-            last = basis[3]
-        else:
-            self._count = 0
-            self._keep(np.flatnonzero(~reader.superseded("train") & np.isfinite(values.astype(np.float64, copy=False))))
-            last = reader.sessions[-1].session_id  # O(rows), like the line above
-        self._basis = (reader.resets, sessions, rows, last)
-        kept = self._kept[: self._count]
-        if len(kept) > TREND_POINTS:
-            kept = kept[_trend_positions(len(kept))]
-        return tuple(float(value) for value in values[kept])
-
-    def _keep(self, rows: np.ndarray) -> None:
-        needed = self._count + len(rows)
-        if needed > len(self._kept):
-            grown = np.empty(max(needed, 2 * len(self._kept), 64), dtype=np.int64)
-            grown[: self._count] = self._kept[: self._count]
-            self._kept = grown
-        self._kept[self._count : needed] = rows
-        self._count = needed
-
-
-def _trend_positions(count: int) -> np.ndarray:
-    return np.round(np.arange(TREND_POINTS) * (count - 1) / (TREND_POINTS - 1)).astype(np.int64)
-
-
-def _picked(values: np.ndarray) -> tuple[float, ...]:
-    if len(values) > TREND_POINTS:
-        values = values[_trend_positions(len(values))]
-    return tuple(float(value) for value in values)
-
-
-def _grown_in_last_session(reader: RunReader, event: str, before: int, last: str) -> bool:
-    """Whether ``event``'s rows from ``before - 1`` on all belong to session ``last``, the reader's last.
-
-    Then nothing decided about the first ``before`` rows changes: their session's thresholds
-    move only when a session begins or logs ``event`` for the first time, and the last session
-    had logged it (row ``before - 1``).  And none of the new rows is superseded or redid
-    anything: no session follows theirs.  The caller checks that no session began and the
-    reader did not reset.  O(new rows).
-    """
-    column = reader.column(event, "session_id")
-    if before == 0 or column is None or column.kind != "cat" or column.size < before:
-        return False
-    codes = np.unique(column.view()[before - 1 :]).tolist()
-    return -1 not in codes and all(column.categories[code] == last for code in codes)
-
-
-def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
-    """A run's row of the runs table (ages are filled in per call by ``RunStore.overview``)."""
-    return {
-        "run": name,
-        "status": summary.status,
-        "sessions": summary.sessions,
-        "last step": summary.last_step,
-        "tokens seen": summary.tokens_seen,
-        "train loss": summary.train_loss,
-        "val loss": summary.val_loss,
-        "skipped updates": summary.skipped_updates,
-        "last record age (s)": None,
-        "bad lines": summary.bad_lines,
-        "error": None,
-        "config": summary.config,
-        "started": summary.started,
-        "duration (s)": (summary.last_record_time - summary.started).total_seconds()
-        if summary.started and summary.last_record_time
-        else None,
-        "loss trend": list(summary.loss_trend),
-    }
-
-
-def _peek_row(name: str, path: Path) -> tuple[dict[str, Any], datetime] | None:
-    """A big run's row before it is read, and its last record time: status ``loading`` with the
-    last step, tokens seen and losses found in the last ``PEEK_BYTES`` of its file (valid records
-    by ``records.check_lines``, the readers' own rule); the rest stays missing until the run is
-    read.  One ``pread``, so a root of big runs shows where each one is within a second, while
-    parsing them takes minutes.  None if the tail holds no record or cannot be read."""
-    try:
-        with open(path, "rb") as file:
-            size = os.fstat(file.fileno()).st_size
-            start = max(0, size - PEEK_BYTES)
-            block = os.pread(file.fileno(), size - start, start)
-    except OSError:
-        return None
-    first = block.find(b"\n") + 1 if start else 0  # a cut first line is no record
-    records, _, _ = check_lines(block[first : block.rfind(b"\n") + 1], 1)
-    if not records:
-        return None
-    last = records[-1]
-    row = {"run": name, "status": "loading", "last step": last["step"], "tokens seen": last["tokens_seen"],
-           "train loss": _latest(records, "train", "train_loss"),
-           "val loss": _latest(records, "validation", "val_loss")}  # fmt: skip
-    return row, datetime.fromtimestamp(last["time"] / 1e9, timezone.utc)
-
-
-def _latest(records: list[dict[str, Any]], event: str, name: str) -> float | None:
-    """The last finite number logged as ``name`` by an ``event`` record (a bool is no loss)."""
-    for record in reversed(records):
-        value = record.get(name)
-        if record["event"] == event and type(value) in (int, float) and math.isfinite(value):
-            return float(value)
-    return None
-
-
-def _error_row(name: str, reason: str) -> dict[str, Any]:
-    return {"run": name, "status": "error", "error": reason}
-
-
 def view_summary(view: RunView) -> RunSummary:
     """The summary of a snapshot the O(n) way, from its frames: the test oracle of ``_summarise``."""
     train, validation = view.frames["train"], view.frames["validation"]
@@ -685,8 +506,8 @@ def view_summary(view: RunView) -> RunSummary:
         sessions=len(view.sessions),
         last_step=view.sessions[-1].last_step if view.sessions else None,
         tokens_seen=view.sessions[-1].last_tokens_seen if view.sessions else None,
-        train_loss=_last_value(train, "train_loss"),
-        val_loss=_last_value(validation, "val_loss"),
+        train_loss=last_value(train, "train_loss"),
+        val_loss=last_value(validation, "val_loss"),
         skipped_updates=int(last["skipped_updates"]) if last is not None else None,
         last_record_time=view.last_record_time,
         bad_lines=view.ingest.bad_lines,
@@ -722,14 +543,6 @@ def _stamp(path: Path) -> tuple[int, int, int] | None:
     except OSError:
         return None
     return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
-
-
-def _last_value(frame: pd.DataFrame, column: str) -> float | None:
-    if column not in frame.columns:
-        return None
-    # A trainer may have logged a string under a numeric name: it is no value to show.
-    values = pd.to_numeric(frame[column], errors="coerce").dropna()
-    return float(values.iloc[-1]) if len(values) else None
 
 
 def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
@@ -769,7 +582,7 @@ def _build_view(
 
     Only the last session grew (a live run's append): the events that got no record keep their
     frames and masks; those that did get a new frame (the reader's, O(rows) but zero-copy for
-    numbers) and their masks extended with False (``_grown_in_last_session``): no O(rows)
+    numbers) and their masks extended with False (``grown_in_last_session``): no O(rows)
     supersession or replay pass.  Anything else (a new session, a reset) is built from scratch.
     """
     sessions = reader.sessions
@@ -779,13 +592,13 @@ def _build_view(
     superseded: dict[str, np.ndarray] = {}
     grown: dict[str, bool] = {}  # per event: extended from ``previous`` (True) or built anew (False)
     for event in EVENTS:
-        rows = _rows(reader, event)
+        rows = event_rows(reader, event)
         before = -1 if previous is None else len(previous.frames[event])
         if rows == before:
             frames[event], superseded[event] = previous.frames[event], previous.superseded[event]
             continue
         frames[event] = _view_frame(reader, event)
-        grown[event] = 0 < before < rows and _grown_in_last_session(reader, event, before, sessions[-1].session_id)
+        grown[event] = 0 < before < rows and grown_in_last_session(reader, event, before, sessions[-1].session_id)
         if grown[event]:
             superseded[event] = _extended(previous.superseded[event], rows)
         else:
@@ -808,11 +621,6 @@ def _build_view(
         status=status,
         lineage=lineage or Lineage(),
     )
-
-
-def _rows(reader: RunReader, event: str) -> int:
-    column = reader.column(event, "step")  # every record has a step
-    return 0 if column is None else column.size
 
 
 def _extended(mask: np.ndarray, rows: int) -> np.ndarray:
