@@ -28,7 +28,7 @@ from metrics_core.dashboard.overview import (
 from metrics_core.dashboard.settings import get_demo, get_store, settings
 from metrics_core.dashboard.widgets import RUNS_COLUMNS, overview_or_stop
 
-LOADING_REDRAW_S = 2.0  # while the store reads a cold root, the table is redrawn at most this often
+LOADING_REDRAW_S = 1.0  # while the store reads a cold root, the table is redrawn at most this often
 
 config = settings()
 store = get_store(config)

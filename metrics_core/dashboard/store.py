@@ -192,7 +192,7 @@ class RunStore:
         *,
         force_polling: bool = False,
         safety_interval: float = 2.0,
-        load_budget_s: float = 0.25,
+        load_budget_s: float = 0.1,
         cache: CachePolicy | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
