@@ -49,7 +49,8 @@ st.session_state["runs_shown"] = (
 def watch_runs() -> None:
     if st.session_state.pop("runs_just_read", False):
         return  # called inline by the page run that just read the table: another overview() here
-        # would read more cold runs, see the generation move and rerun before the table is drawn
+        # would find rows read meanwhile (a cold root), see the generation move and rerun the page
+        # before it ever drew its table
     overview_or_stop(store)  # brings the rows up to date (a stat per run when due), no table work
     shown_generation, ages_change_at, changes_shown_from = st.session_state.get("runs_shown", (None, 0.0, 0.0))
     now = time.time()
