@@ -522,6 +522,27 @@ def test_a_restarted_store_reopens_a_big_run_from_its_own_cache_dir(tmp_path: Pa
         second.close()
 
 
+def test_closing_a_store_while_its_loader_reads_leaves_a_whole_cache(tmp_path: Path) -> None:
+    """close() right after the loader started on big runs: no reader is closed (and its cache saved)
+    mid-read, and a store reopening them from the cache shows exactly what a cold read does."""
+    from metrics_core.cache import CachePolicy
+
+    runs, policy = tmp_path / "runs", CachePolicy(tmp_path / "cache", min_records=1)
+    records = store_module.CALLER_READ_BYTES // 150 + 1
+    for name in ("a", "b", "c"):
+        append_records(runs / name / "metrics.jsonl",
+                       *(base_record(s, train_loss=1.0 / (s + 1), pad="x" * 40) for s in range(records)))  # fmt: skip
+    first = RunStore(runs, cache=policy)
+    first.overview()  # all three too big for the caller: the loader reads them
+    first.close()
+    second = RunStore(runs, cache=policy)
+    try:
+        for name in ("a", "b", "c"):
+            assert_same_view(second.view(name), full_view(second, name))
+    finally:
+        second.close()
+
+
 def test_the_cache_dir_defaults_outside_the_runs_root_and_is_refused_inside_it(tmp_path: Path) -> None:
     """--cache-dir defaults to $METRICS_CACHE_DIR, then XDG, then ~/.cache; inside the runs root is an error."""
     from metrics_core.dashboard.settings import parse_settings

@@ -227,14 +227,15 @@ class RunStore:
         self.watcher = RunsWatcher(self.root, force_polling=force_polling).start()
 
     def close(self) -> None:
+        """Stop the loader (after the run it is reading) and the watcher, and close every reader,
+        each under its run's lock: a reader saves its cache on close, and must not while another
+        thread is reading into it."""
         self._closed.set()
-        with self._lock:
-            loader = self._loader
-        if loader is not None:
-            loader.join(timeout=30)  # it stops after the run it is reading
         self.watcher.stop()
         with self._lock:
-            for entry in self._entries.values():
+            entries = list(self._entries.values())
+        for entry in entries:
+            with entry.lock:
                 entry.reader.close()
 
     def runs(self) -> list[RunInfo]:
