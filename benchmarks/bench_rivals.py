@@ -39,7 +39,6 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -53,7 +52,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_live import server_pid
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from tests.live_server import Wire, chromium, free_port, streamlit_server
+from tests.live_server import Wire, chromium, free_port, streamlit_server, wait_for_http
 
 RUN = "bench"
 RECORDS = 1000
@@ -229,7 +228,7 @@ class Rival:
                     raise RuntimeError(f"{self.name}'s writer failed (exit code {writer.wait()})")
                 server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)  # fmt: skip
-                wait_for(url, server, log)
+                wait_for_http(url, server, log, what=self.name)
 
                 def append() -> None:
                     writer.stdin.write("append\n")
@@ -249,20 +248,6 @@ class Rival:
 
 
 Tool = Ours | Rival
-
-
-def wait_for(url: str, server: subprocess.Popen, log: object, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as answer:
-                if answer.status == 200:
-                    return
-        except OSError:
-            if server.poll() is not None or time.monotonic() > deadline:
-                log.seek(0)
-                raise RuntimeError(f"server did not start:\n{log.read().decode(errors='replace')[-2000:]}") from None
-            time.sleep(0.2)
 
 
 def rival_version(python: str, module: str) -> tuple[str | None, str]:

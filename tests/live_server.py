@@ -17,6 +17,7 @@ import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import IO
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = "/usr/bin/chromium"
@@ -58,17 +59,7 @@ def streamlit_app(app: Path, *args: str) -> Iterator[str]:
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
         try:
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    with urllib.request.urlopen(f"{url}/_stcore/health", timeout=1) as answer:
-                        if answer.status == 200:
-                            break
-                except OSError:
-                    if process.poll() is not None or time.monotonic() > deadline:
-                        log.seek(0)
-                        raise RuntimeError(f"{app} did not start:\n{log.read().decode(errors='replace')}") from None
-                    time.sleep(0.2)
+            wait_for_http(f"{url}/_stcore/health", process, log, what=str(app))
             yield url
         finally:
             process.terminate()
@@ -76,6 +67,21 @@ def streamlit_app(app: Path, *args: str) -> Iterator[str]:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+def wait_for_http(url: str, process: subprocess.Popen, log: IO[bytes], *, what: str, timeout: float = 60) -> None:
+    """Until ``url`` answers 200; fail with the server's ``log`` if ``process`` exits or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"{what} did not start:\n{log.read().decode(errors='replace')}") from None
+            time.sleep(0.2)
 
 
 @contextmanager
