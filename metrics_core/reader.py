@@ -199,7 +199,7 @@ def _segments(data: bytes, end: int) -> Iterator[tuple[int, int, bool]]:
 
     Wide lines (a hostile line, a record of thousands of fields) go to the exact parser alone, so
     that pyarrow never builds thousands of columns for a whole block, and the rest of the block
-    keeps its fast path.  Ranges, not slices: a 32 MB block is not copied to be parsed.
+    keeps its fast path.  Ranges, not slices: a block is not copied to be parsed.
     """
     if not _may_hold_wide_lines(data, end):
         yield 0, end, False
@@ -230,8 +230,9 @@ def _may_hold_wide_lines(data: bytes, end: int) -> bool:
                for start in range(0, end - _NEWLINE_WINDOW + 1, _NEWLINE_WINDOW))  # fmt: skip
 
 
-def _parse_arrow(data: bytes, start: int, stop: int) -> _Batch | None:
-    """Fast columnar parse of the lines in ``data[start:stop]``, or None when any line needs the exact parser.
+def _parse_arrow(data: bytes, start: int, stop: int, max_bytes: int) -> _Batch | None:
+    """Fast columnar parse of the lines in ``data[start:stop]``, or None when any line needs the exact parser
+    (``max_bytes``: the record limit, which the exact parser applies).
 
     pyarrow's reader is more lenient than the record rules (it takes ``NaN``, invalid UTF-8,
     blank lines, two objects on one line, times in other shapes, integers as doubles): its answer
@@ -242,7 +243,7 @@ def _parse_arrow(data: bytes, start: int, stop: int) -> _Batch | None:
     import pyarrow as pa
 
     try:
-        return _arrow_batch(data, start, stop)
+        return _arrow_batch(data, start, stop, max_bytes)
     except (pa.ArrowException, ValueError, OverflowError, UnicodeDecodeError):
         return None
 
@@ -250,9 +251,9 @@ def _parse_arrow(data: bytes, start: int, stop: int) -> _Batch | None:
 _SCAN_BYTES = 256 << 10  # bytes compared at a time: the masks stay in cache and are reused
 
 
-def _one_object_per_line(view: np.ndarray) -> int | None:
-    """The number of lines of ``view`` (bytes ending in ``\\n``) when every line starts with ``{``
-    and holds no other ``{``; else None.
+def _one_object_per_line(view: np.ndarray, max_bytes: int) -> int | None:
+    """The number of lines of ``view`` (bytes ending in ``\\n``) when every line starts with ``{``,
+    holds no other ``{`` and is at most ``max_bytes`` long; else None.
 
     Then pyarrow, which reads any number of objects per line and skips blank lines, returns one
     row per line exactly when its row count equals this count, and no value is a nested object
@@ -277,17 +278,19 @@ def _one_object_per_line(view: np.ndarray) -> int | None:
         return None
     if (view[opens] != 123).any() or (view[ends] != 10).any() or (opens[1:] != ends[:-1] + 1).any():
         return None
+    if max_bytes < ARROW_MAX_LINE and (ends - opens).max() > max_bytes:
+        return None  # a line over a record limit set below ARROW_MAX_LINE: a bad line, found by length
     return len(ends)
 
 
-def _arrow_batch(data: bytes, start: int, stop: int) -> _Batch | None:
+def _arrow_batch(data: bytes, start: int, stop: int, max_bytes: int) -> _Batch | None:
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.json as pj
 
     if data.find(b"[", start, stop) >= 0:
         return None  # lists: pyarrow is slow on deep nesting, and keeps no list exactly
-    lines = _one_object_per_line(np.frombuffer(data, dtype=np.uint8, count=stop - start, offset=start))
+    lines = _one_object_per_line(np.frombuffer(data, dtype=np.uint8, count=stop - start, offset=start), max_bytes)
     if lines is None:
         return None
     schema = pa.schema([(name, pa.string() if name in _STRING_FIELDS else pa.int64()) for name in _BASE_ORDER])
@@ -361,8 +364,8 @@ _TIME_LITERAL_BYTES = np.frombuffer(_WRITER_TIME, dtype=np.uint8)[_TIME_LITERALS
 def _writer_times(times: Any) -> bool:
     """True when every time has the writer's exact shape, ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``,
     with an hour up to 23 and minutes and seconds up to 59: a subset of what ``_ARROW_TIME``
-    accepts, checked on the strings' bytes as a 32-column matrix (~1 ms per 32 MB block where
-    the regex takes ~5 ms).  False sends the column to the regex, which decides exactly.
+    accepts, checked on the strings' bytes as a 32-column matrix (~0.5 ms per 8 MB block where
+    the regex takes ~1.5 ms).  False sends the column to the regex, which decides exactly.
     """
     for chunk in times.chunks:
         if not len(chunk):
@@ -406,8 +409,8 @@ class _BulkParses:
     no thread.
     """
 
-    def __init__(self, bulk_threshold: int) -> None:
-        self.bulk_threshold = bulk_threshold
+    def __init__(self, bulk_threshold: int, max_bytes: int) -> None:
+        self.bulk_threshold, self.max_bytes = bulk_threshold, max_bytes
         self._pool: ThreadPoolExecutor | None = None
         self.queue: deque[tuple[bytes, int, Future[list[tuple[int, int, _Batch | None]]] | None]] = deque()
 
@@ -417,7 +420,7 @@ class _BulkParses:
         if end >= self.bulk_threshold:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(PARSE_THREADS, thread_name_prefix="metrics-parse")
-            future = self._pool.submit(_parse_block, data, end, self.bulk_threshold)
+            future = self._pool.submit(_parse_block, data, end, self.bulk_threshold, self.max_bytes)
         self.queue.append((data, end, future))
 
     def close(self) -> None:
@@ -425,12 +428,12 @@ class _BulkParses:
             self._pool.shutdown(wait=True, cancel_futures=True)
 
 
-def _parse_block(data: bytes, end: int, bulk_threshold: int) -> list[tuple[int, int, _Batch | None]]:
+def _parse_block(data: bytes, end: int, bulk_threshold: int, max_bytes: int) -> list[tuple[int, int, _Batch | None]]:
     """``data[:end]`` as ``(start, stop, batch)`` in order: pyarrow's batch, or None where the exact
     parser must read the lines (wide lines, a short run between them, a line pyarrow's answer
     cannot be trusted on)."""
     return [
-        (start, stop, None if wide or stop - start < bulk_threshold else _parse_arrow(data, start, stop))
+        (start, stop, None if wide or stop - start < bulk_threshold else _parse_arrow(data, start, stop, max_bytes))
         for start, stop, wide in _segments(data, end)
     ]
 
@@ -627,7 +630,7 @@ class RunReader:
         scanned, and a line longer than ``max_record_bytes`` is skipped by its length alone.
         """
         chunk = max(READ_CHUNK, self.max_record_bytes + 1)  # holds any line short enough to parse
-        parses = _BulkParses(self.bulk_threshold)
+        parses = _BulkParses(self.bulk_threshold, self.max_record_bytes)
         bulk = False
         try:
             while self._offset + self._scanned < size:

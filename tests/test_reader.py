@@ -453,3 +453,16 @@ def test_a_cold_load_reads_each_byte_once_and_a_small_refresh_starts_no_thread(
     assert len(pools) == 1
     append_bytes(path, b"".join(record("s", "train", 10**9 + i, 0, 0, 10**18) for i in range(10)))
     assert reader.refresh() == 10 and len(pools) == 1
+
+
+def test_a_record_limit_below_pyarrows_line_limit_is_applied_on_the_bulk_path_too(metrics: Path) -> None:
+    """With max_record_bytes=1000, a 2 KB line among short ones is one bad line whichever parser reads it."""
+    append_records(metrics, *(base_record(step) for step in range(1, 21)))
+    append_records(metrics, base_record(21, note="n" * 2000))
+    append_records(metrics, *(base_record(step) for step in range(22, 41)))
+    answers = []
+    for bulk_threshold in (0, 1 << 40):
+        reader = RunReader(metrics, bulk_threshold=bulk_threshold, max_record_bytes=1000)
+        assert reader.refresh() == 39
+        answers.append([(bad.line, bad.reason) for bad in reader.bad_line_samples])
+    assert answers[0] == answers[1] and answers[0][0][0] == 21
