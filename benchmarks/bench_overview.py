@@ -7,7 +7,8 @@ records, one live run appending a record per second) and on a root holding only 
 
 * listed: wall time of the first ``RunStore.overview()`` of a fresh store, which lists every run
   (those not read within the load budget as ``loading``); filled: until no row is ``loading``
-  (read by the store's background loader, ``overview()`` polled every 50 ms as a page would);
+  (read by the store's background loader, which first leaves the page ``loader_delay_s`` to
+  draw; ``overview()`` polled every 50 ms as a page would);
 * idle refresh: server CPU (``time.process_time``) of one ``overview()`` call, called every
   0.25 s for ``--seconds`` while the live run appends (so some calls see a change);
 * with ``--browser``: a real ``streamlit run`` and Chromium on each root: wall time from opening

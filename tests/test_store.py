@@ -264,7 +264,7 @@ def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path:
     itself; the loader thread reads them all, with no call asking for it."""
     for name in ("a", "b", "c"):
         append_records(tmp_path / name / "metrics.jsonl", base_record(10, train_loss=1.0))
-    store = RunStore(tmp_path, load_budget_s=0.0)
+    store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
     try:
         first = store.overview()
         assert first["run"].tolist() == ["a", "b", "c"]
@@ -287,7 +287,7 @@ def test_a_big_cold_run_is_read_by_the_loader_never_on_a_page_call(tmp_path: Pat
     append_records(
         tmp_path / "big" / "metrics.jsonl", *(base_record(s, train_loss=1.0, pad="x" * 40) for s in range(records))
     )
-    store = RunStore(tmp_path, load_budget_s=3600.0)
+    store = RunStore(tmp_path, load_budget_s=3600.0, loader_delay_s=0.0)
     try:
         first = store.overview().set_index("run")["status"]
         assert first["small"] == "crashed" and first["big"] in ("loading", "crashed")
@@ -311,7 +311,7 @@ def test_a_big_cold_run_shows_its_last_records_from_the_tail_until_it_is_read(tm
                    base_record(records, event="validation", val_loss=0.25),
                    base_record(records + 1, train_loss="oops"))  # fmt: skip
     append_bytes(tmp_path / "big" / "metrics.jsonl", b'{"schema_version": 1, "step": 99')  # torn
-    store = RunStore(tmp_path, load_budget_s=0.0, safety_interval=3600.0)
+    store = RunStore(tmp_path, load_budget_s=0.0, safety_interval=3600.0, loader_delay_s=0.0)
     try:
         [first, _] = store.runs()
         with store._entry(first).lock:  # the loader, done peeking, waits to read "a"
@@ -532,7 +532,7 @@ def test_closing_a_store_while_its_loader_reads_leaves_a_whole_cache(tmp_path: P
     for name in ("a", "b", "c"):
         append_records(runs / name / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / (s + 1), pad="x" * 40) for s in range(records)))  # fmt: skip
-    first = RunStore(runs, cache=policy)
+    first = RunStore(runs, cache=policy, loader_delay_s=0.0)
     first.overview()  # all three too big for the caller: the loader reads them
     first.close()
     second = RunStore(runs, cache=policy)
