@@ -55,6 +55,21 @@ def test_payload_sequence_extends_resends_and_resyncs() -> None:
     assert again.payload["op"] == "full" and again.seq == 3
 
 
+def test_a_page_that_missed_updates_is_extended_from_what_it_holds() -> None:
+    """Seq 2 and 3 were sent but the page drew only seq 1: its resync is answered with the points
+    since seq 1, not the whole figure; a page holding a state no longer kept gets the figure."""
+    sent = next_payload(None, encode(line([1.0])), resync=False)
+    for xs in ([1.0, 2.0], [1.0, 2.0, 3.0]):
+        sent = next_payload(sent, encode(line(xs)), resync=False)
+    caught = next_payload(sent, sent.encoded, resync=True, held=1)
+    assert caught.payload == {"op": "extend", "seq": 4, "base": 1, "steps": [
+        {"indices": [0], "update": {"x": [[2.0, 3.0]], "y": [[4.0, 6.0]]}}]}  # fmt: skip
+    for xs in ([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]):
+        caught = next_payload(caught, encode(line(xs)), resync=False)
+    assert next_payload(caught, caught.encoded, resync=True, held=1).payload["op"] == "full"
+    assert next_payload(caught, caught.encoded, resync=True, held=5).payload["op"] == "extend"
+
+
 def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> None:
     """Ten appended records on a 1,000-record run: every chart is extended, ~O(10) points, not resent."""
     path = tmp_path / "r" / "metrics.jsonl"

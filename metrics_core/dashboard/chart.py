@@ -16,8 +16,10 @@ in the page with ``Plotly.extendTraces`` (plus the layout when it changed: a y-r
 the data, a note counting points off-scale; a few KB, drawn with ``Plotly.react`` on the data
 already in the page); anything else (a new session trace, a moved
 downsampling bucket, new options) sends the whole figure.  Payloads carry a sequence number and
-the one they extend: the page applies each once, and a page that does not hold the base (the
-chart was remounted) asks for the whole figure with a trigger value, which reruns the fragment.
+the one they extend: the page applies each once, and a page that does not hold the base (it
+missed an update, or the chart was remounted) says which one it holds with a trigger value, which
+reruns the fragment; the answer extends that state if it is one of the last ``HISTORY`` sent,
+else it is the whole figure.
 Cost per update: O(points drawn) to compare prefixes, bytes O(new points).
 
 plotly.js (issue 11) is the copy shipped inside the ``plotly`` Python package (no network), ~4.8 MB
@@ -42,7 +44,7 @@ import hashlib
 import logging
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -60,7 +62,8 @@ PLOTLY_COMPONENT = "metrics-core.plotly"
 _LOG = logging.getLogger(__name__)
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
 _SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
-_RESYNC = "_metrics_live_chart_resync"  # chart keys whose page asked for the whole figure
+_RESYNC = "_metrics_live_chart_resync"  # chart key -> the seq its page holds (None: nothing), having missed one
+HISTORY = 4  # payload states kept per chart and session, for a page that missed the newest ones
 _ZOOM = "_metrics_live_chart_zoom"  # chart key -> the x-range the user zoomed to, or None
 
 
@@ -140,6 +143,7 @@ class _Sent:
     seq: int
     encoded: Encoded
     payload: dict[str, Any]
+    earlier: tuple[tuple[int, Encoded], ...] = ()  # states sent before ``seq``, newest first
 
 
 def encode(figure: go.Figure) -> Encoded:
@@ -223,25 +227,39 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool) -> _Sent:
-    """What to send for ``encoded`` after ``previous`` (None: nothing sent yet in this session)."""
-    if previous is not None and previous.encoded is encoded and not resync:
-        return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq})  # an idle refresh: a few bytes
-    steps = None if previous is None or resync else extension(previous.encoded, encoded)
-    if steps == [] and encoded.layout == previous.encoded.layout:
-        return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq})
-    seq = 1 if previous is None else previous.seq + 1
+def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held: int | None = None) -> _Sent:
+    """What to send for ``encoded`` after ``previous`` (None: nothing sent yet in this session).
+
+    ``resync``: the page missed a payload and holds state ``held`` (None: none it can extend).  A
+    page misses payloads when it is busy: Streamlit then renders a component with only the latest
+    of several updates.  While ``held`` is one of the last ``HISTORY`` states, the answer extends
+    it (a few points) instead of resending the whole figure (~90 KB a chart on a long run).
+    """
+    if previous is None:
+        return _Sent(1, encoded, {"op": "full", "seq": 1, "figure": encoded.json})
+    if previous.encoded is encoded and not resync:
+        return replace(previous, payload={"op": "same", "seq": previous.seq})  # an idle refresh: a few bytes
+    base = held if resync else previous.seq
+    old = dict(((previous.seq, previous.encoded), *previous.earlier)).get(base)
+    steps = None if old is None else extension(old, encoded)
+    if not resync and steps == [] and encoded.layout == previous.encoded.layout:
+        return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq}, previous.earlier)
+    seq, earlier = previous.seq + 1, ((previous.seq, previous.encoded), *previous.earlier[: HISTORY - 2])
     if steps is None:
-        return _Sent(seq, encoded, {"op": "full", "seq": seq, "figure": encoded.json})
-    payload = {"op": "extend", "seq": seq, "base": previous.seq, "steps": steps}
-    if encoded.layout != previous.encoded.layout:  # e.g. a y-range fitted to the data: small, sent whole
+        return _Sent(seq, encoded, {"op": "full", "seq": seq, "figure": encoded.json}, earlier)
+    payload = {"op": "extend", "seq": seq, "base": base, "steps": steps}
+    if encoded.layout != old.layout:  # e.g. a y-range fitted to the data: small, sent whole
         payload["layout"] = encoded.layout
-    return _Sent(seq, encoded, payload)
+    return _Sent(seq, encoded, payload, earlier)
 
 
-def _ask_full(key: str) -> None:
-    """The page could not extend chart ``key`` (remounted): its next payload is the whole figure."""
-    st.session_state.setdefault(_RESYNC, set()).add(key)
+def _ask_again(key: str) -> None:
+    """The page could not extend chart ``key`` (it missed a payload, or was remounted): note the
+    state it holds, which the next payload extends if it can (else it is the whole figure)."""
+    state = st.session_state.get(key)
+    asked = state.get("resync") if hasattr(state, "get") else None
+    held = asked.get("held") if isinstance(asked, dict) else None
+    st.session_state.setdefault(_RESYNC, {})[key] = held if isinstance(held, int) else None
 
 
 def _note_zoom(key: str) -> None:
@@ -267,10 +285,12 @@ def live_chart(
     if xrange is not None and zoom is not None:
         figure = zoom(xrange) or figure
     sent: dict[str, _Sent] = st.session_state.setdefault(_SENT, {})
-    asked: set[str] = st.session_state.setdefault(_RESYNC, set())
-    resync = key in asked
-    asked.discard(key)
-    current = next_payload(sent.get(key), encode(figure), resync=resync)
-    sent[key] = current
+    asked: dict[str, int | None] = st.session_state.setdefault(_RESYNC, {})
+    current = next_payload(sent.get(key), encode(figure), resync=key in asked, held=asked.get(key))
     _chart()(key=key, data=current.payload, height="content", default={"xrange": None},
-             on_resync_change=partial(_ask_full, key), on_xrange_change=partial(_note_zoom, key))  # fmt: skip
+             on_resync_change=partial(_ask_again, key), on_xrange_change=partial(_note_zoom, key))  # fmt: skip
+    # Only now: Streamlit interrupts a rerun (a newer one was asked for) inside an element call,
+    # before the element is sent; recording the payload first made the page miss it and ask for
+    # the whole figure (~90 KB a chart on a long run, several times a minute under load).
+    sent[key] = current
+    asked.pop(key, None)

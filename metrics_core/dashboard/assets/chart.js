@@ -3,7 +3,8 @@
 // A payload is {op: "full", seq, figure} or {op: "extend", seq, base, steps[, layout]}: an extend
 // appends only the new points (Plotly.extendTraces) to the figure drawn at `base`, and redraws
 // with the new layout on the data already drawn when one is sent; each seq is applied
-// once, and a chart that does not hold `base` (remounted) asks Python for the whole figure.
+// once, and a chart that does not hold `base` (it missed an update, or was remounted) asks Python
+// again, saying which seq it holds.
 // {op: "same", seq} says nothing changed since `seq` (an idle refresh: a few bytes).
 // This runtime is the "metrics_plotly_loader" component, whose element is sent once per browser
 // session with the URL of plotly.js (data.src); each chart element only carries a stub calling
@@ -114,10 +115,13 @@ window.__metricsChart = function (component) {
   if (graph.dataset.seq === String(data.seq)) return; // already drawn (a rerun with nothing new)
   const base = data.op === "extend" ? data.base : data.op === "same" ? data.seq : null;
   if (base !== null && graph.dataset.wanted !== String(base)) {
-    // This div never drew the base figure: ask once per missing base for the whole figure.
+    // This div missed the payload that drew the base (a busy page renders only the latest of
+    // several updates) or never drew anything: ask once per missing base, saying what it holds;
+    // Python extends that if it still can, else sends the whole figure.
     if (graph.dataset.asked !== String(data.seq)) {
       graph.dataset.asked = String(data.seq);
-      setTriggerValue("resync", data.seq);
+      const held = graph.dataset.wanted ? Number(graph.dataset.wanted) : null;
+      setTriggerValue("resync", { seq: data.seq, held });
     }
     return;
   }
