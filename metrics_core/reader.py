@@ -15,9 +15,11 @@ Promises
 * Records are held column-wise (``metrics_core.columns``): ~8 bytes per numeric field, strings
   as categories.
 
-Cost: a refresh that finds nothing new is one ``stat``.  New bytes are parsed by an exact
-per-line loop (orjson) for small appends and by pyarrow's JSON reader for large blocks (a cold
-load); pyarrow is only given complete lines, and any block it rejects, or in which any line fails
+Cost: a refresh that finds nothing new is one ``stat``; after an append, ``sessions`` costs
+O(sessions x events), not O(run): a session's replay accounting is recomputed only when a session
+starts, logs an event for the first time, or an earlier one gains records.  New bytes are parsed
+by an exact per-line loop (orjson) for small appends and by pyarrow's JSON reader for large blocks
+(a cold load); pyarrow is only given complete lines, and any block it rejects, or in which any line fails
 validation, is re-parsed line by line so that every bad line is found and located exactly.  A
 cold load reads ``READ_CHUNK`` blocks and parses up to ``PARSE_THREADS`` of them at once on worker
 threads (pyarrow and numpy release the GIL), storing them in file order on the calling thread;
@@ -33,7 +35,7 @@ import contextlib
 import ctypes
 import math
 import os
-from collections import deque
+from collections import Counter, deque
 from collections.abc import Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
@@ -489,7 +491,7 @@ class RunReader:
         self._sessions: list[_SessionAcc] = []
         self._session_index: dict[str, int] = {}
         self._recent_times: deque[int] = deque(maxlen=_RECENT_TIMES)
-        self._replay_cache: dict[int, tuple[int, int, int]] = {}
+        self._replay_cache: dict[int, tuple[tuple[int, int], tuple[int, int, int]]] = {}
         self._first_step_in_event: dict[str, dict[int, int]] = {}
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_rows = 0
@@ -937,11 +939,18 @@ class RunReader:
 
     @property
     def sessions(self) -> list[Session]:
-        """Sessions in order of first appearance, with downtime and replay accounting."""
+        """Sessions in order of first appearance, with downtime and replay accounting.
+
+        O(sessions x events) when no session started and none logged an event for the first
+        time since the last call; the replay accounting is recomputed (O(rows)) only then.
+        """
         result = []
         previous_end: int | None = None
+        earlier = 0  # records of the sessions before this one
+        firsts = Counter(index for by_session in self._first_step_in_event.values() for index in by_session)
         for index, acc in enumerate(self._sessions):
-            steps, tokens, superseded = self._replay(index)
+            steps, tokens, superseded = self._replay(index, key=(earlier, firsts[index]))
+            earlier += acc.records
             result.append(
                 Session(
                     session_id=acc.session_id,
@@ -984,17 +993,20 @@ class RunReader:
         earlier = sessions < index
         return earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
 
-    def _replay(self, index: int) -> tuple[int, int, int]:
+    def _replay(self, index: int, *, key: tuple[int, int]) -> tuple[int, int, int]:
         """(steps, tokens, records) of earlier sessions' work that session ``index`` redid.
 
-        Depends only on earlier sessions' records and on this session's first ones, so it is
-        final, and cached, once a later session exists.
+        Reads the earlier sessions' records and first steps per event, and this session's first
+        step and first step per event: it changes only when an earlier session gains records
+        or this one logs an event for the first time.  ``key``, (records of earlier sessions,
+        events this session logged), tells whether the cached answer still holds.  Once a later
+        session exists it is final (one writer at a time), but the key costs nothing to check.
         """
         if index == 0:
             return 0, 0, 0
         cached = self._replay_cache.get(index)
-        if cached is not None:
-            return cached
+        if cached is not None and cached[0] == key:
+            return cached[1]
         self._flush()
         start = self._sessions[index].first_step
         frontier, tokens, superseded = start, 0, 0
@@ -1010,8 +1022,7 @@ class RunReader:
                 replayed = np.nansum(table.columns["tokens"].numbers()[mask])
                 tokens += int(replayed) if math.isfinite(replayed) else 0  # a garbage count is not work
         result = (frontier - start, tokens, superseded)
-        if index + 1 < len(self._sessions):
-            self._replay_cache[index] = result
+        self._replay_cache[index] = (key, result)
         return result
 
     def column(self, event: str, name: str) -> Column | None:
