@@ -326,8 +326,10 @@ def _arrow_batch(data: bytes, start: int, stop: int, max_bytes: int) -> _Batch |
     event_names = events.dictionary.to_pylist()
     table = table.set_column(table.schema.get_field_index("time"), "time", pa.array(times))
     chunks: dict[str, tuple[dict[str, Chunk], int]] = {}
-    for code, event in enumerate(event_names):
-        part = table.filter(pa.array(event_codes == code))
+    parts = [table.filter(pa.array(event_codes == code)) for code in range(len(event_names))]
+    if len(parts) > 1 and _ints_typed_by_another_event(parts, table.schema):
+        return None
+    for event, part in zip(event_names, parts, strict=True):
         chunks[event] = (
             {
                 name: _arrow_chunk(part[name].combine_chunks())
@@ -355,6 +357,23 @@ def _arrow_batch(data: bytes, start: int, stop: int, max_bytes: int) -> _Batch |
         markers=markers,
         chunks=chunks,
     )
+
+
+def _ints_typed_by_another_event(parts: list[Any], schema: Any) -> bool:
+    """True when a float column has values in several events and, in one of them, only integral
+    ones: pyarrow types a column per block, the exact parser per event, so those may be integer
+    literals (``0`` in ``validation`` next to ``0.5`` in ``train``) that the exact parser keeps as
+    ints.  Rare (a value name shared by events), and then the exact parser reads the block."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    for field in schema:
+        if field.type != pa.float64():
+            continue
+        held = [part[field.name] for part in parts if part[field.name].null_count < part.num_rows]
+        if len(held) > 1 and any(pc.all(pc.equal(pc.floor(column), column)).as_py() for column in held):
+            return True
+    return False
 
 
 _WRITER_TIME = b"0000-00-00T00:00:00.000000+00:00"  # MetricsWriter's time: digits where the zeros are

@@ -466,3 +466,13 @@ def test_a_record_limit_below_pyarrows_line_limit_is_applied_on_the_bulk_path_to
         assert reader.refresh() == 39
         answers.append([(bad.line, bad.reason) for bad in reader.bad_line_samples])
     assert answers[0] == answers[1] and answers[0][0][0] == 21
+
+
+def test_a_value_shared_by_two_events_is_typed_per_event_on_both_paths(metrics: Path) -> None:
+    """``0`` in validation next to ``0.5`` in train: an int in validation whichever parser reads the block."""
+    append_records(metrics, base_record(1, train_loss=0.5), base_record(1, event="validation", train_loss=0))
+    for bulk_threshold in (0, 1 << 40):
+        reader = RunReader(metrics, bulk_threshold=bulk_threshold)
+        reader.refresh()
+        assert reader.frame("validation")["train_loss"].dtype == np.int64
+        assert reader.frame("train")["train_loss"].dtype == np.float64
