@@ -20,12 +20,15 @@ Column kinds, chosen from the values seen and widened when a later value needs i
 A field that never held a value (absent, or ``null`` in every record so far) is not a column:
 ``null`` and absent are one thing in JSON lines, and pyarrow cannot tell them apart.
 
-Rows are only ever appended, never changed, so a slice handed out by ``view`` stays valid.
+Rows are only ever appended, never changed, so a slice handed out by ``view`` stays valid, and so
+does every conversion of a row: ``series``, ``times`` and ``codes`` convert each row for pandas once
+and keep the result (``Derived``), so a frame after an append costs O(appended rows), not O(rows).
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -33,6 +36,7 @@ import pandas as pd
 
 _NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
 _MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}
+_UTC = pd.DatetimeTZDtype("ns", "UTC")
 
 
 class Chunk:
@@ -74,7 +78,7 @@ def chunk_from_pylist(values: list[Any]) -> Chunk:
 class Column:
     """A growable typed buffer; see the module docstring for the kinds."""
 
-    __slots__ = ("_buffer", "_index", "categories", "kind", "size")
+    __slots__ = ("_buffer", "_derived", "_index", "categories", "kind", "size")
 
     def __init__(self, kind: str = "null", size: int = 0) -> None:
         self.kind = kind
@@ -82,6 +86,7 @@ class Column:
         self.categories: list[str] = []
         self._index: dict[str, int] = {}
         self._buffer: np.ndarray | None = None if kind == "null" else np.empty(0, _NUMPY_DTYPES[kind])
+        self._derived: dict[str, tuple[Any, Derived]] = {}  # name -> (what it was made for, rows)
 
     @classmethod
     def restore(cls, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> Column:
@@ -149,6 +154,7 @@ class Column:
         else:
             new = old.astype(_NUMPY_DTYPES[kind])
         self.kind, self._buffer = kind, new
+        self._derived.clear()  # conversions of the old kind: never read again
 
     def _recode(self, chunk: Chunk) -> np.ndarray:
         codes = []
@@ -176,9 +182,98 @@ class Column:
             return np.array([v if type(v) is float else np.nan for v in self.view().tolist()], dtype=np.float64)
         return np.full(self.size, np.nan)
 
-    def series(self) -> pd.Series | np.ndarray:
-        """The column as what a DataFrame should hold: numeric, boolean, categorical or object."""
-        return _as_pandas(self.kind, self.view(), self.categories, self.size)
+    def series(self) -> np.ndarray | pd.api.extensions.ExtensionArray:
+        """The column as what a DataFrame should hold: numeric, boolean, categorical or object.
+
+        O(rows converted since the last call): numbers and objects are views, categories and
+        booleans come from conversions kept per column (``Derived``).
+        """
+        if self.kind == "cat":
+            return pd.Categorical.from_codes(self.codes(), categories=list(self.categories), validate=False)
+        if self.kind == "bool":
+            values = self._converted("bool", partial(np.empty, dtype=bool), lambda rows: rows > 0)
+            missing = self._converted("missing", partial(np.empty, dtype=bool), lambda rows: rows < 0)
+            return pd.arrays.BooleanArray(values, missing, copy=False)
+        return np.full(self.size, np.nan) if self.kind == "null" else self.view()
+
+    def codes(self, mapping: np.ndarray | None = None, categories: int | None = None) -> np.ndarray:
+        """This ``cat`` column's codes, -1 = missing, in the integer type pandas keeps for
+        ``categories`` categories (default: this column's), so that a ``Categorical`` takes them
+        without a copy; through ``mapping`` (this column's code -> another code) when given.
+
+        Each row is converted once: between calls ``mapping`` may gain entries, never change one.
+        """
+        dtype = _code_dtype(len(self.categories) if categories is None else categories)
+        empty = partial(np.empty, dtype=dtype)
+        if mapping is None:
+            return self._converted("codes", empty, lambda rows: rows.astype(dtype), made_for=dtype)
+        through = np.append(mapping, -1).astype(dtype)  # code -1 indexes the trailing -1: missing stays missing
+        return self._converted("mapped", empty, through.__getitem__, made_for=dtype)
+
+    def times(self) -> pd.api.extensions.ExtensionArray:
+        """This ``int`` column of nanoseconds since the epoch as UTC datetimes (each row converted once)."""
+        return self._converted("times", _empty_times, _utc_times)
+
+    def _converted(self, name: str, empty: Callable[[int], Any], convert: Callable[[np.ndarray], Any],
+                   made_for: Any = None) -> Any:  # fmt: skip
+        """``convert`` of every row, from the kept conversion ``name`` extended with the new rows;
+        a new one when the kept one was ``made_for`` something else (a narrower dtype)."""
+        made, derived = self._derived.get(name, (None, None))
+        if derived is None or made != made_for:
+            derived = Derived(empty)
+            self._derived[name] = (made_for, derived)
+        return derived.extend(self.view(), convert, capacity=len(self._buffer))
+
+
+class Derived:
+    """An array computed row by row from an append-only column, extended with the new rows only.
+
+    pandas wants categorical codes in the narrowest integer type, booleans with a mask, times
+    tz-aware: converting a whole column per frame made each live append cost O(rows).  Rows of
+    the source never change, so neither do rows already converted, and a slice handed out stays
+    valid while later rows are written after it (or into a grown copy).  The buffer is anything
+    ``empty(n)`` makes that supports slice assignment and slicing as a view: a numpy array, or a
+    pandas ``DatetimeArray``.
+    """
+
+    __slots__ = ("_buffer", "_empty", "filled")
+
+    def __init__(self, empty: Callable[[int], Any]) -> None:
+        self._empty = empty
+        self._buffer: Any = None
+        self.filled = 0
+
+    def extend(self, source: np.ndarray, convert: Callable[[np.ndarray], Any], *, capacity: int) -> Any:
+        """``convert(source)`` as a view, converting only the rows added since the last call
+        (``source`` must be the previous one with rows appended).  A full buffer grows to
+        ``capacity``, the source's own (it grows with its source, with the same slack)."""
+        size = len(source)
+        if size > self.filled:
+            if self._buffer is None or size > len(self._buffer):
+                grown = self._empty(max(size, capacity))
+                if self.filled:
+                    grown[: self.filled] = self._buffer[: self.filled]
+                self._buffer = grown
+            self._buffer[self.filled : size] = convert(source[self.filled : size])
+            self.filled = size
+        return self._buffer[:size]
+
+
+def _code_dtype(categories: int) -> type[np.signedinteger]:
+    """The integer type ``pandas.Categorical`` keeps codes in for this many categories
+    (``coerce_indexer_dtype``): codes of any other type are copied into it."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if categories < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
+
+
+def _empty_times(size: int) -> Any:
+    return pd.array(np.zeros(size, dtype="M8[ns]"), dtype=_UTC)
+
+
+def _utc_times(rows: np.ndarray) -> Any:
+    return pd.array(rows.view("M8[ns]"), dtype=_UTC)
 
 
 def _convert(chunk: Chunk, kind: str) -> Chunk:
@@ -198,16 +293,6 @@ def as_python(kind: str, values: np.ndarray, categories: Sequence[str]) -> list[
     if kind == "cat":
         return [None if c < 0 else categories[c] for c in values.tolist()]
     return values.tolist()
-
-
-def _as_pandas(kind: str, values: np.ndarray | None, categories: Sequence[str], size: int) -> Any:
-    if kind == "null":
-        return np.full(size, np.nan)
-    if kind == "cat":
-        return pd.Categorical.from_codes(values, categories=list(categories))
-    if kind == "bool":
-        return pd.array([None if v < 0 else bool(v) for v in values.tolist()], dtype="boolean")
-    return values
 
 
 class Table:

@@ -15,15 +15,18 @@ Promises
 * Records are held column-wise (``metrics_core.columns``): ~8 bytes per numeric field, strings
   as categories.
 
-Cost: a refresh that finds nothing new is one ``stat``; after an append, ``sessions`` costs
-O(sessions x events), not O(run): a session's replay accounting is recomputed only when a session
-starts, logs an event for the first time, or an earlier one gains records.  New bytes are parsed
-by an exact per-line loop (orjson) for small appends and by pyarrow's JSON reader for large blocks
-(a cold load); pyarrow is only given complete lines, and any block it rejects, or in which any line fails
-validation, is re-parsed line by line so that every bad line is found and located exactly.  A
-cold load reads ``READ_CHUNK`` blocks and parses up to ``PARSE_THREADS`` of them at once on worker
-threads (pyarrow and numpy release the GIL), storing them in file order on the calling thread;
-it holds at most ``PARSE_DEPTH + 1`` blocks and their tables at a time.
+Cost: a refresh that finds nothing new is one ``stat``.  After an append, ``frame()`` and
+``sessions`` cost O(appended records), not O(run): each row is converted for pandas once
+(``columns.Derived``), and a session's replay accounting is recomputed only when a session
+starts, logs an event for the first time, or an earlier one gains records.
+
+New bytes are parsed by an exact per-line loop (orjson) for small appends and by pyarrow's JSON
+reader for large blocks (a cold load); pyarrow is only given complete lines, and any block it
+rejects, or in which any line fails validation, is re-parsed line by line so that every bad line
+is found and located exactly.  A cold load reads ``READ_CHUNK`` blocks and parses up to
+``PARSE_THREADS`` of them at once on worker threads (pyarrow and numpy release the GIL), storing
+them in file order on the calling thread; it holds at most ``PARSE_DEPTH + 1`` blocks and their
+tables at a time.
 
 Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
 are contiguous and an earlier session's records never change once a later session has begun.
@@ -901,19 +904,27 @@ class RunReader:
         return None if self._fd is None else lock_is_held(self._fd)
 
     def frame(self, event: str) -> pd.DataFrame:
-        """All records of ``event`` in file order, one column per field seen in any of them."""
+        """All records of ``event`` in file order, one column per field seen in any of them.
+
+        A new frame per call, costing O(columns + rows appended since the last call): numbers
+        are views of the reader's columns, and times, categories and booleans are converted once
+        per row and kept (``columns.Derived``).  Rows are never modified once handed out, so an
+        earlier frame stays as it was; do not modify a frame in place.
+        """
         self._flush()
         table = self._tables.get(event)
         if table is None:
             return pd.DataFrame({name: pd.Series(dtype=object) for name in _BASE_ORDER})
         data: dict[str, Any] = {}
         for name in _BASE_ORDER:
-            if name == "event":
-                data[name] = pd.Categorical.from_codes(np.zeros(table.size, dtype=np.int8), categories=[event])
+            if name == "event":  # zeros from calloc: pages are mapped when read, not per call
+                codes = np.zeros(table.size, np.int8)
+                data[name] = pd.Categorical.from_codes(codes, categories=[event], validate=False)
             elif name == "time":
-                data[name] = pd.to_datetime(table.columns["time"].view(), unit="ns", utc=True)
+                data[name] = table.columns["time"].times()
             elif name == "session_id":
-                data[name] = pd.Categorical.from_codes(self._global_sessions(table), categories=self._session_ids())
+                data[name] = pd.Categorical.from_codes(self._global_sessions(table), categories=self._session_ids(),
+                                                       validate=False)  # fmt: skip
             else:
                 data[name] = table.columns[name].series()
         for name, column in table.columns.items():
@@ -946,10 +957,11 @@ class RunReader:
         return [acc.session_id for acc in self._sessions]
 
     def _global_sessions(self, table: Table) -> np.ndarray:
-        """Per row of ``table``, the index of its session in ``self._sessions``."""
+        """Per row of ``table``, the index of its session in ``self._sessions``, in the integer
+        type a ``Categorical`` of the sessions keeps (O(sessions + new rows): kept per column)."""
         column = table.columns["session_id"]
-        mapping = np.array([self._session_index[sid] for sid in column.categories], dtype=np.int32)
-        return mapping[column.view()]
+        mapping = np.array([self._session_index[sid] for sid in column.categories], dtype=np.int64)
+        return column.codes(mapping, len(self._sessions))
 
     def _thresholds(self, event: str) -> np.ndarray:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
