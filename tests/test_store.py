@@ -162,6 +162,37 @@ def test_a_snapshot_extended_from_the_last_equals_one_built_from_scratch_after_e
         store.close()
 
 
+def test_snapshots_held_by_a_page_never_change_while_live_appends_extend_their_masks_in_place(
+    tmp_path: Path,
+) -> None:
+    """A resumed run's masks (some rows superseded and replaced) extended by live appends past their
+    buffers' slack: each snapshot equals the oracle's, its masks are read-only, and every snapshot
+    held meanwhile keeps the masks it had."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 300, 10)),
+                   base_record(200, event="session_start", session="s2"),
+                   *(base_record(s, session="s2", train_loss=0.5) for s in range(200, 260, 10)))  # fmt: skip
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        held = []  # (snapshot, copies of its masks when it was built)
+        for number in range(12):
+            steps = range(260 + 400 * number, 660 + 400 * number, 10)
+            views = [store.view("r")]
+            append_records(path, *(base_record(s, session="s2", train_loss=0.5) for s in steps))
+            views.append(store.view("r"))
+            assert_same_view(views[-1], full_view(store, "r"))
+            for view in views:
+                masks = [*view.superseded.values(), *view.replaced.values()]
+                assert not any(mask.flags.writeable for mask in masks)
+                held.append((view, [mask.copy() for mask in masks]))
+        assert held[-1][0].replaced[1].any() and held[-1][0].superseded["train"].any()
+        for view, masks in held:
+            for mask, copy in zip([*view.superseded.values(), *view.replaced.values()], masks, strict=True):
+                np.testing.assert_array_equal(mask, copy)
+    finally:
+        store.close()
+
+
 def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
