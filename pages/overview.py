@@ -10,6 +10,8 @@ to read differently (``next_age_change``); a refresh that finds neither costs th
 ``overview()`` (~5 ms for 1,000 runs) and no table work.  While the store's loader reads a cold
 root, rows change all the time: the table is then redrawn every ``LOADING_REDRAW_S``, not on
 every refresh (each redraw of 1,000 rows is a table conversion on the server and a repaint).
+A root of more than ``PAGE_ROWS`` runs is shown a page at a time (newest activity first, so live
+runs lead the first page): a live update formats and sends one page, ~50 KB instead of ~0.5 MB.
 """
 
 import time
@@ -18,11 +20,13 @@ import streamlit as st
 
 from metrics_core.dashboard.config import config_keys, runs_table
 from metrics_core.dashboard.overview import (
+    PAGE_ROWS,
     filter_runs,
     md_text,
     next_age_change,
     readable_runs,
     run_links,
+    runs_page,
     status_pills,
 )
 from metrics_core.dashboard.settings import get_demo, get_store, settings
@@ -82,6 +86,14 @@ if error:
 shown, error = runs_table(shown, keys=chosen, config_filter=config_filter)
 if error:
     st.error(md_text(error))
+total = len(shown)
+shown, page, pages = runs_page(shown, st.session_state.get("runs_page", 1))
+if pages > 1:  # one page drawn: a live update of a big root redraws PAGE_ROWS rows, not every run
+    st.session_state["runs_page"] = page  # clamped: a filter that leaves fewer pages never overflows the input
+    where, which = st.columns([4, 1], vertical_alignment="bottom")
+    first = (page - 1) * PAGE_ROWS + 1
+    where.caption(f"Showing {first:,}–{first + len(shown) - 1:,} of {total:,} runs, newest activity first")
+    which.number_input("Page", min_value=1, max_value=pages, step=1, key="runs_page")
 shown = readable_runs(shown)
 picked = st.dataframe(
     status_pills(run_links(shown)), hide_index=True, width="stretch", key="runs_table", on_select="rerun",

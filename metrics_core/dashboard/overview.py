@@ -209,6 +209,24 @@ def _stamp(value: object) -> str:
     return value.strftime("%Y-%m-%d %H:%M UTC")
 
 
+PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws and sends (~50 KB, not ~0.5 MB)
+
+
+def newest_first(table: pd.DataFrame) -> pd.DataFrame:
+    """``table`` (the store's overview) ordered by its last record's age, runs never read last."""
+    return table.loc[table.sort_values("last record age (s)", na_position="last", kind="stable").index]
+
+
+def runs_page(table: pd.DataFrame, page: int, rows: int = PAGE_ROWS) -> tuple[pd.DataFrame, int, int]:
+    """Page ``page`` (from 1, clamped to the pages there are) of ``table`` newest activity first,
+    the page it is and how many pages there are: the runs page formats and draws one page, so a
+    live update of a root of 1,000 runs costs O(``rows``) in formatting and bytes, O(runs) only
+    in sorting."""
+    pages = max(1, -(-len(table) // rows))
+    page = min(max(page, 1), pages)
+    return newest_first(table).iloc[(page - 1) * rows : page * rows], page, pages
+
+
 def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     """The runs table as the page shows it: newest activity first, status badges, human numbers,
     ages and durations as text; the run column stays the name (the page makes it a link).
@@ -216,8 +234,7 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     ``table`` is the store's overview, optionally with ``started`` (a datetime), ``duration (s)``
     and ``loss trend`` (a list of floats) per run.
     """
-    order = table.sort_values("last record age (s)", na_position="last", kind="stable").index
-    table = table.loc[order]
+    table = newest_first(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
     if "loss trend" in table.columns:
         shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
