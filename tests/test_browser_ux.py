@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
+import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
@@ -297,3 +298,36 @@ def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
     bare, ours = min(b for b, _ in rounds), min(o for _, o in rounds)
     print(f"first chart: dashboard {ours:.2f} s, bare st.plotly_chart {bare:.2f} s, ratio {ours / bare:.2f}")
     assert ours <= 3 * bare + 0.5
+
+
+def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser: object, tmp_path: Path) -> None:
+    """150 small runs and 3 big ones: the table is drawn (first page of 100, a caption counting all 153) while
+    the big runs, newest by their tails, still show ``loading`` (the store's loader reads them after the
+    small ones; the old page drew nothing until every run was read), and page 2 holds the rest."""
+    for number in range(150):
+        append_records(tmp_path / f"small{number:03d}" / "metrics.jsonl",
+                       *(base_record(s, train_loss=1.0 / s) for s in range(10, 510, 10)))  # fmt: skip
+    newest = "2026-11-29T11:00:00.000000+00:00"  # the big runs lead the table once the loader peeked at their tails
+    big = b"".join(orjson.dumps(base_record(s, session="big", train_loss=1.0, time=newest)) + b"\n"
+                   for s in range(1, 40_001))  # fmt: skip
+    for number in range(3):  # ~10 MB each: read by the loader, last
+        (tmp_path / f"big{number}").mkdir()
+        (tmp_path / f"big{number}" / "metrics.jsonl").write_bytes(big)
+    context = browser.new_context(viewport={"width": 1400, "height": 3000})
+    try:
+        page = context.new_page()
+        with streamlit_server(tmp_path) as url:
+            page.goto(url + "/")
+            wait_until(page, lambda: "loading" in page.evaluate(ROW_STATUSES_JS), timeout=60, interval=0.02)
+            assert page.get_by_text("Showing 1–100 of 153 runs").count() == 1
+            wait_until(page, lambda: "loading" not in page.evaluate(ROW_STATUSES_JS), timeout=120)
+            page.get_by_test_id("stNumberInputField").fill("2")
+            page.get_by_test_id("stNumberInputField").press("Enter")
+            wait_until(page, lambda: page.get_by_text("Showing 101–153 of 153 runs").count() == 1, timeout=30)
+    finally:
+        context.close()
+
+
+# In the page: the status cell's text of each row of the runs table (an empty list until it is drawn).
+ROW_STATUSES_JS = """() => [...document.querySelectorAll('[data-testid=stDataFrame] tbody tr')]
+  .map(r => r.querySelectorAll('td')[1].textContent)"""
