@@ -14,6 +14,7 @@ from metrics_core.dashboard.widgets import config_diff_panel, name_text, page_th
 DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]
 config = settings()
 store = get_store(config)
+load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
 st.title("Compare runs")
 names = run_names_or_stop(store)
 asked = st.query_params.get_all("run")
@@ -34,7 +35,6 @@ with st.sidebar:
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
     log_y = st.toggle("Log-scale y", key="log_y")
 st.query_params["run"] = picked
-load_plotly()
 
 
 @st.fragment(run_every=config.refresh)

@@ -29,6 +29,7 @@ from metrics_core.dashboard.widgets import (
 
 config = settings()
 store = get_store(config)
+load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)))
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
@@ -42,7 +43,6 @@ with st.sidebar:
     log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
     history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
-load_plotly()
 
 
 @st.fragment(run_every=None if paused else config.refresh)

@@ -77,7 +77,7 @@ def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_ba
     print(f"\nreload bytes: dashboard {ours.total:,} (http {sum(ours.http.values()):,}, websocket {ours.frames:,}); "
           f"bare st.plotly_chart {bare.total:,} (http {sum(bare.http.values()):,}, websocket {bare.frames:,}); "
           f"budget {budget:,}; plotly.js cold {sum(plotly_first.values()):,}, on reload {plotly_reload}")  # fmt: skip
-    assert plotly_first and sum(plotly_first.values()) > 1_000_000  # the cold load fetched plotly.js from the route
+    assert plotly_first and sum(plotly_first.values()) > 300_000  # the cold load fetched plotly.js (396 KB gzipped)
     assert all(n == 0 or u in ours.cached for u, n in plotly_reload.items()), plotly_reload
     assert sum(plotly_reload.values()) == 0
     assert ours.total <= budget

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pandas as pd
+import plotly
 import plotly.graph_objects as go
 
 import metrics_core.dashboard.chart as chart_module
@@ -21,7 +22,14 @@ from metrics_core.dashboard.chart import (
     plotly_source,
     publish_plotly,
 )
-from metrics_core.dashboard.charts import ChartOptions, run_charts, view_charts
+from metrics_core.dashboard.charts import (
+    COMPARE_METRICS,
+    ChartOptions,
+    compare_chart,
+    run_charts,
+    session_overlay,
+    view_charts,
+)
 from metrics_core.dashboard.store import RunStore
 from tests.conftest import append_records, base_record
 
@@ -143,13 +151,41 @@ def test_a_live_update_costs_the_appended_records_not_the_run_length(tmp_path: P
 
 
 def test_plotly_js_is_published_under_its_content_hash_once(tmp_path: Path) -> None:
-    """The copy is the installed package's plotly.min.js, named by its hash; a second call leaves it be."""
+    """The copy is the vendored plotly.js bundle, named by its hash; a second call leaves it be."""
     name = publish_plotly(tmp_path)
     assert name.startswith("plotly-") and name.endswith(".min.js")
     assert (tmp_path / name).read_bytes() == plotly_source().read_bytes()
     mtime = (tmp_path / name).stat().st_mtime_ns
     assert publish_plotly(tmp_path) == name and (tmp_path / name).stat().st_mtime_ns == mtime
     assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left behind
+
+
+BASIC_TRACE_TYPES = {"scatter", "bar", "pie"}  # what plotly.js's basic bundle can draw (vendor/README.md)
+
+
+def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_path: Path) -> None:
+    """Every page's figures use only trace types of the basic bundle: a trace type outside it would draw
+    nothing in the browser, with no error on the server. The bundle is the plotly.js major version the
+    installed plotly package speaks."""
+    head = plotly_source().read_bytes()[:200].decode()
+    assert "(basic - minified) v4." in head, head
+    bundled = (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_bytes()[:200].decode()
+    assert "plotly.js v4." in bundled, "plotly's own plotly.js moved to another major: update vendor/ (README)"
+    write_run(tmp_path / "a" / "metrics.jsonl", 600)
+    write_run(tmp_path / "b" / "metrics.jsonl", 300, seed=1)
+    store = RunStore(tmp_path)
+    try:
+        views = {name: store.view(name) for name in ("a", "b")}
+        figures: list[go.Figure] = []
+        for x in ("step", "tokens_seen", "time"):
+            options = ChartOptions(x=x, smoothing=0.6, log_y=False, history="effective", theme="dark")
+            figures += run_charts(views["a"], options).values()
+            figures.append(session_overlay(views["a"], x=x, smoothing=0.0))
+        figures += [compare_chart(views, metric, x="step", smoothing=0.6, log_y=True) for metric in COMPARE_METRICS]
+        types = {trace.type or "scatter" for figure in figures for trace in figure.data}
+        assert types and types <= BASIC_TRACE_TYPES, types
+    finally:
+        store.close()
 
 
 def test_streamlit_serves_the_chart_assets_directory() -> None:

@@ -22,9 +22,12 @@ reruns the fragment; the answer extends that state if it is one of the last ``HI
 else it is the whole figure.
 Cost per update: O(points drawn) to compare prefixes, bytes O(new points).
 
-plotly.js (issue 11) is the copy shipped inside the ``plotly`` Python package (no network), ~4.8 MB
-(1.5 MB gzipped).  It used to ride inside a component element, so every page load (a new session)
-sent it again through the websocket.  Now it is a file the browser keeps: at startup it is copied
+plotly.js (issue 11) is plotly's own "basic" bundle of the version the ``plotly`` Python package
+ships, vendored in ``vendor/`` (no network; see its README): every chart here is a ``scatter``
+trace, and the basic bundle (scatter, bar, pie) is 1.2 MB (396 KB gzipped) where the full one is
+4.8 MB (1.5 MB gzipped), whose parsing and running was the largest single cost of a first chart.
+It used to ride inside a component element, so every page load (a new session) sent it again
+through the websocket.  Now it is a file the browser keeps: at startup it is copied
 into ``assets/`` under a name carrying its content hash, and ``pyproject.toml`` declares
 ``assets/`` as the ``asset_dir`` of the components-v2 component ``metrics-core.plotly``, which
 Streamlit serves at ``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Streamlit sends those
@@ -50,15 +53,16 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import plotly
 import plotly.graph_objects as go
 import streamlit as st
 from plotly.utils import PlotlyJSONEncoder
 from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
 _ASSETS = Path(__file__).parent / "assets"
+_VENDOR = Path(__file__).parent / "vendor"
 # Declared in pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
 PLOTLY_COMPONENT = "metrics-core.plotly"
+LOADER_KEY = "metrics_plotly_loader"  # the element that loads plotly.js; draws nothing (widgets.CALM_CSS hides it)
 _LOG = logging.getLogger(__name__)
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
 _SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
@@ -77,8 +81,8 @@ _STUB = """export default function (component) {
 
 
 def plotly_source() -> Path:
-    """plotly.js as shipped inside the installed ``plotly`` package."""
-    return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
+    """The vendored plotly.js basic bundle (scatter, bar and pie traces only)."""
+    return _VENDOR / "plotly-basic.min.js"
 
 
 def publish_plotly(assets: Path) -> str:
@@ -123,7 +127,7 @@ def _chart() -> object:
 def load_plotly() -> None:
     """Mount plotly.js once on this page; call before any ``live_chart``."""
     url = _plotly_url()
-    _loader(url is None)(key="metrics_plotly_loader", data={"src": url}, height="content")
+    _loader(url is None)(key=LOADER_KEY, data={"src": url}, height="content")
 
 
 class Encoded:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Sequence
 import pandas as pd
 import streamlit as st
 
+from metrics_core.dashboard.chart import LOADER_KEY
 from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
 from metrics_core.dashboard.figures import THEMES, session_key
 from metrics_core.dashboard.overview import (
@@ -36,10 +37,12 @@ STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anythin
 # Calm while live.  While a fragment reruns, Streamlit marks its elements data-stale="true" and
 # fades them to opacity 0.33 (a 1 s transition after 0.5 s: charts flicker to ~0.9 on every
 # refresh of a slow run), and the top bar's running indicator blinks.  A refresh that changes
-# nothing must change nothing on screen; a connection problem still shows.
-CALM_CSS = """<style>
-[data-stale="true"] { opacity: 1 !important; transition: none !important; }
-[data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) { visibility: hidden; }
+# nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
+# (chart.load_plotly) draws nothing: out of the layout, it leaves no gap where it is mounted.
+CALM_CSS = f"""<style>
+[data-stale="true"] {{ opacity: 1 !important; transition: none !important; }}
+[data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) {{ visibility: hidden; }}
+.st-key-{LOADER_KEY} {{ display: none; }}
 </style>"""
 
 
