@@ -19,18 +19,9 @@ import time
 import streamlit as st
 
 from metrics_core.dashboard.config import config_keys, runs_table
-from metrics_core.dashboard.overview import (
-    PAGE_ROWS,
-    filter_runs,
-    md_text,
-    next_age_change,
-    readable_runs,
-    run_links,
-    runs_page,
-    status_pills,
-)
+from metrics_core.dashboard.overview import filter_runs, md_text, next_age_change
 from metrics_core.dashboard.settings import get_demo, get_store, settings
-from metrics_core.dashboard.widgets import RUNS_COLUMNS, overview_or_stop
+from metrics_core.dashboard.widgets import overview_or_stop, runs_table_view
 
 LOADING_REDRAW_S = 1.0  # while the store reads a cold root, the table is redrawn at most this often
 
@@ -86,18 +77,4 @@ if error:
 shown, error = runs_table(shown, keys=chosen, config_filter=config_filter)
 if error:
     st.error(md_text(error))
-total = len(shown)
-shown, page, pages = runs_page(shown, st.session_state.get("runs_page", 1))
-if pages > 1:  # one page drawn: a live update of a big root redraws PAGE_ROWS rows, not every run
-    st.session_state["runs_page"] = page  # clamped: a filter that leaves fewer pages never overflows the input
-    where, which = st.columns([4, 1], vertical_alignment="bottom")
-    first = (page - 1) * PAGE_ROWS + 1
-    where.caption(f"Showing {first:,}–{first + len(shown) - 1:,} of {total:,} runs, newest activity first")
-    which.number_input("Page", min_value=1, max_value=pages, step=1, key="runs_page")
-shown = readable_runs(shown)
-picked = st.dataframe(
-    status_pills(run_links(shown)), hide_index=True, width="stretch", key="runs_table", on_select="rerun",
-    selection_mode="single-row", column_config=RUNS_COLUMNS,
-)  # fmt: skip
-if picked.selection.rows:
-    st.switch_page("pages/run.py", query_params={"run": shown["run"].iloc[picked.selection.rows[0]]})
+runs_table_view(shown)

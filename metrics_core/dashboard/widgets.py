@@ -18,13 +18,18 @@ from metrics_core.dashboard.chart import LOADER_KEY
 from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
 from metrics_core.dashboard.figures import THEMES, session_key
 from metrics_core.dashboard.overview import (
+    PAGE_ROWS,
     STATUS_BADGES,
     STATUS_COLOURS,
     TITLE_CHARS,
     WORD_CHARS,
     md_text,
+    readable_runs,
+    run_links,
+    runs_page,
     shorten,
     shorten_words,
+    status_pills,
 )
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
@@ -132,6 +137,26 @@ RUNS_COLUMNS = {
     "run": st.column_config.LinkColumn("run", display_text=r"run=(.*)$", help="Click a row to open the run"),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
 }
+
+
+def runs_table_view(table: pd.DataFrame) -> None:
+    """The runs table, one page of ``PAGE_ROWS`` at a time (newest activity first), with a page
+    picker when there is more than one page; a click on a row opens that run in this tab."""
+    total = len(table)
+    shown, page, pages = runs_page(table, st.session_state.get("runs_page", 1))
+    if pages > 1:  # one page drawn: a live update of a big root redraws PAGE_ROWS rows, not every run
+        st.session_state["runs_page"] = page  # clamped: a filter that leaves fewer pages never overflows the input
+        where, which = st.columns([4, 1], vertical_alignment="bottom")
+        first = (page - 1) * PAGE_ROWS + 1
+        where.caption(f"Showing {first:,}–{first + len(shown) - 1:,} of {total:,} runs, newest activity first")
+        which.number_input("Page", min_value=1, max_value=pages, step=1, key="runs_page")
+    shown = readable_runs(shown)
+    picked = st.dataframe(
+        status_pills(run_links(shown)), hide_index=True, width="stretch", key="runs_table", on_select="rerun",
+        selection_mode="single-row", column_config=RUNS_COLUMNS,
+    )  # fmt: skip
+    if picked.selection.rows:
+        st.switch_page("pages/run.py", query_params={"run": shown["run"].iloc[picked.selection.rows[0]]})
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
