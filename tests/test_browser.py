@@ -122,8 +122,10 @@ def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, s
     rects = [shape for shape in graph["shapes"] if shape["type"] == "rect"]
     assert [rect["x0"] for rect in rects] == [60, 120]
     assert any(text.startswith("replay S1→S2") for text in graph["annotations"])
+    # The chart can be drawn before the table: plotly.js is requested first on the page, while the
+    # table's own script is loaded lazily by Streamlit when the element arrives.
     rows = page.locator("[data-testid='stTable'] tbody tr")
-    assert rows.count() == 3
+    wait_until(page, lambda: rows.count() == 3)
     assert "s3" in rows.nth(2).inner_text()
 
 
