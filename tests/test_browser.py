@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import orjson
@@ -11,26 +10,12 @@ import pytest
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures import STRAGGLER_TITLE
 from tests.conftest import append_bytes, append_records, base_record
-from tests.live_server import GRAPH_JS, streamlit_server, wait_until
+from tests.live_server import GRAPH_JS, wait_until
 
 
 @pytest.fixture(scope="module")
 def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("browser_runs")
-
-
-@pytest.fixture(scope="module")
-def server(runs_root: Path) -> Iterator[str]:
-    with streamlit_server(runs_root) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser: object) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    tab = context.new_page()
-    yield tab
-    context.close()
 
 
 def loss(page: object) -> dict | None:

@@ -41,20 +41,6 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-@pytest.fixture(scope="module")
-def server(runs_root: Path) -> Iterator[str]:
-    with streamlit_server(runs_root) as url:
-        yield url
-
-
-@pytest.fixture
-def page(browser: object) -> Iterator[object]:
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    tab = context.new_page()
-    yield tab
-    context.close()
-
-
 def charts_drawn(page: object, count: int = 1) -> bool:
     return page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= count
 
