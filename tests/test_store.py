@@ -310,6 +310,36 @@ def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path:
         store.close()
 
 
+def test_a_loader_that_dies_does_not_stop_later_calls_from_loading(tmp_path: Path, monkeypatch) -> None:
+    """An unforeseen error kills the loader thread while it peeks at a big run: the next overview()
+    starts another loader, which reads every queued run."""
+    records = store_module.CALLER_READ_BYTES // 150 + 1  # too big for a page's call: the loader's
+    for name in ("a", "b"):
+        append_records(tmp_path / name / "metrics.jsonl",
+                       *(base_record(s, train_loss=1.0, pad="x" * 40) for s in range(records)))  # fmt: skip
+    failures = []
+
+    def peek_fails_once(name: str, path: Path) -> None:
+        if not failures:
+            failures.append(name)
+            raise RuntimeError("unforeseen")
+        return None
+
+    monkeypatch.setattr(store_module, "peek_row", peek_fails_once)
+    monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the dying thread's traceback
+    store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
+    try:
+        store.overview()
+        deadline = time.monotonic() + 60
+        while store.stats["background_reads"] < 2:
+            assert time.monotonic() < deadline, f"queued runs never read after the loader died ({failures})"
+            store.overview()
+            time.sleep(0.05)
+        assert failures and store.overview()["status"].tolist() == ["crashed", "crashed"]
+    finally:
+        store.close()
+
+
 def test_a_big_cold_run_is_read_by_the_loader_never_on_a_page_call(tmp_path: Path) -> None:
     """Even with time left in the budget, a page's call reads only small cold runs; a run of more than
     CALLER_READ_BYTES is listed and read in the background, and its page can be opened meanwhile."""

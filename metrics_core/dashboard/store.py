@@ -450,19 +450,26 @@ class RunStore:
 
     def _load_cold(self) -> None:
         """The loader thread: after ``loader_delay_s``, peek at the big queued runs, then read queued
-        runs, smallest first, until none is left or the store closes."""
-        if self._closed.wait(self.loader_delay_s):
-            return
-        while True:
-            with self._lock:
-                to_peek, self._to_peek = self._to_peek, []
-            for entry, info in to_peek:
-                self._peek(entry, info)
-            job = self._take_cold()
-            if job is None or self._closed.is_set():
+        runs, smallest first, until none is left or the store closes.  However it ends, it gives up
+        its place: a loader that died on an unforeseen error would otherwise leave ``_loader`` set,
+        and no later call would start another (the queued runs would read ``loading`` for good)."""
+        try:
+            if self._closed.wait(self.loader_delay_s):
                 return
-            self._read_cold(*job, datetime.now(timezone.utc))
-            self.stats["background_reads"] += 1
+            while True:
+                with self._lock:
+                    to_peek, self._to_peek = self._to_peek, []
+                for entry, info in to_peek:
+                    self._peek(entry, info)
+                job = self._take_cold()
+                if job is None or self._closed.is_set():
+                    return
+                self._read_cold(*job, datetime.now(timezone.utc))
+                self.stats["background_reads"] += 1
+        finally:
+            with self._lock:
+                if self._loader is threading.current_thread():
+                    self._loader = None
 
     def _peek(self, entry: _Entry, info: RunInfo) -> None:
         """Give a big run not read yet the row ``peek_row`` finds, unless it was read meanwhile."""
