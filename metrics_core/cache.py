@@ -32,8 +32,8 @@ records from a cold start (a parse worth skipping next time), then after later r
 once per ``interval_s`` seconds while the run grows (so a restart replays at most that much of a
 live run), and on ``close()`` when anything was parsed since the last save.
 
-Cost: a save writes ~the resident column bytes (~115 B/record); a load reads them back and
-copies them into growable buffers, ~5 % of a cold parse (``benchmarks/bench_reader.py``).
+Cost: a save writes ~the resident column bytes (~115 B/record); a load reads them once, into
+buffers that become the columns' rows, and checks the CRC over them (``benchmarks/bench_reader.py``).
 """
 
 from __future__ import annotations
@@ -121,18 +121,14 @@ def load(reader: RunReader, policy: CachePolicy) -> bool:
         return False
     try:
         stat = os.fstat(reader._fd)
-        with open(policy.path_for(stat), "rb") as handle:
-            data = handle.read()
-    except OSError:
-        return False
-    try:
-        state, tables = _decode(data)
+        with open(policy.path_for(stat), "rb", buffering=0) as handle:
+            state, streams = _read(handle)
         if not _matches(reader, state, stat):
             return False
-        reader._restore_cache_state(state, tables)
+        reader._restore_cache_state(state, _decode(state, streams))
         return True
-    except Exception:  # a corrupt or foreign file of any shape: never the caller's problem
-        reader._clear()
+    except Exception:  # no file, a failed read, a corrupt or foreign file: never the caller's problem
+        reader._clear()  # (nothing was parsed yet: clears what a failed restore may have set)
         return False
 
 
@@ -146,29 +142,58 @@ def _matches(reader: RunReader, state: dict[str, Any], stat: os.stat_result) -> 
     return reader._read(0, len(head)) == head and reader._read(position, len(last)) == last
 
 
-def _decode(data: bytes) -> tuple[dict[str, Any], dict[str, Table]]:
+def _read(handle: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """The header and each table's stream, read into a buffer of its own, checked against the CRC.
+
+    Each stream's bytes become its columns' rows (``_decode`` takes views, no copy): one copy
+    from the page cache in all.  The buffers are numpy's, which asks for huge pages: a read
+    into a ``bytes`` of the same size costs ~3.5x as much, mostly in page faults.  A table's
+    buffer is freed once its columns grew into buffers with room (at the first append to that
+    event), so a live run does not keep the cached copy beside the grown one.
+    """
+    prefix = handle.read(_PREFIX.size)
+    magic, header_size, payload_size, crc = _PREFIX.unpack(prefix)
+    if magic != _MAGIC or os.fstat(handle.fileno()).st_size != _PREFIX.size + header_size + payload_size:
+        raise ValueError("not a complete cache file")
+    header = _read_into(handle, bytearray(header_size))
+    state = json.loads(header)
+    lengths = [length for _, _, length, _ in state["tables"]]
+    if sum(lengths) != payload_size or min(lengths, default=0) < 0:
+        raise ValueError("cache file tables do not add up to its payload")
+    streams = [_read_into(handle, np.empty(length, dtype=np.uint8)) for length in lengths]
+    running = zlib.crc32(header)
+    for stream in streams:
+        running = zlib.crc32(stream, running)
+    if running != crc:
+        raise ValueError("cache file checksum mismatch")
+    return state, streams
+
+
+def _read_into(handle: Any, buffer: Any) -> Any:
+    """Fill ``buffer`` from ``handle`` (an unbuffered file: reads may come back short)."""
+    view, filled = memoryview(buffer).cast("B"), 0
+    while filled < len(view):
+        got = handle.readinto(view[filled:])
+        if not got:
+            raise ValueError("cache file shorter than its header says")
+        filled += got
+    return buffer
+
+
+def _decode(state: dict[str, Any], streams: list[np.ndarray]) -> dict[str, Table]:
     import pyarrow as pa
 
-    magic, header_size, payload_size, crc = _PREFIX.unpack_from(data)
-    start = _PREFIX.size
-    if magic != _MAGIC or len(data) != start + header_size + payload_size:
-        raise ValueError("not a complete cache file")
-    view = memoryview(data)
-    header, payload = view[start : start + header_size], view[start + header_size :]
-    if zlib.crc32(payload, zlib.crc32(header)) != crc:
-        raise ValueError("cache file checksum mismatch")
-    state = json.loads(bytes(header))
     tables: dict[str, Table] = {}
-    position = 0
-    for event, size, length, columns in state["tables"]:
-        batch = pa.ipc.open_stream(payload[position : position + length]).read_all() if length else None
-        position += length
+    for (event, size, _, columns), stream in zip(state["tables"], streams, strict=True):
+        batch = pa.ipc.open_stream(pa.py_buffer(stream)).read_next_batch() if len(stream) else None
+        if batch is not None and (batch.num_rows != size or batch.num_columns != len(columns)):
+            raise ValueError("table does not match its description")
         table = tables[event] = Table()
         table.size = size
         for index, (name, kind, categories) in enumerate(columns):
-            values = None if batch is None else batch.column(index).combine_chunks()
-            table.columns[name] = _column(kind, values, categories, size)
-    return state, tables
+            values = None if batch is None else batch.column(index)
+            table.columns[name] = _column(kind, values, categories, size, stream)
+    return tables
 
 
 def _table_bytes(table: Table) -> bytes:
@@ -196,20 +221,29 @@ def _arrow(column: Column) -> Any:
     return pa.array(values)  # int64, float64, int8 (bool, -1 missing) or int32 codes (cat, -1 missing)
 
 
-def _column(kind: str, values: Any, categories: list[str], size: int) -> Column:
+def _column(kind: str, values: Any, categories: list[str], size: int, stream: np.ndarray) -> Column:
     if kind == "null":
         return Column("null", size)
     if kind == "object":
         array = np.empty(size, dtype=object)
         array[:] = [json.loads(value) for value in values.to_pylist()]
     else:
-        array = values.to_numpy(zero_copy_only=False).copy()  # a growable buffer of its own
+        array = _rows_in(stream, values.to_numpy(zero_copy_only=True))  # raises on nulls: never written
         expected = {"cat": "int32", **_NUMERIC}[kind]
         if array.dtype != np.dtype(expected) or len(array) != size:
             raise ValueError("column does not match its description")
         if kind == "cat" and len(array) and (array.max() >= len(categories) or array.min() < -1):
             raise ValueError("category code out of range")
     return Column.restore(kind, array, categories)
+
+
+def _rows_in(stream: np.ndarray, rows: np.ndarray) -> np.ndarray:
+    """``rows`` (pyarrow's read-only view into ``stream``) as a writable view of ``stream`` itself,
+    or a copy where pyarrow did not read in place."""
+    start = rows.__array_interface__["data"][0] - stream.__array_interface__["data"][0]
+    if start >= 0 and start + rows.nbytes <= stream.nbytes and start % rows.itemsize == 0:
+        return stream[start : start + rows.nbytes].view(rows.dtype)
+    return rows.copy()
 
 
 def _prune(directory: Path, budget: int, *, keep: Path) -> None:

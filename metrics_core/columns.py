@@ -90,12 +90,15 @@ class Column:
 
     @classmethod
     def restore(cls, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> Column:
-        """A column holding ``values`` (its own buffer, of the kind's dtype), as a cache saved it."""
+        """A column holding ``values`` (of the kind's dtype), as a cache saved it.
+
+        ``values`` may be a view of a larger buffer (the cache file's table, read once): rows are
+        never written once held, and the first append grows the column into a buffer of its own.
+        """
         column = cls(kind, 0 if values is None else len(values))
         if values is not None:
             column._buffer = values
             column.categories = list(categories)
-            column._index = {category: code for code, category in enumerate(column.categories)}
         return column
 
     def view(self) -> np.ndarray | None:
@@ -157,6 +160,8 @@ class Column:
         self._derived.clear()  # conversions of the old kind: never read again
 
     def _recode(self, chunk: Chunk) -> np.ndarray:
+        if len(self._index) != len(self.categories):  # restored from a cache: indexed when first needed
+            self._index = {category: code for code, category in enumerate(self.categories)}
         codes = []
         for category in chunk.categories:
             code = self._index.get(category)

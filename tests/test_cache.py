@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import stat
+import tracemalloc
 from pathlib import Path
 
 import pytest
@@ -91,6 +92,46 @@ def test_records_appended_after_the_save_are_parsed_from_the_cached_offset(tmp_p
     assert reader.refresh() == 20
     assert lines_before == 21  # the 20 appended records and the bad line, nothing cached
     assert snapshot(reader) == cold(path)
+
+
+def test_appends_after_a_reopen_leave_held_frames_as_they_were(tmp_path: Path, policy: CachePolicy) -> None:
+    """Restored columns share the cache file's buffer: appends (new categories, a new session, every
+    event) grow them into buffers of their own, never write into it or change a frame already held."""
+    path = run_file(tmp_path)
+    RunReader(path, cache=policy).refresh()
+    reader = RunReader(path, cache=policy)
+    reader.refresh()
+    held = {event: reader.frame(event).copy(deep=True) for event in reader.events}
+    frames = {event: reader.frame(event) for event in reader.events}
+    append_bytes(
+        path,
+        line(base_record(453, session="s2", note="new note", flag=False, mixed=2.5))
+        + line(base_record(460, event="validation", session="s3", val_loss=1.5))
+        + line(base_record(460, event="session_start", session="s3"))
+        + records(461, 3, session="s3"),
+    )
+    assert reader.refresh() == 6
+    for event, frame in frames.items():
+        assert frame.equals(held[event]), event
+    assert snapshot(reader) == cold(path)
+
+
+def test_a_reopen_holds_the_cached_columns_once(tmp_path: Path) -> None:
+    """Reading the cache file allocates about its size, not the file and a copy of its columns."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_bytes(path, records(1, 20_000))
+    policy = CachePolicy(tmp_path / "cache", min_records=1)
+    RunReader(path, cache=policy).refresh()
+    (cached,) = policy.directory.glob("*.mcc")
+    reader = RunReader(path, cache=policy)
+    tracemalloc.start()
+    try:
+        reader.refresh()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert reader._cache_saved_at is not None and reader.records == 20_000
+    assert peak < 1.3 * cached.stat().st_size  # a read and then a copy of the columns: 2x
 
 
 @pytest.mark.parametrize("rewrite", ["truncate and rewrite", "cp over", "replace", "shrink"])
