@@ -31,6 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.charts import ChartOptions, run_charts
+from metrics_core.dashboard.figures import figure_json
 from metrics_core.dashboard.store import RunStore
 from tests.live_server import chromium, streamlit_app, streamlit_server
 
@@ -171,7 +172,7 @@ def figure_bytes(records: int) -> tuple[int, int, int]:
             figures = run_charts(store.view("big"), ChartOptions(smoothing=0.6))
         finally:
             store.close()
-        sizes = [len(figure.to_json()) for figure in figures.values()]
+        sizes = [len(figure_json(figure)) for figure in figures.values()]
     return count, max(sizes), sum(sizes)
 
 

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pandas as pd
 import plotly
-import plotly.graph_objects as go
 
 import metrics_core.dashboard.chart as chart_module
 from benchmarks.generate import record, train_values, write_run
@@ -30,12 +29,13 @@ from metrics_core.dashboard.charts import (
     session_overlay,
     view_charts,
 )
+from metrics_core.dashboard.figures import Figure, figure_of
 from metrics_core.dashboard.store import RunStore
 from tests.conftest import append_records, base_record
 
 
-def line(xs: list[float], title: str = "t") -> go.Figure:
-    return go.Figure(go.Scatter(x=xs, y=[x * 2.0 for x in xs]), layout={"title": {"text": title}})
+def line(xs: list[float], title: str = "t", mode: str | None = None) -> Figure:
+    return figure_of([{"x": xs, "y": [x * 2.0 for x in xs], "mode": mode}], {"title": {"text": title}})
 
 
 def test_appended_points_are_an_extension_and_anything_else_a_full_figure() -> None:
@@ -43,7 +43,7 @@ def test_appended_points_are_an_extension_and_anything_else_a_full_figure() -> N
     old = encode(line([1.0, 2.0]))
     assert extension(old, encode(line([1.0, 2.0, 3.0]))) == [{"indices": [0], "update": {"x": [[3.0]], "y": [[6.0]]}}]
     assert extension(old, encode(line([1.0, 2.0]))) == []
-    assert extension(old, encode(go.Figure(go.Scatter(x=[1.0, 2.0, 3.0], y=[2.0, 4.0, 6.0], mode="markers")))) is None
+    assert extension(old, encode(line([1.0, 2.0, 3.0], mode="markers"))) is None
     assert extension(old, encode(line([1.5, 2.0, 3.0]))) is None
     assert extension(old, encode(line([1.0]))) is None
 
@@ -176,7 +176,7 @@ def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_pa
     store = RunStore(tmp_path)
     try:
         views = {name: store.view(name) for name in ("a", "b")}
-        figures: list[go.Figure] = []
+        figures: list[Figure] = []
         for x in ("step", "tokens_seen", "time"):
             options = ChartOptions(x=x, smoothing=0.6, log_y=False, history="effective", theme="dark")
             figures += run_charts(views["a"], options).values()

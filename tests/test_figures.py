@@ -15,11 +15,13 @@ import pytest
 
 from metrics_core.dashboard.charts import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
 from metrics_core.dashboard.figures import (
+    NO_TEMPLATE,
     SESSION_COLOURS,
     STRAGGLER_TITLE,
     SUPERSEDED_OPACITY,
     Series,
     ema_smooth,
+    figure_json,
     metric_figure,
     out_of_lockstep,
     rank_time_ratio,
@@ -141,7 +143,7 @@ def test_downsampled_chart_json_stays_small(tmp_path: Path) -> None:
         view = store.view("big")
         figures = run_charts(view, ChartOptions(smoothing=0.6))
         for figure in figures.values():
-            assert len(figure.to_json()) < 200_000
+            assert len(figure_json(figure)) < 200_000
         last_step = int(view.effective("train")["step"].iloc[-1])
         assert max(max(t.x, default=0) for t in figures["loss"].data if t.name.startswith("train")) == last_step
     finally:
@@ -171,7 +173,7 @@ def test_gap_markers_of_a_long_run_stay_bounded(tmp_path: Path) -> None:
                            title="g", sessions=reader.sessions)  # fmt: skip
     (markers,) = traces(figure, "no successful update")
     assert 100 < len(markers.x) <= 4000 and markers.x[0] == 1 and markers.x[-1] == 39_999
-    assert len(figure.to_json()) < 200_000
+    assert len(figure_json(figure)) < 200_000
 
 
 # -- the straggler chart of a data-parallel run --------------------------------------------------
@@ -259,7 +261,7 @@ def test_straggler_chart_of_a_long_run_stays_small(tmp_path: Path) -> None:
     (high,) = traces(figure, "rank step time")
     assert len(high.x) <= 8000 and 12_345 in list(high.x) and high.x[-1] == 40_000
     assert len(traces(figure, "fastest rank")[0].x) == len(high.x)
-    assert len(figure.to_json()) < 400_000
+    assert len(figure_json(figure)) < 400_000
 
 
 # -- charts a reader can trust at a glance --------------------------------------------------------
@@ -472,5 +474,25 @@ def test_figures_built_without_validation_are_what_plotly_validates(reader: RunR
         store.close()
     assert STRAGGLER_TITLE in {figure.layout.title.text for figure in figures}
     for figure in figures:
-        validated = go.Figure(figure.to_dict())  # raises on a misspelt property or a bad value
-        assert json.loads(validated.to_json()) == json.loads(figure.to_json())
+        validated = go.Figure(figure)  # raises on a misspelt property or a bad value
+        assert json.loads(validated.to_json()) == json.loads(figure_json(figure))
+
+
+def test_no_template_is_what_plotly_makes_of_template_none() -> None:
+    """Every figure's template is plotly's "none" template, as plotly itself spells it out."""
+    import plotly.io as pio
+
+    assert pio.templates["none"].to_plotly_json() == NO_TEMPLATE
+
+
+def test_figures_and_charts_import_no_plotly() -> None:
+    """Figures are plain dicts and JSON: a fresh interpreter importing the figure builders loads no
+    plotly (Streamlit itself imports plotly, so the server's memory is the same either way)."""
+    import subprocess
+    import sys
+
+    code = ("import sys; import metrics_core.dashboard.charts, metrics_core.dashboard.figures; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))")  # fmt: skip
+    found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                           cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip
+    assert found == "[]"

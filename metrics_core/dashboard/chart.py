@@ -53,10 +53,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import plotly.graph_objects as go
 import streamlit as st
-from plotly.utils import PlotlyJSONEncoder
 from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
+
+from metrics_core.dashboard.figures import Figure, figure_json, json_text
 
 _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
@@ -134,12 +134,12 @@ class Encoded:
     """A figure split for diffing: its traces' non-array properties (hashed), its per-point arrays,
     its layout, and its full JSON (built only when a whole figure must be sent)."""
 
-    def __init__(self, figure: go.Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
+    def __init__(self, figure: Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
         self._figure, self.head, self.arrays, self.layout = figure, head, arrays, layout
 
     @cached_property
     def json(self) -> str:
-        return self._figure.to_json()
+        return figure_json(self._figure)
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +150,7 @@ class _Sent:
     earlier: tuple[tuple[int, Encoded], ...] = ()  # states sent before ``seq``, newest first
 
 
-def encode(figure: go.Figure) -> Encoded:
+def encode(figure: Figure) -> Encoded:
     """``figure`` as ``Encoded``: O(points), once per figure object (figures are memoised per
     snapshot and shared by every tab, so a refresh with nothing new encodes nothing)."""
     cached = getattr(figure, "_metrics_encoded", None)
@@ -159,18 +159,15 @@ def encode(figure: go.Figure) -> Encoded:
     return cached
 
 
-def _encode(figure: go.Figure) -> Encoded:
-    # Each trace's and the layout's own properties, not figure.to_plotly_json(): that one also
-    # base64-packs every array, O(points drawn) (~6 ms per chart of a long run, on every update).
+def _encode(figure: Figure) -> Encoded:
+    # The figure's own dicts, read, never copied: the arrays are the figure's (never changed).
     arrays, heads = [], []
-    for trace in figure.data:
-        spec = trace.to_plotly_json()
-        points = {name: _array(spec[name]) for name in POINT_ARRAYS if _is_array(spec.get(name))}
+    for trace in figure["data"]:
+        points = {name: _array(trace[name]) for name in POINT_ARRAYS if _is_array(trace.get(name))}
         arrays.append(points)
-        heads.append({name: value for name, value in spec.items() if name not in points})
-    encoder = PlotlyJSONEncoder(sort_keys=True)
-    head = hashlib.sha1(encoder.encode(heads).encode()).hexdigest()
-    return Encoded(figure, head, tuple(arrays), encoder.encode(figure.layout.to_plotly_json()))
+        heads.append({name: value for name, value in trace.items() if name not in points})
+    head = hashlib.sha1(json_text(heads, sort_keys=True).encode()).hexdigest()
+    return Encoded(figure, head, tuple(arrays), json_text(figure["layout"]))
 
 
 def _is_array(value: Any) -> bool:
@@ -274,9 +271,7 @@ def _note_zoom(key: str) -> None:
     st.session_state.setdefault(_ZOOM, {})[key] = tuple(xrange) if valid else None
 
 
-def live_chart(
-    figure: go.Figure, *, key: str, zoom: Callable[[tuple[float, float]], go.Figure | None] | None = None
-) -> None:
+def live_chart(figure: Figure, *, key: str, zoom: Callable[[tuple[float, float]], Figure | None] | None = None) -> None:
     """Show ``figure``; later calls with the same ``key`` update it in place, sending only new
     points when that is all that changed.
 

@@ -9,15 +9,14 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 import pandas as pd
-import plotly.graph_objects as go
 
 from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_second
 from metrics_core.dashboard.figures import (
     CHART_POINTS,
     STRAGGLER_TITLE,
+    Figure,
     Highlight,
     Series,
-    figure_of,
     is_distributed,
     metric_figure,
     rank_time_ratio,
@@ -144,7 +143,7 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     return result
 
 
-def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS) -> dict[str, go.Figure]:
+def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS) -> dict[str, Figure]:
     """Every chart of the run page as a figure (each with a budget of ``max_points`` drawn points)."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
     specs = chart_specs(view, options.history)
@@ -174,7 +173,7 @@ def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_
     return figures
 
 
-def view_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
+def view_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
     """The run page's charts, once per snapshot and options, shared by every tab.
 
     On a long live run they are extended, not rebuilt (``_extend_charts``): cost O(appended
@@ -203,13 +202,13 @@ class _Charts:
     """The charts of ``view``, and the full build they extend (``base``), with its clock and cost."""
 
     view: RunView
-    figures: dict[str, go.Figure]
+    figures: dict[str, Figure]
     base: RunView
     built_at: float
     cost_s: float
 
 
-def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, go.Figure]:
+def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
     stale: list[bool] = []
 
     def update(previous: _Charts | None) -> _Charts | None:
@@ -284,38 +283,34 @@ def _tail_view(view: RunView, starts: Mapping[str, int]) -> RunView:
     return replace(view, frames=frames, superseded=superseded, replaced=replaced, lineage=view.lineage)
 
 
-def _append_points(figure: go.Figure, tail: go.Figure | None) -> go.Figure | None:
+def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
     """``figure`` with each trace extended by the points of ``tail``'s trace of the same name and
     axis that lie beyond its last x; None when a tail trace with new points has no counterpart."""
     if tail is None:
         return None
-    traces = {(trace.name, trace.yaxis): number for number, trace in enumerate(figure.data)}
+    traces = {(trace.get("name"), trace.get("yaxis")): number for number, trace in enumerate(figure["data"])}
     grown: dict[int, dict[str, np.ndarray]] = {}
-    for trace in tail.data:
-        xs = np.asarray(trace.x) if trace.x is not None else np.zeros(0)
-        number = traces.get((trace.name, trace.yaxis))
-        last = None
-        if number is not None and figure.data[number].x is not None and len(figure.data[number].x):
-            last = figure.data[number].x[-1]
+    for trace in tail["data"]:
+        xs = np.asarray(trace["x"]) if trace.get("x") is not None else np.zeros(0)
+        number = traces.get((trace.get("name"), trace.get("yaxis")))
+        old = figure["data"][number] if number is not None else {}
+        last = old["x"][-1] if old.get("x") is not None and len(old["x"]) else None
         new = np.ones(len(xs), dtype=bool) if last is None else xs > last
         if not new.any():
             continue
         if number is None:
             return None  # a trace the base does not have (a first gap marker): rebuild
-        old = figure.data[number]
-        names = [name for name in ("x", "y", "customdata") if old[name] is not None and trace[name] is not None]
+        names = [name for name in ("x", "y", "customdata") if old.get(name) is not None and trace.get(name) is not None]
         grown[number] = {name: np.concatenate([np.asarray(old[name]), np.asarray(trace[name])[new]]) for name in names}
     if not grown:
         return figure  # the same object: every tab's transport says "same"
-    # A new figure (figures are shared by every tab: never changed in place) from the traces'
-    # plain properties, unvalidated: copying through go.Figure cost ~12 ms per chart per update.
-    data = [trace.to_plotly_json() for trace in figure.data]
-    for number, arrays in grown.items():
-        data[number].update(arrays)
-    return figure_of(data, figure.layout.to_plotly_json())
+    # A new figure (figures are shared by every tab: never changed in place) sharing the layout
+    # and every unchanged trace.
+    data = [{**trace, **grown[number]} if number in grown else trace for number, trace in enumerate(figure["data"])]
+    return Figure(data=data, layout=figure["layout"])
 
 
-def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[float, float]) -> go.Figure:
+def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[float, float]) -> Figure:
     """Chart ``key`` drawn from only the records whose x lies in ``xrange`` (plus the smoothing's
     warm-up before it), so a zoom into 1,000 records of a 5M-record run shows every one of them
     raw; downsampled only beyond the chart's point budget.  Once per snapshot, options and range.
@@ -325,7 +320,7 @@ def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[flo
     return view.memo(("zoom", options, key, low, high), lambda: _zoom_chart(view, options, key, whole, low, high))
 
 
-def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: go.Figure, low: float, high: float) -> go.Figure:
+def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, low: float, high: float) -> Figure:
     origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
     warmup = _warmup_rows(options)
     keep = {}
@@ -352,27 +347,28 @@ def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: go.Figure
     return whole if raw is None else _splice(whole, raw, low, high)
 
 
-def _splice(whole: go.Figure, raw: go.Figure, low: float, high: float) -> go.Figure:
+def _splice(whole: Figure, raw: Figure, low: float, high: float) -> Figure:
     """``whole`` with each trace's points inside [low, high] replaced by ``raw``'s trace of the
     same name and axis: panning still shows the run around the zoom, and a live update outside
     it is still drawn."""
-    zoomed = {(trace.name, trace.yaxis): trace for trace in raw.data}
+    zoomed = {(trace.get("name"), trace.get("yaxis")): trace for trace in raw["data"]}
     data = []
-    for trace in whole.data:
-        spec = trace.to_plotly_json()
-        data.append(spec)
-        inner = zoomed.pop((trace.name, trace.yaxis), None)
-        if trace.x is None or inner is None or inner.x is None:
+    for trace in whole["data"]:
+        inner = zoomed.pop((trace.get("name"), trace.get("yaxis")), None)
+        if trace.get("x") is None or inner is None or inner.get("x") is None:
+            data.append(trace)
             continue
-        xs, inner_xs = np.asarray(trace.x, dtype=np.float64), np.asarray(inner.x, dtype=np.float64)
+        xs, inner_xs = np.asarray(trace["x"], dtype=np.float64), np.asarray(inner["x"], dtype=np.float64)
         left, right = xs < low, xs > high
         inside = (inner_xs >= low) & (inner_xs <= high)
+        spliced = dict(trace)
         for name in ("x", "y", "customdata"):
-            if trace[name] is not None and inner[name] is not None:
+            if trace.get(name) is not None and inner.get(name) is not None:
                 outer, middle = np.asarray(trace[name]), np.asarray(inner[name])
-                spec[name] = np.concatenate([outer[left], middle[inside], outer[right]])
-    data += [trace.to_plotly_json() for trace in zoomed.values()]  # only in the zoomed range (a gap marker)
-    return figure_of(data, whole.layout.to_plotly_json())
+                spliced[name] = np.concatenate([outer[left], middle[inside], outer[right]])
+        data.append(spliced)
+    data += zoomed.values()  # only in the zoomed range (a gap marker)
+    return Figure(data=data, layout=whole["layout"])
 
 
 def view_findings(view: RunView) -> list[Finding]:
@@ -433,7 +429,7 @@ def chart_csv(spec: ChartSpec) -> str:
     return pd.concat(parts).to_csv(index=False) if parts else ""
 
 
-def session_overlay(view: RunView, *, x: str, smoothing: float, theme: str = "light") -> go.Figure:
+def session_overlay(view: RunView, *, x: str, smoothing: float, theme: str = "light") -> Figure:
     """The sessions page's chart: every session's loss on one axis, replay windows shaded."""
     spec = chart_specs(view, "sessions")["loss"]
     return metric_figure(
@@ -443,9 +439,17 @@ def session_overlay(view: RunView, *, x: str, smoothing: float, theme: str = "li
 
 
 def compare_chart(
-    views: Mapping[str, RunView], metric: str, *, x: str, smoothing: float, log_y: bool, theme: str = "light"
-) -> go.Figure:
-    """One metric of several runs (effective histories), each run a colour and named by its path."""
+    views: Mapping[str, RunView],
+    metric: str,
+    *,
+    x: str,
+    smoothing: float,
+    log_y: bool,
+    theme: str = "light",
+    legend: bool = True,
+) -> Figure:
+    """One metric of several runs (effective histories), each run a colour and named by its path;
+    ``legend`` False leaves the runs' key to another chart (one colour per run on every chart)."""
     event, label = COMPARE_METRICS[metric]
     series = []
     for number, (name, view) in enumerate(views.items()):
@@ -455,7 +459,8 @@ def compare_chart(
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(Series(frame, metric, name, markers=event == "validation",
                              colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
-    return metric_figure(
+    figure = metric_figure(
         series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
         revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
     )  # fmt: skip
+    return Figure(data=figure["data"], layout={**figure["layout"], "showlegend": legend})
