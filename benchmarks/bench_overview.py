@@ -1,6 +1,7 @@
 """The runs overview on a cluster head's root (issue 10): 1,000 runs against a root of one.
 
 Run: python benchmarks/bench_overview.py [--root DIR] [--seconds 10] [--browser]
+     python benchmarks/bench_overview.py --memory ROOT [--against OLD_STORE_PY] [--rounds 2] [--cache]
 
 Measured side by side in one process, on ``generate_root``'s root (990 small runs, 9 of 100k
 records, one live run appending a record per second) and on a root holding only the live run:
@@ -15,12 +16,24 @@ records, one live run appending a record per second) and on a root holding only 
   the page until the table is drawn listing every run; then, ``--settle`` s later, with the page
   open while the live run appends once a second: the server's CPU (from /proc) and the websocket
   bytes Chromium received (``tests.live_server.Wire``), per append.
+
+``--memory ROOT`` (e.g. ``generate_root.py ROOT --small 0 --big 20 --big-records 200000``): in a
+fresh process per measurement, a store lists ROOT until no row reads ``loading`` (its loader reads
+every run); printed: the time to list and to fill, the process's RSS and peak RSS (``/proc``), the
+records its readers hold, the time of a first ``view()`` of a big run, and of an ``overview()``
+once filled.  ``--against FILE`` measures a ``store.py`` saved from another commit (``git show
+REV:metrics_core/dashboard/store.py > FILE``) in alternating rounds, same root, same machine.
+``--cache``: each store gets a fresh cache directory (the dashboard's default has one).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
+import json
+import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -115,14 +128,91 @@ LISTED_JS = """(runs) => {
 }"""
 
 
+def rss_kb() -> tuple[int, int]:
+    """This process's resident and peak resident memory, in KB."""
+    fields = dict(line.split(":", 1) for line in Path("/proc/self/status").read_text().splitlines())
+    return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
+
+
+def memory_child(root: Path, store_file: Path | None, cache: bool) -> dict[str, float]:
+    """One fresh store (``store_file``'s ``RunStore`` or today's) filling ``root``: times and memory."""
+    module = None
+    if store_file is not None:
+        spec = importlib.util.spec_from_file_location("metrics_core.dashboard._bench_store", store_file)
+        module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
+        spec.loader.exec_module(module)
+    from metrics_core.cache import CachePolicy
+    from metrics_core.dashboard import store as store_module
+
+    run_store = (module or store_module).RunStore
+    cache_dir = Path(tempfile.mkdtemp(prefix="metrics_bench_cache_")) if cache else None
+    store = run_store(root, cache=CachePolicy(cache_dir) if cache_dir else None)
+    try:
+        start = time.perf_counter()
+        table = store.overview()
+        listed = time.perf_counter() - start
+        while (table["status"] == "loading").any():
+            time.sleep(0.05)
+            table = store.overview()
+        filled = time.perf_counter() - start
+        while store._loader is not None:  # it may still be releasing the last run it read
+            time.sleep(0.01)
+        rss, peak = rss_kb()
+        held = (store.held_records() if hasattr(store, "held_records")
+                else sum(entry.reader.records for entry in store._entries.values()))  # fmt: skip
+        before = time.process_time()
+        store.overview()
+        idle_ms = (time.process_time() - before) * 1e3
+        big = table.sort_values("last step", ascending=False)["run"].iloc[0]
+        start = time.perf_counter()
+        store.view(big)
+        view_s = time.perf_counter() - start
+        rss_viewed, _ = rss_kb()
+    finally:
+        store.close()
+        if cache_dir is not None:
+            shutil.rmtree(cache_dir)
+    return {"runs": len(table), "records": int(table["last step"].count()), "listed_s": listed, "filled_s": filled,
+            "rss_mb": rss / 1024, "peak_mb": peak / 1024, "held_records": held, "idle_overview_ms": idle_ms,
+            "first_view_s": view_s, "rss_viewed_mb": rss_viewed / 1024}  # fmt: skip
+
+
+def memory_rounds(root: Path, against: Path | None, rounds: int, cache: bool) -> None:
+    """Alternating fresh processes: today's store and (``against``) another commit's."""
+    variants = {"this": None, **({"against": against} if against else {})}
+    for number in range(rounds):
+        for label, store_file in variants.items():
+            command = [sys.executable, __file__, "--memory-child", str(root)]
+            command += ["--against", str(store_file)] if store_file else []
+            command += ["--cache"] if cache else []
+            found = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+            print(f"round {number + 1}, {label:>7} store: {found['runs']} runs listed in "
+                  f"{found['listed_s'] * 1e3:.0f} ms, filled in {found['filled_s']:.1f} s; "
+                  f"RSS {found['rss_mb']:.0f} MB (peak {found['peak_mb']:.0f} MB), "
+                  f"{found['held_records']:,} records held; overview() {found['idle_overview_ms']:.1f} ms CPU; "
+                  f"first view of a big run {found['first_view_s']:.2f} s, then RSS {found['rss_viewed_mb']:.0f} MB",
+                  flush=True)  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--memory", type=Path, help="measure the memory of listing this root (see the docstring)")
+    parser.add_argument("--memory-child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--against", type=Path, help="with --memory: another commit's store.py, measured alternately")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--cache", action="store_true", help="with --memory: stores keep a (fresh) columnar cache")
     parser.add_argument("--root", type=Path, default=Path(tempfile.gettempdir()) / "metrics_bench_root1000")
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--browser", action="store_true")
     parser.add_argument("--settle", type=float, default=15.0, help="s after the first draw before the live "
                         "appends are measured (the loader reads every run meanwhile)")  # fmt: skip
     args = parser.parse_args()
+    if args.memory_child:
+        print(json.dumps(memory_child(args.memory_child, args.against, args.cache)))
+        return
+    if args.memory:
+        memory_rounds(args.memory, args.against, args.rounds, args.cache)
+        return
     big = make_root(args.root)
     one = Path(tempfile.mkdtemp(prefix="metrics_bench_root1_"))
     small_run(one / LIVE / "metrics.jsonl", 10**6)

@@ -53,4 +53,12 @@ def make_root(root: Path, *, small: int = SMALL, big: int = BIG, big_records: in
 
 
 if __name__ == "__main__":
-    print(make_root(Path(sys.argv[1])))
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("root", type=Path)
+    parser.add_argument("--small", type=int, default=SMALL)
+    parser.add_argument("--big", type=int, default=BIG)
+    parser.add_argument("--big-records", type=int, default=100_000)
+    args = parser.parse_args()
+    print(make_root(args.root, small=args.small, big=args.big, big_records=args.big_records))

@@ -454,6 +454,137 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
         store.close()
 
 
+# -- issue 10: memory O(runs) + O(records of the live and viewed runs) ------------------------------
+
+MEMORY_NOW = datetime(2026, 11, 29, 10, 34, tzinfo=timezone.utc)  # base_record's step 2000 is 10:33:20
+
+
+def memory_root(root: Path, finished: int, records: int = 2000) -> None:
+    """``finished`` ended runs of ``records`` records and one run "live" at ``MEMORY_NOW``."""
+    for number in range(finished):
+        append_records(root / f"run{number:02d}" / "metrics.jsonl",
+                       *(base_record(s, train_loss=1.0 / s) for s in range(1, records + 1)),
+                       base_record(records, event="session_end", status="finished"))  # fmt: skip
+    append_records(
+        root / "live" / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in range(1, records + 1))
+    )
+
+
+def listed_store(root: Path, clock: list[float], **options: object) -> RunStore:
+    """A store that read every run of ``root`` in its first ``overview()`` (no loader, no budget)."""
+    store = RunStore(root, safety_interval=0.0, load_budget_s=3600.0, clock=lambda: clock[0], **options)
+    assert "loading" not in store.overview(now=MEMORY_NOW)["status"].tolist()
+    return store
+
+
+def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_number_of_runs(tmp_path: Path) -> None:
+    """3 or 12 finished runs of 2,000 records: once listed, readers hold the live run's 2,000 records
+    (the old store held every run's: 26,024 for 12); the finished runs' rows are all there."""
+    for finished in (3, 12):
+        root = tmp_path / f"root{finished}"
+        memory_root(root, finished)
+        store = listed_store(root, [0.0])
+        try:
+            table = store.overview(now=MEMORY_NOW).set_index("run")
+            assert table.loc["live", "status"] == "live" and (table.drop(index="live")["status"] == "finished").all()
+            assert (table["last step"] == 2000).all() and len(table) == finished + 1
+            assert store.held_records() == 2000
+            assert store.stats["releases"] == finished
+        finally:
+            store.close()
+
+
+def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_it_for_a_while(tmp_path: Path) -> None:
+    """A run opened by a page keeps its reader (each view extends it with the appended records); not
+    viewed for view_keep_s it is released at the next overview; appended to once released, its row
+    shows the new records (a fresh reader) and the view built then equals a cold read's."""
+    memory_root(tmp_path, 4)
+    clock = [0.0]
+    store = listed_store(tmp_path, clock, view_keep_s=30.0)
+    try:
+        assert store.view("run01").records == 2001 and store.held_records() == 4001
+        views = store.stats["views"]
+        for step in (2001, 2002):
+            append_records(tmp_path / "run01" / "metrics.jsonl", base_record(step, session="s2", train_loss=0.5))
+            clock[0] += 1.0
+            assert store.view("run01").sessions[-1].last_step == step
+            store.overview(now=MEMORY_NOW)
+            assert store.held_records() == 2000 + 2001 + step - 2000
+        assert store.stats["views"] == views + 2 and store.stats["reopens"] == 1  # the first view reopened it
+        clock[0] += 30.0
+        later = MEMORY_NOW + timedelta(hours=1)  # no run live any more
+        assert store.overview(now=later).set_index("run").loc["run01", "last step"] == 2002
+        assert store.held_records() == 0
+        append_records(tmp_path / "run03" / "metrics.jsonl", base_record(2001, event="session_start", session="s2"),
+                       base_record(2010, session="s2", train_loss=0.25))  # fmt: skip
+        clock[0] += 1.0
+        row = store.overview(now=later).set_index("run").loc["run03"]
+        assert (row["sessions"], row["last step"], row["train loss"]) == (2, 2010, 0.25)
+        assert store.held_records() == 0 and store.stats["reopens"] == 2  # read again, released again
+        assert_same_view(store.view("run03"), full_view(store, "run03"))
+    finally:
+        store.close()
+
+
+def test_viewed_runs_beyond_the_record_budget_are_released_least_recently_viewed_first(tmp_path: Path) -> None:
+    """With a budget of 5,000 records, viewing three finished runs of 2,001 keeps the last two viewed."""
+    memory_root(tmp_path, 3)
+    store = listed_store(tmp_path, [0.0], view_budget_records=5000)
+    try:
+        for name in ("run00", "run01", "run02"):
+            store.view(name)
+        assert store.held_records() == 2000 + 2 * 2001
+        assert store._entries["run00"].reader is None and store._entries["run02"].reader is not None
+    finally:
+        store.close()
+
+
+def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writer(tmp_path: Path) -> None:
+    """The live run, an hour later with its writer's lock still held, reads stalled and its reader
+    goes; once the lock is gone it reads crashed, with no read of its file (the released state's
+    lock probe): a released run that did not change costs a stat and that probe."""
+    import os
+
+    from metrics_core.writer import _lock_exclusive
+
+    memory_root(tmp_path, 2)
+    clock = [0.0]
+    store = listed_store(tmp_path, clock)
+    writer = os.open(tmp_path / "live" / "metrics.jsonl", os.O_WRONLY | os.O_APPEND)
+    try:
+        _lock_exclusive(writer)  # a hung trainer: the lock held, nothing written
+        summaries = store.stats["summaries"]
+        clock[0] += 1.0
+        hung = store.overview(now=MEMORY_NOW + timedelta(hours=1)).set_index("run")
+        assert hung.loc["live", "status"] == "stalled" and store.held_records() == 0
+        os.close(writer)
+        writer = None
+        clock[0] += 1.0
+        assert store.overview(now=MEMORY_NOW + timedelta(hours=2)).set_index("run").loc["live", "status"] == "crashed"
+        assert store.stats["summaries"] == summaries and store.stats["reopens"] == 0
+    finally:
+        if writer is not None:
+            os.close(writer)
+        store.close()
+
+
+def test_a_released_run_is_reopened_from_the_cache_when_the_store_has_one(tmp_path: Path) -> None:
+    """Closing a released reader saves its cache; the reopen after an append reads only the new bytes."""
+    from metrics_core.cache import CachePolicy
+
+    runs = tmp_path / "runs"
+    memory_root(runs, 1)
+    store = listed_store(runs, [0.0], cache=CachePolicy(tmp_path / "cache", min_records=1))
+    try:
+        assert store.held_records() == 2000
+        append_records(runs / "run00" / "metrics.jsonl", base_record(2001, session="s2", train_loss=0.5))
+        view = store.view("run00")
+        assert store._entries["run00"].reader._cache_saved_at is not None  # restored, not parsed cold
+        assert_same_view(view, full_view(store, "run00"))
+    finally:
+        store.close()
+
+
 # -- issue 10: a live update of a long run costs O(appended records) ------------------------------
 
 

@@ -36,6 +36,18 @@ Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
 * ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
   the root: a page showing one run does not pay for the 999 others.
 
+Memory (issue 10: 100 runs of 1M records would be ~11 GB of columns at ~115 B/record): O(runs)
+plus the records of the runs that are live or open in a page, not O(all records).  A run's
+reader (its columns) is kept only while the run is ``live`` (it will change again soon), or was
+shown by ``view()`` in the last ``view_keep_s`` seconds (a page is on it) and the runs so viewed
+hold at most ``view_budget_records`` records (least recently viewed released first; the last one
+viewed is always kept).  Any other run keeps its ``RunSummary`` and row and what ``run_status``
+needs (``_Released``: the last event, record time and cadence, the file's identity as it was read),
+and its reader is closed once its row is computed: the loader holds one cold run at a time.  A
+released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not ended,
+a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh reader,
+from the columnar cache when the store has one (~5-10 % of a cold parse), else a full parse.
+
 The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
 """
@@ -47,6 +59,7 @@ import os
 import threading
 import time
 import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
@@ -74,10 +87,13 @@ from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
+from metrics_core.writer import lock_is_held
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
+VIEW_KEEP_S = 60.0  # a run not viewed for this long is no longer "open in a page" (a paused page reloads it)
+VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold (~460 MB)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
@@ -160,10 +176,49 @@ class RunView:
         return self.frames[event][~self.superseded[event]].reset_index(drop=True)
 
 
+@dataclass(frozen=True, slots=True)
+class _Released:
+    """What ``run_status`` reads of a reader, kept when the reader is closed and its columns
+    dropped (``RunStore._release_if_idle``): with it, a released run's status follows the clock and its
+    writer's lock without its records.  ``stamp`` is the file's identity taken before the read
+    that the reader last made, so any later write changes it."""
+
+    path: Path
+    stamp: tuple[int, int, int, int] | None
+    last_event: str | None
+    last_end_status: str | None
+    last_record_time: datetime | None
+    pending_bytes: int
+    gap_s: float | None
+
+    @classmethod
+    def of(cls, reader: RunReader, stamp: tuple[int, int, int, int] | None) -> _Released:
+        return cls(reader.path, stamp, reader.last_event, reader.last_end_status, reader.last_record_time,
+                   reader.pending_bytes, reader.typical_gap_s())  # fmt: skip
+
+    def typical_gap_s(self) -> float | None:
+        return self.gap_s
+
+    def writer_alive(self) -> bool | None:
+        """As ``RunReader.writer_alive``: the lock is probed on a descriptor opened for the probe."""
+        try:
+            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return lock_is_held(fd)
+        finally:
+            os.close(fd)
+
+
 @dataclass
 class _Entry:
     name: str
-    reader: RunReader
+    reader: RunReader | None = None  # None: not read yet, or released (``released`` says what it knew)
+    released: _Released | None = None
+    read_stamp: tuple[int, int, int, int] | None = None  # the file's identity before the reader's last refresh
+    use_cache: bool = True  # False after a failure: a state the cache restored may be what failed
+    viewed_at: float = float("-inf")  # the clock of the last ``view()``
     lock: threading.Lock = field(default_factory=threading.Lock)
     lineage: Lineage = field(default_factory=Lineage)
     refreshed_at: float = float("-inf")
@@ -178,7 +233,7 @@ class _Entry:
     row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
     failure: str | None = None  # why the last attempt failed, until the file changes
-    failure_stamp: tuple[int, int, int] | None = None
+    failure_stamp: tuple[int, int, int, int] | None = None
     failed_at: float = float("-inf")
     queued: bool = False  # waiting in RunStore's cold queue
 
@@ -195,14 +250,20 @@ class RunStore:
         load_budget_s: float = 0.1,
         loader_delay_s: float = 1.0,
         cache: CachePolicy | None = None,
+        view_keep_s: float = VIEW_KEEP_S,
+        view_budget_records: int = VIEW_BUDGET_RECORDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``cache``: where readers keep a columnar copy of big runs, so that a restarted server
         reopens them at a few percent of a cold parse (``metrics_core.cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
-        it takes a core (on 2 cores, 1,000 runs drawn in 3.9-4.1 s with it, 3.8-6.4 s without)."""
+        it takes a core (on 2 cores, 1,000 runs drawn in 3.9-4.1 s with it, 3.8-6.4 s without).
+        ``view_keep_s`` / ``view_budget_records``: which viewed runs keep their readers (module
+        docstring, "Memory")."""
         self.root = Path(root)
         self.cache = cache
+        self.view_keep_s = view_keep_s
+        self.view_budget_records = view_budget_records
         self.safety_interval = safety_interval
         self.load_budget_s = load_budget_s
         self.loader_delay_s = loader_delay_s
@@ -221,8 +282,10 @@ class RunStore:
         self._to_peek: list[tuple[_Entry, RunInfo]] = []  # queued runs too big to read at once: peeked first
         self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
         self._closed = threading.Event()
+        self._viewed: OrderedDict[str, _Entry] = OrderedDict()  # viewed runs, least recently viewed first
         # Work counters, read by the complexity tests (work is counted, not timed).
-        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0}
+        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
+                      "releases": 0, "reopens": 0}  # fmt: skip
         if not self.root.is_dir():
             raise RunNotFoundError(
                 f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
@@ -240,7 +303,14 @@ class RunStore:
             entries = list(self._entries.values())
         for entry in entries:
             with entry.lock:
-                entry.reader.close()
+                if entry.reader is not None:
+                    entry.reader.close()
+
+    def held_records(self) -> int:
+        """Records held in readers' columns right now (~115 B each): what the memory bound is about."""
+        with self._lock:
+            entries = list(self._entries.values())
+        return sum(_held(entry) for entry in entries)
 
     def runs(self) -> list[RunInfo]:
         """The runs under the root, rediscovered when the watcher saw the tree change."""
@@ -267,9 +337,8 @@ class RunStore:
         with self._lock:
             entry = self._entries.get(info.name)
             if entry is None:
-                entry = self._entries[info.name] = _Entry(info.name, RunReader(info.directory, cache=self.cache))
+                entry = self._entries[info.name] = _Entry(info.name)
                 self._by_directory[info.directory] = self._by_directory[self.root / info.name] = entry
-                self._by_directory[entry.reader.path.parent] = entry
             return entry
 
     def view(self, name: str, *, now: datetime | None = None) -> RunView:
@@ -282,8 +351,18 @@ class RunStore:
         with self._lock:
             self._take_hints()
         entry = self._entry(info)
+        with self._lock:
+            entry.viewed_at = self._clock()
+            self._viewed[info.name] = entry
+            self._viewed.move_to_end(info.name)
+        try:
+            return self._viewed_snapshot(entry, info, now or datetime.now(timezone.utc))
+        finally:
+            self._trim_viewed(keep=entry)
+
+    def _viewed_snapshot(self, entry: _Entry, info: RunInfo, now: datetime) -> RunView:
         with entry.lock:
-            self._update(entry, info, now or datetime.now(timezone.utc))
+            self._update(entry, info, now, need_reader=True)
             if entry.view is None:
                 try:
                     previous = entry.built() if entry.built is not None else None
@@ -297,20 +376,30 @@ class RunStore:
                 entry.view = replace(entry.view, status=entry.summary.status)  # same data, derived data rebuilt
             return entry.view
 
-    def _update(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
+    def _update(self, entry: _Entry, info: RunInfo, now: datetime, *, need_reader: bool = False) -> None:
         """Refresh ``entry`` if due and bring its summary up to date; the caller holds ``entry.lock``.
+        ``need_reader``: a snapshot is wanted, so a released run gets a reader again.
 
         Cost when nothing changed: one ``stat`` per ``safety_interval`` (plus ``run_status`` for a
-        run that has not ended); after an append, O(new records).
+        run that has not ended); after an append, O(new records); a released run that changed or
+        is viewed: a reopen (from the cache if there is one) or a cold parse.
         """
         if entry.failure is not None:
             stamp = _stamp(info.metrics_path)
             if stamp == entry.failure_stamp or self._clock() - entry.failed_at < self.safety_interval:
                 raise RunViewError(info.name, entry.failure)
         due = self._clock() - entry.refreshed_at >= self.safety_interval or entry.summary is None
-        if not due:
+        if not due and (entry.reader is not None or not need_reader):
             return
         try:
+            if entry.reader is None:
+                if entry.released is not None and not need_reader and self._still_released(entry, now):
+                    return
+                entry.reader = RunReader(info.directory, cache=self.cache if entry.use_cache else None)
+                if entry.released is not None:
+                    entry.released = None
+                    self.stats["reopens"] += 1
+            entry.read_stamp = _stamp(info.metrics_path)  # before the read: a write after it changes the stamp
             entry.reader.refresh()
             entry.refreshed_at = self._clock()
             reader = entry.reader
@@ -329,11 +418,64 @@ class RunStore:
             raise self._failed(entry, info, exc) from exc
         entry.failure = entry.failure_stamp = None
 
+    def _still_released(self, entry: _Entry, now: datetime) -> bool:
+        """For a released run that is due: True, with its status brought up to date, if its file
+        is as its last reader left it (or gone: the rediscovery drops it); False if it changed and
+        needs a reader again.  One ``stat``, plus a lock probe for a run that has not ended."""
+        released = entry.released
+        stamp = _stamp(released.path)
+        if stamp is not None and stamp != released.stamp:
+            return False
+        entry.refreshed_at = self._clock()
+        if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
+            status = run_status(released, now=now)  # type: ignore[arg-type]  # what it reads of a reader
+            if status != entry.summary.status:
+                self._set_summary(entry, replace(entry.summary, status=status))
+        return True
+
+    def _release_if_idle(self, entry: _Entry) -> None:
+        """Release ``entry``'s reader unless its run is live or open in a page (module docstring,
+        "Memory"); the caller holds ``entry.lock``."""
+        if entry.reader is None or entry.summary is None or entry.summary.status == "live":
+            return
+        if self._clock() - entry.viewed_at < self.view_keep_s:
+            return
+        released = _Released.of(entry.reader, entry.read_stamp)
+        entry.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
+        entry.reader, entry.released = None, released
+        entry.view = entry.built = entry.data_key = entry.config_key = None
+        entry.lineage, entry.trend = Lineage(), LossTrend()
+        self.stats["releases"] += 1
+
+    def _trim_viewed(self, *, keep: _Entry) -> None:
+        """Forget viewed runs not viewed for ``view_keep_s``, and the least recently viewed while
+        the viewed runs hold more than ``view_budget_records`` (``keep``, just viewed, stays), and
+        release their readers unless they are live or busy (a busy one is released by a later
+        overview pass).  O(viewed runs)."""
+        with self._lock:
+            viewed = list(self._viewed.values())
+        held = sum(_held(entry) for entry in viewed)
+        now = self._clock()
+        for entry in viewed:
+            if entry is keep or (now - entry.viewed_at < self.view_keep_s and held <= self.view_budget_records):
+                continue
+            with self._lock:
+                entry.viewed_at = float("-inf")
+                self._viewed.pop(entry.name, None)
+            if entry.lock.acquire(blocking=False):
+                try:
+                    held -= _held(entry)
+                    self._release_if_idle(entry)
+                finally:
+                    entry.lock.release()
+
     def _failed(self, entry: _Entry, info: RunInfo, exc: Exception) -> RunViewError:
         """Forget ``entry``'s reader (its state is unknown after an exception) and remember why."""
         _log.warning("run %r cannot be shown", info.name, exc_info=exc)
-        entry.reader.close()
-        entry.reader = RunReader(info.directory)  # no cache: a state it restored may be what failed
+        if entry.reader is not None:
+            entry.reader.close()
+        entry.reader = entry.released = None  # the next read starts from scratch, without the cache
+        entry.use_cache = False
         entry.lineage = Lineage()
         entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
         entry.trend = LossTrend()
@@ -490,6 +632,7 @@ class RunStore:
             return
         try:
             self._update(entry, info, now)
+            self._release_if_idle(entry)
         except RunViewError:
             pass  # its row says why
         except Exception as exc:  # the run vanished, or the OS refused its path
@@ -531,6 +674,12 @@ def view_summary(view: RunView) -> RunSummary:
     )
 
 
+def _held(entry: _Entry) -> int:
+    """Records ``entry``'s reader holds; safe without its lock (another thread may release it)."""
+    reader = entry.reader
+    return 0 if reader is None else reader.records
+
+
 def _epoch_s(when: datetime | None) -> float:
     return np.nan if when is None else when.timestamp()
 
@@ -550,13 +699,13 @@ def _cause(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
 
 
-def _stamp(path: Path) -> tuple[int, int, int] | None:
-    """What changes when a file is appended to or replaced."""
+def _stamp(path: Path) -> tuple[int, int, int, int] | None:
+    """What changes when a file is appended to or replaced (ctime too: ``cp -p`` keeps size and mtime)."""
     try:
         stat = os.stat(path)
     except OSError:
         return None
-    return (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
