@@ -49,6 +49,7 @@ READ_CHUNK = 4 << 20  # forward reads: bounds memory per batch, holds any line s
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
 RATE_CONTEXT_LINES = 10_000  # tail -n: lines read past the last one printed to find a rate's predecessor
 _FINGERPRINT = 256  # first bytes of a line compared to notice a rewrite (time and session id)
+_REREAD_BYTES = 64 << 10  # an incomplete line up to this long is read again rather than skipped over
 _RECENT_TIMES = 64  # as RunReader: the usual gap between records comes from the last few
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
@@ -158,6 +159,15 @@ class Batch:
     reset: str | None = None
 
 
+def rereads(scanned: int, chunk: int) -> bool:
+    """Whether a follower reads an incomplete line of ``scanned`` bytes again, from its start, with
+    the next block of ``chunk`` bytes: when it is short (then each byte is read about once, not the
+    whole next block twice, once to find the line's end and once from its start); a long one is
+    skipped over, never scanned again.  Never more than half a block, so that a read from the
+    line's start always reaches past what was scanned."""
+    return scanned <= min(_REREAD_BYTES, chunk // 2)
+
+
 class LineFollower:
     """Complete records appended to one file since the last call; see the module docstring.
 
@@ -223,16 +233,17 @@ class LineFollower:
             self._scanned = 0  # the incomplete tail was cut (a writer resumed): scan it anew
         chunk = max(READ_CHUNK, self.max_record_bytes + 1)
         while self.offset + self._scanned < size:
-            start = self.offset + self._scanned
+            resume = rereads(self._scanned, chunk)
+            start = self.offset if resume else self.offset + self._scanned
             data = os.pread(self._fd, min(chunk, size - start), start)
             if not data:
                 break  # shrank under us: the next call notices
-            first = data.find(b"\n")
+            first = data.find(b"\n", self._scanned if resume else 0)
             if first < 0:
-                self._scanned += len(data)
+                self._scanned = start + len(data) - self.offset
                 self._pending_head = os.pread(self._fd, EXCERPT_BYTES, self.offset)
                 continue
-            if self._scanned:  # the line that began at offset ends at start + first
+            if not resume:  # the line that began at offset ends at start + first
                 if self._scanned + first > self.max_record_bytes:
                     yield Batch([], [self._skip_long_line(self._scanned + first)])
                 self._scanned = 0  # a short line is re-read whole from its start, next turn

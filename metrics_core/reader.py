@@ -52,7 +52,7 @@ import pandas as pd
 from metrics_core.cache import FORMAT as _CACHE_FORMAT
 from metrics_core.cache import CachePolicy
 from metrics_core.columns import Chunk, Column, Table, chunk_from_pylist
-from metrics_core.digest import int_or_none, supersede_thresholds
+from metrics_core.digest import int_or_none, rereads, supersede_thresholds
 from metrics_core.errors import RunNotFoundError
 from metrics_core.records import (
     EXCERPT_BYTES,
@@ -76,7 +76,6 @@ ARROW_MIN_BLOCK = 1 << 20  # below this the per-line loop is faster than pyarrow
 ARROW_MAX_LINE = 16 << 10  # longer lines go to the exact parser: no real record is this wide
 MAX_BAD_LINE_SAMPLES = 20
 _FINGERPRINT = 256  # first bytes of a line compared to notice a rewrite (time and session id)
-_REREAD_BYTES = 64 << 10  # an incomplete line up to this long is read again rather than skipped over
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 _MARKER_EVENTS = ("session_start", "session_end")
 _RECENT_TIMES = 64
@@ -660,7 +659,7 @@ class RunReader:
             while self._offset + self._scanned < size:
                 # A short incomplete line (the tail of the last block) is read again with the
                 # next block, not scanned again; a long one is skipped over, then re-read whole.
-                resume = self._scanned <= _REREAD_BYTES
+                resume = rereads(self._scanned, chunk)
                 start = self._offset if resume else self._offset + self._scanned
                 data = self._read(start, min(chunk, size - start))
                 if not data:

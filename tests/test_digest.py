@@ -189,6 +189,31 @@ def test_follower_skips_an_overlong_line_by_its_length(tmp_path: Path) -> None:
     assert [(s.line, s.where) for b in batches for s in b.skipped] == [(2, "line 2")]
 
 
+def test_follower_reads_each_byte_about_once_across_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Small blocks ending mid-line, and an over-long line longer than several blocks: the records a
+    single read gives, with each byte read about once (the cut line's tail is read again, not the
+    whole next block)."""
+    import metrics_core.digest as digest_module
+
+    path = tmp_path / "metrics.jsonl"
+    pieces = [orjson.dumps(base_record(step, note="n" * (step % 97))) + b"\n" for step in range(1, 1201)]
+    pieces.insert(600, b"x" * 100_000 + b"\n")  # beyond the record limit and REREAD_BYTES: skipped over
+    path.write_bytes(b"".join(pieces))
+    whole = [(r["step"], r["note"]) for b in LineFollower(path, max_record_bytes=2000).batches() for r in b.records]
+    read = []
+    pread = os.pread
+    monkeypatch.setattr(os, "pread", lambda fd, count, offset: read.append(count) or pread(fd, count, offset))
+    monkeypatch.setattr(digest_module, "READ_CHUNK", 4096)
+    batches = list(LineFollower(path, max_record_bytes=2000).batches())
+    assert (
+        [(r["step"], r["note"]) for b in batches for r in b.records]
+        == whole
+        == [(step, "n" * (step % 97)) for step in range(1, 1201)]
+    )
+    assert [s.line for b in batches for s in b.skipped] == [601]
+    assert len(batches) > 50 and sum(read) < 1.2 * path.stat().st_size  # was 2x: every block read twice
+
+
 def test_hostile_text_is_cleaned_and_fitted() -> None:
     """Escape sequences, controls and bidi overrides go; wide characters count two columns."""
     hostile = "s\x1b[2J\x1b[31mred\x1b]0;title\x07\u202eevil\r\n\t\x9b1Aend"
