@@ -82,17 +82,19 @@ def save(reader: RunReader, policy: CachePolicy) -> bool:
     """Write ``reader``'s parsed state to its cache file; False (and no exception) if it cannot."""
     try:
         state, tables = reader._cache_state()
-        streams = {event: _table_bytes(table) for event, table in tables.items()}
-        payload = b"".join(streams.values())
+        streams = {event: _table_stream(table) for event, table in tables.items()}  # Arrow's buffers, not copied
+        payload_size = sum(len(stream) for stream in streams.values())
         state["tables"] = [
             [event, table.size, len(streams[event]), [[name, column.kind, list(column.categories)]
                                                       for name, column in table.columns.items()]]
             for event, table in tables.items()
         ]  # fmt: skip
         header = json.dumps(state).encode()
-        if len(header) + len(payload) > policy.max_file_bytes:
+        if len(header) + payload_size > policy.max_file_bytes:
             return False
-        crc = zlib.crc32(payload, zlib.crc32(header))
+        crc = zlib.crc32(header)
+        for stream in streams.values():
+            crc = zlib.crc32(stream, crc)
         directory = Path(policy.directory)
         directory.mkdir(parents=True, exist_ok=True)
         if reader._fd is None:
@@ -101,9 +103,10 @@ def save(reader: RunReader, policy: CachePolicy) -> bool:
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".mcc")
         try:
             with os.fdopen(handle, "wb") as out:
-                out.write(_PREFIX.pack(_MAGIC, len(header), len(payload), crc))
+                out.write(_PREFIX.pack(_MAGIC, len(header), payload_size, crc))
                 out.write(header)
-                out.write(payload)
+                for stream in streams.values():
+                    out.write(stream)
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -196,8 +199,9 @@ def _decode(state: dict[str, Any], streams: list[np.ndarray]) -> dict[str, Table
     return tables
 
 
-def _table_bytes(table: Table) -> bytes:
-    """One Arrow IPC stream of the table's columns, in order (empty for a table without columns)."""
+def _table_stream(table: Table) -> Any:
+    """One Arrow IPC stream of the table's columns, in order, as a ``pyarrow.Buffer`` (a bytes-like
+    object; empty for a table without columns)."""
     import pyarrow as pa
 
     arrays = [_arrow(column) for column in table.columns.values()]
@@ -207,7 +211,7 @@ def _table_bytes(table: Table) -> bytes:
     sink = pa.BufferOutputStream()
     with pa.ipc.new_stream(sink, batch.schema) as writer:
         writer.write_batch(batch)
-    return sink.getvalue().to_pybytes()
+    return sink.getvalue()
 
 
 def _arrow(column: Column) -> Any:
