@@ -2,8 +2,9 @@
 
 Run: python benchmarks/bench_reader.py [--sizes 100000,300000,1000000] [--small 10000 --big 300000]
      METRICS_BENCH_5M=1 adds a 5,000,000-record run to the refresh measurement.
-     --baseline DIR adds the cold load of another version's ``metrics_core`` (a directory holding
-     it, e.g. from ``git archive <rev> metrics_core | tar -x -C DIR``), side by side in the rounds.
+     --baseline DIR adds the cold load and the cache reopen of another version's ``metrics_core``
+     (a directory holding it, e.g. from ``git archive <rev> metrics_core | tar -x -C DIR``), side by
+     side in the rounds; its reopen reads this version's cache file, so both must share the format.
 Each load runs in its own subprocess so its wall time and peak RSS are its own; candidate and
 baseline subprocesses alternate (``--repeats`` rounds) and the median of per-round ratios is
 printed.  The refresh timings alternate between the runs and the floor in one process.
@@ -37,7 +38,7 @@ COLD = """
 import resource, sys, time
 from pathlib import Path
 mode, path, cache_dir, baseline = sys.argv[1:5]
-if mode == "baseline":
+if mode.startswith("baseline"):
     sys.path.insert(0, baseline)  # that version's metrics_core, not this one
 import pandas as pd
 from metrics_core.cache import CachePolicy
@@ -56,7 +57,7 @@ elif mode == "pyarrow":  # the ceiling of this approach: pyarrow's JSON reader a
 elif mode in ("reader", "baseline"):
     reader = RunReader(path)
     rows = reader.refresh()
-else:  # "reopen": the cache file must exist
+else:  # "reopen", "baseline reopen": the cache file must exist (and be of the version's cache format)
     reader = RunReader(path, cache=policy)
     reader.refresh()
     rows = reader.records
@@ -190,16 +191,16 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
     writer.refresh()
     writer.close()
     del writer  # its columns would distort the RSS measurement below
-    modes = ["reader", "pyarrow", "pandas", "reopen", *(["baseline"] if baseline else [])]
+    modes = ["reader", "pyarrow", "pandas", "reopen", *(["baseline", "baseline reopen"] if baseline else [])]
     loads: dict[str, list[Load]] = {mode: [] for mode in modes}
     for _ in range(repeats):
         for mode in modes:
-            loads[mode].append(cold_load(mode, cold, cache_dir if mode == "reopen" else None, baseline))
-    assert {load.rows for mode in modes if mode != "reopen" for load in loads[mode]} == {count}
+            loads[mode].append(cold_load(mode, cold, cache_dir if mode.endswith("reopen") else None, baseline))
+    assert {load.rows for mode in modes if not mode.endswith("reopen") for load in loads[mode]} == {count}
     med = statistics.median
 
-    def ratios(mode: str, over: str = "pandas") -> list[float]:
-        return [b.seconds / a.seconds for a, b in zip(loads[mode], loads[over], strict=True)]
+    def ratios(mode: str, over: str = "pandas", what: str = "seconds") -> list[float]:
+        return [getattr(b, what) / getattr(a, what) for a, b in zip(loads[mode], loads[over], strict=True)]
 
     names = {"reader": "RunReader", "baseline": "RunReader --baseline", "pyarrow": "pyarrow.json.read_json",
              "pandas": "pandas.read_json(lines=True)"}  # fmt: skip
@@ -214,15 +215,22 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
         if mode != "pandas":
             rounds = ", ".join(f"{r:.1f}" for r in ratios(mode))
             line += f", {med(ratios(mode)):.1f}x pandas (rounds: {rounds})"
+            # CPU seconds (all threads) per round: a round slow in wall time but not in CPU time was
+            # descheduled (other work on the machine), not slowed by the loader.
+            cpu_rounds = ", ".join(f"{r:.1f}" for r in ratios(mode, what="cpu"))
+            line += f"; CPU {med(ratios(mode, what='cpu')):.1f}x ({cpu_rounds})"
         print(line)
     slower = med(1 / r for r in ratios("reader", "pyarrow"))
     print(f"cold load  RunReader takes {slower:.2f}x the time of pyarrow.json alone; goal: RunReader >= 5x pandas")
-    vs_cold = [1 / r for r in ratios("reopen", "reader")]
     cache_bytes = sum(p.stat().st_size for p in cache_dir.glob("*.mcc"))
-    rounds = ", ".join(f"{100 * r:.1f}" for r in vs_cold)
-    reopen = med(r.seconds for r in loads["reopen"])
-    print(f"reopen     from the cache: {reopen:.3f} s = {100 * med(vs_cold):.1f} % of a cold parse "
-          f"(rounds: {rounds} %; goal <= 10 %), cache file {cache_bytes / 1e6:.0f} MB")  # fmt: skip
+    for reopen, parse, name in [("reopen", "reader", ""), ("baseline reopen", "baseline", " --baseline")]:
+        if reopen not in loads:
+            continue
+        vs_cold = [1 / r for r in ratios(reopen, parse)]
+        rounds = ", ".join(f"{100 * r:.1f}" for r in vs_cold)
+        print(f"reopen{name:11s} from the cache: {med(r.seconds for r in loads[reopen]):.3f} s = "
+              f"{100 * med(vs_cold):.1f} % of its cold parse (rounds: {rounds} %; goal <= 10 %), "
+              f"cache file {cache_bytes / 1e6:.0f} MB")  # fmt: skip
     reader = RunReader(cold)
     reader.refresh()
     print(
