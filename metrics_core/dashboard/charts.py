@@ -189,9 +189,9 @@ def view_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
 INCREMENTAL_FROM_ROWS = 20_000  # below this a full build costs < ~50 ms: always exact
 TAIL_REBUILD_ROWS = 2_000  # appended rows drawn raw before the next full build
 TAIL_REBUILD_S = 120.0
-# Full builds of a live run's charts, and its diagnostics, take at most this share of a core each.
-# A live run spends all of it (the rate is cost / share), and a live tab's goal is 10 % of a core
-# in all (issue 10): 2 %, so the findings of a 1M-record run (~0.15 s a check) are ≤ ~7 s old.
+# Full builds of a live run's charts, and diagnostics from scratch, take at most this share of a
+# core each (the rate is cost / share; a live tab's goal is 10 % of a core in all, issue 10).  A
+# live run's diagnostics are extended per snapshot instead (O(appended rows)): always current.
 REBUILD_CPU_SHARE = 0.02
 EMA_FORGET = 1e-7  # the smoothing's warm-up: rows until the start's weight falls below this
 TAIL_EVENTS = ("train", "validation")
@@ -372,10 +372,12 @@ def _splice(whole: Figure, raw: Figure, low: float, high: float) -> Figure:
 
 
 def view_findings(view: RunView) -> list[Finding]:
-    """The run's diagnostics, computed once per snapshot and at most ``REBUILD_CPU_SHARE`` of a
-    core per run: on a long live run (~1 s per 1M records) a snapshot may show the findings of an
-    earlier one, never more than ``cost / REBUILD_CPU_SHARE`` seconds old.  Diagnostics that fail on
-    odd data are themselves a finding, never a page that fails to load."""
+    """The run's diagnostics, computed once per snapshot.  A live run's next snapshot extends the
+    last one's at once (``diagnose(since=...)``: O(appended rows)); findings that cannot be extended
+    (the pandas checks ran: odd columns) are checked again from scratch at most at
+    ``REBUILD_CPU_SHARE`` of a core per run, so such a snapshot may show an earlier one's findings,
+    never more than ``cost / REBUILD_CPU_SHARE`` seconds old.  Diagnostics that fail on odd data
+    are themselves a finding, never a page that fails to load."""
     return view.memo("findings", lambda: _carried_findings(view))
 
 
@@ -391,23 +393,21 @@ class _Findings:
 def _carried_findings(view: RunView) -> list[Finding]:
     def update(previous: _Findings | None) -> _Findings:
         now = time.monotonic()
-        if (
-            previous is not None
-            and previous.resets == view.ingest.resets
-            and previous.records <= view.records
-            and now - previous.at < previous.cost_s / REBUILD_CPU_SHARE
-        ):
+        grown = previous is not None and previous.resets == view.ingest.resets and previous.records <= view.records
+        extensible = grown and getattr(previous.findings, "running", None) is not None
+        if grown and not extensible and now - previous.at < previous.cost_s / REBUILD_CPU_SHARE:
             return previous
         start = time.perf_counter()
-        findings = _diagnose(view)
+        findings = _diagnose(view, previous.findings if grown else None)
         return _Findings(view.records, view.ingest.resets, findings, now, time.perf_counter() - start)
 
     return view.lineage.carry("findings", update).findings
 
 
-def _diagnose(view: RunView) -> list[Finding]:
+def _diagnose(view: RunView, since: list[Finding] | None) -> list[Finding]:
     try:
-        return diagnose(train=view.frames["train"], sessions=view.sessions, replaced=view.replaced, ingest=view.ingest)
+        return diagnose(train=view.frames["train"], sessions=view.sessions, replaced=view.replaced, ingest=view.ingest,
+                        since=since)  # fmt: skip
     except Exception as exc:
         _log.warning("diagnostics of run %r failed", view.name, exc_info=True)
         return [Finding("error", "diagnostics", f"the checks could not run on this data: {type(exc).__name__}: {exc}")]
