@@ -1,0 +1,203 @@
+"""The dashboard served as an ``st.App`` (app.py) with ``metrics_core.dashboard.serving`` in front
+(issue 11, first load): Streamlit's static files go out gzip-compressed and decode to Streamlit's
+own bytes, a client that refuses gzip gets identity bytes, and the server still honours
+.streamlit/config.toml, ``server.baseUrlPath`` and Ctrl-C as ``streamlit run`` did before."""
+
+from __future__ import annotations
+
+import gzip
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+import pytest
+from streamlit import file_util
+
+from metrics_core.dashboard.serving import accepts_gzip, route_path
+from tests.conftest import REPO, append_records, base_record
+from tests.live_server import free_port, wait_for_http, wait_until
+
+STATIC = Path(file_util.get_static_dir())
+ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
+
+
+def chart_drawn(page: object) -> bool:
+    return page.evaluate("!!document.querySelector('.js-plotly-plot .main-svg')")
+
+
+def largest_static_js() -> str:
+    """The URL path of Streamlit's largest JavaScript bundle (its plotly chart in 1.67: 4.7 MB)."""
+    largest = max((STATIC / "static" / "js").glob("*.js"), key=lambda p: p.stat().st_size)
+    return "/" + largest.relative_to(STATIC).as_posix()
+
+
+def get(url: str, accept_encoding: str | None) -> tuple[dict[str, str], bytes]:
+    """``url``'s headers (lower-case names) and body as sent: urllib never decodes."""
+    headers = {} if accept_encoding is None else {"Accept-Encoding": accept_encoding}
+    request = urllib.request.Request(url, headers=headers)
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        return {k.lower(): v for k, v in answer.headers.items()}, answer.read()
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("serving_runs")
+    append_records(root / "small" / "metrics.jsonl", *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
+    return root
+
+
+@pytest.mark.parametrize(
+    ("header", "expected"),
+    [("gzip, deflate, br, zstd", True), ("br;q=1.0, GZIP;q=0.5", True), ("*", True), ("gzip;q=0", False),
+     ("identity", False), ("", False), ("deflate, br", False), ("gzip;q=x", False)],
+)  # fmt: skip
+def test_accepts_gzip_reads_accept_encoding_with_its_q_values(header: str, expected: bool) -> None:
+    """gzip (or *) listed and not refused with q=0."""
+    assert accepts_gzip(header) is expected
+
+
+def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> None:
+    """The path Streamlit's router sees, under a proxy's root_path and server.baseUrlPath alike."""
+    assert route_path({"path": "/static/js/a.js"}, "") == "/static/js/a.js"
+    assert route_path({"path": "/metrics/static/js/a.js"}, "/metrics/") == "/static/js/a.js"
+    assert route_path({"path": "/p/metrics/static/a.js", "root_path": "/p"}, "metrics") == "/static/a.js"
+    assert route_path({"path": "/metricsx/static/a.js"}, "metrics") == "/metricsx/static/a.js"
+    assert route_path({"path": "/metrics"}, "metrics") == "/"
+
+
+def test_static_bundles_arrive_gzip_encoded_and_decode_to_streamlits_bytes(server: str, page: object) -> None:
+    """A first load of /run in Chromium: every static JS/CSS file over 1 KB came gzip-encoded, and
+    what the browser decoded is byte for byte the file in Streamlit's static directory."""
+    responses = []
+    page.on("response", lambda response: responses.append(response))
+    page.goto(f"{server}/run?run=small")
+    wait_until(page, lambda: chart_drawn(page), timeout=60)
+    bundles = [r for r in responses if "/static/" in r.url and r.url.endswith((".js", ".css"))]
+    checked = 0
+    for response in bundles:
+        local = STATIC / response.url.split("/", 3)[3]
+        if local.stat().st_size < 1000:
+            continue
+        assert response.headers.get("content-encoding") == "gzip", response.url
+        assert response.body() == local.read_bytes(), response.url
+        checked += 1
+    assert checked >= 20  # index.js, protobuf.js, react-dom, the lazily loaded widget chunks...
+
+
+def test_a_client_that_refuses_gzip_gets_identity_bytes_with_streamlits_headers(server: str) -> None:
+    """The same bundle without gzip in Accept-Encoding (absent, identity, gzip;q=0) is the file as is;
+    with gzip it is that file compressed; both carry Streamlit's cache header, a true Content-Length
+    and Vary: Accept-Encoding."""
+    path = largest_static_js()
+    original = (STATIC / path.lstrip("/")).read_bytes()
+    for refusal in (None, "identity", "gzip;q=0"):
+        headers, body = get(server + path, refusal)
+        assert "content-encoding" not in headers and body == original, refusal
+        assert headers["cache-control"] == ONE_YEAR and headers["vary"] == "Accept-Encoding"
+        assert int(headers["content-length"]) == len(original)
+    headers, body = get(server + path, "gzip, deflate, br, zstd")
+    assert headers["content-encoding"] == "gzip" and gzip.decompress(body) == original
+    assert headers["cache-control"] == ONE_YEAR and headers["vary"] == "Accept-Encoding"
+    assert int(headers["content-length"]) == len(body) < len(original) / 2
+    fonts = sorted((STATIC / "static" / "media").glob("*.woff2"))
+    headers, body = get(f"{server}/static/media/{fonts[0].name}", "gzip")  # already compressed: untouched
+    assert "content-encoding" not in headers and body == fonts[0].read_bytes()
+    headers, _ = get(f"{server}/_stcore/health", "gzip")  # not a static file: Streamlit's answer as is
+    assert "vary" not in headers
+
+
+def test_the_st_app_server_honours_the_projects_config(server: str, page: object) -> None:
+    """.streamlit/config.toml still applies under st.App: the port listens on 127.0.0.1 only, and
+    the session's config says toolbarMode viewer and no usage stats."""
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    from streamlit.proto.NewSession_pb2 import Config
+
+    port = int(server.rsplit(":", 1)[1])
+    listening = [
+        fields[1]
+        for table in ("/proc/net/tcp", "/proc/net/tcp6")
+        for fields in (line.split() for line in Path(table).read_text().splitlines()[1:])
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port  # 0A: LISTEN
+    ]
+    assert listening == [f"0100007F:{port:04X}"]  # 127.0.0.1 only: not 0.0.0.0, not ::
+    sessions = []
+
+    def frames(socket: object) -> None:
+        def keep(payload: bytes | str) -> None:
+            if isinstance(payload, bytes):
+                message = ForwardMsg.FromString(payload)
+                if message.HasField("new_session"):
+                    sessions.append(message.new_session)
+
+        socket.on("framereceived", keep)
+
+    page.on("websocket", frames)
+    page.goto(f"{server}/run?run=small")
+    wait_until(page, lambda: sessions, timeout=60)
+    assert sessions[0].config.toolbar_mode == Config.ToolbarMode.VIEWER
+    assert not sessions[0].config.gather_usage_stats
+
+
+@contextmanager
+def dashboard(runs_root: Path, *flags: str) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
+    """README command 1 with Streamlit ``flags``, on a free port: yield its URL, process and log (the
+    shared fixture waits on /_stcore/health, which moves under a base URL path)."""
+    port = free_port()
+    base = next((flags[i + 1] for i, flag in enumerate(flags) if flag == "--server.baseUrlPath"), "")
+    url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *flags, "--", "--runs",
+             str(runs_root)],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        try:
+            wait_for_http(f"{url}/_stcore/health", process, log, what="app.py")
+            yield url, process, log
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:
+    """SIGINT (Ctrl-C in the terminal of README command 1) ends `streamlit run app.py` within seconds and
+    with no traceback in its output.  Its status is 1 ("Aborted!") under st.App: after its graceful
+    shutdown uvicorn raises the signal again, and click reports the KeyboardInterrupt (0 and
+    "Stopping..." before st.App); either is accepted."""
+    with dashboard(runs_root) as (url, process, log):
+        get(url + largest_static_js(), "gzip")  # the middleware has compressed something
+        process.send_signal(signal.SIGINT)
+        assert process.wait(timeout=30) in (0, 1)
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    assert "Traceback" not in output, output
+
+
+def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: Path, browser: object) -> None:
+    """server.baseUrlPath=metrics: the run page draws its chart under /metrics/, and the bundles
+    under /metrics/static/ come gzip-encoded."""
+    with dashboard(runs_root, "--server.baseUrlPath", "metrics") as (url, _, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        try:
+            page = context.new_page()
+            responses = []
+            page.on("response", lambda response: responses.append(response))
+            page.goto(f"{url}/run?run=small")
+            wait_until(page, lambda: chart_drawn(page), timeout=60)
+        finally:
+            context.close()
+        headers, body = get(url + largest_static_js(), "gzip")
+    bundles = [r for r in responses if "/metrics/static/js/" in r.url]
+    assert bundles and all(r.status == 200 for r in bundles)
+    large = [r for r in bundles if (STATIC / r.url.split("/metrics/", 1)[1]).stat().st_size > 1000]
+    assert large and all(r.headers.get("content-encoding") == "gzip" for r in large)
+    assert headers["content-encoding"] == "gzip"
+    assert gzip.decompress(body) == (STATIC / largest_static_js().lstrip("/")).read_bytes()
