@@ -3,7 +3,13 @@
 dashboard's reload costs at most 3x a bare Streamlit app's reload (one st.plotly_chart of the same
 run) + 200 KB.  Bytes are what Chromium's network events count: every HTTP response's
 encodedDataLength (headers and body as received, 0 for a cache hit) plus every websocket frame
-received."""
+received.
+
+The first load (cold browser cache) is held under TensorBoard's: 2.18 MB measured by
+benchmarks/bench_rivals.py for the same kind of page (docs/PERFORMANCE.md).  Ours was 4.1 MB while
+Streamlit sent its static bundles uncompressed; app.py's st.App gzips them (serving.py): 1.79 MB
+here (50-record run), which leaves ~18 % for Streamlit's chunks to grow.  Websocket bytes count as decoded
+payload, so websocket compression does not show here."""
 
 from __future__ import annotations
 
@@ -16,6 +22,7 @@ from tests.live_server import Wire, streamlit_app, streamlit_server, wait_until
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
+TENSORBOARD_FIRST_LOAD = 2_180_000  # bytes, bench_rivals.py: TensorBoard 2.21 on a 1k-record run
 
 BARE_APP = """
 import sys
@@ -44,6 +51,7 @@ def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:
         wait_until(page, lambda: chart_drawn(page), timeout=60)
         page.wait_for_timeout(settle_ms)
         wire.first = dict(wire.http)  # the cold load, kept for the assertions
+        wire.first_frames = wire.frames
         wire.reset()
         page.reload()
         wait_until(page, lambda: chart_drawn(page), timeout=60)
@@ -64,7 +72,8 @@ def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_ba
     browser: object, runs_root: Path, tmp_path: Path
 ) -> None:
     """Reload /run in the same browser: plotly.js is not received again, and the reload's bytes are
-    <= 3x a bare st.plotly_chart app's reload + 200 KB."""
+    <= 3x a bare st.plotly_chart app's reload + 200 KB.  The cold first load stays under
+    TensorBoard's."""
     app = tmp_path / "bare.py"
     app.write_text(BARE_APP)
     with streamlit_app(app, str(runs_root)) as url:
@@ -74,10 +83,14 @@ def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_ba
     budget = BUDGET_FACTOR * bare.total + BUDGET_SLACK
     plotly_first = {u: n for u, n in ours.first.items() if PLOTLY_ROUTE in u}
     plotly_reload = {u: n for u, n in ours.http.items() if PLOTLY_ROUTE in u}
+    first_load = sum(ours.first.values()) + ours.first_frames
     print(f"\nreload bytes: dashboard {ours.total:,} (http {sum(ours.http.values()):,}, websocket {ours.frames:,}); "
           f"bare st.plotly_chart {bare.total:,} (http {sum(bare.http.values()):,}, websocket {bare.frames:,}); "
-          f"budget {budget:,}; plotly.js cold {sum(plotly_first.values()):,}, on reload {plotly_reload}")  # fmt: skip
+          f"budget {budget:,}; plotly.js cold {sum(plotly_first.values()):,}, on reload {plotly_reload}; "
+          f"first load {first_load:,} (http {sum(ours.first.values()):,}, websocket {ours.first_frames:,}), "
+          f"TensorBoard's {TENSORBOARD_FIRST_LOAD:,}")  # fmt: skip
     assert plotly_first and sum(plotly_first.values()) > 300_000  # the cold load fetched plotly.js (396 KB gzipped)
     assert all(n == 0 or u in ours.cached for u, n in plotly_reload.items()), plotly_reload
     assert sum(plotly_reload.values()) == 0
     assert ours.total <= budget
+    assert first_load <= TENSORBOARD_FIRST_LOAD
