@@ -114,8 +114,8 @@ def test_a_client_that_refuses_gzip_gets_identity_bytes_with_streamlits_headers(
 
 
 def test_the_st_app_server_honours_the_projects_config(server: str, page: object) -> None:
-    """.streamlit/config.toml still applies under st.App: the port listens on 127.0.0.1 only, and
-    the session's config says toolbarMode viewer and no usage stats."""
+    """.streamlit/config.toml still applies under st.App: the port listens on 127.0.0.1 only, the
+    session's config says toolbarMode viewer and no usage stats, and the websocket is compressed."""
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
     from streamlit.proto.NewSession_pb2 import Config
 
@@ -139,8 +139,14 @@ def test_the_st_app_server_honours_the_projects_config(server: str, page: object
         socket.on("framereceived", keep)
 
     page.on("websocket", frames)
+    handshakes = []
+    cdp = page.context.new_cdp_session(page)
+    cdp.send("Network.enable")
+    cdp.on("Network.webSocketHandshakeResponseReceived", lambda event: handshakes.append(event["response"]))
     page.goto(f"{server}/run?run=small")
-    wait_until(page, lambda: sessions, timeout=60)
+    wait_until(page, lambda: sessions and handshakes, timeout=60)
+    extensions = {k.lower(): v for k, v in handshakes[0]["headers"].items()}.get("sec-websocket-extensions", "")
+    assert extensions.startswith("permessage-deflate")
     assert sessions[0].config.toolbar_mode == Config.ToolbarMode.VIEWER
     assert not sessions[0].config.gather_usage_stats
 
