@@ -228,8 +228,10 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
             continue
         vs_cold = [1 / r for r in ratios(reopen, parse)]
         rounds = ", ".join(f"{100 * r:.1f}" for r in vs_cold)
+        cpu = [1 / r for r in ratios(reopen, parse, what="cpu")]
         print(f"reopen{name:11s} from the cache: {med(r.seconds for r in loads[reopen]):.3f} s = "
-              f"{100 * med(vs_cold):.1f} % of its cold parse (rounds: {rounds} %; goal <= 10 %), "
+              f"{100 * med(vs_cold):.1f} % of its cold parse (rounds: {rounds} %; goal <= 10 %); "
+              f"CPU {100 * med(cpu):.1f} % ({', '.join(f'{100 * r:.1f}' for r in cpu)}), "
               f"cache file {cache_bytes / 1e6:.0f} MB")  # fmt: skip
     reader = RunReader(cold)
     reader.refresh()
