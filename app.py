@@ -7,10 +7,12 @@ Everything here is navigation; pages live in pages/, logic in metrics_core.
 This file is read twice.  ``streamlit run`` finds ``app = st.App(...)`` below, imports this file as
 the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and config) with the
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
-gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load).  Each
-page view then runs this same file as Streamlit's script, under the name ``__main__``, which draws
-the navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what Streamlit serves (for a deployment
-whose reverse proxy already compresses, and for before/after benchmarks).
+gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
+page's HTML preloads the chunk that mounts the plotly.js loader, and the pages' imports are
+warmed as the server starts.  Each page view then runs this same file as Streamlit's script, under
+the name ``__main__``, which draws the navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what
+Streamlit serves (for a deployment whose reverse proxy already compresses, and for before/after
+benchmarks).
 
 Every request the page makes goes to this server: the page icon is an emoji (Streamlit draws it
 as an inline SVG; a ``:material/…:`` page icon makes every browser fetch the favicon from
@@ -39,10 +41,18 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
         position="top",
     ).run()
 else:  # `streamlit run app.py` imports this module to serve it
+    from pathlib import Path
+
     from starlette.middleware import Middleware
 
-    from metrics_core.dashboard.serving import StaticGzip
+    from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, warm_imports
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
-    app = st.App(__file__, middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url)])
+    # BidiComponent is the chunk that mounts the plotly.js loader; fetched at boot, not after the first delta.
+    hints = Middleware(PreloadHints, tags=chunk_preloads(("BidiComponent",)))
+    app = st.App(
+        __file__,
+        lifespan=None if plain else warm_imports(sorted(Path(__file__).with_name("pages").glob("*.py"))),
+        middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url), hints],
+    )

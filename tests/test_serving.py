@@ -5,12 +5,14 @@ own bytes, a client that refuses gzip gets identity bytes, and the server still 
 
 from __future__ import annotations
 
+import asyncio
 import gzip
 import os
 import signal
 import subprocess
 import sys
 import tempfile
+import time
 import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -20,7 +22,7 @@ from typing import IO
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard.serving import accepts_gzip, route_path
+from metrics_core.dashboard.serving import accepts_gzip, route_path, warm_imports
 from tests.conftest import REPO, append_records, base_record
 from tests.live_server import free_port, wait_for_http, wait_until
 
@@ -38,9 +40,9 @@ def largest_static_js() -> str:
     return "/" + largest.relative_to(STATIC).as_posix()
 
 
-def get(url: str, accept_encoding: str | None) -> tuple[dict[str, str], bytes]:
+def get(url: str, accept_encoding: str | None, accept: str = "*/*") -> tuple[dict[str, str], bytes]:
     """``url``'s headers (lower-case names) and body as sent: urllib never decodes."""
-    headers = {} if accept_encoding is None else {"Accept-Encoding": accept_encoding}
+    headers = {"Accept": accept} | ({} if accept_encoding is None else {"Accept-Encoding": accept_encoding})
     request = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as answer:
         return {k.lower(): v for k, v in answer.headers.items()}, answer.read()
@@ -70,6 +72,50 @@ def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> 
     assert route_path({"path": "/p/metrics/static/a.js", "root_path": "/p"}, "metrics") == "/static/a.js"
     assert route_path({"path": "/metricsx/static/a.js"}, "metrics") == "/metricsx/static/a.js"
     assert route_path({"path": "/metrics"}, "metrics") == "/"
+
+
+def test_warm_imports_imports_what_the_scripts_import_without_running_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The lifespan imports every top-level import of the scripts in a thread; a module that fails
+    to import does not stop the others; the scripts themselves never run."""
+    (tmp_path / "warm_probe_a.py").write_text("VALUE = 1\n")
+    (tmp_path / "warm_probe_broken.py").write_text("raise ImportError('broken on purpose')\n")
+    (tmp_path / "warm_probe_z.py").write_text("VALUE = 2\n")
+    page = tmp_path / "page.py"
+    page.write_text("import warm_probe_broken\nfrom warm_probe_a import VALUE\nimport warm_probe_z\n"
+                    "raise SystemExit('a page must not run')\n")  # fmt: skip
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    async def start_and_stop() -> None:
+        async with warm_imports([page])(object()):
+            pass
+
+    asyncio.run(start_and_stop())
+    deadline = time.monotonic() + 20
+    while not {"warm_probe_a", "warm_probe_z"} <= sys.modules.keys() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert {"warm_probe_a", "warm_probe_z"} <= sys.modules.keys()
+    for name in ("warm_probe_a", "warm_probe_z"):
+        monkeypatch.delitem(sys.modules, name)
+
+
+def test_the_page_html_preloads_the_chunk_that_mounts_the_plotly_loader(server: str, page: object) -> None:
+    """Every page path's HTML names Streamlit's BidiComponent chunk in a modulepreload (gzipped or
+    not, as asked, with a true Content-Length, no-cache and no ETag), and Chromium fetches that
+    chunk once: the preloaded module is the one the page imports."""
+    for path in ("/", "/run?run=small"):
+        for encoding in ("gzip", None):
+            headers, body = get(server + path, encoding, accept="text/html")
+            assert headers.get("content-encoding") == encoding and int(headers["content-length"]) == len(body)
+            assert headers["cache-control"] == "no-cache" and "etag" not in headers
+            html = (gzip.decompress(body) if encoding else body).decode()
+            assert '<link rel="modulepreload" crossorigin href="./static/js/BidiComponent.' in html.split("</head>")[0]
+    requested = []
+    page.on("request", lambda request: requested.append(request.url) if "/BidiComponent." in request.url else None)
+    page.goto(f"{server}/run?run=small")
+    wait_until(page, lambda: chart_drawn(page), timeout=60)
+    assert len(requested) == 1, requested
 
 
 def test_static_bundles_arrive_gzip_encoded_and_decode_to_streamlits_bytes(server: str, page: object) -> None:

@@ -1,4 +1,5 @@
-"""How the dashboard's server answers HTTP, around Streamlit's own routes (issue 11: first load).
+"""How the dashboard's server answers HTTP, around Streamlit's own routes (issue 11: first load and
+first chart).
 
 Streamlit 1.67 serves its frontend (``/static/...``: ~3.3 MB of JavaScript and CSS on a first load of
 a page) uncompressed on purpose: its gzip middleware would compress every response again and keep
@@ -23,15 +24,32 @@ Contract:
 * A file whose gzip copy would not save at least 10 % is sent as is (and remembered as such).
 * Nothing is written to disk: a restart compresses again, on first use.
 
+``PreloadHints`` adds ``<link rel="modulepreload">`` tags to the page's HTML (Streamlit's
+index.html, answered for ``/`` and every page path) for the lazily loaded chunk that mounts the
+plotly.js loader: otherwise the browser asks for it only after the script's first elements
+arrive, and plotly.js waits for it.  The edited HTML keeps Streamlit's ``no-cache``, loses its
+``ETag`` and ``Last-Modified`` (they describe the file, not the answer) and is gzipped here
+(~3 KB; Streamlit gzips page paths other than ``/`` per request too).
+
+``warm_imports`` is a lifespan for ``st.App`` that imports what the pages import in a background
+thread as the server starts, so the first page view after a start does not wait for pandas,
+plotly and the dashboard's modules (~0.45 s of imports).  Nothing runs a page or reads a run.
+
 ``import metrics_core`` never imports this module: only app.py does, when ``streamlit run`` serves
 the app through ``st.App``.
 """
 
 from __future__ import annotations
 
+import ast
 import asyncio
+import contextlib
 import gzip
-from collections.abc import Awaitable, Callable
+import importlib
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from anyio import to_thread
@@ -100,49 +118,143 @@ class StaticGzip:
         ):
             await self.app(scope, receive, send)
             return
-        wanted = any(name == b"accept-encoding" and accepts_gzip(value.decode("latin-1"))
-                     for name, value in scope["headers"])  # fmt: skip
-        start: Message | None = None
-        chunks: list[bytes] = []
+        wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
 
-        async def capture(message: Message) -> None:
-            nonlocal start
-            if message["type"] == "http.response.start":
-                if _compressible(message):
-                    start = message  # held until the body is complete
-                    return
-            elif start is not None and message["type"] == "http.response.body":
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body", False):
-                    await self._answer(scope, start, b"".join(chunks), wanted, send)
-                return
+        async def answer(start: Message, body: bytes) -> None:
+            headers = _without(start["headers"], b"content-length", b"vary")
+            vary = [value for name, value in start["headers"] if name == b"vary"]
+            headers.append((b"vary", b", ".join([*vary, b"Accept-Encoding"])))
+            if wanted:
+                key = (scope["path"], _header(start["headers"], b"etag"))
+                task = self._copies.get(key)
+                if task is None:  # compressing ~1 MB takes ~10 ms: off the event loop
+                    task = self._copies[key] = asyncio.ensure_future(to_thread.run_sync(_gzip, body))
+                compressed = await task
+                if compressed is not None:
+                    body = compressed
+                    headers.append((b"content-encoding", b"gzip"))
+            await _send_whole(send, start, headers, body)
+
+        await self.app(scope, receive, _held(send, _compressible, answer))
+
+
+class PreloadHints:
+    """ASGI middleware: the page's HTML with ``tags`` added at the end of its ``<head>`` (see the
+    module docstring)."""
+
+    def __init__(self, app: ASGIApp, *, tags: str) -> None:
+        self.app = app
+        self._tags = tags.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            not self._tags
+            or scope["type"] != "http"
+            or scope["method"] != "GET"
+            or "text/html" not in _header(scope["headers"], b"accept")
+        ):
+            await self.app(scope, receive, send)
+            return
+        wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
+
+        async def answer(start: Message, body: bytes) -> None:
+            body = body.replace(b"</head>", self._tags + b"</head>", 1)
+            headers = _without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
+            headers.append((b"vary", b"Accept-Encoding"))
+            if wanted:
+                body = gzip.compress(body, compresslevel=6, mtime=0)  # ~10 KB of HTML: ~0.1 ms
+                headers.append((b"content-encoding", b"gzip"))
+            await _send_whole(send, start, headers, body)
+
+        # Asked without Accept-Encoding, Streamlit answers identity bytes, which can be edited.
+        inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
+        await self.app(inner, receive, _held(send, _html, answer))
+
+
+def chunk_preloads(names: Sequence[str]) -> str:
+    """``<link rel="modulepreload">`` tags for Streamlit's lazily loaded chunks ``<name>.<hash>.js``,
+    relative like Streamlit's own (so they hold under a base URL path); none for a name this
+    Streamlit does not ship."""
+    from streamlit import file_util
+
+    folder = Path(file_util.get_static_dir()) / "static" / "js"
+    found = sorted(path.name for name in names for path in folder.glob(f"{name}.*.js"))
+    return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in found)
+
+
+def warm_imports(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncContextManager[None]]:
+    """An ``st.App`` lifespan that imports, in a daemon thread, every module the top level of
+    ``scripts`` imports (read with ``ast``, not run).  A module that fails to import is left for the
+    page to report."""
+    modules = sorted({name for script in scripts for name in _imported(script)})
+
+    def run() -> None:
+        for module in modules:
+            with contextlib.suppress(Exception):  # the page that imports it shows the error
+                importlib.import_module(module)
+
+    @asynccontextmanager
+    async def lifespan(_app: object) -> AsyncIterator[None]:
+        threading.Thread(target=run, name="warm-imports", daemon=True).start()
+        yield
+
+    return lifespan
+
+
+def _imported(script: Path) -> list[str]:
+    tree = ast.parse(script.read_text(encoding="utf-8"))
+    names = []
+    for node in tree.body:
+        if isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            names.append(node.module)
+        elif isinstance(node, ast.Import):
+            names.extend(alias.name for alias in node.names)
+    return names
+
+
+# -- whole responses ---------------------------------------------------------------------------------
+
+
+def _held(send: Send, wanted: Callable[[Message], bool], answer: Callable[[Message, bytes], Awaitable[None]]) -> Send:
+    """A ``send`` that passes a response through unless ``wanted(start message)``; a wanted one is
+    held until its body is complete and handed to ``answer(start, body)`` instead."""
+    start: Message | None = None
+    chunks: list[bytes] = []
+
+    async def held(message: Message) -> None:
+        nonlocal start
+        if message["type"] == "http.response.start" and wanted(message):
+            start = message
+        elif start is not None and message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                await answer(start, b"".join(chunks))
+        else:
             await send(message)
 
-        await self.app(scope, receive, capture)
+    return held
 
-    async def _answer(self, scope: Scope, start: Message, body: bytes, wanted: bool, send: Send) -> None:
-        headers = [(name, value) for name, value in start["headers"] if name not in (b"content-length", b"vary")]
-        vary = [value for name, value in start["headers"] if name == b"vary"]
-        headers.append((b"vary", b", ".join([*vary, b"Accept-Encoding"])))
-        if wanted:
-            etag = next((value.decode("latin-1") for name, value in start["headers"] if name == b"etag"), "")
-            key = (scope["path"], etag)
-            task = self._copies.get(key)
-            if task is None:  # compressing ~1 MB takes ~10 ms: off the event loop
-                task = self._copies[key] = asyncio.ensure_future(to_thread.run_sync(_gzip, body))
-            compressed = await task
-            if compressed is not None:
-                body = compressed
-                headers.append((b"content-encoding", b"gzip"))
-        headers.append((b"content-length", str(len(body)).encode()))
-        await send({**start, "headers": headers})
-        await send({"type": "http.response.body", "body": body, "more_body": False})
+
+async def _send_whole(send: Send, start: Message, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
+    headers.append((b"content-length", str(len(body)).encode()))
+    await send({**start, "headers": headers})
+    await send({"type": "http.response.body", "body": body, "more_body": False})
+
+
+def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str:
+    return next((value.decode("latin-1") for key, value in headers if key == name), "").lower()
+
+
+def _without(headers: Sequence[tuple[bytes, bytes]], *names: bytes) -> list[tuple[bytes, bytes]]:
+    return [(key, value) for key, value in headers if key not in names]
 
 
 def _compressible(start: Message) -> bool:
     """A whole 200 answer of a text type that nothing has encoded yet."""
-    if start["status"] != 200:
-        return False
     headers = dict(start["headers"])
-    content_type = headers.get(b"content-type", b"").decode("latin-1").lower()
-    return b"content-encoding" not in headers and content_type.startswith(COMPRESSIBLE)
+    kind = headers.get(b"content-type", b"").decode("latin-1").lower()
+    return start["status"] == 200 and b"content-encoding" not in headers and kind.startswith(COMPRESSIBLE)
+
+
+def _html(start: Message) -> bool:
+    return start["status"] == 200 and dict(start["headers"]).get(b"content-type", b"").startswith(b"text/html")
