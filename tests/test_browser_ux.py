@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -176,11 +176,22 @@ def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypa
 
 
 @contextmanager
-def live_run(root: Path, name: str, every: float = 0.2) -> Iterator[None]:
-    """A real writer appending a record to run ``name`` every ``every`` s: its overview row changes at every refresh."""
+def in_background(work: Callable[[threading.Event], None]) -> Iterator[None]:
+    """``work(stop)`` on a thread while the block runs; then ``stop`` is set and the thread joined."""
     stop = threading.Event()
+    thread = threading.Thread(target=work, args=(stop,))
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
 
-    def write() -> None:
+
+def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManager[None]:
+    """A real writer appending a record to run ``name`` every ``every`` s: its overview row changes at every refresh."""
+
+    def write(stop: threading.Event) -> None:
         state = TrainingState()
         with MetricsWriter(RunContext(root / name, name, "s1")) as writer:
             while not stop.is_set():
@@ -188,13 +199,7 @@ def live_run(root: Path, name: str, every: float = 0.2) -> Iterator[None]:
                 writer.write("train", state, train_loss=5.0 / state.step)
                 stop.wait(every)
 
-    writer = threading.Thread(target=write)
-    writer.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        writer.join()
+    return in_background(write)
 
 
 # In the page: the runs table's row names (its run links) in drawn order, and the canvas it is drawn on.
@@ -207,12 +212,15 @@ RUN_ROWS_JS = """() => {
 }"""
 
 
+GRID_ROW_PX = 35  # glide-data-grid's header and row height in Streamlit's default theme
+
+
 def row_point(page: object, name: str, x_offset: float) -> tuple[float, float]:
     """Where run ``name``'s row is drawn on the runs table's canvas, ``x_offset`` px from its left edge
-    (glide-data-grid draws a header row and the rows at one height; the row marker column is ~34 px)."""
+    (a header row, then the rows, all ``GRID_ROW_PX`` high, the table scrolled to its top; the row
+    marker column is ~34 px)."""
     table = wait_until(page, lambda: (t := page.evaluate(RUN_ROWS_JS)) and f"run?run={name}" in t["names"] and t)
-    row_height = table["height"] / (len(table["names"]) + 1)
-    return table["x"] + x_offset, table["y"] + row_height * (table["names"].index(f"run?run={name}") + 1.5)
+    return table["x"] + x_offset, table["y"] + GRID_ROW_PX * (table["names"].index(f"run?run={name}") + 1.5)
 
 
 def click(page: object, x: float, y: float) -> None:
@@ -223,25 +231,43 @@ def click(page: object, x: float, y: float) -> None:
     page.mouse.click(x, y)
 
 
-def test_a_click_on_a_row_opens_its_run_while_the_overview_is_live(page: object, server: str, runs_root: Path) -> None:
+def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
+    page: object, server: str, runs_root: Path
+) -> None:
     """The overview refreshing every second under a live run: a click on that run's link opens its page
-    (Streamlit opens link cells in a new tab), and a click on its row opens it in this tab."""
+    in this tab (Streamlit's link cells open a new tab: ~10 s, a new session), and so does a tick on its
+    row; no other tab is ever opened, and Back returns to the runs."""
     with live_run(runs_root, "clicked"):
         page.goto(server + "/")
         wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
         row = page.locator("[data-testid=stDataFrame] tbody tr").filter(has_text="run?run=clicked")
         shown = row.text_content()
         wait_until(page, lambda: row.text_content() != shown)  # the table is live: redrawn with the new records
-        with page.context.expect_page(timeout=10_000) as opened:
-            click(page, *row_point(page, "clicked", 50))
-        tab = opened.value
-        wait_until(tab, lambda: charts_drawn(tab), timeout=30)
-        assert tab.url == f"{server}/run?run=clicked"
-        tab.close()
-        page.wait_for_timeout(1200)  # a refresh or more after the first click
+        click(page, *row_point(page, "clicked", 50))
+        wait_until(page, lambda: charts_drawn(page), timeout=30)
+        assert page.url == f"{server}/run?run=clicked" and len(page.context.pages) == 1
+        page.go_back()
+        wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
+        page.wait_for_timeout(1200)  # a refresh or more
         click(page, *row_point(page, "clicked", 17))
         wait_until(page, lambda: charts_drawn(page), timeout=30)
-        assert page.url == f"{server}/run?run=clicked"
+        assert page.url == f"{server}/run?run=clicked" and len(page.context.pages) == 1
+
+
+def test_a_link_clicked_with_ctrl_still_opens_a_new_tab(page: object, server: str) -> None:
+    """As with any link in a browser: Ctrl+click opens the run in a new tab, this tab stays on the runs."""
+    page.goto(server + "/")
+    x, y = row_point(page, "eight", 50)
+    page.mouse.move(x, y, steps=4)
+    page.wait_for_timeout(150)
+    with page.context.expect_page(timeout=10_000) as opened:
+        page.keyboard.down("Control")
+        page.mouse.click(x, y)
+        page.keyboard.up("Control")
+    tab = opened.value
+    tab.wait_for_load_state()
+    assert tab.url == f"{server}/run?run=eight" and page.url == f"{server}/"
+    tab.close()
 
 
 BARE_APP = """
@@ -286,19 +312,26 @@ def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
     assert ours <= 3 * bare + 0.5
 
 
+def cold_root(root: Path, *, small: int, big: int, big_records: int) -> None:
+    """``small`` runs of 50 records (``small000``…) and ``big`` runs of ``big_records`` (``big0``…, ~250 B
+    each: read by the store's loader, last) whose last records are an hour newer, so they lead the table
+    once the loader peeked at their tails."""
+    for number in range(small):
+        append_records(root / f"small{number:03d}" / "metrics.jsonl",
+                       *(base_record(s, train_loss=1.0 / s) for s in range(10, 510, 10)))  # fmt: skip
+    newest = "2026-11-29T11:00:00.000000+00:00"
+    lines = b"".join(orjson.dumps(base_record(s, session="big", train_loss=1.0, time=newest)) + b"\n"
+                     for s in range(1, big_records + 1))  # fmt: skip
+    for number in range(big):
+        (root / f"big{number}").mkdir()
+        (root / f"big{number}" / "metrics.jsonl").write_bytes(lines)
+
+
 def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser: object, tmp_path: Path) -> None:
     """150 small runs and 3 big ones: the table is drawn (first page of 100, a caption counting all 153) while
     the big runs, newest by their tails, still show ``loading`` (the store's loader reads them after the
     small ones; the old page drew nothing until every run was read), and page 2 holds the rest."""
-    for number in range(150):
-        append_records(tmp_path / f"small{number:03d}" / "metrics.jsonl",
-                       *(base_record(s, train_loss=1.0 / s) for s in range(10, 510, 10)))  # fmt: skip
-    newest = "2026-11-29T11:00:00.000000+00:00"  # the big runs lead the table once the loader peeked at their tails
-    big = b"".join(orjson.dumps(base_record(s, session="big", train_loss=1.0, time=newest)) + b"\n"
-                   for s in range(1, 40_001))  # fmt: skip
-    for number in range(3):  # ~10 MB each: read by the loader, last
-        (tmp_path / f"big{number}").mkdir()
-        (tmp_path / f"big{number}" / "metrics.jsonl").write_bytes(big)
+    cold_root(tmp_path, small=150, big=3, big_records=40_000)  # ~10 MB per big run
     context = browser.new_context(viewport={"width": 1400, "height": 3000})
     try:
         page = context.new_page()

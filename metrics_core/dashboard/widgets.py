@@ -9,13 +9,15 @@ every store call a page makes goes through a function here that turns ``MetricsE
 from __future__ import annotations
 
 import html
+import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.chart import LOADER_KEY
-from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
+from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table, runs_table
 from metrics_core.dashboard.figures import THEMES, session_key
 from metrics_core.dashboard.overview import (
     PAGE_ROWS,
@@ -23,7 +25,9 @@ from metrics_core.dashboard.overview import (
     STATUS_COLOURS,
     TITLE_CHARS,
     WORD_CHARS,
+    filter_runs,
     md_text,
+    next_age_change,
     readable_runs,
     run_links,
     runs_page,
@@ -39,16 +43,46 @@ SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", 
                   "ok": ":material/check_circle:"}  # fmt: skip
 STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
 
+SAME_TAB_KEY = "same_tab_links"  # the container of SAME_TAB_JS: no gap where it is mounted
+
 # Calm while live.  While a fragment reruns, Streamlit marks its elements data-stale="true" and
 # fades them to opacity 0.33 (a 1 s transition after 0.5 s: charts flicker to ~0.9 on every
 # refresh of a slow run), and the top bar's running indicator blinks.  A refresh that changes
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
-# (chart.load_plotly) draws nothing: out of the layout, it leaves no gap where it is mounted.
+# (chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
+# gap where they are mounted.
 CALM_CSS = f"""<style>
 [data-stale="true"] {{ opacity: 1 !important; transition: none !important; }}
 [data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) {{ visibility: hidden; }}
 .st-key-{LOADER_KEY} {{ display: none; }}
+.st-key-{SAME_TAB_KEY} {{ display: none; }}
 </style>"""
+
+# Links between pages open in this tab (issue 11).  The runs table's link cells are opened by
+# Streamlit with ``window.open(url, "_blank")`` (its LinkColumn; a new tab is a new session, ~10 s
+# to a drawn chart).  This script, run once per browser tab, turns such a call for a URL of this
+# app into the navigation the Back button makes (``history.pushState`` then ``popstate``), which
+# Streamlit answers by running that page with the URL's query in this session, as ``st.switch_page``
+# would.  A link clicked with Ctrl, ⌘ or Shift held, or with the middle button, still opens a new
+# tab, as a browser does with any link.  Constant code: no text from a file or a URL goes into it.
+SAME_TAB_JS = """<script>
+(() => {
+  if (window.__sameTabLinks) return;
+  window.__sameTabLinks = true;
+  let newTab = false;
+  const note = (e) => { newTab = e.ctrlKey || e.metaKey || e.shiftKey || e.button === 1; };
+  window.addEventListener("pointerdown", note, true);
+  window.addEventListener("mousedown", note, true);
+  const open = window.open.bind(window);
+  window.open = (url, target, features) => {
+    const to = new URL(String(url), document.baseURI);
+    if (newTab || target !== "_blank" || to.origin !== location.origin) return open(url, target, features);
+    history.pushState(null, "", to.href);
+    window.dispatchEvent(new PopStateEvent("popstate"));
+    return null;  // what window.open gives with noopener, as Streamlit asks
+  };
+})();
+</script>"""
 
 
 def name_text(name: str) -> str:
@@ -134,29 +168,79 @@ RUNS_COLUMNS = {
         help="live, stalled (no record for a while), finished, interrupted, failed, crashed (ended without "
         "saying so), error (cannot be read)",
     ),
-    "run": st.column_config.LinkColumn("run", display_text=r"run=(.*)$", help="Click a row to open the run"),
+    "run": st.column_config.LinkColumn(
+        "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
+    ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
 }
 
 
-def runs_table_view(table: pd.DataFrame) -> None:
+@dataclass(frozen=True, eq=False)
+class RunsPage:
+    """One page of the runs table exactly as the runs page draws it, with what the page's filters
+    and page picker made of the store's table: the live fragment builds one per change and redraws
+    the page only when it differs from the one drawn (``same_as``), so runs changing off the page,
+    or in a way the page does not show, never redraw it (nor lose a click on it)."""
+
+    rows: pd.DataFrame  # the dataframe's data: readable values, status pills, run links
+    names: tuple[str, ...]  # the run of each row, in drawn order
+    total: int  # runs after the filters
+    page: int
+    pages: int
+    errors: tuple[str, ...]  # what the filters could not apply, in plain text
+    ages_change_at: float  # time.time() at which an age shown ("18 s ago") next reads differently
+
+    def same_as(self, other: RunsPage | None) -> bool:
+        """Whether drawing ``other`` instead would show exactly the same (O(page rows))."""
+        return (
+            other is not None
+            and (self.total, self.page, self.pages, self.errors) == (other.total, other.page, other.pages, other.errors)
+            and self.rows.equals(other.rows)
+        )
+
+
+def runs_page_view(table: pd.DataFrame) -> RunsPage:
+    """The page of ``table`` (the store's overview) the filters, config columns and page picker of
+    the runs page select, read from their session state: O(runs) to filter and sort, O(``PAGE_ROWS``)
+    to format."""
+    state = st.session_state
+    shown, name_error = filter_runs(table, state.get("run_filter", ""))
+    shown, config_error = runs_table(shown, keys=state.get("config_columns", []),
+                                     config_filter=state.get("config_filter", ""))  # fmt: skip
+    rows, page, pages = runs_page(shown, state.get("runs_page", 1))
+    readable = readable_runs(rows)
+    return RunsPage(
+        rows=status_pills(run_links(readable)),
+        names=tuple(readable["run"]),
+        total=len(shown),
+        page=page,
+        pages=pages,
+        errors=tuple(error for error in (name_error, config_error) if error),
+        ages_change_at=time.time() + next_age_change(rows["last record age (s)"]),
+    )
+
+
+def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
     """The runs table, one page of ``PAGE_ROWS`` at a time (newest activity first), with a page
-    picker when there is more than one page; a click on a row opens that run in this tab."""
-    total = len(table)
-    shown, page, pages = runs_page(table, st.session_state.get("runs_page", 1))
-    if pages > 1:  # one page drawn: a live update of a big root redraws PAGE_ROWS rows, not every run
-        st.session_state["runs_page"] = page  # clamped: a filter that leaves fewer pages never overflows the input
+    picker when there is more than one page; a click on a run's link (``SAME_TAB_JS``), or a tick
+    on its row, opens that run in this tab.  ``drawn``: the page drawn before, which a tick's row
+    number refers to (this run's rows may have moved since the click)."""
+    for error in shown.errors:
+        st.error(md_text(error))
+    if shown.pages > 1:  # one page drawn: a live update of a big root redraws PAGE_ROWS rows, not every run
+        st.session_state["runs_page"] = shown.page  # clamped: a filter that leaves fewer pages never overflows
         where, which = st.columns([4, 1], vertical_alignment="bottom")
-        first = (page - 1) * PAGE_ROWS + 1
-        where.caption(f"Showing {first:,}–{first + len(shown) - 1:,} of {total:,} runs, newest activity first")
-        which.number_input("Page", min_value=1, max_value=pages, step=1, key="runs_page")
-    shown = readable_runs(shown)
-    picked = st.dataframe(
-        status_pills(run_links(shown)), hide_index=True, width="stretch", key="runs_table", on_select="rerun",
-        selection_mode="single-row", column_config=RUNS_COLUMNS,
-    )  # fmt: skip
-    if picked.selection.rows:
-        st.switch_page("pages/run.py", query_params={"run": shown["run"].iloc[picked.selection.rows[0]]})
+        first = (shown.page - 1) * PAGE_ROWS + 1
+        where.caption(f"Showing {first:,}–{first + len(shown.names) - 1:,} of {shown.total:,} runs, "
+                      "newest activity first")  # fmt: skip
+        which.number_input("Page", min_value=1, max_value=shown.pages, step=1, key="runs_page")
+    with st.container(key=SAME_TAB_KEY):
+        st.html(SAME_TAB_JS, unsafe_allow_javascript=True)
+    picked = st.dataframe(shown.rows, hide_index=True, width="stretch", key="runs_table", on_select="rerun",
+                          selection_mode="single-row", column_config=RUNS_COLUMNS)  # fmt: skip
+    names = (drawn or shown).names
+    if picked.selection.rows and picked.selection.rows[0] < len(names):
+        st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
