@@ -1,6 +1,7 @@
 """Side by side with TensorBoard and trackio on the same 1k-record run (issues 10 and 11).
 
 Run: python benchmarks/bench_rivals.py [--rounds 3] [--seconds 31] [--rivals-python /tmp/rivals/bin/python]
+                                      [--before]
 
 The rivals live in their own virtualenv, never in this project's requirements:
 
@@ -27,6 +28,12 @@ Each tool polls at its fastest: ours at ``--refresh`` (0.5 s, the default) and a
 trackio's page every 1 s (hard-coded for a local server), TensorBoard's server every 1 s
 (``--reload_interval 1``) while its page reloads every 30 s (it refuses a shorter period).
 A rival that cannot be installed or started is skipped with the reason; the others still run.
+
+``--before`` adds "ours ... before": the same app.py served as plain Streamlit serves it
+(``METRICS_SERVE_PLAIN=1``: no gzip of Streamlit's static files, no preload hint, no warm imports;
+websocket compression off), in the same rounds, for a before/after of app.py's serving layer.
+First-load bytes count websocket frames as decoded payload (CDP reports nothing else), so the
+websocket compression's saving does not show in that column.
 """
 
 from __future__ import annotations
@@ -173,11 +180,31 @@ def tree_rss(pid: int) -> int:
 # -- each tool's data, writer and server -------------------------------------------------------------
 
 
-class Ours:
-    """Our dashboard at one refresh period; ``serve`` yields (page URL, server pid, append one record)."""
+PLAIN_STREAMLIT = {"METRICS_SERVE_PLAIN": "1", "STREAMLIT_SERVER_ENABLE_WEBSOCKET_COMPRESSION": "false"}
 
-    def __init__(self, refresh: float) -> None:
-        self.name, self.refresh, self.drawn_js = f"ours {refresh:g} s", refresh, DRAWN_JS["ours"]
+
+@contextmanager
+def environ(changes: dict[str, str]) -> Iterator[None]:
+    """``changes`` in os.environ (which the server inherits) for the block, then as they were."""
+    saved = {name: os.environ.get(name) for name in changes}
+    os.environ.update(changes)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+class Ours:
+    """Our dashboard at one refresh period; ``serve`` yields (page URL, server pid, append one record).
+    ``plain``: served as plain Streamlit serves it (the "before" of app.py's serving layer)."""
+
+    def __init__(self, refresh: float, *, plain: bool = False) -> None:
+        self.name = f"ours {refresh:g} s" + (" before" if plain else "")
+        self.refresh, self.drawn_js, self.env = refresh, DRAWN_JS["ours"], PLAIN_STREAMLIT if plain else {}
 
     @contextmanager
     def serve(self, directory: Path) -> Iterator[tuple[str, int, Callable[[], None]]]:
@@ -193,7 +220,7 @@ class Ours:
                              grad_norm_max=1.4, clipped_fraction=0.1)  # fmt: skip
 
             append()  # the live session has started before the page opens, as on a real cluster
-            with streamlit_server(directory, refresh=self.refresh) as url:
+            with environ(self.env), streamlit_server(directory, refresh=self.refresh) as url:
                 yield f"{url}/run?run={RUN}", server_pid(url), append
 
 
@@ -312,8 +339,9 @@ def main() -> None:
     )
     parser.add_argument("--refresh", type=float, default=0.5, help="our refresh; 1 s is measured too")
     parser.add_argument("--rivals-python", default="/tmp/rivals/bin/python")
+    parser.add_argument("--before", action="store_true", help="also ours served as plain Streamlit serves it")
     args = parser.parse_args()
-    tools: list[Tool] = [Ours(args.refresh), Ours(1.0)]
+    tools: list[Tool] = [Ours(args.refresh), Ours(1.0)] + ([Ours(args.refresh, plain=True)] if args.before else [])
     for name in ("tensorboard", "trackio"):
         version, why = rival_version(args.rivals_python, name)
         if version is None:
@@ -332,9 +360,9 @@ def main() -> None:
                 print(f"round {number + 1}: {tool.name} failed: {exc}")
                 continue
             results[tool.name].append(found)
-            print(f"round {number + 1}: {tool.name:>12}: first chart {found.first_chart_s:.2f} s, first load "
+            print(f"round {number + 1}: {tool.name:>17}: first chart {found.first_chart_s:.2f} s, first load "
                   f"{found.first_load_bytes / 1e6:.2f} MB, CPU {found.cpu_share:.1%}, "
-                  f"RSS {found.rss_bytes / 1e6:.0f} MB  ({load()})\n{'':>22}heaviest: {weights}")  # fmt: skip
+                  f"RSS {found.rss_bytes / 1e6:.0f} MB  ({load()})\n{'':>27}heaviest: {weights}")  # fmt: skip
     print(f"end: {load()}")
     report(results, tools)
 
@@ -347,14 +375,14 @@ def report(results: dict[str, list[Figures]], tools: list[Tool]) -> None:
         if found
     }
     print(f"\nmedians over {max(map(len, results.values()))} rounds")
-    print(f"{'tool':>12} | first chart | first load | CPU per live tab | RSS")
+    print(f"{'tool':>17} | first chart | first load | CPU per live tab | RSS")
     for name, m in medians.items():
-        print(f"{name:>12} | {m.first_chart_s:9.2f} s | {m.first_load_bytes / 1e6:7.2f} MB | {m.cpu_share:14.1%}"
+        print(f"{name:>17} | {m.first_chart_s:9.2f} s | {m.first_load_bytes / 1e6:7.2f} MB | {m.cpu_share:14.1%}"
               f" | {m.rss_bytes / 1e6:.0f} MB")  # fmt: skip
     ours = medians.get(tools[0].name)
     if ours is None:
         return
-    for rival in (name for name in medians if not name.startswith("ours")):
+    for rival in (name for name in medians if not name.startswith("ours") or name.endswith(" before")):
         theirs = medians[rival]
         ratios = {field: ratio(getattr(ours, field), getattr(theirs, field)) for field in Figures.__dataclass_fields__}
         print(f"{tools[0].name} / {rival}: first chart {ratios['first_chart_s']}, first load "
