@@ -6,7 +6,7 @@ a page) uncompressed on purpose: its gzip middleware would compress every respon
 nothing, so a herd of first loads after a deploy burns CPU the event loop needs.  Those files are
 content-hashed and sent ``immutable, max-age=1 year``, so a gzip copy made once per file is valid for
 the life of the process: ``StaticGzip`` compresses each one the first time it is asked for, keeps
-the result in memory (at most the compressed size of Streamlit's static directory, ~5 MB; a first
+the result in memory (at most the compressed size of Streamlit's static directory, 6.9 MB; a first
 load of a page uses ~1 MB of it) and answers every later request with it.  The CPU is spent once
 per file and process (~10 ms for the largest, ``protobuf.js``); the browser receives ~1.8 MB instead
 of ~3.9 MB.
