@@ -75,8 +75,9 @@ SAME_TAB_JS = """<script>
   window.addEventListener("mousedown", note, true);
   const open = window.open.bind(window);
   window.open = (url, target, features) => {
-    const to = new URL(String(url), document.baseURI);
-    if (newTab || target !== "_blank" || to.origin !== location.origin) return open(url, target, features);
+    let to = null;
+    try { to = new URL(String(url), document.baseURI); } catch { /* not a URL: the browser's own way */ }
+    if (!to || newTab || target !== "_blank" || to.origin !== location.origin) return open(url, target, features);
     history.pushState(null, "", to.href);
     window.dispatchEvent(new PopStateEvent("popstate"));
     return null;  // what window.open gives with noopener, as Streamlit asks
