@@ -495,12 +495,13 @@ def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_numbe
 
 
 def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_it_for_a_while(tmp_path: Path) -> None:
-    """A run opened by a page keeps its reader (each view extends it with the appended records); not
-    viewed for view_keep_s it is released at the next overview; appended to once released, its row
-    shows the new records (a fresh reader) and the view built then equals a cold read's."""
+    """A run opened by a page keeps its reader (each view extends it with the appended records); neither
+    viewed nor changed for idle_s it is released at the next overview; appended to once released, its
+    row shows the new records (a fresh reader), which it keeps while it changes (the next append is not
+    a re-read, even with records too old to read live), and the view built then equals a cold read's."""
     memory_root(tmp_path, 4)
     clock = [0.0]
-    store = listed_store(tmp_path, clock, view_keep_s=30.0)
+    store = listed_store(tmp_path, clock, idle_s=30.0)
     try:
         assert store.view("run01").records == 2001 and store.held_records() == 4001
         views = store.stats["views"]
@@ -515,13 +516,20 @@ def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_i
         later = MEMORY_NOW + timedelta(hours=1)  # no run live any more
         assert store.overview(now=later).set_index("run").loc["run01", "last step"] == 2002
         assert store.held_records() == 0
-        append_records(tmp_path / "run03" / "metrics.jsonl", base_record(2001, event="session_start", session="s2"),
-                       base_record(2010, session="s2", train_loss=0.25))  # fmt: skip
+        run03 = tmp_path / "run03" / "metrics.jsonl"
+        append_records(run03, base_record(2001, event="session_start", session="s2"))
+        clock[0] += 1.0
+        assert store.overview(now=later).set_index("run").loc["run03", "sessions"] == 2
+        assert store.held_records() == 2002 and store.stats["reopens"] == 2  # read again, and kept: it changes
+        append_records(run03, base_record(2010, session="s2", train_loss=0.25))
         clock[0] += 1.0
         row = store.overview(now=later).set_index("run").loc["run03"]
         assert (row["sessions"], row["last step"], row["train loss"]) == (2, 2010, 0.25)
-        assert store.held_records() == 0 and store.stats["reopens"] == 2  # read again, released again
+        assert store.stats["reopens"] == 2 and store.held_records() == 2003
         assert_same_view(store.view("run03"), full_view(store, "run03"))
+        clock[0] += 30.0
+        store.overview(now=later)
+        assert store.held_records() == 0
     finally:
         store.close()
 

@@ -38,15 +38,18 @@ Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
 
 Memory (issue 10: 100 runs of 1M records would be ~11 GB of columns at ~115 B/record): O(runs)
 plus the records of the runs that are live or open in a page, not O(all records).  A run's
-reader (its columns) is kept only while the run is ``live`` (it will change again soon), or was
-shown by ``view()`` in the last ``view_keep_s`` seconds (a page is on it) and the runs so viewed
-hold at most ``view_budget_records`` records (least recently viewed released first; the last one
-viewed is always kept).  Any other run keeps its ``RunSummary`` and row and what ``run_status``
-needs (``_Released``: the last event, record time and cadence, the file's identity as it was read),
-and its reader is closed once its row is computed: the loader holds one cold run at a time.  A
-released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not ended,
-a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh reader,
-from the columnar cache when the store has one (~5-10 % of a cold parse), else a full parse.
+reader (its columns) is kept only while the run is ``live`` or its file changed in the last
+``idle_s`` seconds (it will change again soon: a writer whose clock lags ours by minutes reads
+``stalled`` while it appends, and must not cost a re-read per append), or it was shown by
+``view()`` in the last ``idle_s`` seconds (a page is on it) and the runs so viewed hold at most
+``view_budget_records`` records (least recently viewed released first; the last one viewed is
+always kept).  A run's first read is no change: a cold root is released run by run.  Any other
+run keeps its ``RunSummary`` and row and what ``run_status`` needs (``_Released``: the last event,
+record time and cadence, the file's identity as it was read), and its reader is closed once its
+row is computed: the loader holds one cold run at a time.  A released run whose file did not
+change costs one ``stat`` per ``safety_interval`` (and, not ended, a lock probe: stalled may
+become crashed); one that changed, or is viewed, gets a fresh reader, from the columnar cache
+when the store has one (~5-10 % of a cold parse), else a full parse.
 
 The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -92,7 +95,7 @@ from metrics_core.writer import lock_is_held
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
-VIEW_KEEP_S = 60.0  # a run not viewed for this long is no longer "open in a page" (a paused page reloads it)
+IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold (~460 MB)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
@@ -219,6 +222,7 @@ class _Entry:
     read_stamp: tuple[int, int, int, int] | None = None  # the file's identity before the reader's last refresh
     use_cache: bool = True  # False after a failure: a state the cache restored may be what failed
     viewed_at: float = float("-inf")  # the clock of the last ``view()``
+    changed_at: float = float("-inf")  # the clock of the last read that found new data (a first read aside)
     lock: threading.Lock = field(default_factory=threading.Lock)
     lineage: Lineage = field(default_factory=Lineage)
     refreshed_at: float = float("-inf")
@@ -250,7 +254,7 @@ class RunStore:
         load_budget_s: float = 0.1,
         loader_delay_s: float = 1.0,
         cache: CachePolicy | None = None,
-        view_keep_s: float = VIEW_KEEP_S,
+        idle_s: float = IDLE_S,
         view_budget_records: int = VIEW_BUDGET_RECORDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -258,11 +262,11 @@ class RunStore:
         reopens them at a few percent of a cold parse (``metrics_core.cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
         it takes a core (on 2 cores, 1,000 runs drawn in 3.9-4.1 s with it, 3.8-6.4 s without).
-        ``view_keep_s`` / ``view_budget_records``: which viewed runs keep their readers (module
-        docstring, "Memory")."""
+        ``idle_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
+        "Memory")."""
         self.root = Path(root)
         self.cache = cache
-        self.view_keep_s = view_keep_s
+        self.idle_s = idle_s
         self.view_budget_records = view_budget_records
         self.safety_interval = safety_interval
         self.load_budget_s = load_budget_s
@@ -405,6 +409,8 @@ class RunStore:
             reader = entry.reader
             key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
             if key != entry.data_key or entry.summary is None:
+                if entry.summary is not None:
+                    entry.changed_at = self._clock()
                 entry.view = None  # built on demand: the overview never needs one
                 entry.data_key = key
                 self._summarise(entry, now)
@@ -434,21 +440,21 @@ class RunStore:
         return True
 
     def _release_if_idle(self, entry: _Entry) -> None:
-        """Release ``entry``'s reader unless its run is live or open in a page (module docstring,
-        "Memory"); the caller holds ``entry.lock``."""
+        """Release ``entry``'s reader unless its run is live, changed lately or open in a page (module
+        docstring, "Memory"); the caller holds ``entry.lock``."""
         if entry.reader is None or entry.summary is None or entry.summary.status == "live":
             return
-        if self._clock() - entry.viewed_at < self.view_keep_s:
+        if self._clock() - max(entry.viewed_at, entry.changed_at) < self.idle_s:
             return
         released = _Released.of(entry.reader, entry.read_stamp)
         entry.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         entry.reader, entry.released = None, released
-        entry.view = entry.built = entry.data_key = entry.config_key = None
+        entry.view = entry.built = entry.config_key = None  # data_key stays: a reopen finding it is no change
         entry.lineage, entry.trend = Lineage(), LossTrend()
         self.stats["releases"] += 1
 
     def _trim_viewed(self, *, keep: _Entry) -> None:
-        """Forget viewed runs not viewed for ``view_keep_s``, and the least recently viewed while
+        """Forget viewed runs not viewed for ``idle_s``, and the least recently viewed while
         the viewed runs hold more than ``view_budget_records`` (``keep``, just viewed, stays), and
         release their readers unless they are live or busy (a busy one is released by a later
         overview pass).  O(viewed runs)."""
@@ -457,7 +463,7 @@ class RunStore:
         held = sum(_held(entry) for entry in viewed)
         now = self._clock()
         for entry in viewed:
-            if entry is keep or (now - entry.viewed_at < self.view_keep_s and held <= self.view_budget_records):
+            if entry is keep or (now - entry.viewed_at < self.idle_s and held <= self.view_budget_records):
                 continue
             with self._lock:
                 entry.viewed_at = float("-inf")
