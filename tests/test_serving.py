@@ -253,3 +253,15 @@ def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: P
     assert large and all(r.headers.get("content-encoding") == "gzip" for r in large)
     assert headers["content-encoding"] == "gzip"
     assert gzip.decompress(body) == (STATIC / largest_static_js().lstrip("/")).read_bytes()
+
+
+def test_serve_plain_leaves_streamlits_answers_as_they_are(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """METRICS_SERVE_PLAIN=1 (a proxy in front compresses): bundles go out as Streamlit sends them,
+    and the HTML has no added hint."""
+    monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
+    with dashboard(runs_root) as (url, _, _):
+        headers, body = get(url + largest_static_js(), "gzip")
+        _, html = get(url + "/", None, accept="text/html")
+    assert "content-encoding" not in headers and "vary" not in headers
+    assert body == (STATIC / largest_static_js().lstrip("/")).read_bytes()
+    assert b"BidiComponent" not in html
