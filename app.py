@@ -45,7 +45,7 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     from starlette.middleware import Middleware
 
-    from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, warm_imports
+    from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, lifespan
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
@@ -53,6 +53,6 @@ else:  # `streamlit run app.py` imports this module to serve it
     hints = Middleware(PreloadHints, tags=chunk_preloads(("BidiComponent",)))
     app = st.App(
         __file__,
-        lifespan=None if plain else warm_imports(sorted(Path(__file__).with_name("pages").glob("*.py"))),
+        lifespan=lifespan([] if plain else sorted(Path(__file__).with_name("pages").glob("*.py"))),
         middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url), hints],
     )

@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -22,7 +22,7 @@ from typing import IO
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard.serving import accepts_gzip, route_path, warm_imports
+from metrics_core.dashboard.serving import accepts_gzip, lifespan, route_path
 from tests.conftest import REPO, append_records, base_record
 from tests.live_server import free_port, wait_for_http, wait_until
 
@@ -74,7 +74,7 @@ def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> 
     assert route_path({"path": "/metrics"}, "metrics") == "/"
 
 
-def test_warm_imports_imports_what_the_scripts_import_without_running_them(
+def test_lifespan_imports_what_the_scripts_import_without_running_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The lifespan imports every top-level import of the scripts in a thread; a module that fails
@@ -88,7 +88,7 @@ def test_warm_imports_imports_what_the_scripts_import_without_running_them(
     monkeypatch.syspath_prepend(str(tmp_path))
 
     async def start_and_stop() -> None:
-        async with warm_imports([page])(object()):
+        async with lifespan([page])(object()):
             pass
 
     asyncio.run(start_and_stop())
@@ -198,16 +198,19 @@ def test_the_st_app_server_honours_the_projects_config(server: str, page: object
 
 
 @contextmanager
-def dashboard(runs_root: Path, *flags: str) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
-    """README command 1 with Streamlit ``flags``, on a free port: yield its URL, process and log (the
-    shared fixture waits on /_stcore/health, which moves under a base URL path)."""
+def dashboard(
+    runs_root: Path, *flags: str, args: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
+    """README command 1 with Streamlit ``flags`` and the dashboard's ``args``, on a free port: yield
+    its URL, process and log (the shared fixture waits on /_stcore/health, which moves under a base
+    URL path)."""
     port = free_port()
     base = next((flags[i + 1] for i, flag in enumerate(flags) if flag == "--server.baseUrlPath"), "")
     url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *flags, "--", "--runs",
-             str(runs_root)],
+             str(runs_root), *args],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
         try:
@@ -231,6 +234,35 @@ def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:
         log.seek(0)
         output = log.read().decode(errors="replace")
     assert "Traceback" not in output, output
+
+
+def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, browser: object) -> None:
+    """A service manager's SIGTERM: the run store still closes, so the columnar cache holds what the
+    server parsed after its last save (uvicorn re-raises the signal after its shutdown, which skips
+    atexit handlers; app.py's lifespan releases the store instead).  Without it the next start
+    re-parses every record appended since the last save."""
+    root, cache = tmp_path / "runs", tmp_path / "cache"
+    run = root / "big" / "metrics.jsonl"
+    append_records(run, *(base_record(step, train_loss=5.0 / step) for step in range(1, 60_001)))  # > min_records
+    with dashboard(root, args=("--cache-dir", str(cache), "--refresh", "0.5")) as (url, process, log):
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        try:
+            page = context.new_page()
+            page.goto(f"{url}/run?run=big")
+            wait_until(page, lambda: chart_drawn(page), timeout=90)
+            (saved,) = cache.glob("*.mcc")  # the cold parse of 60,000 records was saved at once
+            after_load = saved.stat().st_mtime_ns
+            append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
+            last_x = "Math.max(...document.querySelector('.js-plotly-plot').data.map(t => Math.max(...(t.x || []))))"
+            wait_until(page, lambda: page.evaluate(last_x) >= 60_010, timeout=30)  # the server read them
+        finally:
+            context.close()
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=60)
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    assert "Traceback" not in output, output
+    assert saved.stat().st_mtime_ns > after_load, "SIGTERM left the cache behind the records the server parsed"
 
 
 def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: Path, browser: object) -> None:

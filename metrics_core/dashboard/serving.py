@@ -31,9 +31,13 @@ arrive, and plotly.js waits for it.  The edited HTML keeps Streamlit's ``no-cach
 ``ETag`` and ``Last-Modified`` (they describe the file, not the answer) and is gzipped here
 (~3 KB; Streamlit gzips page paths other than ``/`` per request too).
 
-``warm_imports`` is a lifespan for ``st.App`` that imports what the pages import in a background
-thread as the server starts, so the first page view after a start does not wait for pandas,
-plotly and the dashboard's modules (~0.45 s of imports).  Nothing runs a page or reads a run.
+``lifespan`` is the ``st.App`` lifespan.  As the server starts it imports what the pages import in
+a background thread, so the first page view after a start does not wait for pandas and the
+dashboard's modules (~0.45 s of imports); nothing runs a page or reads a run.  As it stops it
+releases ``st.cache_resource``'s resources, whose ``on_release`` runs (the run store saves the
+columnar caches of what it parsed): under uvicorn, SIGTERM and Ctrl-C end the process by raising
+the signal again after the shutdown, so ``atexit`` handlers never run and this is the last Python
+code that does.
 
 ``import metrics_core`` never imports this module: only app.py does, when ``streamlit run`` serves
 the app through ``st.App``.
@@ -52,6 +56,7 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import streamlit as st
 from anyio import to_thread
 
 Scope = dict[str, Any]
@@ -182,10 +187,11 @@ def chunk_preloads(names: Sequence[str]) -> str:
     return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in found)
 
 
-def warm_imports(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncContextManager[None]]:
-    """An ``st.App`` lifespan that imports, in a daemon thread, every module the top level of
-    ``scripts`` imports (read with ``ast``, not run).  A module that fails to import is left for the
-    page to report."""
+def lifespan(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncContextManager[None]]:
+    """An ``st.App`` lifespan: at start, imports in a daemon thread every module the top level of
+    ``scripts`` imports (read with ``ast``, not run; a module that fails to import is left for the
+    page to report); at shutdown, clears ``st.cache_resource`` so every resource's ``on_release``
+    runs (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -194,11 +200,14 @@ def warm_imports(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncCon
                 importlib.import_module(module)
 
     @asynccontextmanager
-    async def lifespan(_app: object) -> AsyncIterator[None]:
+    async def serve(_app: object) -> AsyncIterator[None]:
         threading.Thread(target=run, name="warm-imports", daemon=True).start()
-        yield
+        try:
+            yield
+        finally:
+            await to_thread.run_sync(st.cache_resource.clear)  # a store's close waits for its loader
 
-    return lifespan
+    return serve
 
 
 def _imported(script: Path) -> list[str]:

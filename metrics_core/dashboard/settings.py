@@ -83,11 +83,12 @@ def _leave_legacy_pages_mode() -> None:
         st.rerun()
 
 
-@st.cache_resource(show_spinner=False)
+# Closed when Streamlit releases it: app.py's lifespan clears st.cache_resource as the server stops
+# (atexit would never run: uvicorn ends the process by re-raising SIGTERM or SIGINT); readers then
+# save what they parsed since their last cache write.
+@st.cache_resource(show_spinner=False, on_release=RunStore.close)
 def _store(runs: Path, poll: bool, cache: Path | None) -> RunStore:
-    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache))
-    atexit.register(store.close)  # readers save what they parsed since their last cache write
-    return store
+    return RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache))
 
 
 def get_store(config: Settings) -> RunStore:
