@@ -236,6 +236,25 @@ def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:
     assert "Traceback" not in output, output
 
 
+def test_a_deep_link_as_the_first_request_runs_through_the_navigation(runs_root: Path, browser: object) -> None:
+    """The first page view after a start is /run?run=small: it is the app's Run page (page title and
+    top navigation from app.py), not pages/run.py alone in Streamlit's legacy folder-of-pages mode,
+    and no extra script run got it there (the lifespan leaves that mode before any session)."""
+    with dashboard(runs_root) as (url, _, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        try:
+            page = context.new_page()
+            page.goto(f"{url}/run?run=small")
+            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            title = page.title()
+            nav = page.evaluate("Array.from(document.querySelectorAll('header a')).map(a => a.textContent)")
+        finally:
+            context.close()
+    assert title == "Training metrics"
+    names = ("Runs", "Run", "Sessions", "Compare")  # each after its icon's ligature text
+    assert len(nav) == len(names) and all(text.endswith(name) for text, name in zip(nav, names, strict=True)), nav
+
+
 def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, browser: object) -> None:
     """A service manager's SIGTERM: the run store still closes, so the columnar cache holds what the
     server parsed after its last save (uvicorn re-raises the signal after its shutdown, which skips

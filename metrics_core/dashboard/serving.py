@@ -33,7 +33,12 @@ arrive, and plotly.js waits for it.  The edited HTML keeps Streamlit's ``no-cach
 
 ``lifespan`` is the ``st.App`` lifespan.  As the server starts it imports what the pages import in
 a background thread, so the first page view after a start does not wait for pandas and the
-dashboard's modules (~0.45 s of imports); nothing runs a page or reads a run.  As it stops it
+dashboard's modules (~0.45 s of imports); nothing runs a page or reads a run.  It also tells
+Streamlit that app.py's ``st.navigation`` drives the pages: an app with a ``pages/`` folder
+otherwise starts in the legacy folder-of-pages mode, in which a deep link such as ``/run?run=x`` as
+the first request after a start runs pages/run.py alone (no page config, a folder-listing
+sidebar); the pages used to leave that mode with a rerun, one more script run before the first
+chart of every cold deep link.  As it stops it
 releases ``st.cache_resource``'s resources, whose ``on_release`` runs (the run store saves the
 columnar caches of what it parsed): under uvicorn, SIGTERM and Ctrl-C end the process by raising
 the signal again after the shutdown, so ``atexit`` handlers never run and this is the last Python
@@ -58,6 +63,7 @@ from typing import Any
 
 import streamlit as st
 from anyio import to_thread
+from streamlit.runtime.pages_manager import PagesManager
 
 Scope = dict[str, Any]
 Message = dict[str, Any]
@@ -201,6 +207,7 @@ def lifespan(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncContext
 
     @asynccontextmanager
     async def serve(_app: object) -> AsyncIterator[None]:
+        PagesManager.uses_pages_directory = False  # before any session: see the module docstring
         threading.Thread(target=run, name="warm-imports", daemon=True).start()
         try:
             yield

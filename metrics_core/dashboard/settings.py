@@ -63,24 +63,7 @@ def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
 
 def settings() -> Settings:
     """This server's settings; every page calls it first."""
-    _leave_legacy_pages_mode()
     return parse_settings(sys.argv[1:], dict(os.environ))
-
-
-def _leave_legacy_pages_mode() -> None:
-    """Make a deep link on a cold server go through app.py's ``st.navigation``.
-
-    Streamlit starts an app that has a ``pages/`` folder in its legacy folder-of-pages mode and
-    leaves it only once ``st.navigation`` has run; so if the first request after a restart is a
-    link such as ``/run?run=x``, it runs pages/run.py alone (no page config, a folder-listing
-    sidebar) for every tab until someone opens ``/``.  Switching the flag and rerunning sends
-    this first run through app.py, which resolves the same URL to the same page.
-    """
-    from streamlit.runtime.pages_manager import PagesManager
-
-    if PagesManager.uses_pages_directory:
-        PagesManager.uses_pages_directory = False
-        st.rerun()
 
 
 # Closed when Streamlit releases it: app.py's lifespan clears st.cache_resource as the server stops
