@@ -1,6 +1,7 @@
 """Live latency, server CPU and bytes per update: a real server, a real headless Chromium, a real writer.
 
 Run: python benchmarks/bench_live.py [--appends 25] [--records 1000000] [--refresh 1 0.25] [--big 0] [--floor 20]
+                                     [--history 1000]
 
 Latency is measured write -> visible: Python stamps the wall clock right after MetricsWriter.write
 returns; the page stamps the wall clock (same machine, same clock) the first time the loss chart's
@@ -9,7 +10,9 @@ with the refresh, so the figure includes the wait for the next refresh.  Over th
 the server process's CPU (utime + stime from /proc, as a share of one core) and the bytes the
 page received on its websocket (Playwright's frame events), per append.  Each refresh period
 given runs side by side in one invocation; ``--big N`` adds the same measurement on a live run
-that already holds N records (``generate.write_run``), next to one of 100 records.
+that already holds N records (``generate.write_run``), next to one of 100 records.  ``--history N``
+gives the runs of each refresh period N records in three sessions first (``bench_rivals.py``'s
+1k-record run: every append then redraws three sessions' traces), not 10 of one session.
 
 ``--floor S`` measures, over S seconds with nothing appended, what a live tab costs when nothing
 changes, next to what Streamlit itself costs: the same refresh of a fragment with nothing in it
@@ -31,7 +34,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.charts import ChartOptions, run_charts
-from metrics_core.dashboard.figures import figure_json
 from metrics_core.dashboard.store import RunStore
 from tests.live_server import chromium, streamlit_app, streamlit_server
 
@@ -165,6 +167,8 @@ def missing_text(found: dict[str, object]) -> str:
 
 
 def figure_bytes(records: int) -> tuple[int, int, int]:
+    from metrics_core.dashboard.figures import figure_json  # the tree under test may predate it (--records 0)
+
     with tempfile.TemporaryDirectory() as tmp:
         count = write_run(Path(tmp) / "big" / "metrics.jsonl", records)
         store = RunStore(Path(tmp))
@@ -183,6 +187,7 @@ def main() -> None:
     parser.add_argument("--refresh", type=float, nargs="+", default=[1.0, 0.25])
     parser.add_argument("--big", type=int, default=0, help="also a live run of this many records (e.g. 1000000)")
     parser.add_argument("--floor", type=float, default=0, help="seconds of idle CPU: empty fragment vs run page")
+    parser.add_argument("--history", type=int, default=0, help="records the runs of each refresh period start with")
     args = parser.parse_args()
     if args.floor:
         for refresh in args.refresh:
@@ -191,7 +196,8 @@ def main() -> None:
                                                            for label, share in shares.items()))  # fmt: skip
     if not args.appends:
         return
-    results = {f"refresh {refresh:g} s": live(args.appends, refresh=refresh) for refresh in args.refresh}
+    results = {f"refresh {refresh:g} s": live(args.appends, refresh=refresh, history=args.history)
+               for refresh in args.refresh}  # fmt: skip
     if args.big:
         results["100-record run"] = live(args.appends, refresh=args.refresh[-1])
         results[f"{args.big}-record run"] = live(args.appends, refresh=args.refresh[-1], history=args.big)
