@@ -535,14 +535,78 @@ def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_i
 
 
 def test_viewed_runs_beyond_the_record_budget_are_released_least_recently_viewed_first(tmp_path: Path) -> None:
-    """With a budget of 5,000 records, viewing three finished runs of 2,001 keeps the last two viewed."""
+    """With a budget of 5,000 records, viewing three finished runs of 2,001 recent_s apart keeps the
+    last two viewed."""
     memory_root(tmp_path, 3)
-    store = listed_store(tmp_path, [0.0], view_budget_records=5000)
+    clock = [0.0]
+    store = listed_store(tmp_path, clock, view_budget_records=5000, recent_s=5.0)
     try:
         for name in ("run00", "run01", "run02"):
             store.view(name)
+            clock[0] += 5.0
         assert store.held_records() == 2000 + 2 * 2001
         assert store._entries["run00"].reader is None and store._entries["run02"].reader is not None
+    finally:
+        store.close()
+
+
+def test_two_tabs_on_two_runs_over_the_budget_keep_both_until_one_is_left(tmp_path: Path) -> None:
+    """Two tabs refreshing two finished runs of 2,001 records each, with a budget of 3,000: each view
+    used to release the other tab's run, whose next refresh reopened it and rebuilt its snapshot
+    (and so its charts' lineage).  Runs viewed in the last recent_s stay over the budget: no reopen,
+    no rebuild; once one tab is gone for recent_s, the next view of the other releases its run."""
+    memory_root(tmp_path, 2)
+    clock = [0.0]
+    store = listed_store(tmp_path, clock, view_budget_records=3000, recent_s=5.0)
+    try:
+        first = {name: store.view(name) for name in ("run00", "run01")}
+        reopens, views = store.stats["reopens"], store.stats["views"]
+        for _ in range(10):  # each tab refreshes every 2 s, one second apart
+            for name in ("run00", "run01"):
+                clock[0] += 1.0
+                assert store.view(name) is first[name]
+        assert store.stats["reopens"] == reopens and store.stats["views"] == views
+        assert store.held_records() == 2000 + 2 * 2001
+        left = clock[0] - 1.0  # run00's tab closes: its last view
+        while clock[0] - left < 5.0:
+            assert store._entries["run00"].reader is not None
+            clock[0] += 1.0
+            store.view("run01")
+        assert store._entries["run00"].reader is None and store.held_records() == 2000 + 2001
+        assert store.stats["reopens"] == reopens and store.stats["releases"] >= 3
+    finally:
+        store.close()
+
+
+def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_released_later(tmp_path: Path) -> None:
+    """The interleavings of two threads, in one thread: ``_trim_viewed`` picks run00 (over the budget,
+    not viewed for recent_s), then a view of run00 comes before the eviction step (``_unview`` with the
+    viewed_at it saw): run00 stays viewed, so the next overview keeps its reader (it used to lose its
+    fresh viewed_at and be released under a page showing it).  And a run whose lock another thread
+    holds when it would be trimmed stays viewed, and the next view releases it (it used to be
+    forgotten unreleased: held for good while no overview runs)."""
+    memory_root(tmp_path, 2)
+    clock = [0.0]
+    store = listed_store(tmp_path, clock, view_budget_records=3000, recent_s=5.0)
+    run00 = store._entries["run00"]
+    try:
+        store.view("run00")
+        seen = run00.viewed_at
+        clock[0] += 10.0  # run00 is now the trim's to evict ...
+        store.view("run00")  # ... but a tab views it first
+        assert store._unview(run00, seen) == 0
+        assert "run00" in store._viewed and run00.viewed_at == clock[0]
+        store.overview(now=MEMORY_NOW)
+        assert run00.reader is not None and store.held_records() == 2000 + 2001
+
+        clock[0] += 10.0
+        with run00.lock:  # another thread is reading run00
+            store.view("run01")  # over the budget, run00 not viewed lately: trimmed, but busy
+        assert "run00" in store._viewed and run00.reader is not None
+        clock[0] += 1.0
+        store.view("run01")
+        assert "run00" not in store._viewed and run00.reader is None
+        assert store.held_records() == 2000 + 2001
     finally:
         store.close()
 

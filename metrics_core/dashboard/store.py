@@ -36,20 +36,22 @@ Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
 * ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
   the root: a page showing one run does not pay for the 999 others.
 
-Memory (issue 10: 100 runs of 1M records would be ~11 GB of columns at ~115 B/record): O(runs)
-plus the records of the runs that are live or open in a page, not O(all records).  A run's
-reader (its columns) is kept only while the run is ``live`` or its file changed in the last
-``idle_s`` seconds (it will change again soon: a writer whose clock lags ours by minutes reads
-``stalled`` while it appends, and must not cost a re-read per append), or it was shown by
-``view()`` in the last ``idle_s`` seconds (a page is on it) and the runs so viewed hold at most
-``view_budget_records`` records (least recently viewed released first; the last one viewed is
-always kept).  A run's first read is no change: a cold root is released run by run.  Any other
-run keeps its ``RunSummary`` and row and what ``run_status`` needs (``_Released``: the last event,
-record time and cadence, the file's identity as it was read), and its reader is closed once its
-row is computed: the loader holds one cold run at a time.  A released run whose file did not
-change costs one ``stat`` per ``safety_interval`` (and, not ended, a lock probe: stalled may
-become crashed); one that changed, or is viewed, gets a fresh reader, from the columnar cache
-when the store has one (~5-10 % of a cold parse), else a full parse.
+Memory (issue 10: 100 runs of 1M records would be ~11 GB of columns at ~115 B/record): O(runs) plus
+the records of the runs that are live or open in a page, not O(all records).  A run's reader (its
+columns) is kept only while the run is ``live`` or its file changed in the last ``idle_s`` seconds
+(it will change again soon: a writer whose clock lags ours by minutes reads ``stalled`` while it
+appends, and must not cost a re-read per append), or it was shown by ``view()`` in the last
+``idle_s`` seconds (a page is on it) and the runs so viewed hold at most ``view_budget_records``
+records (least recently viewed released first), except that a run viewed in the last ``recent_s``
+seconds is never released for the budget: the runs pages are refreshing may exceed it, as two tabs
+on two big runs would otherwise release each other's run at every refresh, each reopen costing a
+cache read or a parse and the charts' and diagnostics' lineage.  A run's first read is no change: a
+cold root is released run by run.  Any other run keeps its ``RunSummary`` and row and what
+``run_status`` needs (``_Released``: the last event, record time and cadence, the file's identity as
+it was read), and its reader is closed once its row is computed: the loader holds one cold run at a
+time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
+ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
+reader, from the columnar cache when the store has one (~5-10 % of a cold parse), else a full parse.
 
 The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -96,6 +98,7 @@ EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
+RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold (~460 MB)
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
@@ -255,6 +258,7 @@ class RunStore:
         loader_delay_s: float = 1.0,
         cache: CachePolicy | None = None,
         idle_s: float = IDLE_S,
+        recent_s: float = RECENT_S,
         view_budget_records: int = VIEW_BUDGET_RECORDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
@@ -262,11 +266,12 @@ class RunStore:
         reopens them at a few percent of a cold parse (``metrics_core.cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
         it takes a core (on 2 cores, 1,000 runs drawn in 3.9-4.1 s with it, 3.8-6.4 s without).
-        ``idle_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
+        ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
         "Memory")."""
         self.root = Path(root)
         self.cache = cache
         self.idle_s = idle_s
+        self.recent_s = recent_s
         self.view_budget_records = view_budget_records
         self.safety_interval = safety_interval
         self.load_budget_s = load_budget_s
@@ -454,26 +459,40 @@ class RunStore:
         self.stats["releases"] += 1
 
     def _trim_viewed(self, *, keep: _Entry) -> None:
-        """Forget viewed runs not viewed for ``idle_s``, and the least recently viewed while
-        the viewed runs hold more than ``view_budget_records`` (``keep``, just viewed, stays), and
-        release their readers unless they are live or busy (a busy one is released by a later
-        overview pass).  O(viewed runs)."""
+        """Forget viewed runs not viewed for ``idle_s``, and, least recently viewed first, those not
+        viewed for ``recent_s`` while the viewed runs hold more than ``view_budget_records``
+        (``keep``, just viewed, stays even if its snapshot took longer than ``recent_s``), and
+        release their readers unless they are live or changed lately (a busy or re-viewed one stays
+        viewed: ``_unview``).  O(viewed runs)."""
         with self._lock:
-            viewed = list(self._viewed.values())
-        held = sum(_held(entry) for entry in viewed)
-        now = self._clock()
-        for entry in viewed:
-            if entry is keep or (now - entry.viewed_at < self.idle_s and held <= self.view_budget_records):
+            now = self._clock()  # under the lock: a view after it sets viewed_at >= now, too recent to pick
+            viewed = [(entry, entry.viewed_at) for entry in self._viewed.values()]
+        held = sum(_held(entry) for entry, _ in viewed)
+        for entry, viewed_at in viewed:
+            age = now - viewed_at
+            if entry is keep or age < self.recent_s or (age < self.idle_s and held <= self.view_budget_records):
                 continue
+            held -= self._unview(entry, viewed_at)
+
+    def _unview(self, entry: _Entry, viewed_at: float) -> int:
+        """Forget ``entry`` as viewed and release its reader if idle, unless it was viewed again
+        since ``viewed_at`` (a page is on it: the next overview must not release it) or another
+        thread holds its lock (it stays viewed, and the next ``_trim_viewed`` tries again: forgotten
+        unreleased, nothing would ever release it while no overview runs).  Returns the records
+        it held if it was forgotten, else 0."""
+        if not entry.lock.acquire(blocking=False):
+            return 0
+        try:
             with self._lock:
+                if entry.viewed_at != viewed_at:
+                    return 0
                 entry.viewed_at = float("-inf")
-                self._viewed.pop(entry.name, None)
-            if entry.lock.acquire(blocking=False):
-                try:
-                    held -= _held(entry)
-                    self._release_if_idle(entry)
-                finally:
-                    entry.lock.release()
+                del self._viewed[entry.name]
+            held = _held(entry)
+            self._release_if_idle(entry)
+            return held
+        finally:
+            entry.lock.release()
 
     def _failed(self, entry: _Entry, info: RunInfo, exc: Exception) -> RunViewError:
         """Forget ``entry``'s reader (its state is unknown after an exception) and remember why."""
