@@ -46,6 +46,7 @@ else:  # `streamlit run app.py` imports this module to serve it
     from starlette.middleware import Middleware
 
     from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, lifespan
+    from metrics_core.dashboard.settings import close_stores
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
@@ -53,6 +54,6 @@ else:  # `streamlit run app.py` imports this module to serve it
     hints = Middleware(PreloadHints, tags=chunk_preloads(("BidiComponent",)))
     app = st.App(
         __file__,
-        lifespan=lifespan([] if plain else sorted(Path(__file__).with_name("pages").glob("*.py"))),
+        lifespan=lifespan([] if plain else sorted(Path(__file__).with_name("pages").glob("*.py")), close_stores),
         middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url), hints],
     )

@@ -6,8 +6,10 @@ own bytes, a client that refuses gzip gets identity bytes, and the server still 
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -19,10 +21,11 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
+import anyio
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard.serving import accepts_gzip, lifespan, route_path
+from metrics_core.dashboard.serving import StaticGzip, accepts_gzip, lifespan, route_path
 from tests.conftest import REPO, append_records, base_record
 from tests.live_server import free_port, wait_for_http, wait_until
 
@@ -58,11 +61,69 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize(
     ("header", "expected"),
     [("gzip, deflate, br, zstd", True), ("br;q=1.0, GZIP;q=0.5", True), ("*", True), ("gzip;q=0", False),
-     ("identity", False), ("", False), ("deflate, br", False), ("gzip;q=x", False)],
+     ("identity", False), ("", False), ("deflate, br", False), ("gzip;q=x", False), ("*;q=0, gzip", True),
+     ("gzip;q=0, *", False)],
 )  # fmt: skip
 def test_accepts_gzip_reads_accept_encoding_with_its_q_values(header: str, expected: bool) -> None:
-    """gzip (or *) listed and not refused with q=0."""
+    """gzip listed and not refused with q=0, else * so listed: an explicit gzip entry wins over *."""
     assert accepts_gzip(header) is expected
+
+
+# ~4 MB of text that compresses to ~75 %: gzip -9 takes ~0.1 s, long enough to walk away during it.
+BUNDLE = base64.b64encode(random.Random(7).randbytes(3 << 20))
+IMMUTABLE = [(b"content-type", b"application/javascript"), (b"cache-control", ONE_YEAR.encode()),
+             (b"etag", b'"abc-Def"'), (b"accept-ranges", b"bytes")]  # fmt: skip
+
+
+def static_app(headers: list[tuple[bytes, bytes]]) -> object:
+    """An ASGI app answering every GET with ``BUNDLE`` and ``headers``, as Streamlit's static route does."""
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": BUNDLE, "more_body": False})
+
+    return app
+
+
+async def fetch(middleware: StaticGzip, path: str) -> tuple[dict[bytes, bytes], bytes]:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"accept-encoding", b"gzip")]}
+    await middleware(scope, None, send)
+    return dict(sent[0]["headers"]), b"".join(message.get("body", b"") for message in sent[1:])
+
+
+def test_a_client_gone_while_its_bundle_is_compressed_does_not_break_that_bundle() -> None:
+    """A tab closed during the first (shared) compression of a file cancels its own request only
+    (Starlette cancels a response's task group when its client goes): the next request gets the
+    gzip copy, with a weak ETag and no byte ranges (they describe the identity bytes)."""
+    middleware = StaticGzip(static_app(IMMUTABLE))
+
+    async def scenario() -> tuple[dict[bytes, bytes], bytes]:
+        async with anyio.create_task_group() as requests:  # as Starlette runs a response: cancelled on disconnect
+            requests.start_soon(fetch, middleware, "/static/js/index.js")
+            while not middleware._copies:  # the shared compression has started
+                await asyncio.sleep(0)
+            requests.cancel_scope.cancel()
+        return await fetch(middleware, "/static/js/index.js")
+
+    headers, body = asyncio.run(scenario())
+    assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
+    assert headers[b"etag"] == b'W/"abc-Def"' and b"accept-ranges" not in headers
+    assert headers[b"content-length"] == str(len(body)).encode()
+
+
+def test_made_up_static_paths_are_neither_compressed_nor_kept() -> None:
+    """Streamlit answers an unknown /static/ path with its index.html (no-cache): such answers pass
+    through, so made-up paths cannot make the server compress and keep a copy each."""
+    middleware = StaticGzip(static_app([(b"content-type", b"text/html"), (b"cache-control", b"no-cache")]))
+    for number in range(20):
+        headers, body = asyncio.run(fetch(middleware, f"/static/x{number}.js"))
+        assert b"content-encoding" not in headers and body == BUNDLE
+    assert middleware._copies == {}
 
 
 def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> None:
@@ -88,7 +149,7 @@ def test_lifespan_imports_what_the_scripts_import_without_running_them(
     monkeypatch.syspath_prepend(str(tmp_path))
 
     async def start_and_stop() -> None:
-        async with lifespan([page])(object()):
+        async with lifespan([page], lambda: None)(object()):
             pass
 
     asyncio.run(start_and_stop())

@@ -38,9 +38,8 @@ Streamlit that app.py's ``st.navigation`` drives the pages: an app with a ``page
 otherwise starts in the legacy folder-of-pages mode, in which a deep link such as ``/run?run=x`` as
 the first request after a start runs pages/run.py alone (no page config, a folder-listing
 sidebar); the pages used to leave that mode with a rerun, one more script run before the first
-chart of every cold deep link.  As it stops it
-releases ``st.cache_resource``'s resources, whose ``on_release`` runs (the run store saves the
-columnar caches of what it parsed): under uvicorn, SIGTERM and Ctrl-C end the process by raising
+chart of every cold deep link.  As it stops it runs the app's shutdown (the run stores save the
+columnar caches of what they parsed): under uvicorn, SIGTERM and Ctrl-C end the process by raising
 the signal again after the shutdown, so ``atexit`` handlers never run and this is the last Python
 code that does.
 
@@ -61,7 +60,6 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import streamlit as st
 from anyio import to_thread
 from streamlit.runtime.pages_manager import PagesManager
 
@@ -77,18 +75,17 @@ MIN_SAVING = 0.9  # keep the gzip copy only if it is at most 90 % of the identit
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an ``Accept-Encoding`` value allows gzip: ``gzip`` or ``*`` listed without ``q=0``."""
+    """Whether an ``Accept-Encoding`` value allows gzip: ``gzip`` listed without ``q=0``, else ``*``
+    listed without ``q=0`` (an explicit ``gzip`` entry wins over ``*``; a bad q-value refuses)."""
+    qualities: dict[str, float] = {}
     for item in accept_encoding.split(","):
         coding, _, params = item.strip().partition(";")
-        if coding.strip().lower() in ("gzip", "*"):
-            quality = params.strip().lower()
-            if quality.startswith("q="):
-                try:
-                    return float(quality[2:]) > 0
-                except ValueError:
-                    return False
-            return True
-    return False
+        quality = params.strip().lower()
+        try:
+            qualities.setdefault(coding.strip().lower(), float(quality[2:]) if quality.startswith("q=") else 1.0)
+        except ValueError:
+            qualities.setdefault(coding.strip().lower(), 0.0)
+    return qualities.get("gzip", qualities.get("*", 0.0)) > 0
 
 
 def route_path(scope: Scope, base_url: str) -> str:
@@ -117,7 +114,9 @@ class StaticGzip:
         self.app = app
         self.base_url = base_url
         # (path, ETag) -> the compression of that file, shared by concurrent first requests; done
-        # tasks are the cache.  Keyed by ETag too, so a file that changed is compressed again.
+        # tasks are the cache.  Keyed by ETag too, so a file that changed is compressed again.  Only
+        # Streamlit's immutable bundles get here (``_compressible``): a made-up /static/ path, which
+        # Streamlit answers with its index.html, is never compressed nor kept.
         self._copies: dict[tuple[str, str], asyncio.Task[bytes | None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -136,17 +135,32 @@ class StaticGzip:
             vary = [value for name, value in start["headers"] if name == b"vary"]
             headers.append((b"vary", b", ".join([*vary, b"Accept-Encoding"])))
             if wanted:
-                key = (scope["path"], _header(start["headers"], b"etag"))
-                task = self._copies.get(key)
-                if task is None:  # compressing ~1 MB takes ~10 ms: off the event loop
-                    task = self._copies[key] = asyncio.ensure_future(to_thread.run_sync(_gzip, body))
-                compressed = await task
+                etag = dict(start["headers"]).get(b"etag", b"")
+                compressed = await self._copy((scope["path"], etag.decode("latin-1")), body)
                 if compressed is not None:
                     body = compressed
+                    # Streamlit's strong ETag and byte ranges describe the identity bytes, not these.
+                    headers = _without(headers, b"etag", b"accept-ranges")
+                    if etag:
+                        headers.append((b"etag", etag if etag.startswith(b"W/") else b"W/" + etag))
                     headers.append((b"content-encoding", b"gzip"))
             await _send_whole(send, start, headers, body)
 
         await self.app(scope, receive, _held(send, _compressible, answer))
+
+    async def _copy(self, key: tuple[str, str], body: bytes) -> bytes | None:
+        """The gzip copy of ``body``, made once per ``key`` (~10 ms for 1 MB: off the event loop).  A
+        client that goes away while it is made cancels its own wait, never the shared compression
+        (``shield``); a compression that failed is forgotten, so the next request tries again."""
+        task = self._copies.get(key)
+        if task is None:
+            task = self._copies[key] = asyncio.ensure_future(to_thread.run_sync(_gzip, body))
+            task.add_done_callback(lambda done: self._forget_failed(key, done))
+        return await asyncio.shield(task)
+
+    def _forget_failed(self, key: tuple[str, str], task: asyncio.Task[bytes | None]) -> None:
+        if task.cancelled() or task.exception() is not None:
+            self._copies.pop(key, None)
 
 
 class PreloadHints:
@@ -193,11 +207,12 @@ def chunk_preloads(names: Sequence[str]) -> str:
     return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in found)
 
 
-def lifespan(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncContextManager[None]]:
+def lifespan(
+    scripts: Sequence[Path], shutdown: Callable[[], None]
+) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, imports in a daemon thread every module the top level of
     ``scripts`` imports (read with ``ast``, not run; a module that fails to import is left for the
-    page to report); at shutdown, clears ``st.cache_resource`` so every resource's ``on_release``
-    runs (see the module docstring)."""
+    page to report); at shutdown, runs ``shutdown`` in a worker thread (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -212,7 +227,7 @@ def lifespan(scripts: Sequence[Path]) -> Callable[[object], AbstractAsyncContext
         try:
             yield
         finally:
-            await to_thread.run_sync(st.cache_resource.clear)  # a store's close waits for its loader
+            await to_thread.run_sync(shutdown)  # a store's close waits for its loader
 
     return serve
 
@@ -266,10 +281,12 @@ def _without(headers: Sequence[tuple[bytes, bytes]], *names: bytes) -> list[tupl
 
 
 def _compressible(start: Message) -> bool:
-    """A whole 200 answer of a text type that nothing has encoded yet."""
+    """A whole 200 answer of a text type that nothing has encoded yet, for a content-hashed file
+    (``Cache-Control: immutable``: one copy is valid for the life of the process)."""
     headers = dict(start["headers"])
     kind = headers.get(b"content-type", b"").decode("latin-1").lower()
-    return start["status"] == 200 and b"content-encoding" not in headers and kind.startswith(COMPRESSIBLE)
+    immutable = b"immutable" in headers.get(b"cache-control", b"").lower()
+    return start["status"] == 200 and immutable and b"content-encoding" not in headers and kind.startswith(COMPRESSIBLE)
 
 
 def _html(start: Message) -> bool:

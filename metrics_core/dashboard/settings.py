@@ -66,12 +66,24 @@ def settings() -> Settings:
     return parse_settings(sys.argv[1:], dict(os.environ))
 
 
-# Closed when Streamlit releases it: app.py's lifespan clears st.cache_resource as the server stops
-# (atexit would never run: uvicorn ends the process by re-raising SIGTERM or SIGINT); readers then
-# save what they parsed since their last cache write.
-@st.cache_resource(show_spinner=False, on_release=RunStore.close)
+_OPEN_STORES: list[RunStore] = []  # every store this process made, until close_stores()
+
+
+@st.cache_resource(show_spinner=False)
 def _store(runs: Path, poll: bool, cache: Path | None) -> RunStore:
-    return RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache))
+    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache))
+    _OPEN_STORES.append(store)
+    return store
+
+
+def close_stores() -> None:
+    """Close every run store this process made; its readers save what they parsed since their last
+    cache write.  app.py's lifespan calls it as the server stops: under uvicorn, SIGTERM and Ctrl-C
+    end the process by raising the signal again after the shutdown, so atexit never runs.  Not tied
+    to ``st.cache_resource``'s release: any browser may ask Streamlit to clear its caches, and that
+    must not close a store other tabs still read."""
+    while _OPEN_STORES:
+        _OPEN_STORES.pop().close()
 
 
 def get_store(config: Settings) -> RunStore:
