@@ -14,7 +14,7 @@ import streamlit as st
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.demo import start_demo
-from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
 
@@ -70,8 +70,10 @@ _OPEN_STORES: list[RunStore] = []  # every store this process made, until close_
 
 
 @st.cache_resource(show_spinner=False)
-def _store(runs: Path, poll: bool, cache: Path | None) -> RunStore:
-    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache))
+def _store(runs: Path, poll: bool, cache: Path | None, refresh: float) -> RunStore:
+    # A run a page shows is viewed once per refresh: it must read as recently viewed between two.
+    recent_s = max(RECENT_S, 4 * refresh)
+    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache), recent_s=recent_s)
     _OPEN_STORES.append(store)
     return store
 
@@ -90,7 +92,7 @@ def get_store(config: Settings) -> RunStore:
     """The one RunStore of this server process (shared by every browser tab), or a clear error on
     the page when the runs root is missing (nothing is created unless ``--demo`` asked for it)."""
     try:
-        return _store(config.runs, config.poll, config.cache)
+        return _store(config.runs, config.poll, config.cache, config.refresh)
     except MetricsError as exc:
         st.error(str(exc))
         st.stop()
