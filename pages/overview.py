@@ -28,6 +28,10 @@ store = get_store(config)
 st.title("Runs")
 st.caption(md_text(f"Watching {config.runs.resolve()} ({store.watcher.mode}: {store.watcher.mode_reason})"))
 generation = store.overview_generation()  # read first: a change during overview() is looked at, never unseen
+drawn = st.session_state.get("runs_shown", (None, None))[1]  # the page drawn before: a tick refers to its rows
+# Until this run draws a table: a run that stops before it (no runs yet, or the root cannot be
+# listed) must be redrawn as soon as there is a table, whether or not the store changed since.
+st.session_state["runs_shown"] = (None, None)
 table = overview_or_stop(store)
 
 
@@ -38,10 +42,12 @@ def watch_runs() -> None:
     seen = store.overview_generation()
     latest = overview_or_stop(store)  # brings the rows up to date (a stat per run when due)
     shown_generation, drawn = st.session_state.get("runs_shown", (None, None))
-    if seen == shown_generation and (drawn is None or time.time() < drawn.ages_change_at):
+    if drawn is None:  # the page drew no table (no runs yet, or they could not be listed)
+        if not latest.empty:
+            st.rerun()  # there is one now
+        return
+    if seen == shown_generation and time.time() < drawn.ages_change_at:
         return  # nothing happened that the page could show
-    if drawn is None:
-        st.rerun()  # no table drawn (no runs yet): the page draws one now
     now_shown = runs_page_view(latest)
     if not now_shown.same_as(drawn):
         st.rerun()
@@ -51,7 +57,6 @@ def watch_runs() -> None:
 st.session_state["runs_just_read"] = True
 watch_runs()
 if table.empty:
-    st.session_state["runs_shown"] = (generation, None)
     st.info(f"No runs under {md_text(config.runs)} yet: a run is any directory holding a metrics.jsonl.")
     if st.button("Start the live demo run", key="start_demo"):
         get_demo(config.runs.resolve())
@@ -67,7 +72,6 @@ by_config.text_input(
 # Options keep the chosen keys, so a key whose run vanished does not make the widget fail.
 keys = config_keys([*table["config"].dropna(), dict.fromkeys(st.session_state.get("config_columns", []))])
 st.multiselect("Config columns", keys, key="config_columns", placeholder="Show config keys as columns")
-drawn = st.session_state.get("runs_shown", (None, None))[1]
 shown = runs_page_view(table)  # what the filters above select, from their session state
 st.session_state["runs_shown"] = (generation, shown)
 runs_table_view(shown, drawn)
