@@ -461,6 +461,12 @@ def _parse_block(data: bytes, end: int, bulk_threshold: int, max_bytes: int) -> 
     ]
 
 
+def file_identity(stat: os.stat_result) -> tuple[int, int, int, int]:
+    """What changes when a file is appended to or replaced: inode, size, mtime and ctime (``cp -p``
+    over a run keeps size and mtime, but no write keeps ctime)."""
+    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+
+
 class RunReader:
     """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
 
@@ -517,6 +523,12 @@ class RunReader:
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_rows = 0
 
+    @property
+    def read_identity(self) -> tuple[int, int, int, int] | None:
+        """``file_identity`` of the file as the last ``refresh()`` found it, before reading (a write
+        after that changes it); None before the first."""
+        return self._stat_key
+
     def close(self) -> None:
         """Save the cache if it is behind, and release the file descriptor (the parsed data stays)."""
         cached = self._cache is not None and self._cache_saved_at is not None
@@ -543,8 +555,7 @@ class RunReader:
             stat = os.stat(self.path)
         except FileNotFoundError:
             return 0
-        # ctime too: `cp -p` over a run keeps size and mtime, but no write keeps ctime.
-        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
+        key = file_identity(stat)
         if key == self._stat_key:
             return 0
         if self._fd is not None and self._changed_under_us(stat):

@@ -89,7 +89,7 @@ from metrics_core.dashboard.rows import (
     peek_row,
 )
 from metrics_core.errors import MetricsError, RunNotFoundError
-from metrics_core.reader import IngestHealth, RunReader, Session
+from metrics_core.reader import IngestHealth, RunReader, Session, file_identity
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
 from metrics_core.watch import RunsWatcher
 from metrics_core.writer import lock_is_held
@@ -198,9 +198,9 @@ class _Released:
     gap_s: float | None
 
     @classmethod
-    def of(cls, reader: RunReader, stamp: tuple[int, int, int, int] | None) -> _Released:
-        return cls(reader.path, stamp, reader.last_event, reader.last_end_status, reader.last_record_time,
-                   reader.pending_bytes, reader.typical_gap_s())  # fmt: skip
+    def of(cls, reader: RunReader) -> _Released:
+        return cls(reader.path, reader.read_identity, reader.last_event, reader.last_end_status,
+                   reader.last_record_time, reader.pending_bytes, reader.typical_gap_s())  # fmt: skip
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s
@@ -222,7 +222,6 @@ class _Entry:
     name: str
     reader: RunReader | None = None  # None: not read yet, or released (``released`` says what it knew)
     released: _Released | None = None
-    read_stamp: tuple[int, int, int, int] | None = None  # the file's identity before the reader's last refresh
     use_cache: bool = True  # False after a failure: a state the cache restored may be what failed
     viewed_at: float = float("-inf")  # the clock of the last ``view()``
     changed_at: float = float("-inf")  # the clock of the last read that found new data (a first read aside)
@@ -408,7 +407,6 @@ class RunStore:
                 if entry.released is not None:
                     entry.released = None
                     self.stats["reopens"] += 1
-            entry.read_stamp = _stamp(info.metrics_path)  # before the read: a write after it changes the stamp
             entry.reader.refresh()
             entry.refreshed_at = self._clock()
             reader = entry.reader
@@ -451,7 +449,7 @@ class RunStore:
             return
         if self._clock() - max(entry.viewed_at, entry.changed_at) < self.idle_s:
             return
-        released = _Released.of(entry.reader, entry.read_stamp)
+        released = _Released.of(entry.reader)
         entry.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         entry.reader, entry.released = None, released
         entry.view = entry.built = entry.config_key = None  # data_key stays: a reopen finding it is no change
@@ -725,12 +723,11 @@ def _cause(exc: BaseException) -> str:
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int] | None:
-    """What changes when a file is appended to or replaced (ctime too: ``cp -p`` keeps size and mtime)."""
+    """``path``'s ``file_identity``, or None when it cannot be read."""
     try:
-        stat = os.stat(path)
+        return file_identity(os.stat(path))
     except OSError:
         return None
-    return (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
 
 
 def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
