@@ -8,8 +8,9 @@ This file is read twice.  ``streamlit run`` finds ``app = st.App(...)`` below, i
 the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and config) with the
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
 gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
-page's HTML preloads the chunk that mounts the plotly.js loader, and the pages' imports are
-warmed as the server starts.  Each page view then runs this same file as Streamlit's script, under
+page's HTML preloads the chunk that mounts the plotly.js loader, the pages' imports are
+warmed as the server starts, and Nagle's algorithm is off on its connections (each kept-alive
+request used to wait ~40 ms for a delayed ACK).  Each page view then runs this same file as Streamlit's script, under
 the name ``__main__``, which draws the navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what
 Streamlit serves (for a deployment whose reverse proxy already compresses, and for before/after
 benchmarks).
@@ -54,6 +55,8 @@ else:  # `streamlit run app.py` imports this module to serve it
     hints = Middleware(PreloadHints, tags=chunk_preloads(("BidiComponent",)))
     app = st.App(
         __file__,
-        lifespan=lifespan([] if plain else sorted(Path(__file__).with_name("pages").glob("*.py")), close_stores),
+        lifespan=lifespan(
+            [] if plain else sorted(Path(__file__).with_name("pages").glob("*.py")), close_stores, no_delay=not plain
+        ),
         middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url), hints],
     )
