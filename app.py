@@ -8,9 +8,10 @@ This file is read twice.  ``streamlit run`` finds ``app = st.App(...)`` below, i
 the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and config) with the
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
 gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
-page's HTML preloads the chunk that mounts the plotly.js loader, the pages' imports are
-warmed as the server starts, and Nagle's algorithm is off on its connections (each kept-alive
-request used to wait ~40 ms for a delayed ACK).  Each page view then runs this same file as Streamlit's script, under
+page's HTML names the server's base URL (no 404 probe of a deep link's own path) and preloads
+the chunks of the elements that page draws, the pages' imports and Streamlit's once-per-process
+work are done as the server starts, and Nagle's algorithm is off on its connections (each
+kept-alive request used to wait ~40 ms for a delayed ACK).  Each page view then runs this same file as Streamlit's script, under
 the name ``__main__``, which draws the navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what
 Streamlit serves (for a deployment whose reverse proxy already compresses, and for before/after
 benchmarks).
@@ -46,13 +47,44 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     from starlette.middleware import Middleware
 
-    from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, lifespan
+    from metrics_core.dashboard.serving import BASE_URL_SCRIPT, PreloadHints, StaticGzip, chunk_preloads, lifespan
     from metrics_core.dashboard.settings import close_stores
 
+    # The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the
+    # runs page), preloaded with the page's HTML instead of discovered as its elements arrive.
+    # BidiComponent mounts the plotly.js loader and the charts.
+    PAGE_ELEMENTS = {
+        "": ("DataFrame", "Multiselect", "TextInput", "Html"),
+        "run": (
+            "BidiComponent",
+            "Html",
+            "Selectbox",
+            "Slider",
+            "Checkbox",
+            "Radio",
+            "PageLink",
+            "DownloadButton",
+            "rehype-raw",
+        ),
+        "sessions": (
+            "BidiComponent",
+            "Html",
+            "Metric",
+            "Table",
+            "ButtonGroup",
+            "Slider",
+            "PageLink",
+            "DownloadButton",
+            "Selectbox",
+            "remark-emoji",
+        ),
+        "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
+    }
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
-    # BidiComponent is the chunk that mounts the plotly.js loader; fetched at boot, not after the first delta.
-    hints = Middleware(PreloadHints, tags=chunk_preloads(("BidiComponent",)))
+    hints = Middleware(
+        PreloadHints, base_url=base_url, head=lambda page: BASE_URL_SCRIPT + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
+    )
     app = st.App(
         __file__,
         lifespan=lifespan(

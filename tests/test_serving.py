@@ -11,6 +11,7 @@ import gzip
 import http.client
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -163,6 +164,22 @@ def test_lifespan_imports_what_the_scripts_import_without_running_them(
         monkeypatch.delitem(sys.modules, name)
 
 
+def test_warm_first_script_run_does_streamlits_once_per_process_work() -> None:
+    """In a fresh interpreter: the emoji catalog (imported by the first ``set_page_config`` with an
+    emoji icon) is loaded, and the bare-execution warning is decided, so no page view does either."""
+    code = """
+import sys
+from streamlit import delta_generator
+assert "streamlit.emojis" not in sys.modules and not delta_generator._use_warning_has_been_displayed
+from metrics_core.dashboard.serving import warm_first_script_run
+warm_first_script_run()
+assert "streamlit.emojis" in sys.modules and delta_generator._use_warning_has_been_displayed
+print("warm")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "warm", result.stderr
+
+
 def test_tcp_no_delay_reaches_the_connections_of_the_listener_on_that_port_only() -> None:
     """Sockets bound like Streamlit binds its own (``proto`` 0, which asyncio leaves with Nagle on):
     the listener on the given port gets TCP_NODELAY and the connections it accepts inherit it; a
@@ -206,22 +223,47 @@ def test_kept_alive_connections_answer_without_the_delayed_ack_stall(server: str
     assert min(times[1:]) < 0.030, times
 
 
-def test_the_page_html_preloads_the_chunk_that_mounts_the_plotly_loader(server: str, page: object) -> None:
-    """Every page path's HTML names Streamlit's BidiComponent chunk in a modulepreload (gzipped or
-    not, as asked, with a true Content-Length, no-cache and no ETag), and Chromium fetches that
-    chunk once: the preloaded module is the one the page imports."""
-    for path in ("/", "/run?run=small"):
+def preloaded_chunks(html: str) -> set[str]:
+    """The /static/js/ files a page's <head> names (its script and every modulepreload), Streamlit's own
+    and ours."""
+    return set(re.findall(r'(?:href|src)="\./static/js/([^"]+)"', html.split("</head>")[0]))
+
+
+def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server: str) -> None:
+    """Every page path's HTML (gzipped or not, as asked, with a true Content-Length, no-cache and no
+    ETag) names the server's base URL for Streamlit and preloads its own elements' chunks beyond
+    Streamlit's: the run page the chunk that mounts the charts, the runs page the table's."""
+    index = preloaded_chunks((STATIC / "index.html").read_text())
+    for path, chunk in (("/", "DataFrame."), ("/run?run=small", "BidiComponent."), ("/sessions", "Metric.")):
         for encoding in ("gzip", None):
             headers, body = get(server + path, encoding, accept="text/html")
             assert headers.get("content-encoding") == encoding and int(headers["content-length"]) == len(body)
             assert headers["cache-control"] == "no-cache" and "etag" not in headers
             html = (gzip.decompress(body) if encoding else body).decode()
-            assert '<link rel="modulepreload" crossorigin href="./static/js/BidiComponent.' in html.split("</head>")[0]
-    requested = []
-    page.on("request", lambda request: requested.append(request.url) if "/BidiComponent." in request.url else None)
-    page.goto(f"{server}/run?run=small")
-    wait_until(page, lambda: chart_drawn(page), timeout=60)
-    assert len(requested) == 1, requested
+            assert "BACKEND_BASE_URL" in html.split("</head>")[0]
+            assert any(name.startswith(chunk) for name in preloaded_chunks(html) - index), (path, chunk)
+
+
+@pytest.mark.parametrize("path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run"])
+def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_once(
+    server: str, page: object, path: str
+) -> None:
+    """In Chromium, after the page has drawn: every JavaScript chunk it asked for was named in its
+    HTML (none discovered one import at a time as the elements arrived), each was fetched once,
+    and the page asked for the server's health once, at the base URL (a deep link used to ask
+    /run/_stcore/health first, get a 404 and wait 100 ms)."""
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    page.goto(server + path)
+    drawn = {"/": "[data-testid=stDataFrame]", "/run": "[data-testid=stSelectbox]"}.get(path, ".main-svg")
+    wait_until(page, lambda: page.evaluate(f"!!document.querySelector({drawn!r})"), timeout=60)
+    page.wait_for_timeout(1500)  # the rest of the page's elements, and any chunk they would fetch late
+    chunks = [url.rsplit("/", 1)[1] for url in requested if "/static/js/" in url]
+    _, html = get(server + path, None, accept="text/html")  # as served: the page adds preloads as it imports
+    preloaded = preloaded_chunks(html.decode())
+    assert set(chunks) <= preloaded, set(chunks) - preloaded
+    assert len(chunks) == len(set(chunks)) and len(chunks) > 60
+    assert [url for url in requested if "/_stcore/health" in url] == [f"{server}/_stcore/health"]
 
 
 def test_static_bundles_arrive_gzip_encoded_and_decode_to_streamlits_bytes(server: str, page: object) -> None:
@@ -391,8 +433,9 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
 
 
 def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: Path, browser: object) -> None:
-    """server.baseUrlPath=metrics: the run page draws its chart under /metrics/, and the bundles
-    under /metrics/static/ come gzip-encoded."""
+    """server.baseUrlPath=metrics: the run page draws its chart under /metrics/, finds its server
+    there at once (the base URL named in the page is /metrics/, not the page's own path), and the
+    bundles under /metrics/static/ come gzip-encoded."""
     with dashboard(runs_root, "--server.baseUrlPath", "metrics") as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
@@ -404,6 +447,7 @@ def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: P
         finally:
             context.close()
         headers, body = get(url + largest_static_js(), "gzip")
+    assert [r.url for r in responses if "/_stcore/health" in r.url] == [f"{url}/_stcore/health"]
     bundles = [r for r in responses if "/metrics/static/js/" in r.url]
     assert bundles and all(r.status == 200 for r in bundles)
     large = [r for r in bundles if (STATIC / r.url.split("/metrics/", 1)[1]).stat().st_size > 1000]

@@ -24,12 +24,14 @@ Contract:
 * A file whose gzip copy would not save at least 10 % is sent as is (and remembered as such).
 * Nothing is written to disk: a restart compresses again, on first use.
 
-``PreloadHints`` adds ``<link rel="modulepreload">`` tags to the page's HTML (Streamlit's
-index.html, answered for ``/`` and every page path) for the lazily loaded chunk that mounts the
-plotly.js loader: otherwise the browser asks for it only after the script's first elements
-arrive, and plotly.js waits for it.  The edited HTML keeps Streamlit's ``no-cache``, loses its
-``ETag`` and ``Last-Modified`` (they describe the file, not the answer) and is gzipped here
-(~3 KB; Streamlit gzips page paths other than ``/`` per request too).
+``PreloadHints`` adds tags to the page's HTML (Streamlit's index.html, answered for ``/`` and every
+page path), chosen per page by the app: ``BASE_URL_SCRIPT`` (a deep link otherwise costs a 404 and a
+100 ms back-off before the websocket opens) and ``modulepreload`` tags for the lazily loaded chunks of
+the elements that page draws, with everything they import (``chunk_preloads``): otherwise the
+browser discovers them one import at a time after the script's first elements arrive, and the
+charts wait for them.  The edited HTML keeps Streamlit's ``no-cache``, loses its ``ETag`` and
+``Last-Modified`` (they describe the file, not the answer) and is gzipped here (~3 KB; Streamlit
+gzips page paths other than ``/`` per request too).
 
 ``lifespan`` is the ``st.App`` lifespan.  As the server starts it imports what the pages import in
 a background thread, so the first page view after a start does not wait for pandas and the
@@ -62,9 +64,11 @@ from __future__ import annotations
 import ast
 import asyncio
 import contextlib
+import functools
 import gzip
 import importlib
 import os
+import re
 import socket
 import stat
 import threading
@@ -85,6 +89,9 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml", "application/manifest+json")
 GZIP_LEVEL = 9  # once per file, so the smallest output is worth the extra ~5 ms on the largest file
+# A chunk's static imports, as Streamlit's bundler writes them: `from"./x.js"` or `import"./x.js"` (not
+# `import("./x.js")`, which loads lazily).
+_STATIC_IMPORT = re.compile(r'(?:\bfrom|\bimport)\s*"\./([\w.\-]+\.js)"')
 MIN_SAVING = 0.9  # keep the gzip copy only if it is at most 90 % of the identity bytes
 
 
@@ -178,26 +185,28 @@ class StaticGzip:
 
 
 class PreloadHints:
-    """ASGI middleware: the page's HTML with ``tags`` added at the end of its ``<head>`` (see the
-    module docstring)."""
+    """ASGI middleware: the page's HTML with ``head(page)`` added at the end of its ``<head>``, where
+    ``page`` is the first segment of the route path ("" for the main page; see the module
+    docstring)."""
 
-    def __init__(self, app: ASGIApp, *, tags: str) -> None:
+    def __init__(self, app: ASGIApp, *, head: Callable[[str], str], base_url: str = "") -> None:
         self.app = app
-        self._tags = tags.encode()
+        self._head = head
+        self.base_url = base_url
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if (
-            not self._tags
-            or scope["type"] != "http"
+            scope["type"] != "http"
             or scope["method"] != "GET"
             or "text/html" not in _header(scope["headers"], b"accept")
         ):
             await self.app(scope, receive, send)
             return
         wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
+        tags = self._head(route_path(scope, self.base_url).strip("/").partition("/")[0]).encode()
 
         async def answer(start: Message, body: bytes) -> None:
-            body = body.replace(b"</head>", self._tags + b"</head>", 1)
+            body = body.replace(b"</head>", tags + b"</head>", 1)
             headers = _without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
             headers.append((b"vary", b"Accept-Encoding"))
             if wanted:
@@ -210,14 +219,37 @@ class PreloadHints:
         await self.app(inner, receive, _held(send, _html, answer))
 
 
-def chunk_preloads(names: Sequence[str]) -> str:
-    """``<link rel="modulepreload">`` tags for Streamlit's lazily loaded chunks ``<name>.<hash>.js``,
-    relative like Streamlit's own (so they hold under a base URL path); none for a name this
-    Streamlit does not ship."""
+# Streamlit's page finds its server by trying the page's own path first: a deep link such as
+# /run?run=x asks /run/_stcore/health, gets a 404, waits 100 ms and tries /.  The page's directory
+# is the server's base URL (Streamlit's own tags are relative to it, "./static/..."); naming it
+# in ``window.__streamlit`` (read once by Streamlit's bundle as it starts) leaves one candidate.
+# A value the page already has (an embedding host's) is kept.
+BASE_URL_SCRIPT = (
+    '<script>window.__streamlit = Object.assign({BACKEND_BASE_URL: new URL(".", location.href).href}, '
+    "window.__streamlit);</script>"
+)
+
+
+@functools.cache
+def chunk_preloads(names: tuple[str, ...]) -> str:
+    """``<link rel="modulepreload">`` tags for Streamlit's lazily loaded chunks ``<name>.<hash>.js``
+    and every chunk they import statically, transitively (Chromium preloads only the module named,
+    and each import found only as the module is parsed costs a round trip), except those Streamlit's
+    index.html already preloads; relative like Streamlit's own (so they hold under a base URL path);
+    none for a name this Streamlit does not ship."""
     from streamlit import file_util
 
-    folder = Path(file_util.get_static_dir()) / "static" / "js"
-    found = sorted(path.name for name in names for path in folder.glob(f"{name}.*.js"))
+    static = Path(file_util.get_static_dir())
+    folder = static / "static" / "js"
+    preloaded = set(re.findall(r"static/js/([^\"]+\.js)", (static / "index.html").read_text(encoding="utf-8")))
+    pending = sorted(path.name for name in names for path in folder.glob(f"{name}.*.js"))
+    found: list[str] = []
+    while pending:
+        name = pending.pop(0)
+        if name in found or name in preloaded or not (folder / name).is_file():
+            continue
+        found.append(name)
+        pending.extend(_STATIC_IMPORT.findall((folder / name).read_text(encoding="utf-8", errors="replace")))
     return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in found)
 
 
@@ -259,7 +291,8 @@ def tcp_no_delay(port: int) -> int:
 def lifespan(
     scripts: Sequence[Path], shutdown: Callable[[], None], *, no_delay: bool = True
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
-    """An ``st.App`` lifespan: at start, imports in a daemon thread every module the top level of
+    """An ``st.App`` lifespan: at start, in a daemon thread, does what Streamlit does once in the first
+    script run of a process (``warm_first_script_run``) and imports every module the top level of
     ``scripts`` imports (read with ``ast``, not run; a module that fails to import is left for the
     page to report) and, if ``no_delay``, turns Nagle's algorithm off on the server's listening
     socket (``tcp_no_delay``: the socket is bound before the lifespan starts, and no connection is
@@ -268,6 +301,7 @@ def lifespan(
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
+        warm_first_script_run()
         for module in modules:
             with contextlib.suppress(Exception):  # the page that imports it shows the error
                 importlib.import_module(module)
@@ -284,6 +318,21 @@ def lifespan(
             await to_thread.run_sync(shutdown)  # a store's close waits for its loader
 
     return serve
+
+
+def warm_first_script_run() -> None:
+    """Do now, off any page view, the work Streamlit does once per process in the first script run:
+    import its emoji catalog (``st.set_page_config`` with an emoji page icon: 106-126 ms of the first
+    run here, while the server also answers that page's bundles) and decide whether to warn that
+    the app was started without ``streamlit run`` (the first element of a process calls
+    ``inspect.stack()``, 41-42 ms, and prints nothing under a server).  The check is a private
+    function of Streamlit's: if it is gone, the first page view pays for it as before."""
+    from streamlit import delta_generator, emojis  # noqa: F401 - imported for the side effect
+
+    warn_once = getattr(delta_generator, "_maybe_print_use_warning", None)
+    if callable(warn_once):
+        with contextlib.suppress(Exception):
+            warn_once()
 
 
 def _imported(script: Path) -> list[str]:
