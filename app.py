@@ -8,13 +8,13 @@ This file is read twice.  ``streamlit run`` finds ``app = st.App(...)`` below, i
 the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and config) with the
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
 gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
-page's HTML names the server's base URL (no 404 probe of a deep link's own path) and preloads
-the chunks of the elements that page draws, the pages' imports and Streamlit's once-per-process
-work are done as the server starts, and Nagle's algorithm is off on its connections (each
-kept-alive request used to wait ~40 ms for a delayed ACK).  Each page view then runs this same file as Streamlit's script, under
-the name ``__main__``, which draws the navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what
-Streamlit serves (for a deployment whose reverse proxy already compresses, and for before/after
-benchmarks).
+page's HTML names the server's base URL (no 404 probe of a deep link's own path), preloads the
+chunks of the elements that page draws and starts plotly.js on chart pages, the pages' imports and
+Streamlit's once-per-process work are done as the server starts, and Nagle's algorithm is off on
+its connections (each kept-alive request used to wait ~40 ms for a delayed ACK).  Each page view
+then runs this same file as Streamlit's script, under the name ``__main__``, which draws the
+navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what Streamlit serves (for a deployment
+whose reverse proxy already compresses, and for before/after benchmarks).
 
 Every request the page makes goes to this server: the page icon is an emoji (Streamlit draws it
 as an inline SVG; a ``:material/…:`` page icon makes every browser fetch the favicon from
@@ -47,6 +47,7 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     from starlette.middleware import Middleware
 
+    from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_preload_tag
     from metrics_core.dashboard.serving import BASE_URL_SCRIPT, PreloadHints, StaticGzip, chunk_preloads, lifespan
     from metrics_core.dashboard.settings import close_stores
 
@@ -80,15 +81,19 @@ else:  # `streamlit run app.py` imports this module to serve it
         ),
         "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
     }
+    CHART_PAGES = ("run", "sessions", "compare")  # plotly.js is downloaded as their HTML loads
+
+    def page_head(page: str) -> str:
+        plotly = plotly_preload_tag() if page in CHART_PAGES else ""
+        return BASE_URL_SCRIPT + plotly + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
+
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
-    hints = Middleware(
-        PreloadHints, base_url=base_url, head=lambda page: BASE_URL_SCRIPT + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
-    )
+    hints = Middleware(PreloadHints, base_url=base_url, head=page_head)
     app = st.App(
         __file__,
         lifespan=lifespan(
             [] if plain else sorted(Path(__file__).with_name("pages").glob("*.py")), close_stores, no_delay=not plain
         ),
-        middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url), hints],
+        middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS]), hints],
     )

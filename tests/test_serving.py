@@ -129,6 +129,28 @@ def test_made_up_static_paths_are_neither_compressed_nor_kept() -> None:
     assert middleware._copies == {}
 
 
+def test_hashed_component_assets_are_compressed_once_and_marked_immutable() -> None:
+    """A file under a ``hashed`` prefix (plotly.js, which Streamlit serves with "Cache-Control:
+    public" alone and would gzip again per request) is asked from Streamlit without
+    Accept-Encoding, compressed here once for every request, and marked immutable; another
+    component path passes through as Streamlit answers it."""
+    asked: list[list] = []
+    inner = static_app([(b"content-type", b"text/javascript"), (b"cache-control", b"public")])
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        asked.append(scope["headers"])
+        await inner(scope, receive, send)
+
+    middleware = StaticGzip(app, hashed=["/_stcore/bidi-components/c.x/plotly-"])
+    for _ in range(3):
+        headers, body = asyncio.run(fetch(middleware, "/_stcore/bidi-components/c.x/plotly-0123.min.js"))
+        assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
+        assert headers[b"cache-control"] == b"public, max-age=31536000, immutable"
+    assert len(middleware._copies) == 1 and all(b"accept-encoding" not in dict(h) for h in asked)
+    headers, body = asyncio.run(fetch(middleware, "/_stcore/bidi-components/c.x/chart.js"))
+    assert headers[b"cache-control"] == b"public" and b"content-encoding" not in headers and body == BUNDLE
+
+
 def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> None:
     """The path Streamlit's router sees, under a proxy's root_path and server.baseUrlPath alike."""
     assert route_path({"path": "/static/js/a.js"}, "") == "/static/js/a.js"
@@ -232,7 +254,8 @@ def preloaded_chunks(html: str) -> set[str]:
 def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server: str) -> None:
     """Every page path's HTML (gzipped or not, as asked, with a true Content-Length, no-cache and no
     ETag) names the server's base URL for Streamlit and preloads its own elements' chunks beyond
-    Streamlit's: the run page the chunk that mounts the charts, the runs page the table's."""
+    Streamlit's: the run page the chunk that mounts the charts, the runs page the table's; chart
+    pages also download plotly.js."""
     index = preloaded_chunks((STATIC / "index.html").read_text())
     for path, chunk in (("/", "DataFrame."), ("/run?run=small", "BidiComponent."), ("/sessions", "Metric.")):
         for encoding in ("gzip", None):
@@ -240,8 +263,11 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
             assert headers.get("content-encoding") == encoding and int(headers["content-length"]) == len(body)
             assert headers["cache-control"] == "no-cache" and "etag" not in headers
             html = (gzip.decompress(body) if encoding else body).decode()
-            assert "BACKEND_BASE_URL" in html.split("</head>")[0]
+            head = html.split("</head>")[0]
+            assert "BACKEND_BASE_URL" in head
             assert any(name.startswith(chunk) for name in preloaded_chunks(html) - index), (path, chunk)
+            plotly = '<link rel="preload" as="fetch" crossorigin href="/_stcore/bidi-components/metrics-core.plotly/'
+            assert (plotly in head) is (path != "/"), path  # chart pages download plotly.js as they load
 
 
 @pytest.mark.parametrize("path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run"])

@@ -23,10 +23,14 @@ Contract:
   ``Content-Length`` is the length sent.
 * A file whose gzip copy would not save at least 10 % is sent as is (and remembered as such).
 * Nothing is written to disk: a restart compresses again, on first use.
+* Files under the ``hashed`` path prefixes (a component's asset whose name carries its content
+  hash: the dashboard's plotly.js) get the same treatment, asked from Streamlit without
+  ``Accept-Encoding`` (it would gzip 1.2 MB again for every request) and marked immutable.
 
 ``PreloadHints`` adds tags to the page's HTML (Streamlit's index.html, answered for ``/`` and every
 page path), chosen per page by the app: ``BASE_URL_SCRIPT`` (a deep link otherwise costs a 404 and a
-100 ms back-off before the websocket opens) and ``modulepreload`` tags for the lazily loaded chunks of
+100 ms back-off before the websocket opens), for chart pages a preload of plotly.js
+(``chart.plotly_preload_tag``), and ``modulepreload`` tags for the lazily loaded chunks of
 the elements that page draws, with everything they import (``chunk_preloads``): otherwise the
 browser discovers them one import at a time after the script's first elements arrive, and the
 charts wait for them.  The edited HTML keeps Streamlit's ``no-cache``, loses its ``ETag`` and
@@ -92,6 +96,7 @@ GZIP_LEVEL = 9  # once per file, so the smallest output is worth the extra ~5 ms
 # A chunk's static imports, as Streamlit's bundler writes them: `from"./x.js"` or `import"./x.js"` (not
 # `import("./x.js")`, which loads lazily).
 _STATIC_IMPORT = re.compile(r'(?:\bfrom|\bimport)\s*"\./([\w.\-]+\.js)"')
+IMMUTABLE = b"public, max-age=31536000, immutable"  # what Streamlit sends for its own bundles
 MIN_SAVING = 0.9  # keep the gzip copy only if it is at most 90 % of the identity bytes
 
 
@@ -131,9 +136,14 @@ class StaticGzip:
     """ASGI middleware: Streamlit's static files, gzip-compressed once per file and process (see the
     module docstring for what it touches and what it promises)."""
 
-    def __init__(self, app: ASGIApp, *, base_url: str = "") -> None:
+    def __init__(self, app: ASGIApp, *, base_url: str = "", hashed: Sequence[str] = ()) -> None:
         self.app = app
         self.base_url = base_url
+        # Route path prefixes of files whose names carry a hash of their content although Streamlit
+        # serves them with "Cache-Control: public" alone, and gzips them again for every request (a
+        # component's asset_dir: the dashboard's plotly.js, 1.2 MB): answered like Streamlit's bundles,
+        # compressed once, and marked immutable, so a browser keeps them without asking again.
+        self.hashed = tuple(hashed)
         # (path, ETag) -> the compression of that file, shared by concurrent first requests; done
         # tasks are the cache.  Keyed by ETag too, so a file that changed is compressed again.  Only
         # Streamlit's immutable bundles get here (``_compressible``): a made-up /static/ path, which
@@ -141,10 +151,12 @@ class StaticGzip:
         self._copies: dict[tuple[str, str], asyncio.Task[bytes | None]] = {}
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = route_path(scope, self.base_url)
+        hashed = path.startswith(self.hashed) if self.hashed else False
         if (
             scope["type"] != "http"
             or scope["method"] != "GET"
-            or not route_path(scope, self.base_url).startswith("/static/")
+            or not (hashed or path.startswith("/static/"))
             or any(name == b"range" for name, _ in scope["headers"])
         ):
             await self.app(scope, receive, send)
@@ -153,6 +165,8 @@ class StaticGzip:
 
         async def answer(start: Message, body: bytes) -> None:
             headers = _without(start["headers"], b"content-length", b"vary")
+            if hashed:
+                headers = [*_without(headers, b"cache-control"), (b"cache-control", IMMUTABLE)]
             vary = [value for name, value in start["headers"] if name == b"vary"]
             headers.append((b"vary", b", ".join([*vary, b"Accept-Encoding"])))
             if wanted:
@@ -167,7 +181,11 @@ class StaticGzip:
                     headers.append((b"content-encoding", b"gzip"))
             await _send_whole(send, start, headers, body)
 
-        await self.app(scope, receive, _held(send, _compressible, answer))
+        if hashed:  # asked without Accept-Encoding, Streamlit answers identity bytes, compressed here once
+            inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
+            await self.app(inner, receive, _held(send, functools.partial(_compressible, immutable=True), answer))
+        else:
+            await self.app(scope, receive, _held(send, _compressible, answer))
 
     async def _copy(self, key: tuple[str, str], body: bytes) -> bytes | None:
         """The gzip copy of ``body``, made once per ``key`` (~10 ms for 1 MB: off the event loop).  A
@@ -383,12 +401,13 @@ def _without(headers: Sequence[tuple[bytes, bytes]], *names: bytes) -> list[tupl
     return [(key, value) for key, value in headers if key not in names]
 
 
-def _compressible(start: Message) -> bool:
+def _compressible(start: Message, *, immutable: bool = False) -> bool:
     """A whole 200 answer of a text type that nothing has encoded yet, for a content-hashed file
-    (``Cache-Control: immutable``: one copy is valid for the life of the process)."""
+    (``Cache-Control: immutable``, or ``immutable`` known by its path: one copy is valid for the
+    life of the process)."""
     headers = dict(start["headers"])
     kind = headers.get(b"content-type", b"").decode("latin-1").lower()
-    immutable = b"immutable" in headers.get(b"cache-control", b"").lower()
+    immutable = immutable or b"immutable" in headers.get(b"cache-control", b"").lower()
     return start["status"] == 200 and immutable and b"content-encoding" not in headers and kind.startswith(COMPRESSIBLE)
 
 
