@@ -9,12 +9,12 @@ the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
 gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
 page's HTML names the server's base URL (no 404 probe of a deep link's own path), preloads the
-chunks of the elements that page draws and starts plotly.js on chart pages, the pages' imports and
+chunks of the elements that page draws and downloads plotly.js on chart pages, the pages' imports and
 Streamlit's once-per-process work are done as the server starts, and Nagle's algorithm is off on
 its connections (each kept-alive request used to wait ~40 ms for a delayed ACK).  Each page view
 then runs this same file as Streamlit's script, under the name ``__main__``, which draws the
-navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what Streamlit serves (for a deployment
-whose reverse proxy already compresses, and for before/after benchmarks).
+navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what Streamlit serves (for before/after
+benchmarks; a compressing reverse proxy in front passes the gzip answers through as they are).
 
 Every request the page makes goes to this server: the page icon is an emoji (Streamlit draws it
 as an inline SVG; a ``:material/…:`` page icon makes every browser fetch the favicon from
@@ -48,7 +48,7 @@ else:  # `streamlit run app.py` imports this module to serve it
     from starlette.middleware import Middleware
 
     from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_preload_tag
-    from metrics_core.dashboard.serving import BASE_URL_SCRIPT, PreloadHints, StaticGzip, chunk_preloads, lifespan
+    from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, lifespan
     from metrics_core.dashboard.settings import close_stores
 
     # The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the
@@ -85,7 +85,7 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     def page_head(page: str) -> str:
         plotly = plotly_preload_tag() if page in CHART_PAGES else ""
-        return BASE_URL_SCRIPT + plotly + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
+        return plotly + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""

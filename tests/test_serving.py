@@ -28,7 +28,15 @@ import anyio
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard.serving import StaticGzip, accepts_gzip, lifespan, route_path, tcp_no_delay
+from metrics_core.dashboard.serving import (
+    BASE_URL_SCRIPT,
+    PreloadHints,
+    StaticGzip,
+    accepts_gzip,
+    lifespan,
+    route_path,
+    tcp_no_delay,
+)
 from tests.conftest import REPO, append_records, base_record
 from tests.live_server import free_port, wait_for_http, wait_until
 
@@ -268,6 +276,34 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
             assert any(name.startswith(chunk) for name in preloaded_chunks(html) - index), (path, chunk)
             plotly = '<link rel="preload" as="fetch" crossorigin href="/_stcore/bidi-components/metrics-core.plotly/'
             assert (plotly in head) is (path != "/"), path  # chart pages download plotly.js as they load
+
+
+def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> None:
+    """``/`` and ``/<page>`` (under a base URL path too) get BASE_URL_SCRIPT and their page's tags;
+    a nested path such as ``/a/b``, whose directory is not the base URL, gets its page's tags only
+    (Streamlit redirects ``/run/`` to ``/run`` itself)."""
+    html = b"<html><head><title>x</title></head><body></body></html>"
+
+    async def index(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
+        await send({"type": "http.response.body", "body": html, "more_body": False})
+
+    async def head_of(path: str, base_url: str = "") -> str:
+        sent: list[dict] = []
+
+        async def send(message: dict) -> None:
+            sent.append(message)
+
+        middleware = PreloadHints(index, head=lambda page: f"<meta name=page content={page!r}>", base_url=base_url)
+        await middleware({"type": "http", "method": "GET", "path": path, "headers": [(b"accept", b"text/html")]},
+                         None, send)  # fmt: skip
+        return sent[1]["body"].decode().split("</head>")[0]
+
+    cases = [("/", "", "", True), ("/run", "", "run", True), ("/m/run", "m", "run", True), ("/m/", "m", "", True),
+             ("/m", "m", "", False), ("/a/b", "", "a", False)]  # fmt: skip
+    for path, base_url, page, named in cases:
+        head = asyncio.run(head_of(path, base_url))
+        assert (BASE_URL_SCRIPT in head) is named and f"<meta name=page content={page!r}>" in head, path
 
 
 @pytest.mark.parametrize("path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run"])

@@ -28,8 +28,9 @@ Contract:
   ``Accept-Encoding`` (it would gzip 1.2 MB again for every request) and marked immutable.
 
 ``PreloadHints`` adds tags to the page's HTML (Streamlit's index.html, answered for ``/`` and every
-page path), chosen per page by the app: ``BASE_URL_SCRIPT`` (a deep link otherwise costs a 404 and a
-100 ms back-off before the websocket opens), for chart pages a preload of plotly.js
+page path): ``BASE_URL_SCRIPT`` (a deep link otherwise costs a 404 and a 100 ms back-off before the
+websocket opens; not on a path such as ``/run/``, whose directory is not the base URL, where
+Streamlit's own probing still finds it) and, chosen per page by the app, for chart pages a preload of plotly.js
 (``chart.plotly_preload_tag``), and ``modulepreload`` tags for the lazily loaded chunks of
 the elements that page draws, with everything they import (``chunk_preloads``): otherwise the
 browser discovers them one import at a time after the script's first elements arrive, and the
@@ -202,10 +203,21 @@ class StaticGzip:
             self._copies.pop(key, None)
 
 
+# Streamlit's page finds its server by trying the page's own path first: a deep link such as
+# /run?run=x asks /run/_stcore/health, gets a 404, waits 100 ms and tries /.  The page's directory
+# is the server's base URL (Streamlit's own tags are relative to it, "./static/..."); naming it
+# in ``window.__streamlit`` (read once by Streamlit's bundle as it starts) leaves one candidate.
+# A value the page already has (an embedding host's) is kept.
+BASE_URL_SCRIPT = (
+    '<script>window.__streamlit = Object.assign({BACKEND_BASE_URL: new URL(".", location.href).href}, '
+    "window.__streamlit);</script>"
+)
+
+
 class PreloadHints:
-    """ASGI middleware: the page's HTML with ``head(page)`` added at the end of its ``<head>``, where
-    ``page`` is the first segment of the route path ("" for the main page; see the module
-    docstring)."""
+    """ASGI middleware: the page's HTML with ``BASE_URL_SCRIPT`` (where the page's directory is the
+    base URL) and ``head(page)`` added at the end of its ``<head>``, where ``page`` is the first
+    segment of the route path ("" for the main page; see the module docstring)."""
 
     def __init__(self, app: ASGIApp, *, head: Callable[[str], str], base_url: str = "") -> None:
         self.app = app
@@ -221,7 +233,10 @@ class PreloadHints:
             await self.app(scope, receive, send)
             return
         wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
-        tags = self._head(route_path(scope, self.base_url).strip("/").partition("/")[0]).encode()
+        route = route_path(scope, self.base_url)
+        # The page's directory is the base URL only for / (with its slash) and /<page>.
+        at_base = route.count("/") == 1 and (route != "/" or scope["path"].endswith("/"))
+        tags = ((BASE_URL_SCRIPT if at_base else "") + self._head(route.strip("/").partition("/")[0])).encode()
 
         async def answer(start: Message, body: bytes) -> None:
             body = body.replace(b"</head>", tags + b"</head>", 1)
@@ -235,17 +250,6 @@ class PreloadHints:
         # Asked without Accept-Encoding, Streamlit answers identity bytes, which can be edited.
         inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
         await self.app(inner, receive, _held(send, _html, answer))
-
-
-# Streamlit's page finds its server by trying the page's own path first: a deep link such as
-# /run?run=x asks /run/_stcore/health, gets a 404, waits 100 ms and tries /.  The page's directory
-# is the server's base URL (Streamlit's own tags are relative to it, "./static/..."); naming it
-# in ``window.__streamlit`` (read once by Streamlit's bundle as it starts) leaves one candidate.
-# A value the page already has (an embedding host's) is kept.
-BASE_URL_SCRIPT = (
-    '<script>window.__streamlit = Object.assign({BACKEND_BASE_URL: new URL(".", location.href).href}, '
-    "window.__streamlit);</script>"
-)
 
 
 @functools.cache
