@@ -1,0 +1,107 @@
+"""Where the first chart's time goes on a cold `/run` load (issue 11), ours against plain serving.
+
+Run: python benchmarks/bench_first_chart.py [--rounds 6]
+
+Each round, alternately, app.py as served (``serving.py``'s middleware and lifespan) and as plain
+Streamlit serves it (``METRICS_SERVE_PLAIN=1``): the 1k-record three-session run of
+``bench_rivals.py``, a fresh server, a fresh headless Chromium, then marks in milliseconds from
+navigation, read in the page (``performance.now()``):
+
+* ``scripts``: every script the HTML names has arrived (the last ``responseEnd`` before the
+  websocket) — Streamlit's bundles;
+* ``root``: Streamlit's React root is in the page;
+* ``socket``: its websocket is open (after ``_stcore/health`` and ``host-config``);
+* ``loader``: the element that loads plotly.js is in the page (the first script run's deltas have
+  arrived and been rendered);
+* ``plotly``: ``window.Plotly`` is set (plotly.js downloaded and run);
+* ``chart``: plotly's ``.main-svg`` of the first chart — what ``bench_rivals.py`` calls drawn;
+plus ``wall``: the same as seen from the benchmark, polled every 20 ms.
+Medians per mark; the difference of the two medians is what the serving layer saves there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_rivals import DRAWN_JS, Ours, load
+from tests.live_server import chromium
+
+MARKS = ("scripts", "root", "socket", "loader", "plotly", "chart")
+
+# Installed before the page's own scripts: records when each mark is first reached.
+PROBE = r"""
+window.__marks = {};
+const mark = (name) => { if (!(name in window.__marks)) window.__marks[name] = performance.now(); };
+const NativeSocket = window.WebSocket;
+window.WebSocket = function (...args) {
+  const socket = new NativeSocket(...args);
+  socket.addEventListener("open", () => mark("socket"));
+  return socket;
+};
+window.WebSocket.prototype = NativeSocket.prototype;
+Object.assign(window.WebSocket, NativeSocket);
+let plotly;
+Object.defineProperty(window, "Plotly", {
+  configurable: true, get: () => plotly, set: (value) => { plotly = value; mark("plotly"); },
+});
+new MutationObserver(() => {
+  if (document.querySelector("[data-testid=stApp]")) mark("root");
+  if (document.querySelector(".st-key-metrics_plotly_loader")) mark("loader");
+  if (document.querySelector(".js-plotly-plot .main-svg")) mark("chart");
+}).observe(document, { subtree: true, childList: true });
+"""
+
+SCRIPTS_JS = """Math.max(...performance.getEntriesByType('resource')
+    .filter(r => r.name.includes('/static/js/') && r.startTime < (window.__marks.socket || Infinity))
+    .map(r => r.responseEnd))"""
+
+
+def one_load(tool: Ours) -> dict[str, float]:
+    """The marks of one cold load of ``tool``'s run page."""
+    with tempfile.TemporaryDirectory() as tmp, tool.serve(Path(tmp)) as (url, _, _), chromium() as browser:
+        page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        page.add_init_script(PROBE)
+        start = time.monotonic()
+        page.goto(url, wait_until="commit")
+        while not page.evaluate(DRAWN_JS["ours"]):
+            if time.monotonic() - start > 120:
+                raise RuntimeError(f"{tool.name}: no chart drawn within 120 s")
+            page.wait_for_timeout(20)
+        wall = (time.monotonic() - start) * 1000
+        marks = page.evaluate("window.__marks")
+        marks["scripts"] = page.evaluate(SCRIPTS_JS)
+        return {**marks, "wall": wall}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=6)
+    args = parser.parse_args()
+    tools = [Ours(0.5), Ours(0.5, plain=True)]
+    results: dict[str, list[dict[str, float]]] = {tool.name: [] for tool in tools}
+    print(f"start: {load()}")
+    for number in range(args.rounds):
+        for tool in tools if number % 2 == 0 else tools[::-1]:
+            marks = one_load(tool)
+            results[tool.name].append(marks)
+            shown = ", ".join(f"{k} {marks.get(k, -1):.0f}" for k in (*MARKS, "wall"))
+            print(f"round {number + 1}: {tool.name:>16}: {shown}")
+    print(f"end: {load()}\n\nmedian ms after navigation over {args.rounds} rounds")
+    print(f"{'':>16} | " + " | ".join(f"{k:>7}" for k in (*MARKS, "wall")))
+    medians = {name: {k: statistics.median(m.get(k, float("nan")) for m in runs) for k in (*MARKS, "wall")}
+               for name, runs in results.items()}  # fmt: skip
+    for name, row in medians.items():
+        print(f"{name:>16} | " + " | ".join(f"{row[k]:7.0f}" for k in (*MARKS, "wall")))
+    ours, plain = (medians[tool.name] for tool in tools)
+    print(f"{'saved':>16} | " + " | ".join(f"{plain[k] - ours[k]:7.0f}" for k in (*MARKS, "wall")))
+
+
+if __name__ == "__main__":
+    main()
