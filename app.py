@@ -54,33 +54,16 @@ else:  # `streamlit run app.py` imports this module to serve it
     # The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the
     # runs page), preloaded with the page's HTML instead of discovered as its elements arrive.
     # BidiComponent mounts the plotly.js loader and the charts.
+    # fmt: off
     PAGE_ELEMENTS = {
         "": ("DataFrame", "Multiselect", "TextInput", "Html"),
-        "run": (
-            "BidiComponent",
-            "Html",
-            "Selectbox",
-            "Slider",
-            "Checkbox",
-            "Radio",
-            "PageLink",
-            "DownloadButton",
-            "rehype-raw",
-        ),
-        "sessions": (
-            "BidiComponent",
-            "Html",
-            "Metric",
-            "Table",
-            "ButtonGroup",
-            "Slider",
-            "PageLink",
-            "DownloadButton",
-            "Selectbox",
-            "remark-emoji",
-        ),
+        "run": ("BidiComponent", "Html", "Selectbox", "Slider", "Checkbox", "Radio", "PageLink", "DownloadButton",
+                "rehype-raw"),
+        "sessions": ("BidiComponent", "Html", "Metric", "Table", "ButtonGroup", "Slider", "PageLink", "DownloadButton",
+                     "Selectbox", "remark-emoji"),
         "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
     }
+    # fmt: on
     CHART_PAGES = ("run", "sessions", "compare")  # plotly.js is downloaded as their HTML loads
 
     def page_head(page: str) -> str:

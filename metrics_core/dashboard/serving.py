@@ -153,7 +153,7 @@ class StaticGzip:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = route_path(scope, self.base_url)
-        hashed = path.startswith(self.hashed) if self.hashed else False
+        hashed = path.startswith(self.hashed)  # False for no prefixes
         if (
             scope["type"] != "http"
             or scope["method"] != "GET"
