@@ -63,6 +63,7 @@ _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
 # Declared in pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
 PLOTLY_COMPONENT = "metrics-core.plotly"
+_ASSET_ROUTE = f"/_stcore/bidi-components/{PLOTLY_COMPONENT}/"  # where Streamlit serves its asset_dir
 LOADER_KEY = "metrics_plotly_loader"  # the element that loads plotly.js; draws nothing (widgets.CALM_CSS hides it)
 _LOG = logging.getLogger(__name__)
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
@@ -110,11 +111,11 @@ def _plotly_url() -> str | None:
         return None
     base = "/".join(part for part in str(st.get_option("server.baseUrlPath") or "").split("/") if part)
     prefix = f"/{base}" if base else ""
-    return f"{prefix}/_stcore/bidi-components/{PLOTLY_COMPONENT}/{publish_plotly(_ASSETS)}"
+    return f"{prefix}{_ASSET_ROUTE}{publish_plotly(_ASSETS)}"
 
 
 # Route path prefix of the published plotly.js: its name carries its content hash (publish_plotly).
-PLOTLY_ASSETS = f"/_stcore/bidi-components/{PLOTLY_COMPONENT}/plotly-"
+PLOTLY_ASSETS = f"{_ASSET_ROUTE}plotly-"
 
 
 def plotly_preload_tag() -> str:
