@@ -9,8 +9,9 @@ the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
 gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
 page's HTML names the server's base URL (no 404 probe of a deep link's own path), preloads the
-chunks of the elements that page draws and downloads plotly.js on chart pages, the pages' imports and
-Streamlit's once-per-process work are done as the server starts, and Nagle's algorithm is off on
+chunks of the elements that page draws and, on chart pages, runs plotly.js as soon as Streamlit's
+page is up, the pages' imports and Streamlit's once-per-process work are done as the server
+starts, and Nagle's algorithm is off on
 its connections (each kept-alive request used to wait ~40 ms for a delayed ACK).  Each page view
 then runs this same file as Streamlit's script, under the name ``__main__``, which draws the
 navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what Streamlit serves (for before/after
@@ -47,7 +48,7 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     from starlette.middleware import Middleware
 
-    from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_preload_tag
+    from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_head_tags
     from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, lifespan
     from metrics_core.dashboard.settings import close_stores
 
@@ -64,10 +65,10 @@ else:  # `streamlit run app.py` imports this module to serve it
         "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
     }
     # fmt: on
-    CHART_PAGES = ("run", "sessions", "compare")  # plotly.js is downloaded as their HTML loads
+    CHART_PAGES = ("run", "sessions", "compare")  # their HTML downloads and runs plotly.js
 
     def page_head(page: str) -> str:
-        plotly = plotly_preload_tag() if page in CHART_PAGES else ""
+        plotly = plotly_head_tags() if page in CHART_PAGES else ""
         return plotly + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"

@@ -28,6 +28,7 @@ import anyio
 import pytest
 from streamlit import file_util
 
+from metrics_core.dashboard.chart import PLOTLY_HEAD_SCRIPT
 from metrics_core.dashboard.serving import (
     BASE_URL_SCRIPT,
     PreloadHints,
@@ -38,7 +39,7 @@ from metrics_core.dashboard.serving import (
     tcp_no_delay,
 )
 from tests.conftest import REPO, append_records, base_record
-from tests.live_server import free_port, wait_for_http, wait_until
+from tests.live_server import Wire, free_port, wait_for_http, wait_until
 
 STATIC = Path(file_util.get_static_dir())
 ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
@@ -263,7 +264,7 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
     """Every page path's HTML (gzipped or not, as asked, with a true Content-Length, no-cache and no
     ETag) names the server's base URL for Streamlit and preloads its own elements' chunks beyond
     Streamlit's: the run page the chunk that mounts the charts, the runs page the table's; chart
-    pages also download plotly.js."""
+    pages also download and run plotly.js."""
     index = preloaded_chunks((STATIC / "index.html").read_text())
     for path, chunk in (("/", "DataFrame."), ("/run?run=small", "BidiComponent."), ("/sessions", "Metric.")):
         for encoding in ("gzip", None):
@@ -274,8 +275,9 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
             head = html.split("</head>")[0]
             assert "BACKEND_BASE_URL" in head
             assert any(name.startswith(chunk) for name in preloaded_chunks(html) - index), (path, chunk)
-            plotly = '<link rel="preload" as="fetch" crossorigin href="/_stcore/bidi-components/metrics-core.plotly/'
-            assert (plotly in head) is (path != "/"), path  # chart pages download plotly.js as they load
+            plotly = '<link rel="preload" as="script" href="/_stcore/bidi-components/metrics-core.plotly/plotly-'
+            script = PLOTLY_HEAD_SCRIPT.partition("PLOTLY_URL;")[2]  # after the URL: the same on every page
+            assert (plotly in head) is (script in head) is (path != "/"), path  # chart pages run plotly.js
 
 
 def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> None:
@@ -516,6 +518,56 @@ def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: P
     assert large and all(r.headers.get("content-encoding") == "gzip" for r in large)
     assert headers["content-encoding"] == "gzip"
     assert gzip.decompress(body) == (STATIC / largest_static_js().lstrip("/")).read_bytes()
+
+
+# In the page, before its scripts: who set window.Plotly (the running script's URL) and whether the
+# plotly.js loader element was in the page by then.
+PLOTLY_SETTER = """
+let plotly;
+Object.defineProperty(window, "Plotly", {
+  configurable: true, get: () => plotly,
+  set: (value) => {
+    plotly = value;
+    window.__plotlySetBy = { src: document.currentScript && document.currentScript.src,
+                             loader: !!document.querySelector(".st-key-metrics_plotly_loader") };
+  },
+});
+"""
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
+def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_blob_when_plain(
+    runs_root: Path, browser: object, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
+    """Served by app.py, a chart page runs plotly.js from a <script> of its content-hashed URL (so the
+    browser keeps its compiled code) before the loader element that used to start it is in the
+    page, and a second page load takes it from the HTTP cache; served plainly by Streamlit (no
+    cache lifetime on the file), the loader fetches it from the cache and runs it from a blob URL.
+    Either way the charts draw."""
+    if plain:
+        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
+    with dashboard(runs_root) as (url, _, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        try:
+            context.add_init_script(PLOTLY_SETTER)
+            page = context.new_page()
+            wire = Wire(context, page)
+            setters, plotly_bytes = [], []
+            for _ in range(2):
+                wire.reset()
+                page.goto(f"{url}/run?run=small")
+                wait_until(page, lambda: chart_drawn(page), timeout=60)
+                setters.append(page.evaluate("window.__plotlySetBy"))
+                plotly_bytes.append(sum(n for u, n in wire.http.items() if "/metrics-core.plotly/plotly-" in u))
+        finally:
+            context.close()
+    asset = f"{url}/_stcore/bidi-components/metrics-core.plotly/plotly-"
+    for setter in setters:
+        if plain:
+            assert setter["src"].startswith("blob:"), setter
+        else:
+            assert setter == {"src": setter["src"], "loader": False} and setter["src"].startswith(asset), setter
+    assert plotly_bytes[0] > 300_000 and plotly_bytes[1] == 0, plotly_bytes  # 396 KB gzipped, then cached
 
 
 def test_serve_plain_leaves_streamlits_answers_as_they_are(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

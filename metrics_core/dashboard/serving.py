@@ -30,8 +30,8 @@ Contract:
 ``PreloadHints`` adds tags to the page's HTML (Streamlit's index.html, answered for ``/`` and every
 page path): ``BASE_URL_SCRIPT`` (a deep link otherwise costs a 404 and a 100 ms back-off before the
 websocket opens; not on a path such as ``/run/``, whose directory is not the base URL, where
-Streamlit's own probing still finds it) and, chosen per page by the app, for chart pages a preload of plotly.js
-(``chart.plotly_preload_tag``), and ``modulepreload`` tags for the lazily loaded chunks of
+Streamlit's own probing still finds it) and, chosen per page by the app, for chart pages plotly.js,
+run early (``chart.plotly_head_tags``), and ``modulepreload`` tags for the lazily loaded chunks of
 the elements that page draws, with everything they import (``chunk_preloads``): otherwise the
 browser discovers them one import at a time after the script's first elements arrive, and the
 charts wait for them.  The edited HTML keeps Streamlit's ``no-cache``, loses its ``ETag`` and

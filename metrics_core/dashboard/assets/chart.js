@@ -10,42 +10,41 @@
 // session with the URL of plotly.js (data.src); each chart element only carries a stub calling
 // window.__metricsChart, since every element carries its component's JS on every rerun.
 
-// plotly.js, once per page.  Streamlit serves component assets with "Cache-Control: public" and no
-// max-age, ETag or Last-Modified, so a <script src> pointing at it is fetched whole (1.5 MB gzipped)
-// on every page load.  fetch(..., {cache: "force-cache"}) takes a stored copy however old it is,
-// which is right because the file name carries the file's content hash; the script then runs from
-// a blob URL.  src null: plotly.js came inline with this runtime (no asset route on this install).
-function loadPlotly(src) {
-  if (!src || window.Plotly || window.__metricsPlotlyLoading) return;
-  window.__metricsPlotlyLoading = true;
-  const run = (url, done) => {
+// plotly.js, once per page, as the promise window.__metricsPlotly (of window.Plotly).
+// Served by app.py, a chart page's <head> starts it (chart.PLOTLY_HEAD_SCRIPT): a plain <script src>
+// of the content-hashed file, answered immutable, so the browser also keeps its compiled code.
+// Otherwise (plain Streamlit serving, or that script failed) it starts here.  Streamlit alone serves
+// component assets with "Cache-Control: public" and no max-age, ETag or Last-Modified, so a
+// <script src> would fetch the whole file on every page load; fetch(..., {cache: "force-cache"})
+// takes a stored copy however old it is (right, as the name carries the content hash) and the script
+// runs from a blob URL.  src null: plotly.js came inline with this runtime (no asset route here).
+function runScript(url) {
+  return new Promise((resolve, reject) => {
     const script = document.createElement("script");
     script.src = url;
-    script.onload = script.onerror = done;
+    script.onload = () => resolve(window.Plotly);
+    script.onerror = () => reject(new Error(`${url}: not run`));
     document.head.appendChild(script);
-  };
-  fetch(src, { cache: "force-cache" })
+  });
+}
+
+function fromCache(src) {
+  return fetch(src, { cache: "force-cache" })
     .then((answer) => (answer.ok ? answer.blob() : Promise.reject(new Error(`${src}: ${answer.status}`))))
     .then((blob) => {
       const url = URL.createObjectURL(new Blob([blob], { type: "text/javascript" }));
-      run(url, () => URL.revokeObjectURL(url));
+      return runScript(url).finally(() => URL.revokeObjectURL(url));
     })
     .catch((error) => {
       console.warn("metrics_core: plotly.js from the cache failed, loading it plainly", error);
-      run(src, () => {});
+      return runScript(src);
     });
 }
 
-function whenPlotlyReady() {
-  if (window.Plotly) return Promise.resolve(window.Plotly);
-  return new Promise((resolve) => {
-    const timer = setInterval(() => {
-      if (window.Plotly) {
-        clearInterval(timer);
-        resolve(window.Plotly);
-      }
-    }, 20);
-  });
+function loadPlotly(src) {
+  if (window.Plotly) window.__metricsPlotly = Promise.resolve(window.Plotly);
+  const started = window.__metricsPlotly || Promise.reject(new Error("not started by the page"));
+  window.__metricsPlotly = started.catch(() => (src ? fromCache(src) : Promise.reject(new Error("no plotly.js"))));
 }
 
 // plotly.py sends numeric arrays base64-packed ({dtype, bdata}); unpack them into typed arrays
@@ -103,7 +102,7 @@ function xrangeOf(event) {
   return range.map((v) => (typeof v === "number" ? v : Date.parse(String(v).replace(" ", "T") + "Z")));
 }
 
-window.__metricsChart = function (component) {
+function drawChart(component) {
   const { data, parentElement, setTriggerValue, setStateValue } = component;
   let graph = parentElement.querySelector(".metrics-chart");
   if (!graph) {
@@ -129,8 +128,8 @@ window.__metricsChart = function (component) {
   graph.dataset.wanted = String(data.seq);
   const figure = data.op === "full" ? unpack(JSON.parse(data.figure)) : null;
   // Plotly calls are chained so that an extend never runs before the figure it extends is drawn.
-  const previous = graph.__metricsDrawn || whenPlotlyReady();
-  graph.__metricsDrawn = previous.then(() => whenPlotlyReady()).then((Plotly) => {
+  const previous = graph.__metricsDrawn || window.__metricsPlotly;
+  graph.__metricsDrawn = previous.then(() => window.__metricsPlotly).then((Plotly) => {
     if (figure) Plotly.react(graph, figure.data, figure.layout, { responsive: true, displaylogo: false });
     else {
       extend(Plotly, graph, data.steps);
@@ -153,8 +152,12 @@ window.__metricsChart = function (component) {
     }
   });
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
-};
+}
 
+// Charts draw through window.__metricsChart once plotly.js is on its way; those whose stubs ran
+// before this runtime (chart.py's _STUB) are queued.
 export default function (component) {
   loadPlotly(component.data && component.data.src);
+  window.__metricsChart = drawChart;
+  for (const queued of (window.__metricsChartQueue || []).splice(0)) drawChart(queued);
 }
