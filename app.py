@@ -68,8 +68,7 @@ else:  # `streamlit run app.py` imports this module to serve it
     CHART_PAGES = ("run", "sessions", "compare")  # their HTML downloads and runs plotly.js
 
     def page_head(page: str) -> str:
-        plotly = plotly_head_tags() if page in CHART_PAGES else ""
-        return plotly + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
+        return plotly_head_tags(chart_page=page in CHART_PAGES) + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""

@@ -31,8 +31,9 @@ through the websocket.  Now it is a file the browser keeps: at startup it is cop
 into ``assets/`` under a name carrying its content hash, and ``pyproject.toml`` declares
 ``assets/`` as the ``asset_dir`` of the components-v2 component ``metrics-core.plotly``, which
 Streamlit serves at ``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Served by app.py, the
-file is answered immutable and a chart page's HTML runs it as a plain ``<script src>`` as soon as
-Streamlit's page is up (``plotly_head_tags``: the browser keeps its compiled code too).  Streamlit
+file is answered immutable and every page's HTML can run it as a plain ``<script src>``, a chart
+page's as soon as Streamlit's page is up (``plotly_head_tags``: the browser keeps its compiled code
+too).  Streamlit
 alone sends those files with ``Cache-Control: public`` and nothing else (no max-age, ETag or
 Last-Modified), so a plain ``<script src>`` would be fetched whole on every page load; there the
 loader fetches it with ``cache: "force-cache"`` (any stored copy, however old: safe, since the name
@@ -123,43 +124,51 @@ def _plotly_url() -> str | None:
 PLOTLY_ASSETS = f"{_ASSET_ROUTE}plotly-"
 
 
-# A chart page's head (app.py, served): download plotly.js with the page, and run it as a plain
-# script of its URL once Streamlit's React root is in the page, while Streamlit waits for its
-# websocket and first script run; the loader's runtime (chart.js) takes this promise over.
-PLOTLY_HEAD_SCRIPT = """(() => {
+# For every page's head (app.py, served): ``window.__metricsRunPlotly`` runs plotly.js once per page
+# from its URL, answered immutable, so the browser keeps the file and its compiled code; the
+# loader's runtime (chart.js) calls it when a chart page is reached without a reload, from the runs
+# page, and takes the promise over.
+_PLOTLY_RUNNER = """(() => {
   const src = PLOTLY_URL;
+  window.__metricsRunPlotly = () => {
+    window.__metricsPlotly = window.__metricsPlotly || new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = src;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => reject(new Error(`${src}: not run`));
+      document.head.appendChild(script);
+    });
+  };
+})();"""
+# A chart page's head also runs it as soon as Streamlit's React root is in the page, while Streamlit
+# waits for its websocket and first script run.
+_PLOTLY_EARLY = """(() => {
   const observer = new MutationObserver(() => {
     if (!document.querySelector("[data-testid=stApp]")) return;
     observer.disconnect();
-    setTimeout(() => {
-      window.__metricsPlotly = window.__metricsPlotly || new Promise((resolve, reject) => {
-        const script = document.createElement("script");
-        script.src = src;
-        script.onload = () => resolve(window.Plotly);
-        script.onerror = () => reject(new Error(`${src}: not run`));
-        document.head.appendChild(script);
-      });
-    });
+    setTimeout(window.__metricsRunPlotly);
   });
   observer.observe(document, { childList: true, subtree: true });
 })();"""
 
 
-def plotly_head_tags() -> str:
-    """Tags for a chart page's ``<head>`` that download plotly.js as the page loads and run it as soon
-    as Streamlit's React root is up (``PLOTLY_HEAD_SCRIPT``); "" where Streamlit does not serve it
-    as a file (then it rides in the loader element).  A plain ``<script src>`` of the
-    content-hashed URL, not a blob, so that the browser keeps plotly.js's compiled code: on a
-    repeat load it then costs ~0 ms instead of an ~80 ms task, and it has run before the first
-    chart's element arrives (measured: first chart in a warm browser ~600 → ~420 ms; a fresh browser
-    gains nothing, its main thread being busy either way).  The server must answer the file as
-    immutable (``serving.StaticGzip(hashed=[PLOTLY_ASSETS])``), else every page load downloads it
-    again."""
+def plotly_head_tags(*, chart_page: bool) -> str:
+    """Tags for a page's ``<head>``: ``window.__metricsRunPlotly`` (``_PLOTLY_RUNNER``), and on a
+    chart page a preload of plotly.js and its run as soon as Streamlit's React root is up; "" where
+    Streamlit does not serve plotly.js as a file (then it rides in the loader element).  A plain
+    ``<script src>`` of the content-hashed URL, not a blob, so that the browser keeps plotly.js's
+    compiled code: on a repeat load it then costs ~0 ms instead of an ~80 ms task, and on a chart
+    page it has run before the first chart's element arrives (measured: first chart in a warm
+    browser ~600 → ~420 ms; docs/PERFORMANCE.md, fourth round).  The server must answer the file
+    as immutable (``serving.StaticGzip(hashed=[PLOTLY_ASSETS])``), else every page load downloads
+    it again: the runner's presence is what tells chart.js so."""
     url = _plotly_url()
     if url is None:
         return ""
-    script = PLOTLY_HEAD_SCRIPT.replace("PLOTLY_URL", json.dumps(url).replace("</", "<\\/"))
-    return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{script}</script>'
+    runner = _PLOTLY_RUNNER.replace("PLOTLY_URL", json.dumps(url).replace("</", "<\\/"))
+    if not chart_page:
+        return f"<script>{runner}</script>"
+    return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{runner}\n{_PLOTLY_EARLY}</script>'
 
 
 @cache

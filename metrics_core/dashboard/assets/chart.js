@@ -11,8 +11,9 @@
 // window.__metricsChart, since every element carries its component's JS on every rerun.
 
 // plotly.js, once per page, as the promise window.__metricsPlotly (of window.Plotly).
-// Served by app.py, a chart page's <head> starts it (chart.PLOTLY_HEAD_SCRIPT): a plain <script src>
-// of the content-hashed file, answered immutable, so the browser also keeps its compiled code.
+// Served by app.py, every page's <head> defines window.__metricsRunPlotly (chart.plotly_head_tags),
+// which runs it as a plain <script src> of the content-hashed file, answered immutable, so the
+// browser also keeps its compiled code; a chart page's head has already called it.
 // Otherwise (plain Streamlit serving, or that script failed) it starts here.  Streamlit alone serves
 // component assets with "Cache-Control: public" and no max-age, ETag or Last-Modified, so a
 // <script src> would fetch the whole file on every page load; fetch(..., {cache: "force-cache"})
@@ -43,6 +44,7 @@ function fromCache(src) {
 
 function loadPlotly(src) {
   if (window.Plotly) window.__metricsPlotly = Promise.resolve(window.Plotly);
+  else if (window.__metricsRunPlotly) window.__metricsRunPlotly(); // no-op if the page's head ran it
   const started = window.__metricsPlotly || Promise.reject(new Error("not started by the page"));
   window.__metricsPlotly = started.catch(() => (src ? fromCache(src) : Promise.reject(new Error("no plotly.js"))));
 }
