@@ -1,6 +1,6 @@
 """Where the first chart's time goes on a cold `/run` load (issue 11), ours against plain serving.
 
-Run: python benchmarks/bench_first_chart.py [--rounds 6] [--warm 3]
+Run: python benchmarks/bench_first_chart.py [--rounds 6] [--warm 3] [--via-runs]
 
 Each round, alternately, app.py as served (``serving.py``'s middleware and lifespan) and as plain
 Streamlit serves it (``METRICS_SERVE_PLAIN=1``): the 1k-record three-session run of
@@ -19,7 +19,8 @@ plus ``wall``: the same as seen from the benchmark, polled every 20 ms.
 Medians per mark; the difference of the two medians is what the serving layer saves there.
 ``--warm N``: the N loads that follow the cold one in the same browser instead (a reader reopening
 the page: Streamlit's bundles and plotly.js come from the HTTP cache, their compiled code from
-Chromium's code cache where it keeps it).
+Chromium's code cache where it keeps it).  ``--via-runs``: each load is a click on the runs page
+(the same document, no reload: how a reader usually reaches a chart), marks counted from the click.
 """
 
 from __future__ import annotations
@@ -66,23 +67,40 @@ SCRIPTS_JS = """Math.max(...performance.getEntriesByType('resource')
     .map(r => r.responseEnd))"""
 
 
-def page_loads(tool: Ours, count: int) -> list[dict[str, float]]:
+# What a click on a run's link in the runs table does (widgets.SAME_TAB_JS): the run page in the
+# same document, no reload.  Returns the click's time, from which that load's marks are counted.
+CLICK_JS = """(href) => { const now = performance.now(); history.pushState(null, "", href);
+    window.dispatchEvent(new PopStateEvent("popstate")); return now; }"""
+
+
+def page_loads(tool: Ours, count: int, *, via_runs: bool = False) -> list[dict[str, float]]:
     """The marks of ``count`` loads of ``tool``'s run page, one after the other in one fresh browser
-    and server: the first cold, the others with the browser's HTTP and code caches."""
+    and server: the first cold, the others with the browser's HTTP and code caches.  ``via_runs``:
+    each reached from the runs page by a click (marks from the click; those the runs page already
+    reached, such as its websocket, are left out)."""
     with tempfile.TemporaryDirectory() as tmp, tool.serve(Path(tmp)) as (url, _, _), chromium() as browser:
         page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
         page.add_init_script(PROBE)
+        base, _, query = url.partition("/run?")
         loads = []
         for _ in range(count):
+            origin = 0.0
+            if via_runs:
+                page.goto(base + "/", wait_until="commit")
+                page.wait_for_selector("[data-testid=stDataFrame]", timeout=120_000)
+                page.wait_for_timeout(800)  # the runs page settles, as a reader reads it
+                origin = page.evaluate(CLICK_JS, f"run?{query}")
+            else:
+                page.goto(url, wait_until="commit")
             start = time.monotonic()
-            page.goto(url, wait_until="commit")
             while not page.evaluate(DRAWN_JS["ours"]):
                 if time.monotonic() - start > 120:
                     raise RuntimeError(f"{tool.name}: no chart drawn within 120 s")
                 page.wait_for_timeout(20)
             wall = (time.monotonic() - start) * 1000
-            marks = page.evaluate("window.__marks")
-            marks["scripts"] = page.evaluate(SCRIPTS_JS)
+            marks = {name: at - origin for name, at in page.evaluate("window.__marks").items() if at >= origin}
+            if not via_runs:
+                marks["scripts"] = page.evaluate(SCRIPTS_JS)
             loads.append({**marks, "wall": wall})
             page.wait_for_timeout(500)  # the page settles, as a reader's would, before the next load
         return loads
@@ -92,19 +110,21 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=6)
     parser.add_argument("--warm", type=int, default=0, help="measure this many repeat loads per round instead")
+    parser.add_argument("--via-runs", action="store_true", help="reach the run page by a click on the runs page")
     args = parser.parse_args()
     tools = [Ours(0.5), Ours(0.5, plain=True)]
     results: dict[str, list[dict[str, float]]] = {tool.name: [] for tool in tools}
     print(f"start: {load()}")
     for number in range(args.rounds):
         for tool in tools if number % 2 == 0 else tools[::-1]:
-            loads = page_loads(tool, 1 + args.warm)
+            loads = page_loads(tool, 1 + args.warm, via_runs=args.via_runs)
             for marks in loads[1:] if args.warm else loads:
                 results[tool.name].append(marks)
                 shown = ", ".join(f"{k} {marks.get(k, -1):.0f}" for k in (*MARKS, "wall"))
                 print(f"round {number + 1}: {tool.name:>16}: {shown}")
     kind = f"{args.warm} repeat loads in each of" if args.warm else "cold loads,"
-    print(f"end: {load()}\n\nmedian ms after navigation, {kind} {args.rounds} rounds")
+    after = "a click on the runs page" if args.via_runs else "navigation"
+    print(f"end: {load()}\n\nmedian ms after {after}, {kind} {args.rounds} rounds")
     print(f"{'':>16} | " + " | ".join(f"{k:>7}" for k in (*MARKS, "wall")))
     medians = {name: {k: statistics.median(m.get(k, float("nan")) for m in runs) for k in (*MARKS, "wall")}
                for name, runs in results.items()}  # fmt: skip
