@@ -48,8 +48,15 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     from starlette.middleware import Middleware
 
-    from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_head_tags
-    from metrics_core.dashboard.serving import PreloadHints, StaticGzip, chunk_preloads, lifespan
+    from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_file, plotly_head_tags
+    from metrics_core.dashboard.serving import (
+        GzipCopies,
+        PreloadHints,
+        StaticGzip,
+        chunk_preloads,
+        lifespan,
+        static_files,
+    )
     from metrics_core.dashboard.settings import close_stores
 
     # The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the
@@ -70,13 +77,26 @@ else:  # `streamlit run app.py` imports this module to serve it
     def page_head(page: str) -> str:
         return plotly_head_tags(chart_page=page in CHART_PAGES) + chunk_preloads(PAGE_ELEMENTS.get(page, ()))
 
+    copies = GzipCopies()
+
+    def prewarm() -> None:
+        """The gzip copies of what a first load of any page asks for: Streamlit's boot, the pages'
+        element chunks, plotly.js."""
+        elements = tuple(dict.fromkeys(name for names in PAGE_ELEMENTS.values() for name in names))
+        plotly = plotly_file()
+        copies.prewarm([*static_files(elements), *([plotly] if plotly else [])])
+
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
     hints = Middleware(PreloadHints, base_url=base_url, head=page_head)
+    gzipped = Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies)
     app = st.App(
         __file__,
         lifespan=lifespan(
-            [] if plain else sorted(Path(__file__).with_name("pages").glob("*.py")), close_stores, no_delay=not plain
+            [] if plain else sorted(Path(__file__).with_name("pages").glob("*.py")),
+            close_stores,
+            no_delay=not plain,
+            prewarm=None if plain else prewarm,
         ),
-        middleware=[] if plain else [Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS]), hints],
+        middleware=[] if plain else [gzipped, hints],
     )

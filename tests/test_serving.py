@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
@@ -28,13 +29,17 @@ import anyio
 import pytest
 from streamlit import file_util
 
+from metrics_core.dashboard import serving
 from metrics_core.dashboard.serving import (
     BASE_URL_SCRIPT,
+    GzipCopies,
     PreloadHints,
     StaticGzip,
     accepts_gzip,
+    chunk_preloads,
     lifespan,
     route_path,
+    static_files,
     tcp_no_delay,
 )
 from tests.conftest import REPO, append_records, base_record
@@ -116,7 +121,7 @@ def test_a_client_gone_while_its_bundle_is_compressed_does_not_break_that_bundle
     async def scenario() -> tuple[dict[bytes, bytes], bytes]:
         async with anyio.create_task_group() as requests:  # as Starlette runs a response: cancelled on disconnect
             requests.start_soon(fetch, middleware, "/static/js/index.js")
-            while not middleware._copies:  # the shared compression has started
+            while not middleware.copies:  # the shared compression has started
                 await asyncio.sleep(0)
             requests.cancel_scope.cancel()
         return await fetch(middleware, "/static/js/index.js")
@@ -134,7 +139,7 @@ def test_made_up_static_paths_are_neither_compressed_nor_kept() -> None:
     for number in range(20):
         headers, body = asyncio.run(fetch(middleware, f"/static/x{number}.js"))
         assert b"content-encoding" not in headers and body == BUNDLE
-    assert middleware._copies == {}
+    assert len(middleware.copies) == 0
 
 
 def test_hashed_component_assets_are_compressed_once_and_marked_immutable() -> None:
@@ -154,9 +159,84 @@ def test_hashed_component_assets_are_compressed_once_and_marked_immutable() -> N
         headers, body = asyncio.run(fetch(middleware, "/_stcore/bidi-components/c.x/plotly-0123.min.js"))
         assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
         assert headers[b"cache-control"] == b"public, max-age=31536000, immutable"
-    assert len(middleware._copies) == 1 and all(b"accept-encoding" not in dict(h) for h in asked)
+    assert len(middleware.copies) == 1 and all(b"accept-encoding" not in dict(h) for h in asked)
     headers, body = asyncio.run(fetch(middleware, "/_stcore/bidi-components/c.x/chart.js"))
     assert headers[b"cache-control"] == b"public" and b"content-encoding" not in headers and body == BUNDLE
+
+
+def test_prewarmed_copies_answer_the_first_request_under_any_base_url(tmp_path: Path) -> None:
+    """A copy made ahead of any request (``GzipCopies.prewarm``, as the lifespan does) answers the
+    first request for that route, under a base URL path too: what goes out is the prewarmed
+    compression (the file on disk here differs from the app's answer, same size: names carry their
+    content's hash, so a route and a size identify a copy)."""
+    on_disk = tmp_path / "index.js"
+    on_disk.write_bytes(BUNDLE.swapcase())
+    copies = GzipCopies()
+    copies.prewarm([("/static/js/index.js", on_disk), ("/static/js/gone.js", tmp_path / "gone.js")])
+    assert len(copies) == 1  # a file that cannot be read is left to its first request
+    middleware = StaticGzip(static_app(IMMUTABLE), base_url="metrics", copies=copies)
+    headers, body = asyncio.run(fetch(middleware, "/metrics/static/js/index.js"))
+    assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE.swapcase()
+    assert len(copies) == 1
+
+
+def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that arrives while the warm-up thread compresses its file gets that copy, compressed
+    once; a compression that failed is forgotten, and the next request makes the copy."""
+    calls: list[int] = []
+    started, release = threading.Event(), threading.Event()
+    real_gzip = serving._gzip
+
+    def slow_gzip(body: bytes) -> bytes | None:
+        calls.append(len(body))
+        started.set()
+        release.wait(10)
+        return real_gzip(body)
+
+    monkeypatch.setattr(serving, "_gzip", slow_gzip)
+    on_disk = tmp_path / "index.js"
+    on_disk.write_bytes(BUNDLE)
+    copies = GzipCopies()
+    warm = threading.Thread(target=copies.prewarm, args=([("/static/js/index.js", on_disk)],))
+    warm.start()
+    started.wait(10)
+
+    async def request_then_release() -> tuple[dict[bytes, bytes], bytes]:
+        waiting = asyncio.ensure_future(fetch(StaticGzip(static_app(IMMUTABLE), copies=copies), "/static/js/index.js"))
+        await asyncio.sleep(0.2)
+        assert not waiting.done()  # it waits for the copy being made
+        release.set()
+        return await waiting
+
+    headers, body = asyncio.run(request_then_release())
+    warm.join(10)
+    assert gzip.decompress(body) == BUNDLE and calls == [len(BUNDLE)]
+
+    def failing(body: bytes) -> bytes | None:
+        raise MemoryError("no room for a copy")
+
+    monkeypatch.setattr(serving, "_gzip", failing)
+    copies.prewarm([("/static/js/other.js", on_disk)])
+    assert len(copies) == 1  # forgotten
+    monkeypatch.setattr(serving, "_gzip", real_gzip)
+    headers, body = asyncio.run(fetch(StaticGzip(static_app(IMMUTABLE), copies=copies), "/static/js/other.js"))
+    assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
+
+
+def test_static_files_are_streamlits_boot_then_the_chunks_of_the_elements() -> None:
+    """What the lifespan compresses ahead of requests: every script and style index.html names, then
+    the chunks ``chunk_preloads`` names for the elements, each an existing file at its route."""
+    files = static_files(("BidiComponent",))
+    routes = [route for route, _ in files]
+    index = [
+        f"/static/{kind}/{name}"
+        for kind, name in re.findall(r'\./static/(js|css)/([^"]+)"', (STATIC / "index.html").read_text())
+    ]
+    chunks = re.findall(r'href="\./static/js/([^"]+)"', chunk_preloads(("BidiComponent",)))
+    assert routes == [*index, *(f"/static/js/{name}" for name in chunks)] and chunks
+    assert all(path.is_file() and path == STATIC / route.lstrip("/") for route, path in files)
 
 
 def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> None:

@@ -124,6 +124,16 @@ def _plotly_url() -> str | None:
 PLOTLY_ASSETS = f"{_ASSET_ROUTE}plotly-"
 
 
+def plotly_file() -> tuple[str, Path] | None:
+    """The published plotly.js as (route path without the base URL, file), for the server to compress
+    ahead of its first request; None where Streamlit does not serve it as a file."""
+    url = _plotly_url()
+    if url is None:
+        return None
+    name = url.rpartition("/")[2]
+    return f"{_ASSET_ROUTE}{name}", _ASSETS / name
+
+
 # For every page's head (app.py, served): ``window.__metricsRunPlotly`` runs plotly.js once per page
 # from its URL, answered immutable, so the browser keeps the file and its compiled code; the
 # loader's runtime (chart.js) calls it when a chart page is reached without a reload, from the runs
