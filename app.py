@@ -7,15 +7,15 @@ Everything here is navigation; pages live in pages/, logic in metrics_core.
 This file is read twice.  ``streamlit run`` finds ``app = st.App(...)`` below, imports this file as
 the module ``app`` and serves that ASGI app (uvicorn, Streamlit's own routes and config) with the
 middleware of ``metrics_core.dashboard.serving`` in front: Streamlit's static files go out
-gzip-compressed, each compressed once (issue 11: 1.8 MB instead of 3.9 MB on a first load), the
-page's HTML names the server's base URL (no 404 probe of a deep link's own path), preloads the
-chunks of the elements that page draws and, on chart pages, runs plotly.js as soon as Streamlit's
-page is up, the pages' imports and Streamlit's once-per-process work are done as the server
-starts, and Nagle's algorithm is off on
-its connections (each kept-alive request used to wait ~40 ms for a delayed ACK).  Each page view
-then runs this same file as Streamlit's script, under the name ``__main__``, which draws the
-navigation.  ``METRICS_SERVE_PLAIN=1`` serves exactly what Streamlit serves (for before/after
-benchmarks; a compressing reverse proxy in front passes the gzip answers through as they are).
+gzip-compressed, each compressed once, as the server starts (issue 11: 1.8 MB instead of 3.9 MB on
+a first load), the page's HTML names the server's base URL (no 404 probe of a deep link's own
+path), preloads the chunks of the elements that page draws and, on chart pages, runs plotly.js as
+soon as Streamlit's page is up, the pages' imports and Streamlit's once-per-process work are done
+as the server starts, and Nagle's algorithm is off on its connections (each kept-alive request
+used to wait ~40 ms for a delayed ACK).  Each page view then runs this same file as Streamlit's
+script, under the name ``__main__``, which draws the navigation.  ``METRICS_SERVE_PLAIN=1``
+serves exactly what Streamlit serves (for before/after benchmarks; a compressing reverse proxy in
+front passes the gzip answers through as they are).
 
 Every request the page makes goes to this server: the page icon is an emoji (Streamlit draws it
 as an inline SVG; a ``:material/…:`` page icon makes every browser fetch the favicon from
