@@ -33,11 +33,10 @@ into ``assets/`` under a name carrying its content hash, and ``pyproject.toml`` 
 Streamlit serves at ``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Served by app.py, the
 file is answered immutable and every page's HTML can run it as a plain ``<script src>``, a chart
 page's as soon as Streamlit's page is up (``plotly_head_tags``: the browser keeps its compiled code
-too).  Streamlit
-alone sends those files with ``Cache-Control: public`` and nothing else (no max-age, ETag or
-Last-Modified), so a plain ``<script src>`` would be fetched whole on every page load; there the
-loader fetches it with ``cache: "force-cache"`` (any stored copy, however old: safe, since the name
-is the content hash) and runs it from a blob URL.  Streamlit finds the asset_dir by reading
+too).  Streamlit alone sends those files with ``Cache-Control: public`` and nothing else (no
+max-age, ETag or Last-Modified), so a plain ``<script src>`` would be fetched whole on every page
+load; there the loader fetches it with ``cache: "force-cache"`` (any stored copy, however old:
+safe, since the name is the content hash) and runs it from a blob URL.  Streamlit finds the asset_dir by reading
 ``pyproject.toml`` next to the package, i.e. in an editable install (``pip install -e .``, as CI
 does); elsewhere the route does not exist and plotly.js rides in the loader element as before,
 once per page load.
