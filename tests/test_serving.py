@@ -333,10 +333,12 @@ def test_kept_alive_connections_answer_without_the_delayed_ack_stall(server: str
     assert min(times[1:]) < 0.030, times
 
 
-def preloaded_chunks(html: str) -> set[str]:
+def preloaded_chunks(html: str, *, later: bool = False) -> set[str]:
     """The /static/js/ files a page's <head> names (its script and every modulepreload), Streamlit's own
-    and ours."""
-    return set(re.findall(r'(?:href|src)="\./static/js/([^"]+)"', html.split("</head>")[0]))
+    and ours; ``later``: also those its script preloads once the page is drawn (the other pages')."""
+    head = html.split("</head>")[0]
+    now = set(re.findall(r'(?:href|src)="\./static/js/([^"]+)"', head))
+    return now | set(re.findall(r'href=\\"\./static/js/([^"\\]+)\\"', head)) if later else now
 
 
 def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server: str) -> None:
@@ -357,6 +359,12 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
             preload = '<link rel="preload" as="script" href="/_stcore/bidi-components/metrics-core.plotly/plotly-'
             assert "window.__metricsRunPlotly = " in head  # every page can run plotly.js from its URL
             assert (preload in head) is ("setTimeout(window.__metricsRunPlotly)" in head) is (path != "/"), path
+            # once drawn, the runs page runs plotly.js and preloads the chart pages' chunks; chart pages
+            # prepare nothing more (their first load stays as measured in test_browser_bytes)
+            assert ("{ window.__metricsRunPlotly(); }" in head) is (path == "/"), path
+            later = preloaded_chunks(html, later=True) - preloaded_chunks(html)
+            assert any(name.startswith("BidiComponent.") for name in later) is (path == "/"), (path, later)
+            assert bool(later) is (path == "/"), (path, later)
 
 
 def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> None:
@@ -403,7 +411,7 @@ def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_
     page.wait_for_timeout(1500)  # the rest of the page's elements, and any chunk they would fetch late
     chunks = [url.rsplit("/", 1)[1] for url in requested if "/static/js/" in url]
     _, html = get(server + path, None, accept="text/html")  # as served: the page adds preloads as it imports
-    preloaded = preloaded_chunks(html.decode())
+    preloaded = preloaded_chunks(html.decode(), later=True)
     assert set(chunks) <= preloaded, set(chunks) - preloaded
     assert len(chunks) == len(set(chunks)) and len(chunks) > 60
     assert [url for url in requested if "/_stcore/health" in url] == [f"{server}/_stcore/health"]
@@ -654,6 +662,34 @@ def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_b
         assert all(setter["src"].startswith(asset) for setter in setters), setters
         assert not setters[1]["loader"], setters  # a direct load runs it before the loader arrives
     assert plotly_bytes[0] > 300_000 and plotly_bytes[1] == 0, plotly_bytes  # 396 KB gzipped, then cached
+
+
+def test_the_runs_page_once_drawn_prepares_the_chart_pages(runs_root: Path, browser: object) -> None:
+    """The runs page, once its first script run is done and the browser idle, runs plotly.js and
+    preloads the chart pages' element chunks: a click to a run then fetches no script at all, and
+    the run's chart draws with the plotly.js that was already running."""
+    with dashboard(runs_root) as (url, _, _):
+        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        try:
+            page = context.new_page()
+            requested: list[str] = []
+            page.on("request", lambda request: requested.append(request.url))
+            page.goto(url + "/")
+            wait_until(page, lambda: page.evaluate("!!document.querySelector('[data-testid=stDataFrame]')"), timeout=60)
+            wait_until(page, lambda: page.evaluate("!!window.Plotly"), timeout=30)
+            wait_until(page, lambda: any("/static/js/BidiComponent." in u for u in requested), timeout=30)
+            page.wait_for_timeout(1000)  # the rest of the preloads
+            before = len(requested)
+            page.evaluate("""() => { window.__plotlyBefore = window.Plotly;
+                                     history.pushState(null, "", "run?run=small");
+                                     window.dispatchEvent(new PopStateEvent("popstate")); }""")  # fmt: skip
+            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            page.wait_for_timeout(1500)  # the rest of the run page's elements
+            same_plotly = page.evaluate("window.Plotly === window.__plotlyBefore")
+        finally:
+            context.close()
+    after_click = [u for u in requested[before:] if "/static/js/" in u or "/metrics-core.plotly/" in u]
+    assert after_click == [] and same_plotly
 
 
 def test_serve_plain_leaves_streamlits_answers_as_they_are(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:

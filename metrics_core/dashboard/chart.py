@@ -62,6 +62,7 @@ import streamlit as st
 from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
 from metrics_core.dashboard.figures import Figure, figure_json, json_text
+from metrics_core.dashboard.serving import after_first_run
 
 _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
@@ -162,8 +163,10 @@ _PLOTLY_EARLY = """(() => {
 
 
 def plotly_head_tags(*, chart_page: bool) -> str:
-    """Tags for a page's ``<head>``: ``window.__metricsRunPlotly`` (``_PLOTLY_RUNNER``), and on a
-    chart page a preload of plotly.js and its run as soon as Streamlit's React root is up; "" where
+    """Tags for a page's ``<head>``: ``window.__metricsRunPlotly`` (``_PLOTLY_RUNNER``); on a chart
+    page a preload of plotly.js and its run as soon as Streamlit's React root is up, on another its
+    run once the page is drawn and idle (``serving.after_first_run``: a click from the runs page to
+    a run then finds plotly.js compiled and running); "" where
     Streamlit does not serve plotly.js as a file (then it rides in the loader element).  A plain
     ``<script src>`` of the content-hashed URL, not a blob, so that the browser keeps plotly.js's
     compiled code: on a repeat load it then costs ~0 ms instead of an ~80 ms task, and on a chart
@@ -175,8 +178,8 @@ def plotly_head_tags(*, chart_page: bool) -> str:
     if url is None:
         return ""
     runner = _PLOTLY_RUNNER.replace("PLOTLY_URL", json.dumps(url).replace("</", "<\\/"))
-    if not chart_page:
-        return f"<script>{runner}</script>"
+    if not chart_page:  # the reader's next page usually has charts: run it once this one is drawn
+        return f"<script>{runner}</script>" + after_first_run("window.__metricsRunPlotly();")
     return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{runner}\n{_PLOTLY_EARLY}</script>'
 
 

@@ -322,13 +322,32 @@ def _chunks(names: tuple[str, ...]) -> tuple[str, ...]:
 
 
 @functools.cache
-def chunk_preloads(names: tuple[str, ...]) -> str:
+def chunk_preloads(names: tuple[str, ...], *, without: tuple[str, ...] = ()) -> str:
     """``<link rel="modulepreload">`` tags for Streamlit's lazily loaded chunks ``<name>.<hash>.js``
     and every chunk they import statically, transitively (Chromium preloads only the module named,
     and each import found only as the module is parsed costs a round trip), except those Streamlit's
-    index.html already preloads; relative like Streamlit's own (so they hold under a base URL path);
-    none for a name this Streamlit does not ship."""
-    return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in _chunks(names))
+    index.html already preloads and those of the elements ``without``; relative like Streamlit's own
+    (so they hold under a base URL path); none for a name this Streamlit does not ship."""
+    skip = set(_chunks(without))
+    tags = (f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in _chunks(names))
+    return "".join(tag for tag, name in zip(tags, _chunks(names), strict=True) if name not in skip)
+
+
+def after_first_run(script: str) -> str:
+    """A ``<script>`` tag that runs the JavaScript ``script`` once the page's first script run has
+    finished (Streamlit marks its root ``data-test-script-state="notRunning"``) and the browser is
+    idle: for what the reader's next page needs, done while they read this one.  If Streamlit stops
+    marking its root so, the script never runs and the next page fetches what it needs itself."""
+    return (
+        "<script>(() => {"
+        " const observer = new MutationObserver(() => {"
+        ' if (!document.querySelector("[data-testid=stApp][data-test-script-state=notRunning]")) return;'
+        " observer.disconnect();"
+        f" (window.requestIdleCallback || setTimeout)(() => {{ {script} }});"
+        " });"
+        ' observer.observe(document, { subtree: true, childList: true, attributeFilter: ["data-test-script-state"] });'
+        " })();</script>"
+    )
 
 
 def static_files(names: tuple[str, ...]) -> list[tuple[str, Path]]:
