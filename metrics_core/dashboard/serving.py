@@ -329,8 +329,8 @@ def chunk_preloads(names: tuple[str, ...], *, without: tuple[str, ...] = ()) -> 
     index.html already preloads and those of the elements ``without``; relative like Streamlit's own
     (so they hold under a base URL path); none for a name this Streamlit does not ship."""
     skip = set(_chunks(without))
-    tags = (f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in _chunks(names))
-    return "".join(tag for tag, name in zip(tags, _chunks(names), strict=True) if name not in skip)
+    kept = [name for name in _chunks(names) if name not in skip]
+    return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in kept)
 
 
 def after_first_run(script: str) -> str:
