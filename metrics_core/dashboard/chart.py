@@ -36,10 +36,10 @@ page's as soon as Streamlit's page is up (``plotly_head_tags``: the browser keep
 too).  Streamlit alone sends those files with ``Cache-Control: public`` and nothing else (no
 max-age, ETag or Last-Modified), so a plain ``<script src>`` would be fetched whole on every page
 load; there the loader fetches it with ``cache: "force-cache"`` (any stored copy, however old:
-safe, since the name is the content hash) and runs it from a blob URL.  Streamlit finds the asset_dir by reading
-``pyproject.toml`` next to the package, i.e. in an editable install (``pip install -e .``, as CI
-does); elsewhere the route does not exist and plotly.js rides in the loader element as before,
-once per page load.
+safe, since the name is the content hash) and runs it from a blob URL.  Streamlit finds the
+asset_dir by reading ``pyproject.toml`` next to the package, i.e. in an editable install (``pip
+install -e .``, as CI does); elsewhere the route does not exist and plotly.js rides in the loader
+element as before, once per page load.
 A small loader component mounted once per page carries the chart runtime (``chart.js``, ~6 KB)
 and the URL; chart updates carry only the figure or the new points.
 """
@@ -62,7 +62,7 @@ import streamlit as st
 from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
 from metrics_core.dashboard.figures import Figure, figure_json, json_text
-from metrics_core.dashboard.serving import after_first_run
+from metrics_core.dashboard.serving import after_first_run, when_in_page
 
 _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
@@ -150,16 +150,6 @@ _PLOTLY_RUNNER = """(() => {
     });
   };
 })();"""
-# A chart page's head also runs it as soon as Streamlit's React root is in the page, while Streamlit
-# waits for its websocket and first script run.
-_PLOTLY_EARLY = """(() => {
-  const observer = new MutationObserver(() => {
-    if (!document.querySelector("[data-testid=stApp]")) return;
-    observer.disconnect();
-    setTimeout(window.__metricsRunPlotly);
-  });
-  observer.observe(document, { childList: true, subtree: true });
-})();"""
 
 
 def plotly_head_tags(*, chart_page: bool) -> str:
@@ -180,7 +170,10 @@ def plotly_head_tags(*, chart_page: bool) -> str:
     runner = _PLOTLY_RUNNER.replace("PLOTLY_URL", json.dumps(url).replace("</", "<\\/"))
     if not chart_page:  # the reader's next page usually has charts: run it once this one is drawn
         return f"<script>{runner}</script>" + after_first_run("window.__metricsRunPlotly();")
-    return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{runner}\n{_PLOTLY_EARLY}</script>'
+    # On a chart page, as soon as Streamlit's React root is in the page, while Streamlit waits for its
+    # websocket and first script run.
+    early = when_in_page("[data-testid=stApp]", "window.__metricsRunPlotly")
+    return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{runner}</script>{early}'
 
 
 @cache

@@ -75,6 +75,7 @@ import contextlib
 import functools
 import gzip
 import importlib
+import json
 import os
 import re
 import socket
@@ -333,21 +334,31 @@ def chunk_preloads(names: tuple[str, ...], *, without: tuple[str, ...] = ()) -> 
     return "".join(f'<link rel="modulepreload" crossorigin href="./static/js/{name}">' for name in kept)
 
 
+def when_in_page(selector: str, function: str, *, idle: bool = False, attribute: str | None = None) -> str:
+    """A ``<script>`` tag that calls the JavaScript ``function`` once an element matching ``selector``
+    is in the page (``attribute``: one whose change can make it match), in a task of its own, or when
+    the browser is next idle."""
+    watch = f', attributeFilter: ["{attribute}"]' if attribute else ""
+    later = "(window.requestIdleCallback || setTimeout)" if idle else "setTimeout"
+    return (
+        "<script>(() => {"
+        " const observer = new MutationObserver(() => {"
+        f" if (!document.querySelector({json.dumps(selector)})) return;"
+        " observer.disconnect();"
+        f" {later}({function});"
+        " });"
+        f" observer.observe(document, {{ subtree: true, childList: true{watch} }});"
+        " })();</script>"
+    )
+
+
 def after_first_run(script: str) -> str:
     """A ``<script>`` tag that runs the JavaScript ``script`` once the page's first script run has
     finished (Streamlit marks its root ``data-test-script-state="notRunning"``) and the browser is
     idle: for what the reader's next page needs, done while they read this one.  If Streamlit stops
     marking its root so, the script never runs and the next page fetches what it needs itself."""
-    return (
-        "<script>(() => {"
-        " const observer = new MutationObserver(() => {"
-        ' if (!document.querySelector("[data-testid=stApp][data-test-script-state=notRunning]")) return;'
-        " observer.disconnect();"
-        f" (window.requestIdleCallback || setTimeout)(() => {{ {script} }});"
-        " });"
-        ' observer.observe(document, { subtree: true, childList: true, attributeFilter: ["data-test-script-state"] });'
-        " })();</script>"
-    )
+    finished = "[data-testid=stApp][data-test-script-state=notRunning]"
+    return when_in_page(finished, f"() => {{ {script} }}", idle=True, attribute="data-test-script-state")
 
 
 def static_files(names: tuple[str, ...]) -> list[tuple[str, Path]]:
