@@ -6,8 +6,10 @@ import streamlit as st
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import (
     HISTORY_MODES,
+    RUN_PAGE_OPTIONS,
     ChartOptions,
     chart_csv,
+    chart_key,
     chart_specs,
     view_charts,
     view_findings,
@@ -38,10 +40,12 @@ sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":materi
 compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
                        query_params={"run": name})  # fmt: skip
 with st.sidebar:
-    x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
-    smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
-    log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
-    history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
+    start = RUN_PAGE_OPTIONS  # what a chart page's HTML drew first (charts.first_chart) must be what these start at
+    x = st.selectbox("x axis", list(X_MODES), index=list(X_MODES).index(start.x), format_func=X_MODES.get, key="x_axis")
+    smoothing = st.slider("Smoothing", 0.0, 0.99, start.smoothing, 0.01, key="smoothing")
+    log_y = st.toggle("Log-scale y (loss, grad norm, LR)", value=start.log_y, key="log_y")
+    history = st.radio("Sessions", list(HISTORY_MODES), index=list(HISTORY_MODES).index(start.history),
+                       key="history", format_func=HISTORY_MODES.get)  # fmt: skip
     paused = st.toggle("Pause live updates", key="pause")
 
 
@@ -62,7 +66,7 @@ def charts() -> None:
     for number, (key, figure) in enumerate(figures.items()):
         with left if number % 2 == 0 else right:
             zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
-            live_chart(figure, key=f"chart_{key}", zoom=zoom)  # a zoom shows that x-range's raw records
+            live_chart(figure, key=chart_key(key), zoom=zoom)  # a zoom shows that x-range's raw records
             file_name = f"{file_stem(name)}-{key}.csv"
             rows = lambda key=key: chart_csv(chart_specs(view, options.history)[key])  # noqa: E731 - built on click
             csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
