@@ -88,11 +88,17 @@ def close_stores() -> None:
         _OPEN_STORES.pop().close()
 
 
+def open_store(config: Settings) -> RunStore:
+    """The one RunStore of this server process (shared by every browser tab and the server's own
+    routes); ``MetricsError`` when the runs root is missing (nothing is created unless ``--demo``
+    asked for it)."""
+    return _store(config.runs, config.poll, config.cache, config.refresh)
+
+
 def get_store(config: Settings) -> RunStore:
-    """The one RunStore of this server process (shared by every browser tab), or a clear error on
-    the page when the runs root is missing (nothing is created unless ``--demo`` asked for it)."""
+    """``open_store`` for a page: a clear error on the page when the runs root is missing."""
     try:
-        return _store(config.runs, config.poll, config.cache, config.refresh)
+        return open_store(config)
     except MetricsError as exc:
         st.error(str(exc))
         st.stop()
