@@ -49,17 +49,28 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     from starlette.middleware import Middleware
 
-    from metrics_core.dashboard.chart import PLOTLY_ASSETS, plotly_file, plotly_head_tags
+    from metrics_core.dashboard.chart import (
+        FIRST_CHART_ROUTE,
+        PLOTLY_ASSETS,
+        first_chart_json,
+        first_chart_tags,
+        plotly_file,
+        plotly_head_tags,
+    )
+    from metrics_core.dashboard.charts import first_chart
+    from metrics_core.dashboard.figures import THEMES
     from metrics_core.dashboard.serving import (
         GzipCopies,
         PreloadHints,
         StaticGzip,
         after_first_run,
         chunk_preloads,
+        json_route,
         lifespan,
         static_files,
     )
-    from metrics_core.dashboard.settings import close_stores
+    from metrics_core.dashboard.settings import close_stores, open_store, settings
+    from metrics_core.dashboard.widgets import STORE_ERRORS
 
     # The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the
     # runs page), preloaded with the page's HTML instead of discovered as its elements arrive, and
@@ -86,6 +97,8 @@ else:  # `streamlit run app.py` imports this module to serve it
         prepare the others: ~200 KB more on every chart page's first load."""
         own = PAGE_ELEMENTS.get(page, ())
         tags = plotly_head_tags(chart_page=page in CHART_PAGES) + chunk_preloads(own)
+        if page == "run":
+            return tags + first_chart_tags()
         if page in CHART_PAGES:
             return tags
         others = chunk_preloads(CHART_ELEMENTS, without=own)
@@ -99,8 +112,22 @@ else:  # `streamlit run app.py` imports this module to serve it
         plotly = plotly_file()
         copies.prewarm([*static_files(ALL_ELEMENTS), *([plotly] if plotly else [])])
 
+    def first_chart_answer(query: dict[str, str]) -> bytes | None:
+        """The run page's first chart for its HTML to draw (chart.first_chart_tags); None (204) for a
+        run that cannot be shown now, which the page itself then explains."""
+        run, theme = query.get("run", ""), query.get("theme", "")
+        if not run or theme not in THEMES:
+            return None
+        try:
+            view = open_store(settings()).view(run)
+        except STORE_ERRORS:
+            return None
+        first = first_chart(view, theme)
+        return None if first is None else first_chart_json(*first)
+
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
+    prefix = f"/{base_url.strip('/')}" if base_url.strip("/") else ""
     hints = Middleware(PreloadHints, base_url=base_url, head=page_head)
     gzipped = Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies)
     app = st.App(
@@ -112,4 +139,5 @@ else:  # `streamlit run app.py` imports this module to serve it
             prewarm=None if plain else prewarm,
         ),
         middleware=[] if plain else [gzipped, hints],
+        routes=[] if plain else [json_route(f"{prefix}/{FIRST_CHART_ROUTE}", first_chart_answer)],
     )

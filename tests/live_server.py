@@ -26,9 +26,10 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]  # fmt: skip
 
-# In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs).
+# In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs; not the early
+# picture first_chart.js draws over the first one until it has drawn).
 GRAPH_JS = """(title) => {
-  const graphs = [...document.querySelectorAll('.js-plotly-plot')];
+  const graphs = [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')];
   const graph = graphs.find(g => g.layout && g.layout.title.text === title);
   if (!graph) return null;
   return {

@@ -41,8 +41,11 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
+LIVE_GRAPHS = ".js-plotly-plot:not(.metrics-first-chart)"  # not the early picture of the first chart
+
+
 def charts_drawn(page: object, count: int = 1) -> bool:
-    return page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= count
+    return page.evaluate(f"document.querySelectorAll('{LIVE_GRAPHS} .main-svg').length") >= count
 
 
 def test_no_request_goes_to_another_host(page: object, server: str) -> None:
@@ -107,7 +110,8 @@ def test_every_axis_is_titled(page: object, server: str) -> None:
     """Every chart on the run page draws an x and a y axis title."""
     page.goto(f"{server}/run?run=eight")
     wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
-    titles = page.evaluate("""() => [...document.querySelectorAll('.js-plotly-plot')].map(g => ({
+    titles = page.evaluate("""() => [...document.querySelectorAll(
+        '.js-plotly-plot:not(.metrics-first-chart)')].map(g => ({
         title: g.layout.title.text, x: g.querySelector('.g-xtitle')?.textContent,
         y: g.querySelector('.g-ytitle')?.textContent}))""")
     assert len(titles) == 6
@@ -117,7 +121,8 @@ def test_every_axis_is_titled(page: object, server: str) -> None:
 
 # Bounding boxes of every annotation drawn on the Loss chart.
 LABEL_BOXES_JS = """() => {
-  const graph = [...document.querySelectorAll('.js-plotly-plot')].find(g => g.layout.title.text === 'Loss');
+  const graph = [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')]
+    .find(g => g.layout.title.text === 'Loss');
   return [...graph.querySelectorAll('.annotation')].map(a => {
     const r = a.querySelector('.annotation-text-g').getBoundingClientRect();
     return {text: a.textContent, left: r.left, right: r.right, top: r.top, bottom: r.bottom};
@@ -168,7 +173,8 @@ def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypa
             page.goto(f"{url}/run?run=eight")
             wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
             colours = wait_until(page, lambda: (c := page.evaluate("""() => [...document.querySelectorAll(
-                '.js-plotly-plot')].map(g => [g.layout.plot_bgcolor, g.layout.font.color])""")) and
+                '.js-plotly-plot:not(.metrics-first-chart)')]
+                .map(g => [g.layout.plot_bgcolor, g.layout.font.color])""")) and
                 all(bg == "#0e1117" for bg, _ in c) and c, timeout=20)  # fmt: skip
             assert all(font == "#fafafa" for _, font in colours)
         finally:

@@ -571,7 +571,8 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
             (saved,) = cache.glob("*.mcc")  # the cold parse of 60,000 records was saved at once
             after_load = saved.stat().st_mtime_ns
             append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
-            last_x = "Math.max(...document.querySelector('.js-plotly-plot').data.map(t => Math.max(...(t.x || []))))"
+            graph = "document.querySelector('.js-plotly-plot:not(.metrics-first-chart)')"  # the live chart, once drawn
+            last_x = f"{graph} ? Math.max(...{graph}.data.map(t => Math.max(...(t.x || [])))) : 0"
             wait_until(page, lambda: page.evaluate(last_x) >= 60_010, timeout=30)  # the server read them
         finally:
             context.close()

@@ -42,6 +42,14 @@ install -e .``, as CI does); elsewhere the route does not exist and plotly.js ri
 element as before, once per page load.
 A small loader component mounted once per page carries the chart runtime (``chart.js``, ~6 KB)
 and the URL; chart updates carry only the figure or the new points.
+
+The run page's first chart (issue 11, a fresh browser): Streamlit's page has made the live chart's
+element ~0.3 s before its lazily loaded component has drawn anything there.  Served by app.py, the
+run page's HTML asks the server for that chart's figure as it is parsed (``first_chart_tags``,
+``FIRST_CHART_ROUTE``, ``charts.first_chart``: the page's controls as they start, the page's
+theme) and draws it, a static picture, over the live chart's element as soon as Streamlit has made
+it, until the live chart has drawn there (``assets/first_chart.js``).  The server builds the figure
+with the page's own memoised ``view_charts``, so the page view that follows finds it made.
 """
 
 from __future__ import annotations
@@ -174,6 +182,28 @@ def plotly_head_tags(*, chart_page: bool) -> str:
     # websocket and first script run.
     early = when_in_page("[data-testid=stApp]", "window.__metricsRunPlotly")
     return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{runner}</script>{early}'
+
+
+# Where the server answers the run page's first chart (app.py), relative to its base URL.
+FIRST_CHART_ROUTE = "api/first-chart"
+
+
+def first_chart_tags() -> str:
+    """For the run page's ``<head>``, after ``plotly_head_tags``: ``first_chart.js``, which draws the
+    page's first chart (``charts.first_chart``, answered at ``FIRST_CHART_ROUTE``) while Streamlit's
+    page is still starting, where the live chart will be, until the live chart has drawn; "" where
+    plotly.js is not served as a file."""
+    if _plotly_url() is None:
+        return ""
+    script = (_ASSETS / "first_chart.js").read_text(encoding="utf-8")
+    return f"<script>{script.replace('__FIRST_CHART_ROUTE__', json.dumps(FIRST_CHART_ROUTE))}</script>"
+
+
+def first_chart_json(key: str, figure: Figure) -> bytes:
+    """What ``FIRST_CHART_ROUTE`` answers: the chart's Streamlit key and its figure, arrays as plain
+    lists (the drawn graph's ``data`` then holds numbers, as the live chart's does once chart.js has
+    unpacked plotly.py's packing)."""
+    return json_text({"key": key, "figure": figure}).encode()
 
 
 @cache

@@ -41,6 +41,10 @@ charts wait for them.  The edited HTML keeps Streamlit's ``no-cache``, loses its
 ``Last-Modified`` (they describe the file, not the answer) and is gzipped here (~3 KB; Streamlit
 gzips page paths other than ``/`` per request too).
 
+``json_route`` is a route of the app's own, for small JSON answers the page asks for before
+Streamlit's page is up (the run page's first chart, ``chart.first_chart_tags``): computed in a worker
+thread, never cached, gzipped when accepted.
+
 ``lifespan`` is the ``st.App`` lifespan.  As the server starts it imports what the pages import in
 a background thread, so the first page view after a start does not wait for pandas and the
 dashboard's modules (~0.45 s of imports); nothing runs a page or reads a run.  It also tells
@@ -87,7 +91,10 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from anyio import to_thread
+from anyio import CapacityLimiter, to_thread
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
 from streamlit import config
 from streamlit.runtime.pages_manager import PagesManager
 
@@ -292,6 +299,27 @@ class PreloadHints:
         # Asked without Accept-Encoding, Streamlit answers identity bytes, which can be edited.
         inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
         await self.app(inner, receive, _held(send, _html, answer))
+
+
+def json_route(path: str, answer: Callable[[dict[str, str]], bytes | None], *, threads: int = 4) -> Route:
+    """A ``GET`` route at ``path`` answered by ``answer(query parameters)``, run in a worker thread
+    (it may read a run): its JSON bytes, never cached (live data), gzipped when the client accepts
+    it; None answers 204 No Content.  At most ``threads`` answers run at once, counted apart from
+    the worker-thread limit Streamlit's static file reads share: a herd of them waiting for big runs
+    to load must not starve those reads."""
+    limiter = CapacityLimiter(threads)
+
+    async def endpoint(request: Request) -> Response:
+        body = await to_thread.run_sync(answer, dict(request.query_params), limiter=limiter)
+        headers = {"cache-control": "no-store", "vary": "Accept-Encoding"}
+        if body is None:
+            return Response(status_code=204, headers=headers)
+        if accepts_gzip(request.headers.get("accept-encoding", "")):
+            body = gzip.compress(body, compresslevel=6, mtime=0)  # ~1 ms for 100 KB
+            headers["content-encoding"] = "gzip"
+        return Response(body, media_type="application/json", headers=headers)
+
+    return Route(path, endpoint, methods=["GET"])
 
 
 def _static_dir() -> Path:

@@ -1,0 +1,157 @@
+"""The run page's first chart drawn by the page's HTML while Streamlit mounts the live one (issue 11,
+cold first chart): the server's first-chart route answers the figure the live chart draws first, and
+in Chromium that figure appears in the live chart's place before it, stays there, and is gone once
+the live chart has drawn."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import urllib.error
+import urllib.parse
+from pathlib import Path
+
+import pytest
+
+from metrics_core.dashboard.charts import RUN_PAGE_OPTIONS, chart_key
+from metrics_core.dashboard.figures import THEMES
+from tests.conftest import append_records, base_record
+from tests.live_server import wait_until
+from tests.test_serving import dashboard, get
+
+
+@pytest.fixture(scope="module")
+def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("first_chart_runs")
+    records = [base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)]
+    records += [base_record(s, event="validation", val_loss=5.5 / s) for s in range(100, 501, 100)]
+    append_records(root / "small" / "metrics.jsonl", *records)
+    return root
+
+
+def first_chart(server: str, **query: str) -> tuple[int, dict[str, str], bytes]:
+    """The first-chart route's status, headers and body (decoded) for ``query``."""
+    url = f"{server}/api/first-chart?{urllib.parse.urlencode(query)}"
+    try:
+        headers, body = get(url, "gzip")
+    except urllib.error.HTTPError as error:
+        return error.code, dict(error.headers), b""
+    status = 204 if not body and "content-type" not in headers else 200
+    return status, headers, gzip.decompress(body) if headers.get("content-encoding") == "gzip" else body
+
+
+@pytest.mark.parametrize("theme", sorted(THEMES))
+def test_the_route_answers_the_run_pages_first_chart_in_the_theme_asked(server: str, theme: str) -> None:
+    """The loss chart as the run page starts (its key, its title, smoothed as the page's slider starts,
+    coloured for the theme), gzipped and never cached: a live run's next answer differs."""
+    status, headers, body = first_chart(server, run="small", theme=theme)
+    assert status == 200 and headers["content-encoding"] == "gzip" and headers["cache-control"] == "no-store"
+    answer = json.loads(body)
+    assert answer["key"] == chart_key("loss") == "chart_loss"
+    figure = answer["figure"]
+    assert figure["layout"]["title"]["text"] == "Loss"
+    assert figure["layout"]["paper_bgcolor"] == THEMES[theme]["paper"]
+    names = [trace.get("name", "") for trace in figure["data"]]
+    assert RUN_PAGE_OPTIONS.smoothing > 0 and any("smoothed" in name for name in names), names
+
+
+@pytest.mark.parametrize(
+    "query",
+    [{"run": "missing", "theme": "light"}, {"run": "../small", "theme": "light"}, {"run": "/etc", "theme": "light"},
+     {"run": "small", "theme": "purple"}, {"run": "small"}, {"theme": "light"}, {"run": "<b>x</b>", "theme": "dark"}],
+    ids=["missing", "escapes-the-root", "absolute", "bad-theme", "no-theme", "no-run", "markup"],
+)  # fmt: skip
+def test_the_route_answers_nothing_for_what_the_page_cannot_show(server: str, query: dict[str, str]) -> None:
+    """No content (204, nothing to draw): the run page itself says why, as it always did."""
+    status, headers, body = first_chart(server, **query)
+    assert (status, body) == (204, b"") and headers["cache-control"] == "no-store"
+
+
+# In the page, before its scripts: when the early first chart and the live chart are drawn, where
+# the early one is against the live chart's element at that moment, and both figures' traces.
+WATCH = r"""
+window.__first = {};
+// y as float32 (the live chart's typed arrays hold float32 values, the early chart's JSON their
+// shortest decimal form: the same numbers); a packed array ({dtype, bdata}) has its values in
+// _inputArray (chart.js unpacks them, plotly.js keeps what it is given).
+const values = (array) => Array.from((array && array._inputArray) || array || []);
+const float32 = (v) => (typeof v === "number" ? Math.fround(v) : v);
+const traces = (graph) => graph.data.map((t) => ({ name: t.name, x: values(t.x), y: values(t.y).map(float32) }));
+new MutationObserver(() => {
+  const seen = window.__first;
+  const early = document.querySelector(".metrics-first-chart");
+  const live = document.querySelector(".st-key-chart_loss .js-plotly-plot");
+  if (early && early.querySelector(".main-svg") && !seen.early) {
+    seen.early = { at: performance.now(), traces: traces(early), paper: early.layout.paper_bgcolor,
+                   events: getComputedStyle(early).pointerEvents };
+  }
+  if (live && live.querySelector(".main-svg") && !seen.live) {
+    const slot = document.querySelector(".st-key-chart_loss").getBoundingClientRect();
+    const box = early && early.getBoundingClientRect();
+    seen.live = { at: performance.now(), traces: traces(live), paper: live.layout.paper_bgcolor,
+                  offset: box && [box.left - slot.left, box.top - slot.top, box.width - slot.width] };
+  }
+}).observe(document, { subtree: true, childList: true });
+"""
+
+
+def watch_first_load(browser: object, url: str, scheme: str, chosen: str | None = None) -> dict:
+    """What ``WATCH`` saw on a cold load of ``url`` in a browser whose system theme is ``scheme``
+    (and whose reader chose the theme ``chosen`` in Streamlit's settings menu), once the live chart
+    has drawn and the early one is gone."""
+    context = browser.new_context(viewport={"width": 1400, "height": 1100}, color_scheme=scheme)
+    try:
+        if chosen:  # where Streamlit keeps the choice, per page path
+            path = urllib.parse.urlsplit(url).path
+            context.add_init_script(
+                f"localStorage.setItem('stActiveTheme-{path}-v2', {json.dumps(json.dumps(chosen))})"
+            )
+        context.add_init_script(WATCH)
+        page = context.new_page()
+        page.goto(url)
+        wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
+        wait_until(page, lambda: page.evaluate("!document.querySelector('.metrics-first-chart')"), timeout=10)
+        return page.evaluate("window.__first")
+    finally:
+        context.close()
+
+
+def assert_drawn_first_in_place(seen: dict, theme: str) -> None:
+    early, live = seen.get("early"), seen["live"]
+    assert early is not None and early["at"] < live["at"], seen
+    assert early["traces"] == live["traces"] and early["paper"] == live["paper"] == THEMES[theme]["paper"]
+    assert early["events"] == "none"
+    assert live["offset"] is not None and all(abs(delta) <= 1 for delta in live["offset"]), live["offset"]
+
+
+THEME_CASES = [("light", None, "light"), ("dark", None, "dark"), ("light", "Dark", "dark"), ("dark", "Light", "light")]
+
+
+@pytest.mark.parametrize(("scheme", "chosen", "theme"), THEME_CASES)
+def test_a_run_page_draws_its_first_chart_in_the_live_charts_place_before_it(
+    server: str, browser: object, scheme: str, chosen: str | None, theme: str
+) -> None:
+    """Opened cold, the run page draws the loss chart from its HTML first: the same traces the live
+    chart then draws, in the theme the page takes (the reader's choice, else the system's), over
+    the live chart's element (same place and width when the live one has drawn), letting clicks
+    through, and gone after."""
+    seen = watch_first_load(browser, f"{server}/run?run=small", scheme, chosen)
+    assert_drawn_first_in_place(seen, theme)
+
+
+def test_under_a_base_url_path_the_early_chart_is_asked_there(runs_root: Path, browser: object) -> None:
+    """Served under ``/metrics``: the route is there, and the page finds it and draws first."""
+    with dashboard(runs_root, "--server.baseUrlPath", "metrics") as (url, _, _):
+        assert url.endswith("/metrics") and first_chart(url, run="small", theme="light")[0] == 200
+        assert_drawn_first_in_place(watch_first_load(browser, f"{url}/run?run=small", "light"), "light")
+
+
+def test_no_early_chart_where_the_page_shows_no_chart(server: str, page: object) -> None:
+    """A run that does not exist: the page says so and nothing is drawn over it, at any time."""
+    page.add_init_script("""new MutationObserver(() => {
+        if (document.querySelector('.metrics-first-chart')) window.__early = true;
+    }).observe(document, { subtree: true, childList: true });""")
+    page.goto(f"{server}/run?run=missing")
+    wait_until(page, lambda: page.evaluate("!!document.querySelector('[data-testid=stAlert]')"), timeout=60)
+    page.wait_for_timeout(500)
+    assert not page.evaluate("!!window.__early")
