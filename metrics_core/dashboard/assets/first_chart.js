@@ -45,10 +45,12 @@
     const finished = "[data-testid=stApp][data-test-script-state=notRunning]";
     let box = null;
     let frame = null;
+    let ended = false;
     const update = () => {
-      frame = null;
+      if (ended) return;
       const target = document.querySelector(slot);
       if (location.href !== page || document.querySelector(drawn) || (!target && document.querySelector(finished))) {
+        ended = true;
         observer.disconnect();
         removeEventListener("scroll", later, true);
         removeEventListener("resize", later);
@@ -69,11 +71,16 @@
         else if (resized) Plotly.Plots.resize(box);
       }
     };
-    // Streamlit changes the page many times a frame while it renders: look once per frame.
+    // Streamlit changes the page many times a frame while it renders: follow it once per frame, but
+    // draw in the task that made the live chart's element, so that both appear in the same frame.
     const later = () => {
-      if (frame === null) frame = requestAnimationFrame(update);
+      if (frame !== null) return;
+      frame = requestAnimationFrame(() => {
+        frame = null;
+        update();
+      });
     };
-    const observer = new MutationObserver(later);
+    const observer = new MutationObserver(() => (box === null && document.querySelector(slot) ? update() : later()));
     observer.observe(document.documentElement, { subtree: true, childList: true, attributes: true,
       attributeFilter: ["data-test-script-state"] });
     addEventListener("scroll", later, true); // Streamlit's main block scrolls, not the document
