@@ -14,7 +14,9 @@ logged by their own client in a child process of the rivals' Python), a fresh se
 loopback port, a fresh headless Chromium (cold cache), then:
 
 * first chart: seconds from navigation to the first chart actually drawn, polled every 20 ms.
-  "Drawn" per tool: ours a plotly ``.main-svg`` (plotly adds it when it plots); trackio a
+  "Drawn" per tool: ours a plotly ``.main-svg`` (plotly adds it when it plots; served by app.py,
+  the first is the picture the page's HTML draws in the live chart's place, ``first_chart.js``,
+  drawn from the same figure; ``bench_first_chart.py`` times both); trackio a
   vega-embed ``canvas.marks`` (vega-embed creates it rendering a spec that carries the data);
   TensorBoard a scalar card's ``line-chart`` canvas whose x axis reaches past step 1 (an empty
   chart's domain is [0, 1]).

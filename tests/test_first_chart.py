@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import gzip
 import json
-import urllib.error
 import urllib.parse
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -17,7 +17,7 @@ from metrics_core.dashboard.charts import RUN_PAGE_OPTIONS, chart_key
 from metrics_core.dashboard.figures import THEMES
 from tests.conftest import append_records, base_record
 from tests.live_server import wait_until
-from tests.test_serving import dashboard, get
+from tests.test_serving import dashboard
 
 
 @pytest.fixture(scope="module")
@@ -30,14 +30,13 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def first_chart(server: str, **query: str) -> tuple[int, dict[str, str], bytes]:
-    """The first-chart route's status, headers and body (decoded) for ``query``."""
+    """The first-chart route's status, headers (lower-case names) and body, gunzipped, for ``query``."""
     url = f"{server}/api/first-chart?{urllib.parse.urlencode(query)}"
-    try:
-        headers, body = get(url, "gzip")
-    except urllib.error.HTTPError as error:
-        return error.code, dict(error.headers), b""
-    status = 204 if not body and "content-type" not in headers else 200
-    return status, headers, gzip.decompress(body) if headers.get("content-encoding") == "gzip" else body
+    request = urllib.request.Request(url, headers={"Accept-Encoding": "gzip"})
+    with urllib.request.urlopen(request, timeout=30) as answer:
+        headers = {k.lower(): v for k, v in answer.headers.items()}
+        body = answer.read()
+        return answer.status, headers, gzip.decompress(body) if headers.get("content-encoding") == "gzip" else body
 
 
 @pytest.mark.parametrize("theme", sorted(THEMES))
