@@ -223,3 +223,74 @@ def test_zooming_in_draws_every_raw_record_in_range_and_zooming_out_the_whole_ru
     assert loss(page)["xrange"] == pytest.approx([100_005, 110_000]) and len(in_range(loss(page))) == 1000
     page.evaluate(relayout, {"xaxis.autorange": True})
     wait_until(page, lambda: len(in_range(loss(page))) < 500, timeout=30)
+
+
+# Before the page's scripts: plotly.js's extendTraces and react wrapped to fail on the Loss chart when
+# the test asks (window.__failExtend: once; window.__failLoss: every whole draw), and the chart's
+# failure note recorded as it appears.
+FAILING_PLOTLY = r"""
+let plotly;
+const isLoss = (graph) => graph.layout && graph.layout.title && graph.layout.title.text === "Loss";
+Object.defineProperty(window, "Plotly", {
+  configurable: true, get: () => plotly,
+  set: (value) => {
+    plotly = value;
+    const { extendTraces, react } = value;
+    value.extendTraces = function (graph, ...rest) {
+      if (window.__failExtend && isLoss(graph)) {
+        window.__failExtend = false;
+        throw new Error("injected extend failure");
+      }
+      return extendTraces.call(this, graph, ...rest);
+    };
+    value.react = function (graph, data, layout, ...rest) {
+      if (window.__failLoss && layout && layout.title && layout.title.text === "Loss") {
+        throw new Error("injected draw failure");
+      }
+      return react.call(this, graph, data, layout, ...rest);
+    };
+  },
+});
+new MutationObserver(() => {
+  const note = document.querySelector(".st-key-chart_loss .metrics-chart-note");
+  if (note) window.__notes = [...new Set([...(window.__notes || []), note.textContent])];
+}).observe(document, { subtree: true, childList: true, characterData: true });
+"""
+
+
+def test_a_live_update_that_fails_to_draw_is_said_and_drawn_again_in_full(
+    page: object, server: str, runs_root: Path
+) -> None:
+    """plotly.js throws while appending the new points to the loss chart: the chart says so in its
+    place instead of freezing on old data, asks for the whole figure, draws it with the new record,
+    and the note goes."""
+    path = runs_root / "failing" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    page.add_init_script(FAILING_PLOTLY)
+    open_run(page, server, "failing", 50)
+    page.evaluate("window.__failExtend = true")
+    append_records(path, base_record(60, train_loss=0.5))
+    assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5), timeout=30)
+    assert page.evaluate("window.__failExtend") is False  # the failure did happen
+    notes = page.evaluate("window.__notes")
+    assert notes and "could not be updated (injected extend failure)" in notes[0], notes
+    wait_until(page, lambda: page.evaluate("!document.querySelector('.metrics-chart-note')"), timeout=10)
+    append_records(path, base_record(70, train_loss=0.25))  # and it goes on updating
+    assert wait_until(page, lambda: train_points(loss(page))[-1] == (70, 0.25), timeout=30)
+
+
+def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server: str, runs_root: Path) -> None:
+    """plotly.js refuses the loss chart's figure: its place says so (as text), the early picture of
+    it does not stay over that place, and the other charts draw."""
+    path = runs_root / "undrawable" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    page.add_init_script(FAILING_PLOTLY)
+    page.add_init_script("window.__failLoss = true")
+    page.goto(f"{server}/run?run=undrawable")
+    note = ".st-key-chart_loss .metrics-chart-note"
+    wait_until(page, lambda: page.evaluate(f"!!document.querySelector({note!r})"), timeout=60)
+    text = page.evaluate(f"document.querySelector({note!r}).textContent")
+    assert text == "This chart could not be drawn (injected draw failure). Reload the page to try again."
+    wait_until(page, lambda: page.evaluate("!document.querySelector('.metrics-first-chart')"), timeout=10)
+    drawn = "[...document.querySelectorAll('.metrics-chart')].filter(g => g.querySelector('.main-svg')).length"
+    assert wait_until(page, lambda: page.evaluate(drawn) == 5, timeout=30)  # every chart but the loss

@@ -19,7 +19,9 @@ downsampling bucket, new options) sends the whole figure.  Payloads carry a sequ
 the one they extend: the page applies each once, and a page that does not hold the base (it
 missed an update, or the chart was remounted) says which one it holds with a trigger value, which
 reruns the fragment; the answer extends that state if it is one of the last ``HISTORY`` sent,
-else it is the whole figure.
+else it is the whole figure.  A draw that fails in the page (plotly.js throws) is said in the chart's
+place, as text, never a chart silently frozen on old data: a failed extend asks for the whole figure
+the same way, a whole figure that failed waits for the next one.
 Cost per update: O(points drawn) to compare prefixes, bytes O(new points).
 
 plotly.js (issue 11) is plotly's own "basic" bundle of the version the ``plotly`` Python package

@@ -113,7 +113,9 @@ function drawChart(component) {
     graph.style.width = "100%";
     parentElement.appendChild(graph);
   }
+  graph.__metricsTrigger = setTriggerValue; // the latest component instance's, for a failed draw to call
   if (graph.dataset.seq === String(data.seq)) return; // already drawn (a rerun with nothing new)
+  if (graph.dataset.failed && data.op !== "full") return; // waits for a whole figure (see the catch below)
   const base = data.op === "extend" ? data.base : data.op === "same" ? data.seq : null;
   if (base !== null && graph.dataset.wanted !== String(base)) {
     // This div missed the payload that drew the base (a busy page renders only the latest of
@@ -128,16 +130,20 @@ function drawChart(component) {
   }
   if (data.op === "same") return; // drawn, or being drawn: wanted === seq
   graph.dataset.wanted = String(data.seq);
-  const figure = data.op === "full" ? unpack(JSON.parse(data.figure)) : null;
   // Plotly calls are chained so that an extend never runs before the figure it extends is drawn.
-  const previous = graph.__metricsDrawn || window.__metricsPlotly;
-  graph.__metricsDrawn = previous.then(() => window.__metricsPlotly).then((Plotly) => {
-    if (figure) Plotly.react(graph, figure.data, figure.layout, { responsive: true, displaylogo: false });
-    else {
+  const previous = graph.__metricsDrawn || Promise.resolve();
+  const drawn = previous.then(() => window.__metricsPlotly).then((Plotly) => {
+    if (graph.dataset.failed && data.op !== "full") return; // queued before an earlier draw failed
+    if (data.op === "full") {
+      const figure = unpack(JSON.parse(data.figure));
+      Plotly.react(graph, figure.data, figure.layout, { responsive: true, displaylogo: false });
+    } else {
       extend(Plotly, graph, data.steps);
       if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), { responsive: true, displaylogo: false });
     }
     graph.dataset.seq = String(data.seq);
+    delete graph.dataset.failed;
+    note(parentElement, null);
     // Zoom to raw points: tell Python the visible x-range; it answers with that range at full
     // resolution (or the whole run again after a zoom out).  One listener per div, calling the
     // latest component instance.
@@ -153,7 +159,39 @@ function drawChart(component) {
       });
     }
   });
+  // A draw that failed leaves the chart holding nothing it can extend: it says so in its place (never
+  // a chart silently frozen on old data) and, if it was extending, asks for the whole figure, once;
+  // a whole figure that failed waits for the next one (another would fail the same way).
+  graph.__metricsDrawn = drawn.catch((error) => {
+    console.error("metrics_core: chart not drawn", error);
+    delete graph.dataset.seq;
+    delete graph.dataset.wanted;
+    graph.dataset.failed = String(data.seq);
+    const reason = error && error.message ? error.message : String(error);
+    if (data.op === "full") note(parentElement, `This chart could not be drawn (${reason}). Reload the page to try again.`);
+    else {
+      note(parentElement, `This chart could not be updated (${reason}); it is being drawn again in full.`);
+      graph.__metricsTrigger("resync", { seq: data.seq, held: null });
+    }
+  });
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
+}
+
+// A line of text under the chart (null: none), set as text, never markup.
+function note(parentElement, text) {
+  let line = parentElement.querySelector(".metrics-chart-note");
+  if (text === null) {
+    if (line) line.remove();
+    return;
+  }
+  if (!line) {
+    line = document.createElement("div");
+    line.className = "metrics-chart-note";
+    line.setAttribute("role", "alert");
+    line.style.cssText = "color: #d33; font-size: 0.875rem; padding: 0.25rem 0;";
+    parentElement.appendChild(line);
+  }
+  line.textContent = text;
 }
 
 // Charts draw through window.__metricsChart once plotly.js is on its way; those whose stubs ran

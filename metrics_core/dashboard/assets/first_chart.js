@@ -6,8 +6,8 @@
 // plotly.js (window.__metricsRunPlotly, chart.plotly_head_tags).  Once Streamlit's page has the live
 // chart's element, it draws the figure there as a static picture on top of it (no hover, no zoom;
 // clicks go through to the page), following it as the page settles, and removes it when the live
-// chart has drawn in that element, when the page leaves this URL, or when the page's first script
-// run ends without that element (an unreadable run, a run picker).  Never anywhere else: a picture
+// chart has drawn in that element (or said there that it could not), when the page leaves this URL,
+// or when the page's first script run ends without that element (an unreadable run, a run picker).  Never anywhere else: a picture
 // that jumped into place as the page formed would be worse than a late one.
 (() => {
   const route = __FIRST_CHART_ROUTE__; // relative to the server's base URL (chart.first_chart_tags)
@@ -41,7 +41,7 @@
 
   function follow(Plotly, { key, figure }) {
     const slot = `.st-key-${CSS.escape(key)}`;
-    const drawn = `${slot} .js-plotly-plot .main-svg`;
+    const drawn = `${slot} .js-plotly-plot .main-svg, ${slot} .metrics-chart-note`; // or failed: chart.js says why
     const finished = "[data-testid=stApp][data-test-script-state=notRunning]";
     let box = null;
     let frame = null;
