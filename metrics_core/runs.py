@@ -97,7 +97,12 @@ def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunIn
 
 
 def _inside(path: Path, real_root: Path) -> bool:
-    return path.resolve().is_relative_to(real_root)
+    """Whether ``path`` resolves inside ``real_root``; a symlink loop does not (resolving one raises
+    RuntimeError on Python 3.11, OSError on later versions)."""
+    try:
+        return path.resolve().is_relative_to(real_root)
+    except (RuntimeError, OSError):
+        return False
 
 
 def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
@@ -110,7 +115,7 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
         raise RunPathError(f"{name!r}: a run name is a path relative to the runs root, without '..'")
     directory = Path(root) / candidate
     if not _inside(directory, real_root):
-        raise RunPathError(f"{name!r}: resolves outside the runs root {real_root} (symlink escape)")
+        raise RunPathError(f"{name!r}: leads outside the runs root {real_root}, or nowhere (a symlink escape or loop)")
     if not (directory / METRICS_FILENAME).is_file():
         raise RunNotFoundError(f"{name!r}: no run there (no {METRICS_FILENAME} under {directory})")
     if not _inside(directory / METRICS_FILENAME, real_root):

@@ -71,13 +71,14 @@ def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_resolve_run_refuses_escapes(tmp_path: Path) -> None:
-    """'..', absolute paths and symlink escapes never resolve; real runs do."""
+    """'..', absolute paths, symlink escapes and loops never resolve; real runs do."""
     root = tmp_path / "runs"
     make_run(root / "good")
     make_run(tmp_path / "outside")
     (root / "link").symlink_to(tmp_path / "outside")
+    (root / "loop").symlink_to("loop")  # resolving it raised RuntimeError, not a clear refusal
     assert resolve_run(root, "good").directory == root / "good"
-    for bad in ("../outside", str(tmp_path / "outside"), "good/../../outside", "link", ""):
+    for bad in ("../outside", str(tmp_path / "outside"), "good/../../outside", "link", "", "loop", "loop/x"):
         with pytest.raises(RunPathError):
             resolve_run(root, bad)
     with pytest.raises(RunNotFoundError):
