@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
@@ -26,6 +27,7 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     records = [base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)]
     records += [base_record(s, event="validation", val_loss=5.5 / s) for s in range(100, 501, 100)]
     append_records(root / "small" / "metrics.jsonl", *records)
+    (root / "loop").symlink_to("loop")
     return root
 
 
@@ -57,8 +59,9 @@ def test_the_route_answers_the_run_pages_first_chart_in_the_theme_asked(server: 
 @pytest.mark.parametrize(
     "query",
     [{"run": "missing", "theme": "light"}, {"run": "../small", "theme": "light"}, {"run": "/etc", "theme": "light"},
-     {"run": "small", "theme": "purple"}, {"run": "small"}, {"theme": "light"}, {"run": "<b>x</b>", "theme": "dark"}],
-    ids=["missing", "escapes-the-root", "absolute", "bad-theme", "no-theme", "no-run", "markup"],
+     {"run": "small", "theme": "purple"}, {"run": "small"}, {"theme": "light"}, {"run": "<b>x</b>", "theme": "dark"},
+     {"run": "loop/x", "theme": "light"}],
+    ids=["missing", "escapes-the-root", "absolute", "bad-theme", "no-theme", "no-run", "markup", "symlink-loop"],
 )  # fmt: skip
 def test_the_route_answers_nothing_for_what_the_page_cannot_show(server: str, query: dict[str, str]) -> None:
     """No content (204, nothing to draw): the run page itself says why, as it always did."""
@@ -82,7 +85,8 @@ new MutationObserver(() => {
   const live = document.querySelector(".st-key-chart_loss .js-plotly-plot");
   if (early && early.querySelector(".main-svg") && !seen.early) {
     seen.early = { at: performance.now(), traces: traces(early), paper: early.layout.paper_bgcolor,
-                   events: getComputedStyle(early).pointerEvents };
+                   events: getComputedStyle(early).pointerEvents,
+                   overflow: document.documentElement.scrollHeight - innerHeight };
   }
   if (live && live.querySelector(".main-svg") && !seen.live) {
     const slot = document.querySelector(".st-key-chart_loss").getBoundingClientRect();
@@ -94,11 +98,16 @@ new MutationObserver(() => {
 """
 
 
-def watch_first_load(browser: object, url: str, scheme: str, chosen: str | None = None) -> dict:
+DESKTOP, PHONE = {"width": 1400, "height": 1100}, {"width": 390, "height": 844}
+
+
+def watch_first_load(
+    browser: object, url: str, scheme: str, chosen: str | None = None, viewport: dict[str, int] = DESKTOP
+) -> dict:
     """What ``WATCH`` saw on a cold load of ``url`` in a browser whose system theme is ``scheme``
     (and whose reader chose the theme ``chosen`` in Streamlit's settings menu), once the live chart
     has drawn and the early one is gone."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1100}, color_scheme=scheme)
+    context = browser.new_context(viewport=viewport, color_scheme=scheme)
     try:
         if chosen:  # where Streamlit keeps the choice, per page path
             path = urllib.parse.urlsplit(url).path
@@ -120,6 +129,7 @@ def assert_drawn_first_in_place(seen: dict, theme: str) -> None:
     assert early is not None and early["at"] < live["at"], seen
     assert early["traces"] == live["traces"] and early["paper"] == live["paper"] == THEMES[theme]["paper"]
     assert early["events"] == "none"
+    assert early["overflow"] <= 0  # the page itself does not scroll: Streamlit's main block does
     assert live["offset"] is not None and all(abs(delta) <= 1 for delta in live["offset"]), live["offset"]
 
 
@@ -138,11 +148,24 @@ def test_a_run_page_draws_its_first_chart_in_the_live_charts_place_before_it(
     assert_drawn_first_in_place(seen, theme)
 
 
-def test_under_a_base_url_path_the_early_chart_is_asked_there(runs_root: Path, browser: object) -> None:
-    """Served under ``/metrics``: the route is there, and the page finds it and draws first."""
-    with dashboard(runs_root, "--server.baseUrlPath", "metrics") as (url, _, _):
-        assert url.endswith("/metrics") and first_chart(url, run="small", theme="light")[0] == 200
-        assert_drawn_first_in_place(watch_first_load(browser, f"{url}/run?run=small", "light"), "light")
+def test_under_a_base_url_path_and_the_servers_theme_the_early_chart_is_the_live_ones_first(
+    runs_root: Path, browser: object
+) -> None:
+    """Served under ``/metrics`` with ``--theme.base dark``, in a light system: the page finds the
+    route there, and the early chart and the live chart's first draw are both dark (the live one
+    used to be drawn light first, then dark a refresh later)."""
+    with dashboard(runs_root, "--server.baseUrlPath", "metrics", "--theme.base", "dark") as (url, _, _):
+        assert url.endswith("/metrics") and first_chart(url, run="small", theme="dark")[0] == 200
+        assert_drawn_first_in_place(watch_first_load(browser, f"{url}/run?run=small", "light"), "dark")
+
+
+@pytest.mark.parametrize(
+    ("query", "theme"), [("run=missing&run=small", "light"), ("run=small&embed_options=dark_theme", "dark")]
+)
+def test_the_early_chart_reads_the_url_as_streamlit_does(server: str, browser: object, query: str, theme: str) -> None:
+    """A repeated ``run`` is the last one (st.query_params' reading), and ``embed_options`` set the
+    theme, for the early chart as for the page."""
+    assert_drawn_first_in_place(watch_first_load(browser, f"{server}/run?{query}", "light"), theme)
 
 
 def test_no_early_chart_where_the_page_shows_no_chart(server: str, page: object) -> None:
@@ -154,3 +177,38 @@ def test_no_early_chart_where_the_page_shows_no_chart(server: str, page: object)
     wait_until(page, lambda: page.evaluate("!!document.querySelector('[data-testid=stAlert]')"), timeout=60)
     page.wait_for_timeout(500)
     assert not page.evaluate("!!window.__early")
+
+
+def test_on_a_phone_the_early_chart_sits_in_place_without_making_the_page_scroll(server: str, browser: object) -> None:
+    """390x844: the live chart's place is below the fold; the early picture there (fixed, in the
+    viewport's coordinates) does not make the document taller than the screen, which would give it a
+    scrollbar of its own and shift the page twice."""
+    assert_drawn_first_in_place(watch_first_load(browser, f"{server}/run?run=small", "light", viewport=PHONE), "light")
+
+
+@pytest.mark.parametrize("fails", ["aborted", "never"])
+def test_the_early_chart_goes_when_the_live_one_cannot_come(server: str, browser: object, fails: str) -> None:
+    """Streamlit's component code does not arrive (held until the early picture is drawn): aborted,
+    the chart's place shows Streamlit's error and the picture goes with it; never answered, the
+    picture goes at the latest a few seconds after the first script run.  A picture that looks live
+    must not stay over a chart that is not."""
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        page = context.new_page()
+        held: list[object] = []
+        page.route("**/static/js/BidiComponent.*.js", lambda route: held.append(route))
+        page.goto(f"{server}/run?run=small")
+        wait_until(
+            page, lambda: page.evaluate("!!document.querySelector('.metrics-first-chart .main-svg')"), timeout=60
+        )
+        if fails == "aborted":
+            for route in held:
+                route.abort()
+            alert = ".st-key-chart_loss [data-testid=stAlertContainer]"
+            wait_until(page, lambda: page.evaluate(f"!!document.querySelector({alert!r})"), timeout=30)
+        start = time.monotonic()
+        wait_until(page, lambda: page.evaluate("!document.querySelector('.metrics-first-chart')"), timeout=15)
+        assert fails == "never" or time.monotonic() - start < 2  # with the alert, not at the deadline
+        assert held  # the component's code was asked for, and never came
+    finally:
+        context.close()

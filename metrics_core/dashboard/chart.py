@@ -197,8 +197,10 @@ def first_chart_tags() -> str:
     plotly.js is not served as a file."""
     if _plotly_url() is None:
         return ""
+    imposed = st.get_option("theme.base")  # the page's theme when the reader has chosen none
+    config = {"route": FIRST_CHART_ROUTE, "theme": imposed if imposed in ("light", "dark") else None}
     script = (_ASSETS / "first_chart.js").read_text(encoding="utf-8")
-    return f"<script>{script.replace('__FIRST_CHART_ROUTE__', json.dumps(FIRST_CHART_ROUTE))}</script>"
+    return "<script>" + script.replace("__FIRST_CHART__", json.dumps(config)) + "</script>"
 
 
 def first_chart_json(key: str, figure: Figure) -> bytes:

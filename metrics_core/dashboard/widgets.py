@@ -41,6 +41,7 @@ from metrics_core.errors import MetricsError, RunPathError
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}  # fmt: skip
+_THEME_READ = "_metrics_theme_read"  # st.session_state: a script run of this session has read the theme
 STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
 
 SAME_TAB_KEY = "same_tab_links"  # the container of SAME_TAB_JS: no gap where it is mounted
@@ -124,8 +125,18 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
 
 
 def page_theme() -> str:
-    """The browser's Streamlit theme, "light" or "dark", for the figure functions."""
+    """The browser's Streamlit theme, "light" or "dark", for the figure functions.
+
+    A session's first script run is asked for before its page has applied the theme the server
+    imposes (``theme.base``), and the browser reports the one it had (light on a light system): the
+    charts were drawn light, then dark a refresh later.  That first run takes the server's theme (a
+    reader who chose another in the settings menu gets it from the next refresh on).
+    """
     kind = st.context.theme.type
+    imposed = st.get_option("theme.base")
+    if imposed in THEMES and not st.session_state.get(_THEME_READ):
+        kind = imposed
+    st.session_state[_THEME_READ] = True
     return kind if kind in THEMES else "light"
 
 

@@ -2,20 +2,28 @@
 // chart (chart.first_chart_tags; issue 11: in a fresh browser Streamlit's page has made the chart's
 // place ~0.3 s before its lazily loaded component has drawn anything there).
 // As the HTML is parsed it asks the server's first-chart route for the figure the live chart will
-// draw first (the run page's controls as they start, in the theme of its first script run) and runs
-// plotly.js (window.__metricsRunPlotly, chart.plotly_head_tags).  Once Streamlit's page has the live
-// chart's element, it draws the figure there as a static picture on top of it (no hover, no zoom;
-// clicks go through to the page), following it as the page settles, and removes it when the live
-// chart has drawn in that element (or said there that it could not), when the page leaves this URL,
-// or when the page's first script run ends without that element (an unreadable run, a run picker).  Never anywhere else: a picture
-// that jumped into place as the page formed would be worse than a late one.
+// draw first (the run page's controls as they start, in the page's theme) and runs plotly.js
+// (window.__metricsRunPlotly, chart.plotly_head_tags).  Once Streamlit's page has the live chart's
+// element, it draws the figure there as a static picture on top of it (no hover, no zoom; clicks go
+// through to the page), following it as the page settles, and removes it when the live chart has
+// drawn in that element (or something there says it could not), when the page leaves this URL, when
+// the page's first script run ends without that element (an unreadable run, a run picker), or at
+// the latest LIVE_CHART_WAIT_MS after that run.  Never anywhere else: a picture that jumped into
+// place as the page formed would be worse than a late one.
 (() => {
-  const route = __FIRST_CHART_ROUTE__; // relative to the server's base URL (chart.first_chart_tags)
+  // Once the page's first script run has ended, the live chart has this long to draw before the
+  // picture goes anyway (Streamlit failed to mount it, the server went away): a stale picture that
+  // looks live must not stay.
+  const LIVE_CHART_WAIT_MS = 5000;
+  // {route: relative to the server's base URL, theme: the one the server imposes (theme.base) or
+  // null}, written in by chart.first_chart_tags.
+  const config = __FIRST_CHART__;
   const base = window.__streamlit && window.__streamlit.BACKEND_BASE_URL;
-  const run = new URLSearchParams(location.search).get("run");
+  const query = new URLSearchParams(location.search);
+  const run = query.getAll("run").pop(); // the last, as Streamlit's st.query_params reads it
   if (!base || !run || !window.__metricsRunPlotly) return;
   const page = location.href;
-  const url = new URL(route, base);
+  const url = new URL(config.route, base);
   url.search = new URLSearchParams({ run, theme: theme() });
   fetch(url, { cache: "no-store" })
     .then((answer) => (answer.status === 200 ? answer.json() : null))
@@ -26,30 +34,46 @@
     })
     .catch((error) => console.warn("metrics_core: no early first chart", error));
 
-  // The theme of the page's first script run (widgets.page_theme: the one Streamlit reports):
-  // the one chosen in its settings menu (kept per page path), else the system's.
+  // The theme Streamlit's page takes, in its order: the page's embed options, the reader's choice in
+  // its settings menu (kept per page path), the server's theme.base, the system's.
   function theme() {
-    let chosen = "System";
+    const embed = query.getAll("embed_options");
+    if (embed.includes("light_theme")) return "light";
+    if (embed.includes("dark_theme")) return "dark";
+    let chosen = null;
     try {
-      chosen = JSON.parse(localStorage.getItem(`stActiveTheme-${location.pathname}-v2`)) || chosen;
+      chosen = JSON.parse(localStorage.getItem(`stActiveTheme-${location.pathname}-v2`));
     } catch (error) {
-      // no storage (a sandboxed frame) or not JSON: the system's theme
+      // no storage (a sandboxed frame) or not JSON: as if nothing was chosen
     }
-    const dark = chosen === "Dark" || (chosen !== "Light" && matchMedia("(prefers-color-scheme: dark)").matches);
-    return dark ? "dark" : "light";
+    if (chosen === "Dark" || chosen === "Light") return chosen.toLowerCase();
+    if (config.theme) return config.theme;
+    return matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
   }
 
   function follow(Plotly, { key, figure }) {
     const slot = `.st-key-${CSS.escape(key)}`;
-    const drawn = `${slot} .js-plotly-plot .main-svg, ${slot} .metrics-chart-note`; // or failed: chart.js says why
+    // Drawn, or failed: chart.js says why, or Streamlit could not mount the component (an alert).
+    const drawn = [".js-plotly-plot .main-svg", ".metrics-chart-note", "[data-testid=stAlertContainer]"]
+      .map((inside) => `${slot} ${inside}`).join(", ");
     const finished = "[data-testid=stApp][data-test-script-state=notRunning]";
     let box = null;
     let frame = null;
     let ended = false;
+    let expired = false; // the first script run ended LIVE_CHART_WAIT_MS ago and still no live chart
+    let waiting = false;
     const update = () => {
       if (ended) return;
       const target = document.querySelector(slot);
-      if (location.href !== page || document.querySelector(drawn) || (!target && document.querySelector(finished))) {
+      const over = document.querySelector(finished);
+      if (over && !waiting) {
+        waiting = true;
+        setTimeout(() => {
+          expired = true;
+          update();
+        }, LIVE_CHART_WAIT_MS);
+      }
+      if (location.href !== page || expired || document.querySelector(drawn) || (!target && over)) {
         ended = true;
         observer.disconnect();
         removeEventListener("scroll", later, true);
@@ -63,10 +87,12 @@
         if (first) {
           box = document.createElement("div");
           box.className = "metrics-first-chart";
-          box.style.cssText = "position: absolute; z-index: 999990; pointer-events: none;";
+          // fixed, in the viewport's coordinates: an absolute box below the fold would make the
+          // document itself scroll, and its scrollbar shift the page twice
+          box.style.cssText = "position: fixed; z-index: 999990; pointer-events: none;";
           document.body.appendChild(box);
         }
-        Object.assign(box.style, { left: `${left + scrollX}px`, top: `${top + scrollY}px`, width: `${width}px` });
+        Object.assign(box.style, { left: `${left}px`, top: `${top}px`, width: `${width}px` });
         if (first) Plotly.newPlot(box, figure.data, figure.layout, { staticPlot: true });
         else if (resized) Plotly.Plots.resize(box);
       }
