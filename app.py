@@ -64,6 +64,7 @@ else:  # `streamlit run app.py` imports this module to serve it
         PreloadHints,
         StaticGzip,
         after_first_run,
+        base_path,
         chunk_preloads,
         json_route,
         lifespan,
@@ -127,7 +128,6 @@ else:  # `streamlit run app.py` imports this module to serve it
 
     plain = os.environ.get("METRICS_SERVE_PLAIN") == "1"
     base_url = st.get_option("server.baseUrlPath") or ""
-    prefix = f"/{base_url.strip('/')}" if base_url.strip("/") else ""
     hints = Middleware(PreloadHints, base_url=base_url, head=page_head)
     gzipped = Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies)
     app = st.App(
@@ -139,5 +139,5 @@ else:  # `streamlit run app.py` imports this module to serve it
             prewarm=None if plain else prewarm,
         ),
         middleware=[] if plain else [gzipped, hints],
-        routes=[] if plain else [json_route(f"{prefix}/{FIRST_CHART_ROUTE}", first_chart_answer)],
+        routes=[] if plain else [json_route(f"{base_path(base_url)}/{FIRST_CHART_ROUTE}", first_chart_answer)],
     )

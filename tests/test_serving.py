@@ -36,6 +36,7 @@ from metrics_core.dashboard.serving import (
     PreloadHints,
     StaticGzip,
     accepts_gzip,
+    base_path,
     chunk_preloads,
     lifespan,
     route_path,
@@ -246,6 +247,12 @@ def test_route_path_drops_the_mount_and_the_base_url_at_segment_boundaries() -> 
     assert route_path({"path": "/p/metrics/static/a.js", "root_path": "/p"}, "metrics") == "/static/a.js"
     assert route_path({"path": "/metricsx/static/a.js"}, "metrics") == "/metricsx/static/a.js"
     assert route_path({"path": "/metrics"}, "metrics") == "/"
+
+
+def test_base_path_is_the_base_url_as_a_path_prefix() -> None:
+    """What the app's own routes and the plotly.js URL start with, however the option is written."""
+    written = ("", "/", "metrics", "/metrics/", "a//b/")
+    assert [base_path(value) for value in written] == ["", "", "/metrics", "/metrics", "/a/b"]
 
 
 def test_lifespan_imports_what_the_scripts_import_without_running_them(

@@ -71,8 +71,8 @@ import numpy as np
 import streamlit as st
 from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
-from metrics_core.dashboard.figures import Figure, figure_json, json_text
-from metrics_core.dashboard.serving import after_first_run, when_in_page
+from metrics_core.dashboard.figures import THEMES, Figure, figure_json, json_text
+from metrics_core.dashboard.serving import after_first_run, base_path, when_in_page
 
 _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
@@ -125,8 +125,7 @@ def _plotly_url() -> str | None:
     if root is None or Path(root).resolve() != _ASSETS.resolve():
         _LOG.warning("%s has no asset_dir here: plotly.js is sent inline with every page load", PLOTLY_COMPONENT)
         return None
-    base = "/".join(part for part in str(st.get_option("server.baseUrlPath") or "").split("/") if part)
-    prefix = f"/{base}" if base else ""
+    prefix = base_path(str(st.get_option("server.baseUrlPath") or ""))
     return f"{prefix}{_ASSET_ROUTE}{publish_plotly(_ASSETS)}"
 
 
@@ -190,15 +189,16 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 FIRST_CHART_ROUTE = "api/first-chart"
 
 
+@cache
 def first_chart_tags() -> str:
     """For the run page's ``<head>``, after ``plotly_head_tags``: ``first_chart.js``, which draws the
     page's first chart (``charts.first_chart``, answered at ``FIRST_CHART_ROUTE``) while Streamlit's
     page is still starting, where the live chart will be, until the live chart has drawn; "" where
-    plotly.js is not served as a file."""
+    plotly.js is not served as a file.  Made once per process: the options it reads are fixed."""
     if _plotly_url() is None:
         return ""
     imposed = st.get_option("theme.base")  # the page's theme when the reader has chosen none
-    config = {"route": FIRST_CHART_ROUTE, "theme": imposed if imposed in ("light", "dark") else None}
+    config = {"route": FIRST_CHART_ROUTE, "theme": imposed if imposed in THEMES else None}
     script = (_ASSETS / "first_chart.js").read_text(encoding="utf-8")
     return "<script>" + script.replace("__FIRST_CHART__", json.dumps(config)) + "</script>"
 

@@ -127,6 +127,13 @@ def accepts_gzip(accept_encoding: str) -> bool:
     return qualities.get("gzip", qualities.get("*", 0.0)) > 0
 
 
+def base_path(base_url: str) -> str:
+    """``server.baseUrlPath`` as the prefix of this server's paths: "" or "/a/b" (slashes trimmed,
+    empty segments dropped)."""
+    parts = [part for part in base_url.split("/") if part]
+    return "/" + "/".join(parts) if parts else ""
+
+
 def route_path(scope: Scope, base_url: str) -> str:
     """The request path as Streamlit's router sees it: without the ASGI ``root_path`` (a mount or a
     proxy) and without ``server.baseUrlPath``, each removed only at a path-segment boundary."""
