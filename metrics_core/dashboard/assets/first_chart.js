@@ -78,8 +78,10 @@
         observer.disconnect();
         removeEventListener("scroll", later, true);
         removeEventListener("resize", later);
-        if (box) Plotly.purge(box);
-        if (box) box.remove();
+        if (box) {
+          Plotly.purge(box);
+          box.remove();
+        }
       } else if (target) {
         const { left, top, width } = target.getBoundingClientRect();
         const first = box === null;
