@@ -92,18 +92,22 @@ else:  # `streamlit run app.py` imports this module to serve it
     ALL_ELEMENTS = tuple(dict.fromkeys(name for names in PAGE_ELEMENTS.values() for name in names))
     CHART_ELEMENTS = tuple(dict.fromkeys(name for page in CHART_PAGES for name in PAGE_ELEMENTS[page]))
 
-    def page_head(page: str) -> str:
-        """This page's plotly.js and element chunks; on a page without charts (the runs page, where a
-        reader starts), once it is drawn and idle, the chart pages' chunks too.  Chart pages do not
-        prepare the others: ~200 KB more on every chart page's first load."""
+    def page_head(page: str) -> tuple[str, str]:
+        """The tags for the start and the end of this page's head: its plotly.js and element chunks;
+        on a page without charts (the runs page, where a reader starts), once it is drawn and idle,
+        the chart pages' chunks too.  Chart pages do not prepare the others: ~200 KB more on every
+        chart page's first load.  The run page draws its first chart from its head, before
+        Streamlit's page is up: its plotly.js is asked for, and run, ahead of Streamlit's scripts."""
         own = PAGE_ELEMENTS.get(page, ())
-        tags = plotly_head_tags(chart_page=page in CHART_PAGES) + chunk_preloads(own)
+        plotly = plotly_head_tags(chart_page=page in CHART_PAGES)
         if page == "run":
-            return tags + first_chart_tags()
+            return plotly + first_chart_tags(), chunk_preloads(own)
         if page in CHART_PAGES:
-            return tags
+            return "", plotly + chunk_preloads(own)
         others = chunk_preloads(CHART_ELEMENTS, without=own)
-        return tags + after_first_run(f"document.head.insertAdjacentHTML('beforeend', {json.dumps(others)});")
+        return "", plotly + chunk_preloads(own) + after_first_run(
+            f"document.head.insertAdjacentHTML('beforeend', {json.dumps(others)});"
+        )
 
     copies = GzipCopies()
 

@@ -44,14 +44,10 @@ from metrics_core.dashboard.serving import (
     tcp_no_delay,
 )
 from tests.conftest import REPO, append_records, base_record
-from tests.live_server import Wire, free_port, wait_for_http, wait_until
+from tests.live_server import Wire, chart_drawn, free_port, wait_for_http, wait_until
 
 STATIC = Path(file_util.get_static_dir())
 ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
-
-
-def chart_drawn(page: object) -> bool:
-    return page.evaluate("!!document.querySelector('.js-plotly-plot .main-svg')")
 
 
 def largest_static_js() -> str:
@@ -377,8 +373,9 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
 def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> None:
     """``/`` and ``/<page>`` (under a base URL path too) get BASE_URL_SCRIPT and their page's tags;
     a nested path such as ``/a/b``, whose directory is not the base URL, gets its page's tags only
-    (Streamlit redirects ``/run/`` to ``/run`` itself)."""
-    html = b"<html><head><title>x</title></head><body></body></html>"
+    (Streamlit redirects ``/run/`` to ``/run`` itself).  The base URL and a page's first tags come
+    before Streamlit's first script, after its meta tags; its last tags at the end of the head."""
+    html = b"<html><head><meta charset=utf-8><title>x</title><script>st()</script></head><body></body></html>"
 
     async def index(scope: dict, receive: object, send: object) -> None:
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/html")]})
@@ -390,7 +387,10 @@ def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> No
         async def send(message: dict) -> None:
             sent.append(message)
 
-        middleware = PreloadHints(index, head=lambda page: f"<meta name=page content={page!r}>", base_url=base_url)
+        def tags(page: str) -> tuple[str, str]:
+            return f"<meta name=first content={page!r}>", f"<meta name=last content={page!r}>"
+
+        middleware = PreloadHints(index, head=tags, base_url=base_url)
         await middleware({"type": "http", "method": "GET", "path": path, "headers": [(b"accept", b"text/html")]},
                          None, send)  # fmt: skip
         return sent[1]["body"].decode().split("</head>")[0]
@@ -399,7 +399,9 @@ def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> No
              ("/m", "m", "", False), ("/a/b", "", "a", False)]  # fmt: skip
     for path, base_url, page, named in cases:
         head = asyncio.run(head_of(path, base_url))
-        assert (BASE_URL_SCRIPT in head) is named and f"<meta name=page content={page!r}>" in head, path
+        first, last = f"<meta name=first content={page!r}>", f"<meta name=last content={page!r}>"
+        start = "<meta charset=utf-8><title>x</title>" + (BASE_URL_SCRIPT if named else "") + first
+        assert head == f"<html><head>{start}<script>st()</script>{last}", path
 
 
 @pytest.mark.parametrize("path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run"])

@@ -37,7 +37,10 @@ Streamlit's own probing still finds it) and, chosen per page by the app, for cha
 run early (``chart.plotly_head_tags``), and ``modulepreload`` tags for the lazily loaded chunks of
 the elements that page draws, with everything they import (``chunk_preloads``): otherwise the
 browser discovers them one import at a time after the script's first elements arrive, and the
-charts wait for them.  The edited HTML keeps Streamlit's ``no-cache``, loses its ``ETag`` and
+charts wait for them.  Tags go at the end of the ``<head>``, behind Streamlit's own, except those
+a page needs before Streamlit's bundle: the base URL, and the run page's plotly.js (which would
+otherwise queue behind ~60 of Streamlit's scripts for the browser's six connections to the server,
+and run after them) and first chart.  The edited HTML keeps Streamlit's ``no-cache``, loses its ``ETag`` and
 ``Last-Modified`` (they describe the file, not the answer) and is gzipped here (~3 KB; Streamlit
 gzips page paths other than ``/`` per request too).
 
@@ -272,10 +275,11 @@ BASE_URL_SCRIPT = (
 
 class PreloadHints:
     """ASGI middleware: the page's HTML with ``BASE_URL_SCRIPT`` (where the page's directory is the
-    base URL) and ``head(page)`` added at the end of its ``<head>``, where ``page`` is the first
-    segment of the route path ("" for the main page; see the module docstring)."""
+    base URL) and the tags ``head(page)`` returns, the first before Streamlit's own scripts and
+    preloads, the second at the end of its ``<head>``, where ``page`` is the first segment of the
+    route path ("" for the main page; see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, *, head: Callable[[str], str], base_url: str = "") -> None:
+    def __init__(self, app: ASGIApp, *, head: Callable[[str], tuple[str, str]], base_url: str = "") -> None:
         self.app = app
         self._head = head
         self.base_url = base_url
@@ -292,10 +296,14 @@ class PreloadHints:
         route = route_path(scope, self.base_url)
         # The page's directory is the base URL only for / (with its slash) and /<page>.
         at_base = route.count("/") == 1 and (route != "/" or scope["path"].endswith("/"))
-        tags = ((BASE_URL_SCRIPT if at_base else "") + self._head(route.strip("/").partition("/")[0])).encode()
+        first, last = self._head(route.strip("/").partition("/")[0])
+        first = ((BASE_URL_SCRIPT if at_base else "") + first).encode()
 
         async def answer(start: Message, body: bytes) -> None:
-            body = body.replace(b"</head>", tags + b"</head>", 1)
+            head, end, rest = body.partition(b"</head>")
+            before = head.find(b"<script")  # Streamlit's first script, after its meta tags
+            before = len(head) if before < 0 else before
+            body = head[:before] + first + head[before:] + last.encode() + end + rest
             headers = _without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
             headers.append((b"vary", b"Accept-Encoding"))
             if wanted:
