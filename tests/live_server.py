@@ -26,6 +26,17 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]  # fmt: skip
 
+# In the page: whether a plotly chart is drawn and shown (the run page's early picture of its first chart
+# is drawn hidden while Streamlit's page starts, and shown once it is in the live chart's place).
+CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
+    .some(svg => getComputedStyle(svg).visibility === 'visible')"""
+
+
+def chart_drawn(page: object) -> bool:
+    """Whether ``page`` shows a drawn plotly chart (``CHART_SHOWN_JS``)."""
+    return page.evaluate(CHART_SHOWN_JS)
+
+
 # In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs; not the early
 # picture first_chart.js draws over the first one until it has drawn).
 GRAPH_JS = """(title) => {

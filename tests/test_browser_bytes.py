@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import append_records, base_record
-from tests.live_server import Wire, streamlit_app, streamlit_server, wait_until
+from tests.live_server import Wire, chart_drawn, streamlit_app, streamlit_server, wait_until
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
@@ -34,10 +34,6 @@ view = RunStore(sys.argv[1]).view("small")
 st.plotly_chart(metric_figure([Series(view.effective("train"), "train_loss", "train")], title="Loss",
                               sessions=view.sessions))
 """
-
-
-def chart_drawn(page: object) -> bool:
-    return page.evaluate("!!document.querySelector('.js-plotly-plot .main-svg')")
 
 
 def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:

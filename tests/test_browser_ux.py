@@ -17,7 +17,7 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from tests.conftest import append_records, base_record
-from tests.live_server import GRAPH_JS, streamlit_app, streamlit_server, wait_until
+from tests.live_server import GRAPH_JS, chart_drawn, streamlit_app, streamlit_server, wait_until
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
 
@@ -296,7 +296,7 @@ def first_chart_seconds(browser: object, url: str) -> float:
         page = context.new_page()
         start = time.monotonic()
         page.goto(url)
-        wait_until(page, lambda: page.evaluate("!!document.querySelector('.js-plotly-plot .main-svg')"), timeout=60,
+        wait_until(page, lambda: chart_drawn(page), timeout=60,
                    interval=0.01)  # fmt: skip
         return time.monotonic() - start
     finally:

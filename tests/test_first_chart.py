@@ -69,8 +69,15 @@ def test_the_route_answers_nothing_for_what_the_page_cannot_show(server: str, qu
     assert (status, body) == (204, b"") and headers["cache-control"] == "no-store"
 
 
-# In the page, before its scripts: when the early first chart and the live chart are drawn, where
-# the early one is against the live chart's element at that moment, and both figures' traces.
+# The early first chart, once it is shown (drawn first hidden, while Streamlit's page starts), else null.
+EARLY_SHOWN = """(() => { const early = document.querySelector(".metrics-first-chart");
+  return early && early.querySelector(".main-svg") && getComputedStyle(early).visibility === "visible" ? early : null;
+})()"""
+
+# In the page, before its scripts: when the early first chart is shown and the live chart drawn,
+# where and how wide the early one is against the live chart's element at those moments (its
+# picture too: drawn at a guessed width, it must have been drawn again if that was wrong), and both
+# figures' traces.
 WATCH = r"""
 window.__first = {};
 // y as float32 (the live chart's typed arrays hold float32 values, the early chart's JSON their
@@ -79,23 +86,27 @@ window.__first = {};
 const values = (array) => Array.from((array && array._inputArray) || array || []);
 const float32 = (v) => (typeof v === "number" ? Math.fround(v) : v);
 const traces = (graph) => graph.data.map((t) => ({ name: t.name, x: values(t.x), y: values(t.y).map(float32) }));
+const offset = (early) => {
+  const slot = document.querySelector(".st-key-chart_loss").getBoundingClientRect();
+  const box = early.getBoundingClientRect();
+  const picture = +early.querySelector(".main-svg").getAttribute("width");
+  return [box.left - slot.left, box.top - slot.top, box.width - slot.width, picture - slot.width];
+};
 new MutationObserver(() => {
   const seen = window.__first;
-  const early = document.querySelector(".metrics-first-chart");
+  const early = EARLY_SHOWN;
   const live = document.querySelector(".st-key-chart_loss .js-plotly-plot");
-  if (early && early.querySelector(".main-svg") && !seen.early) {
+  if (early && !seen.early) {
     seen.early = { at: performance.now(), traces: traces(early), paper: early.layout.paper_bgcolor,
-                   events: getComputedStyle(early).pointerEvents,
+                   events: getComputedStyle(early).pointerEvents, offset: offset(early),
                    overflow: document.documentElement.scrollHeight - innerHeight };
   }
   if (live && live.querySelector(".main-svg") && !seen.live) {
-    const slot = document.querySelector(".st-key-chart_loss").getBoundingClientRect();
-    const box = early && early.getBoundingClientRect();
     seen.live = { at: performance.now(), traces: traces(live), paper: live.layout.paper_bgcolor,
-                  offset: box && [box.left - slot.left, box.top - slot.top, box.width - slot.width] };
+                  offset: early && offset(early) };
   }
-}).observe(document, { subtree: true, childList: true });
-"""
+}).observe(document, { subtree: true, childList: true, attributes: true, attributeFilter: ["style"] });
+""".replace("EARLY_SHOWN", EARLY_SHOWN)
 
 
 DESKTOP, PHONE = {"width": 1400, "height": 1100}, {"width": 390, "height": 844}
@@ -130,7 +141,8 @@ def assert_drawn_first_in_place(seen: dict, theme: str) -> None:
     assert early["traces"] == live["traces"] and early["paper"] == live["paper"] == THEMES[theme]["paper"]
     assert early["events"] == "none"
     assert early["overflow"] <= 0  # the page itself does not scroll: Streamlit's main block does
-    assert live["offset"] is not None and all(abs(delta) <= 1 for delta in live["offset"]), live["offset"]
+    for offset in (early["offset"], live["offset"]):  # shown in place, at its width; still there
+        assert offset is not None and all(abs(delta) <= 1 for delta in offset), seen
 
 
 THEME_CASES = [("light", None, "light"), ("dark", None, "dark"), ("light", "Dark", "dark"), ("dark", "Light", "light")]
@@ -186,6 +198,27 @@ def test_on_a_phone_the_early_chart_sits_in_place_without_making_the_page_scroll
     assert_drawn_first_in_place(watch_first_load(browser, f"{server}/run?run=small", "light", viewport=PHONE), "light")
 
 
+def test_a_wrongly_guessed_width_is_drawn_again_before_it_is_shown(server: str, browser: object) -> None:
+    """The picture is drawn while Streamlit's page is still starting, at the width the live chart will
+    have as guessed from the viewport (here told wrong: a root element reported 1,000 px wider than it
+    is): when the live chart's place appears it is drawn again at that place's width before it is
+    shown, never shown stretched or cut."""
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        context.add_init_script("""const native = Object.getOwnPropertyDescriptor(Element.prototype, "clientWidth");
+            Object.defineProperty(Element.prototype, "clientWidth", { configurable: true, get() {
+              const width = native.get.call(this);
+              return this === document.documentElement ? width + 1000 : width;
+            } });""")
+        context.add_init_script(WATCH)
+        page = context.new_page()
+        page.goto(f"{server}/run?run=small")
+        wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
+        assert_drawn_first_in_place(page.evaluate("window.__first"), "light")
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize("fails", ["aborted", "never"])
 def test_the_early_chart_goes_when_the_live_one_cannot_come(server: str, browser: object, fails: str) -> None:
     """Streamlit's component code does not arrive (held until the early picture is drawn): aborted,
@@ -196,13 +229,19 @@ def test_the_early_chart_goes_when_the_live_one_cannot_come(server: str, browser
     try:
         page = context.new_page()
         held: list[object] = []
-        page.route("**/static/js/BidiComponent.*.js", lambda route: held.append(route))
+        aborting: list[bool] = []  # once true, asked again (the import after its preload) fails at once
+
+        def hold(route: object) -> None:
+            held.append(route)
+            if aborting:
+                route.abort()
+
+        page.route("**/static/js/BidiComponent.*.js", hold)
         page.goto(f"{server}/run?run=small")
-        wait_until(
-            page, lambda: page.evaluate("!!document.querySelector('.metrics-first-chart .main-svg')"), timeout=60
-        )
+        wait_until(page, lambda: page.evaluate(f"{EARLY_SHOWN} !== null"), timeout=60)
         if fails == "aborted":
-            for route in held:
+            aborting.append(True)
+            for route in list(held):
                 route.abort()
             alert = ".st-key-chart_loss [data-testid=stAlertContainer]"
             wait_until(page, lambda: page.evaluate(f"!!document.querySelector({alert!r})"), timeout=30)

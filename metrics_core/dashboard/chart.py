@@ -49,8 +49,9 @@ The run page's first chart (issue 11, a fresh browser): Streamlit's page has mad
 element ~0.3 s before its lazily loaded component has drawn anything there.  Served by app.py, the
 run page's HTML asks the server for that chart's figure as it is parsed (``first_chart_tags``,
 ``FIRST_CHART_ROUTE``, ``charts.first_chart``: the page's controls as they start, the page's
-theme) and draws it, a static picture, over the live chart's element as soon as Streamlit has made
-it, until the live chart has drawn there (``assets/first_chart.js``).  The server builds the figure
+theme) ahead of Streamlit's scripts, draws it hidden as soon as it has it and plotly.js, and shows
+it, a static picture, over the live chart's element as soon as Streamlit has made it, until the
+live chart has drawn there (``assets/first_chart.js``).  The server builds the figure
 with the page's own memoised ``view_charts``, so the page view that follows finds it made.
 """
 
@@ -191,10 +192,11 @@ FIRST_CHART_ROUTE = "api/first-chart"
 
 @cache
 def first_chart_tags() -> str:
-    """For the run page's ``<head>``, after ``plotly_head_tags``: ``first_chart.js``, which draws the
-    page's first chart (``charts.first_chart``, answered at ``FIRST_CHART_ROUTE``) while Streamlit's
-    page is still starting, where the live chart will be, until the live chart has drawn; "" where
-    plotly.js is not served as a file.  Made once per process: the options it reads are fixed."""
+    """For the run page's ``<head>``, after ``plotly_head_tags``, both before Streamlit's scripts:
+    ``first_chart.js``, which draws the page's first chart (``charts.first_chart``, answered at
+    ``FIRST_CHART_ROUTE``) while Streamlit's page is still starting, shown where the live chart will
+    be until the live chart has drawn; "" where plotly.js is not served as a file.  Made once per
+    process: the options it reads are fixed."""
     if _plotly_url() is None:
         return ""
     imposed = st.get_option("theme.base")  # the page's theme when the reader has chosen none

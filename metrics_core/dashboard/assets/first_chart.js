@@ -1,12 +1,16 @@
 // The run page's first chart, drawn by the page's own HTML while Streamlit is still mounting its live
 // chart (chart.first_chart_tags; issue 11: in a fresh browser Streamlit's page has made the chart's
 // place ~0.3 s before its lazily loaded component has drawn anything there).
-// As the HTML is parsed it asks the server's first-chart route for the figure the live chart will
-// draw first (the run page's controls as they start, in the page's theme) and runs plotly.js
-// (window.__metricsRunPlotly, chart.plotly_head_tags).  Once Streamlit's page has the live chart's
-// element, it draws the figure there as a static picture on top of it (no hover, no zoom; clicks go
-// through to the page), following it as the page settles, and removes it when the live chart has
-// drawn in that element (or something there says it could not), when the page leaves this URL, when
+// As the HTML is parsed, ahead of Streamlit's scripts, it runs plotly.js (window.__metricsRunPlotly,
+// chart.plotly_head_tags: it then runs while the browser still waits for Streamlit's ~60 scripts)
+// and asks the server's first-chart route for the figure the live chart will draw first (the run
+// page's controls as they start, in the page's theme).  The figure is drawn as soon as both are
+// there, hidden, at the width the live chart will have, usually before Streamlit's page has made
+// the live chart's element (a first plotly.js draw in a fresh page costs ~100 ms, ~75 ms of which
+// compile plotly.js's drawing code; the page's own charts then find it compiled).  Once that
+// element is there, the picture is shown on top of it (no hover, no zoom; clicks go through to the
+// page), drawn again first if the width was guessed wrong, follows it as the page settles, and is
+// removed when the live chart has drawn in that element (or something there says it could not), when
 // the page's first script run ends without that element (an unreadable run, a run picker), or at
 // the latest LIVE_CHART_WAIT_MS after that run.  Never anywhere else: a picture that jumped into
 // place as the page formed would be worse than a late one.
@@ -25,13 +29,10 @@
   const page = location.href;
   const url = new URL(config.route, base);
   url.search = new URLSearchParams({ run, theme: theme() });
+  window.__metricsRunPlotly();
   fetch(url, { cache: "no-store" })
     .then((answer) => (answer.status === 200 ? answer.json() : null))
-    .then((first) => {
-      if (!first) return undefined;
-      window.__metricsRunPlotly();
-      return window.__metricsPlotly.then((Plotly) => follow(Plotly, first));
-    })
+    .then((first) => first && window.__metricsPlotly.then((Plotly) => follow(Plotly, first)))
     .catch((error) => console.warn("metrics_core: no early first chart", error));
 
   // The theme Streamlit's page takes, in its order: the page's embed options, the reader's choice in
@@ -51,6 +52,17 @@
     return matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
   }
 
+  // The live chart's width as Streamlit's wide layout makes it (measured with Streamlit 1.67: a
+  // sidebar 300 px wide beyond 768 px of viewport, the main block's padding, two columns 16 px apart
+  // beyond 640 px), before that layout exists: a wrong guess costs one more draw (~30 ms) as the
+  // picture is shown.
+  function guessWidth() {
+    const viewport = document.documentElement.clientWidth;
+    const main = viewport > 768 ? viewport - 300 : viewport;
+    const padding = viewport >= 864 ? 80 : 16;
+    return viewport > 640 ? (main - 2 * padding - 16) / 2 : main - 2 * padding;
+  }
+
   function follow(Plotly, { key, figure }) {
     const slot = `.st-key-${CSS.escape(key)}`;
     // Drawn, or failed: chart.js says why, or Streamlit could not mount the component (an alert).
@@ -58,6 +70,9 @@
       .map((inside) => `${slot} ${inside}`).join(", ");
     const finished = "[data-testid=stApp][data-test-script-state=notRunning]";
     let box = null;
+    let drawing = null; // the picture's first draw (a promise); hidden until it is in place
+    let drawnWidth = 0; // its width in CSS pixels, as last laid out
+    let shown = false;
     let frame = null;
     let ended = false;
     let expired = false; // the first script run ended LIVE_CHART_WAIT_MS ago and still no live chart
@@ -84,23 +99,33 @@
         }
       } else if (target) {
         const { left, top, width } = target.getBoundingClientRect();
-        const first = box === null;
-        const resized = !first && box.style.width !== `${width}px`;
-        if (first) {
-          box = document.createElement("div");
-          box.className = "metrics-first-chart";
-          // fixed, in the viewport's coordinates: an absolute box below the fold would make the
-          // document itself scroll, and its scrollbar shift the page twice
-          box.style.cssText = "position: fixed; z-index: 999990; pointer-events: none;";
-          document.body.appendChild(box);
-        }
+        if (box === null) draw(width);
+        const resized = Math.abs(width - drawnWidth) >= 0.5;
+        drawnWidth = width;
         Object.assign(box.style, { left: `${left}px`, top: `${top}px`, width: `${width}px` });
-        if (first) Plotly.newPlot(box, figure.data, figure.layout, { staticPlot: true });
-        else if (resized) Plotly.Plots.resize(box);
+        if (!shown) {
+          shown = true;
+          // at once, in this task, when the guess was right; a wrong one is drawn again first
+          drawing
+            .then(() => resized && Plotly.relayout(box, { autosize: true }))
+            .then(() => box.style.removeProperty("visibility"));
+        } else if (resized) Plotly.Plots.resize(box);
       }
     };
+    const draw = (width) => {
+      box = document.createElement("div");
+      box.className = "metrics-first-chart";
+      // fixed, in the viewport's coordinates: an absolute box below the fold would make the document
+      // itself scroll, and its scrollbar shift the page twice
+      box.style.cssText = `position: fixed; z-index: 999990; pointer-events: none; visibility: hidden;
+        left: 0; top: 0; width: ${width}px;`;
+      drawnWidth = width;
+      document.body.appendChild(box);
+      drawing = Plotly.newPlot(box, figure.data, figure.layout, { staticPlot: true });
+    };
     // Streamlit changes the page many times a frame while it renders: follow it once per frame, but
-    // draw in the task that made the live chart's element, so that both appear in the same frame.
+    // show the picture in the task that made the live chart's element, so that both appear in the
+    // same frame.
     const later = () => {
       if (frame !== null) return;
       frame = requestAnimationFrame(() => {
@@ -108,11 +133,12 @@
         update();
       });
     };
-    const observer = new MutationObserver(() => (box === null && document.querySelector(slot) ? update() : later()));
+    const observer = new MutationObserver(() => (!shown && document.querySelector(slot) ? update() : later()));
     observer.observe(document.documentElement, { subtree: true, childList: true, attributes: true,
       attributeFilter: ["data-test-script-state"] });
     addEventListener("scroll", later, true); // Streamlit's main block scrolls, not the document
     addEventListener("resize", later);
+    if (!document.querySelector(slot)) draw(guessWidth()); // while Streamlit's page is still starting
     update();
   }
 })();
