@@ -20,6 +20,7 @@ from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.overview import file_stem, md_text, shorten
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.widgets import (
+    PANELS_KEY,
     config_panel,
     csv_button,
     health_panel,
@@ -33,7 +34,7 @@ config = settings()
 store = get_store(config)
 load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
-st.title(md_text(shorten(name)))
+st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
 sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
                         query_params={"run": name})  # fmt: skip
@@ -56,10 +57,15 @@ def charts() -> None:
         return
     # The theme is read here: the browser reports it with each rerun, not always the first.
     options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme())
-    st.caption(f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
-               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
-    health_panel(view_findings(view))
-    config_panel(view_config(view))
+    # Above the charts, three one-line rows whatever the run: its status, the health and config
+    # buttons, the session key.  Details open on demand; the charts stay in view, in a place the
+    # page's HTML can draw the first one at before this runs (first_chart.js's guessPlace).
+    status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
+              f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
+    st.caption(status, wrap=False)
+    with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
+        health_panel(view_findings(view))
+        config_panel(view_config(view))
     session_key_panel(view)
     figures = view_charts(view, options)  # once per snapshot, options and theme, shared by tabs
     left, right = st.columns(2)

@@ -167,3 +167,22 @@ class Wire:
     @property
     def total(self) -> int:
         return sum(self.http.values()) + self.frames
+
+
+def popover_text(page: object, label: str, timeout: float = 30.0) -> str:
+    """Click the page's button that opens a panel (``st.popover``) whose label holds ``label``, once
+    it is there, and return the text of the panel it opens (drawn only when open).  Clicked again
+    until the panel is there: a click while Streamlit still mounts the page can be lost."""
+    button = page.locator("[data-testid=stPopoverButton]", has_text=label).first
+    panel = page.locator("[data-testid=stPopoverBody]").first
+
+    def opened() -> bool:
+        if panel.count():
+            return True
+        if button.count():
+            button.click(timeout=timeout * 1000)
+            page.wait_for_timeout(500)
+        return panel.count() > 0
+
+    wait_until(page, opened, timeout=timeout, interval=0.2)
+    return panel.inner_text()

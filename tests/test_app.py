@@ -173,17 +173,22 @@ def download_keys(app: AppTest) -> list[str]:
     return [button.key for button in app.get("download_button")]
 
 
+def popovers(app: AppTest, label: str) -> list[object]:
+    """The page's popovers (buttons that open a panel) whose label starts with ``label``."""
+    return [block for block in app.get("popover") if block.proto.popover.label.startswith(label)]
+
+
 def test_run_page_shows_the_config_and_what_changed_at_resume(runs_root: Path) -> None:
-    """Config expander: key → value of the latest session, opened with the LR change at S2's resume."""
+    """Config button: key → value of the latest session; its label names the LR changed at S2's resume."""
     make_run(runs_root, "alpha", sessions=2)
     add_config(runs_root, "alpha", {"optim": {"lr": 3e-4, "betas": [0.9, 0.95]}, "model": "gpt2"}, session="s0")
     add_config(runs_root, "alpha", {"optim": {"lr": 1e-4, "betas": [0.9, 0.95]}, "model": "gpt2"}, session="s1",
                step=50)  # fmt: skip
     app = open_page("run", run="alpha")
     assert not app.exception
-    (expander,) = [e for e in app.expander if e.label.startswith("Config")]
-    assert "changed at resume" in expander.label
-    config, changes = (frame.value for frame in expander.dataframe)
+    (panel,) = popovers(app, "Config")
+    assert "changed at resume: optim\\.lr" in panel.proto.popover.label  # escaped markdown
+    config, changes = (frame.value for frame in panel.dataframe)
     assert dict(zip(config["key"], config["value"], strict=True)) == {
         "optim.lr": "0.0001", "optim.betas": "[0.9, 0.95]", "model": "gpt2"}  # fmt: skip
     assert changes.to_dict("records") == [
@@ -192,12 +197,13 @@ def test_run_page_shows_the_config_and_what_changed_at_resume(runs_root: Path) -
 
 
 def test_run_page_without_config_says_how_to_log_one(runs_root: Path) -> None:
-    """No config record: a one-line hint, no expander, no table."""
+    """No config record: a one-line hint, no config button, no table."""
     make_run(runs_root, "alpha")
     app = open_page("run", run="alpha")
     assert not app.exception
-    assert not [e for e in app.expander if e.label.startswith("Config")]
-    assert any("No config logged" in caption.value for caption in app.caption)
+    assert not popovers(app, "Config")
+    (hint,) = [caption for caption in app.caption if caption.value == "No config logged"]
+    assert "write_config" in hint.proto.help
 
 
 def test_run_page_of_a_distributed_run_has_the_straggler_chart(runs_root: Path) -> None:

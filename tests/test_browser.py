@@ -10,7 +10,7 @@ import pytest
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures import STRAGGLER_TITLE
 from tests.conftest import append_bytes, append_records, base_record
-from tests.live_server import GRAPH_JS, wait_until
+from tests.live_server import GRAPH_JS, popover_text, wait_until
 
 
 @pytest.fixture(scope="module")
@@ -149,7 +149,8 @@ def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, serve
     hover = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')]
         .find(g => g.layout.title.text === {STRAGGLER_TITLE!r}).data[4].customdata[0][0]""")
     assert hover == "1"  # the slowest rank of S2's windows, shown as "slowest: rank 1"
-    config, changes = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, "[data-testid=stExpander]"))
+    popover_text(page, "Config")
+    config, changes = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, "[data-testid=stPopoverBody]"))
                                  and len(grids) == 2 and all(len(g) > 1 for g in grids) and grids)  # fmt: skip
     assert config == [["key", "value"], ["optim.lr", "0.0001"], ["model", "gpt2"]]
     assert changes[1] == ["S2", "60", "optim.lr", "0.0003", "0.0001"]

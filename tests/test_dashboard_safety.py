@@ -25,7 +25,7 @@ from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.reader import RunReader
 from tests.conftest import append_records, base_record
-from tests.test_app import open_page
+from tests.test_app import open_page, popovers
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 HOSTILE = [
@@ -319,10 +319,11 @@ def test_hostile_config_keys_and_values_stay_text_on_every_page(runs_root: Path)
                                    config={**config, "n": name}))  # fmt: skip
     app = open_page("run", run="a")
     assert not app.exception
-    table = app.expander[1].dataframe[0].value
+    (panel,) = popovers(app, "Config")
+    table = panel.dataframe[0].value
     assert dict(zip(table["key"], table["value"], strict=True))["nested.**k**"] == '["<b>x</b>"]'
     assert set(HOSTILE) - {"# heading\n- item\r\n> quote"} <= set(table["key"])  # cells: text kept as written
-    markdown = [e.value for e in (*app.caption, *app.markdown)] + [e.label for e in app.expander]
+    markdown = [e.value for e in (*app.caption, *app.markdown)] + [p.proto.popover.label for p in app.get("popover")]
     assert md_text(repr(shorten(evil_session, 40))) in " ".join(markdown)
     assert not any("](https://evil" in text or "<img" in text or "**k**" in text for text in markdown)
     app = open_page("compare", run=["a", "b"])

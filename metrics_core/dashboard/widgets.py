@@ -41,22 +41,28 @@ from metrics_core.errors import MetricsError, RunPathError
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}  # fmt: skip
+SEVERITY_COLOURS = {"error": "red", "warning": "orange", "info": "blue", "ok": "green"}  # Streamlit's text colours
 _THEME_READ = "_metrics_theme_read"  # st.session_state: a script run of this session has read the theme
 STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
 
 SAME_TAB_KEY = "same_tab_links"  # the container of SAME_TAB_JS: no gap where it is mounted
+PANELS_KEY = "run_panels"  # the run page's row of health and config buttons
+SESSION_KEY_KEY = "session_key"  # the run page's session key
 
 # Calm while live.  While a fragment reruns, Streamlit marks its elements data-stale="true" and
 # fades them to opacity 0.33 (a 1 s transition after 0.5 s: charts flicker to ~0.9 on every
 # refresh of a slow run), and the top bar's running indicator blinks.  A refresh that changes
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
 # (chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
-# gap where they are mounted.
+# gap where they are mounted.  The run page's row of health and config buttons and its session key
+# stay one line each (scrolled sideways where they do not fit), so its charts have a known place.
 CALM_CSS = f"""<style>
 [data-stale="true"] {{ opacity: 1 !important; transition: none !important; }}
 [data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) {{ visibility: hidden; }}
 .st-key-{LOADER_KEY} {{ display: none; }}
 .st-key-{SAME_TAB_KEY} {{ display: none; }}
+.st-key-{PANELS_KEY}, .st-key-{SESSION_KEY_KEY} p {{ overflow-x: auto; scrollbar-width: none; }}
+.st-key-{SESSION_KEY_KEY} p {{ white-space: nowrap; }}
 </style>"""
 
 # Links between pages open in this tab (issue 11).  The runs table's link cells are opened by
@@ -161,15 +167,17 @@ def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
 
 
 def session_key_panel(view: RunView) -> None:
-    """One key of the run's session colours for every chart on the page (charts list series only).
+    """One key of the run's session colours for every chart on the page (charts list series only),
+    on one line whatever the number of sessions (it scrolls sideways when it does not fit): the
+    charts below it never move (``CALM_CSS``).
 
     Only generated text goes into this HTML: "S2", a hex colour from the palette, and a step number.
     """
-    if len(view.sessions) < 2:
-        return
-    items = " ".join(f'<span style="color:{colour};white-space:nowrap">━ <b>{label}</b> {html.escape(what)}</span>'
+    items = " ".join(f'<span style="color:{colour}">━ <b>{label}</b> {html.escape(what)}</span>'
                      for label, colour, what in session_key(view.sessions))  # fmt: skip
-    st.markdown(f"Sessions: {items} · faint: superseded", unsafe_allow_html=True)
+    faint = " · faint: superseded" if len(view.sessions) > 1 else ""
+    with st.container(key=SESSION_KEY_KEY):
+        st.markdown(f"Sessions: {items}{faint}", unsafe_allow_html=True)
 
 
 RUNS_COLUMNS = {
@@ -297,12 +305,19 @@ def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
 
 
 def health_panel(findings: Sequence[Finding]) -> None:
-    """Diagnostics, worst first; a clean run is one line.  Messages embed session ids, bad-line
-    reasons and excerpts from the file, so they are escaped and their long tokens cut."""
+    """Diagnostics, worst first, behind one button of the run page's status row that says the
+    worst severity in its colour and names the worst check: a glance tells whether the run is
+    healthy, and a long list of findings never pushes the charts below the fold (nor moves them:
+    the row is one line whatever the findings, which lets the page's HTML draw the first chart in
+    its place before Streamlit lays the page out, chart.first_chart_tags).  Messages embed session
+    ids, bad-line reasons and excerpts from the file, so they are escaped and their long tokens cut."""
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
-    worst = min(findings, key=lambda f: order[f.severity]).severity
-    with st.expander(f"Health: {worst}", expanded=worst in ("error", "warning"), icon=SEVERITY_ICONS[worst]):
-        for finding in sorted(findings, key=lambda f: order[f.severity]):
+    ranked = sorted(findings, key=lambda f: order[f.severity])
+    worst = ranked[0]
+    more = f" (+{len(ranked) - 1} more)" if len(ranked) > 1 else ""
+    label = f"{worst.severity} — {md_text(shorten(worst.check, WORD_CHARS))}{more}" if worst.severity != "ok" else "ok"
+    with st.popover(f":{SEVERITY_COLOURS[worst.severity]}[Health: {label}]", icon=SEVERITY_ICONS[worst.severity]):
+        for finding in ranked:
             st.markdown(f"{SEVERITY_ICONS[finding.severity]} **{md_text(finding.check)}** — "
                         f"{md_text(shorten_words(finding.message))}")  # fmt: skip
 
@@ -327,15 +342,19 @@ def csv_button(label: str, make: Callable[[], str], file_name: str, key: str) ->
 
 
 def config_panel(config: RunConfig | None) -> None:
-    """The run's config as a key → value table, and what changed at each resume (then opened:
-    a learning rate changed on resume is what the user must not miss).  Keys and values are
-    dataframe cells (plain text); the session id is escaped."""
+    """The run's config as a key → value table, and what changed at each resume, behind a button
+    of the status row whose label says so (a learning rate changed on resume is what the user must
+    not miss: the label names the keys).  Keys and values are dataframe cells (plain text); the
+    session id is escaped."""
     if config is None:
-        st.caption("No config logged: pass `config=` to `training_session`, or call `write_config`.")
+        st.caption("No config logged", help="Pass `config=` to `training_session`, or call `write_config`.",
+                   width="content")  # fmt: skip
         return
-    changed = " · changed at resume" if config.changes else ""
-    with st.expander(f"Config ({len(config.values)} keys){changed}", expanded=bool(config.changes),
-                     icon=":material/tune:"):  # fmt: skip
+    changed = sorted({change.key for change in config.changes})
+    label = f"Config ({len(config.values)} keys)"
+    if changed:
+        label += f" · :orange[changed at resume: {md_text(shorten(', '.join(changed), WORD_CHARS))}]"
+    with st.popover(label, icon=":material/tune:"):
         session = f"S{config.session + 1}" if config.session is not None else "an unknown session"
         st.caption(f"From the config record of session {session} (id {md_text(repr(shorten(config.session_id, 40)))}, "
                    f"step {config.step}); {config.records} config record(s) in the run."
