@@ -16,9 +16,12 @@ import pytest
 
 from metrics_core.dashboard.charts import RUN_PAGE_OPTIONS, chart_key
 from metrics_core.dashboard.figures import THEMES
-from tests.conftest import append_records, base_record
+from tests.conftest import append_bytes, append_records, base_record
 from tests.live_server import wait_until
+from tests.test_browser_ux import eight_sessions
 from tests.test_serving import dashboard
+
+BUSY = "a-run-whose-name-is-far-too-long-for-one-line-" * 3  # eight sessions, a config changed, findings
 
 
 @pytest.fixture(scope="module")
@@ -27,6 +30,12 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     records = [base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)]
     records += [base_record(s, event="validation", val_loss=5.5 / s) for s in range(100, 501, 100)]
     append_records(root / "small" / "metrics.jsonl", *records)
+    busy = root / BUSY / "metrics.jsonl"
+    eight_sessions(busy)
+    configs = [base_record(20 * index, event="config", session=f"s{index}", config={"lr": lr, "seed": index})
+               for index, lr in enumerate((3e-4, 1e-4))]  # fmt: skip
+    append_records(busy, *configs)
+    append_bytes(busy, b'{"not": "a record"}\nnot json either\n')
     (root / "loop").symlink_to("loop")
     return root
 
@@ -75,9 +84,9 @@ EARLY_SHOWN = """(() => { const early = document.querySelector(".metrics-first-c
 })()"""
 
 # In the page, before its scripts: when the early first chart is shown and the live chart drawn,
-# where and how wide the early one is against the live chart's element at those moments (its
-# picture too: drawn at a guessed width, it must have been drawn again if that was wrong), and both
-# figures' traces.
+# where and how wide the early one is (``box``), against the live chart's element at those moments
+# if it is there (``offset``; its picture too: drawn at a guessed width, it must have been drawn
+# again if that was wrong), and both figures' traces.
 WATCH = r"""
 window.__first = {};
 // y as float32 (the live chart's typed arrays hold float32 values, the early chart's JSON their
@@ -86,8 +95,11 @@ window.__first = {};
 const values = (array) => Array.from((array && array._inputArray) || array || []);
 const float32 = (v) => (typeof v === "number" ? Math.fround(v) : v);
 const traces = (graph) => graph.data.map((t) => ({ name: t.name, x: values(t.x), y: values(t.y).map(float32) }));
+const rect = (element) => { const { left, top, width } = element.getBoundingClientRect(); return [left, top, width]; };
 const offset = (early) => {
-  const slot = document.querySelector(".st-key-chart_loss").getBoundingClientRect();
+  const place = document.querySelector(".st-key-chart_loss");
+  if (!place) return null;
+  const slot = place.getBoundingClientRect();
   const box = early.getBoundingClientRect();
   const picture = +early.querySelector(".main-svg").getAttribute("width");
   return [box.left - slot.left, box.top - slot.top, box.width - slot.width, picture - slot.width];
@@ -98,18 +110,18 @@ new MutationObserver(() => {
   const live = document.querySelector(".st-key-chart_loss .js-plotly-plot");
   if (early && !seen.early) {
     seen.early = { at: performance.now(), traces: traces(early), paper: early.layout.paper_bgcolor,
-                   events: getComputedStyle(early).pointerEvents, offset: offset(early),
+                   events: getComputedStyle(early).pointerEvents, offset: offset(early), box: rect(early),
                    overflow: document.documentElement.scrollHeight - innerHeight };
   }
   if (live && live.querySelector(".main-svg") && !seen.live) {
     seen.live = { at: performance.now(), traces: traces(live), paper: live.layout.paper_bgcolor,
-                  offset: early && offset(early) };
+                  offset: early && offset(early), box: early && rect(early) };
   }
 }).observe(document, { subtree: true, childList: true, attributes: true, attributeFilter: ["style"] });
 """.replace("EARLY_SHOWN", EARLY_SHOWN)
 
 
-DESKTOP, PHONE = {"width": 1400, "height": 1100}, {"width": 390, "height": 844}
+DESKTOP = {"width": 1400, "height": 1100}
 
 
 def watch_first_load(
@@ -135,14 +147,20 @@ def watch_first_load(
         context.close()
 
 
-def assert_drawn_first_in_place(seen: dict, theme: str) -> None:
+def assert_drawn_first_in_place(seen: dict, theme: str, *, pinned: bool = True) -> None:
+    """The early chart was shown before the live one drew, the same traces in the same theme, in
+    the live chart's place and at its width when the live chart drew.  ``pinned``: it was shown
+    there from the start and did not move (else: shown where the live chart's element then was)."""
     early, live = seen.get("early"), seen["live"]
     assert early is not None and early["at"] < live["at"], seen
     assert early["traces"] == live["traces"] and early["paper"] == live["paper"] == THEMES[theme]["paper"]
     assert early["events"] == "none"
     assert early["overflow"] <= 0  # the page itself does not scroll: Streamlit's main block does
-    for offset in (early["offset"], live["offset"]):  # shown in place, at its width; still there
-        assert offset is not None and all(abs(delta) <= 1 for delta in offset), seen
+    assert live["offset"] is not None and all(abs(delta) <= 1 for delta in live["offset"]), seen
+    if pinned:
+        assert all(abs(now - then) <= 1 for now, then in zip(live["box"], early["box"], strict=True)), seen
+    else:
+        assert early["offset"] is not None and all(abs(delta) <= 1 for delta in early["offset"]), seen
 
 
 THEME_CASES = [("light", None, "light"), ("dark", None, "dark"), ("light", "Dark", "dark"), ("dark", "Light", "light")]
@@ -191,32 +209,58 @@ def test_no_early_chart_where_the_page_shows_no_chart(server: str, page: object)
     assert not page.evaluate("!!window.__early")
 
 
-def test_on_a_phone_the_early_chart_sits_in_place_without_making_the_page_scroll(server: str, browser: object) -> None:
-    """390x844: the live chart's place is below the fold; the early picture there (fixed, in the
-    viewport's coordinates) does not make the document taller than the screen, which would give it a
-    scrollbar of its own and shift the page twice."""
-    assert_drawn_first_in_place(watch_first_load(browser, f"{server}/run?run=small", "light", viewport=PHONE), "light")
-
-
-def test_a_wrongly_guessed_width_is_drawn_again_before_it_is_shown(server: str, browser: object) -> None:
-    """The picture is drawn while Streamlit's page is still starting, at the width the live chart will
-    have as guessed from the viewport (here told wrong: a root element reported 1,000 px wider than it
-    is): when the live chart's place appears it is drawn again at that place's width before it is
-    shown, never shown stretched or cut."""
-    context = browser.new_context(viewport=DESKTOP)
+@pytest.mark.parametrize("width", [390, 700, 768, 800, 1400])
+def test_the_early_chart_is_shown_in_its_place_before_streamlit_lays_out_the_page(
+    server: str, browser: object, width: int
+) -> None:
+    """Whatever the run puts above its charts (a name too long for a line, eight sessions, a config
+    changed at resume, findings), at phone, tablet and desktop widths with and without the sidebar:
+    the picture is shown where the live chart will be while Streamlit's page does not exist yet
+    (its health check held until then), and stays there.  On a phone, where the live chart's place
+    is below the fold, the picture (fixed, in the viewport's coordinates) does not make the document
+    taller than the screen, which would give it a scrollbar of its own and shift the page twice."""
+    context = browser.new_context(viewport={"width": width, "height": 844})
     try:
-        context.add_init_script("""const native = Object.getOwnPropertyDescriptor(Element.prototype, "clientWidth");
-            Object.defineProperty(Element.prototype, "clientWidth", { configurable: true, get() {
-              const width = native.get.call(this);
-              return this === document.documentElement ? width + 1000 : width;
-            } });""")
         context.add_init_script(WATCH)
         page = context.new_page()
-        page.goto(f"{server}/run?run=small")
+        held: list[object] = []
+        released: list[bool] = []
+        page.route("**/_stcore/health", lambda route: route.continue_() if released else held.append(route))
+        page.goto(f"{server}/run?run={urllib.parse.quote(BUSY)}")
+        wait_until(page, lambda: page.evaluate(f"{EARLY_SHOWN} !== null"), timeout=60)
+        assert held and not page.evaluate("!!document.querySelector('.st-key-chart_loss')")
+        released.append(True)
+        for route in held:
+            route.continue_()
         wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
-        assert_drawn_first_in_place(page.evaluate("window.__first"), "light")
+        seen = page.evaluate("window.__first")
+        assert seen["early"]["offset"] is None  # shown before the live chart's element existed
+        assert_drawn_first_in_place(seen, "light")
     finally:
         context.close()
+
+
+def test_where_its_place_cannot_be_known_the_early_chart_waits_for_it(runs_root: Path, browser: object) -> None:
+    """A server that sets its own text size: the rows above the charts are no longer the heights the
+    picture's place is computed from, so it is drawn hidden while Streamlit's page starts, at the
+    width the live chart will have as guessed from the viewport (here told wrong: a root element
+    reported 1,000 px wider than it is), and shown only once the live chart's place exists, drawn
+    again at that place's width first: never shown in the wrong place, stretched or cut."""
+    with dashboard(runs_root, "--theme.baseFontSize", "15") as (url, _, _):
+        context = browser.new_context(viewport=DESKTOP)
+        try:
+            context.add_init_script("""const native = Object.getOwnPropertyDescriptor(Element.prototype, "clientWidth");
+                Object.defineProperty(Element.prototype, "clientWidth", { configurable: true, get() {
+                  const width = native.get.call(this);
+                  return this === document.documentElement ? width + 1000 : width;
+                } });""")
+            context.add_init_script(WATCH)
+            page = context.new_page()
+            page.goto(f"{url}/run?run=small")
+            wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
+            assert_drawn_first_in_place(page.evaluate("window.__first"), "light", pinned=False)
+        finally:
+            context.close()
 
 
 @pytest.mark.parametrize("fails", ["aborted", "never"])

@@ -188,6 +188,7 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 
 # Where the server answers the run page's first chart (app.py), relative to its base URL.
 FIRST_CHART_ROUTE = "api/first-chart"
+MEASURED_LAYOUT = "1.67."  # the Streamlit whose page layout first_chart.js's guessPlace was measured in
 
 
 @cache
@@ -195,12 +196,17 @@ def first_chart_tags() -> str:
     """For the run page's ``<head>``, after ``plotly_head_tags``, both before Streamlit's scripts:
     ``first_chart.js``, which draws the page's first chart (``charts.first_chart``, answered at
     ``FIRST_CHART_ROUTE``) while Streamlit's page is still starting, shown where the live chart will
-    be until the live chart has drawn; "" where plotly.js is not served as a file.  Made once per
-    process: the options it reads are fixed."""
+    be (before Streamlit has laid out the page) until the live chart has drawn; "" where plotly.js
+    is not served as a file.  Made once per process: the options it reads are fixed."""
     if _plotly_url() is None:
         return ""
     imposed = st.get_option("theme.base")  # the page's theme when the reader has chosen none
-    config = {"route": FIRST_CHART_ROUTE, "theme": imposed if imposed in THEMES else None}
+    # the live chart's place follows from the viewport in the layout first_chart.js was measured
+    # against, at Streamlit's default sizes of text
+    place = st.__version__.startswith(MEASURED_LAYOUT) and all(
+        st.get_option(f"theme.{size}") is None for size in ("baseFontSize", "headingFontSizes")
+    )
+    config = {"route": FIRST_CHART_ROUTE, "theme": imposed if imposed in THEMES else None, "place": place}
     script = (_ASSETS / "first_chart.js").read_text(encoding="utf-8")
     return "<script>" + script.replace("__FIRST_CHART__", json.dumps(config)) + "</script>"
 

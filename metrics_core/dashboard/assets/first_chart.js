@@ -1,26 +1,29 @@
-// The run page's first chart, drawn by the page's own HTML while Streamlit is still mounting its live
-// chart (chart.first_chart_tags; issue 11: in a fresh browser Streamlit's page has made the chart's
-// place ~0.3 s before its lazily loaded component has drawn anything there).
+// The run page's first chart, drawn by the page's own HTML before Streamlit has laid out the page
+// (chart.first_chart_tags; issue 11: in a fresh browser the picture is ready ~0.2-0.4 s before
+// Streamlit's page has made the live chart's place, and ~0.6 s before the live chart has drawn).
 // As the HTML is parsed, ahead of Streamlit's scripts, it runs plotly.js (window.__metricsRunPlotly,
 // chart.plotly_head_tags: it then runs while the browser still waits for Streamlit's ~60 scripts)
 // and asks the server's first-chart route for the figure the live chart will draw first (the run
 // page's controls as they start, in the page's theme).  The figure is drawn as soon as both are
-// there, hidden, at the width the live chart will have, usually before Streamlit's page has made
-// the live chart's element (a first plotly.js draw in a fresh page costs ~100 ms, ~75 ms of which
-// compile plotly.js's drawing code; the page's own charts then find it compiled).  Once that
-// element is there, the picture is shown on top of it (no hover, no zoom; clicks go through to the
-// page), drawn again first if the width was guessed wrong, follows it as the page settles, and is
-// removed when the live chart has drawn in that element (or something there says it could not), when
-// the page's first script run ends without that element (an unreadable run, a run picker), or at
-// the latest LIVE_CHART_WAIT_MS after that run.  Never anywhere else: a picture that jumped into
-// place as the page formed would be worse than a late one.
+// there, at the place and width the live chart will have: the run page puts a fixed number of
+// one-line rows above its charts (pages/run.py), so that place follows from the viewport's width
+// (guessPlace).  It is shown there at once, on a page Streamlit has not laid out yet, and stays
+// put while Streamlit's page forms around it (its elements pass through other places on the way).
+// Where that place cannot be known (the server sets theme font sizes) it is shown instead once
+// Streamlit has made the live chart's element, on top of it, drawn again first if its width was
+// guessed wrong, and follows that element as the page settles.  Either way it follows the element
+// when the reader scrolls or resizes, lets clicks through (no hover, no zoom), and is removed when
+// the live chart has drawn in that element (or something there says it could not), when the page's
+// first script run ends without that element (an unreadable run, a run picker), or at the latest
+// LIVE_CHART_WAIT_MS after that run.
 (() => {
   // Once the page's first script run has ended, the live chart has this long to draw before the
   // picture goes anyway (Streamlit failed to mount it, the server went away): a stale picture that
   // looks live must not stay.
   const LIVE_CHART_WAIT_MS = 5000;
   // {route: relative to the server's base URL, theme: the one the server imposes (theme.base) or
-  // null}, written in by chart.first_chart_tags.
+  // null, place: whether the live chart's place follows from the viewport}, written in by
+  // chart.first_chart_tags.
   const config = __FIRST_CHART__;
   const base = window.__streamlit && window.__streamlit.BACKEND_BASE_URL;
   const query = new URLSearchParams(location.search);
@@ -52,15 +55,22 @@
     return matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
   }
 
-  // The live chart's width as Streamlit's wide layout makes it (measured with Streamlit 1.67: a
-  // sidebar 300 px wide beyond 768 px of viewport, the main block's padding, two columns 16 px apart
-  // beyond 640 px), before that layout exists: a wrong guess costs one more draw (~30 ms) as the
-  // picture is shown.
-  function guessWidth() {
+  // The live chart's place as Streamlit's wide layout makes it, before that layout exists (measured
+  // with Streamlit 1.67 at widths from 320 to 2,560 px): a sidebar 300 px wide beyond 768 px of
+  // viewport, the main block's padding (80 px from 864 px, else 16; 8rem at the top from 768 px,
+  // else 6rem), two columns 16 px apart beyond 640 px, and above the first one the run page's rows:
+  // title, page links (stacked, one more row, up to 640 px), status, health and config, session key.
+  function guessPlace() {
     const viewport = document.documentElement.clientWidth;
-    const main = viewport > 768 ? viewport - 300 : viewport;
+    const sidebar = viewport > 768 ? 300 : 0;
     const padding = viewport >= 864 ? 80 : 16;
-    return viewport > 640 ? (main - 2 * padding - 16) / 2 : main - 2 * padding;
+    const columns = viewport > 640;
+    const main = viewport - sidebar - 2 * padding;
+    return {
+      left: sidebar + padding,
+      top: (viewport >= 768 ? 128 : 96) + 257.390625 + (columns ? 0 : 52),
+      width: columns ? (main - 16) / 2 : main,
+    };
   }
 
   function follow(Plotly, { key, figure }) {
@@ -77,6 +87,9 @@
     let ended = false;
     let expired = false; // the first script run ended LIVE_CHART_WAIT_MS ago and still no live chart
     let waiting = false;
+    // shown at the guessed place before Streamlit made the live chart's element: it stays there while
+    // the page forms, until the reader scrolls or resizes
+    let pinned = false;
     const update = () => {
       if (ended) return;
       const target = document.querySelector(slot);
@@ -91,13 +104,13 @@
       if (location.href !== page || expired || document.querySelector(drawn) || (!target && over)) {
         ended = true;
         observer.disconnect();
-        removeEventListener("scroll", later, true);
-        removeEventListener("resize", later);
+        removeEventListener("scroll", moved, true);
+        removeEventListener("resize", moved);
         if (box) {
           Plotly.purge(box);
           box.remove();
         }
-      } else if (target) {
+      } else if (target && !pinned) {
         const { left, top, width } = target.getBoundingClientRect();
         if (box === null) draw(width);
         const resized = Math.abs(width - drawnWidth) >= 0.5;
@@ -133,12 +146,22 @@
         update();
       });
     };
+    const moved = () => {
+      pinned = false;
+      later();
+    };
     const observer = new MutationObserver(() => (!shown && document.querySelector(slot) ? update() : later()));
     observer.observe(document.documentElement, { subtree: true, childList: true, attributes: true,
       attributeFilter: ["data-test-script-state"] });
-    addEventListener("scroll", later, true); // Streamlit's main block scrolls, not the document
-    addEventListener("resize", later);
-    if (!document.querySelector(slot)) draw(guessWidth()); // while Streamlit's page is still starting
+    addEventListener("scroll", moved, true); // Streamlit's main block scrolls, not the document
+    addEventListener("resize", moved);
+    const place = guessPlace();
+    if (config.place) {
+      draw(place.width);
+      pinned = shown = true;
+      Object.assign(box.style, { left: `${place.left}px`, top: `${place.top}px` });
+      drawing.then(() => box.style.removeProperty("visibility"));
+    } else if (!document.querySelector(slot)) draw(place.width); // while Streamlit's page is still starting
     update();
   }
 })();
