@@ -15,8 +15,8 @@ navigation, read in the page (``performance.now()``):
   arrived and been rendered);
 * ``plotly``: ``window.Plotly`` is set (plotly.js downloaded and run);
 * ``chart``: plotly's ``.main-svg`` of the first chart, shown — what ``bench_rivals.py`` calls drawn;
-  served, the page's HTML draws the first chart, hidden, while Streamlit's page starts, and shows it
-  where the live one will be, before it (``first_chart.js``);
+  served, the page's HTML draws the first chart while Streamlit's page starts and shows it at once
+  where the live one will be (``first_chart.js``);
 * ``live``: the same in a Streamlit element: the live chart;
 plus ``wall``: the same as seen from the benchmark, polled every 20 ms.
 Medians per mark; the difference of the two medians is what the serving layer saves there.

@@ -15,8 +15,9 @@ loopback port, a fresh headless Chromium (cold cache), then:
 
 * first chart: seconds from navigation to the first chart actually drawn, polled every 20 ms.
   "Drawn" per tool: ours a plotly ``.main-svg`` that is shown (plotly adds it when it plots; served
-  by app.py, the first is the picture the page's HTML draws from the same figure, hidden until it
-  is in the live chart's place, ``first_chart.js``; ``bench_first_chart.py`` times both); trackio a
+  by app.py, the first is the picture the page's HTML draws from the same figure, shown in the live
+  chart's place before Streamlit lays out the page, ``first_chart.js``; ``bench_first_chart.py``
+  times both); trackio a
   vega-embed ``canvas.marks`` (vega-embed creates it rendering a spec that carries the data);
   TensorBoard a scalar card's ``line-chart`` canvas whose x axis reaches past step 1 (an empty
   chart's domain is [0, 1]).
