@@ -263,6 +263,28 @@ def test_where_its_place_cannot_be_known_the_early_chart_waits_for_it(runs_root:
             context.close()
 
 
+@pytest.mark.parametrize(
+    ("query", "storage"), [("run=small&embed=true", None), ("run=small", "420")], ids=["embedded", "sidebar-resized"]
+)
+def test_an_embedded_page_or_a_resized_sidebar_makes_the_early_chart_wait_for_its_place(
+    server: str, browser: object, query: str, storage: str | None
+) -> None:
+    """Embedded (``?embed=true``: no top bar, other padding) or with a sidebar the reader dragged
+    wider (Streamlit keeps its width in localStorage), the live chart's place is not the computed
+    one: the picture waits for it, and is shown there."""
+    context = browser.new_context(viewport=DESKTOP)
+    try:
+        if storage:
+            context.add_init_script(f"localStorage.setItem('sidebarWidth', {storage!r})")
+        context.add_init_script(WATCH)
+        page = context.new_page()
+        page.goto(f"{server}/run?{query}")
+        wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
+        assert_drawn_first_in_place(page.evaluate("window.__first"), "light", pinned=False)
+    finally:
+        context.close()
+
+
 @pytest.mark.parametrize("fails", ["aborted", "never"])
 def test_the_early_chart_goes_when_the_live_one_cannot_come(server: str, browser: object, fails: str) -> None:
     """Streamlit's component code does not arrive (held until the early picture is drawn): aborted,

@@ -9,9 +9,10 @@
 // one-line rows above its charts (pages/run.py), so that place follows from the viewport's width
 // (guessPlace).  It is shown there at once, on a page Streamlit has not laid out yet, and stays
 // put while Streamlit's page forms around it (its elements pass through other places on the way).
-// Where that place cannot be known (the server sets theme font sizes) it is shown instead once
-// Streamlit has made the live chart's element, on top of it, drawn again first if its width was
-// guessed wrong, and follows that element as the page settles.  Either way it follows the element
+// Where that place cannot be known (the server sets theme font sizes, the page is embedded, the
+// reader has resized the sidebar) it is shown instead once Streamlit has made the live chart's
+// element, on top of it, drawn again first if its width was guessed wrong, and follows that
+// element as the page settles.  Either way it follows the element
 // when the reader scrolls or resizes, lets clicks through (no hover, no zoom), and is removed when
 // the live chart has drawn in that element (or something there says it could not), when the page's
 // first script run ends without that element (an unreadable run, a run picker), or at the latest
@@ -21,6 +22,7 @@
   // picture goes anyway (Streamlit failed to mount it, the server went away): a stale picture that
   // looks live must not stay.
   const LIVE_CHART_WAIT_MS = 5000;
+  const SIDEBAR_WIDTH = 300; // Streamlit's, unless the reader drags it wider
   // {route: relative to the server's base URL, theme: the one the server imposes (theme.base) or
   // null, place: whether the live chart's place follows from the viewport}, written in by
   // chart.first_chart_tags.
@@ -55,6 +57,19 @@
     return matchMedia("(prefers-color-scheme: dark)").matches ? "dark" : "light";
   }
 
+  // Whether guessPlace holds: the server's layout is the one measured, the page is not embedded
+  // (no top bar, other padding) and the reader has not resized the sidebar (Streamlit keeps its
+  // width in localStorage).
+  function placeKnown() {
+    let sidebar = null;
+    try {
+      sidebar = localStorage.getItem("sidebarWidth");
+    } catch (error) {
+      return false; // no storage: the sidebar's width cannot be read
+    }
+    return config.place && !query.has("embed") && (sidebar === null || sidebar === String(SIDEBAR_WIDTH));
+  }
+
   // The live chart's place as Streamlit's wide layout makes it, before that layout exists (measured
   // with Streamlit 1.67 at widths from 320 to 2,560 px): a sidebar 300 px wide beyond 768 px of
   // viewport, the main block's padding (80 px from 864 px, else 16; 8rem at the top from 768 px,
@@ -62,7 +77,7 @@
   // title, page links (stacked, one more row, up to 640 px), status, health and config, session key.
   function guessPlace() {
     const viewport = document.documentElement.clientWidth;
-    const sidebar = viewport > 768 ? 300 : 0;
+    const sidebar = viewport > 768 ? SIDEBAR_WIDTH : 0;
     const padding = viewport >= 864 ? 80 : 16;
     const columns = viewport > 640;
     const main = viewport - sidebar - 2 * padding;
@@ -156,7 +171,7 @@
     addEventListener("scroll", moved, true); // Streamlit's main block scrolls, not the document
     addEventListener("resize", moved);
     const place = guessPlace();
-    if (config.place) {
+    if (placeKnown()) {
       draw(place.width);
       pinned = shown = true;
       Object.assign(box.style, { left: `${place.left}px`, top: `${place.top}px` });
