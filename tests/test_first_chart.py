@@ -125,18 +125,20 @@ DESKTOP = {"width": 1400, "height": 1100}
 
 
 def watch_first_load(
-    browser: object, url: str, scheme: str, chosen: str | None = None, viewport: dict[str, int] = DESKTOP
+    browser: object, url: str, scheme: str = "light", chosen: str | None = None, init: str = ""
 ) -> dict:
     """What ``WATCH`` saw on a cold load of ``url`` in a browser whose system theme is ``scheme``
-    (and whose reader chose the theme ``chosen`` in Streamlit's settings menu), once the live chart
-    has drawn and the early one is gone."""
-    context = browser.new_context(viewport=viewport, color_scheme=scheme)
+    (and whose reader chose the theme ``chosen`` in Streamlit's settings menu; ``init``: a script
+    run first in the page), once the live chart has drawn and the early one is gone."""
+    context = browser.new_context(viewport=DESKTOP, color_scheme=scheme)
     try:
         if chosen:  # where Streamlit keeps the choice, per page path
             path = urllib.parse.urlsplit(url).path
             context.add_init_script(
                 f"localStorage.setItem('stActiveTheme-{path}-v2', {json.dumps(json.dumps(chosen))})"
             )
+        if init:
+            context.add_init_script(init)
         context.add_init_script(WATCH)
         page = context.new_page()
         page.goto(url)
@@ -246,21 +248,14 @@ def test_where_its_place_cannot_be_known_the_early_chart_waits_for_it(runs_root:
     width the live chart will have as guessed from the viewport (here told wrong: a root element
     reported 1,000 px wider than it is), and shown only once the live chart's place exists, drawn
     again at that place's width first: never shown in the wrong place, stretched or cut."""
+    wider = """const native = Object.getOwnPropertyDescriptor(Element.prototype, "clientWidth");
+        Object.defineProperty(Element.prototype, "clientWidth", { configurable: true, get() {
+          const width = native.get.call(this);
+          return this === document.documentElement ? width + 1000 : width;
+        } });"""
     with dashboard(runs_root, "--theme.baseFontSize", "15") as (url, _, _):
-        context = browser.new_context(viewport=DESKTOP)
-        try:
-            context.add_init_script("""const native = Object.getOwnPropertyDescriptor(Element.prototype, "clientWidth");
-                Object.defineProperty(Element.prototype, "clientWidth", { configurable: true, get() {
-                  const width = native.get.call(this);
-                  return this === document.documentElement ? width + 1000 : width;
-                } });""")
-            context.add_init_script(WATCH)
-            page = context.new_page()
-            page.goto(f"{url}/run?run=small")
-            wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
-            assert_drawn_first_in_place(page.evaluate("window.__first"), "light", pinned=False)
-        finally:
-            context.close()
+        seen = watch_first_load(browser, f"{url}/run?run=small", init=wider)
+    assert_drawn_first_in_place(seen, "light", pinned=False)
 
 
 @pytest.mark.parametrize(
@@ -272,17 +267,8 @@ def test_an_embedded_page_or_a_resized_sidebar_makes_the_early_chart_wait_for_it
     """Embedded (``?embed=true``: no top bar, other padding) or with a sidebar the reader dragged
     wider (Streamlit keeps its width in localStorage), the live chart's place is not the computed
     one: the picture waits for it, and is shown there."""
-    context = browser.new_context(viewport=DESKTOP)
-    try:
-        if storage:
-            context.add_init_script(f"localStorage.setItem('sidebarWidth', {storage!r})")
-        context.add_init_script(WATCH)
-        page = context.new_page()
-        page.goto(f"{server}/run?{query}")
-        wait_until(page, lambda: page.evaluate("!!window.__first.live"), timeout=60)
-        assert_drawn_first_in_place(page.evaluate("window.__first"), "light", pinned=False)
-    finally:
-        context.close()
+    init = f"localStorage.setItem('sidebarWidth', {storage!r})" if storage else ""
+    assert_drawn_first_in_place(watch_first_load(browser, f"{server}/run?{query}", init=init), "light", pinned=False)
 
 
 @pytest.mark.parametrize("fails", ["aborted", "never"])
