@@ -12,11 +12,11 @@
 // Where that place cannot be known (the server sets theme font sizes, the page is embedded, the
 // reader has resized the sidebar) it is shown instead once Streamlit has made the live chart's
 // element, on top of it, drawn again first if its width was guessed wrong, and follows that
-// element as the page settles.  Either way it follows the element
-// when the reader scrolls or resizes, lets clicks through (no hover, no zoom), and is removed when
-// the live chart has drawn in that element (or something there says it could not), when the page's
-// first script run ends without that element (an unreadable run, a run picker), or at the latest
-// LIVE_CHART_WAIT_MS after that run.
+// element as the page settles.  Either way it follows the element when the reader scrolls or
+// resizes, lets clicks through (no hover, no zoom), and is removed when the live chart has drawn
+// in that element (or something there says it could not), when the page's first script run ends
+// without that element (an unreadable run, a run picker), or at the latest LIVE_CHART_WAIT_MS
+// after that run.
 (() => {
   // Once the page's first script run has ended, the live chart has this long to draw before the
   // picture goes anyway (Streamlit failed to mount it, the server went away): a stale picture that
