@@ -26,15 +26,23 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]  # fmt: skip
 
-# In the page: whether a plotly chart is drawn and shown (the run page's early picture of its first chart
-# is drawn hidden while Streamlit's page starts, and shown once it is in the live chart's place).
+# In the page: whether a plotly chart is drawn and shown.  On a cold run page that is first the early
+# picture of its first chart (first_chart.js), shown in the live chart's place as soon as it is drawn,
+# which can be before Streamlit's page exists.
 CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
     .some(svg => getComputedStyle(svg).visibility === 'visible')"""
+# In the page: whether Streamlit's page has drawn a live chart (so its page is up), not the early picture.
+LIVE_CHART_JS = "!!document.querySelector('.js-plotly-plot:not(.metrics-first-chart) .main-svg')"
 
 
 def chart_drawn(page: object) -> bool:
     """Whether ``page`` shows a drawn plotly chart (``CHART_SHOWN_JS``)."""
     return page.evaluate(CHART_SHOWN_JS)
+
+
+def live_chart_drawn(page: object) -> bool:
+    """Whether Streamlit's page in ``page`` has drawn a live chart (``LIVE_CHART_JS``)."""
+    return page.evaluate(LIVE_CHART_JS)
 
 
 # In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs; not the early

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import append_records, base_record
-from tests.live_server import Wire, chart_drawn, streamlit_app, streamlit_server, wait_until
+from tests.live_server import Wire, live_chart_drawn, streamlit_app, streamlit_server, wait_until
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
@@ -37,20 +37,21 @@ st.plotly_chart(metric_figure([Series(view.effective("train"), "train_loss", "tr
 
 
 def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:
-    """Open ``url`` until a chart is drawn, then reload it in the same context (so with its HTTP cache)
-    and count what the reload received until a chart is drawn again and ``settle_ms`` have passed."""
+    """Open ``url`` until its live chart is drawn, then reload it in the same context (so with its HTTP
+    cache) and count what the reload received until the live chart is drawn again and ``settle_ms``
+    have passed."""
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
     try:
         page = context.new_page()
         wire = Wire(context, page)
         page.goto(url)
-        wait_until(page, lambda: chart_drawn(page), timeout=60)
+        wait_until(page, lambda: live_chart_drawn(page), timeout=60)
         page.wait_for_timeout(settle_ms)
         wire.first = dict(wire.http)  # the cold load, kept for the assertions
         wire.first_frames = wire.frames
         wire.reset()
         page.reload()
-        wait_until(page, lambda: chart_drawn(page), timeout=60)
+        wait_until(page, lambda: live_chart_drawn(page), timeout=60)
         page.wait_for_timeout(settle_ms)
         return wire
     finally:
