@@ -31,8 +31,8 @@ CHROMIUM_ARGS = [
 # which can be before Streamlit's page exists.
 CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
     .some(svg => getComputedStyle(svg).visibility === 'visible')"""
-# In the page: whether Streamlit's page has drawn a live chart (so its page is up), not the early picture.
-LIVE_CHART_JS = "!!document.querySelector('.js-plotly-plot:not(.metrics-first-chart) .main-svg')"
+# Plotly graphs drawn by Streamlit's page, not the early picture of the run page's first chart.
+LIVE_GRAPHS = ".js-plotly-plot:not(.metrics-first-chart)"
 
 
 def chart_drawn(page: object) -> bool:
@@ -40,9 +40,10 @@ def chart_drawn(page: object) -> bool:
     return page.evaluate(CHART_SHOWN_JS)
 
 
-def live_chart_drawn(page: object) -> bool:
-    """Whether Streamlit's page in ``page`` has drawn a live chart (``LIVE_CHART_JS``)."""
-    return page.evaluate(LIVE_CHART_JS)
+def live_charts_drawn(page: object, count: int = 1) -> bool:
+    """Whether Streamlit's page in ``page`` has drawn at least ``count`` live charts (so its page is
+    up, which the early picture does not say)."""
+    return page.evaluate(f"document.querySelectorAll('{LIVE_GRAPHS} .main-svg').length") >= count
 
 
 # In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs; not the early

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import append_records, base_record
-from tests.live_server import Wire, live_chart_drawn, streamlit_app, streamlit_server, wait_until
+from tests.live_server import Wire, live_charts_drawn, streamlit_app, streamlit_server, wait_until
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
@@ -45,13 +45,13 @@ def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:
         page = context.new_page()
         wire = Wire(context, page)
         page.goto(url)
-        wait_until(page, lambda: live_chart_drawn(page), timeout=60)
+        wait_until(page, lambda: live_charts_drawn(page), timeout=60)
         page.wait_for_timeout(settle_ms)
         wire.first = dict(wire.http)  # the cold load, kept for the assertions
         wire.first_frames = wire.frames
         wire.reset()
         page.reload()
-        wait_until(page, lambda: live_chart_drawn(page), timeout=60)
+        wait_until(page, lambda: live_charts_drawn(page), timeout=60)
         page.wait_for_timeout(settle_ms)
         return wire
     finally:

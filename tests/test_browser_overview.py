@@ -9,11 +9,10 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 
 from tests.conftest import append_records, base_record
-from tests.live_server import Wire, streamlit_server, wait_until
+from tests.live_server import Wire, live_charts_drawn, streamlit_server, wait_until
 from tests.test_browser_ux import (
     ROW_STATUSES_JS,
     RUN_ROWS_JS,
-    charts_drawn,
     click,
     cold_root,
     in_background,
@@ -73,7 +72,7 @@ def test_a_click_on_a_run_while_a_cold_root_loads_opens_it_in_this_tab(browser: 
             shown = lambda: f"run?run={target}" in page.evaluate(RUN_ROWS_JS)["names"]  # noqa: E731
             wait_until(page, lambda: "loading" in page.evaluate(ROW_STATUSES_JS) and shown(), timeout=60, interval=0.02)
             click(page, *row_point(page, target, 50))  # the pointer arrives ~0.2 s after loading rows were seen
-            wait_until(page, lambda: charts_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             assert page.url == f"{url}/run?run={target}" and len(context.pages) == 1
     finally:
         context.close()

@@ -17,7 +17,7 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from tests.conftest import append_records, base_record
-from tests.live_server import GRAPH_JS, chart_drawn, streamlit_app, streamlit_server, wait_until
+from tests.live_server import GRAPH_JS, chart_drawn, live_charts_drawn, streamlit_app, streamlit_server, wait_until
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
 
@@ -41,13 +41,6 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return root
 
 
-LIVE_GRAPHS = ".js-plotly-plot:not(.metrics-first-chart)"  # not the early picture of the first chart
-
-
-def charts_drawn(page: object, count: int = 1) -> bool:
-    return page.evaluate(f"document.querySelectorAll('{LIVE_GRAPHS} .main-svg').length") >= count
-
-
 def test_no_request_goes_to_another_host(page: object, server: str) -> None:
     """Every page, opened cold: each request Chromium makes (icons, fonts, scripts) goes to the dashboard server."""
     requests: list[str] = []
@@ -56,7 +49,7 @@ def test_no_request_goes_to_another_host(page: object, server: str) -> None:
         page.goto(server + path)
         page.wait_for_load_state("networkidle")
         if "run=" in path:
-            wait_until(page, lambda: charts_drawn(page), timeout=30)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=30)
         page.wait_for_timeout(1000)
     hosts = {urlsplit(url).hostname for url in requests if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
     assert hosts == {"127.0.0.1"}, sorted(url for url in requests if urlsplit(url).hostname != "127.0.0.1")
@@ -78,7 +71,7 @@ def test_nothing_fades_or_flickers_while_appends_arrive(page: object, server: st
     """200 samples while a record lands every 0.3 s: no chart container below full opacity, no running indicator."""
     path = runs_root / "live" / "metrics.jsonl"
     page.goto(f"{server}/run?run=live")
-    wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+    wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
     stop = threading.Event()
 
     def write() -> None:
@@ -109,7 +102,7 @@ def test_nothing_fades_or_flickers_while_appends_arrive(page: object, server: st
 def test_every_axis_is_titled(page: object, server: str) -> None:
     """Every chart on the run page draws an x and a y axis title."""
     page.goto(f"{server}/run?run=eight")
-    wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+    wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
     titles = page.evaluate("""() => [...document.querySelectorAll(
         '.js-plotly-plot:not(.metrics-first-chart)')].map(g => ({
         title: g.layout.title.text, x: g.querySelector('.g-xtitle')?.textContent,
@@ -137,7 +130,7 @@ def test_resume_labels_of_eight_sessions_do_not_overlap(browser: object, server:
     try:
         page = context.new_page()
         page.goto(f"{server}/run?run=eight")
-        wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+        wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
         page.wait_for_timeout(500)
         boxes = page.evaluate(LABEL_BOXES_JS)
         labels = [box for box in boxes if box["text"].startswith("S")]
@@ -159,7 +152,7 @@ def test_bare_run_page_offers_the_runs(page: object, server: str) -> None:
     assert page.locator("[data-testid=stAlertContentError]").count() == 0
     picker.locator("input").fill("live")
     page.keyboard.press("Enter")
-    wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+    wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
     assert "run=live" in page.url
 
 
@@ -171,7 +164,7 @@ def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypa
         try:
             page = context.new_page()
             page.goto(f"{url}/run?run=eight")
-            wait_until(page, lambda: charts_drawn(page, 6), timeout=30)
+            wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
             colours = wait_until(page, lambda: (c := page.evaluate("""() => [...document.querySelectorAll(
                 '.js-plotly-plot:not(.metrics-first-chart)')]
                 .map(g => [g.layout.plot_bgcolor, g.layout.font.color])""")) and
@@ -250,13 +243,13 @@ def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
         shown = row.text_content()
         wait_until(page, lambda: row.text_content() != shown)  # the table is live: redrawn with the new records
         click(page, *row_point(page, "clicked", 50))
-        wait_until(page, lambda: charts_drawn(page), timeout=30)
+        wait_until(page, lambda: live_charts_drawn(page), timeout=30)
         assert page.url == f"{server}/run?run=clicked" and len(page.context.pages) == 1
         page.go_back()
         wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
         page.wait_for_timeout(1200)  # a refresh or more
         click(page, *row_point(page, "clicked", 17))
-        wait_until(page, lambda: charts_drawn(page), timeout=30)
+        wait_until(page, lambda: live_charts_drawn(page), timeout=30)
         assert page.url == f"{server}/run?run=clicked" and len(page.context.pages) == 1
 
 

@@ -44,7 +44,7 @@ from metrics_core.dashboard.serving import (
     tcp_no_delay,
 )
 from tests.conftest import REPO, append_records, base_record
-from tests.live_server import Wire, chart_drawn, free_port, live_chart_drawn, wait_for_http, wait_until
+from tests.live_server import Wire, chart_drawn, free_port, live_charts_drawn, wait_for_http, wait_until
 
 STATIC = Path(file_util.get_static_dir())
 ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
@@ -432,7 +432,7 @@ def test_static_bundles_arrive_gzip_encoded_and_decode_to_streamlits_bytes(serve
     responses = []
     page.on("response", lambda response: responses.append(response))
     page.goto(f"{server}/run?run=small")
-    wait_until(page, lambda: live_chart_drawn(page), timeout=60)
+    wait_until(page, lambda: live_charts_drawn(page), timeout=60)
     bundles = [r for r in responses if "/static/" in r.url and r.url.endswith((".js", ".css"))]
     checked = 0
     for response in bundles:
@@ -553,7 +553,7 @@ def test_a_deep_link_as_the_first_request_runs_through_the_navigation(runs_root:
         try:
             page = context.new_page()
             page.goto(f"{url}/run?run=small")
-            wait_until(page, lambda: live_chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             title = page.title()
             nav = page.evaluate("Array.from(document.querySelectorAll('header a')).map(a => a.textContent)")
         finally:
@@ -576,7 +576,7 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
         try:
             page = context.new_page()
             page.goto(f"{url}/run?run=big")
-            wait_until(page, lambda: live_chart_drawn(page), timeout=90)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=90)
             (saved,) = cache.glob("*.mcc")  # the cold parse of 60,000 records was saved at once
             after_load = saved.stat().st_mtime_ns
             append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
@@ -604,7 +604,7 @@ def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: P
             responses = []
             page.on("response", lambda response: responses.append(response))
             page.goto(f"{url}/run?run=small")
-            wait_until(page, lambda: live_chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
         finally:
             context.close()
         headers, body = get(url + largest_static_js(), "gzip")
