@@ -14,7 +14,7 @@ import sys
 import tempfile
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -195,3 +195,62 @@ def popover_text(page: object, label: str, timeout: float = 30.0) -> str:
 
     wait_until(page, opened, timeout=timeout, interval=0.2)
     return panel.inner_text()
+
+
+@contextmanager
+def dashboard(
+    runs_root: Path, *flags: str, args: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
+    """README command 1 with Streamlit ``flags`` and the dashboard's ``args``, on a free port: yield
+    its URL, process and log (the shared fixture waits on /_stcore/health, which moves under a base
+    URL path)."""
+    port = free_port()
+    base = next((flags[i + 1] for i, flag in enumerate(flags) if flag == "--server.baseUrlPath"), "")
+    url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *flags, "--", "--runs",
+             str(runs_root), *args],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        try:
+            wait_for_http(f"{url}/_stcore/health", process, log, what="app.py")
+            yield url, process, log
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+# In the page: the runs table's row names (its run links) in drawn order, and the canvas it is drawn on.
+RUN_ROWS_JS = """() => {
+  const frame = document.querySelector('[data-testid=stDataFrame]');
+  if (!frame || !frame.querySelector('canvas')) return {names: []};
+  const box = frame.querySelector('canvas').getBoundingClientRect();
+  return {names: [...frame.querySelectorAll('tbody tr')].map(r => r.querySelector('td').textContent),
+          x: box.x, y: box.y, height: box.height};
+}"""
+
+
+GRID_ROW_PX = 35  # glide-data-grid's header and row height in Streamlit's default theme
+
+
+def row_point(page: object, name: str, x_offset: float) -> tuple[float, float]:
+    """Where run ``name``'s row is drawn on the runs table's canvas, ``x_offset`` px from its left edge
+    (a header row, then the rows, all ``GRID_ROW_PX`` high, the table scrolled to its top; the row
+    marker column is ~34 px)."""
+    table = wait_until(page, lambda: (t := page.evaluate(RUN_ROWS_JS)) and f"run?run={name}" in t["names"] and t)
+    return table["x"] + x_offset, table["y"] + GRID_ROW_PX * (table["names"].index(f"run?run={name}") + 1.5)
+
+
+def click(page: object, x: float, y: float) -> None:
+    """A person's click: the pointer arrives (the grid underlines a link under a hovering pointer), then presses."""
+    page.mouse.move(x - 8, y)
+    page.mouse.move(x, y, steps=4)
+    page.wait_for_timeout(150)
+    page.mouse.click(x, y)
+
+
+# In the page: the status cell's text of each row of the runs table (an empty list until it is drawn).
+ROW_STATUSES_JS = """() => [...document.querySelectorAll('[data-testid=stDataFrame] tbody tr')]
+  .map(r => r.querySelectorAll('td')[1].textContent)"""

@@ -9,7 +9,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from tests.conftest import append_records, base_record
+from tests.support import append_records, base_record, distributed_run, open_page, popovers, three_session_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
@@ -37,17 +37,6 @@ def make_run(root: Path, name: str, sessions: int = 1) -> None:
 def shown(markdown: str) -> str:
     """What a reader sees of escaped markdown (untrusted text is backslash-escaped)."""
     return re.sub(r"\\(.)", r"\1", markdown)
-
-
-def open_page(page: str, **query: str | list[str]) -> AppTest:
-    """The app with ``query`` in its URL, switched to ``pages/<page>.py`` (the overview is the default)."""
-    app = AppTest.from_file(APP, default_timeout=30)
-    for key, value in query.items():
-        app.query_params[key] = value
-    app.run()
-    if page != "overview":
-        app.switch_page(f"pages/{page}.py").run()
-    return app
 
 
 def test_overview_of_an_empty_root_offers_the_demo(runs_root: Path) -> None:
@@ -110,8 +99,6 @@ def test_run_page_refuses_bad_run_parameters(runs_root: Path, tmp_path: Path, ru
 
 def test_sessions_page_table_and_lost_work(runs_root: Path) -> None:
     """Three sessions: one table row each, the lost-work metrics, and a CSV export button."""
-    from tests.test_reader import three_session_run
-
     three_session_run(runs_root / "resumed" / "metrics.jsonl")
     app = open_page("sessions", run="resumed")
     assert not app.exception
@@ -173,11 +160,6 @@ def download_keys(app: AppTest) -> list[str]:
     return [button.key for button in app.get("download_button")]
 
 
-def popovers(app: AppTest, label: str) -> list[object]:
-    """The page's popovers (buttons that open a panel) whose label starts with ``label``."""
-    return [block for block in app.get("popover") if block.proto.popover.label.startswith(label)]
-
-
 def test_run_page_shows_the_config_and_what_changed_at_resume(runs_root: Path) -> None:
     """Config button: key → value of the latest session; its label names the LR changed at S2's resume."""
     make_run(runs_root, "alpha", sessions=2)
@@ -208,8 +190,6 @@ def test_run_page_without_config_says_how_to_log_one(runs_root: Path) -> None:
 
 def test_run_page_of_a_distributed_run_has_the_straggler_chart(runs_root: Path) -> None:
     """world_size > 1: a seventh chart with its CSV button, kept across history modes."""
-    from tests.test_figures import distributed_run
-
     distributed_run(runs_root / "dp" / "metrics.jsonl")
     app = open_page("run", run="dp")
     assert not app.exception
@@ -319,8 +299,6 @@ def test_overview_reads_at_a_glance(runs_root: Path) -> None:
 
 def test_sessions_page_shows_durations_as_clock_times(runs_root: Path) -> None:
     """Durations and downtimes read h:mm:ss; the CSV is named after the run."""
-    from tests.test_reader import three_session_run
-
     three_session_run(runs_root / "resumed" / "metrics.jsonl")
     app = open_page("sessions", run="resumed")
     assert not app.exception

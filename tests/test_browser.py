@@ -9,8 +9,8 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures import STRAGGLER_TITLE
-from tests.conftest import append_bytes, append_records, base_record
 from tests.live_server import GRAPH_JS, popover_text, wait_until
+from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 
 
 @pytest.fixture(scope="module")
@@ -99,8 +99,6 @@ def test_zoom_survives_live_updates(page: object, server: str, runs_root: Path) 
 
 def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, server: str, runs_root: Path) -> None:
     """A three-session run: both replay windows are shaded on the overlay, and the table lists all three."""
-    from tests.test_reader import three_session_run
-
     three_session_run(runs_root / "resumed" / "metrics.jsonl")
     page.goto(f"{server}/sessions?run=resumed")
     graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, "Loss by session"))
@@ -131,8 +129,6 @@ GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-test
 def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, server: str, runs_root: Path) -> None:
     """A 4-rank run: the rank step-time band with its slowest rank and lockstep mark; the config with the
     LR changed at resume; and on /compare the keys that differ from another run."""
-    from tests.test_figures import distributed_run
-
     path = runs_root / "ranks" / "metrics.jsonl"
     distributed_run(path)
     append_records(path, base_record(0, event="config", session="s1", config={"optim": {"lr": 3e-4}, "model": "gpt2"}))

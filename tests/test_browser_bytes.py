@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import append_records, base_record
 from tests.live_server import Wire, live_charts_drawn, streamlit_app, streamlit_server, wait_until
+from tests.support import append_records, base_record
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000

@@ -15,8 +15,8 @@ from urllib.parse import quote, unquote
 import orjson
 import pytest
 
-from tests.conftest import append_bytes, append_records, base_record
-from tests.live_server import GRAPH_JS, REPO, popover_text, streamlit_server, wait_until
+from tests.live_server import GRAPH_JS, popover_text, streamlit_server, wait_until
+from tests.support import REPO, append_bytes, append_records, base_record
 
 NORMAL = ("normal-a", "normal-b", "normal-c")
 

@@ -8,16 +8,17 @@ import threading
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from tests.conftest import append_records, base_record
-from tests.live_server import Wire, live_charts_drawn, streamlit_server, wait_until
-from tests.test_browser_ux import (
+from tests.live_server import (
     ROW_STATUSES_JS,
     RUN_ROWS_JS,
+    Wire,
     click,
-    cold_root,
-    in_background,
+    live_charts_drawn,
     row_point,
+    streamlit_server,
+    wait_until,
 )
+from tests.support import append_records, base_record, cold_root, in_background
 
 
 def appending(path: Path, steps: range, every: float = 0.3) -> AbstractContextManager[None]:

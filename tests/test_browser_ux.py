@@ -7,30 +7,28 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import AbstractContextManager, contextmanager
+from contextlib import AbstractContextManager
 from pathlib import Path
 from urllib.parse import urlsplit
 
-import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from tests.conftest import append_records, base_record
-from tests.live_server import GRAPH_JS, chart_drawn, live_charts_drawn, streamlit_app, streamlit_server, wait_until
+from tests.live_server import (
+    GRAPH_JS,
+    ROW_STATUSES_JS,
+    RUN_ROWS_JS,
+    chart_drawn,
+    click,
+    live_charts_drawn,
+    row_point,
+    streamlit_app,
+    streamlit_server,
+    wait_until,
+)
+from tests.support import append_records, base_record, cold_root, eight_sessions, in_background
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
-
-
-def eight_sessions(path: Path) -> None:
-    """Eight sessions, each resumed 20 steps after the previous one started; the last runs to step 2000."""
-    for index in range(8):
-        start = index * 20
-        append_records(path, base_record(start, event="session_start", session=f"s{index}"))
-        end = start + 20 if index < 7 else 2000
-        append_records(path, *(base_record(s, session=f"s{index}", train_loss=2.0 + 8.0 / s, tokens=100,
-                                           lr=2.5e-4, clipped_fraction=0.1, grad_norm_avg=1.0)
-                               for s in range(start + 1, end + 1)))  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -174,19 +172,6 @@ def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypa
             context.close()
 
 
-@contextmanager
-def in_background(work: Callable[[threading.Event], None]) -> Iterator[None]:
-    """``work(stop)`` on a thread while the block runs; then ``stop`` is set and the thread joined."""
-    stop = threading.Event()
-    thread = threading.Thread(target=work, args=(stop,))
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManager[None]:
     """A real writer appending a record to run ``name`` every ``every`` s: its overview row changes at every refresh."""
 
@@ -199,35 +184,6 @@ def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManage
                 stop.wait(every)
 
     return in_background(write)
-
-
-# In the page: the runs table's row names (its run links) in drawn order, and the canvas it is drawn on.
-RUN_ROWS_JS = """() => {
-  const frame = document.querySelector('[data-testid=stDataFrame]');
-  if (!frame || !frame.querySelector('canvas')) return {names: []};
-  const box = frame.querySelector('canvas').getBoundingClientRect();
-  return {names: [...frame.querySelectorAll('tbody tr')].map(r => r.querySelector('td').textContent),
-          x: box.x, y: box.y, height: box.height};
-}"""
-
-
-GRID_ROW_PX = 35  # glide-data-grid's header and row height in Streamlit's default theme
-
-
-def row_point(page: object, name: str, x_offset: float) -> tuple[float, float]:
-    """Where run ``name``'s row is drawn on the runs table's canvas, ``x_offset`` px from its left edge
-    (a header row, then the rows, all ``GRID_ROW_PX`` high, the table scrolled to its top; the row
-    marker column is ~34 px)."""
-    table = wait_until(page, lambda: (t := page.evaluate(RUN_ROWS_JS)) and f"run?run={name}" in t["names"] and t)
-    return table["x"] + x_offset, table["y"] + GRID_ROW_PX * (table["names"].index(f"run?run={name}") + 1.5)
-
-
-def click(page: object, x: float, y: float) -> None:
-    """A person's click: the pointer arrives (the grid underlines a link under a hovering pointer), then presses."""
-    page.mouse.move(x - 8, y)
-    page.mouse.move(x, y, steps=4)
-    page.wait_for_timeout(150)
-    page.mouse.click(x, y)
 
 
 def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
@@ -311,21 +267,6 @@ def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
     assert ours <= 3 * bare + 0.5
 
 
-def cold_root(root: Path, *, small: int, big: int, big_records: int) -> None:
-    """``small`` runs of 50 records (``small000``…) and ``big`` runs of ``big_records`` (``big0``…, ~250 B
-    each: read by the store's loader, last) whose last records are an hour newer, so they lead the table
-    once the loader peeked at their tails."""
-    for number in range(small):
-        append_records(root / f"small{number:03d}" / "metrics.jsonl",
-                       *(base_record(s, train_loss=1.0 / s) for s in range(10, 510, 10)))  # fmt: skip
-    newest = "2026-11-29T11:00:00.000000+00:00"
-    lines = b"".join(orjson.dumps(base_record(s, session="big", train_loss=1.0, time=newest)) + b"\n"
-                     for s in range(1, big_records + 1))  # fmt: skip
-    for number in range(big):
-        (root / f"big{number}").mkdir()
-        (root / f"big{number}" / "metrics.jsonl").write_bytes(lines)
-
-
 def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser: object, tmp_path: Path) -> None:
     """150 small runs and 3 big ones: the table is drawn (first page of 100, a caption counting all 153) while
     the big runs, newest by their tails, still show ``loading`` (the store's loader reads them after the
@@ -346,6 +287,3 @@ def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser:
         context.close()
 
 
-# In the page: the status cell's text of each row of the runs table (an empty list until it is drawn).
-ROW_STATUSES_JS = """() => [...document.querySelectorAll('[data-testid=stDataFrame] tbody tr')]
-  .map(r => r.querySelectorAll('td')[1].textContent)"""

@@ -12,8 +12,7 @@ import pytest
 
 from metrics_core.cache import CachePolicy, save
 from metrics_core.reader import RunReader
-from tests.conftest import append_bytes, base_record
-from tests.test_hostile_lines import HOSTILE, line, snapshot
+from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
 
 
 class Clock:

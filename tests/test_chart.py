@@ -31,7 +31,7 @@ from metrics_core.dashboard.charts import (
 )
 from metrics_core.dashboard.figures import Figure, figure_of
 from metrics_core.dashboard.store import RunStore
-from tests.conftest import append_records, base_record
+from tests.support import append_records, base_record
 
 
 def line(xs: list[float], title: str = "t", mode: str | None = None) -> Figure:

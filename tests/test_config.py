@@ -27,7 +27,7 @@ from metrics_core.dashboard.config import (
 )
 from metrics_core.dashboard.store import RunStore
 from metrics_core.reader import RunReader
-from tests.conftest import append_records, base_record
+from tests.support import append_records, base_record
 
 CONFIG = {"optim": {"lr": 3e-4, "betas": [0.9, 0.95], "sched": {"warmup": 100}}, "model": "gpt2", "fp16": True,
           "seed": None, "tags": {}}  # fmt: skip

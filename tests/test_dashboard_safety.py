@@ -24,8 +24,7 @@ from metrics_core.dashboard.overview import (
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.reader import RunReader
-from tests.conftest import append_records, base_record
-from tests.test_app import open_page, popovers
+from tests.support import append_records, base_record, open_page, popovers
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 HOSTILE = [

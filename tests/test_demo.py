@@ -12,7 +12,7 @@ from pathlib import Path
 
 from metrics_core.reader import RunReader
 from metrics_core.runs import find_runs
-from tests.conftest import spawn_python
+from tests.support import spawn_python
 
 
 def test_demo_trains_crashes_and_resumes(tmp_path: Path) -> None:

@@ -14,8 +14,7 @@ from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindo
 from metrics_core.analysis import lost_work, replay_windows, session_table
 from metrics_core.diagnostics import Finding, diagnose, diagnose_from_scratch, diagnose_reader
 from metrics_core.reader import RunReader
-from tests.conftest import append_bytes, append_records, base_record
-from tests.test_reader import three_session_run
+from tests.support import append_bytes, append_records, base_record, three_session_run
 
 
 def read(path: Path) -> RunReader:

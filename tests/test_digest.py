@@ -16,8 +16,7 @@ from metrics_core.analysis import lost_work
 from metrics_core.digest import LineFollower, RunDigest, clean, fit, last_records, shorten, width
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
-from tests.conftest import append_bytes, append_records, base_record
-from tests.test_reader import three_session_run
+from tests.support import append_bytes, append_records, base_record, three_session_run
 
 SESSION_FIELDS = (
     "session_id", "index", "first_step", "last_step", "records", "downtime_s", "steps_replayed",

@@ -18,7 +18,7 @@ from metrics_core import RecordValueError, TrainingState
 from metrics_core.distributed import SilentWriter, rank_health
 from metrics_core.session import training_session
 from metrics_core.writer import RunContext
-from tests.conftest import REPO, read_records
+from tests.support import REPO, read_records
 
 WORLD = 4
 JOIN_TIMEOUT_S = 45  # hard limit on every wait for the children; leftovers are killed

@@ -13,7 +13,7 @@ import numpy as np
 from metrics_core.diagnostics import diagnose_reader
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
-from tests.conftest import REPO
+from tests.support import REPO
 
 EXAMPLE = str(REPO / "examples" / "train_torch.py")
 

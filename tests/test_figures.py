@@ -30,8 +30,7 @@ from metrics_core.dashboard.figures import (
 from metrics_core.dashboard.store import RunStore
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import RunReader
-from tests.conftest import append_records, base_record
-from tests.test_reader import three_session_run
+from tests.support import append_records, base_record, distributed_run, rank_window, three_session_run
 
 
 @pytest.fixture
@@ -177,21 +176,6 @@ def test_gap_markers_of_a_long_run_stay_bounded(tmp_path: Path) -> None:
 
 
 # -- the straggler chart of a data-parallel run --------------------------------------------------
-
-
-def rank_window(step: int, *, session: str = "s1", slowest: int = 3, lockstep: bool = True, **values: object) -> dict:
-    """A train record as DistributedWindow writes it on a 4-rank job: rank 0.10 s, the slowest 0.10–0.16 s."""
-    fields = {"train_loss": 1.0 / step, "world_size": 4, "slowest_rank": slowest, "rank_step_time_min_s": 0.1,
-              "rank_step_time_max_s": 0.1 + 0.01 * (step // 10 % 7), "rank_tokens_per_s_min": 900.0,
-              "rank_tokens_per_s_max": 1000.0, "ranks_in_lockstep": lockstep}  # fmt: skip
-    return base_record(step, session=session, **{**fields, **values})
-
-
-def distributed_run(path: Path) -> None:
-    """Two sessions of a 4-rank job (S2 resumes at 60); the window at step 50 had ranks out of lockstep."""
-    append_records(path, *(rank_window(s, lockstep=s != 50) for s in range(10, 101, 10)))
-    append_records(path, base_record(60, event="session_start", session="s2"))
-    append_records(path, *(rank_window(s, session="s2", slowest=1) for s in range(70, 151, 10)))
 
 
 def test_straggler_band_spans_fastest_to_slowest_and_names_the_slowest_rank(tmp_path: Path) -> None:

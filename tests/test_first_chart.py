@@ -16,10 +16,8 @@ import pytest
 
 from metrics_core.dashboard.charts import RUN_PAGE_OPTIONS, chart_key
 from metrics_core.dashboard.figures import THEMES
-from tests.conftest import append_bytes, append_records, base_record
-from tests.live_server import wait_until
-from tests.test_browser_ux import eight_sessions
-from tests.test_serving import dashboard
+from tests.live_server import dashboard, wait_until
+from tests.support import append_bytes, append_records, base_record, eight_sessions
 
 BUSY = "a-run-whose-name-is-far-too-long-for-one-line-" * 3  # eight sessions, a config changed, findings
 

@@ -7,7 +7,6 @@ and a differential fuzz test feeds hypothesis-generated files to all three.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import shutil
@@ -22,42 +21,11 @@ from hypothesis import strategies as st
 
 from metrics_core.reader import RunReader
 from metrics_core.records import check_lines, check_record
-from tests.conftest import append_bytes, base_record
+from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
 
 PER_LINE, BULK = 1 << 40, 0
 TAIL_LINES = 300
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end")
-
-
-def line(record: dict[str, Any]) -> bytes:
-    """One compact JSON line; the standard library also writes integers beyond 64 bits."""
-    return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode() + b"\n"
-
-
-def snapshot(reader: RunReader) -> dict[str, Any]:
-    """Everything a page or the CLI can ask of a reader, as plain comparable values (never raises)."""
-    frames = {}
-    for event in reader.events:
-        frame = reader.frame(event)
-        frames[event] = {
-            name: (
-                str(column.dtype),
-                [None if isinstance(v, float) and math.isnan(v) else v for v in column.astype(object).tolist()],
-            )
-            for name, column in frame.items()
-        }
-        frames[event]["time"] = ("ns", frame["time"].astype("int64").tolist())
-        frames[event]["__superseded"] = ("bool", reader.superseded(event).tolist())
-        frames[event]["__effective"] = ("int", len(reader.effective(event)))
-    return {
-        "records": reader.records,
-        "bad": [(bad.line, bad.reason) for bad in reader.bad_line_samples],
-        "bad_lines": reader.bad_lines,
-        "frames": frames,
-        "sessions": reader.sessions,
-        "pending": reader.pending_bytes,
-        "versions": reader.schema_versions,
-    }
 
 
 def read_all_ways(path: Path, data: bytes) -> list[dict[str, Any]]:
@@ -85,38 +53,7 @@ def read_all_ways(path: Path, data: bytes) -> list[dict[str, Any]]:
     return results
 
 
-# -- each class of hostile line the adversarial review found -----------------------------------
-
-HOSTILE = {
-    "step 2^63": line(base_record(5) | {"step": 1 << 63}),
-    "tokens_seen 2^63": line(base_record(5) | {"tokens_seen": 1 << 63}),
-    "skipped_updates 2^64-1": line(base_record(5) | {"skipped_updates": (1 << 64) - 1}),
-    "schema_version 2^63": line(base_record(5) | {"schema_version": 1 << 63}),
-    "step -2^63-1": line(base_record(5) | {"step": -(1 << 63) - 1}),
-    "step 1e400": line(base_record(5))[:-1].replace(b'"step":5', b'"step":1e400') + b"\n",
-    "year 1500": line(base_record(5) | {"time": "1500-01-01T00:00:00+00:00"}),
-    "year 2263": line(base_record(5) | {"time": "2263-01-01T00:00:00+00:00"}),
-    "year 2300": line(base_record(5) | {"time": "2300-06-01T00:00:00+00:00"}),
-    "year 9999": line(base_record(5) | {"time": "9999-12-31T23:59:59.999999+00:00"}),
-    "hour 24 in the writer's shape": line(base_record(5) | {"time": "2026-11-29T24:00:00.000000+00:00"}),
-    "second 60 in the writer's shape": line(base_record(5) | {"time": "2026-11-29T10:00:60.000000+00:00"}),
-    "Arabic-Indic digit, writer's shape": line(base_record(5) | {"time": "2026-11-29T10:00:0\u0665.000000+00:00"}),
-    "year 1 at +14:00": line(base_record(5) | {"time": "0001-01-01T00:00:00+14:00"}),
-    "NaN literal": line(base_record(5, train_loss=1.0)).replace(b'"train_loss":1.0', b'"train_loss":NaN'),
-    "Infinity literal": line(base_record(5, train_loss=1.0)).replace(b'"train_loss":1.0', b'"train_loss":Infinity'),
-    "invalid UTF-8": line(base_record(5, note="ab")).replace(b'"ab"', b'"a\xff\xfeb"'),
-    "lone surrogate": line(base_record(5, note="ab")).replace(b'"ab"', b'"\\ud800"'),
-    "repeated event": line(base_record(5))[:-2] + b',"event":"validation"}\n',
-    "repeated step, escaped": line(base_record(5))[:-2] + b',"\\u0073tep":6}\n',
-    "10k-deep nesting": line(base_record(5))[:-2] + b',"x":' + b"[" * 10_000 + b"]" * 10_000 + b"}\n",
-    "50k fields": line({**base_record(5), **{f"k{i}": i for i in range(50_000)}}),
-    "2 MB line": line(base_record(5, note="x" * (2 << 20))),
-    "not an object": b"[1, 2, 3]\n",
-    # Two objects on one line and a blank line: as many rows as lines, yet not one record per line.
-    "two records on one line, then a blank line": line(base_record(5))[:-1] + line(base_record(5)) + b"\n",
-    "2k-deep object nesting": line(base_record(5))[:-2] + b',"x":' + b'{"a":' * 2_000 + b"1" + b"}" * 2_000 + b"}\n",
-    "random bytes": bytes(range(256)).replace(b"\n", b"") + b"\n",
-}
+# -- each class of hostile line the adversarial review found (support.HOSTILE) -------------------
 
 
 @pytest.mark.parametrize("hostile", list(HOSTILE), ids=list(HOSTILE))

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from metrics_core.diagnostics import diagnose_reader
 from metrics_core.reader import RunReader
-from tests.conftest import REPO, read_records
+from tests.support import REPO, read_records
 
 # The child: trains a 2-layer GPT-2 for 40 optimizer steps (batch 4, 2 accumulation steps), logs
 # every 5, saves every 10, evaluates every 20.  --hang-at N stops it dead after step N (to be

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from metrics_core.diagnostics import diagnose_reader
 from metrics_core.integrations.lightning import MetricsLogger
 from metrics_core.reader import RunReader
-from tests.conftest import read_records
+from tests.support import read_records
 
 VOCAB = 32
 

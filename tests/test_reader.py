@@ -12,7 +12,7 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
 from metrics_core.reader import RunReader
-from tests.conftest import append_bytes, append_records, base_record
+from tests.support import append_bytes, append_records, base_record, three_session_run
 
 
 @pytest.fixture
@@ -262,25 +262,6 @@ def test_rewritten_file_of_larger_size_is_detected(metrics: Path) -> None:
     assert reader.refresh() == 10
     assert reader.resets == 1
     assert reader.frame("train")["step"].tolist() == list(range(50, 60))
-
-
-def three_session_run(path: Path) -> None:
-    """s1: steps 0..100, crash; s2 resumes at 60 (..150); s3 resumes at 120 (..200). Windows every 10."""
-    for session, start, end, resumed in (("s1", 0, 100, None), ("s2", 60, 150, 60), ("s3", 120, 200, 120)):
-        records = [
-            base_record(
-                start,
-                event="session_start",
-                session=session,
-                discarded_bytes=0 if resumed is None else 17,
-                resumed_from_step=resumed,
-            )
-        ]
-        for step in range(start + 10, end + 1, 10):
-            records.append(base_record(step, session=session, train_loss=10.0 / step, tokens=1000))
-            if step % 50 == 0:
-                records.append(base_record(step, event="validation", session=session, val_loss=20.0 / step))
-        append_records(path, *records)
 
 
 @pytest.mark.parametrize("bulk_threshold", [0, 1 << 40], ids=["pyarrow", "per-line"])

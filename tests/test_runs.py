@@ -12,7 +12,7 @@ from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingSt
 from metrics_core.errors import RunPathError
 from metrics_core.reader import RunReader
 from metrics_core.runs import find_runs, resolve_run, run_status
-from tests.conftest import append_bytes, append_records, base_record
+from tests.support import append_bytes, append_records, base_record
 
 
 def make_run(directory: Path) -> None:

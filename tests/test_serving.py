@@ -9,21 +9,16 @@ import asyncio
 import base64
 import gzip
 import http.client
-import os
 import random
 import re
 import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
 from pathlib import Path
-from typing import IO
 
 import anyio
 import pytest
@@ -43,8 +38,8 @@ from metrics_core.dashboard.serving import (
     static_files,
     tcp_no_delay,
 )
-from tests.conftest import REPO, append_records, base_record
-from tests.live_server import Wire, chart_drawn, free_port, live_charts_drawn, wait_for_http, wait_until
+from tests.live_server import Wire, chart_drawn, dashboard, live_charts_drawn, wait_until
+from tests.support import REPO, append_records, base_record
 
 STATIC = Path(file_util.get_static_dir())
 ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
@@ -503,31 +498,6 @@ def test_the_st_app_server_honours_the_projects_config(server: str, page: object
     assert extensions.startswith("permessage-deflate")
     assert sessions[0].config.toolbar_mode == Config.ToolbarMode.VIEWER
     assert not sessions[0].config.gather_usage_stats
-
-
-@contextmanager
-def dashboard(
-    runs_root: Path, *flags: str, args: Sequence[str] = ()
-) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
-    """README command 1 with Streamlit ``flags`` and the dashboard's ``args``, on a free port: yield
-    its URL, process and log (the shared fixture waits on /_stcore/health, which moves under a base
-    URL path)."""
-    port = free_port()
-    base = next((flags[i + 1] for i, flag in enumerate(flags) if flag == "--server.baseUrlPath"), "")
-    url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
-    with tempfile.TemporaryFile() as log:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *flags, "--", "--runs",
-             str(runs_root), *args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
-        try:
-            wait_for_http(f"{url}/_stcore/health", process, log, what="app.py")
-            yield url, process, log
-        finally:
-            if process.poll() is None:
-                process.kill()
-                process.wait()
 
 
 def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:

@@ -13,7 +13,7 @@ from metrics_core import RecordValueError, TrainingState
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
 from metrics_core.session import new_session_id, training_session
-from tests.conftest import append_bytes, read_records, spawn_python
+from tests.support import append_bytes, read_records, spawn_python
 
 
 def test_finished_session_logs_start_windows_and_end(tmp_path: Path) -> None:

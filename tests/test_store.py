@@ -16,7 +16,7 @@ from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.charts import ChartOptions, view_charts
 from metrics_core.dashboard.store import RunStore, view_summary
 from metrics_core.reader import RunReader
-from tests.conftest import append_bytes, append_records, base_record
+from tests.support import append_bytes, append_records, base_record
 
 
 def test_views_are_reused_until_the_file_changes(tmp_path: Path) -> None:

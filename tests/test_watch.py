@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.watch import RunsWatcher, filesystem_type
-from tests.conftest import append_records, base_record
+from tests.support import append_records, base_record
 
 
 def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:

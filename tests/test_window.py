@@ -15,7 +15,7 @@ from metrics_core import (
     TrainingState,
     TrainingWindow,
 )
-from tests.conftest import read_records
+from tests.support import read_records
 
 SUMMARY_KEYS = {
     "train_loss",

@@ -34,7 +34,7 @@ from metrics_core.reader import RunReader
 from metrics_core.runs import run_status, write_failure
 from metrics_core.session import training_session
 from metrics_core.writer import MAX_CONFIG_BYTES
-from tests.conftest import read_records, spawn_python
+from tests.support import read_records, spawn_python
 
 
 def test_path_is_metrics_jsonl_and_directory_is_created(run: RunContext) -> None:
