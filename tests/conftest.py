@@ -20,11 +20,23 @@ def browser() -> Iterator[object]:
 
 
 @pytest.fixture(scope="module")
-def server(runs_root: Path) -> Iterator[str]:
-    """The dashboard serving the module's ``runs_root`` fixture, once per module."""
+def served_root(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The runs root of the module's shared dashboard, made once per module: empty, then filled by the
+    module's ``served_runs(root)`` if it defines one (a fixture reading its requesting module, as in
+    pytest's "Fixtures can introspect the requesting test context")."""
+    root = tmp_path_factory.mktemp(request.module.__name__.rpartition(".")[2])
+    served_runs = getattr(request.module, "served_runs", None)
+    if served_runs is not None:
+        served_runs(root)
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(served_root: Path) -> Iterator[str]:
+    """The dashboard serving ``served_root``, once per module."""
     from tests.live_server import streamlit_server
 
-    with streamlit_server(runs_root) as url:
+    with streamlit_server(served_root) as url:
         yield url
 
 
@@ -41,3 +53,12 @@ def page(browser: object) -> Iterator[object]:
 def run(tmp_path: Path) -> RunContext:
     """A run context in a fresh, not yet existing run directory."""
     return RunContext(tmp_path / "runs" / "exp1", run_id="exp1", session_id="s1")
+
+
+@pytest.fixture
+def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """An empty runs root, the one the app reads (``METRICS_RUNS_DIR``), for the tests that run pages in-process."""
+    root = tmp_path / "runs"
+    root.mkdir()
+    monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
+    return root

@@ -109,6 +109,11 @@ def snapshot(reader: RunReader) -> dict[str, Any]:
 # -- runs ----------------------------------------------------------------------------------------
 
 
+def small_run(path: Path) -> None:
+    """One session of 50 train records, a window every 10 steps to step 500, the loss falling as 5/step."""
+    append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
+
+
 def three_session_run(path: Path) -> None:
     """s1: steps 0..100, crash; s2 resumes at 60 (..150); s3 resumes at 120 (..200). Windows every 10."""
     for session, start, end, resumed in (("s1", 0, 100, None), ("s2", 60, 150, 60), ("s3", 120, 200, 120)):

@@ -14,14 +14,6 @@ from tests.support import append_records, base_record, distributed_run, open_pag
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 
 
-@pytest.fixture
-def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "runs"
-    root.mkdir()
-    monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
-    return root
-
-
 def make_run(root: Path, name: str, sessions: int = 1) -> None:
     for index in range(sessions):
         start = index * 50

@@ -13,11 +13,6 @@ from tests.live_server import GRAPH_JS, popover_text, wait_until
 from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 
 
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("browser_runs")
-
-
 def loss(page: object) -> dict | None:
     return page.evaluate(GRAPH_JS, "Loss")
 
@@ -35,9 +30,9 @@ def open_run(page: object, server: str, name: str, expect_last_step: int) -> dic
     )
 
 
-def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, server: str, runs_root: Path) -> None:
+def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, server: str, served_root: Path) -> None:
     """Six real plotly graphs; the loss chart holds exactly the effective history and marks each resume."""
-    path = runs_root / "drawn" / "metrics.jsonl"
+    path = served_root / "drawn" / "metrics.jsonl"
     append_records(path, *(base_record(s, session="a", train_loss=10.0 / s) for s in range(10, 101, 10)))
     append_records(path, base_record(60, event="session_start", session="b"))
     append_records(path, *(base_record(s, session="b", train_loss=20.0 / s) for s in range(70, 151, 10)))
@@ -55,10 +50,10 @@ def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, 
 
 
 def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
-    page: object, server: str, runs_root: Path
+    page: object, server: str, served_root: Path
 ) -> None:
     """A record from a real writer shows up live; half a line is not drawn until it is completed."""
-    run = RunContext(runs_root / "live", "live", "s1")
+    run = RunContext(served_root / "live", "live", "s1")
     state = TrainingState()
     with MetricsWriter(run) as writer:
         for step in range(10, 51, 10):
@@ -77,9 +72,9 @@ def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
     assert wait_until(page, lambda: train_points(loss(page))[-1] == (70, 0.25))
 
 
-def test_zoom_survives_live_updates(page: object, server: str, runs_root: Path) -> None:
+def test_zoom_survives_live_updates(page: object, server: str, served_root: Path) -> None:
     """A user's box-zoom stays put while new records stream in and are drawn."""
-    path = runs_root / "zoom" / "metrics.jsonl"
+    path = served_root / "zoom" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1001, 10)))
     open_run(page, server, "zoom", 1000)
     plot = page.locator(".js-plotly-plot:not(.metrics-first-chart)").filter(has_text="Loss").locator(".nsewdrag").first
@@ -97,9 +92,9 @@ def test_zoom_survives_live_updates(page: object, server: str, runs_root: Path) 
     assert after["autorange"] is False
 
 
-def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, server: str, runs_root: Path) -> None:
+def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, server: str, served_root: Path) -> None:
     """A three-session run: both replay windows are shaded on the overlay, and the table lists all three."""
-    three_session_run(runs_root / "resumed" / "metrics.jsonl")
+    three_session_run(served_root / "resumed" / "metrics.jsonl")
     page.goto(f"{server}/sessions?run=resumed")
     graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, "Loss by session"))
     rects = [shape for shape in graph["shapes"] if shape["type"] == "rect"]
@@ -112,11 +107,13 @@ def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, s
     assert "s3" in rows.nth(2).inner_text()
 
 
-def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(page: object, server: str, runs_root: Path) -> None:
+def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(
+    page: object, server: str, served_root: Path
+) -> None:
     """A colleague's link to a run that has not written yet turns into its charts without a reload."""
     page.goto(f"{server}/run?run=later")
     wait_until(page, lambda: page.get_by_text("no run there").count() > 0)
-    append_records(runs_root / "later" / "metrics.jsonl", *(base_record(s, train_loss=1.0) for s in (10, 20)))
+    append_records(served_root / "later" / "metrics.jsonl", *(base_record(s, train_loss=1.0) for s in (10, 20)))
     assert wait_until(page, lambda: (g := loss(page)) and train_points(g)[-1][0] == 20)
 
 
@@ -126,14 +123,14 @@ GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-test
   [...frame.querySelectorAll('table tr')].map(row => [...row.querySelectorAll('th, td')].map(c => c.textContent)))"""
 
 
-def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, server: str, runs_root: Path) -> None:
+def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, server: str, served_root: Path) -> None:
     """A 4-rank run: the rank step-time band with its slowest rank and lockstep mark; the config with the
     LR changed at resume; and on /compare the keys that differ from another run."""
-    path = runs_root / "ranks" / "metrics.jsonl"
+    path = served_root / "ranks" / "metrics.jsonl"
     distributed_run(path)
     append_records(path, base_record(0, event="config", session="s1", config={"optim": {"lr": 3e-4}, "model": "gpt2"}))
     append_records(path, base_record(60, event="config", session="s2", config={"optim": {"lr": 1e-4}, "model": "gpt2"}))
-    append_records(runs_root / "ranks-other" / "metrics.jsonl", base_record(10, train_loss=1.0),
+    append_records(served_root / "ranks-other" / "metrics.jsonl", base_record(10, train_loss=1.0),
                    base_record(10, event="config", config={"optim": {"lr": 1e-4}, "model": "llama"}))  # fmt: skip
     page.goto(f"{server}/run?run=ranks")
     graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, STRAGGLER_TITLE))
@@ -157,11 +154,11 @@ def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, serve
     assert diff[0][1:] == ["ranks", "ranks-other"]
 
 
-def test_a_live_update_sends_only_the_new_points(page: object, server: str, runs_root: Path) -> None:
+def test_a_live_update_sends_only_the_new_points(page: object, server: str, served_root: Path) -> None:
     """Ten records appended to a 1,000-record run reach the page in a few KB (extended traces), not
     the ~150 KB of six whole figures, and the drawn data is exactly the run's (steps beyond what
     the drawn arrays' integer type holds included)."""
-    path = runs_root / "bytes" / "metrics.jsonl"
+    path = served_root / "bytes" / "metrics.jsonl"
     record = lambda s: base_record(s, train_loss=5.0 / s, grad_norm_avg=1.0, lr=1e-4)  # noqa: E731
     append_records(path, *map(record, range(10, 10_001, 10)))
     received: list[int] = []
@@ -181,10 +178,10 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, runs
 
 
 def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(
-    page: object, server: str, runs_root: Path
+    page: object, server: str, served_root: Path
 ) -> None:
     """The session remembers what it sent, the new page does not hold it: it asks, and is sent, the whole figure."""
-    path = runs_root / "back" / "metrics.jsonl"
+    path = served_root / "back" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 101, 10)))
     open_run(page, server, "back", 100)
     # Away and back by the pages' own links: the same session, no browser history (a history
@@ -199,11 +196,11 @@ def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(
 
 
 def test_zooming_in_draws_every_raw_record_in_range_and_zooming_out_the_whole_run(
-    page: object, server: str, runs_root: Path
+    page: object, server: str, served_root: Path
 ) -> None:
     """A 30k-record run: zoomed to 1,000 records, all 1,000 are drawn raw (the whole-run chart holds a
     fraction there), the zoom stays through a live update, and autoscale returns to the whole run."""
-    path = runs_root / "deep" / "metrics.jsonl"
+    path = served_root / "deep" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=2.0 + 1.0 / s) for s in range(10, 300_001, 10)))
     open_run(page, server, "deep", 300_000)
     in_range = lambda graph: [x for x, _ in train_points(graph) if 100_005 <= x <= 110_000]  # noqa: E731
@@ -256,12 +253,12 @@ new MutationObserver(() => {
 
 
 def test_a_live_update_that_fails_to_draw_is_said_and_drawn_again_in_full(
-    page: object, server: str, runs_root: Path
+    page: object, server: str, served_root: Path
 ) -> None:
     """plotly.js throws while appending the new points to the loss chart: the chart says so in its
     place instead of freezing on old data, asks for the whole figure, draws it with the new record,
     and the note goes."""
-    path = runs_root / "failing" / "metrics.jsonl"
+    path = served_root / "failing" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
     page.add_init_script(FAILING_PLOTLY)
     open_run(page, server, "failing", 50)
@@ -276,10 +273,10 @@ def test_a_live_update_that_fails_to_draw_is_said_and_drawn_again_in_full(
     assert wait_until(page, lambda: train_points(loss(page))[-1] == (70, 0.25), timeout=30)
 
 
-def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server: str, runs_root: Path) -> None:
+def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server: str, served_root: Path) -> None:
     """plotly.js refuses the loss chart's figure: its place says so (as text), the early picture of
     it does not stay over that place, and the other charts draw."""
-    path = runs_root / "undrawable" / "metrics.jsonl"
+    path = served_root / "undrawable" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
     page.add_init_script(FAILING_PLOTLY)
     page.add_init_script("window.__failLoss = true")

@@ -15,10 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import pytest
 
 from tests.live_server import Wire, live_charts_drawn, streamlit_app, streamlit_server, wait_until
-from tests.support import append_records, base_record
+from tests.support import small_run
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
@@ -58,24 +57,22 @@ def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:
         context.close()
 
 
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("bytes_runs")
-    append_records(root / "small" / "metrics.jsonl", *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
-    return root
+def served_runs(root: Path) -> None:
+    """``served_root`` (conftest) for this module: a short run, ``small``."""
+    small_run(root / "small" / "metrics.jsonl")
 
 
 def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_bare_app(
-    browser: object, runs_root: Path, tmp_path: Path
+    browser: object, served_root: Path, tmp_path: Path
 ) -> None:
     """Reload /run in the same browser: plotly.js is not received again, and the reload's bytes are
     <= 3x a bare st.plotly_chart app's reload + 200 KB.  The cold first load stays under
     TensorBoard's."""
     app = tmp_path / "bare.py"
     app.write_text(BARE_APP)
-    with streamlit_app(app, str(runs_root)) as url:
+    with streamlit_app(app, str(served_root)) as url:
         bare = reload_bytes(browser, url + "/")
-    with streamlit_server(runs_root) as url:
+    with streamlit_server(served_root) as url:
         ours = reload_bytes(browser, f"{url}/run?run=small")
     budget = BUDGET_FACTOR * bare.total + BUDGET_SLACK
     plotly_first = {u: n for u, n in ours.first.items() if PLOTLY_ROUTE in u}

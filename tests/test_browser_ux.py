@@ -26,17 +26,15 @@ from tests.live_server import (
     streamlit_server,
     wait_until,
 )
-from tests.support import append_records, base_record, cold_root, eight_sessions, in_background
+from tests.support import append_records, base_record, cold_root, eight_sessions, in_background, small_run
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
 
 
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("ux_runs")
+def served_runs(root: Path) -> None:
+    """``served_root`` (conftest) for this module: ``eight``, eight resumed sessions; ``live``, a short run."""
     eight_sessions(root / "eight" / "metrics.jsonl")
-    append_records(root / "live" / "metrics.jsonl", *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
-    return root
+    small_run(root / "live" / "metrics.jsonl")
 
 
 def test_no_request_goes_to_another_host(page: object, server: str) -> None:
@@ -65,9 +63,9 @@ FADE_JS = """() => {
 }"""
 
 
-def test_nothing_fades_or_flickers_while_appends_arrive(page: object, server: str, runs_root: Path) -> None:
+def test_nothing_fades_or_flickers_while_appends_arrive(page: object, server: str, served_root: Path) -> None:
     """200 samples while a record lands every 0.3 s: no chart container below full opacity, no running indicator."""
-    path = runs_root / "live" / "metrics.jsonl"
+    path = served_root / "live" / "metrics.jsonl"
     page.goto(f"{server}/run?run=live")
     wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
     stop = threading.Event()
@@ -154,10 +152,10 @@ def test_bare_run_page_offers_the_runs(page: object, server: str) -> None:
     assert "run=live" in page.url
 
 
-def test_dark_theme_gives_dark_charts(browser: object, runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_dark_theme_gives_dark_charts(browser: object, served_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A server started with theme.base dark: the charts' plot background is dark, their text light."""
     monkeypatch.setenv("STREAMLIT_THEME_BASE", "dark")
-    with streamlit_server(runs_root) as url:
+    with streamlit_server(served_root) as url:
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
             page = context.new_page()
@@ -187,12 +185,12 @@ def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManage
 
 
 def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
-    page: object, server: str, runs_root: Path
+    page: object, server: str, served_root: Path
 ) -> None:
     """The overview refreshing every second under a live run: a click on that run's link opens its page
     in this tab (Streamlit's link cells open a new tab: ~10 s, a new session), and so does a tick on its
     row; no other tab is ever opened, and Back returns to the runs."""
-    with live_run(runs_root, "clicked"):
+    with live_run(served_root, "clicked"):
         page.goto(server + "/")
         wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
         row = page.locator("[data-testid=stDataFrame] tbody tr").filter(has_text="run?run=clicked")
@@ -253,13 +251,13 @@ def first_chart_seconds(browser: object, url: str) -> float:
 
 
 def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
-    browser: object, server: str, runs_root: Path, tmp_path: Path
+    browser: object, server: str, served_root: Path, tmp_path: Path
 ) -> None:
     """The run page's first chart against one st.plotly_chart of the same run (best of three, cold cache each,
     the two alternating so that the other jobs on the machine weigh on both alike)."""
     app = tmp_path / "bare.py"
     app.write_text(BARE_APP)
-    with streamlit_app(app, str(runs_root)) as bare_url:
+    with streamlit_app(app, str(served_root)) as bare_url:
         urls = (f"{bare_url}/", f"{server}/run?run=eight")
         rounds = [[first_chart_seconds(browser, url) for url in urls] for _ in range(3)]
     bare, ours = min(b for b, _ in rounds), min(o for _, o in rounds)

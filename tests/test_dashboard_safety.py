@@ -243,14 +243,6 @@ def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: py
 # -- pages under AppTest -----------------------------------------------------------------------
 
 
-@pytest.fixture
-def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    root = tmp_path / "runs"
-    root.mkdir()
-    monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
-    return root
-
-
 def test_overview_page_shows_the_error_row_and_the_other_runs(runs_root: Path, poisoned: dict) -> None:
     """The runs page survives a failing run: every run is a row, the failing one says why."""
     make_runs(runs_root, "alpha", "poisoned")

@@ -22,9 +22,9 @@ from tests.support import append_bytes, append_records, base_record, eight_sessi
 BUSY = "a-run-whose-name-is-far-too-long-for-one-line-" * 3  # eight sessions, a config changed, findings
 
 
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("first_chart_runs")
+def served_runs(root: Path) -> None:
+    """``served_root`` (conftest) for this module: ``small`` with validation records, a long-named run of
+    eight sessions with configs and bad lines, and a symlink loop."""
     records = [base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)]
     records += [base_record(s, event="validation", val_loss=5.5 / s) for s in range(100, 501, 100)]
     append_records(root / "small" / "metrics.jsonl", *records)
@@ -35,7 +35,6 @@ def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     append_records(busy, *configs)
     append_bytes(busy, b'{"not": "a record"}\nnot json either\n')
     (root / "loop").symlink_to("loop")
-    return root
 
 
 def first_chart(server: str, **query: str) -> tuple[int, dict[str, str], bytes]:
@@ -179,12 +178,12 @@ def test_a_run_page_draws_its_first_chart_in_the_live_charts_place_before_it(
 
 
 def test_under_a_base_url_path_and_the_servers_theme_the_early_chart_is_the_live_ones_first(
-    runs_root: Path, browser: object
+    served_root: Path, browser: object
 ) -> None:
     """Served under ``/metrics`` with ``--theme.base dark``, in a light system: the page finds the
     route there, and the early chart and the live chart's first draw are both dark (the live one
     used to be drawn light first, then dark a refresh later)."""
-    with dashboard(runs_root, "--server.baseUrlPath", "metrics", "--theme.base", "dark") as (url, _, _):
+    with dashboard(served_root, "--server.baseUrlPath", "metrics", "--theme.base", "dark") as (url, _, _):
         assert url.endswith("/metrics") and first_chart(url, run="small", theme="dark")[0] == 200
         assert_drawn_first_in_place(watch_first_load(browser, f"{url}/run?run=small", "light"), "dark")
 
@@ -240,7 +239,7 @@ def test_the_early_chart_is_shown_in_its_place_before_streamlit_lays_out_the_pag
         context.close()
 
 
-def test_where_its_place_cannot_be_known_the_early_chart_waits_for_it(runs_root: Path, browser: object) -> None:
+def test_where_its_place_cannot_be_known_the_early_chart_waits_for_it(served_root: Path, browser: object) -> None:
     """A server that sets its own text size: the rows above the charts are no longer the heights the
     picture's place is computed from, so it is drawn hidden while Streamlit's page starts, at the
     width the live chart will have as guessed from the viewport (here told wrong: a root element
@@ -251,7 +250,7 @@ def test_where_its_place_cannot_be_known_the_early_chart_waits_for_it(runs_root:
           const width = native.get.call(this);
           return this === document.documentElement ? width + 1000 : width;
         } });"""
-    with dashboard(runs_root, "--theme.baseFontSize", "15") as (url, _, _):
+    with dashboard(served_root, "--theme.baseFontSize", "15") as (url, _, _):
         seen = watch_first_load(browser, f"{url}/run?run=small", init=wider)
     assert_drawn_first_in_place(seen, "light", pinned=False)
 

@@ -39,7 +39,7 @@ from metrics_core.dashboard.serving import (
     tcp_no_delay,
 )
 from tests.live_server import Wire, chart_drawn, dashboard, live_charts_drawn, wait_until
-from tests.support import REPO, append_records, base_record
+from tests.support import REPO, append_records, base_record, small_run
 
 STATIC = Path(file_util.get_static_dir())
 ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
@@ -59,11 +59,9 @@ def get(url: str, accept_encoding: str | None, accept: str = "*/*") -> tuple[dic
         return {k.lower(): v for k, v in answer.headers.items()}, answer.read()
 
 
-@pytest.fixture(scope="module")
-def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("serving_runs")
-    append_records(root / "small" / "metrics.jsonl", *(base_record(s, train_loss=5.0 / s) for s in range(10, 501, 10)))
-    return root
+def served_runs(root: Path) -> None:
+    """``served_root`` (conftest) for this module: a short run, ``small``."""
+    small_run(root / "small" / "metrics.jsonl")
 
 
 @pytest.mark.parametrize(
@@ -500,12 +498,12 @@ def test_the_st_app_server_honours_the_projects_config(server: str, page: object
     assert not sessions[0].config.gather_usage_stats
 
 
-def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:
+def test_ctrl_c_stops_the_server_without_a_traceback(served_root: Path) -> None:
     """SIGINT (Ctrl-C in the terminal of README command 1) ends `streamlit run app.py` within seconds and
     with no traceback in its output.  Its status is 1 ("Aborted!") under st.App: after its graceful
     shutdown uvicorn raises the signal again, and click reports the KeyboardInterrupt (0 and
     "Stopping..." before st.App); either is accepted."""
-    with dashboard(runs_root) as (url, process, log):
+    with dashboard(served_root) as (url, process, log):
         get(url + largest_static_js(), "gzip")  # the middleware has compressed something
         process.send_signal(signal.SIGINT)
         assert process.wait(timeout=30) in (0, 1)
@@ -514,11 +512,11 @@ def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:
     assert "Traceback" not in output, output
 
 
-def test_a_deep_link_as_the_first_request_runs_through_the_navigation(runs_root: Path, browser: object) -> None:
+def test_a_deep_link_as_the_first_request_runs_through_the_navigation(served_root: Path, browser: object) -> None:
     """The first page view after a start is /run?run=small: it is the app's Run page (page title and
     top navigation from app.py), not pages/run.py alone in Streamlit's legacy folder-of-pages mode,
     and no extra script run got it there (the lifespan leaves that mode before any session)."""
-    with dashboard(runs_root) as (url, _, _):
+    with dashboard(served_root) as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
             page = context.new_page()
@@ -563,11 +561,11 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
     assert saved.stat().st_mtime_ns > after_load, "SIGTERM left the cache behind the records the server parsed"
 
 
-def test_base_url_path_still_serves_the_page_and_compressed_bundles(runs_root: Path, browser: object) -> None:
+def test_base_url_path_still_serves_the_page_and_compressed_bundles(served_root: Path, browser: object) -> None:
     """server.baseUrlPath=metrics: the run page draws its chart under /metrics/, finds its server
     there at once (the base URL named in the page is /metrics/, not the page's own path), and the
     bundles under /metrics/static/ come gzip-encoded."""
-    with dashboard(runs_root, "--server.baseUrlPath", "metrics") as (url, _, _):
+    with dashboard(served_root, "--server.baseUrlPath", "metrics") as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
             page = context.new_page()
@@ -604,7 +602,7 @@ Object.defineProperty(window, "Plotly", {
 
 @pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
 def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_blob_when_plain(
-    runs_root: Path, browser: object, monkeypatch: pytest.MonkeyPatch, plain: bool
+    served_root: Path, browser: object, monkeypatch: pytest.MonkeyPatch, plain: bool
 ) -> None:
     """Served by app.py, plotly.js runs from a <script> of its content-hashed URL (so the browser
     keeps its compiled code): on a run page reached from the runs page without a reload, and on one
@@ -614,7 +612,7 @@ def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_b
     Either way the charts draw."""
     if plain:
         monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
-    with dashboard(runs_root) as (url, _, _):
+    with dashboard(served_root) as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
             context.add_init_script(PLOTLY_SETTER)
@@ -644,11 +642,11 @@ def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_b
     assert plotly_bytes[0] > 300_000 and plotly_bytes[1] == 0, plotly_bytes  # 396 KB gzipped, then cached
 
 
-def test_the_runs_page_once_drawn_prepares_the_chart_pages(runs_root: Path, browser: object) -> None:
+def test_the_runs_page_once_drawn_prepares_the_chart_pages(served_root: Path, browser: object) -> None:
     """The runs page, once its first script run is done and the browser idle, runs plotly.js and
     preloads the chart pages' element chunks: a click to a run then fetches no script at all, and
     the run's chart draws with the plotly.js that was already running."""
-    with dashboard(runs_root) as (url, _, _):
+    with dashboard(served_root) as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
             page = context.new_page()
@@ -672,11 +670,11 @@ def test_the_runs_page_once_drawn_prepares_the_chart_pages(runs_root: Path, brow
     assert after_click == [] and same_plotly
 
 
-def test_serve_plain_leaves_streamlits_answers_as_they_are(runs_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_serve_plain_leaves_streamlits_answers_as_they_are(served_root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """METRICS_SERVE_PLAIN=1 (a proxy in front compresses): bundles go out as Streamlit sends them,
     and the HTML has no added hint."""
     monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
-    with dashboard(runs_root) as (url, _, _):
+    with dashboard(served_root) as (url, _, _):
         headers, body = get(url + largest_static_js(), "gzip")
         _, html = get(url + "/", None, accept="text/html")
     assert "content-encoding" not in headers and "vary" not in headers
