@@ -1,7 +1,7 @@
 """The dashboard experience in a real headless Chromium against a real `streamlit run` (one server for
 the module, a second one only for the dark theme): no request leaves the server, nothing fades while
 records arrive, every axis is titled, resume labels do not overlap, a bare page offers runs, dark is
-dark, and the first chart is not much slower than a bare Streamlit app drawing the same run."""
+dark, a click on a run opens it in this tab, and a big root's table is drawn before every run is read."""
 
 from __future__ import annotations
 
@@ -18,11 +18,9 @@ from tests.live_server import (
     GRAPH_JS,
     ROW_STATUSES_JS,
     RUN_ROWS_JS,
-    chart_drawn,
     click,
     live_charts_drawn,
     row_point,
-    streamlit_app,
     streamlit_server,
     wait_until,
 )
@@ -223,48 +221,6 @@ def test_a_link_clicked_with_ctrl_still_opens_a_new_tab(page: object, server: st
     tab.close()
 
 
-BARE_APP = """
-import sys
-import streamlit as st
-from metrics_core.dashboard.figures import Series, metric_figure
-from metrics_core.dashboard.store import RunStore
-
-store = RunStore(sys.argv[1])
-view = store.view("eight")
-st.plotly_chart(metric_figure([Series(view.effective("train"), "train_loss", "train")], title="Loss",
-                              sessions=view.sessions))
-"""
-
-
-def first_chart_seconds(browser: object, url: str) -> float:
-    """Seconds from navigation to the first drawn plotly chart, in a fresh (cold-cache) context."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    try:
-        page = context.new_page()
-        start = time.monotonic()
-        page.goto(url)
-        wait_until(page, lambda: chart_drawn(page), timeout=60,
-                   interval=0.01)  # fmt: skip
-        return time.monotonic() - start
-    finally:
-        context.close()
-
-
-def test_first_chart_is_not_much_slower_than_a_bare_streamlit_app(
-    browser: object, server: str, served_root: Path, tmp_path: Path
-) -> None:
-    """The run page's first chart against one st.plotly_chart of the same run (best of three, cold cache each,
-    the two alternating so that the other jobs on the machine weigh on both alike)."""
-    app = tmp_path / "bare.py"
-    app.write_text(BARE_APP)
-    with streamlit_app(app, str(served_root)) as bare_url:
-        urls = (f"{bare_url}/", f"{server}/run?run=eight")
-        rounds = [[first_chart_seconds(browser, url) for url in urls] for _ in range(3)]
-    bare, ours = min(b for b, _ in rounds), min(o for _, o in rounds)
-    print(f"first chart: dashboard {ours:.2f} s, bare st.plotly_chart {bare:.2f} s, ratio {ours / bare:.2f}")
-    assert ours <= 3 * bare + 0.5
-
-
 def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser: object, tmp_path: Path) -> None:
     """150 small runs and 3 big ones: the table is drawn (first page of 100, a caption counting all 153) while
     the big runs, newest by their tails, still show ``loading`` (the store's loader reads them after the
@@ -283,5 +239,3 @@ def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser:
             wait_until(page, lambda: page.get_by_text("Showing 101–153 of 153 runs").count() == 1, timeout=30)
     finally:
         context.close()
-
-

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import json
 import random
-import statistics
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -102,7 +100,7 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
 
 class LiveRun:
     """A generated run of ``records`` records (three sessions) that one more train record at a time is
-    appended to, in its last session, and the server work that append costs the run page."""
+    appended to, in its last session, and the payloads that append sends the run page."""
 
     def __init__(self, root: Path, records: int) -> None:
         self.path = root / "live" / "metrics.jsonl"
@@ -116,35 +114,28 @@ class LiveRun:
         self.t_ns = pd.Timestamp(last["time"]).value
         self.rng = random.Random(1)
 
-    def append(self) -> float:
-        """Append one record; return the seconds the page's charts and their payloads take for it."""
+    def append(self) -> None:
+        """Append one record; build the page's charts and their payloads for it."""
         self.step += 10
         self.t_ns += 2 * 10**9
         with open(self.path, "ab") as out:
             out.write(record(self.session, "train", self.step, self.step * 419_430, 0, self.t_ns,
                              **train_values(self.step, self.rng)))  # fmt: skip
-        view = self.store.view("live")  # the store's snapshot: not the charts' cost
-        start = time.perf_counter()
+        view = self.store.view("live")
         for key, figure in view_charts(view, self.options).items():
             self.sent[key] = next_payload(self.sent[key], encode(figure), resync=False)
-        return time.perf_counter() - start
 
 
-def test_a_live_update_costs_the_appended_records_not_the_run_length(tmp_path: Path) -> None:
-    """Charts and payloads of one append: a 300k-record run costs at most 3x a 30k-record run (10x the rows);
-    every update is an extension of what the page holds."""
+def test_every_live_update_of_a_long_run_is_an_extension(tmp_path: Path) -> None:
+    """Twelve appends to a 30k- and a 300k-record run: every chart's payload extends what the page holds
+    (or is the same), never a full figure.  What an append costs is measured in benchmarks/."""
     small, big = LiveRun(tmp_path / "small", 30_000), LiveRun(tmp_path / "big", 300_000)
     try:
-        costs: dict[LiveRun, list[float]] = {small: [], big: []}
-        for _ in range(12):  # interleaved, so load on the machine hits both alike
+        for _ in range(12):
             for run in (small, big):
-                costs[run].append(run.append())
+                run.append()
         for run in (small, big):
             assert {sent.payload["op"] for sent in run.sent.values()} <= {"extend", "same"}
-        ratio = statistics.median(costs[big]) / statistics.median(costs[small])
-        assert ratio <= 3.0, (
-            f"per append: 300k {statistics.median(costs[big]):.4f} s, 30k {statistics.median(costs[small]):.4f} s"
-        )
     finally:
         small.store.close()
         big.store.close()

@@ -308,27 +308,6 @@ def test_tcp_no_delay_reaches_the_connections_of_the_listener_on_that_port_only(
         assert ours.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)  # still listening, still open
 
 
-def test_kept_alive_connections_answer_without_the_delayed_ack_stall(server: str) -> None:
-    """With Nagle on, each answer's body (sent after its headers) waits for the browser's delayed
-    ACK: >= 40 ms per request on a kept-alive connection, ~2.5 s for a first page load's 61 bundles
-    on one connection.  Twelve requests on one connection: the fastest takes far less than one such
-    wait."""
-    host, port = server.removeprefix("http://").split(":")
-    connection = http.client.HTTPConnection(host, int(port), timeout=10)
-    times = []
-    try:
-        for _ in range(12):
-            start = time.perf_counter()
-            connection.request("GET", "/_stcore/health")
-            answer = connection.getresponse()
-            answer.read()
-            times.append(time.perf_counter() - start)
-            assert answer.status == 200
-    finally:
-        connection.close()
-    assert min(times[1:]) < 0.030, times
-
-
 def preloaded_chunks(html: str, *, later: bool = False) -> set[str]:
     """The /static/js/ files a page's <head> names (its script and every modulepreload), Streamlit's own
     and ours; ``later``: also those its script preloads once the page is drawn (the other pages')."""

@@ -267,29 +267,6 @@ def test_overview_work_grows_linearly_with_runs_and_an_append_touches_one_row(
     assert large["cold_summaries"] <= 10 * small["cold_summaries"]
 
 
-def cold_listing_s(root: Path, runs: int, lines: bytes) -> float:
-    """Wall time of the first ``overview()`` of a fresh store on ``runs`` runs each holding ``lines``."""
-    for number in range(runs):
-        append_bytes(root / f"run{number:04d}" / "metrics.jsonl", lines)
-    store = RunStore(root)
-    try:
-        start = time.perf_counter()
-        assert len(store.overview()) == runs
-        return time.perf_counter() - start
-    finally:
-        store.close()
-
-
-def test_a_root_of_200_runs_is_listed_within_3x_the_time_of_a_root_of_20(tmp_path: Path) -> None:
-    """Reading runs is bounded per call and the rest left to the loader, so 10x the runs (each
-    ~10 ms to read) is listed in far less than 10x the time (issue 10: 1,000 runs in the browser
-    within 2x of one); reading them all first took ~10x."""
-    lines = b"".join(orjson.dumps(base_record(s, train_loss=1.0 / s)) + b"\n" for s in range(1, 3001))
-    few = cold_listing_s(tmp_path / "few", 20, lines)
-    many = cold_listing_s(tmp_path / "many", 200, lines)
-    assert many <= 3 * few, f"200 runs listed in {many:.3f} s, 20 in {few:.3f} s"
-
-
 def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path: Path) -> None:
     """With no load budget, the first call lists every run (not read yet: 'loading') and reads none
     itself; the loader thread reads them all, with no call asking for it."""
