@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from metrics_core import cache
 from metrics_core.cache import CachePolicy, save
 from metrics_core.reader import RunReader
 from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
@@ -51,6 +52,21 @@ def policy(tmp_path: Path) -> CachePolicy:
     return CachePolicy(tmp_path / "cache", min_records=100, interval_s=60.0, clock=Clock())
 
 
+@pytest.fixture
+def cache_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Each answer of ``metrics_core.cache.load`` in order (True: a reader was restored from the cache):
+    a reopen's snapshot equals a cold parse whether or not the cache served, so tests check this too."""
+    answers: list[bool] = []
+    load = cache.load
+
+    def recording(reader: RunReader, policy: CachePolicy) -> bool:
+        answers.append(load(reader, policy))
+        return answers[-1]
+
+    monkeypatch.setattr(cache, "load", recording)
+    return answers
+
+
 def cold(path: Path) -> dict:
     reader = RunReader(path)
     reader.refresh()
@@ -59,7 +75,7 @@ def cold(path: Path) -> dict:
 
 @pytest.mark.parametrize("threshold", [1 << 40, 0], ids=["per line", "bulk"])
 def test_a_cold_parse_of_enough_records_is_saved_and_a_reopen_restores_it_exactly(
-    tmp_path: Path, policy: CachePolicy, threshold: int
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool], threshold: int
 ) -> None:
     """The second reader parses nothing from the file and still equals a cold parse (every column kind)."""
     path = run_file(tmp_path)
@@ -71,10 +87,13 @@ def test_a_cold_parse_of_enough_records_is_saved_and_a_reopen_restores_it_exactl
     second.refresh()
     kinds = {name: column.kind for name, column in second._tables["train"].columns.items()}
     assert {kinds["flag"], kinds["mixed"], kinds["note"], kinds["big"]} == {"bool", "object", "cat", "float"}
+    assert cache_loads == [False, True]
     assert snapshot(second) == snapshot(first) == cold(path)
 
 
-def test_records_appended_after_the_save_are_parsed_from_the_cached_offset(tmp_path: Path, policy: CachePolicy) -> None:
+def test_records_appended_after_the_save_are_parsed_from_the_cached_offset(
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
+) -> None:
     """Cache + tail equals a cold parse of the grown file, and only the tail is parsed."""
     path = run_file(tmp_path)
     RunReader(path, cache=policy).refresh()
@@ -90,16 +109,20 @@ def test_records_appended_after_the_save_are_parsed_from_the_cached_offset(tmp_p
     original, reader._ingest_block = reader._ingest_block, spy
     assert reader.refresh() == 20
     assert lines_before == 21  # the 20 appended records and the bad line, nothing cached
+    assert cache_loads == [False, True]
     assert snapshot(reader) == cold(path)
 
 
-def test_appends_after_a_reopen_leave_held_frames_as_they_were(tmp_path: Path, policy: CachePolicy) -> None:
+def test_appends_after_a_reopen_leave_held_frames_as_they_were(
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
+) -> None:
     """Restored columns share the cache file's buffer: appends (new categories, a new session, every
     event) grow them into buffers of their own, never write into it or change a frame already held."""
     path = run_file(tmp_path)
     RunReader(path, cache=policy).refresh()
     reader = RunReader(path, cache=policy)
     reader.refresh()
+    assert cache_loads == [False, True]  # the columns are the cache file's
     held = {event: reader.frame(event).copy(deep=True) for event in reader.events}
     frames = {event: reader.frame(event) for event in reader.events}
     append_bytes(
@@ -115,7 +138,7 @@ def test_appends_after_a_reopen_leave_held_frames_as_they_were(tmp_path: Path, p
     assert snapshot(reader) == cold(path)
 
 
-def test_a_reopen_holds_the_cached_columns_once(tmp_path: Path) -> None:
+def test_a_reopen_holds_the_cached_columns_once(tmp_path: Path, cache_loads: list[bool]) -> None:
     """Reading the cache file allocates about its size, not the file and a copy of its columns."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_bytes(path, records(1, 20_000))
@@ -129,13 +152,13 @@ def test_a_reopen_holds_the_cached_columns_once(tmp_path: Path) -> None:
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert reader._cache_saved_at is not None and reader.records == 20_000
+    assert cache_loads == [False, True] and reader.records == 20_000
     assert peak < 1.3 * cached.stat().st_size  # a read and then a copy of the columns: 2x
 
 
 @pytest.mark.parametrize("rewrite", ["truncate and rewrite", "cp over", "replace", "shrink"])
 def test_a_rewritten_file_never_gets_the_cache_of_its_old_content(
-    tmp_path: Path, policy: CachePolicy, rewrite: str
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool], rewrite: str
 ) -> None:
     """Same path (and same inode for the in-place rewrites), other content: the cache is ignored."""
     path = run_file(tmp_path)
@@ -153,11 +176,12 @@ def test_a_rewritten_file_never_gets_the_cache_of_its_old_content(
         path.write_bytes(path.read_bytes()[:1000])
     reader = RunReader(path, cache=policy)
     reader.refresh()
+    assert cache_loads == [False, False]
     assert snapshot(reader) == cold(path)
 
 
 def test_a_same_size_rewrite_that_keeps_the_first_line_is_caught_by_the_last_line(
-    tmp_path: Path, policy: CachePolicy
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
 ) -> None:
     """Same inode, size and first line; other records after it: the cached last line no longer matches."""
     path = tmp_path / "r" / "metrics.jsonl"
@@ -169,11 +193,14 @@ def test_a_same_size_rewrite_that_keeps_the_first_line_is_caught_by_the_last_lin
     assert len(path.read_bytes()) == len(data)
     reader = RunReader(path, cache=policy)
     reader.refresh()
+    assert cache_loads == [False, False]
     assert snapshot(reader) == cold(path)
 
 
 @pytest.mark.parametrize("damage", ["truncated", "flipped byte", "garbage", "empty", "directory"])
-def test_a_corrupt_cache_file_is_ignored_without_an_exception(tmp_path: Path, policy: CachePolicy, damage: str) -> None:
+def test_a_corrupt_cache_file_is_ignored_without_an_exception(
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool], damage: str
+) -> None:
     """Whatever the cache file holds, the reader parses the run and gives the cold answer."""
     path = run_file(tmp_path)
     RunReader(path, cache=policy).refresh()
@@ -192,10 +219,11 @@ def test_a_corrupt_cache_file_is_ignored_without_an_exception(tmp_path: Path, po
         cached.mkdir()
     reader = RunReader(path, cache=policy)
     reader.refresh()
+    assert cache_loads == [False, False]
     assert snapshot(reader) == cold(path)
 
 
-def test_a_read_only_runs_root_is_never_written(tmp_path: Path, policy: CachePolicy) -> None:
+def test_a_read_only_runs_root_is_never_written(tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]) -> None:
     """The cache goes to its own directory; the run directory stays untouched (and may be read-only)."""
     path = run_file(tmp_path)
     run_dir = path.parent
@@ -206,6 +234,7 @@ def test_a_read_only_runs_root_is_never_written(tmp_path: Path, policy: CachePol
         reader = RunReader(path, cache=policy)
         reader.refresh()
         assert sorted(p.name for p in run_dir.iterdir()) == before
+        assert cache_loads == [False, True]
         assert snapshot(reader) == cold(path)
     finally:
         os.chmod(run_dir, stat.S_IRWXU)
@@ -224,7 +253,9 @@ def test_an_unwritable_cache_directory_means_no_cache_and_no_error(tmp_path: Pat
     assert not save(reader, policy)  # (the descriptor is closed, and the directory cannot exist)
 
 
-def test_a_live_run_is_saved_at_most_once_per_interval_and_on_close(tmp_path: Path, policy: CachePolicy) -> None:
+def test_a_live_run_is_saved_at_most_once_per_interval_and_on_close(
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
+) -> None:
     """After the cold save, appends are saved once the interval passed, and close() saves the rest."""
     path = run_file(tmp_path)
     reader = RunReader(path, cache=policy)
@@ -240,11 +271,13 @@ def test_a_live_run_is_saved_at_most_once_per_interval_and_on_close(tmp_path: Pa
     assert cached.read_bytes() != saved[1]
     append_bytes(path, records(461, 5, session="s2"))
     reader.refresh()
+    interval_save = cached.read_bytes()
     reader.close()
+    assert cached.read_bytes() != interval_save  # close() saved the last appends
     fresh = RunReader(path, cache=policy)
     fresh.refresh()
-    spy_lines = fresh._lines
-    assert snapshot(fresh) == cold(path) and spy_lines == reader._lines
+    assert cache_loads == [False, True]
+    assert snapshot(fresh) == cold(path)
 
 
 def test_a_small_run_is_not_cached(tmp_path: Path, policy: CachePolicy) -> None:
@@ -257,7 +290,9 @@ def test_a_small_run_is_not_cached(tmp_path: Path, policy: CachePolicy) -> None:
     assert not policy.directory.exists() or not list(policy.directory.glob("*.mcc"))
 
 
-def test_two_readers_saving_one_run_leave_one_valid_file(tmp_path: Path, policy: CachePolicy) -> None:
+def test_two_readers_saving_one_run_leave_one_valid_file(
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
+) -> None:
     """Saves are atomic replacements: whichever wins, the file restores the cold answer; no temp files stay."""
     path = run_file(tmp_path)
     a, b = RunReader(path, cache=policy), RunReader(path, cache=policy)
@@ -269,6 +304,7 @@ def test_two_readers_saving_one_run_leave_one_valid_file(tmp_path: Path, policy:
     assert [p.name for p in policy.directory.iterdir() if not p.name.endswith(".mcc")] == []
     reader = RunReader(path, cache=policy)
     reader.refresh()
+    assert cache_loads[-1] is True  # whichever save won
     assert snapshot(reader) == cold(path)
 
 
@@ -292,7 +328,9 @@ def test_the_cache_directory_is_bounded(tmp_path: Path) -> None:
     assert not list((tmp_path / "tiny").glob("*.mcc"))
 
 
-def test_load_refuses_a_cache_of_another_record_limit(tmp_path: Path, policy: CachePolicy) -> None:
+def test_load_refuses_a_cache_of_another_record_limit(
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
+) -> None:
     """A cache parsed with another max_record_bytes may hold other bad lines: it is not used."""
     path = run_file(tmp_path)
     RunReader(path, cache=policy).refresh()
@@ -301,6 +339,7 @@ def test_load_refuses_a_cache_of_another_record_limit(tmp_path: Path, policy: Ca
     assert snapshot(reader) == snapshot(_refreshed(RunReader(path, max_record_bytes=100)))
     again = RunReader(path, cache=policy)  # the file now holds the 100-byte parse: refused again
     again.refresh()
+    assert cache_loads == [False, False, False]  # no file yet, then each record limit refuses the other's
     assert snapshot(again) == cold(path)
 
 
