@@ -8,8 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from metrics_core.digest import LostWork
-from metrics_core.reader import Session
+from metrics_core.sessions import Session
 
 
 def tokens_per_second(frame: pd.DataFrame) -> pd.Series:
@@ -125,19 +124,3 @@ def session_table(sessions: Sequence[Session], train: pd.DataFrame, run_status: 
             }
         )
     return pd.DataFrame(rows).astype({"resume step": "Int64", "discarded bytes": "Int64", "mean tokens/s": "Int64"})
-
-
-def lost_work(sessions: Sequence[Session], train: pd.DataFrame, superseded: np.ndarray) -> LostWork:
-    """Downtime, replayed work and the training time that produced superseded train windows.
-
-    A window's time is the wall time since the previous train record of its session.
-    """
-    window_s = train.groupby("session_id", observed=True)["time"].diff().dt.total_seconds() if len(train) else None
-    wasted = float(window_s[superseded].sum()) if window_s is not None and len(superseded) else 0.0
-    return LostWork(
-        downtime_s=sum(s.downtime_s or 0.0 for s in sessions),
-        steps_replayed=sum(s.steps_replayed for s in sessions),
-        tokens_replayed=sum(s.tokens_replayed for s in sessions),
-        superseded_time_s=wasted,
-        training_time_s=sum((s.end_time - s.start_time).total_seconds() for s in sessions),
-    )

@@ -4,7 +4,7 @@ Contract
 --------
 * The cache lives in a directory its owner passes in (the dashboard's own cache directory),
   never in the runs root, which may be read-only.  One file per run file, named by the run
-  file's identity (device and inode): ``<dev>-<ino>.mcc``.
+  file's identity (``RunFile.cache_key``: device and inode for a local file): ``<dev>-<ino>.mcc``.
 * A cache file holds everything ``RunReader`` knows after a parse up to a line boundary: the
   columns of each event (as Arrow IPC streams, typed as ``metrics_core.columns`` holds them), the
   sessions' accumulators, counters, bad-line samples, the byte offset and line count, and the
@@ -32,8 +32,8 @@ records from a cold start (a parse worth skipping next time), then after later r
 once per ``interval_s`` seconds while the run grows (so a restart replays at most that much of a
 live run), and on ``close()`` when anything was parsed since the last save.
 
-Cost: a save writes ~the resident column bytes (~115 B/record); a load reads them once, into
-buffers that become the columns' rows, and checks the CRC over them (``benchmarks/bench_reader.py``).
+Cost: a save writes about the resident column bytes; a load reads them once, into buffers that
+become the columns' rows, and checks the CRC over them (``benchmarks/bench_reader.py`` measures both).
 """
 
 from __future__ import annotations
@@ -48,16 +48,13 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from metrics_core.columns import Column, Table
 
-if TYPE_CHECKING:
-    from metrics_core.reader import RunReader
-
-FORMAT = 1  # bump when the record rules (records.py) or the column typing (columns.py) change
+FORMAT = 2  # bump when the record rules (records.py) or the column typing (columns.py) change
 _MAGIC = b"MCCACHE1"
 _PREFIX = struct.Struct("<8sQQI")  # magic, header bytes, payload bytes, crc32 of header + payload
 _NUMERIC = {"int": "int64", "float": "float64", "bool": "int8"}
@@ -74,22 +71,24 @@ class CachePolicy:
     max_total_bytes: int = 16 << 30
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
 
-    def path_for(self, stat: os.stat_result) -> Path:
-        return Path(self.directory) / f"{stat.st_dev:x}-{stat.st_ino:x}.mcc"
+    def path_for(self, key: str) -> Path:
+        """The cache file of the run file named ``key`` (``RunFile.cache_key``)."""
+        return Path(self.directory) / f"{key}.mcc"
 
 
-def save(reader: RunReader, policy: CachePolicy) -> bool:
-    """Write ``reader``'s parsed state to its cache file; False (and no exception) if it cannot."""
+def save(policy: CachePolicy, key: str, state: dict[str, Any], tables: dict[str, Table]) -> bool:
+    """Write a reader's ``state`` (JSON values) and ``tables`` as the cache file of the run file
+    named ``key``; False (and no exception) if it cannot."""
     try:
-        state, tables = reader._cache_state()
         streams = {event: _table_stream(table) for event, table in tables.items()}  # Arrow's buffers, not copied
         payload_size = sum(len(stream) for stream in streams.values())
-        state["tables"] = [
+        header_state = {**state, "format": FORMAT}
+        header_state["tables"] = [
             [event, table.size, len(streams[event]), [[name, column.kind, list(column.categories)]
                                                       for name, column in table.columns.items()]]
             for event, table in tables.items()
         ]  # fmt: skip
-        header = json.dumps(state).encode()
+        header = json.dumps(header_state).encode()
         if len(header) + payload_size > policy.max_file_bytes:
             return False
         crc = zlib.crc32(header)
@@ -97,9 +96,7 @@ def save(reader: RunReader, policy: CachePolicy) -> bool:
             crc = zlib.crc32(stream, crc)
         directory = Path(policy.directory)
         directory.mkdir(parents=True, exist_ok=True)
-        if reader._fd is None:
-            return False
-        target = policy.path_for(os.fstat(reader._fd))
+        target = policy.path_for(key)
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".mcc")
         try:
             with os.fdopen(handle, "wb") as out:
@@ -118,31 +115,19 @@ def save(reader: RunReader, policy: CachePolicy) -> bool:
         return False  # unwritable directory, full disk, a value JSON cannot hold: no cache
 
 
-def load(reader: RunReader, policy: CachePolicy) -> bool:
-    """Restore ``reader`` (open, nothing parsed yet) from a cache file that matches its file."""
-    if reader._fd is None:
-        return False
+def load(policy: CachePolicy, key: str) -> tuple[dict[str, Any], dict[str, Table]] | None:
+    """The state and tables cached for the run file named ``key``, or None: no file, a failed
+    read, a corrupt, foreign or older-format file (never the caller's problem).  Whether the
+    state still matches the run file is the caller's to check (``RunReader`` compares its
+    fingerprints)."""
     try:
-        stat = os.fstat(reader._fd)
-        with open(policy.path_for(stat), "rb", buffering=0) as handle:
+        with open(policy.path_for(key), "rb", buffering=0) as handle:
             state, streams = _read(handle)
-        if not _matches(reader, state, stat):
-            return False
-        reader._restore_cache_state(state, _decode(state, streams))
-        return True
-    except Exception:  # no file, a failed read, a corrupt or foreign file: never the caller's problem
-        reader._clear()  # (nothing was parsed yet: clears what a failed restore may have set)
-        return False
-
-
-def _matches(reader: RunReader, state: dict[str, Any], stat: os.stat_result) -> bool:
-    if state.get("format") != FORMAT or state.get("max_record_bytes") != reader.max_record_bytes:
-        return False
-    if (state["dev"], state["ino"]) != (stat.st_dev, stat.st_ino) or stat.st_size < state["offset"]:
-        return False
-    head = bytes.fromhex(state["head"])
-    position, last = state["last_line"][0], bytes.fromhex(state["last_line"][1])
-    return reader._read(0, len(head)) == head and reader._read(position, len(last)) == last
+        if state.get("format") != FORMAT:
+            return None
+        return state, _decode(state, streams)
+    except Exception:
+        return None
 
 
 def _read(handle: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
@@ -150,7 +135,7 @@ def _read(handle: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
 
     Each stream's bytes become its columns' rows (``_decode`` takes views, no copy): one copy
     from the page cache in all.  The buffers are numpy's, which asks for huge pages: a read
-    into a ``bytes`` of the same size costs ~3.5x as much, mostly in page faults.  A table's
+    into a ``bytes`` of the same size costs several times as much, mostly in page faults.  A table's
     buffer is freed once its columns grew into buffers with room (at the first append to that
     event), so a live run does not keep the cached copy beside the grown one.
     """

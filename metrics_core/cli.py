@@ -15,7 +15,7 @@ Output contract:
   is cut or replaced, says so on stderr and prints the new content from its start.
 * ``summary``: every line at most ``WIDTH`` columns whatever the file holds ("…" where a value is
   cut), "—" where a value is missing, never ``NaN``/``None``.
-* Strings from the file go through ``digest.clean``: a hostile session id cannot move the cursor
+* Strings from the file go through ``text.clean``: a hostile session id cannot move the cursor
   or recolour the terminal.
 * Exit status 0, also on Ctrl-C and when the reader of a pipe goes away (``| head``); 2 when the
   run does not exist.
@@ -29,30 +29,21 @@ import os
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
-from metrics_core.digest import (
-    LineFollower,
-    Rates,
-    RunDigest,
-    SessionDigest,
-    Skipped,
-    clean,
-    fit,
-    last_records,
-    metrics_path,
-    number,
-    shorten,
-    width,
-)
+from metrics_core.digest import Rates, RunDigest, batches, follow_file, last_records
 from metrics_core.errors import MetricsError
+from metrics_core.health import Finding
+from metrics_core.records import BadLine
+from metrics_core.sessions import Session, as_datetime, number
+from metrics_core.storage import metrics_path
+from metrics_core.text import clean, fit, fit_middle, width
 
 WIDTH = 100  # summary lines fit an 100-column terminal
 MISSING = "—"
 ID_COLUMNS = 16  # session ids, shortened in the middle: their ends tell sessions apart
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 
 # -- formatting ---------------------------------------------------------------------------------
 
@@ -66,7 +57,7 @@ def pad(text: str, columns: int, *, right: bool = False) -> str:
 
 def stamp(time_ns: int) -> str:
     """A record's time, to the second, in UTC."""
-    return (_EPOCH + timedelta(microseconds=time_ns // 1000)).strftime("%Y-%m-%d %H:%M:%S") + "Z"
+    return as_datetime(time_ns).strftime("%Y-%m-%d %H:%M:%S") + "Z"
 
 
 def value_text(value: Any, spec: str) -> str:
@@ -167,12 +158,12 @@ def _any_text(value: Any) -> str:
 
 def record_line(record: Mapping[str, Any], rate: float | None) -> str:
     """One record as one plain line: time, session, event, step, then its values."""
-    session = pad(shorten(clean(record["session_id"]), ID_COLUMNS), ID_COLUMNS)
+    session = pad(fit_middle(clean(record["session_id"]), ID_COLUMNS), ID_COLUMNS)
     event = pad(clean(record["event"]), 13)
     return f"{stamp(record['time'])}  {session}  {event} step {record['step']:>9}  {describe(record, rate)}".rstrip()
 
 
-def skipped_note(skipped: Sequence[Skipped]) -> str:
+def skipped_note(skipped: Sequence[BadLine]) -> str:
     """One stderr line: how many bad lines were skipped, where the first few are and why."""
     first = "; ".join(f"{s.where}: {fit(clean(s.reason), 60)}" for s in skipped[:3])
     more = f"; and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
@@ -207,10 +198,10 @@ def tail(
     keep = (lambda record: record["event"] in wanted) if wanted else (lambda record: True)
     printer = _Printer(out, keep)
     if from_record is not None:
-        follower = LineFollower(path)
-        skipped: list[Skipped] = []
+        follower = follow_file(path)
+        skipped: list[BadLine] = []
         seen = 0
-        for batch in follower.batches():
+        for batch in batches(follower):
             for record in batch.records:
                 seen += keep(record)
                 printer.feed(record, show=seen >= from_record)
@@ -222,14 +213,14 @@ def tail(
         for record in found.records:
             printer.feed(record)
         skipped = found.skipped
-        follower = LineFollower(path, offset=found.end, line=found.end_line)
+        follower = follow_file(path, offset=found.end, line=found.end_line)
     out.flush()
     if skipped:
         err.write(skipped_note(skipped) + "\n")
     while follow:
         time.sleep(interval)
         skipped = []
-        for batch in follower.batches():
+        for batch in batches(follower):
             if batch.reset is not None:
                 err.write(f"tail: {clean(str(path))}: {batch.reset}; printing it again from its start\n")
                 printer = _Printer(out, keep)
@@ -254,7 +245,7 @@ def _row(cells: Sequence[str]) -> str:
     return "  ".join(pad(cell, columns, right=right) for cell, (_, columns, right) in zip(cells, _TABLE, strict=True))
 
 
-def session_rows(sessions: Sequence[SessionDigest], status: str) -> list[str]:
+def session_rows(sessions: Sequence[Session], status: str) -> list[str]:
     """The sessions table: one row per session, what it ran and what its resume cost.
 
     A session without ``session_end`` crashed if a later one exists; the last one has the run's
@@ -264,7 +255,7 @@ def session_rows(sessions: Sequence[SessionDigest], status: str) -> list[str]:
     for s in sessions:
         ended = s.end_status or ("crashed" if s.index + 1 < len(sessions) else status) or "no session_end"
         rows.append(_row([
-            str(s.index + 1), shorten(clean(s.session_id), ID_COLUMNS), count_text(s.first_step, 10),
+            str(s.index + 1), fit_middle(clean(s.session_id), ID_COLUMNS), count_text(s.first_step, 10),
             count_text(s.last_step, 10), count_text(s.records, 8), duration_text(s.downtime_s),
             count_text(s.steps_replayed, 8), clean(ended), bytes_text(s.discarded_bytes),
         ]))  # fmt: skip
@@ -278,9 +269,9 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
 
     status = run_status(digest, now=now)
     label = 10
-    lines = [f"{'run':<{label}}{shorten(clean(str(digest.path)), WIDTH - label)}"]
+    lines = [f"{'run':<{label}}{fit_middle(clean(str(digest.path)), WIDTH - label)}"]
     if digest.run_ids:
-        ids = ", ".join(shorten(clean(run_id), 40) for run_id in list(digest.run_ids)[:2])
+        ids = ", ".join(fit_middle(clean(run_id), 40) for run_id in list(digest.run_ids)[:2])
         extra = f" (+{len(digest.run_ids) - 2:,} more)" if len(digest.run_ids) > 2 else ""
         lines.append(f"{'run id':<{label}}{ids}{extra}")
     state = status
@@ -309,12 +300,15 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
                           f"{name} {loss_text(value[0])} (step {count_text(value[1])})")  # fmt: skip
         lines.append(f"{'last':<{label}}" + " · ".join(losses))
     lines += ["", "checks"]
-    for check in digest.checks():
-        head = f"  [{check.severity}] {check.check}: "
-        lines.append(head + check.messages[0])
-        lines += [" " * width(head) + message for message in check.messages[1:6]]
-        if len(check.messages) > 6:
-            lines.append(" " * width(head) + f"… and {len(check.messages) - 6:,} more")
+    by_check: dict[str, list[Finding]] = {}
+    for finding in digest.checks():
+        by_check.setdefault(finding.check, []).append(finding)
+    for check, findings in by_check.items():
+        head = f"  [{findings[0].severity}] {check}: "
+        lines.append(head + clean(findings[0].message))
+        lines += [" " * width(head) + clean(finding.message) for finding in findings[1:6]]
+        if len(findings) > 6:
+            lines.append(" " * width(head) + f"… and {len(findings) - 6:,} more")
     return [fit(line, WIDTH) for line in lines]
 
 

@@ -1,6 +1,6 @@
 """Compact, append-only columnar storage for the records of one event of one run.
 
-Why not a list of dicts or a growing DataFrame: a dict per record costs ~1 KB resident and
+Why not a list of dicts or a growing DataFrame: a dict per record costs an order of magnitude more memory and
 ``pd.concat`` per refresh is O(history).  Here each field is one typed numpy buffer that grows
 geometrically (amortised O(1) appends), so a refresh costs O(new records) and a record costs
 about 8 bytes per numeric field.

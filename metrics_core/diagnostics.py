@@ -14,14 +14,13 @@ resume; the loss jumping across a resume; in data-parallel runs, one rank persis
 the others (a straggler).  Ingest health:
 bad lines, bytes pending after the last newline, schema versions, reader resets.
 
-Incremental (issue 10: a live 1M-record run re-ran every check over every row, ~1 s, so the
-dashboard could afford it only every ~7 s).  ``diagnose`` returns ``Findings``: the findings and
+Incremental, so a live page can check every append.  ``diagnose`` returns ``Findings``: the findings and
 the running aggregates behind them (``Running``: per check and session the first and last flagged
 step and a count; each session's last row, for the checks comparing a window with the one before;
 each session's open straggler streak; sorted values for the medians).  Given the findings of an
 earlier snapshot of the same run (``since``; the new train frame must start with its rows, i.e.
 no reader reset in between), only the new rows are checked: O(new rows), plus a memmove per
-sorted array to insert the new values (~1 ms per 1M rows).  Two exceptions recompute one part
+sorted array to insert the new values.  Two exceptions recompute one part
 over every row: a median that moved far enough to change the verdict on an old row (a value on
 the edge of the tokens-per-update band), and the redo of a replay window while it grows.  A new
 session, a column that appears, a column that is not plain int64/float64, or a new row that a
@@ -41,7 +40,9 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_step, weighted_loss
-from metrics_core.reader import IngestHealth, RunReader, Session
+from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
+from metrics_core.reader import RunReader
+from metrics_core.sessions import Session
 
 TOKENS_FAR_OFF = 2.0  # a window with < 1/2 or > 2x the median tokens is flagged
 TOKENS_PER_STEP_CHANGE = 0.10
@@ -52,33 +53,13 @@ STRAGGLER_WINDOWS = 5
 STRAGGLER_RATIO = 1.2
 
 
-@dataclass(frozen=True, slots=True)
-class Finding:
-    """One diagnostic result. ``severity``: ``error``, ``warning``, ``info`` or ``ok``."""
-
-    severity: str
-    check: str
-    message: str
-    session: str | None = None
-    first_step: int | None = None
-    last_step: int | None = None
-    records: int = 0
-
-
-def _session_finding(
-    check: str, severity: str, session_id: str, first: int, last: int, count: int, what: str
-) -> Finding:
-    return Finding(severity, check, f"session {session_id}, steps {first}–{last}: {count} window(s) {what}",
-                   session_id, first, last, count)  # fmt: skip
-
-
 def _per_session(check: str, severity: str, train: pd.DataFrame, bad: np.ndarray, what: str) -> list[Finding]:
     """One finding per session that has rows flagged in ``bad``."""
     findings = []
     flagged = train[bad]
     for session_id, rows in flagged.groupby("session_id", observed=True, sort=False):
         first, last = int(rows["step"].min()), int(rows["step"].max())
-        findings.append(_session_finding(check, severity, str(session_id), first, last, len(rows), what))
+        findings.append(session_finding(check, severity, str(session_id), first, last, len(rows), what))
     return findings
 
 
@@ -91,14 +72,13 @@ COUNTS = ("attempted_updates", "updates", "skipped_updates_in_window")
 ADVANCES = (("tokens_seen", "tokens"), ("skipped_updates", "skipped_updates_in_window"), ("step", "updates"))
 INCREASING = (("step", "steps"), ("time", "times"))
 STRAGGLER_COLUMNS = ("slowest_rank", "rank_step_time_max_s", "rank_step_time_min_s")
-# Each per-row check: (check, severity, what its flagged windows did).
-ACCOUNTING = ("window accounting", "error", "where attempted_updates ≠ updates + skipped_updates_in_window")
+# Each per-row check: (check, severity, what its flagged windows did); ACCOUNTING and MISSING_LOSS are
+# health's, which the terminal tools check too.
 ADVANCE_CHECKS = {cumulative: (f"{cumulative} vs windows", "error",
                                f"where {cumulative} did not advance by the window's {per_window}")
                   for cumulative, per_window in ADVANCES}  # fmt: skip
 INCREASING_CHECKS = {column: (f"{what} increasing", "error", f"where {what} went backwards")
                      for column, what in INCREASING}  # fmt: skip
-MISSING_LOSS = ("missing loss", "warning", "with no train_loss (no tokens, or not logged)")
 NO_UPDATE = ("no successful update", "info", "with no successful update (every attempt skipped)")
 TOKENS_PER_UPDATE = "tokens per update"
 
@@ -256,26 +236,6 @@ def _straggler_checks(train: pd.DataFrame) -> list[Finding]:
     return findings
 
 
-def _ingest_checks(ingest: IngestHealth) -> list[Finding]:
-    findings = []
-    if ingest.bad_lines:
-        where = "; ".join(f"line {b.line}: {b.reason}" for b in ingest.bad_line_samples[:5])
-        findings.append(Finding("warning", "bad lines", f"{ingest.bad_lines} line(s) skipped — {where}",
-                                records=ingest.bad_lines))  # fmt: skip
-    if ingest.pending_bytes:
-        findings.append(Finding("info", "pending bytes", f"{ingest.pending_bytes} byte(s) after the last newline: "
-                                "a record being written, or the torn tail of a crash"))  # fmt: skip
-    newer = {version: count for version, count in ingest.schema_versions.items() if version != 1}
-    if newer:
-        count = sum(newer.values())
-        findings.append(Finding("info", "schema versions", f"records with schema_version {sorted(newer)} "
-                                f"({count} records) read as version 1", records=count))  # fmt: skip
-    if ingest.resets:
-        findings.append(Finding("warning", "reader resets", f"re-read from the start {ingest.resets} time(s): "
-                                + "; ".join(ingest.reset_reasons[-3:])))  # fmt: skip
-    return findings
-
-
 def diagnose_from_scratch(
     *,
     train: pd.DataFrame,
@@ -291,7 +251,7 @@ def diagnose_from_scratch(
 
 def _with_ingest(checks: list[Finding], train: pd.DataFrame, sessions: Sequence[Session],
                  ingest: IngestHealth) -> list[Finding]:  # fmt: skip
-    findings = checks + _ingest_checks(ingest)
+    findings = checks + ingest_findings(ingest)
     if not findings:
         findings.append(Finding("ok", "all", f"All checks passed on {len(train)} train windows in "
                                 f"{len(sessions)} session(s).", records=len(train)))  # fmt: skip
@@ -340,7 +300,7 @@ _EMPTY = np.zeros(0)
 def _eligible(train: pd.DataFrame) -> frozenset[str] | None:
     """The checked columns ``train`` has when each is plain int64/float64 (``time`` a datetime,
     ``session_id`` categorical), so numpy on them is pandas' own arithmetic; else None."""
-    dtypes = dict(zip(train.columns, train.dtypes, strict=True))  # one pass: a column lookup costs ~20 µs
+    dtypes = dict(zip(train.columns, train.dtypes, strict=True))  # one pass: a column lookup per check costs more
     present = frozenset(column for column in (*_NUMERIC, "time", "session_id") if column in dtypes)
     if not {"step", "time", "session_id"} <= present or not isinstance(dtypes["session_id"], pd.CategoricalDtype):
         return None
@@ -456,7 +416,7 @@ class Running:
             return None
         if any(mask[self.rows :].any() for mask in replaced.values()):
             return None
-        for index, replay in self.replays.items():  # O(rows) but ~30 µs per 1M: the earlier part still holds
+        for index, replay in self.replays.items():  # O(rows), in numpy: the earlier part still holds
             if np.count_nonzero(replaced[index][: self.rows]) != replay.earlier_records:
                 return None
         return self if len(train) == self.rows else self._grown(train, sessions)
@@ -611,7 +571,7 @@ class Running:
 
         def listed(check: str, severity: str, what: str) -> None:
             for session, (first, last, windows) in self.flagged.get(check, {}).items():
-                findings.append(_session_finding(check, severity, session, first, last, windows, what))
+                findings.append(session_finding(check, severity, session, first, last, windows, what))
 
         listed(*ACCOUNTING)
         if self.band is not None:

@@ -1,153 +1,42 @@
-"""A light read of one run for the terminal tools: orjson and the standard library, no numpy or pandas.
+"""A run read for the terminal tools (``python -m metrics_core tail|summary``): no numpy or pandas.
 
-Training nodes install ``metrics_core`` alone (README), so ``python -m metrics_core tail|summary``
-must work there.  ``RunReader`` needs numpy, pandas and pyarrow; this module reads the same file
-with the same record rules (``metrics_core.records.check_record`` decides every line) and the same
-session, supersession and replay rules as ``RunReader`` (docs/FORMAT.md), checked against it by
-``tests/test_digest.py`` on a realistic resumed run.
+Training nodes install ``metrics_core`` alone (README), so the terminal tools must work there.
+They read through the same layers as ``RunReader`` up to the sessions: ``storage`` and ``lines``
+for the bytes, ``records.check_lines`` for every line, ``sessions.SessionLog`` and
+``sessions.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
+both tell the same story of a file (``tests/test_digest.py`` checks it on a resumed run).
 
-What it promises
-----------------
-* ``LineFollower`` hands out only new, complete records, by byte offset; bytes after the last
-  ``\\n`` are never parsed (a writer is mid-line, or was killed there) and are ``pending_bytes``.
-  A complete line that is not a record is a ``Skipped`` (never fatal), a line longer than the
-  record limit is skipped by its length without being held in memory.  A file that was replaced
-  (new inode), shrank below the offset or was rewritten before it (its first line or the last
-  line read changed) is read again from the start, and the batch says why.
+What it adds:
+
+* ``follow_file`` and ``batches``: a ``LineFollower``'s blocks as records, the lines skipped and why it restarted.
 * ``last_records`` answers ``tail -n N`` by reading backwards from the last ``\\n`` in bounded
   chunks: its cost depends on N and line length, not on the file's size.
-* ``RunDigest`` keeps what ``summary`` prints in running per-record state (no record kept as a
-  dict): sessions, replay accounting, the run status inputs ``metrics_core.runs.run_status``
-  reads (the same attribute names as ``RunReader``), and pandas-free health checks.
-
-Untrusted text: every string read from the file passes through ``clean`` before it is printed,
-so a hostile session id cannot move the cursor, recolour the terminal or reorder the line.
+* ``RunDigest`` keeps what ``summary`` prints as running state (no record kept as a dict):
+  sessions, replay accounting, the last losses, what ``run_status`` reads, and the checks that
+  need no pandas.
 """
 
 from __future__ import annotations
 
-import bisect
 import math
 import os
-import re
-import statistics
-import unicodedata
 from array import array
-from collections import deque
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
-from itertools import pairwise
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from metrics_core.errors import RunNotFoundError
-from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, check_record, excerpt
-from metrics_core.writer import METRICS_FILENAME, lock_is_held, tail_start
+from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
+from metrics_core.lines import LineFollower, Lines, LongLine, Restart
+from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
+from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
+from metrics_core.storage import LocalFile, metrics_path
+from metrics_core.writer import tail_start
 
-READ_CHUNK = 4 << 20  # forward reads: bounds memory per batch, holds any line short enough to parse
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
 RATE_CONTEXT_LINES = 10_000  # tail -n: lines read past the last one printed to find a rate's predecessor
-_FINGERPRINT = 256  # first bytes of a line compared to notice a rewrite (time and session id)
-_REREAD_BYTES = 64 << 10  # an incomplete line up to this long is read again rather than skipped over
-_RECENT_TIMES = 64  # as RunReader: the usual gap between records comes from the last few
-_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
-
-# -- untrusted text ------------------------------------------------------------------------
-
-# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), other two-byte escapes, and the C1 CSI.
-_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
-# Bidi embeddings, overrides and isolates reorder what follows on the line ("Trojan Source").
-_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
-
-
-def clean(text: str) -> str:
-    """``text`` safe to print: escape sequences, control characters and bidi controls removed.
-
-    Line and paragraph separators and tabs go too: one record stays one line whatever it holds.
-    """
-    if text.isascii() and text.isprintable():
-        return text  # the common case, ~100 ns
-    text = _ESCAPES.sub("", text)
-    return "".join(
-        char
-        for char in text
-        if char not in _BIDI and unicodedata.category(char) not in ("Cc", "Zl", "Zp", "Cs", "Co", "Cn")
-    )
-
-
-def width(text: str) -> int:
-    """Terminal columns ``text`` takes: wide (CJK, emoji) characters 2, combining marks 0."""
-    if text.isascii():
-        return len(text)
-    return sum(_char_width(char) for char in text)
-
-
-def _char_width(char: str) -> int:
-    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
-        return 0
-    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
-
-
-def fit(text: str, columns: int) -> str:
-    """``text`` cut to at most ``columns`` terminal columns, ending in "…" when cut."""
-    if width(text) <= columns:
-        return text
-    used, kept = 1, []  # the ellipsis takes one column
-    for char in text:
-        used += _char_width(char)
-        if used > columns:
-            break
-        kept.append(char)
-    return "".join(kept) + "…"
-
-
-def shorten(text: str, columns: int) -> str:
-    """``text`` in at most ``columns`` columns, keeping its start and end around a "…".
-
-    For ids and paths, whose ends tell them apart (``…-pid40001``, ``…/my-run``).
-    """
-    if width(text) <= columns:
-        return text
-    tail_columns = (columns - 1) // 2
-    tail: list[str] = []
-    used = 0
-    for char in reversed(text):
-        used += _char_width(char)
-        if used > tail_columns:
-            break
-        tail.append(char)
-    end = "".join(reversed(tail))
-    return fit(text[: len(text) - len(end)], columns - width(end)) + end
-
-
-# -- lines -----------------------------------------------------------------------------------
-
-
-def metrics_path(run: str | os.PathLike[str]) -> Path:
-    """The ``metrics.jsonl`` of a run directory, or the file itself; RunNotFoundError if neither."""
-    path = Path(run)
-    if path.is_dir():
-        path = path / METRICS_FILENAME
-    if not path.is_file():
-        raise RunNotFoundError(
-            f"{path}: no such run directory or metrics file (expected a directory holding {METRICS_FILENAME})"
-        )
-    return path
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A complete line that is not a record: where (1-based line number when known), why, its first bytes."""
-
-    offset: int
-    line: int | None
-    reason: str
-    excerpt: str
-
-    @property
-    def where(self) -> str:
-        return f"line {self.line:,}" if self.line is not None else f"byte {self.offset:,}"
+MAX_BAD_LINE_SAMPLES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,148 +44,46 @@ class Batch:
     """Records from one read, in file order, the lines skipped, and why the read restarted (if it did)."""
 
     records: list[dict[str, Any]]
-    skipped: list[Skipped]
+    skipped: list[BadLine]
     reset: str | None = None
 
 
-def rereads(scanned: int, chunk: int) -> bool:
-    """Whether a follower reads an incomplete line of ``scanned`` bytes again, from its start, with
-    the next block of ``chunk`` bytes: when it is short (then each byte is read about once, not the
-    whole next block twice, once to find the line's end and once from its start); a long one is
-    skipped over, never scanned again.  Never more than half a block, so that a read from the
-    line's start always reaches past what was scanned."""
-    return scanned <= min(_REREAD_BYTES, chunk // 2)
+def follow_file(path: Path, *, offset: int = 0, line: int | None = 1,
+           max_record_bytes: int = MAX_RECORD_BYTES) -> LineFollower:  # fmt: skip
+    """A ``LineFollower`` of a local metrics file, from ``offset`` (line number ``line`` if known),
+    opened now: what changes from here on is noticed."""
+    follower = LineFollower(LocalFile(path), max_record_bytes=max_record_bytes, offset=offset, line=line)
+    follower.open()
+    return follower
 
 
-class LineFollower:
-    """Complete records appended to one file since the last call; see the module docstring.
+def batches(follower: LineFollower) -> Iterator[Batch]:
+    """What ``follower`` finds appended since the last call, parsed by ``records.check_lines``."""
+    for item in follower.follow():
+        if isinstance(item, Restart):
+            yield Batch([], [], item.reason)
+        elif isinstance(item, LongLine):
+            yield Batch([], [item.bad])
+        elif isinstance(item, Lines):
+            yield _parsed(item, follower.max_record_bytes)
 
-    Started at ``offset`` (just after a ``\\n``, or 0); ``line`` is the number of the line there
-    when known (1 at offset 0), else None and bad lines are located by byte offset.
-    """
 
-    def __init__(
-        self, path: Path, *, offset: int = 0, line: int | None = 1, max_record_bytes: int = MAX_RECORD_BYTES
-    ) -> None:
-        self.path = path
-        self.max_record_bytes = max_record_bytes
-        self._fd: int | None = None
-        self._start(offset, line)
+def _parsed(block: Lines, max_record_bytes: int) -> Batch:
+    data = block.data[: block.end]
+    rows, bad, _ = check_lines(data, block.first_line or 1, max_bytes=max_record_bytes)
+    if bad:  # place them by offset too, and by offset alone where line numbers are unknown
+        first = block.first_line or 1
+        starts = [0]  # of the block's lines, up to the last bad one
+        position = data.find(b"\n")
+        while position >= 0 and len(starts) <= bad[-1].line - first:
+            starts.append(position + 1)
+            position = data.find(b"\n", position + 1)
+        bad = [BadLine(item.line if block.first_line else None, item.reason, item.excerpt,
+                       block.offset + starts[item.line - first]) for item in bad]  # fmt: skip
+    return Batch(rows, bad)
 
-    def _start(self, offset: int, line: int | None) -> None:
-        self.close()
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        self._inode = os.fstat(self._fd).st_ino
-        self.offset, self.line = offset, line
-        self.pending_bytes = 0
-        self._scanned = 0  # bytes after offset known to hold no newline: not scanned again
-        self._pending_head = b""  # their first bytes, to notice a writer cutting and rewriting them
-        self._head = os.pread(self._fd, _FINGERPRINT, 0)[:offset] if offset else b""
-        self._last_line = (0, b"")  # where the last consumed line starts, and its first bytes
-        self._stat_key: tuple[int, ...] | None = None
 
-    @property
-    def fd(self) -> int | None:
-        """The open descriptor (for the writer-lock probe)."""
-        return self._fd
-
-    def close(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-
-    def __del__(self) -> None:
-        self.close()
-
-    def batches(self) -> Iterator[Batch]:
-        """Batches of the complete lines appended since the last call (each from ≤ READ_CHUNK bytes).
-
-        Cost when nothing changed: one ``stat``.
-        """
-        try:
-            stat = os.stat(self.path)
-        except FileNotFoundError:
-            return  # moved away for a moment (log rotation, a copy in progress): look again later
-        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns)
-        if key == self._stat_key:
-            return
-        reason = self._changed(stat)
-        if reason is not None:
-            self._start(0, 1)
-            yield Batch([], [], reason)
-        self._stat_key = key
-        size = os.fstat(self._fd).st_size
-        if self._scanned and (
-            size < self.offset + self._scanned
-            or os.pread(self._fd, len(self._pending_head), self.offset) != self._pending_head
-        ):
-            self._scanned = 0  # the incomplete tail was cut (a writer resumed): scan it anew
-        chunk = max(READ_CHUNK, self.max_record_bytes + 1)
-        while self.offset + self._scanned < size:
-            resume = rereads(self._scanned, chunk)
-            start = self.offset if resume else self.offset + self._scanned
-            data = os.pread(self._fd, min(chunk, size - start), start)
-            if not data:
-                break  # shrank under us: the next call notices
-            first = data.find(b"\n", self._scanned if resume else 0)
-            if first < 0:
-                self._scanned = start + len(data) - self.offset
-                self._pending_head = os.pread(self._fd, EXCERPT_BYTES, self.offset)
-                continue
-            if not resume:  # the line that began at offset ends at start + first
-                if self._scanned + first > self.max_record_bytes:
-                    yield Batch([], [self._skip_long_line(self._scanned + first)])
-                self._scanned = 0  # a short line is re-read whole from its start, next turn
-                continue
-            cut = data.rfind(b"\n") + 1
-            if start == 0:
-                self._head = data[: min(first + 1, _FINGERPRINT)]
-            last = data.rfind(b"\n", 0, cut - 1) + 1
-            self._last_line = (start + last, data[last : min(cut, last + _FINGERPRINT)])
-            yield self._parse(data[:cut], start)
-            self.offset = start + cut
-            self._scanned = len(data) - cut
-            if self._scanned:
-                self._pending_head = data[cut : cut + EXCERPT_BYTES]
-        self.pending_bytes = size - self.offset
-
-    def _parse(self, block: bytes, start: int) -> Batch:
-        records, skipped = [], []
-        position = start
-        for line in block.split(b"\n")[:-1]:
-            if line.strip():
-                checked = check_record(line, max_bytes=self.max_record_bytes)
-                if isinstance(checked, str):
-                    skipped.append(Skipped(position, self.line, checked, excerpt(line)))
-                else:
-                    records.append(checked)
-            position += len(line) + 1
-            if self.line is not None:
-                self.line += 1
-        return Batch(records, skipped)
-
-    def _skip_long_line(self, length: int) -> Skipped:
-        head = os.pread(self._fd, EXCERPT_BYTES + 1, self.offset)
-        reason = f"line of {length:,} bytes is longer than the {self.max_record_bytes:,}-byte record limit"
-        skipped = Skipped(self.offset, self.line, reason, excerpt(head))
-        self._last_line = (self.offset, head[:_FINGERPRINT])
-        self.offset += length + 1
-        if self.line is not None:
-            self.line += 1
-        return skipped
-
-    def _changed(self, stat: os.stat_result) -> str | None:
-        """Why the file must be read again from its start (replaced, shrank, rewritten), or None."""
-        if stat.st_ino != self._inode:
-            return "the file was replaced (new inode)"
-        if stat.st_size < self.offset:
-            return f"the file shrank from {self.offset:,} to {stat.st_size:,} bytes"
-        position, last = self._last_line
-        if (self._head and os.pread(self._fd, len(self._head), 0) != self._head) or (
-            last and os.pread(self._fd, len(last), position) != last
-        ):
-            return "the file was rewritten before the read offset"
-        return None
+# -- tail -n, backwards ---------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -306,7 +93,7 @@ class Tail:
 
     records: list[dict[str, Any]]
     context: list[dict[str, Any]]  # train records just before ``records``, for the first rates
-    skipped: list[Skipped]
+    skipped: list[BadLine]
     end: int
     end_line: int | None
 
@@ -403,7 +190,7 @@ def last_records(
             records=found[::-1],
             context=context[::-1],
             skipped=[
-                Skipped(offset, None if total is None else total - back + 1, reason, text)
+                BadLine(None if total is None else total - back + 1, reason, text, offset)
                 for offset, back, reason, text in reversed(skipped)
             ],
             end=end,
@@ -438,114 +225,18 @@ class Rates:
 # -- the digest of a whole run -----------------------------------------------------------------
 
 
-def number(value: Any) -> float | None:
-    """``value`` as a float when the reader's numeric columns would hold it as a number, else None.
-
-    Booleans and strings are not numbers (``Column.numbers`` gives NaN for them).
-    """
-    if type(value) is float:
-        return value
-    if type(value) is int:
-        try:
-            return float(value)
-        except OverflowError:
-            return None
-    return None
-
-
-def int_or_none(value: Any) -> int | None:
-    """A session_start's ``discarded_bytes`` / ``resumed_from_step`` as an int, or None if it is none."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return int(value) if math.isfinite(value) else None
-
-
-def supersede_thresholds(first_steps: Sequence[int], first_step_in_event: Mapping[int, int]) -> list[float]:
-    """Per session, the lowest step of one event's records it supersedes in earlier sessions.
-
-    docs/FORMAT.md: a session whose first record is at step S supersedes earlier records with
-    step > S, and those at exactly S when it logged the same event at S itself.
-    """
-    return [float(first + (first_step_in_event.get(index) != first)) for index, first in enumerate(first_steps)]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionDigest:
-    """One session as ``RunReader.sessions`` describes it (same field names, times in ns)."""
-
-    session_id: str
-    index: int
-    first_step: int
-    last_step: int
-    start_ns: int
-    end_ns: int
-    records: int
-    downtime_s: float | None
-    steps_replayed: int
-    tokens_replayed: int
-    records_superseded: int
-    discarded_bytes: int | None
-    resumed_from_step: int | None
-    end_status: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class CheckResult:
-    """One health check: severity (``error``/``warning``/``info``/``ok``), its name, one message per finding."""
-
-    severity: str
-    check: str
-    messages: tuple[str, ...]
-
-
-@dataclass(frozen=True, slots=True)
-class LostWork:
-    """What the run's crashes cost, over all sessions (``RunDigest.lost_work`` and
-    ``metrics_core.analysis.lost_work`` both give it, with and without pandas)."""
-
-    downtime_s: float
-    steps_replayed: int
-    tokens_replayed: int
-    superseded_time_s: float
-    training_time_s: float
-
-    @property
-    def superseded_share(self) -> float | None:
-        """Share of training time spent producing train windows a later session redid."""
-        return self.superseded_time_s / self.training_time_s if self.training_time_s > 0 else None
-
-
-@dataclass(frozen=True, slots=True)
-class _Replay:
-    steps: list[int]
-    tokens: list[int]
-    records: list[int]
-    superseded_time_s: float
-
-
-class _SessionState:
-    __slots__ = (
-        "discarded_bytes", "end_ns", "end_status", "first_step", "last_step", "records",
-        "resumed_from_step", "session_id", "start_ns",
-    )  # fmt: skip
-
-    def __init__(self, session_id: str, step: int, time_ns: int) -> None:
-        self.session_id = session_id
-        self.records = 0
-        self.first_step = self.last_step = step
-        self.start_ns = self.end_ns = time_ns
-        self.discarded_bytes: int | None = None
-        self.resumed_from_step: int | None = None
-        self.end_status: str | None = None
-
-
 @dataclass(slots=True)
 class _Rows:
-    """The per-record facts replay accounting needs, for one (event, session): ~8–24 bytes a record."""
+    """What ``sessions.replay`` needs of one (event, session): its steps and, for train, running
+    sums of tokens and window times; ~8-24 bytes a record."""
 
     steps: array = field(default_factory=lambda: array("q"))
-    tokens: array = field(default_factory=lambda: array("d"))  # train only: NaN = not a number
-    window_s: array = field(default_factory=lambda: array("d"))  # train only: NaN for the first
+    ordered: bool = True
+    tokens_cum: array | None = None
+    window_cum: array | None = None
+
+    def held(self) -> EventRows:
+        return EventRows(self.steps, self.ordered, self.tokens_cum, self.window_cum)
 
 
 @dataclass(slots=True)
@@ -563,43 +254,47 @@ class _Flagged:
         self.count += 1
 
 
-_ACCOUNTING = ("attempted_updates", "updates", "skipped_updates_in_window")
+_ACCOUNTING_FIELDS = ("attempted_updates", "updates", "skipped_updates_in_window")
 
 
 class RunDigest:
     """Everything ``summary`` prints about a run, kept as running state; see the module docstring.
 
-    ``refresh()`` reads what was appended since the last call.  Exposes what
-    ``metrics_core.runs.run_status`` reads from a ``RunReader`` under the same names.
+    ``refresh()`` reads what was appended since the last call.  What ``runs.run_status`` reads
+    (``runs.StatusSource``) is here under the names ``RunReader`` gives it.
     """
 
     def __init__(self, run: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
         self.path = metrics_path(run)
-        self._follower = LineFollower(self.path, max_record_bytes=max_record_bytes)
+        self.file = LocalFile(self.path)
+        self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes)
         self._clear()
 
     def _clear(self) -> None:
-        self.records = 0
+        self.log = SessionLog()
         self.bad_lines = 0
-        self.bad_line_samples: list[Skipped] = []
-        self.resets: list[str] = []
-        self.last_event: str | None = None
+        self.bad_line_samples: list[BadLine] = []
+        self.schema_versions: dict[int, int] = {}
         self.run_ids: dict[str, None] = {}
-        self._sessions: list[_SessionState] = []
-        self._session_index: dict[str, int] = {}
-        self._first_step_in_event: dict[str, dict[int, int]] = {}
         self._rows: dict[str, dict[int, _Rows]] = {}
         self._last_train_time: dict[int, int] = {}
-        self._recent_times: deque[int] = deque(maxlen=_RECENT_TIMES)
         self.last_loss: dict[str, tuple[float, int]] = {}  # "train_loss"/"val_loss" -> (value, step)
         self.train_windows = 0
         self._columns: set[str] = set()  # train fields that held a value in some record
         self._accounting: dict[int, _Flagged] = {}
         self._missing_loss: dict[int, _Flagged] = {}
-        self._replay_cache: tuple[int, _Replay] | None = None
+        self._replay: tuple[tuple[int, ...], Replay] | None = None
 
     def close(self) -> None:
         self._follower.close()
+
+    @property
+    def records(self) -> int:
+        return self.log.records
+
+    @property
+    def resets(self) -> list[str]:
+        return self._follower.restarts
 
     @property
     def pending_bytes(self) -> int:
@@ -608,63 +303,65 @@ class RunDigest:
 
     def writer_alive(self) -> bool | None:
         """Whether a MetricsWriter holds the file's lock now (None: cannot tell)."""
-        fd = self._follower.fd
-        return None if fd is None else lock_is_held(fd)
+        return self.file.writer_alive()
+
+    @property
+    def last_event(self) -> str | None:
+        return self.log.last_event
+
+    @property
+    def last_record_time(self) -> datetime | None:
+        return self.log.last_record_time
+
+    def typical_gap_s(self) -> float | None:
+        """Median gap between the last few records (the run's usual logging cadence)."""
+        return self.log.typical_gap_s()
+
+    @property
+    def last_end_status(self) -> str | None:
+        return self.log.last_end_status
 
     def refresh(self) -> int:
         """Read the complete lines appended since the last call; return how many records."""
         before = self.records
-        for batch in self._follower.batches():
+        for batch in batches(self._follower):
             if batch.reset is not None:
-                resets = [*self.resets, batch.reset]
                 self._clear()
-                self.resets = resets
                 before = 0
-            for record in batch.records:
-                self._add(record)
+            self._add(batch.records)
             self.bad_lines += len(batch.skipped)
-            self.bad_line_samples.extend(batch.skipped[: max(0, 20 - len(self.bad_line_samples))])
+            self.bad_line_samples.extend(batch.skipped[: max(0, MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples))])
         return self.records - before
 
-    def _add(self, record: dict[str, Any]) -> None:
-        session_id, event, step, when = record["session_id"], record["event"], record["step"], record["time"]
-        index = self._session_index.get(session_id)
-        if index is None:
-            index = self._session_index[session_id] = len(self._sessions)
-            self._sessions.append(_SessionState(session_id, step, when))
-        session = self._sessions[index]
-        session.records += 1
-        session.last_step, session.end_ns = step, when
-        self.records += 1
-        self.last_event = event
-        self.run_ids.setdefault(record["run_id"])
-        self._recent_times.append(when)
-        self._first_step_in_event.setdefault(event, {}).setdefault(index, step)
-        rows = self._rows.setdefault(event, {}).get(index)
-        if rows is None:
-            rows = self._rows[event][index] = _Rows()
-        rows.steps.append(step)
-        if event == "train":
-            self._add_train(record, index, rows)
-        elif event == "validation":
-            self._note_loss(record, "val_loss")
-        elif event == "session_end":
-            status = record.get("status")
-            session.end_status = status if isinstance(status, str) else None
-        elif event == "session_start" and session.discarded_bytes is None and session.resumed_from_step is None:
-            session.discarded_bytes = int_or_none(record.get("discarded_bytes"))
-            session.resumed_from_step = int_or_none(record.get("resumed_from_step"))
+    def _add(self, records: list[dict[str, Any]]) -> None:
+        for record, index in zip(records, self.log.add(records), strict=True):
+            event, step = record["event"], record["step"]
+            self.run_ids.setdefault(record["run_id"])
+            version = record["schema_version"]
+            self.schema_versions[version] = self.schema_versions.get(version, 0) + 1
+            rows = self._rows.setdefault(event, {}).get(index)
+            if rows is None:
+                rows = self._rows[event][index] = _Rows()
+                if event == "train":
+                    rows.tokens_cum, rows.window_cum = array("d", [0.0]), array("d", [0.0])
+            if rows.steps and step < rows.steps[-1]:
+                rows.ordered = False
+            rows.steps.append(step)
+            if event == "train":
+                self._add_train(record, index, rows)
+            elif event == "validation":
+                self._note_loss(record, "val_loss")
 
     def _add_train(self, record: dict[str, Any], index: int, rows: _Rows) -> None:
         self.train_windows += 1
         step, when = record["step"], record["time"]
         tokens = number(record.get("tokens"))
-        rows.tokens.append(math.nan if tokens is None else tokens)
+        rows.tokens_cum.append(rows.tokens_cum[-1] + (0.0 if tokens is None or math.isnan(tokens) else tokens))
         before = self._last_train_time.get(index)
-        rows.window_s.append(math.nan if before is None else (when - before) / 1e9)
+        rows.window_cum.append(rows.window_cum[-1] + (0.0 if before is None else (when - before) / 1e9))
         self._last_train_time[index] = when
-        self._columns.update(key for key in (*_ACCOUNTING, "train_loss") if record.get(key) is not None)
-        attempted, updates, skips = (number(record.get(key)) for key in _ACCOUNTING)
+        self._columns.update(key for key in (*_ACCOUNTING_FIELDS, "train_loss") if record.get(key) is not None)
+        attempted, updates, skips = (number(record.get(key)) for key in _ACCOUNTING_FIELDS)
         # As pandas compares the columns: a missing or non-numeric value never adds up.
         if attempted is None or updates is None or skips is None or attempted != updates + skips:
             self._accounting.setdefault(index, _Flagged()).add(step)
@@ -677,148 +374,51 @@ class RunDigest:
         if value is not None and math.isfinite(value):
             self.last_loss[key] = (value, record["step"])
 
-    # -- what run_status reads, as RunReader names it -------------------------------------
-
-    @property
-    def last_record_time(self) -> datetime | None:
-        if not self._recent_times:
-            return None
-        return _EPOCH + timedelta(microseconds=self._recent_times[-1] // 1000)
-
-    def typical_gap_s(self) -> float | None:
-        """Median gap between the last few records (the run's usual logging cadence)."""
-        times = list(self._recent_times)
-        if len(times) < 2:
-            return None
-        return float(statistics.median(b - a for a, b in pairwise(times))) / 1e9
-
-    @property
-    def last_end_status(self) -> str | None:
-        if self.last_event != "session_end" or not self._sessions:
-            return None
-        return self._sessions[-1].end_status
-
     # -- sessions and replay ------------------------------------------------------------------
 
+    def _redone(self) -> Replay:
+        key = self.log.replay_key()
+        if self._replay is None or self._replay[0] != key:
+            rows = {event: {index: rows.held() for index, rows in by_session.items()}
+                    for event, by_session in self._rows.items()}  # fmt: skip
+            thresholds = {event: self.log.thresholds(event) for event in rows}
+            self._replay = (key, replay(self.log.first_steps(), thresholds, rows))
+        return self._replay[1]
+
     @property
-    def sessions(self) -> list[SessionDigest]:
-        """Sessions in order of first appearance, with downtime and replay accounting (as RunReader)."""
-        replay = self._replay()
-        result, previous_end = [], None
-        for index, state in enumerate(self._sessions):
-            result.append(
-                SessionDigest(
-                    session_id=state.session_id,
-                    index=index,
-                    first_step=state.first_step,
-                    last_step=state.last_step,
-                    start_ns=state.start_ns,
-                    end_ns=state.end_ns,
-                    records=state.records,
-                    downtime_s=None if previous_end is None else (state.start_ns - previous_end) / 1e9,
-                    steps_replayed=replay.steps[index],
-                    tokens_replayed=replay.tokens[index],
-                    records_superseded=replay.records[index],
-                    discarded_bytes=state.discarded_bytes,
-                    resumed_from_step=state.resumed_from_step,
-                    end_status=state.end_status,
-                )
-            )
-            previous_end = state.end_ns
-        return result
+    def sessions(self) -> list[Session]:
+        """Sessions in order of first appearance, with downtime and replay accounting."""
+        return self.log.sessions(self._redone())
 
     def lost_work(self) -> LostWork:
         """Downtime, replayed work and the training time that produced superseded train windows."""
-        sessions = self.sessions
-        return LostWork(
-            downtime_s=sum(s.downtime_s or 0.0 for s in sessions),
-            steps_replayed=sum(s.steps_replayed for s in sessions),
-            tokens_replayed=sum(s.tokens_replayed for s in sessions),
-            superseded_time_s=self._replay().superseded_time_s,
-            training_time_s=sum((s.end_ns - s.start_ns) / 1e9 for s in sessions),
-        )
-
-    def _replay(self) -> _Replay:
-        """Per session: the steps, tokens and records of earlier sessions' work it redid; and the
-        training time of all superseded train windows.  Cached until the next record.
-
-        Each earlier record is redone by at most one session: the first later one whose
-        threshold is at or below its step (``RunReader.replaced_by``).  Per earlier session, the
-        later sessions that can be that first one have strictly falling thresholds, so one
-        bisection per record finds it: O(records × log sessions).
-        """
-        if self._replay_cache is not None and self._replay_cache[0] == self.records:
-            return self._replay_cache[1]
-        count = len(self._sessions)
-        firsts = [state.first_step for state in self._sessions]
-        frontier: list[int] = firsts.copy()
-        tokens = [0.0] * count
-        superseded = [0] * count
-        superseded_time_s = 0.0
-        for event, by_session in self._rows.items():
-            thresholds = supersede_thresholds(firsts, self._first_step_in_event.get(event, {}))
-            for index, rows in by_session.items():
-                later, negated = [], []  # candidates after `index`, thresholds strictly falling
-                for other in range(index + 1, count):
-                    if not later or thresholds[other] < -negated[-1]:
-                        later.append(other)
-                        negated.append(-thresholds[other])
-                if not later:
-                    continue
-                train = event == "train"
-                for row, step in enumerate(rows.steps):
-                    # First candidate with threshold <= step, i.e. -threshold >= -step.
-                    position = bisect.bisect_left(negated, -step)
-                    if position == len(later):
-                        continue
-                    redoer = later[position]
-                    superseded[redoer] += 1
-                    frontier[redoer] = max(frontier[redoer], step)
-                    if train:
-                        if not math.isnan(rows.tokens[row]):
-                            tokens[redoer] += rows.tokens[row]
-                        if not math.isnan(rows.window_s[row]):
-                            superseded_time_s += rows.window_s[row]
-        replay = _Replay(
-            steps=[frontier[index] - firsts[index] for index in range(count)],
-            tokens=[int(total) if math.isfinite(total) else 0 for total in tokens],  # a garbage count is not work
-            records=superseded,
-            superseded_time_s=superseded_time_s,
-        )
-        self._replay_cache = (self.records, replay)
-        return replay
+        return self.log.lost_work(self._redone())
 
     # -- health checks --------------------------------------------------------------------------
 
-    def checks(self) -> list[CheckResult]:
-        """The pandas-free health checks: bad lines, torn tail, window accounting, missing loss.
+    def ingest_health(self) -> IngestHealth:
+        return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
+                            dict(self.schema_versions), len(self.resets), tuple(self.resets))  # fmt: skip
 
-        Each check appears once, ``ok`` when it passed, so the reader sees what was checked.
-        """
-        results = []
-        if self.bad_lines:
-            where = [f"{s.where}: {clean(s.reason)}" for s in self.bad_line_samples[:3]]
-            results.append(CheckResult("warning", "bad lines", (f"{self.bad_lines:,} line(s) skipped", *where)))
-        else:
-            results.append(CheckResult("ok", "bad lines", ("none",)))
-        if self.pending_bytes:
-            message = f"{self.pending_bytes:,} byte(s) after the last newline: a record being written, or a torn tail"
-            results.append(CheckResult("info", "torn tail", (message,)))
-        else:
-            results.append(CheckResult("ok", "torn tail", ("the file ends on a complete record",)))
-        if set(_ACCOUNTING) <= self._columns:
-            results.append(self._flagged("window accounting", "error", self._accounting,
-                                         "where attempted_updates ≠ updates + skipped_updates_in_window"))  # fmt: skip
+    def checks(self) -> list[Finding]:
+        """The checks that need no pandas, each listed once as ``ok`` when it passed, so the reader
+        sees what was checked: what reading the file ran into, window accounting, missing loss."""
+        findings = ingest_findings(self.ingest_health())
+        found = {finding.check for finding in findings}
+        if "bad lines" not in found:
+            findings.append(Finding("ok", "bad lines", "none"))
+        if "torn tail" not in found:
+            findings.append(Finding("ok", "torn tail", "the file ends on a complete record"))
+        if set(_ACCOUNTING_FIELDS) <= self._columns:
+            findings += self._flagged(ACCOUNTING, self._accounting)
         if "train_loss" in self._columns:
-            results.append(self._flagged("missing loss", "warning", self._missing_loss, "with no train_loss"))
-        return results
+            findings += self._flagged(MISSING_LOSS, self._missing_loss)
+        return findings
 
-    def _flagged(self, check: str, severity: str, flagged: dict[int, _Flagged], what: str) -> CheckResult:
+    def _flagged(self, check: tuple[str, str, str], flagged: Mapping[int, _Flagged]) -> list[Finding]:
+        name, severity, what = check
         if not flagged:
-            return CheckResult("ok", check, (f"all {self.train_windows:,} train window(s) pass",))
-        messages = tuple(
-            f"session {shorten(clean(self._sessions[index].session_id), 16)}, steps {f.first_step:,}–"
-            f"{f.last_step:,}: {f.count:,} window(s) {what}"
-            for index, f in sorted(flagged.items())
-        )
-        return CheckResult(severity, check, messages)
+            return [Finding("ok", name, f"all {self.train_windows:,} train window(s) pass")]
+        ids = self.log.session_ids()
+        return [session_finding(name, severity, ids[index], f.first_step, f.last_step, f.count, what)
+                for index, f in sorted(flagged.items())]  # fmt: skip

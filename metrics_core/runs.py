@@ -26,15 +26,12 @@ import os
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import orjson
 
 from metrics_core.errors import RunNotFoundError, RunPathError
 from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
-
-if TYPE_CHECKING:  # annotations only: run_status must load on a training node without numpy/pandas
-    from metrics_core.reader import RunReader
 
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
@@ -123,6 +120,29 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
     return RunInfo(candidate.as_posix(), directory)
 
 
+class StatusSource(Protocol):
+    """What ``run_status`` reads of a run: ``RunReader``, ``digest.RunDigest`` and the dashboard
+    store's record of a released run all provide it."""
+
+    path: Path  # the run's metrics file (its failure note lies beside it)
+
+    @property
+    def last_event(self) -> str | None: ...
+
+    @property
+    def last_end_status(self) -> str | None: ...
+
+    @property
+    def last_record_time(self) -> datetime | None: ...
+
+    @property
+    def pending_bytes(self) -> int: ...
+
+    def typical_gap_s(self) -> float | None: ...
+
+    def writer_alive(self) -> bool | None: ...
+
+
 @dataclass(frozen=True, slots=True)
 class WriteFailure:
     """A write the writer could not make, as its failure note tells it."""
@@ -132,7 +152,7 @@ class WriteFailure:
     error: str  # "No space left on device (ENOSPC)"
 
 
-def write_failure(reader: RunReader) -> WriteFailure | None:
+def write_failure(reader: StatusSource) -> WriteFailure | None:
     """The failed write that is the last thing to have happened to the run, if there is one.
 
     The note counts only while ``metrics.jsonl`` still ends exactly where the failed write left
@@ -164,7 +184,7 @@ def write_failure(reader: RunReader) -> WriteFailure | None:
     return WriteFailure(note["session_id"], when, note["error"])
 
 
-def run_status(reader: RunReader, *, now: datetime) -> str:
+def run_status(reader: StatusSource, *, now: datetime) -> str:
     """The run's health from its log, its writer lock and its failure note; see the module docstring."""
     if reader.last_event == "session_end":
         status = reader.last_end_status

@@ -3,7 +3,7 @@ Opened from the top bar with no run named, it offers a picker of the runs."""
 
 import streamlit as st
 
-from metrics_core.analysis import lost_work, session_table
+from metrics_core.analysis import session_table
 from metrics_core.dashboard.chart import live_chart, load_plotly
 from metrics_core.dashboard.charts import session_overlay, view_findings
 from metrics_core.dashboard.overview import clock_text, file_stem, md_text, shorten
@@ -27,7 +27,7 @@ def sessions() -> None:
         return
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     train = view.frames["train"]
-    lost = lost_work(view.sessions, train, view.superseded["train"])
+    lost = view.lost_work
     share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
     for column, (label, value) in zip(st.columns(4), [
         ("Total downtime", clock_text(lost.downtime_s)), ("Steps replayed", f"{lost.steps_replayed:,}"),

@@ -10,9 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core import cache
-from metrics_core.cache import CachePolicy, save
+import metrics_core.reader as reader_module
+from metrics_core.cache import CachePolicy
 from metrics_core.reader import RunReader
+from metrics_core.records import check_lines
 from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
 
 
@@ -54,16 +55,20 @@ def policy(tmp_path: Path) -> CachePolicy:
 
 @pytest.fixture
 def cache_loads(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
-    """Each answer of ``metrics_core.cache.load`` in order (True: a reader was restored from the cache):
+    """Whether each reader with a cache was restored from it when it opened the file, in order:
     a reopen's snapshot equals a cold parse whether or not the cache served, so tests check this too."""
     answers: list[bool] = []
-    load = cache.load
+    opened: set[int] = set()
+    refresh = RunReader.refresh
 
-    def recording(reader: RunReader, policy: CachePolicy) -> bool:
-        answers.append(load(reader, policy))
-        return answers[-1]
+    def recording(reader: RunReader) -> int:
+        count = refresh(reader)
+        if reader.cache is not None and id(reader) not in opened:  # its first refresh opened the file
+            opened.add(id(reader))
+            answers.append(reader.served_from_cache)
+        return count
 
-    monkeypatch.setattr(cache, "load", recording)
+    monkeypatch.setattr(RunReader, "refresh", recording)
     return answers
 
 
@@ -83,32 +88,30 @@ def test_a_cold_parse_of_enough_records_is_saved_and_a_reopen_restores_it_exactl
     first.refresh()
     assert len(list(policy.directory.glob("*.mcc"))) == 1
     second = RunReader(path, cache=policy)
-    second._ingest_block = None  # restored, so never called: would raise
     second.refresh()
-    kinds = {name: column.kind for name, column in second._tables["train"].columns.items()}
+    kinds = {name: second.column("train", name).kind for name in ("flag", "mixed", "note", "big")}
     assert {kinds["flag"], kinds["mixed"], kinds["note"], kinds["big"]} == {"bool", "object", "cat", "float"}
     assert cache_loads == [False, True]
     assert snapshot(second) == snapshot(first) == cold(path)
 
 
 def test_records_appended_after_the_save_are_parsed_from_the_cached_offset(
-    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool]
+    tmp_path: Path, policy: CachePolicy, cache_loads: list[bool], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Cache + tail equals a cold parse of the grown file, and only the tail is parsed."""
     path = run_file(tmp_path)
     RunReader(path, cache=policy).refresh()
     append_bytes(path, records(451, 20, session="s2") + HOSTILE["repeated event"] + b'{"torn')
     reader = RunReader(path, cache=policy)
-    lines_before = None
+    parsed = []
 
-    def spy(data: bytes, end: int, parses: object) -> None:
-        nonlocal lines_before
-        lines_before = data.count(b"\n", 0, end)
-        original(data, end, parses)
+    def counting_check_lines(block: bytes, first_line: int, **kwargs: object) -> object:
+        parsed.append((first_line, block.count(b"\n")))
+        return check_lines(block, first_line, **kwargs)
 
-    original, reader._ingest_block = reader._ingest_block, spy
+    monkeypatch.setattr(reader_module, "check_lines", counting_check_lines)
     assert reader.refresh() == 20
-    assert lines_before == 21  # the 20 appended records and the bad line, nothing cached
+    assert parsed == [(507, 21)]  # from line 507 on: the 20 appended records and the bad line
     assert cache_loads == [False, True]
     assert snapshot(reader) == cold(path)
 
@@ -250,7 +253,7 @@ def test_an_unwritable_cache_directory_means_no_cache_and_no_error(tmp_path: Pat
     reader.refresh()
     reader.close()
     assert snapshot(reader) == cold(path)
-    assert not save(reader, policy)  # (the descriptor is closed, and the directory cannot exist)
+    assert not reader.save_cache()  # (the file is closed, and the directory cannot exist)
 
 
 def test_a_live_run_is_saved_at_most_once_per_interval_and_on_close(
@@ -300,7 +303,7 @@ def test_two_readers_saving_one_run_leave_one_valid_file(
     b.refresh()
     append_bytes(path, records(451, 3, session="s2"))
     a.refresh()
-    assert save(a, policy) and save(b, policy)  # b is behind: its cache is valid for its offset
+    assert a.save_cache() and b.save_cache()  # b is behind: its cache is valid for its offset
     assert [p.name for p in policy.directory.iterdir() if not p.name.endswith(".mcc")] == []
     reader = RunReader(path, cache=policy)
     reader.refresh()

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import random
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
-from metrics_core.analysis import lost_work, replay_windows, session_table
+from metrics_core.analysis import replay_windows, session_table
 from metrics_core.diagnostics import Finding, diagnose, diagnose_from_scratch, diagnose_reader
 from metrics_core.reader import RunReader
 from tests.support import append_bytes, append_records, base_record, three_session_run
@@ -158,7 +157,7 @@ def test_ingest_health_findings(tmp_path: Path) -> None:
     assert "line 3: not a JSON object" in checks(diagnose_reader(reader))["bad lines"].message
     append_bytes(path, b'{"x')
     reader.refresh()
-    assert "3 byte(s)" in checks(diagnose_reader(reader))["pending bytes"].message
+    assert "3 byte(s)" in checks(diagnose_reader(reader))["torn tail"].message
     replacement = path.with_name("rotated")
     append_records(replacement, window(10))
     replacement.replace(path)
@@ -185,7 +184,7 @@ def test_session_table_and_lost_work(tmp_path: Path) -> None:
     assert list(table["steps replayed"]) == [0, 40, 30]
     assert list(table["tokens replayed"]) == [0, 4000, 3000]
     assert list(table["end status"]) == ["crashed", "crashed", "stalled"]
-    lost = lost_work(reader.sessions, reader.frame("train"), reader.superseded("train"))
+    lost = reader.lost_work()
     assert (lost.steps_replayed, lost.tokens_replayed) == (70, 7000)
     assert lost.downtime_s == pytest.approx(sum(s.downtime_s or 0 for s in reader.sessions))
     assert lost.superseded_time_s == pytest.approx(70.0)  # 7 superseded windows, 10 s apart

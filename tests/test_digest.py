@@ -6,16 +6,17 @@ import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
+import numpy as np
 import orjson
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generate import write_run
-from metrics_core.analysis import lost_work
-from metrics_core.digest import LineFollower, RunDigest, clean, fit, last_records, shorten, width
+from metrics_core.digest import RunDigest, batches, follow_file, last_records
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
+from metrics_core.text import clean, fit, fit_middle, width
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
 SESSION_FIELDS = (
@@ -24,19 +25,38 @@ SESSION_FIELDS = (
 )  # fmt: skip
 
 
+def assert_replay_matches_the_masks(reader: RunReader) -> None:
+    """The O(rows) oracle of ``sessions.replay``: each session's share of earlier records, from the
+    reader's per-row ``replaced_by`` masks, and the superseded training time from its frame."""
+    sessions = reader.sessions
+    for session in sessions[1:]:
+        masks = {event: reader.replaced_by(session.index, event) for event in reader.events}
+        records = sum(int(mask.sum()) for mask in masks.values())
+        frontier = max([session.first_step] + [int(reader.frame(event)["step"][mask].max())
+                                               for event, mask in masks.items() if mask.any()])  # fmt: skip
+        column = reader.column("train", "tokens")
+        tokens = 0 if column is None or "train" not in masks else int(np.nansum(column.numbers()[masks["train"]]))
+        assert (session.records_superseded, session.steps_replayed, session.tokens_replayed) == (
+            records, frontier - session.first_step, tokens)  # fmt: skip
+    train = reader.frame("train")
+    window = train.groupby("session_id", observed=True)["time"].diff().dt.total_seconds() if len(train) else None
+    wasted = float(window[reader.superseded("train")].sum()) if window is not None else 0.0
+    assert reader.lost_work().superseded_time_s == pytest.approx(wasted)
+
+
 def assert_agrees_with_reader(path: Path, now: datetime) -> RunDigest:
     """Sessions, replay accounting, lost work, status inputs and bad lines: digest == RunReader."""
     reader = RunReader(path)
     reader.refresh()
+    assert_replay_matches_the_masks(reader)
     digest = RunDigest(path)
     digest.refresh()
     assert [tuple(getattr(s, f) for f in SESSION_FIELDS) for s in digest.sessions] == [
         tuple(getattr(s, f) for f in SESSION_FIELDS) for s in reader.sessions
     ]
-    assert [(s.start_ns // 1000, s.end_ns // 1000) for s in digest.sessions] == [
-        (int(s.start_time.timestamp() * 1e6), int(s.end_time.timestamp() * 1e6)) for s in reader.sessions
-    ]
-    expected = lost_work(reader.sessions, reader.frame("train"), reader.superseded("train"))
+    times = [(s.start_time, s.end_time) for s in reader.sessions]
+    assert [(s.start_time, s.end_time) for s in digest.sessions] == times
+    expected = reader.lost_work()
     got = digest.lost_work()
     assert (got.downtime_s, got.steps_replayed, got.tokens_replayed) == pytest.approx(
         (expected.downtime_s, expected.steps_replayed, expected.tokens_replayed)
@@ -120,10 +140,10 @@ def test_last_records_equals_the_end_of_a_forward_read(tmp_path: Path, chunk: in
     """For every N, reading backwards gives the last N records and the same bad lines as a forward read."""
     path = tmp_path / "metrics.jsonl"
     tail_file(path)
-    follower = LineFollower(path, max_record_bytes=2000)
-    batches = list(follower.batches())
-    records = [r for batch in batches for r in batch.records]
-    skipped = [s for batch in batches for s in batch.skipped]
+    follower = follow_file(path, max_record_bytes=2000)
+    read = list(batches(follower))
+    records = [r for batch in read for r in batch.records]
+    skipped = [s for batch in read for s in batch.skipped]
     for count in (0, 1, 5, 40, len(records), len(records) + 10):
         answer = last_records(path, count, keep=lambda r: True, max_record_bytes=2000, chunk=chunk)
         assert answer.records == records[max(0, len(records) - count) :]
@@ -158,22 +178,22 @@ def test_follower_waits_for_the_newline_and_notices_a_rewrite(tmp_path: Path) ->
     """A torn line is handed out once complete; a shrunk or replaced file is read again from its start."""
     path = tmp_path / "metrics.jsonl"
     append_records(path, base_record(1))
-    follower = LineFollower(path)
-    assert [r["step"] for b in follower.batches() for r in b.records] == [1]
+    follower = follow_file(path)
+    assert [r["step"] for b in batches(follower) for r in b.records] == [1]
     line = orjson.dumps(base_record(2)) + b"\n"
     append_bytes(path, line[:20])
-    assert [r for b in follower.batches() for r in b.records] == [] and follower.pending_bytes == 20
+    assert [r for b in batches(follower) for r in b.records] == [] and follower.pending_bytes == 20
     append_bytes(path, line[20:])
-    assert [r["step"] for b in follower.batches() for r in b.records] == [2]
+    assert [r["step"] for b in batches(follower) for r in b.records] == [2]
     path.write_bytes(orjson.dumps(base_record(7)) + b"\n")  # cut and rewritten in place
-    batches = list(follower.batches())
-    assert batches[0].reset is not None and "shrank" in batches[0].reset
-    assert [r["step"] for b in batches for r in b.records] == [7]
+    read = list(batches(follower))
+    assert read[0].reset is not None and "shrank" in read[0].reset
+    assert [r["step"] for b in read for r in b.records] == [7]
     replacement = tmp_path / "new"
     replacement.write_bytes(orjson.dumps(base_record(9)) + b"\n")
     os.replace(replacement, path)
-    batches = list(follower.batches())
-    assert "replaced" in batches[0].reset and [r["step"] for b in batches for r in b.records] == [9]
+    read = list(batches(follower))
+    assert "replaced" in read[0].reset and [r["step"] for b in read for r in b.records] == [9]
 
 
 def test_follower_skips_an_overlong_line_by_its_length(tmp_path: Path) -> None:
@@ -182,35 +202,34 @@ def test_follower_skips_an_overlong_line_by_its_length(tmp_path: Path) -> None:
     append_records(path, base_record(1))
     append_bytes(path, b"x" * 5000 + b"\n")
     append_records(path, base_record(2))
-    follower = LineFollower(path, max_record_bytes=1000)
-    batches = list(follower.batches())
-    assert [r["step"] for b in batches for r in b.records] == [1, 2]
-    assert [(s.line, s.where) for b in batches for s in b.skipped] == [(2, "line 2")]
+    read = list(batches(follow_file(path, max_record_bytes=1000)))
+    assert [r["step"] for b in read for r in b.records] == [1, 2]
+    assert [(s.line, s.where) for b in read for s in b.skipped] == [(2, "line 2")]
 
 
 def test_follower_reads_each_byte_about_once_across_blocks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Small blocks ending mid-line, and an over-long line longer than several blocks: the records a
     single read gives, with each byte read about once (the cut line's tail is read again, not the
     whole next block)."""
-    import metrics_core.digest as digest_module
+    import metrics_core.lines as lines_module
 
     path = tmp_path / "metrics.jsonl"
     pieces = [orjson.dumps(base_record(step, note="n" * (step % 97))) + b"\n" for step in range(1, 1201)]
     pieces.insert(600, b"x" * 100_000 + b"\n")  # beyond the record limit and REREAD_BYTES: skipped over
     path.write_bytes(b"".join(pieces))
-    whole = [(r["step"], r["note"]) for b in LineFollower(path, max_record_bytes=2000).batches() for r in b.records]
+    whole = [(r["step"], r["note"]) for b in batches(follow_file(path, max_record_bytes=2000)) for r in b.records]
     read = []
     pread = os.pread
     monkeypatch.setattr(os, "pread", lambda fd, count, offset: read.append(count) or pread(fd, count, offset))
-    monkeypatch.setattr(digest_module, "READ_CHUNK", 4096)
-    batches = list(LineFollower(path, max_record_bytes=2000).batches())
+    monkeypatch.setattr(lines_module, "READ_CHUNK", 4096)
+    read_batches = list(batches(follow_file(path, max_record_bytes=2000)))
     assert (
-        [(r["step"], r["note"]) for b in batches for r in b.records]
+        [(r["step"], r["note"]) for b in read_batches for r in b.records]
         == whole
         == [(step, "n" * (step % 97)) for step in range(1, 1201)]
     )
-    assert [s.line for b in batches for s in b.skipped] == [601]
-    assert len(batches) > 50 and sum(read) < 1.2 * path.stat().st_size  # was 2x: every block read twice
+    assert [s.line for b in read_batches for s in b.skipped] == [601]
+    assert len(read_batches) > 50 and sum(read) < 1.2 * path.stat().st_size  # was 2x: every block read twice
 
 
 def test_hostile_text_is_cleaned_and_fitted() -> None:
@@ -218,5 +237,5 @@ def test_hostile_text_is_cleaned_and_fitted() -> None:
     hostile = "s\x1b[2J\x1b[31mred\x1b]0;title\x07\u202eevil\r\n\t\x9b1Aend"
     assert clean(hostile) == "sredevilend"
     assert width("日本") == 4 and width(fit("日本語のセッション", 7)) <= 7
-    assert shorten("20251129T000000Z-gpu-node-017-pid40000", 16) == "20251129…id40000"
+    assert fit_middle("20251129T000000Z-gpu-node-017-pid40000", 16) == "20251129…id40000"
     assert fit("abc", 3) == "abc" and fit("abcd", 3) == "ab…"

@@ -12,6 +12,8 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
 from metrics_core.reader import RunReader
+from metrics_core.records import check_lines
+from metrics_core.storage import LocalFile
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
 
@@ -370,33 +372,46 @@ def test_memory_is_columnar(tmp_path: Path) -> None:
     assert reader.resident_bytes() / count < 150
 
 
-def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer_run(tmp_path: Path) -> None:
+class CountingFile(LocalFile):
+    """A local run file that counts the bytes read through it."""
+
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.bytes_read = 0
+
+    def read(self, offset: int, count: int) -> bytes:
+        data = super().read(offset, count)
+        self.bytes_read += len(data)
+        return data
+
+
+def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Scaled-down refresh-cost scenario: bytes read and lines parsed do not grow with the run (counts)."""
+    import metrics_core.reader as reader_module
     from benchmarks.generate import record, write_run
+
+    parsed = [0]
+
+    def counting_check_lines(block: bytes, first_line: int, **kwargs: object) -> object:
+        parsed[0] += block.count(b"\n")
+        return check_lines(block, first_line, **kwargs)
 
     work = {}
     for count in (20_000, 200_000):
         path = tmp_path / f"run{count}" / "metrics.jsonl"
         write_run(path, count)
-        reader = RunReader(path)
+        file = CountingFile(path)
+        reader = RunReader(path, file=file)
         reader.refresh()
-        read, parsed = [0], [0]
-        original_read, original_ingest = reader._read, reader._ingest_block
-
-        def counting_read(position: int, size: int, read=read, original=original_read) -> bytes:
-            data = original(position, size)
-            read[0] += len(data)
-            return data
-
-        def counting_ingest(data: bytes, end: int, parses: object, parsed=parsed, original=original_ingest) -> None:
-            parsed[0] += data.count(b"\n", 0, end)
-            original(data, end, parses)
-
-        reader._read, reader._ingest_block = counting_read, counting_ingest
+        file.bytes_read = parsed[0] = 0
+        monkeypatch.setattr(reader_module, "check_lines", counting_check_lines)
         for round_ in range(5):
             append_bytes(path, b"".join(record("s", "train", 10**9 + round_ * 10 + i, 0, 0, 10**18) for i in range(10)))
             assert reader.refresh() == 10
-        work[count] = (read[0], parsed[0])
+        monkeypatch.undo()
+        work[count] = (file.bytes_read, parsed[0])
     assert work[200_000][1] == work[20_000][1] == 50
     assert work[200_000][0] <= 3 * work[20_000][0]
 
@@ -405,32 +420,25 @@ def test_a_cold_load_reads_each_byte_once_and_a_small_refresh_starts_no_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Blocks of a cold load are read once (a block's torn last line is read with the next), threads only for bulk."""
-    import metrics_core.reader as reader_module
+    import metrics_core.arrow_records as arrow_module
+    import metrics_core.lines as lines_module
     from benchmarks.generate import record, write_run
 
-    monkeypatch.setattr(reader_module, "READ_CHUNK", 2 << 20)  # five blocks, each for pyarrow
+    monkeypatch.setattr(lines_module, "READ_CHUNK", 2 << 20)  # five blocks, each for pyarrow
     pools: list[int] = []
 
-    class CountingPool(reader_module.ThreadPoolExecutor):
+    class CountingPool(arrow_module.ThreadPoolExecutor):
         def __init__(self, *args: object, **kwargs: object) -> None:
             pools.append(1)
             super().__init__(*args, **kwargs)
 
-    monkeypatch.setattr(reader_module, "ThreadPoolExecutor", CountingPool)
+    monkeypatch.setattr(arrow_module, "ThreadPoolExecutor", CountingPool)
     path = tmp_path / "run" / "metrics.jsonl"
     count = write_run(path, 20_000)
-    reader = RunReader(path)
-    read = [0]
-    original = reader._read
-
-    def counting_read(position: int, size: int) -> bytes:
-        data = original(position, size)
-        read[0] += len(data)
-        return data
-
-    reader._read = counting_read
+    file = CountingFile(path)
+    reader = RunReader(path, file=file)
     assert reader.refresh() == count
-    assert path.stat().st_size <= read[0] <= path.stat().st_size + 64 * 1024
+    assert path.stat().st_size <= file.bytes_read <= path.stat().st_size + 64 * 1024
     assert len(pools) == 1
     append_bytes(path, b"".join(record("s", "train", 10**9 + i, 0, 0, 10**18) for i in range(10)))
     assert reader.refresh() == 10 and len(pools) == 1

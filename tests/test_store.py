@@ -628,7 +628,7 @@ def test_a_released_run_is_reopened_from_the_cache_when_the_store_has_one(tmp_pa
         assert store.held_records() == 2000
         append_records(runs / "run00" / "metrics.jsonl", base_record(2001, session="s2", train_loss=0.5))
         view = store.view("run00")
-        assert store._entries["run00"].reader._cache_saved_at is not None  # restored, not parsed cold
+        assert store._entries["run00"].reader.served_from_cache  # restored, not parsed cold
         assert_same_view(view, full_view(store, "run00"))
     finally:
         store.close()
@@ -756,7 +756,7 @@ def test_a_restarted_store_reopens_a_big_run_from_its_own_cache_dir(tmp_path: Pa
     try:
         warm = second.view("r")
         entry = second._entries["r"]
-        assert entry.reader._cache_saved_at is not None  # restored, not parsed cold
+        assert entry.reader.served_from_cache  # restored, not parsed cold
         assert warm.records == cold.records + 1
         np.testing.assert_array_equal(warm.frames["train"]["step"], np.arange(1, 2002))
     finally:

@@ -1,4 +1,4 @@
-"""A run's row of the runs table, kept as cheaply as what was read allows (issue 10).
+"""A run's row of the runs table, kept as cheaply as what was read allows.
 
 ``RunStore`` owns the rows; this module computes them, from nothing but a reader or a file:
 
@@ -88,7 +88,7 @@ class LossTrend:
     """``overview.trend`` of a run's effective, finite train losses, kept from one summary to the
     next: the rows it picks from are remembered, so an append made by the last session (the live
     case) costs O(appended rows); anything else (a new session, a reset, a loss logged as a
-    string) recomputes them, O(rows) in numpy (~5 ms per 1M)."""
+    string) recomputes them, O(rows) in numpy."""
 
     def __init__(self) -> None:
         self._basis: tuple[int, int, int, str] | None = None  # (resets, sessions, train rows, last session id)

@@ -17,7 +17,7 @@ unknown after an exception mid-refresh) and the failure is remembered: the file 
 the start only once it changed and ``safety_interval`` has passed, so a broken run costs one
 ``stat`` per refresh, not a full re-read.
 
-Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
+Cost model (a root of 1,000 runs, runs of millions of records, live):
 
 * ``overview()`` costs O(runs) per call and touches no record: each run's row comes from a
   ``RunSummary`` that the refresh which read new bytes updates from the tail of the reader's
@@ -36,7 +36,7 @@ Cost model (issue 10: a root of 1,000 runs, runs of millions of records, live):
 * ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
   the root: a page showing one run does not pay for the 999 others.
 
-Memory (issue 10: 100 runs of 1M records would be ~11 GB of columns at ~115 B/record): O(runs) plus
+Memory (a hundred runs of a million records each would not fit if all were held): O(runs) plus
 the records of the runs that are live or open in a page, not O(all records).  A run's reader (its
 columns) is kept only while the run is ``live`` or its file changed in the last ``idle_s`` seconds
 (it will change again soon: a writer whose clock lags ours by minutes reads ``stalled`` while it
@@ -51,7 +51,7 @@ cold root is released run by run.  Any other run keeps its ``RunSummary`` and ro
 it was read), and its reader is closed once its row is computed: the loader holds one cold run at a
 time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
 ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
-reader, from the columnar cache when the store has one (~5-10 % of a cold parse), else a full parse.
+reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
 
 The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -89,8 +89,11 @@ from metrics_core.dashboard.rows import (
     peek_row,
 )
 from metrics_core.errors import MetricsError, RunNotFoundError
-from metrics_core.reader import IngestHealth, RunReader, Session, file_identity
+from metrics_core.health import IngestHealth
+from metrics_core.reader import RunReader
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
+from metrics_core.sessions import LostWork, Session
+from metrics_core.storage import LocalFile
 from metrics_core.watch import RunsWatcher
 from metrics_core.writer import lock_is_held
 
@@ -99,7 +102,7 @@ CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are le
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
-VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold (~460 MB)
+VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
 OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
@@ -139,8 +142,8 @@ class RunView:
     """Everything a page shows about one run, as of one refresh.
 
     Immutable, so anything derived from it (figures, diagnostics) is computed once per snapshot
-    with ``memo`` and shared by every tab: on a 1M-record run the charts take ~1.5 s and the
-    diagnostics ~1 s to build, far too much to redo per tab per second.
+    with ``memo`` and shared by every tab: on a long run the charts and the diagnostics take far
+    too long to build to redo per tab per refresh.
     """
 
     name: str
@@ -152,6 +155,7 @@ class RunView:
     ingest: IngestHealth
     last_record_time: datetime | None
     status: str
+    lost_work: LostWork
     lineage: Lineage = field(default_factory=Lineage, repr=False)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -264,7 +268,7 @@ class RunStore:
         """``cache``: where readers keep a columnar copy of big runs, so that a restarted server
         reopens them at a few percent of a cold parse (``metrics_core.cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
-        it takes a core (on 2 cores, 1,000 runs drawn in 3.9-4.1 s with it, 3.8-6.4 s without).
+        it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
         ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
         "Memory")."""
         self.root = Path(root)
@@ -723,11 +727,12 @@ def _cause(exc: BaseException) -> str:
 
 
 def _stamp(path: Path) -> tuple[int, int, int, int] | None:
-    """``path``'s ``file_identity``, or None when it cannot be read."""
+    """``path``'s identity (``storage.FileStat``), or None when it cannot be read."""
     try:
-        return file_identity(os.stat(path))
+        found = LocalFile(path).stat()
     except OSError:
         return None
+    return None if found is None else found.identity
 
 
 def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
@@ -735,11 +740,10 @@ def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
 
     The reader keeps a field whose type changed between records (a string logged under
     ``train_loss`` once) as Python objects; every chart and check expects numbers there, and one
-    such string used to raise in the loss-replay arithmetic.  The strings become missing values:
-    drawn as gaps and counted by the diagnostics.  Only object columns pay (~0.1 s per million
-    rows); a well-formed run has none.
+    string would break the loss-replay arithmetic.  The strings become missing values: drawn as
+    gaps and counted by the diagnostics.  Only object columns pay; a well-formed run has none.
     """
-    # from dtypes, not frame[column]: a Series per column per live append cost ~0.15 ms at 18 columns
+    # from dtypes, not frame[column]: a Series per column per live append is a cost per refresh
     mixed = [column for column, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
     if not mixed:
         return frame
@@ -810,6 +814,7 @@ def _build_view(
         ingest=reader.ingest_health(),
         last_record_time=reader.last_record_time,
         status=status,
+        lost_work=reader.lost_work(),
         lineage=lineage,
     )
 
@@ -818,9 +823,9 @@ class _MaskBuffer:
     """A snapshot mask extended with False in place: a bool buffer with slack (a quarter more
     than its rows) whose prefixes are handed out read-only.
 
-    A fresh full-length mask per append cost O(rows) (~1 MB allocated, page-faulted and copied
-    per mask at 1M rows, each append).  Rows only ever follow the longest prefix handed out, so a
-    snapshot held by a caller never sees its mask change, as ``columns.Derived`` keeps conversions.
+    A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
+    Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
+    its mask change, as ``columns.Derived`` keeps conversions.
     """
 
     __slots__ = ("_buffer", "_size")

@@ -1,0 +1,76 @@
+"""Text from run files made safe and sized for a terminal.
+
+Every string read from a file (a session id, a reason, a path) passes through ``clean`` before it is
+printed, so a hostile session id cannot move the cursor, recolour the terminal or reorder the line;
+``fit`` and ``fit_middle`` cut it to a number of terminal columns (wide characters count two).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+# CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), other two-byte escapes, and the C1 CSI.
+_ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
+# Bidi embeddings, overrides and isolates reorder what follows on the line ("Trojan Source").
+_BIDI = frozenset("\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069\u200e\u200f\u061c")
+
+
+def clean(text: str) -> str:
+    """``text`` safe to print: escape sequences, control characters and bidi controls removed.
+
+    Line and paragraph separators and tabs go too: one record stays one line whatever it holds.
+    """
+    if text.isascii() and text.isprintable():
+        return text  # the common case, ~100 ns
+    text = _ESCAPES.sub("", text)
+    return "".join(
+        char
+        for char in text
+        if char not in _BIDI and unicodedata.category(char) not in ("Cc", "Zl", "Zp", "Cs", "Co", "Cn")
+    )
+
+
+def width(text: str) -> int:
+    """Terminal columns ``text`` takes: wide (CJK, emoji) characters 2, combining marks 0."""
+    if text.isascii():
+        return len(text)
+    return sum(_char_width(char) for char in text)
+
+
+def _char_width(char: str) -> int:
+    if unicodedata.combining(char) or unicodedata.category(char) in ("Mn", "Me", "Cf"):
+        return 0
+    return 2 if unicodedata.east_asian_width(char) in ("W", "F") else 1
+
+
+def fit(text: str, columns: int) -> str:
+    """``text`` cut to at most ``columns`` terminal columns, ending in "…" when cut."""
+    if width(text) <= columns:
+        return text
+    used, kept = 1, []  # the ellipsis takes one column
+    for char in text:
+        used += _char_width(char)
+        if used > columns:
+            break
+        kept.append(char)
+    return "".join(kept) + "…"
+
+
+def fit_middle(text: str, columns: int) -> str:
+    """``text`` in at most ``columns`` columns, keeping its start and end around a "…".
+
+    For ids and paths, whose ends tell them apart (``…-pid40001``, ``…/my-run``).
+    """
+    if width(text) <= columns:
+        return text
+    tail_columns = (columns - 1) // 2
+    tail: list[str] = []
+    used = 0
+    for char in reversed(text):
+        used += _char_width(char)
+        if used > tail_columns:
+            break
+        tail.append(char)
+    end = "".join(reversed(tail))
+    return fit(text[: len(text) - len(end)], columns - width(end)) + end
