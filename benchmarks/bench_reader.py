@@ -4,7 +4,7 @@ Run: python benchmarks/bench_reader.py [--sizes 100000,300000,1000000] [--small 
      METRICS_BENCH_5M=1 adds a 5,000,000-record run to the refresh measurement.
      --baseline DIR adds the cold load and the cache reopen of another version's ``metrics_core``
      (a directory holding it, e.g. from ``git archive <rev> metrics_core | tar -x -C DIR``), side by
-     side in the rounds; its reopen reads this version's cache file, so both must share the format.
+     side in the rounds; its reopen reads a cache file it wrote itself, in its own format.
 Each load runs in its own subprocess so its wall time and peak RSS are its own; candidate and
 baseline subprocesses alternate (``--repeats`` rounds) and the median of per-round ratios is
 printed.  The refresh timings alternate between the runs and the floor in one process.
@@ -191,11 +191,19 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
     writer.refresh()
     writer.close()
     del writer  # its columns would distort the RSS measurement below
+    baseline_cache = root / f"cache{records}-baseline"
+    if baseline is not None:  # the baseline's own cache file, in its own format
+        build = (f"import sys; sys.path.insert(0, {str(baseline)!r}); from pathlib import Path\n"
+                 "from metrics_core.cache import CachePolicy; from metrics_core.reader import RunReader\n"
+                 f"r = RunReader({str(cold)!r}, cache=CachePolicy(Path({str(baseline_cache)!r}), min_records=1))\n"
+                 "r.refresh(); r.close()")  # fmt: skip
+        subprocess.run([sys.executable, "-c", build], check=True)
     modes = ["reader", "pyarrow", "pandas", "reopen", *(["baseline", "baseline reopen"] if baseline else [])]
     loads: dict[str, list[Load]] = {mode: [] for mode in modes}
     for _ in range(repeats):
         for mode in modes:
-            loads[mode].append(cold_load(mode, cold, cache_dir if mode.endswith("reopen") else None, baseline))
+            directory = baseline_cache if mode == "baseline reopen" else cache_dir if mode == "reopen" else None
+            loads[mode].append(cold_load(mode, cold, directory, baseline))
     assert {load.rows for mode in modes if not mode.endswith("reopen") for load in loads[mode]} == {count}
     med = statistics.median
 

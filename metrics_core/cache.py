@@ -53,6 +53,9 @@ from typing import Any
 import numpy as np
 
 from metrics_core.columns import Column, Table
+from metrics_core.lines import Position
+from metrics_core.records import BadLine
+from metrics_core.sessions import SessionLog
 
 FORMAT = 2  # bump when the record rules (records.py) or the column typing (columns.py) change
 _MAGIC = b"MCCACHE1"
@@ -76,13 +79,41 @@ class CachePolicy:
         return Path(self.directory) / f"{key}.mcc"
 
 
-def save(policy: CachePolicy, key: str, state: dict[str, Any], tables: dict[str, Table]) -> bool:
-    """Write a reader's ``state`` (JSON values) and ``tables`` as the cache file of the run file
-    named ``key``; False (and no exception) if it cannot."""
+@dataclass(frozen=True, slots=True)
+class CachedParse:
+    """What a reader knows after parsing a run file up to a line boundary: where it stands, the
+    sessions, what it skipped, and the columns of each event."""
+
+    position: Position
+    max_record_bytes: int
+    log: SessionLog
+    bad_lines: int
+    bad_line_samples: tuple[BadLine, ...]
+    schema_versions: dict[int, int]
+    tables: dict[str, Table]
+
+
+def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
+    """Write ``parse`` as the cache file of the run file named ``key``; False (and no exception) if
+    it cannot."""
+    tables = parse.tables
     try:
         streams = {event: _table_stream(table) for event, table in tables.items()}  # Arrow's buffers, not copied
         payload_size = sum(len(stream) for stream in streams.values())
-        header_state = {**state, "format": FORMAT}
+        position = parse.position
+        header_state = {
+            "format": FORMAT,
+            "key": key,
+            "max_record_bytes": parse.max_record_bytes,
+            "offset": position.offset,
+            "lines": position.lines,
+            "head": position.head.hex(),
+            "last_line": [position.last_line[0], position.last_line[1].hex()],
+            "bad_lines": parse.bad_lines,
+            "bad_line_samples": [[bad.line, bad.reason, bad.excerpt] for bad in parse.bad_line_samples],
+            "schema_versions": list(parse.schema_versions.items()),
+            "log": parse.log.state(),
+        }
         header_state["tables"] = [
             [event, table.size, len(streams[event]), [[name, column.kind, list(column.categories)]
                                                       for name, column in table.columns.items()]]
@@ -115,17 +146,29 @@ def save(policy: CachePolicy, key: str, state: dict[str, Any], tables: dict[str,
         return False  # unwritable directory, full disk, a value JSON cannot hold: no cache
 
 
-def load(policy: CachePolicy, key: str) -> tuple[dict[str, Any], dict[str, Table]] | None:
-    """The state and tables cached for the run file named ``key``, or None: no file, a failed
-    read, a corrupt, foreign or older-format file (never the caller's problem).  Whether the
-    state still matches the run file is the caller's to check (``RunReader`` compares its
-    fingerprints)."""
+def load(policy: CachePolicy, key: str, *, max_record_bytes: int) -> CachedParse | None:
+    """The parse cached for the run file named ``key`` with this record limit, or None: no file, a
+    failed read, a corrupt, foreign or older-format file (never the caller's problem).  Whether
+    the run file still holds what was parsed is the caller's to check (``LineFollower.matches``
+    on the position)."""
     try:
         with open(policy.path_for(key), "rb", buffering=0) as handle:
             state, streams = _read(handle)
-        if state.get("format") != FORMAT:
+        if state.get("format") != FORMAT or state["key"] != key or state["max_record_bytes"] != max_record_bytes:
             return None
-        return state, _decode(state, streams)
+        position = Position(int(state["offset"]), int(state["lines"]), bytes.fromhex(state["head"]),
+                            (int(state["last_line"][0]), bytes.fromhex(state["last_line"][1])))  # fmt: skip
+        return CachedParse(
+            position=position,
+            max_record_bytes=max_record_bytes,
+            log=SessionLog.restore(state["log"]),
+            bad_lines=int(state["bad_lines"]),
+            bad_line_samples=tuple(
+                BadLine(line, str(reason), str(text)) for line, reason, text in state["bad_line_samples"]
+            ),
+            schema_versions={int(version): int(count) for version, count in state["schema_versions"]},
+            tables=_decode(state, streams),
+        )
     except Exception:
         return None
 

@@ -35,7 +35,6 @@ import contextlib
 import ctypes
 import math
 import os
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -46,11 +45,12 @@ import pandas as pd
 from metrics_core import cache
 from metrics_core.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.cache import CachePolicy
-from metrics_core.columns import Chunk, Column, Table, chunk_from_pylist
+from metrics_core.columns import Column, Table, chunks_of, event_rows
 from metrics_core.errors import RunNotFoundError
-from metrics_core.lines import LineFollower, Lines, LongLine, Position, Restart
+from metrics_core.health import IngestHealth
+from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import MAX_RECORD_BYTES, BadLine, check_lines
-from metrics_core.sessions import EventRows, LostWork, Progress, Replay, Session, SessionLog, replay
+from metrics_core.sessions import LostWork, Progress, Replay, Session, SessionLog, replay
 from metrics_core.storage import LocalFile, RunFile
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
@@ -58,18 +58,6 @@ __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
 
 MAX_BAD_LINE_SAMPLES = 20
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
-
-
-@dataclass(frozen=True, slots=True)
-class IngestHealth:
-    """What reading the file ran into: skipped lines, an incomplete tail, versions, restarts."""
-
-    bad_lines: int
-    bad_line_samples: tuple[BadLine, ...]
-    pending_bytes: int
-    schema_versions: dict[int, int]
-    resets: int
-    reset_reasons: tuple[str, ...]
 
 
 class RunReader:
@@ -274,7 +262,7 @@ class RunReader:
     def _flush(self) -> None:
         """Columnarise rows the per-line parser left as dicts (called before any query)."""
         for event, rows in self._pending.items():
-            self._tables.setdefault(event, Table()).extend(_columnarize(rows), len(rows))
+            self._tables.setdefault(event, Table()).extend(chunks_of(rows), len(rows))
         self._pending.clear()
         self._pending_rows = 0
 
@@ -284,29 +272,17 @@ class RunReader:
         """On opening the file: continue from a cached parse of it, when one matches it."""
         self.served_from_cache = False
         key = self.file.cache_key() if self.cache is not None else None
-        found = None if key is None else cache.load(self.cache, key)
-        if found is None:
+        found = None if key is None else cache.load(self.cache, key, max_record_bytes=self.max_record_bytes)
+        if found is None or not self._follower.matches(found.position):
             return
-        state, tables = found
-        try:
-            position = Position(int(state["offset"]), int(state["lines"]), bytes.fromhex(state["head"]),
-                                (int(state["last_line"][0]), bytes.fromhex(state["last_line"][1])))  # fmt: skip
-            if state["key"] != key or state["max_record_bytes"] != self.max_record_bytes:
-                return
-            if not self._follower.matches(position):
-                return
-            log = SessionLog.restore(state["log"])
-            samples = [BadLine(line, str(reason), str(text)) for line, reason, text in state["bad_line_samples"]]
-            versions = {int(version): int(count) for version, count in state["schema_versions"]}
-        except (KeyError, TypeError, ValueError, IndexError):
-            return  # a state this version cannot read: parse instead
         self._clear()
-        self.log, self._tables = log, tables
-        self.bad_lines, self.bad_line_samples, self.schema_versions = int(state["bad_lines"]), samples, versions
-        self._follower.resume(position)
-        self._cache_saved_at, self._cache_lines = self.cache.clock(), position.lines
+        self.log, self._tables = found.log, found.tables
+        self.bad_lines, self.bad_line_samples = found.bad_lines, list(found.bad_line_samples)
+        self.schema_versions = found.schema_versions
+        self._follower.resume(found.position)
+        self._cache_saved_at, self._cache_lines = self.cache.clock(), found.position.lines
         self.served_from_cache = True
-        self._restored = (self.records, position.lines)
+        self._restored = (self.records, found.position.lines)
 
     def _maybe_save_cache(self, parsed_lines: int) -> None:
         """Save after a parse of ``min_records`` lines, else at most every ``interval_s`` once cached."""
@@ -324,19 +300,9 @@ class RunReader:
             return False
         self._flush()
         position = self._follower.position()
-        state = {
-            "key": key,
-            "max_record_bytes": self.max_record_bytes,
-            "offset": position.offset,
-            "lines": position.lines,
-            "head": position.head.hex(),
-            "last_line": [position.last_line[0], position.last_line[1].hex()],
-            "bad_lines": self.bad_lines,
-            "bad_line_samples": [[bad.line, bad.reason, bad.excerpt] for bad in self.bad_line_samples],
-            "schema_versions": list(self.schema_versions.items()),
-            "log": self.log.state(),
-        }
-        if not cache.save(self.cache, key, state, self._tables):
+        parse = cache.CachedParse(position, self.max_record_bytes, self.log, self.bad_lines,
+                                  tuple(self.bad_line_samples), dict(self.schema_versions), self._tables)  # fmt: skip
+        if not cache.save(self.cache, key, parse):
             return False
         self._cache_saved_at, self._cache_lines = self.cache.clock(), position.lines
         return True
@@ -474,57 +440,12 @@ class RunReader:
         if self._replay is not None and self._replay[0] == key:
             return self._replay[1]
         self._flush()
-        rows = {event: _event_rows(table, self._global_sessions(table), len(log), train=event == "train")
+        rows = {event: event_rows(table, self._global_sessions(table), len(log), train=event == "train")
                 for event, table in self._tables.items()}  # fmt: skip
         thresholds = {event: log.thresholds(event) for event in rows}
         redone = replay(log.first_steps(), thresholds, rows)
         self._replay = (key, redone)
         return redone
-
-
-def _event_rows(table: Table, sessions: np.ndarray, count: int, *, train: bool) -> dict[int, EventRows]:
-    """``EventRows`` of every session but the last (whose records no one redid yet)."""
-    steps = table.columns["step"].view()
-    if len(sessions) > 1 and (np.diff(sessions) < 0).any():
-        order = np.argsort(sessions, kind="stable")  # a second writer interleaved sessions
-        sessions, steps = sessions[order], steps[order]
-    else:
-        order = None
-    bounds = np.searchsorted(sessions, np.arange(count + 1))
-    tokens = times = None
-    if train:
-        column = table.columns.get("tokens")
-        tokens = np.zeros(len(steps)) if column is None else column.numbers()
-        times = table.columns["time"].view()
-        if order is not None:
-            tokens, times = tokens[order], times[order]
-    result = {}
-    for index in range(count - 1):
-        start, stop = int(bounds[index]), int(bounds[index + 1])
-        if start == stop:
-            continue
-        mine = steps[start:stop]
-        held = EventRows(mine, bool((np.diff(mine) >= 0).all()))
-        if train:
-            window = np.diff(times[start:stop]) / 1e9
-            held = EventRows(mine, held.ordered, _running_sum(tokens[start:stop]),
-                             _running_sum(np.concatenate(([0.0], window))))  # fmt: skip
-        result[index] = held
-    return result
-
-
-def _running_sum(values: np.ndarray) -> np.ndarray:
-    """Running sums with a leading 0, a missing value (NaN) counted as 0."""
-    return np.concatenate(([0.0], np.cumsum(np.where(np.isnan(values), 0.0, values))))
-
-
-def _columnarize(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
-    """Typed chunks, one per key seen in any of ``rows`` (absent = missing)."""
-    keys: dict[str, None] = {}
-    for row in rows:
-        keys.update(dict.fromkeys(row))
-    del keys["event"]
-    return {key: chunk_from_pylist([row.get(key) for row in rows]) for key in keys}
 
 
 def _return_memory_to_os() -> None:

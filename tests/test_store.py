@@ -14,6 +14,7 @@ import pytest
 
 from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.charts import ChartOptions, view_charts
+from metrics_core.dashboard.snapshot import EVENTS, build_view
 from metrics_core.dashboard.store import RunStore, view_summary
 from metrics_core.reader import RunReader
 from tests.support import append_bytes, append_records, base_record
@@ -114,12 +115,12 @@ def full_view(store: RunStore, name: str) -> object:
     """The O(n) oracle: ``name``'s snapshot built from scratch by a fresh reader."""
     reader = RunReader(store.root / name)
     reader.refresh()
-    return store_module._build_view(name, reader, "live")
+    return build_view(name, reader, "live")
 
 
 def assert_same_view(view: object, oracle: object) -> None:
     assert view.records == oracle.records and view.sessions == oracle.sessions
-    for event in store_module.EVENTS:
+    for event in EVENTS:
         pd.testing.assert_frame_equal(view.frames[event], oracle.frames[event])
         np.testing.assert_array_equal(view.superseded[event], oracle.superseded[event])
     assert view.replaced.keys() == oracle.replaced.keys()

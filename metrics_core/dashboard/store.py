@@ -65,7 +65,7 @@ import threading
 import time
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Hashable
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
@@ -83,21 +83,18 @@ from metrics_core.dashboard.rows import (
     Tail,
     error_row,
     event_rows,
-    grown_in_last_session,
     last_value,
     overview_row,
     peek_row,
 )
+from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunNotFoundError
-from metrics_core.health import IngestHealth
 from metrics_core.reader import RunReader
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
-from metrics_core.sessions import LostWork, Session
 from metrics_core.storage import LocalFile
 from metrics_core.watch import RunsWatcher
 from metrics_core.writer import lock_is_held
 
-EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
@@ -116,74 +113,6 @@ class RunViewError(MetricsError, RuntimeError):
         super().__init__(f"run {name!r} cannot be shown: {cause}")
         self.name = name
         self.cause = cause
-
-
-class Lineage:
-    """State carried from one snapshot of a run to the next (incremental charts, throttled checks).
-
-    Shared by every snapshot built from one reader, so a live update can extend what the previous
-    snapshot computed instead of recomputing the run; a new reader (a reset after a failure)
-    starts a new lineage.  ``carry`` is thread-safe: one lock per lineage.
-    """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._state: dict[Hashable, Any] = {}
-
-    def carry(self, key: Hashable, update: Callable[[Any], Any]) -> Any:
-        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically."""
-        with self._lock:
-            self._state[key] = value = update(self._state.get(key))
-            return value
-
-
-@dataclass(frozen=True, eq=False)
-class RunView:
-    """Everything a page shows about one run, as of one refresh.
-
-    Immutable, so anything derived from it (figures, diagnostics) is computed once per snapshot
-    with ``memo`` and shared by every tab: on a long run the charts and the diagnostics take far
-    too long to build to redo per tab per refresh.
-    """
-
-    name: str
-    records: int
-    sessions: list[Session]
-    frames: dict[str, pd.DataFrame]
-    superseded: dict[str, np.ndarray]
-    replaced: dict[int, np.ndarray]  # per session index: the train rows it redid
-    ingest: IngestHealth
-    last_record_time: datetime | None
-    status: str
-    lost_work: LostWork
-    lineage: Lineage = field(default_factory=Lineage, repr=False)
-    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
-    _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
-
-    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
-        """``compute()`` once per snapshot and ``key``, whichever thread asks first.
-
-        One lock per key: a computation may ask for another key (a zoomed chart needs the whole
-        run's), and two tabs asking for different keys do not wait for each other.
-        """
-        with self._memo_lock:
-            if key in self._memo:
-                return self._memo[key]
-            lock = self._key_locks.setdefault(key, threading.Lock())
-        with lock:
-            with self._memo_lock:
-                if key in self._memo:
-                    return self._memo[key]
-            value = compute()
-            with self._memo_lock:
-                self._memo[key] = value
-                self._key_locks.pop(key, None)
-            return value
-
-    def effective(self, event: str) -> pd.DataFrame:
-        """``event`` records no later session redid."""
-        return self.frames[event][~self.superseded[event]].reset_index(drop=True)
 
 
 @dataclass(frozen=True, slots=True)
@@ -378,7 +307,7 @@ class RunStore:
             if entry.view is None:
                 try:
                     previous = entry.built() if entry.built is not None else None
-                    entry.view = _build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
+                    entry.view = build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
                                              previous=previous)  # fmt: skip
                     entry.built = weakref.ref(entry.view)
                 except Exception as exc:
@@ -735,124 +664,8 @@ def _stamp(path: Path) -> tuple[int, int, int, int] | None:
     return None if found is None else found.identity
 
 
-def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with every mixed-type column that holds numbers made numeric.
-
-    The reader keeps a field whose type changed between records (a string logged under
-    ``train_loss`` once) as Python objects; every chart and check expects numbers there, and one
-    string would break the loss-replay arithmetic.  The strings become missing values: drawn as
-    gaps and counted by the diagnostics.  Only object columns pay; a well-formed run has none.
-    """
-    # from dtypes, not frame[column]: a Series per column per live append is a cost per refresh
-    mixed = [column for column, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
-    if not mixed:
-        return frame
-    numbers = {column: pd.to_numeric(frame[column], errors="coerce") for column in mixed}
-    return frame.assign(**{column: values for column, values in numbers.items() if values.notna().any()})
-
-
 def _config_frame(reader: RunReader) -> pd.DataFrame:
     """The columns of the config records that ``run_config`` reads: a quarter of the cost of the
     whole ``frame("config")`` (no time or category conversions), paid by every run of a cold root."""
     columns = {name: reader.column("config", name) for name in ("config", "session_id", "step")}
     return pd.DataFrame({name: column.series() for name, column in columns.items() if column is not None})
-
-
-def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:
-    frame = reader.frame(event)
-    # config records hold the nested "config" object: kept as written, never made numeric
-    return frame if event == "config" else _numeric_where_numbers(frame)
-
-
-def _build_view(
-    name: str, reader: RunReader, status: str, lineage: Lineage | None = None, *, previous: RunView | None = None
-) -> RunView:
-    """A snapshot of ``reader``; with ``previous``, the last snapshot of the same reader, what did
-    not change is taken from it instead of recomputed.
-
-    Only the last session grew (a live run's append): the events that got no record keep their
-    frames and masks; those that did get a new frame (the reader's: O(columns + new rows)) and
-    their masks extended with False (``grown_in_last_session``) in buffers the lineage keeps
-    (``_MaskBuffer``): no O(rows) supersession or replay pass, no O(rows) copy.  Anything else (a
-    new session, a reset) is built from scratch.  Every mask is read-only: an extended one shares
-    its buffer with the snapshots before it.  Not thread-safe per lineage: ``RunStore.view``
-    builds a run's snapshots under its run's lock.
-    """
-    lineage = lineage or Lineage()
-    sessions = reader.sessions
-    if previous is not None and (previous.ingest.resets != reader.resets or len(previous.sessions) != len(sessions)):
-        previous = None
-    frames: dict[str, pd.DataFrame] = {}
-    superseded: dict[str, np.ndarray] = {}
-    grown: dict[str, bool] = {}  # per event: extended from ``previous`` (True) or built anew (False)
-    for event in EVENTS:
-        rows = event_rows(reader, event)
-        before = -1 if previous is None else len(previous.frames[event])
-        if rows == before:
-            frames[event], superseded[event] = previous.frames[event], previous.superseded[event]
-            continue
-        frames[event] = _view_frame(reader, event)
-        grown[event] = 0 < before < rows and grown_in_last_session(reader, event, before, sessions[-1].session_id)
-        if grown[event]:
-            superseded[event] = _extended(lineage, ("superseded", event), previous.superseded[event], rows)
-        else:
-            superseded[event] = _read_only(reader.superseded(event))
-    if "train" not in grown:
-        replaced = previous.replaced
-    elif grown["train"]:
-        replaced = {index: _extended(lineage, ("replaced", index), rows, len(frames["train"]))
-                    for index, rows in previous.replaced.items()}  # fmt: skip
-    else:
-        replaced = {s.index: _read_only(reader.replaced_by(s.index, "train")) for s in sessions}
-    return RunView(
-        name=name,
-        records=reader.records,
-        sessions=sessions,
-        frames=frames,
-        superseded=superseded,
-        replaced=replaced,
-        ingest=reader.ingest_health(),
-        last_record_time=reader.last_record_time,
-        status=status,
-        lost_work=reader.lost_work(),
-        lineage=lineage,
-    )
-
-
-class _MaskBuffer:
-    """A snapshot mask extended with False in place: a bool buffer with slack (a quarter more
-    than its rows) whose prefixes are handed out read-only.
-
-    A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
-    Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
-    its mask change, as ``columns.Derived`` keeps conversions.
-    """
-
-    __slots__ = ("_buffer", "_size")
-
-    def __init__(self) -> None:
-        self._buffer = np.zeros(0, dtype=bool)
-        self._size = 0
-
-    def extended(self, mask: np.ndarray, rows: int) -> np.ndarray:
-        """``mask`` with False for the rows after it: O(new rows) when ``mask`` is the last prefix
-        this buffer handed out; else (a mask built from scratch, a full buffer) one copy into a
-        new buffer, which earlier prefixes do not share."""
-        if mask.base is not self._buffer or len(mask) != self._size or rows > len(self._buffer):
-            grown = np.zeros(rows + rows // 4 + 64, dtype=bool)
-            grown[: len(mask)] = mask
-            self._buffer = grown
-        else:
-            self._buffer[self._size : rows] = False
-        self._size = rows
-        return _read_only(self._buffer[:rows])
-
-
-def _extended(lineage: Lineage, key: Hashable, mask: np.ndarray, rows: int) -> np.ndarray:
-    """``mask`` with False for the rows after it, from the buffer ``lineage`` keeps under ``key``."""
-    return lineage.carry(key, lambda buffer: buffer if buffer is not None else _MaskBuffer()).extended(mask, rows)
-
-
-def _read_only(mask: np.ndarray) -> np.ndarray:
-    mask.flags.writeable = False
-    return mask
