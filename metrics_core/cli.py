@@ -264,10 +264,12 @@ def session_rows(sessions: Sequence[Session], status: str) -> list[str]:
 
 def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
     """What ``summary`` prints, each line at most ``WIDTH`` columns."""
-    # runs holds the status rules; it is imported here so that tail never depends on it.
-    from metrics_core.runs import run_status, write_failure
+    # summary and runs hold the status rules; imported here so that tail never depends on them.
+    from metrics_core.runs import write_failure
+    from metrics_core.summary import summarise
 
-    status = run_status(digest, now=now)
+    summary = summarise(digest, now=now)
+    status = summary.status
     label = 10
     lines = [f"{'run':<{label}}{fit_middle(clean(str(digest.path)), WIDTH - label)}"]
     if digest.run_ids:
@@ -278,13 +280,13 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
     failure = write_failure(digest)
     if failure is not None:
         state += f" — write failed: {clean(failure.error)}"
-    last = digest.last_record_time
+    last = summary.last_record_time
     if last is not None:
         state += f" · last record {last:%Y-%m-%d %H:%M:%S}Z ({duration_text((now - last).total_seconds())} ago)"
     lines.append(f"{'status':<{label}}{state}")
     sessions = digest.sessions
-    lines.append(f"{'records':<{label}}{digest.records:,} in {len(sessions):,} session(s) · "
-                 f"{digest.bad_lines:,} bad line(s) · torn tail {bytes_text(digest.pending_bytes)}")  # fmt: skip
+    lines.append(f"{'records':<{label}}{summary.records:,} in {summary.sessions:,} session(s) · "
+                 f"{summary.bad_lines:,} bad line(s) · torn tail {bytes_text(summary.pending_bytes)}")  # fmt: skip
     if sessions:
         lines += ["", *session_rows(sessions, status), ""]
         lost = digest.lost_work()
@@ -294,10 +296,9 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
                      f"{count_text(lost.tokens_replayed)} tokens replayed")  # fmt: skip
         lines.append(" " * label + f"training time superseded {share} (train windows a later session redid)")
         losses = []
-        for key, name in (("train_loss", "train loss"), ("val_loss", "val loss")):
-            value = digest.last_loss.get(key)
+        for value, name in ((summary.train_loss, "train loss"), (summary.val_loss, "val loss")):
             losses.append(f"{name} {MISSING}" if value is None else
-                          f"{name} {loss_text(value[0])} (step {count_text(value[1])})")  # fmt: skip
+                          f"{name} {loss_text(value.value)} (step {count_text(value.step)})")  # fmt: skip
         lines.append(f"{'last':<{label}}" + " · ".join(losses))
     lines += ["", "checks"]
     by_check: dict[str, list[Finding]] = {}

@@ -12,8 +12,8 @@ What it adds:
 * ``last_records`` answers ``tail -n N`` by reading backwards from the last ``\\n`` in bounded
   chunks: its cost depends on N and line length, not on the file's size.
 * ``RunDigest`` keeps what ``summary`` prints as running state (no record kept as a dict):
-  sessions, replay accounting, the last losses, what ``run_status`` reads, and the checks that
-  need no pandas.
+  sessions, replay accounting, what ``summary.summarise`` reads, and the checks that need no
+  pandas.
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from typing import Any
 from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
-from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
+from metrics_core.sessions import EventRows, LostWork, Progress, Replay, Session, SessionLog, number, replay
 from metrics_core.storage import LocalFile, metrics_path
+from metrics_core.summary import LastValue
 from metrics_core.writer import tail_start
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
@@ -255,6 +256,7 @@ class _Flagged:
 
 
 _ACCOUNTING_FIELDS = ("attempted_updates", "updates", "skipped_updates_in_window")
+_SUMMARISED = {"train": ("train_loss", "skipped_updates"), "validation": ("val_loss",)}  # what summarise reads
 
 
 class RunDigest:
@@ -278,7 +280,7 @@ class RunDigest:
         self.run_ids: dict[str, None] = {}
         self._rows: dict[str, dict[int, _Rows]] = {}
         self._last_train_time: dict[int, int] = {}
-        self.last_loss: dict[str, tuple[float, int]] = {}  # "train_loss"/"val_loss" -> (value, step)
+        self._last: dict[tuple[str, str], LastValue] = {}  # (event, key) -> its last finite number
         self.train_windows = 0
         self._columns: set[str] = set()  # train fields that held a value in some record
         self._accounting: dict[int, _Flagged] = {}
@@ -349,8 +351,11 @@ class RunDigest:
             rows.steps.append(step)
             if event == "train":
                 self._add_train(record, index, rows)
-            elif event == "validation":
-                self._note_loss(record, "val_loss")
+            if event in _SUMMARISED:
+                for key in _SUMMARISED[event]:
+                    value = number(record.get(key))
+                    if value is not None and math.isfinite(value):
+                        self._last[event, key] = LastValue(value, step)
 
     def _add_train(self, record: dict[str, Any], index: int, rows: _Rows) -> None:
         self.train_windows += 1
@@ -367,12 +372,14 @@ class RunDigest:
             self._accounting.setdefault(index, _Flagged()).add(step)
         if record.get("train_loss") is None:
             self._missing_loss.setdefault(index, _Flagged()).add(step)
-        self._note_loss(record, "train_loss")
 
-    def _note_loss(self, record: dict[str, Any], key: str) -> None:
-        value = number(record.get(key))
-        if value is not None and math.isfinite(value):
-            self.last_loss[key] = (value, record["step"])
+    def last_number(self, event: str, name: str) -> LastValue | None:
+        """The last finite number logged as ``name`` by an ``event`` record (the keys a summary
+        shows), and its step."""
+        return self._last.get((event, name))
+
+    def progress(self) -> Progress:
+        return self.log.progress()
 
     # -- sessions and replay ------------------------------------------------------------------
 

@@ -52,6 +52,7 @@ from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.sessions import LostWork, Progress, Replay, Session, SessionLog, replay
 from metrics_core.storage import LocalFile, RunFile
+from metrics_core.summary import LastValue
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
@@ -347,6 +348,26 @@ class RunReader:
         self._flush()
         table = self._tables.get(event)
         return None if table is None else table.columns.get(name)
+
+    def last_number(self, event: str, name: str) -> LastValue | None:
+        """The last number logged as ``name`` by an ``event`` record, and its record's step, or None.
+
+        Read from the column's end backwards in doubling blocks: the cost grows with the trailing
+        run of missing values, not with the run.  A string or a bool is no number.
+        """
+        column = self.column(event, name)
+        if column is None or column.size == 0 or column.kind not in ("int", "float", "object"):
+            return None
+        values = column.view() if column.kind != "object" else column.numbers()  # object: rare, O(rows)
+        end, block = column.size, 64
+        while end > 0:
+            chunk = values[max(0, end - block) : end].astype(np.float64, copy=False)
+            found = np.flatnonzero(~np.isnan(chunk))
+            if len(found):
+                row = max(0, end - block) + int(found[-1])
+                return LastValue(float(chunk[found[-1]]), int(self.column(event, "step").view()[row]))
+            end, block = end - block, block * 2
+        return None
 
     def frame(self, event: str) -> pd.DataFrame:
         """All records of ``event`` in file order, one column per field seen in any of them.

@@ -16,6 +16,7 @@ from benchmarks.generate import write_run
 from metrics_core.digest import RunDigest, batches, follow_file, last_records
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
+from metrics_core.summary import summarise
 from metrics_core.text import clean, fit, fit_middle, width
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
@@ -45,7 +46,7 @@ def assert_replay_matches_the_masks(reader: RunReader) -> None:
 
 
 def assert_agrees_with_reader(path: Path, now: datetime) -> RunDigest:
-    """Sessions, replay accounting, lost work, status inputs and bad lines: digest == RunReader."""
+    """Sessions, replay accounting, lost work, status, summary and bad lines: digest == RunReader."""
     reader = RunReader(path)
     reader.refresh()
     assert_replay_matches_the_masks(reader)
@@ -70,6 +71,7 @@ def assert_agrees_with_reader(path: Path, now: datetime) -> RunDigest:
     assert [(b.line, b.reason) for b in digest.bad_line_samples] == bad
     assert (digest.last_record_time, digest.typical_gap_s()) == (reader.last_record_time, reader.typical_gap_s())
     assert run_status(digest, now=now) == run_status(reader, now=now)
+    assert summarise(digest, now=now) == summarise(reader, now=now)
     reader.close()
     return digest
 

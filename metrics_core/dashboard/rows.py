@@ -2,8 +2,8 @@
 
 ``RunStore`` owns the rows; this module computes them, from nothing but a reader or a file:
 
-* ``RunSummary`` / ``overview_row``: a read run's row, from the tails of its reader's columns
-  (``Tail``: O(1) per value) and its loss trend (``LossTrend``: O(appended rows) while only the
+* ``overview_row``: a read run's row, from its ``summary.RunSummary`` (the tails of its reader's
+  columns, O(1) per value) and its loss trend (``LossTrend``: O(appended rows) while only the
   last session grows), never from a frame of the whole run;
 * ``peek_row``: a big run's row before it is read, from the last ``PEEK_BYTES`` of its file;
 * ``error_row``: a run that cannot be shown.
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,60 +27,9 @@ import pandas as pd
 from metrics_core.dashboard.overview import TREND_POINTS
 from metrics_core.reader import RunReader
 from metrics_core.records import check_lines
+from metrics_core.summary import RunSummary
 
 PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
-
-
-@dataclass(frozen=True, slots=True)
-class RunSummary:
-    """What the runs table shows of one run, as of its last read; ``overview_row`` lays it out."""
-
-    status: str
-    sessions: int
-    last_step: int | None
-    tokens_seen: int | None
-    train_loss: float | None
-    val_loss: float | None
-    skipped_updates: int | None
-    last_record_time: datetime | None
-    bad_lines: int
-    config: dict[str, str] | None
-    started: datetime | None = None  # the first session's first record
-    loss_trend: tuple[float, ...] = ()  # ``overview.trend`` of the effective train loss
-
-
-class Tail:
-    """The last values of a reader's columns, read from their ends (``RunReader.column``): O(1)
-    per query, plus the run of missing values at the end of a column."""
-
-    def __init__(self, reader: RunReader) -> None:
-        self._reader = reader
-
-    def _column(self, event: str, name: str) -> Any:
-        return self._reader.column(event, name)
-
-    def last_int(self, event: str, name: str) -> int | None:
-        column = self._column(event, name)
-        if column is None or column.size == 0 or column.kind not in ("int", "float"):
-            return None
-        value = column.view()[-1]
-        return int(value) if np.isfinite(value) else None
-
-    def last_number(self, event: str, name: str) -> float | None:
-        """The last value of ``name`` that is a number (``last_value`` of the whole frame)."""
-        column = self._column(event, name)
-        if column is None or column.size == 0:
-            return None
-        if column.kind not in ("int", "float"):  # a writer that mixed types: rare, so the O(n) way
-            return last_value(pd.DataFrame({name: column.series()}), name)
-        values, end, block = column.view(), column.size, 64
-        while end > 0:  # backwards in doubling blocks: cost grows with the trailing gap, not the run
-            chunk = values[max(0, end - block) : end].astype(np.float64, copy=False)
-            found = np.flatnonzero(~np.isnan(chunk))
-            if len(found):
-                return float(chunk[found[-1]])
-            end, block = end - block, block * 2
-        return None
 
 
 class LossTrend:
@@ -167,8 +115,8 @@ def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
         "sessions": summary.sessions,
         "last step": summary.last_step,
         "tokens seen": summary.tokens_seen,
-        "train loss": summary.train_loss,
-        "val loss": summary.val_loss,
+        "train loss": None if summary.train_loss is None else summary.train_loss.value,
+        "val loss": None if summary.val_loss is None else summary.val_loss.value,
         "skipped updates": summary.skipped_updates,
         "last record age (s)": None,
         "bad lines": summary.bad_lines,

@@ -100,15 +100,21 @@ def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
 
     The reader keeps a field whose type changed between records (a string logged under
     ``train_loss`` once) as Python objects; every chart and check expects numbers there, and one
-    string would break the loss-replay arithmetic.  The strings become missing values: drawn as
-    gaps and counted by the diagnostics.  Only object columns pay; a well-formed run has none.
+    string would break the loss-replay arithmetic.  As in ``Column.numbers``, only a number is a
+    number: strings and booleans become missing values, drawn as gaps and counted by the
+    diagnostics.  Only object columns pay; a well-formed run has none.
     """
     # from dtypes, not frame[column]: a Series per column per live append is a cost per refresh
     mixed = [column for column, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
     if not mixed:
         return frame
-    numbers = {column: pd.to_numeric(frame[column], errors="coerce") for column in mixed}
-    return frame.assign(**{column: values for column, values in numbers.items() if values.notna().any()})
+    numbers = {column: _numbers(frame[column]) for column in mixed}
+    return frame.assign(**{column: values for column, values in numbers.items() if not np.isnan(values).all()})
+
+
+def _numbers(values: pd.Series) -> np.ndarray:
+    """An object column's numbers as float64 (in the reader's object columns every number is a float)."""
+    return np.array([value if type(value) is float else np.nan for value in values.tolist()], dtype=np.float64)
 
 
 def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:

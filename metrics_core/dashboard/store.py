@@ -77,21 +77,13 @@ import pandas as pd
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config, view_config
 from metrics_core.dashboard.overview import trend
-from metrics_core.dashboard.rows import (
-    LossTrend,
-    RunSummary,
-    Tail,
-    error_row,
-    event_rows,
-    last_value,
-    overview_row,
-    peek_row,
-)
+from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import RunReader
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
 from metrics_core.storage import LocalFile
+from metrics_core.summary import LastValue, RunSummary, summarise
 from metrics_core.watch import RunsWatcher
 from metrics_core.writer import lock_is_held
 
@@ -445,7 +437,6 @@ class RunStore:
         """``entry``'s summary from the tail of its reader's columns: O(records since the last one)."""
         self.stats["summaries"] += 1
         reader = entry.reader
-        tail = Tail(reader)
         config_key = (event_rows(reader, "config"), reader.resets)
         if config_key == entry.config_key and entry.summary is not None:
             config = entry.summary.config
@@ -453,21 +444,9 @@ class RunStore:
             found = run_config(_config_frame(reader), reader.sessions) if config_key[0] else None
             config = found.values if found is not None else None
             entry.config_key = config_key
-        progress = reader.progress()
-        self._set_summary(entry, RunSummary(
-            status=run_status(reader, now=now),
-            sessions=progress.sessions,
-            last_step=progress.last_step,
-            tokens_seen=progress.tokens_seen,
-            train_loss=tail.last_number("train", "train_loss"),
-            val_loss=tail.last_number("validation", "val_loss"),
-            skipped_updates=tail.last_int("train", "skipped_updates"),
-            last_record_time=reader.last_record_time,
-            bad_lines=reader.bad_lines,
-            config=config,
-            started=progress.started,
-            loss_trend=entry.trend.update(reader, progress.sessions),
-        ))  # fmt: skip
+        summary = summarise(reader, now=now)
+        trend = entry.trend.update(reader, summary.sessions)
+        self._set_summary(entry, replace(summary, config=config, loss_trend=trend))
 
     def _set_summary(self, entry: _Entry, summary: RunSummary) -> None:
         entry.summary = summary
@@ -612,22 +591,35 @@ class RunStore:
 def view_summary(view: RunView) -> RunSummary:
     """The summary of a snapshot the O(n) way, from its frames: the test oracle of ``_summarise``."""
     train, validation = view.frames["train"], view.frames["validation"]
-    last = train.iloc[-1] if len(train) else None
     config = view_config(view)
+    progress = view.sessions[-1] if view.sessions else None
+    skipped = _last_number(train, "skipped_updates")
     return RunSummary(
         status=view.status,
+        records=view.records,
         sessions=len(view.sessions),
-        last_step=view.sessions[-1].last_step if view.sessions else None,
-        tokens_seen=view.sessions[-1].last_tokens_seen if view.sessions else None,
-        train_loss=last_value(train, "train_loss"),
-        val_loss=last_value(validation, "val_loss"),
-        skipped_updates=int(last["skipped_updates"]) if last is not None else None,
-        last_record_time=view.last_record_time,
-        bad_lines=view.ingest.bad_lines,
-        config=config.values if config is not None else None,
         started=view.sessions[0].start_time if view.sessions else None,
+        last_record_time=view.last_record_time,
+        last_step=progress.last_step if progress else None,
+        tokens_seen=progress.last_tokens_seen if progress else None,
+        skipped_updates=None if skipped is None else int(skipped.value),
+        train_loss=_last_number(train, "train_loss"),
+        val_loss=_last_number(validation, "val_loss"),
+        bad_lines=view.ingest.bad_lines,
+        pending_bytes=view.ingest.pending_bytes,
+        config=config.values if config is not None else None,
         loss_trend=tuple(trend(view.effective("train")["train_loss"])) if "train_loss" in train.columns else (),
     )
+
+
+def _last_number(frame: pd.DataFrame, column: str) -> LastValue | None:
+    """The last number in ``frame[column]`` and its row's step (the view's frames hold numbers
+    where the reader's columns do, missing values elsewhere)."""
+    if column not in frame.columns:
+        return None
+    values = frame[column].astype("float64")
+    rows = np.flatnonzero(values.notna().to_numpy())
+    return LastValue(float(values.iloc[rows[-1]]), int(frame["step"].iloc[rows[-1]])) if len(rows) else None
 
 
 def _held(entry: _Entry) -> int:

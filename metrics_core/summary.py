@@ -1,0 +1,82 @@
+"""A run at a glance: the one summary the runs table, the dashboard's store and ``summary`` print.
+
+``summarise`` reads it from any ``SummarySource``: ``RunReader`` answers from the tails of its
+columns and ``digest.RunDigest`` from its running state, both in O(1) per call, so a summary after
+an append costs what reading the append cost.  No numpy or pandas here: the terminal tools use it
+on training nodes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+from metrics_core.runs import StatusSource, run_status
+from metrics_core.sessions import Progress
+
+
+@dataclass(frozen=True, slots=True)
+class LastValue:
+    """The last finite number logged under a key, and the step of its record."""
+
+    value: float
+    step: int
+
+
+class SummarySource(StatusSource, Protocol):
+    """What ``summarise`` reads of a run, beyond what ``run_status`` reads."""
+
+    @property
+    def records(self) -> int: ...
+
+    @property
+    def bad_lines(self) -> int: ...
+
+    def progress(self) -> Progress: ...
+
+    def last_number(self, event: str, name: str) -> LastValue | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class RunSummary:
+    """What a run is at one read: its status, where it stands, its last losses and health counts.
+
+    ``config`` and ``loss_trend`` are the dashboard's additions (its flattened config and a
+    sparkline of the effective train loss); ``summarise`` leaves them empty.
+    """
+
+    status: str
+    records: int
+    sessions: int
+    started: datetime | None  # the first session's first record
+    last_record_time: datetime | None
+    last_step: int | None
+    tokens_seen: int | None
+    skipped_updates: int | None  # of the last train record
+    train_loss: LastValue | None
+    val_loss: LastValue | None
+    bad_lines: int
+    pending_bytes: int
+    config: dict[str, str] | None = None
+    loss_trend: tuple[float, ...] = ()
+
+
+def summarise(source: SummarySource, *, now: datetime) -> RunSummary:
+    """The summary of ``source`` as read so far, its status as of ``now``."""
+    progress = source.progress()
+    skipped = source.last_number("train", "skipped_updates")
+    return RunSummary(
+        status=run_status(source, now=now),
+        records=source.records,
+        sessions=progress.sessions,
+        started=progress.started,
+        last_record_time=source.last_record_time,
+        last_step=progress.last_step,
+        tokens_seen=progress.tokens_seen,
+        skipped_updates=None if skipped is None else int(skipped.value),
+        train_loss=source.last_number("train", "train_loss"),
+        val_loss=source.last_number("validation", "val_loss"),
+        bad_lines=source.bad_lines,
+        pending_bytes=source.pending_bytes,
+    )
