@@ -1,32 +1,19 @@
-"""Loss-sanity diagnostics computed from the records themselves.
+"""Loss-sanity diagnostics of a run, incremental, so that a live page can check every append.
 
-A loss that looks too good is usually an averaging bug: metrics computed over a subset of the
-batches, a skipped step counted as an update, counters that do not add up.  Each check here
-turns one such bug into a finding that names the session, the step range and how many records
-are affected; a clean run gets a single line saying what was checked.
-
-Checks on ``train`` windows: ``attempted_updates == updates + skipped_updates_in_window``; tokens
-per attempted update against the run's median (a session's first window, partial, left out);
-cumulative ``tokens_seen``, ``skipped_updates`` and ``step`` advancing by exactly the window's
-``tokens``, ``skipped_updates_in_window`` and ``updates``; steps and times increasing within a
-session; missing losses; windows with no successful update; tokens per step changing across a
-resume; the loss jumping across a resume; in data-parallel runs, one rank persistently slower than
-the others (a straggler).  Ingest health:
-bad lines, bytes pending after the last newline, schema versions, reader resets.
-
-Incremental, so a live page can check every append.  ``diagnose`` returns ``Findings``: the findings and
-the running aggregates behind them (``Running``: per check and session the first and last flagged
-step and a count; each session's last row, for the checks comparing a window with the one before;
-each session's open straggler streak; sorted values for the medians).  Given the findings of an
-earlier snapshot of the same run (``since``; the new train frame must start with its rows, i.e.
-no reader reset in between), only the new rows are checked: O(new rows), plus a memmove per
-sorted array to insert the new values.  Two exceptions recompute one part
-over every row: a median that moved far enough to change the verdict on an old row (a value on
-the edge of the tokens-per-update band), and the redo of a replay window while it grows.  A new
-session, a column that appears, a column that is not plain int64/float64, or a new row that a
-later session replaced: everything from scratch.  The pandas checks (``scratch_findings``) are
-the definition: the incremental path is tested equal to them after random appends, and they
-run on whatever data the incremental path does not take.
+The checks themselves, over a whole train frame, are ``metrics_core.loss_checks`` (their module
+docstring lists them) and ``health.ingest_findings``.  ``diagnose`` returns ``Findings``: the
+findings and the running aggregates behind them (``Running``: per check and session the first
+and last flagged step and a count; each session's last row, for the checks comparing a window
+with the one before; each session's open straggler streak; sorted values for the medians).
+Given the findings of an earlier snapshot of the same run (``since``; the new train frame must
+start with its rows, i.e. no reader reset in between), only the new rows are checked: O(new
+rows), plus a memmove per sorted array to insert the new values.  Two exceptions recompute one
+part over every row: a median that moved far enough to change the verdict on an old row (a
+value on the edge of the tokens-per-update band), and the redo of a replay window while it
+grows.  A new session, a column that appears, a column that is not plain int64/float64, or a new
+row that a later session replaced: everything from scratch.  ``loss_checks.diagnose_from_scratch``
+is the definition: the incremental path is tested equal to it after random appends, and it runs
+on whatever data the incremental path does not take.
 """
 
 from __future__ import annotations
@@ -39,223 +26,31 @@ from itertools import pairwise
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_step, weighted_loss
-from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
+from metrics_core.analysis import ReplayWindow, weighted_loss
+from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, session_finding
+from metrics_core.loss_checks import (
+    ADVANCE_CHECKS,
+    ADVANCES,
+    COUNTS,
+    INCREASING,
+    INCREASING_CHECKS,
+    NO_UPDATE,
+    STRAGGLER_COLUMNS,
+    STRAGGLER_WINDOWS,
+    TOKENS_FAR_OFF,
+    TOKENS_PER_UPDATE,
+    batch_change,
+    diagnose_from_scratch,
+    far_off,
+    loss_jump,
+    slowness,
+    straggler_finding,
+    tokens_per_attempt,
+    tokens_what,
+    with_ingest,
+)
 from metrics_core.reader import RunReader
 from metrics_core.sessions import Session
-
-TOKENS_FAR_OFF = 2.0  # a window with < 1/2 or > 2x the median tokens is flagged
-TOKENS_PER_STEP_CHANGE = 0.10
-LOSS_JUMP = 0.05  # relative difference of redo vs replaced loss over a replay window
-# A straggler: the same rank slowest in >= STRAGGLER_WINDOWS consecutive windows, each with the
-# slowest rank's time per attempt >= STRAGGLER_RATIO x the fastest rank's (its throughput ratio).
-STRAGGLER_WINDOWS = 5
-STRAGGLER_RATIO = 1.2
-
-
-def _per_session(check: str, severity: str, train: pd.DataFrame, bad: np.ndarray, what: str) -> list[Finding]:
-    """One finding per session that has rows flagged in ``bad``."""
-    findings = []
-    flagged = train[bad]
-    for session_id, rows in flagged.groupby("session_id", observed=True, sort=False):
-        first, last = int(rows["step"].min()), int(rows["step"].max())
-        findings.append(session_finding(check, severity, str(session_id), first, last, len(rows), what))
-    return findings
-
-
-def _consecutive(train: pd.DataFrame, column: str) -> pd.Series:
-    """Change of ``column`` since the previous train window of the same session (NaN for the first)."""
-    return train.groupby("session_id", observed=True)[column].diff()
-
-
-COUNTS = ("attempted_updates", "updates", "skipped_updates_in_window")
-ADVANCES = (("tokens_seen", "tokens"), ("skipped_updates", "skipped_updates_in_window"), ("step", "updates"))
-INCREASING = (("step", "steps"), ("time", "times"))
-STRAGGLER_COLUMNS = ("slowest_rank", "rank_step_time_max_s", "rank_step_time_min_s")
-# Each per-row check: (check, severity, what its flagged windows did); ACCOUNTING and MISSING_LOSS are
-# health's, which the terminal tools check too.
-ADVANCE_CHECKS = {cumulative: (f"{cumulative} vs windows", "error",
-                               f"where {cumulative} did not advance by the window's {per_window}")
-                  for cumulative, per_window in ADVANCES}  # fmt: skip
-INCREASING_CHECKS = {column: (f"{what} increasing", "error", f"where {what} went backwards")
-                     for column, what in INCREASING}  # fmt: skip
-NO_UPDATE = ("no successful update", "info", "with no successful update (every attempt skipped)")
-TOKENS_PER_UPDATE = "tokens per update"
-
-
-def _tokens_what(median: float) -> str:
-    return (f"with tokens per attempted update far from the run's median of {median:,.0f} "
-            "(metrics over a subset of batches?)")  # fmt: skip
-
-
-def _window_checks(train: pd.DataFrame) -> list[Finding]:
-    findings: list[Finding] = []
-    columns = set(train.columns)
-    if set(COUNTS) <= columns:
-        counts = train[list(COUNTS)]
-        bad = (counts.notna().all(axis=1) & (counts.iloc[:, 0] != counts.iloc[:, 1] + counts.iloc[:, 2])).to_numpy()
-        findings += _per_session(*ACCOUNTING[:2], train, bad, ACCOUNTING[2])
-    if "tokens" in columns and len(train):
-        findings += _tokens_per_update(train)
-    for cumulative, per_window in ADVANCES:
-        if per_window in columns:
-            advance = _consecutive(train, cumulative)
-            bad = (advance.notna() & (advance != train[per_window])).to_numpy()
-            check, severity, what = ADVANCE_CHECKS[cumulative]
-            findings += _per_session(check, severity, train, bad, what)
-    for column, _ in INCREASING:
-        went_back = (_consecutive(train, column) < pd.Timedelta(0) if column == "time"
-                     else _consecutive(train, column) < 0).to_numpy()  # fmt: skip
-        check, severity, what = INCREASING_CHECKS[column]
-        findings += _per_session(check, severity, train, went_back, what)
-    if "train_loss" in columns:
-        findings += _per_session(*MISSING_LOSS[:2], train, train["train_loss"].isna().to_numpy(), MISSING_LOSS[2])
-    if "updates" in columns:
-        findings += _per_session(*NO_UPDATE[:2], train, (train["updates"] == 0).to_numpy(), NO_UPDATE[2])
-    return findings
-
-
-def _per_update(train: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
-    """Each window's tokens per attempted update, and whether it is judged (finite, attempted, and
-    not its session's first window)."""
-    tokens = pd.to_numeric(train["tokens"], errors="coerce").to_numpy(dtype=np.float64)
-    attempts = (
-        pd.to_numeric(train["attempted_updates"], errors="coerce").to_numpy(dtype=np.float64)
-        if "attempted_updates" in train.columns
-        else np.ones(len(train))
-    )
-    with np.errstate(divide="ignore", invalid="ignore"):
-        per_update = tokens / attempts
-    return per_update, np.isfinite(per_update) & (attempts > 0) & train["session_id"].duplicated().to_numpy()
-
-
-def _far_off(per_update: np.ndarray, median: float) -> np.ndarray:
-    ratio = per_update / median
-    return (ratio < 1 / TOKENS_FAR_OFF) | (ratio > TOKENS_FAR_OFF)
-
-
-def _tokens_per_update(train: pd.DataFrame) -> list[Finding]:
-    """Windows whose tokens per attempted update are far from the run's median.
-
-    Per attempted update, not per window: a loop that logs every N iterations has short windows
-    at every start and resume, which are partial, not wrong.  A session's first window is
-    partial by nature (it begins wherever the checkpoint left the loop) and is left out.
-    """
-    per_update, judged = _per_update(train)
-    if not judged.any():
-        return []
-    median = float(np.median(per_update[judged]))
-    if median <= 0:
-        return []
-    return _per_session(
-        TOKENS_PER_UPDATE, "warning", train, judged & _far_off(per_update, median), _tokens_what(median)
-    )
-
-
-def _batch_change(previous: Session, session: Session, before: float | None, after: float | None) -> list[Finding]:
-    if not (before and after and abs(after - before) / before > TOKENS_PER_STEP_CHANGE):
-        return []
-    return [Finding(
-        "warning", "tokens per step at resume",
-        f"session {session.session_id} (resumed at step {session.resume_step}) trains "
-        f"{after:,.0f} tokens per step, session {previous.session_id} {before:,.0f}: batch size changed?",
-        session.session_id, session.first_step, session.last_step,
-    )]  # fmt: skip
-
-
-def _loss_jump(session: Session, window: ReplayWindow) -> list[Finding]:
-    delta = window.loss_delta
-    if delta is None or not window.earlier_loss or abs(delta) / abs(window.earlier_loss) <= LOSS_JUMP:
-        return []
-    return [Finding(
-        "warning", "loss jump at resume",
-        f"session {session.session_id} redid steps {window.first_step}–{window.last_step} at mean loss "
-        f"{window.redo_loss:.4g} vs {window.earlier_loss:.4g} before the crash ({delta:+.4g}): data loader "
-        "position, LR schedule or batch size not restored?",
-        session.session_id, window.first_step, window.last_step, window.redo_records,
-    )]  # fmt: skip
-
-
-def _resume_checks(
-    train: pd.DataFrame, sessions: Sequence[Session], replaced: Mapping[int, np.ndarray]
-) -> list[Finding]:
-    findings = []
-    for previous, session in pairwise(sessions):
-        before, after = tokens_per_step(train, previous.session_id), tokens_per_step(train, session.session_id)
-        findings += _batch_change(previous, session, before, after)
-    for window in replay_windows(train, sessions, replaced):
-        findings += _loss_jump(sessions[window.session], window)
-    return findings
-
-
-def _straggler_finding(session_id: str, rank: int, first_step: int, last_step: int, longest: int,
-                       ratios: np.ndarray) -> Finding:  # fmt: skip
-    return Finding(
-        "warning", "straggler rank",
-        f"session {session_id}, steps {first_step}–{last_step}: rank {rank} was the slowest rank in "
-        f"{longest} consecutive windows, its time per attempt "
-        f"{float(np.median(ratios)):.2f}× the fastest rank's (median; up to "
-        f"{float(np.max(ratios)):.2f}×): slow GPU, node, network link or data loader?",
-        session_id, first_step, last_step, len(ratios),
-    )  # fmt: skip
-
-
-def _slowness(slowest: np.ndarray, longest: np.ndarray, shortest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per window: the slowest rank's time over the fastest's, and whether that makes it slow."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = longest / shortest
-    return ratio, np.isfinite(slowest) & (ratio >= STRAGGLER_RATIO)
-
-
-def _straggler_checks(train: pd.DataFrame) -> list[Finding]:
-    """One warning per (session, rank) that was the slowest rank by a margin, window after window.
-
-    Uses the per-rank health fields of ``metrics_core.distributed``; a single slow window (a
-    checkpoint save, a GC pause) is noise, a streak is a slow GPU, node, NIC or data loader.
-    """
-    if not set(STRAGGLER_COLUMNS) <= set(train.columns):
-        return []
-    findings = []
-    for session_id, rows in train.groupby("session_id", observed=True, sort=False):
-        slowest, longest, shortest = (pd.to_numeric(rows[c]).to_numpy(dtype=np.float64, na_value=np.nan)
-                                      for c in STRAGGLER_COLUMNS)  # fmt: skip
-        ratio, slow = _slowness(slowest, longest, shortest)
-        steps = rows["step"].to_numpy()
-        streaks: dict[int, list[tuple[int, int]]] = {}  # rank -> [(first row, end row)]
-        start = 0
-        for row in range(1, len(rows) + 1):
-            if row == len(rows) or not (slow[row] and slow[start] and slowest[row] == slowest[start]):
-                if slow[start] and row - start >= STRAGGLER_WINDOWS:
-                    streaks.setdefault(int(slowest[start]), []).append((start, row))
-                start = row
-        for rank, spans in streaks.items():
-            flagged = np.concatenate([np.arange(first, end) for first, end in spans])
-            findings.append(_straggler_finding(str(session_id), rank, int(steps[spans[0][0]]),
-                                               int(steps[spans[-1][1] - 1]), max(end - first for first, end in spans),
-                                               ratio[flagged]))  # fmt: skip
-    return findings
-
-
-def diagnose_from_scratch(
-    *,
-    train: pd.DataFrame,
-    sessions: Sequence[Session],
-    replaced: Mapping[int, np.ndarray],
-    ingest: IngestHealth,
-) -> list[Finding]:
-    """Every finding for a run by the pandas checks over every row: the definition ``diagnose``
-    is tested against, and what it runs on data its incremental path does not take."""
-    checks = _window_checks(train) + _straggler_checks(train) + _resume_checks(train, sessions, replaced)
-    return _with_ingest(checks, train, sessions, ingest)
-
-
-def _with_ingest(checks: list[Finding], train: pd.DataFrame, sessions: Sequence[Session],
-                 ingest: IngestHealth) -> list[Finding]:  # fmt: skip
-    findings = checks + ingest_findings(ingest)
-    if not findings:
-        findings.append(Finding("ok", "all", f"All checks passed on {len(train)} train windows in "
-                                f"{len(sessions)} session(s).", records=len(train)))  # fmt: skip
-    return findings
 
 
 class Findings(list):
@@ -287,7 +82,7 @@ def diagnose(
         running = Running.start(train, sessions, replaced)
     if running is None:
         return Findings(diagnose_from_scratch(train=train, sessions=sessions, replaced=replaced, ingest=ingest), None)
-    return Findings(_with_ingest(running.findings(sessions), train, sessions, ingest), running)
+    return Findings(with_ingest(running.findings(sessions), train, sessions, ingest), running)
 
 
 # -- incremental ---------------------------------------------------------------------------------
@@ -342,7 +137,7 @@ def _tally(
     counts: dict[str, tuple[int, int, int]], bad: np.ndarray, sessions: np.ndarray, steps: np.ndarray
 ) -> dict[str, tuple[int, int, int]]:
     """``counts`` (session -> first and last flagged step, windows) with the rows flagged in ``bad``;
-    new sessions in the order of their first flagged row, as ``_per_session`` lists them."""
+    new sessions in the order of their first flagged row, as ``per_session`` lists them."""
     rows = np.flatnonzero(bad)
     if not len(rows):
         return counts
@@ -473,7 +268,7 @@ class Running:
             tally(NO_UPDATE[0], column["updates"] == 0)
         grown = replace(self, rows=len(train), seen=tuple(seen), last=last, flagged=flagged)
         if "tokens" in self.columns:
-            grown = grown._tokens_per_update(train, batch, column, first_window, names, steps)
+            grown = grown.tokens_per_update(train, batch, column, first_window, names, steps)
         if {"tokens", "updates"} <= self.columns:
             per_step = dict(self.per_step)
             for session, rows in groups:
@@ -488,7 +283,7 @@ class Running:
             grown = replace(grown, replays=self._redone(train, sessions, groups, steps))
         return grown
 
-    def _tokens_per_update(
+    def tokens_per_update(
         self, train: pd.DataFrame, batch: pd.DataFrame, column: dict[str, np.ndarray], first_window: np.ndarray,
         names: np.ndarray, steps: np.ndarray,
     ) -> Running:  # fmt: skip
@@ -504,22 +299,22 @@ class Running:
             return replace(self, flagged=flagged, per_update=values, band=None)
         if self.band is not None and _outside(self.per_update, median) == self.band[1:]:
             # The moved median leaves every old window's verdict as it was: judge the new ones.
-            counts = _tally(flagged.get(TOKENS_PER_UPDATE, {}), judged & _far_off(per_update, median), names, steps)
+            counts = _tally(flagged.get(TOKENS_PER_UPDATE, {}), judged & far_off(per_update, median), names, steps)
         else:  # a window on the band's edge changed sides (or there was no band): all of them, O(rows)
-            every, judged_every = _per_update(train)
+            every, judged_every = tokens_per_attempt(train)
             all_names = np.asarray(train["session_id"].astype(object))
-            counts = _tally({}, judged_every & _far_off(every, median), all_names, train["step"].to_numpy())
+            counts = _tally({}, judged_every & far_off(every, median), all_names, train["step"].to_numpy())
         flagged[TOKENS_PER_UPDATE] = counts
         return replace(self, flagged=flagged, per_update=values, band=(median, *_outside(values, median)))
 
     def _streaks(
         self, groups: list[tuple[str, np.ndarray]], column: dict[str, np.ndarray], steps: np.ndarray
     ) -> Running:
-        """Straggler streaks (``_straggler_checks``) extended: each session's slow run at its end stays open."""
+        """Straggler streaks (``straggler_checks``) extended: each session's slow run at its end stays open."""
         streaks, stragglers = dict(self.streaks), dict(self.stragglers)
         for session, rows in groups:
             slowest, longest, shortest = (column[name][rows].astype(np.float64) for name in STRAGGLER_COLUMNS)
-            ratio, slow = _slowness(slowest, longest, shortest)
+            ratio, slow = slowness(slowest, longest, shortest)
             at = np.flatnonzero(slow)
             if not len(at):
                 streaks[session] = None
@@ -575,7 +370,7 @@ class Running:
 
         listed(*ACCOUNTING)
         if self.band is not None:
-            listed(TOKENS_PER_UPDATE, "warning", _tokens_what(self.band[0]))
+            listed(TOKENS_PER_UPDATE, "warning", tokens_what(self.band[0]))
         for name, per_window in ADVANCES:
             if per_window in self.columns:
                 listed(*ADVANCE_CHECKS[name])
@@ -585,17 +380,17 @@ class Running:
         listed(*NO_UPDATE)
         for session in self.seen:
             for rank, (first, last, longest, ratios) in self.stragglers.get(session, {}).items():
-                findings.append(_straggler_finding(session, rank, first, last, longest, ratios))
+                findings.append(straggler_finding(session, rank, first, last, longest, ratios))
         per_step = {"tokens", "updates"} <= self.columns
         for previous, session in pairwise(sessions):
             before = _median(self.per_step.get(previous.session_id, _EMPTY)) if per_step else None
             after = _median(self.per_step.get(session.session_id, _EMPTY)) if per_step else None
-            findings += _batch_change(previous, session, before, after)
+            findings += batch_change(previous, session, before, after)
         for index, replay in self.replays.items():
             session = sessions[index]
             window = ReplayWindow(index, session.first_step, replay.last_step, replay.earlier_records,
                                   len(replay.redo_rows), replay.earlier_loss, replay.redo_loss)  # fmt: skip
-            findings += _loss_jump(session, window)
+            findings += loss_jump(session, window)
         return findings
 
 
