@@ -1,4 +1,4 @@
-"""Where the first chart's time goes on a cold `/run` load (issue 11), ours against plain serving.
+"""Where the first chart's time goes on a cold `/run` load, ours against plain serving.
 
 Run: python benchmarks/bench_first_chart.py [--rounds 6] [--warm 3] [--via-runs]
 

@@ -19,7 +19,7 @@ import time
 import streamlit as st
 
 from metrics_core.dashboard.config import config_keys
-from metrics_core.dashboard.overview import md_text
+from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.settings import get_demo, get_store, settings
 from metrics_core.dashboard.widgets import overview_or_stop, runs_page_view, runs_table_view
 

@@ -331,7 +331,7 @@ def test_sessions_page_shows_durations_as_clock_times(runs_root: Path) -> None:
 
 def test_the_runs_page_knows_when_an_age_it_shows_next_reads_differently() -> None:
     """Seconds until the first "N s/min/h/d ago" text changes; missing ages never do."""
-    from metrics_core.dashboard.overview import age_text, next_age_change
+    from metrics_core.dashboard.display_text import age_text, next_age_change
 
     assert next_age_change([None, float("nan")]) == float("inf")
     assert next_age_change([18.25, 4000.0]) == pytest.approx(0.75)

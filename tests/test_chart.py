@@ -11,9 +11,10 @@ from pathlib import Path
 import pandas as pd
 import plotly
 
-import metrics_core.dashboard.chart as chart_module
+import metrics_core.dashboard.live_chart as chart_module
 from benchmarks.generate import record, train_values, write_run
-from metrics_core.dashboard.chart import (
+from metrics_core.dashboard.figures import Figure, figure_of
+from metrics_core.dashboard.live_chart import (
     PLOTLY_COMPONENT,
     encode,
     extension,
@@ -21,7 +22,8 @@ from metrics_core.dashboard.chart import (
     plotly_source,
     publish_plotly,
 )
-from metrics_core.dashboard.charts import (
+from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import (
     COMPARE_METRICS,
     ChartOptions,
     compare_chart,
@@ -29,8 +31,6 @@ from metrics_core.dashboard.charts import (
     session_overlay,
     view_charts,
 )
-from metrics_core.dashboard.figures import Figure, figure_of
-from metrics_core.dashboard.store import RunStore
 from tests.conftest import append_records, base_record
 
 

@@ -13,7 +13,6 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from metrics_core.dashboard.charts import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
 from metrics_core.dashboard.figures import (
     NO_TEMPLATE,
     SESSION_COLOURS,
@@ -28,6 +27,7 @@ from metrics_core.dashboard.figures import (
     straggler_figure,
 )
 from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import RunReader
 from tests.conftest import append_records, base_record
@@ -425,8 +425,8 @@ def test_one_legend_entry_per_series_not_per_session(reader: RunReader) -> None:
 def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
     """Run page, zoom, sessions overlay and compare charts come out dark when asked, with no
     recolouring by the page; the light and dark run charts are separate memo entries."""
-    from metrics_core.dashboard.charts import compare_chart, session_overlay, view_charts, zoom_chart
     from metrics_core.dashboard.figures import THEMES
+    from metrics_core.dashboard.views import compare_chart, session_overlay, view_charts, zoom_chart
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -448,7 +448,7 @@ def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None
 
 def test_compare_draws_validation_loss_raw_with_markers(tmp_path: Path) -> None:
     """val_loss on the compare page is a sparse series: markers, no smoothed trace, like the run page."""
-    from metrics_core.dashboard.charts import compare_chart
+    from metrics_core.dashboard.views import compare_chart
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -491,7 +491,7 @@ def test_figures_and_charts_import_no_plotly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import metrics_core.dashboard.charts, metrics_core.dashboard.figures; "
+    code = ("import sys; import metrics_core.dashboard.views, metrics_core.dashboard.figures; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))")  # fmt: skip
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip

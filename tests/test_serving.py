@@ -30,13 +30,13 @@ import pytest
 from streamlit import file_util
 
 from metrics_core.dashboard import serving
+from metrics_core.dashboard.live_chart import base_path
 from metrics_core.dashboard.serving import (
     BASE_URL_SCRIPT,
     GzipCopies,
     PreloadHints,
     StaticGzip,
     accepts_gzip,
-    base_path,
     chunk_preloads,
     lifespan,
     route_path,
@@ -44,7 +44,7 @@ from metrics_core.dashboard.serving import (
     tcp_no_delay,
 )
 from tests.conftest import REPO, append_records, base_record
-from tests.live_server import Wire, chart_drawn, free_port, live_charts_drawn, wait_for_http, wait_until
+from tests.live_server import Wire, free_port, live_charts_drawn, wait_for_http, wait_until
 
 STATIC = Path(file_util.get_static_dir())
 ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
@@ -580,7 +580,7 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
             (saved,) = cache.glob("*.mcc")  # the cold parse of 60,000 records was saved at once
             after_load = saved.stat().st_mtime_ns
             append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
-            graph = "document.querySelector('.js-plotly-plot:not(.metrics-first-chart)')"  # the live chart, once drawn
+            graph = "document.querySelector('.js-plotly-plot')"  # the live chart, once drawn
             last_x = f"{graph} ? Math.max(...{graph}.data.map(t => Math.max(...(t.x || [])))) : 0"
             wait_until(page, lambda: page.evaluate(last_x) >= 60_010, timeout=30)  # the server read them
         finally:
@@ -655,12 +655,12 @@ def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_b
             # What a click on a run's link does in this tab (widgets.SAME_TAB_JS): no reload.
             page.evaluate("""() => { history.pushState(null, "", "run?run=small");
                                      window.dispatchEvent(new PopStateEvent("popstate")); }""")  # fmt: skip
-            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             setters = [page.evaluate("window.__plotlySetBy")]
             plotly_bytes = [sum(n for u, n in wire.http.items() if "/metrics-core.plotly/plotly-" in u)]
             wire.reset()
             page.goto(f"{url}/run?run=small")
-            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             setters.append(page.evaluate("window.__plotlySetBy"))
             plotly_bytes.append(sum(n for u, n in wire.http.items() if "/metrics-core.plotly/plotly-" in u))
         finally:
@@ -693,7 +693,7 @@ def test_the_runs_page_once_drawn_prepares_the_chart_pages(runs_root: Path, brow
             page.evaluate("""() => { window.__plotlyBefore = window.Plotly;
                                      history.pushState(null, "", "run?run=small");
                                      window.dispatchEvent(new PopStateEvent("popstate")); }""")  # fmt: skip
-            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             page.wait_for_timeout(1500)  # the rest of the run page's elements
             same_plotly = page.evaluate("window.Plotly === window.__plotlyBefore")
         finally:

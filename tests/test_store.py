@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 
 from metrics_core.dashboard import store as store_module
-from metrics_core.dashboard.charts import ChartOptions, view_charts
+from metrics_core.dashboard.views import ChartOptions, view_charts
 from metrics_core.dashboard.store import RunStore, view_summary
 from metrics_core.reader import RunReader
 from tests.conftest import append_bytes, append_records, base_record
@@ -677,7 +677,7 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
     """After the first build of a 30k-record run, ten appended records are drawn raw and exactly
     (smoothed too, to 1e-6) on top of the unchanged drawn prefix, from a tail of O(warm-up + 10)
     rows, not the 30k; a new session means a full build."""
-    from metrics_core.dashboard import charts
+    from metrics_core.dashboard import views as charts
 
     path = tmp_path / "r" / "metrics.jsonl"
     long_run(path, range(10, 300_001, 10))
@@ -718,7 +718,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Snapshots within cost / REBUILD_CPU_SHARE seconds of the last check reuse its findings."""
-    from metrics_core.dashboard import charts
+    from metrics_core.dashboard import views as charts
 
     calls: list[int] = []
     monkeypatch.setattr(charts, "diagnose", lambda **kw: calls.append(len(kw["train"])) or [])
@@ -742,7 +742,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
 def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tmp_path: Path) -> None:
     """Zoomed into 1,000 of 30,000 records: all 1,000 raw in range (the whole-run chart holds far fewer
     there), the same downsampled points outside it."""
-    from metrics_core.dashboard.charts import zoom_chart
+    from metrics_core.dashboard.views import zoom_chart
 
     long_run(tmp_path / "r" / "metrics.jsonl", range(10, 300_001, 10))
     store = RunStore(tmp_path)

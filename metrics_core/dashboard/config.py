@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 import pandas as pd
 
-from metrics_core.dashboard.overview import CELL_CHARS, shorten
+from metrics_core.dashboard.display_text import CELL_CHARS, shorten
 
 if TYPE_CHECKING:
     from metrics_core.dashboard.store import RunView

@@ -49,7 +49,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from metrics_core.dashboard.overview import plotly_text, shorten
+from metrics_core.dashboard.display_text import plotly_text, shorten
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import Session
 

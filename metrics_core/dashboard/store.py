@@ -76,7 +76,7 @@ import pandas as pd
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config, view_config
-from metrics_core.dashboard.overview import trend
+from metrics_core.dashboard.runs_table import trend
 from metrics_core.dashboard.rows import (
     LossTrend,
     RunSummary,

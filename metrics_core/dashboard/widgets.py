@@ -16,23 +16,25 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.chart import LOADER_KEY
 from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table, runs_table
+from metrics_core.dashboard.display_text import (
+    TITLE_CHARS,
+    WORD_CHARS,
+    md_text,
+    next_age_change,
+    shorten,
+    shorten_words,
+)
 from metrics_core.dashboard.figures import THEMES, session_key
-from metrics_core.dashboard.overview import (
+from metrics_core.dashboard.live_chart import LOADER_KEY
+from metrics_core.dashboard.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
     STATUS_COLOURS,
-    TITLE_CHARS,
-    WORD_CHARS,
     filter_runs,
-    md_text,
-    next_age_change,
     readable_runs,
     run_links,
     runs_page,
-    shorten,
-    shorten_words,
     status_pills,
 )
 from metrics_core.dashboard.store import RunStore, RunView
@@ -307,9 +309,8 @@ def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
 def health_panel(findings: Sequence[Finding]) -> None:
     """Diagnostics, worst first, behind one button of the run page's status row that says the
     worst severity in its colour and names the worst check: a glance tells whether the run is
-    healthy, and a long list of findings never pushes the charts below the fold (nor moves them:
-    the row is one line whatever the findings, which lets the page's HTML draw the first chart in
-    its place before Streamlit lays the page out, chart.first_chart_tags).  Messages embed session
+    healthy, and a long list of findings never pushes the charts below the fold (the row is one
+    line whatever the findings).  Messages embed session
     ids, bad-line reasons and excerpts from the file, so they are escaped and their long tokens cut."""
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     ranked = sorted(findings, key=lambda f: order[f.severity])

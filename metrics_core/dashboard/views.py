@@ -61,10 +61,6 @@ class ChartOptions:
     theme: str = "light"
 
 
-# The run page's controls as a fresh page view starts them (pages/run.py takes its defaults from here).
-RUN_PAGE_OPTIONS = ChartOptions(smoothing=0.6)
-
-
 @dataclass(frozen=True)
 class ChartSpec:
     """One chart: its series, and whether smoothing and a log scale apply to it.
@@ -181,15 +177,6 @@ def chart_key(key: str) -> str:
     """The Streamlit key of the run page's live chart ``key`` (its element carries the class
     ``st-key-<that>``)."""
     return f"chart_{key}"
-
-
-def first_chart(view: RunView, theme: str) -> tuple[str, Figure] | None:
-    """The run page's first chart as a fresh page view draws it (``RUN_PAGE_OPTIONS``), with its
-    Streamlit key: what a chart page's HTML draws while Streamlit's page is still starting
-    (``chart.first_chart_tags``).  Built by ``view_charts``, so the page view that follows finds it
-    made (same snapshot, options and theme)."""
-    figures = view_charts(view, replace(RUN_PAGE_OPTIONS, theme=theme))
-    return next(((chart_key(key), figure) for key, figure in figures.items()), None)
 
 
 def view_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
