@@ -40,13 +40,13 @@ def shown(markdown: str) -> str:
 
 
 def open_page(page: str, **query: str | list[str]) -> AppTest:
-    """The app with ``query`` in its URL, switched to ``pages/<page>.py`` (the overview is the default)."""
+    """The app with ``query`` in its URL, switched to ``app_pages/<page>.py`` (the overview is the default)."""
     app = AppTest.from_file(APP, default_timeout=30)
     for key, value in query.items():
         app.query_params[key] = value
     app.run()
     if page != "overview":
-        app.switch_page(f"pages/{page}.py").run()
+        app.switch_page(f"app_pages/{page}.py").run()
     return app
 
 
@@ -138,7 +138,7 @@ def test_compare_page_reads_and_writes_the_url(runs_root: Path) -> None:
     app = AppTest.from_file(APP, default_timeout=30)
     app.query_params["run"] = ["alpha", "ghost"]
     app.run()
-    app.switch_page("pages/compare.py").run()
+    app.switch_page("app_pages/compare.py").run()
     assert not app.exception
     assert "ghost" in app.warning[0].value
     assert app.multiselect(key="compare_runs").value == ["alpha"]

@@ -544,10 +544,16 @@ def test_ctrl_c_stops_the_server_without_a_traceback(runs_root: Path) -> None:
     assert "Traceback" not in output, output
 
 
-def test_a_deep_link_as_the_first_request_runs_through_the_navigation(runs_root: Path, browser: object) -> None:
+@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
+def test_a_deep_link_as_the_first_request_runs_through_the_navigation(
+    runs_root: Path, browser: object, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
     """The first page view after a start is /run?run=small: it is the app's Run page (page title and
-    top navigation from app.py), not pages/run.py alone in Streamlit's legacy folder-of-pages mode,
-    and no extra script run got it there (the lifespan leaves that mode before any session)."""
+    top navigation from app.py), not app_pages/run.py alone in Streamlit's legacy folder-of-pages
+    mode, which Streamlit enters for an app with a folder named ``pages/`` beside it."""
+    assert not (REPO / "pages").exists()
+    if plain:
+        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
     with dashboard(runs_root) as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:

@@ -1,10 +1,11 @@
 """How the dashboard is served: everything app.py adds around Streamlit's own serving, fenced here.
 
 ``app_options(app.py)`` are the keyword arguments of the ``st.App`` that ``streamlit run app.py``
-serves.  ``METRICS_SERVE_PLAIN=1`` is the one switch that turns all of this module off: the app is then served exactly as Streamlit
-serves it (the lifespan only runs the app's shutdown), and every page still works, only slower on a
-first load.  What each part does, and the Streamlit behaviour it leans on (each has a test in
-``tests/test_serving.py`` that fails when a Streamlit upgrade changes it):
+serves.  ``METRICS_SERVE_PLAIN=1`` is the one switch that turns all of this module off: the app is
+then served exactly as Streamlit serves it (the lifespan only runs the app's shutdown), and every
+page still works, only slower on a first load.  What each part does, and the Streamlit behaviour
+it leans on (each has a test in ``tests/test_serving.py`` that fails when a Streamlit upgrade
+changes it):
 
 * ``StaticGzip``: Streamlit's content-hashed static files (``/static/...``) and the published
   plotly.js go out gzip-compressed, each compressed once per process (``GzipCopies``), since
@@ -26,9 +27,7 @@ first load.  What each part does, and the Streamlit behaviour it leans on (each 
 * ``lifespan``: as the server starts, imports what the pages import and does Streamlit's
   once-per-process first-run work (``warm_first_script_run``: its emoji catalog, the private
   ``delta_generator._maybe_print_use_warning``) in a background thread, and makes the gzip copies
-  a first page load asks for; sets the private ``PagesManager.uses_pages_directory`` to False
-  (an app with a ``pages/`` folder otherwise starts in the legacy folder-of-pages mode, in which a
-  deep link as the first request runs that page alone, outside ``st.navigation``); turns Nagle's
+  a first page load asks for; turns Nagle's
   algorithm off on the listening socket (``tcp_no_delay``: Streamlit binds it with ``proto`` 0,
   so asyncio never sets ``TCP_NODELAY`` on its connections, and each kept-alive answer, written
   as headers then body, waits for a delayed ACK).  As it stops it runs the app's shutdown: under
@@ -64,7 +63,6 @@ import streamlit as st
 from anyio import to_thread
 from starlette.middleware import Middleware
 from streamlit import config
-from streamlit.runtime.pages_manager import PagesManager
 
 from metrics_core.dashboard.live_chart import PLOTLY_ASSETS, plotly_file, plotly_url
 
@@ -392,7 +390,6 @@ def lifespan(
     shutdown: Callable[[], None],
     *,
     no_delay: bool = True,
-    pages_directory: bool = False,
     prewarm: Callable[[], None] | None = None,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, in a daemon thread, does what Streamlit does once in the first
@@ -401,9 +398,8 @@ def lifespan(
     page to report), runs ``prewarm`` in another (the gzip copies of a first page load's files: zlib
     leaves the interpreter lock to the imports) and, if ``no_delay``, turns Nagle's algorithm off on
     the server's listening socket (``tcp_no_delay``: the socket is bound before the lifespan starts,
-    and no connection is accepted before it has); unless ``pages_directory``, keeps Streamlit out of
-    its legacy folder-of-pages mode (``PagesManager.uses_pages_directory``); at shutdown, runs
-    ``shutdown`` in a worker thread (see the module docstring)."""
+    and no connection is accepted before it has); at shutdown, runs ``shutdown`` in a worker thread
+    (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -414,8 +410,6 @@ def lifespan(
 
     @asynccontextmanager
     async def serve(_app: object) -> AsyncIterator[None]:
-        if not pages_directory:  # before any session: see the module docstring
-            PagesManager.uses_pages_directory = False
         if no_delay:
             tcp_no_delay(config.get_option("server.port"))
         threading.Thread(target=run, name="warm-imports", daemon=True).start()
@@ -585,10 +579,10 @@ def serve_plain(environ: Mapping[str, str]) -> bool:
 
 def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Mapping[str, str] = os.environ) -> dict:
     """The keyword arguments of app.py's ``st.App``: this module's middleware and lifespan for
-    ``script`` (whose pages live in ``pages/`` beside it), or, when ``serve_plain``, a lifespan that
+    ``script`` (whose pages live in ``app_pages/`` beside it), or, when ``serve_plain``, a lifespan that
     only runs ``shutdown`` as the server stops (it runs either way)."""
     if serve_plain(environ):
-        return {"lifespan": lifespan([], shutdown, no_delay=False, pages_directory=True)}
+        return {"lifespan": lifespan([], shutdown, no_delay=False)}
     copies = GzipCopies()
 
     def prewarm() -> None:
@@ -602,7 +596,7 @@ def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Ma
 
     base_url = st.get_option("server.baseUrlPath") or ""
     return {
-        "lifespan": lifespan(sorted(Path(script).with_name("pages").glob("*.py")), shutdown, prewarm=prewarm),
+        "lifespan": lifespan(sorted(Path(script).with_name("app_pages").glob("*.py")), shutdown, prewarm=prewarm),
         "middleware": [
             Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies),
             Middleware(PreloadHints, base_url=base_url, head=page_head),

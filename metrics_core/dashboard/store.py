@@ -76,7 +76,6 @@ import pandas as pd
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config, view_config
-from metrics_core.dashboard.runs_table import trend
 from metrics_core.dashboard.rows import (
     LossTrend,
     RunSummary,
@@ -88,6 +87,7 @@ from metrics_core.dashboard.rows import (
     overview_row,
     peek_row,
 )
+from metrics_core.dashboard.runs_table import trend
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import IngestHealth, RunReader, Session, file_identity
 from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
