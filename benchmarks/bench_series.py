@@ -16,7 +16,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import median_us_interleaved
-from metrics_core.dashboard.figures import ema_smooth
+from metrics_core.dashboard.metric_figures import ema_smooth
 from metrics_core.downsample import minmax_indices
 from metrics_core.series import EmaState, MinMaxPyramid, RangeIndex
 

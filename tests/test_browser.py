@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.figures import STRAGGLER_TITLE
+from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE
 from tests.conftest import append_bytes, append_records, base_record
 from tests.live_server import GRAPH_JS, popover_text, wait_until
 

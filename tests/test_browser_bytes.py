@@ -27,7 +27,7 @@ TENSORBOARD_FIRST_LOAD = 2_180_000  # bytes, bench_rivals.py: TensorBoard 2.21 o
 BARE_APP = """
 import sys
 import streamlit as st
-from metrics_core.dashboard.figures import Series, metric_figure
+from metrics_core.dashboard.metric_figures import Series, metric_figure
 from metrics_core.dashboard.store import RunStore
 
 view = RunStore(sys.argv[1]).view("small")

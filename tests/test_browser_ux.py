@@ -272,7 +272,7 @@ def test_a_link_clicked_with_ctrl_still_opens_a_new_tab(page: object, server: st
 BARE_APP = """
 import sys
 import streamlit as st
-from metrics_core.dashboard.figures import Series, metric_figure
+from metrics_core.dashboard.metric_figures import Series, metric_figure
 from metrics_core.dashboard.store import RunStore
 
 store = RunStore(sys.argv[1])

@@ -11,7 +11,8 @@ import pytest
 
 from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.display_text import ELLIPSIS, file_stem, md_text, plotly_text, shorten, shorten_words
-from metrics_core.dashboard.figures import Highlight, Series, metric_figure
+from metrics_core.dashboard.figures import Highlight
+from metrics_core.dashboard.metric_figures import Series, metric_figure
 from metrics_core.dashboard.runs_table import run_link, run_links
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text

@@ -13,19 +13,9 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from metrics_core.dashboard.figures import (
-    NO_TEMPLATE,
-    SESSION_COLOURS,
-    STRAGGLER_TITLE,
-    SUPERSEDED_OPACITY,
-    Series,
-    ema_smooth,
-    figure_json,
-    metric_figure,
-    out_of_lockstep,
-    rank_time_ratio,
-    straggler_figure,
-)
+from metrics_core.dashboard.figures import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
+from metrics_core.dashboard.metric_figures import Series, ema_smooth, metric_figure
+from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, out_of_lockstep, rank_time_ratio, straggler_figure
 from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
 from metrics_core.downsample import minmax_indices
@@ -371,7 +361,7 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
     """No outliers: no range is imposed (plotly's own autorange), no note."""
-    from metrics_core.dashboard.figures import robust_range
+    from metrics_core.dashboard.metric_figures import robust_range
 
     assert robust_range([np.linspace(3.0, 2.0, 500)]) is None
     assert robust_range([np.array([1.0, 2.0])]) is None  # too few points to judge
@@ -491,7 +481,8 @@ def test_figures_and_charts_import_no_plotly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import metrics_core.dashboard.views, metrics_core.dashboard.figures; "
+    code = ("import sys; import metrics_core.dashboard.views, metrics_core.dashboard.metric_figures, "
+            "metrics_core.dashboard.rank_figures; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))")  # fmt: skip
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip

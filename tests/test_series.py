@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metrics_core.dashboard.figures import ema_smooth
+from metrics_core.dashboard.metric_figures import ema_smooth
 from metrics_core.downsample import minmax_indices
 from metrics_core.series import EmaState, MinMaxPyramid, RangeIndex, pyramid_level
 

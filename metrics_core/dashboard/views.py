@@ -11,19 +11,9 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.analysis import ReplayWindow, replay_windows, tokens_per_second
-from metrics_core.dashboard.figures import (
-    CHART_POINTS,
-    STRAGGLER_TITLE,
-    Figure,
-    Highlight,
-    Series,
-    is_distributed,
-    metric_figure,
-    rank_time_ratio,
-    session_colour,
-    straggler_figure,
-    x_values,
-)
+from metrics_core.dashboard.figures import CHART_POINTS, Figure, Highlight, session_colour, x_values
+from metrics_core.dashboard.metric_figures import Series, metric_figure
+from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, is_distributed, rank_time_ratio, straggler_figure
 from metrics_core.dashboard.store import RunView
 from metrics_core.diagnostics import Finding, diagnose
 
