@@ -7,17 +7,9 @@ from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.display_text import file_stem, md_text, shorten
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views import (
-    HISTORY_MODES,
-    ChartOptions,
-    chart_csv,
-    chart_key,
-    chart_specs,
-    view_charts,
-    view_findings,
-    zoom_chart,
-)
+from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_key, chart_specs
 from metrics_core.dashboard.widgets import (
     PANELS_KEY,
     config_panel,

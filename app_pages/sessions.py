@@ -6,8 +6,9 @@ import streamlit as st
 from metrics_core.analysis import lost_work, session_table
 from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, shorten
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.live_views import view_findings
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views import session_overlay, view_findings
+from metrics_core.dashboard.views import session_overlay
 from metrics_core.dashboard.widgets import csv_button, finding_text, live_view, page_theme, run_or_pick, table_text
 
 config = settings()

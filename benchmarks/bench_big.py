@@ -42,7 +42,8 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 from metrics_core.dashboard.live_chart import encode
-from metrics_core.dashboard.views import ChartOptions, view_charts, view_findings
+from metrics_core.dashboard.live_views import view_charts, view_findings
+from metrics_core.dashboard.views import ChartOptions
 from metrics_core.dashboard.store import RunStore
 before = rss()
 start = time.perf_counter()

@@ -22,15 +22,9 @@ from metrics_core.dashboard.live_chart import (
     plotly_source,
     publish_plotly,
 )
+from metrics_core.dashboard.live_views import view_charts
 from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import (
-    COMPARE_METRICS,
-    ChartOptions,
-    compare_chart,
-    run_charts,
-    session_overlay,
-    view_charts,
-)
+from metrics_core.dashboard.views import COMPARE_METRICS, ChartOptions, compare_chart, run_charts, session_overlay
 from tests.conftest import append_records, base_record
 
 

@@ -222,13 +222,13 @@ def test_a_string_among_loss_values_is_a_gap_in_the_view_not_a_failure(tmp_path:
 
 def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the advisory checks is one error finding with the cause, not a page that fails."""
-    from metrics_core.dashboard import views as charts
+    from metrics_core.dashboard import live_views
 
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
-    monkeypatch.setattr(charts, "diagnose", lambda **_: 1 / 0)
+    monkeypatch.setattr(live_views, "diagnose", lambda **_: 1 / 0)
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
-        [finding] = charts.view_findings(store.view("r"))
+        [finding] = live_views.view_findings(store.view("r"))
         assert finding.severity == "error" and "ZeroDivisionError" in finding.message
     finally:
         store.close()

@@ -416,7 +416,8 @@ def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None
     """Run page, zoom, sessions overlay and compare charts come out dark when asked, with no
     recolouring by the page; the light and dark run charts are separate memo entries."""
     from metrics_core.dashboard.figures import THEMES
-    from metrics_core.dashboard.views import compare_chart, session_overlay, view_charts, zoom_chart
+    from metrics_core.dashboard.live_views import view_charts, zoom_chart
+    from metrics_core.dashboard.views import compare_chart, session_overlay
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
