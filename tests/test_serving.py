@@ -29,17 +29,14 @@ import anyio
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard import serving
+from metrics_core.dashboard import asgi_gzip
+from metrics_core.dashboard.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
 from metrics_core.dashboard.live_chart import base_path
 from metrics_core.dashboard.serving import (
     BASE_URL_SCRIPT,
-    GzipCopies,
     PreloadHints,
-    StaticGzip,
-    accepts_gzip,
     chunk_preloads,
     lifespan,
-    route_path,
     static_files,
     tcp_no_delay,
 )
@@ -184,7 +181,7 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
     once; a compression that failed is forgotten, and the next request makes the copy."""
     calls: list[int] = []
     started, release = threading.Event(), threading.Event()
-    real_gzip = serving._gzip
+    real_gzip = asgi_gzip._gzip
 
     def slow_gzip(body: bytes) -> bytes | None:
         calls.append(len(body))
@@ -192,7 +189,7 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
         release.wait(10)
         return real_gzip(body)
 
-    monkeypatch.setattr(serving, "_gzip", slow_gzip)
+    monkeypatch.setattr(asgi_gzip, "_gzip", slow_gzip)
     on_disk = tmp_path / "index.js"
     on_disk.write_bytes(BUNDLE)
     copies = GzipCopies()
@@ -214,10 +211,10 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
     def failing(body: bytes) -> bytes | None:
         raise MemoryError("no room for a copy")
 
-    monkeypatch.setattr(serving, "_gzip", failing)
+    monkeypatch.setattr(asgi_gzip, "_gzip", failing)
     copies.prewarm([("/static/js/other.js", on_disk)])
     assert len(copies) == 1  # forgotten
-    monkeypatch.setattr(serving, "_gzip", real_gzip)
+    monkeypatch.setattr(asgi_gzip, "_gzip", real_gzip)
     headers, body = asyncio.run(fetch(StaticGzip(static_app(IMMUTABLE), copies=copies), "/static/js/other.js"))
     assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
 

@@ -104,7 +104,7 @@ def x_values(frame: pd.DataFrame, x: str, origin: pd.Timestamp | None) -> np.nda
     """The x coordinate of each row for an x-axis mode (``X_MODES``).
 
     Wall time is milliseconds since the epoch on a date axis: 8 bytes a point in the figure's
-    binary encoding, where ISO strings would cost ~30.
+    binary encoding, a fraction of an ISO string's.
     """
     if x == "relative":
         start = origin if origin is not None else frame["time"].min()

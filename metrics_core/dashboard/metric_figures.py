@@ -93,8 +93,8 @@ def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's debiased EMA: ``last = w·last + (1−w)·y`` from 0, shown as ``last / (1 − wⁿ)``.
 
     ``n`` counts finite points; non-finite points stay NaN and do not advance the average.
-    Vectorised in blocks short enough that ``w⁻ᵏ`` stays finite (a Python loop costs ~0.5 s per
-    million points; this is ~100× less).
+    Vectorised in blocks short enough that ``w⁻ᵏ`` stays finite (a Python loop per point is the
+    cost this avoids on a long run).
     """
     y = np.asarray(values, dtype=np.float64)
     if weight <= 0:
@@ -182,8 +182,8 @@ def metric_figure(
     """A line chart of ``series`` split by session, with session boundaries marked.
 
     ``max_points`` is the chart's budget of drawn points, shared among its traces in proportion
-    to their rows (at most ``TRACE_POINTS`` each), which keeps any chart near 150 KB of JSON
-    however long the run.  ``revision`` becomes ``layout.uirevision``: while it stays the same,
+    to their rows (at most ``TRACE_POINTS`` each), which bounds any chart's JSON however long the
+    run.  ``revision`` becomes ``layout.uirevision``: while it stays the same,
     a redraw with new data keeps the user's zoom and pan.
     """
     if x not in X_MODES:

@@ -7,15 +7,12 @@ page still works, only slower on a first load.  What each part does, and the Str
 it leans on (each has a test in ``tests/test_serving.py`` that fails when a Streamlit upgrade
 changes it):
 
-* ``StaticGzip``: Streamlit's content-hashed static files (``/static/...``) and the published
-  plotly.js go out gzip-compressed, each compressed once per process (``GzipCopies``), since
-  Streamlit serves them uncompressed.  Only whole ``GET`` 200 answers of a compressible type that
-  are immutable are touched; a ``Range`` request, a websocket, anything else passes through.  A
-  client that refuses gzip gets the identity bytes; every touched answer carries ``Vary:
-  Accept-Encoding``; Streamlit's ``Cache-Control``, ``ETag`` (made weak when compressed),
-  ``Last-Modified`` and ``Content-Type`` are kept.  A copy that saves less than ``MIN_SAVING`` is
-  not kept.  Nothing is written to disk.  Leans on: Streamlit's static directory
-  (``streamlit.file_util.get_static_dir``) and its ``immutable`` answers for hashed bundles.
+* ``StaticGzip`` (``asgi_gzip``): Streamlit's content-hashed static files (``/static/...``) and
+  the published plotly.js go out gzip-compressed, each compressed once per process, made ahead of
+  the first request for what a first page load asks for (``static_files``).  Streamlit serves them
+  uncompressed on purpose: its own gzip would compress every answer again.  Leans on: Streamlit's
+  static directory (``streamlit.file_util.get_static_dir``, its ``index.html``) and its
+  ``immutable`` answers for hashed bundles.
 * ``PreloadHints``: the page's HTML (Streamlit's index.html) gets ``BASE_URL_SCRIPT`` where the
   page's directory is the base URL (so a deep link does not probe its own path for the server
   first), ``modulepreload`` tags for the lazily loaded chunks of the elements that page draws
@@ -27,10 +24,10 @@ changes it):
 * ``lifespan``: as the server starts, imports what the pages import and does Streamlit's
   once-per-process first-run work (``warm_first_script_run``: its emoji catalog, the private
   ``delta_generator._maybe_print_use_warning``) in a background thread, and makes the gzip copies
-  a first page load asks for; turns Nagle's
-  algorithm off on the listening socket (``tcp_no_delay``: Streamlit binds it with ``proto`` 0,
-  so asyncio never sets ``TCP_NODELAY`` on its connections, and each kept-alive answer, written
-  as headers then body, waits for a delayed ACK).  As it stops it runs the app's shutdown: under
+  a first page load asks for; turns Nagle's algorithm off on the listening socket
+  (``tcp_no_delay``: Streamlit binds it with ``proto`` 0, so asyncio never sets ``TCP_NODELAY`` on
+  its connections, and each kept-alive answer, written as headers then body, waits for a delayed
+  ACK).  As it stops it runs the app's shutdown: under
   uvicorn, SIGTERM and Ctrl-C end the process by raising the signal again after the shutdown, so
   ``atexit`` handlers never run and this is the last Python code that does.
 
@@ -41,7 +38,6 @@ the app through ``st.App``.
 from __future__ import annotations
 
 import ast
-import asyncio
 import contextlib
 import functools
 import gzip
@@ -53,171 +49,35 @@ import re
 import socket
 import stat
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import streamlit as st
 from anyio import to_thread
 from starlette.middleware import Middleware
 from streamlit import config
 
+from metrics_core.dashboard.asgi_gzip import (
+    ASGIApp,
+    GzipCopies,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    StaticGzip,
+    accepts_gzip,
+    header,
+    held,
+    route_path,
+    send_whole,
+    without,
+)
 from metrics_core.dashboard.live_chart import PLOTLY_ASSETS, plotly_file, plotly_url
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
-
-COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml", "application/manifest+json")
-GZIP_LEVEL = 9  # once per file and process: the smallest output is worth the slowest level
 # A chunk's static imports, as Streamlit's bundler writes them: `from"./x.js"` or `import"./x.js"` (not
 # `import("./x.js")`, which loads lazily).
 _STATIC_IMPORT = re.compile(r'(?:\bfrom|\bimport)\s*"\./([\w.\-]+\.js)"')
-IMMUTABLE = b"public, max-age=31536000, immutable"  # what Streamlit sends for its own bundles
-MIN_SAVING = 0.9  # keep the gzip copy only if it is at most 90 % of the identity bytes
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an ``Accept-Encoding`` value allows gzip: ``gzip`` listed without ``q=0``, else ``*``
-    listed without ``q=0`` (an explicit ``gzip`` entry wins over ``*``; a bad q-value refuses)."""
-    qualities: dict[str, float] = {}
-    for item in accept_encoding.split(","):
-        coding, _, params = item.strip().partition(";")
-        quality = params.strip().lower()
-        try:
-            qualities.setdefault(coding.strip().lower(), float(quality[2:]) if quality.startswith("q=") else 1.0)
-        except ValueError:
-            qualities.setdefault(coding.strip().lower(), 0.0)
-    return qualities.get("gzip", qualities.get("*", 0.0)) > 0
-
-
-def route_path(scope: Scope, base_url: str) -> str:
-    """The request path as Streamlit's router sees it: without the ASGI ``root_path`` (a mount or a
-    proxy) and without ``server.baseUrlPath``, each removed only at a path-segment boundary."""
-    path: str = scope.get("path", "")
-    for prefix in (scope.get("root_path", ""), "/" + base_url.strip("/")):
-        prefix = prefix.rstrip("/")
-        if prefix and (path == prefix or path.startswith(prefix + "/")):
-            path = path[len(prefix) :] or "/"
-    return path
-
-
-def _gzip(body: bytes) -> bytes | None:
-    """``body`` gzip-compressed (no timestamp, so the bytes depend only on the input), or None when
-    that does not save enough to be worth a decode in the browser."""
-    compressed = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
-    return compressed if len(compressed) <= MIN_SAVING * len(body) else None
-
-
-class GzipCopies:
-    """The gzip copies ``StaticGzip`` answers with, one per file and process: made by the first
-    request that needs one, or ahead of any request by ``prewarm``.  Keyed by route path (without
-    the base URL) and size: only immutable answers get here, whose names carry a hash of their
-    content (``_compressible``; a made-up /static/ path, which Streamlit answers with its index.html,
-    is never compressed nor kept).  Safe across threads: a request waits for a copy being made
-    rather than make it again; a copy that failed is forgotten, so the next request tries again."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._made: dict[tuple[str, int], Future[bytes | None]] = {}
-
-    def __len__(self) -> int:
-        return len(self._made)
-
-    async def copy(self, route: str, body: bytes) -> bytes | None:
-        """The gzip copy of ``body``, the answer for ``route``, made off the event loop if no one
-        has.  A client that goes away meanwhile cancels its own wait, never the
-        shared compression."""
-        key = (route, len(body))
-        made, mine = self._claim(key)
-        if mine:
-            asyncio.get_running_loop().run_in_executor(None, self._make, key, made, lambda: body)
-        return await asyncio.shield(asyncio.wrap_future(made))
-
-    def prewarm(self, files: Iterable[tuple[str, Path]]) -> None:
-        """Make the copies of ``files`` (route path, file) in this thread, in their order, skipping
-        those made or being made; a file that cannot be read is left to its first request."""
-        for route, path in files:
-            with contextlib.suppress(OSError):
-                key = (route, path.stat().st_size)
-                made, mine = self._claim(key)
-                if mine:
-                    self._make(key, made, path.read_bytes)
-
-    def _claim(self, key: tuple[str, int]) -> tuple[Future[bytes | None], bool]:
-        """The copy of ``key``, and whether the caller is the one to make it."""
-        with self._lock:
-            made = self._made.get(key)
-            if made is not None:
-                return made, False
-            made = self._made[key] = Future()
-            return made, True
-
-    def _make(self, key: tuple[str, int], made: Future[bytes | None], body: Callable[[], bytes]) -> None:
-        try:
-            made.set_result(_gzip(body()))
-        except BaseException as exc:  # handed to every waiting request; the next one tries again
-            with self._lock:
-                self._made.pop(key, None)
-            made.set_exception(exc)
-
-
-class StaticGzip:
-    """ASGI middleware: Streamlit's static files, gzip-compressed once per file and process (see the
-    module docstring for what it touches and what it promises)."""
-
-    def __init__(
-        self, app: ASGIApp, *, base_url: str = "", hashed: Sequence[str] = (), copies: GzipCopies | None = None
-    ) -> None:
-        self.app = app
-        self.base_url = base_url
-        # Route path prefixes of files whose names carry a hash of their content although Streamlit
-        # serves them with "Cache-Control: public" alone, and gzips them again for every request (a
-        # component's asset_dir: the dashboard's plotly.js): answered like Streamlit's bundles,
-        # compressed once, and marked immutable, so a browser keeps them without asking again.
-        self.hashed = tuple(hashed)
-        self.copies = GzipCopies() if copies is None else copies  # shared with the lifespan's prewarm
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = route_path(scope, self.base_url)
-        hashed = path.startswith(self.hashed)  # False for no prefixes
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "GET"
-            or not (hashed or path.startswith("/static/"))
-            or any(name == b"range" for name, _ in scope["headers"])
-        ):
-            await self.app(scope, receive, send)
-            return
-        wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
-
-        async def answer(start: Message, body: bytes) -> None:
-            headers = _without(start["headers"], b"content-length", b"vary")
-            if hashed:
-                headers = [*_without(headers, b"cache-control"), (b"cache-control", IMMUTABLE)]
-            vary = [value for name, value in start["headers"] if name == b"vary"]
-            headers.append((b"vary", b", ".join([*vary, b"Accept-Encoding"])))
-            if wanted:
-                etag = dict(start["headers"]).get(b"etag", b"")
-                compressed = await self.copies.copy(path, body)
-                if compressed is not None:
-                    body = compressed
-                    # Streamlit's strong ETag and byte ranges describe the identity bytes, not these.
-                    headers = _without(headers, b"etag", b"accept-ranges")
-                    if etag:
-                        headers.append((b"etag", etag if etag.startswith(b"W/") else b"W/" + etag))
-                    headers.append((b"content-encoding", b"gzip"))
-            await _send_whole(send, start, headers, body)
-
-        if hashed:  # asked without Accept-Encoding, Streamlit answers identity bytes, compressed here once
-            inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
-            await self.app(inner, receive, _held(send, functools.partial(_compressible, immutable=True), answer))
-        else:
-            await self.app(scope, receive, _held(send, _compressible, answer))
 
 
 # Streamlit's page finds its server by trying the page's own path first: a deep link such as
@@ -246,11 +106,11 @@ class PreloadHints:
         if (
             scope["type"] != "http"
             or scope["method"] != "GET"
-            or "text/html" not in _header(scope["headers"], b"accept")
+            or "text/html" not in header(scope["headers"], b"accept")
         ):
             await self.app(scope, receive, send)
             return
-        wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
+        wanted = accepts_gzip(header(scope["headers"], b"accept-encoding"))
         route = route_path(scope, self.base_url)
         # The page's directory is the base URL only for / (with its slash) and /<page>.
         at_base = route.count("/") == 1 and (route != "/" or scope["path"].endswith("/"))
@@ -262,16 +122,16 @@ class PreloadHints:
             before = head.find(b"<script")  # Streamlit's first script, after its meta tags
             before = len(head) if before < 0 else before
             body = head[:before] + first + head[before:] + last.encode() + end + rest
-            headers = _without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
+            headers = without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
             headers.append((b"vary", b"Accept-Encoding"))
             if wanted:
                 body = gzip.compress(body, compresslevel=6, mtime=0)  # a small page: cheap per request
                 headers.append((b"content-encoding", b"gzip"))
-            await _send_whole(send, start, headers, body)
+            await send_whole(send, start, headers, body)
 
         # Asked without Accept-Encoding, Streamlit answers identity bytes, which can be edited.
-        inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
-        await self.app(inner, receive, _held(send, _html, answer))
+        inner = {**scope, "headers": without(scope["headers"], b"accept-encoding")}
+        await self.app(inner, receive, held(send, _html, answer))
 
 
 def _static_dir() -> Path:
@@ -447,53 +307,6 @@ def _imported(script: Path) -> list[str]:
         elif isinstance(node, ast.Import):
             names.extend(alias.name for alias in node.names)
     return names
-
-
-# -- whole responses ---------------------------------------------------------------------------------
-
-
-def _held(send: Send, wanted: Callable[[Message], bool], answer: Callable[[Message, bytes], Awaitable[None]]) -> Send:
-    """A ``send`` that passes a response through unless ``wanted(start message)``; a wanted one is
-    held until its body is complete and handed to ``answer(start, body)`` instead."""
-    start: Message | None = None
-    chunks: list[bytes] = []
-
-    async def held(message: Message) -> None:
-        nonlocal start
-        if message["type"] == "http.response.start" and wanted(message):
-            start = message
-        elif start is not None and message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                await answer(start, b"".join(chunks))
-        else:
-            await send(message)
-
-    return held
-
-
-async def _send_whole(send: Send, start: Message, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({**start, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str:
-    return next((value.decode("latin-1") for key, value in headers if key == name), "").lower()
-
-
-def _without(headers: Sequence[tuple[bytes, bytes]], *names: bytes) -> list[tuple[bytes, bytes]]:
-    return [(key, value) for key, value in headers if key not in names]
-
-
-def _compressible(start: Message, *, immutable: bool = False) -> bool:
-    """A whole 200 answer of a text type that nothing has encoded yet, for a content-hashed file
-    (``Cache-Control: immutable``, or ``immutable`` known by its path: one copy is valid for the
-    life of the process)."""
-    headers = dict(start["headers"])
-    kind = headers.get(b"content-type", b"").decode("latin-1").lower()
-    immutable = immutable or b"immutable" in headers.get(b"cache-control", b"").lower()
-    return start["status"] == 200 and immutable and b"content-encoding" not in headers and kind.startswith(COMPRESSIBLE)
 
 
 def _html(start: Message) -> bool:

@@ -52,10 +52,10 @@ PANELS_KEY = "run_panels"  # the run page's row of health and config buttons
 SESSION_KEY_KEY = "session_key"  # the run page's session key
 
 # Calm while live.  While a fragment reruns, Streamlit marks its elements data-stale="true" and
-# fades them to opacity 0.33 (a 1 s transition after 0.5 s: charts flicker to ~0.9 on every
-# refresh of a slow run), and the top bar's running indicator blinks.  A refresh that changes
+# fades them (charts flicker on every refresh of a slow run), and the top bar's running indicator
+# blinks.  A refresh that changes
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
-# (chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
+# (live_chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
 # gap where they are mounted.  The run page's row of health and config buttons and its session key
 # stay one line each (scrolled sideways where they do not fit), so its charts have a known place.
 CALM_CSS = f"""<style>
@@ -67,9 +67,9 @@ CALM_CSS = f"""<style>
 .st-key-{SESSION_KEY_KEY} p {{ white-space: nowrap; }}
 </style>"""
 
-# Links between pages open in this tab (issue 11).  The runs table's link cells are opened by
-# Streamlit with ``window.open(url, "_blank")`` (its LinkColumn; a new tab is a new session, ~10 s
-# to a drawn chart).  This script, run once per browser tab, turns such a call for a URL of this
+# Links between pages open in this tab.  The runs table's link cells are opened by Streamlit
+# with ``window.open(url, "_blank")`` (its LinkColumn; a new tab is a new session, which starts
+# from scratch).  This script, run once per browser tab, turns such a call for a URL of this
 # app into the navigation the Back button makes (``history.pushState`` then ``popstate``), which
 # Streamlit answers by running that page with the URL's query in this session, as ``st.switch_page``
 # would.  A link clicked with Ctrl, ⌘ or Shift held, or with the middle button, still opens a new
