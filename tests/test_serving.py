@@ -29,7 +29,7 @@ import anyio
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard import asgi_gzip
+from metrics_core.dashboard import asgi_gzip, serving
 from metrics_core.dashboard.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
 from metrics_core.dashboard.live_chart import base_path
 from metrics_core.dashboard.serving import (
@@ -715,3 +715,70 @@ def test_serve_plain_leaves_streamlits_answers_as_they_are(runs_root: Path, monk
     assert "content-encoding" not in headers and "vary" not in headers
     assert body == (STATIC / largest_static_js().lstrip("/")).read_bytes()
     assert b"BidiComponent" not in html
+
+
+# -- the Streamlit internals serving.py leans on: each test fails when an upgrade changes one ----------
+
+
+def test_streamlits_static_directory_holds_the_index_and_bundles_it_names() -> None:
+    """``streamlit.file_util.get_static_dir`` (not public API) is the directory Streamlit serves under
+    /static/, whose index.html names its boot scripts and styles as ``./static/js|css/...``: what
+    ``static_files`` prewarms and ``chunk_preloads`` leaves out."""
+    named = serving._index_files()
+    assert any(path.startswith("static/js/index.") for path in named), named
+    assert all((STATIC / path).is_file() for path in named)
+
+
+def test_every_element_the_pages_preload_is_a_chunk_this_streamlit_ships() -> None:
+    """``PAGE_ELEMENTS`` names Streamlit's lazily loaded chunks ``<Element>.<hash>.js`` (a bundler
+    naming, not an API): a name this Streamlit no longer ships would silently preload nothing."""
+    folder = STATIC / "static" / "js"
+    missing = [
+        name for names in serving.PAGE_ELEMENTS.values() for name in names if not list(folder.glob(f"{name}.*.js"))
+    ]
+    assert missing == [], f"Streamlit renamed or merged these chunks: update serving.PAGE_ELEMENTS: {missing}"
+
+
+def test_the_chunks_static_imports_read_as_the_bundler_writes_them() -> None:
+    """``_STATIC_IMPORT`` finds the chunks a chunk imports (``from"./x.js"``): the chunks of the
+    run page's elements, followed transitively, are more than the elements' own files."""
+    own = [
+        path.name for name in serving.PAGE_ELEMENTS["run"] for path in (STATIC / "static" / "js").glob(f"{name}.*.js")
+    ]
+    assert len(serving._chunks(serving.PAGE_ELEMENTS["run"])) > len(own)
+
+
+def test_streamlits_bundle_still_reads_the_base_url_and_marks_its_script_state() -> None:
+    """Two undocumented hooks of Streamlit's bundle: it reads ``window.__streamlit.BACKEND_BASE_URL``
+    (``BASE_URL_SCRIPT``), and marks its root ``data-test-script-state="notRunning"`` once a script
+    run is over (``after_first_run``)."""
+    bundles = (STATIC / "static" / "js").glob("*.js")
+    text = "".join(path.read_text(encoding="utf-8", errors="replace") for path in bundles)
+    assert "BACKEND_BASE_URL" in text
+    assert "data-test-script-state" in text and "`notRunning`" in text
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
+def test_streamlits_connections_keep_nagle_on_unless_served(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
+    """Streamlit binds its listening socket with ``proto`` 0, so its connections keep Nagle's
+    algorithm on and every kept-alive answer waits for a delayed ACK; ``tcp_no_delay`` turns it
+    off.  If plain Streamlit stops stalling, it sets TCP_NODELAY itself: drop ``tcp_no_delay``."""
+    if plain:
+        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
+    with dashboard(runs_root) as (url, _, _):
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        times = []
+        try:
+            for _ in range(8):
+                start = time.perf_counter()
+                connection.request("GET", "/_stcore/health")
+                answer = connection.getresponse()
+                answer.read()
+                times.append(time.perf_counter() - start)
+        finally:
+            connection.close()
+    stalled = min(times[1:]) >= 0.030
+    assert stalled is plain, times
