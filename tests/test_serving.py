@@ -717,6 +717,35 @@ def test_serve_plain_leaves_streamlits_answers_as_they_are(runs_root: Path, monk
     assert b"BidiComponent" not in html
 
 
+def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With METRICS_SERVE_PLAIN=1 app.py's ``st.App`` gets no middleware and a lifespan that only
+    runs the app's shutdown: no warm-up touching Streamlit's privates, no socket option; served,
+    it gets the gzip and head-tag middleware and the lifespan does its start-up work."""
+    touched: list[str] = []
+    monkeypatch.setattr(serving, "warm_first_script_run", lambda: touched.append("warm"))
+    monkeypatch.setattr(serving, "tcp_no_delay", lambda port: touched.append("no_delay") or 0)
+    closed: list[bool] = []
+
+    async def start_and_stop(options: dict) -> None:
+        async with options["lifespan"](object()):
+            pass
+
+    plain = serving.app_options(
+        REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}
+    )
+    assert list(plain) == ["lifespan"]
+    asyncio.run(start_and_stop(plain))
+    time.sleep(0.2)  # a warm-up thread, had one started
+    assert closed == [True] and touched == []
+    served = serving.app_options(REPO / "app.py", shutdown=lambda: closed.append(True), environ={})
+    assert [item.cls for item in served["middleware"]] == [StaticGzip, PreloadHints]
+    asyncio.run(start_and_stop({"lifespan": serving.lifespan([], lambda: None)}))
+    deadline = time.monotonic() + 10
+    while "warm" not in touched and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(touched) == ["no_delay", "warm"]
+
+
 # -- the Streamlit internals serving.py leans on: each test fails when an upgrade changes one ----------
 
 

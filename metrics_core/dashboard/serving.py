@@ -249,11 +249,12 @@ def lifespan(
     scripts: Sequence[Path],
     shutdown: Callable[[], None],
     *,
+    warm: bool = True,
     no_delay: bool = True,
     prewarm: Callable[[], None] | None = None,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
-    """An ``st.App`` lifespan: at start, in a daemon thread, does what Streamlit does once in the first
-    script run of a process (``warm_first_script_run``) and imports every module the top level of
+    """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
+    in the first script run of a process (``warm_first_script_run``) and imports every module the top level of
     ``scripts`` imports (read with ``ast``, not run; a module that fails to import is left for the
     page to report), runs ``prewarm`` in another (the gzip copies of a first page load's files: zlib
     leaves the interpreter lock to the imports) and, if ``no_delay``, turns Nagle's algorithm off on
@@ -272,7 +273,8 @@ def lifespan(
     async def serve(_app: object) -> AsyncIterator[None]:
         if no_delay:
             tcp_no_delay(config.get_option("server.port"))
-        threading.Thread(target=run, name="warm-imports", daemon=True).start()
+        if warm:
+            threading.Thread(target=run, name="warm-imports", daemon=True).start()
         if prewarm is not None:
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
         try:
@@ -369,7 +371,6 @@ _ALL_ELEMENTS = tuple(dict.fromkeys(name for names in PAGE_ELEMENTS.values() for
 _CHART_ELEMENTS = tuple(dict.fromkeys(name for page in CHART_PAGES for name in PAGE_ELEMENTS[page]))
 
 
-@functools.cache
 def page_head(page: str) -> tuple[str, str]:
     """The tags for the start and the end of ``page``'s head (``PreloadHints``): its plotly.js and
     element chunks; on a page without charts (the runs page, where a reader starts), once it is
@@ -395,7 +396,7 @@ def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Ma
     ``script`` (whose pages live in ``app_pages/`` beside it), or, when ``serve_plain``, a lifespan that
     only runs ``shutdown`` as the server stops (it runs either way)."""
     if serve_plain(environ):
-        return {"lifespan": lifespan([], shutdown, no_delay=False)}
+        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False)}
     copies = GzipCopies()
 
     def prewarm() -> None:
