@@ -21,6 +21,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
@@ -726,20 +727,24 @@ def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest
     monkeypatch.setattr(serving, "tcp_no_delay", lambda port: touched.append("no_delay") or 0)
     closed: list[bool] = []
 
-    async def start_and_stop(options: dict) -> None:
+    async def start_and_stop_lifespan(options: dict) -> None:
         async with options["lifespan"](object()):
             pass
+
+    def start_and_stop(options: dict) -> None:  # in a thread: a browser test's event loop may be running here
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, start_and_stop_lifespan(options)).result()
 
     plain = serving.app_options(
         REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}
     )
     assert list(plain) == ["lifespan"]
-    asyncio.run(start_and_stop(plain))
+    start_and_stop(plain)
     time.sleep(0.2)  # a warm-up thread, had one started
     assert closed == [True] and touched == []
     served = serving.app_options(REPO / "app.py", shutdown=lambda: closed.append(True), environ={})
     assert [item.cls for item in served["middleware"]] == [StaticGzip, PreloadHints]
-    asyncio.run(start_and_stop({"lifespan": serving.lifespan([], lambda: None)}))
+    start_and_stop({"lifespan": serving.lifespan([], lambda: None)})
     deadline = time.monotonic() + 10
     while "warm" not in touched and time.monotonic() < deadline:
         time.sleep(0.01)
