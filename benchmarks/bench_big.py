@@ -41,8 +41,9 @@ def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
-from metrics_core.dashboard.chart import encode
-from metrics_core.dashboard.charts import ChartOptions, view_charts, view_findings
+from metrics_core.dashboard.live_chart import encode
+from metrics_core.dashboard.live_views import view_charts, view_findings
+from metrics_core.dashboard.views import ChartOptions
 from metrics_core.dashboard.store import RunStore
 before = rss()
 start = time.perf_counter()

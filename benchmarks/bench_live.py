@@ -33,8 +33,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.charts import ChartOptions, run_charts
 from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import ChartOptions, run_charts
 from tests.live_server import chromium, streamlit_app, streamlit_server
 
 WATCH_JS = """() => {

@@ -1,4 +1,4 @@
-"""Side by side with TensorBoard and trackio on the same 1k-record run (issues 10 and 11).
+"""Side by side with TensorBoard and trackio on the same 1k-record run.
 
 Run: python benchmarks/bench_rivals.py [--rounds 3] [--seconds 31] [--rivals-python /tmp/rivals/bin/python]
                                       [--before]
@@ -14,10 +14,8 @@ logged by their own client in a child process of the rivals' Python), a fresh se
 loopback port, a fresh headless Chromium (cold cache), then:
 
 * first chart: seconds from navigation to the first chart actually drawn, polled every 20 ms.
-  "Drawn" per tool: ours a plotly ``.main-svg`` that is shown (plotly adds it when it plots; served
-  by app.py, the first is the picture the page's HTML draws from the same figure, shown in the live
-  chart's place before Streamlit lays out the page, ``first_chart.js``; ``bench_first_chart.py``
-  times both); trackio a
+  "Drawn" per tool: ours a plotly ``.main-svg`` that is shown (plotly adds it when it plots: the
+  live chart in Streamlit's page; ``bench_first_chart.py`` times its steps); trackio a
   vega-embed ``canvas.marks`` (vega-embed creates it rendering a spec that carries the data);
   TensorBoard a scalar card's ``line-chart`` canvas whose x axis reaches past step 1 (an empty
   chart's domain is [0, 1]).

@@ -26,30 +26,19 @@ CHROMIUM_ARGS = [
     "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
 ]  # fmt: skip
 
-# In the page: whether a plotly chart is drawn and shown.  On a cold run page that is first the early
-# picture of its first chart (first_chart.js), shown in the live chart's place as soon as it is drawn,
-# which can be before Streamlit's page exists.
+# In the page: whether a plotly chart is drawn and shown (plotly adds its .main-svg when it plots).
 CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
     .some(svg => getComputedStyle(svg).visibility === 'visible')"""
-# Plotly graphs drawn by Streamlit's page, not the early picture of the run page's first chart.
-LIVE_GRAPHS = ".js-plotly-plot:not(.metrics-first-chart)"
-
-
-def chart_drawn(page: object) -> bool:
-    """Whether ``page`` shows a drawn plotly chart (``CHART_SHOWN_JS``)."""
-    return page.evaluate(CHART_SHOWN_JS)
 
 
 def live_charts_drawn(page: object, count: int = 1) -> bool:
-    """Whether Streamlit's page in ``page`` has drawn at least ``count`` live charts (so its page is
-    up, which the early picture does not say)."""
-    return page.evaluate(f"document.querySelectorAll('{LIVE_GRAPHS} .main-svg').length") >= count
+    """Whether Streamlit's page in ``page`` has drawn at least ``count`` live charts."""
+    return page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= count
 
 
-# In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs; not the early
-# picture first_chart.js draws over the first one until it has drawn).
+# In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs).
 GRAPH_JS = """(title) => {
-  const graphs = [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')];
+  const graphs = [...document.querySelectorAll('.js-plotly-plot')];
   const graph = graphs.find(g => g.layout && g.layout.title.text === title);
   if (!graph) return null;
   return {

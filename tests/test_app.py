@@ -117,7 +117,7 @@ def test_compare_page_reads_and_writes_the_url(runs_root: Path) -> None:
     app = AppTest.from_file(APP, default_timeout=30)
     app.query_params["run"] = ["alpha", "ghost"]
     app.run()
-    app.switch_page("pages/compare.py").run()
+    app.switch_page("app_pages/compare.py").run()
     assert not app.exception
     assert "ghost" in app.warning[0].value
     assert app.multiselect(key="compare_runs").value == ["alpha"]
@@ -301,7 +301,7 @@ def test_sessions_page_shows_durations_as_clock_times(runs_root: Path) -> None:
 
 def test_the_runs_page_knows_when_an_age_it_shows_next_reads_differently() -> None:
     """Seconds until the first "N s/min/h/d ago" text changes; missing ages never do."""
-    from metrics_core.dashboard.overview import age_text, next_age_change
+    from metrics_core.dashboard.display_text import age_text, next_age_change
 
     assert next_age_change([None, float("nan")]) == float("inf")
     assert next_age_change([18.25, 4000.0]) == pytest.approx(0.75)

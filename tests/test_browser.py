@@ -8,7 +8,7 @@ import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.figures import STRAGGLER_TITLE
+from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE
 from tests.live_server import GRAPH_JS, popover_text, wait_until
 from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 
@@ -40,8 +40,8 @@ def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, 
     # The first request to this server is this deep link: it must still get app.py's navigation.
     assert "Training metrics" in page.title()
     assert page.locator("[data-testid='stSidebarNav']").count() == 0
-    assert page.evaluate("document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)').length") == 6
-    assert page.evaluate("document.querySelectorAll('iframe .js-plotly-plot:not(.metrics-first-chart)').length") == 0
+    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 6
+    assert page.evaluate("document.querySelectorAll('iframe .js-plotly-plot').length") == 0
     expected = [(s, 10.0 / s) for s in range(10, 61, 10)] + [(s, 20.0 / s) for s in range(70, 151, 10)]
     assert [x for x, _ in train_points(graph)] == [x for x, _ in expected]
     assert [y for _, y in train_points(graph)] == pytest.approx([y for _, y in expected], rel=1e-6)
@@ -77,7 +77,7 @@ def test_zoom_survives_live_updates(page: object, server: str, served_root: Path
     path = served_root / "zoom" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1001, 10)))
     open_run(page, server, "zoom", 1000)
-    plot = page.locator(".js-plotly-plot:not(.metrics-first-chart)").filter(has_text="Loss").locator(".nsewdrag").first
+    plot = page.locator(".js-plotly-plot").filter(has_text="Loss").locator(".nsewdrag").first
     box = plot.bounding_box()
     page.mouse.move(box["x"] + box["width"] * 0.3, box["y"] + box["height"] * 0.5)
     page.mouse.down()
@@ -138,8 +138,8 @@ def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, serve
     assert band["rank step time, fastest–slowest · S2"]["x"] == list(range(70, 151, 10))
     assert band["fastest rank · S2"]["y"] == pytest.approx([0.1] * 9)
     assert band["ranks out of lockstep"]["x"] == [50]
-    assert page.evaluate("document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)').length") == 7
-    hover = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')]
+    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 7
+    hover = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot')]
         .find(g => g.layout.title.text === {STRAGGLER_TITLE!r}).data[4].customdata[0][0]""")
     assert hover == "1"  # the slowest rank of S2's windows, shown as "slowest: rank 1"
     popover_text(page, "Config")
@@ -206,7 +206,7 @@ def test_zooming_in_draws_every_raw_record_in_range_and_zooming_out_the_whole_ru
     in_range = lambda graph: [x for x, _ in train_points(graph) if 100_005 <= x <= 110_000]  # noqa: E731
     assert len(in_range(loss(page))) < 500
     relayout = """(update) => Plotly.relayout(
-        [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')]
+        [...document.querySelectorAll('.js-plotly-plot')]
         .find(g => g.layout.title.text === 'Loss'), update)"""
     page.evaluate(relayout, {"xaxis.range": [100_005, 110_000]})
     zoomed = wait_until(page, lambda: len(in_range(loss(page))) == 1000 and loss(page), timeout=30)
@@ -274,8 +274,8 @@ def test_a_live_update_that_fails_to_draw_is_said_and_drawn_again_in_full(
 
 
 def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server: str, served_root: Path) -> None:
-    """plotly.js refuses the loss chart's figure: its place says so (as text), the early picture of
-    it does not stay over that place, and the other charts draw."""
+    """plotly.js refuses the loss chart's figure: its place says so (as text), and the other charts
+    draw."""
     path = served_root / "undrawable" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
     page.add_init_script(FAILING_PLOTLY)
@@ -285,6 +285,5 @@ def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server
     wait_until(page, lambda: page.evaluate(f"!!document.querySelector({note!r})"), timeout=60)
     text = page.evaluate(f"document.querySelector({note!r}).textContent")
     assert text == "This chart could not be drawn (injected draw failure). Reload the page to try again."
-    wait_until(page, lambda: page.evaluate("!document.querySelector('.metrics-first-chart')"), timeout=10)
     drawn = "[...document.querySelectorAll('.metrics-chart')].filter(g => g.querySelector('.main-svg')).length"
     assert wait_until(page, lambda: page.evaluate(drawn) == 5, timeout=30)  # every chart but the loss

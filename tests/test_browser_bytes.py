@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-
 from tests.live_server import Wire, live_charts_drawn, streamlit_app, streamlit_server, wait_until
 from tests.support import small_run
 
@@ -26,7 +25,7 @@ TENSORBOARD_FIRST_LOAD = 2_180_000  # bytes, bench_rivals.py: TensorBoard 2.21 o
 BARE_APP = """
 import sys
 import streamlit as st
-from metrics_core.dashboard.figures import Series, metric_figure
+from metrics_core.dashboard.metric_figures import Series, metric_figure
 from metrics_core.dashboard.store import RunStore
 
 view = RunStore(sys.argv[1]).view("small")

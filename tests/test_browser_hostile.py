@@ -199,7 +199,7 @@ def test_hostile_run_names_are_literal_titles_on_run_and_sessions(page: object, 
         page.goto(url_of(server, which, name))
         heading = wait_until(page, lambda: (h := page.locator("h1")).count() and h.first.inner_text(), timeout=30)
         assert heading.strip() == title
-        wait_until(page, lambda: page.locator(".js-plotly-plot:not(.metrics-first-chart)").count() > 0, timeout=30)
+        wait_until(page, lambda: page.locator(".js-plotly-plot").count() > 0, timeout=30)
         assert_nothing_injected(page)
 
 
@@ -218,7 +218,7 @@ def test_hostile_session_ids_and_values_on_the_sessions_page(page: object, serve
     table = page.locator("[data-testid='stTable']").inner_text().replace("\u2060", "")
     assert LOGIN in table and EVIL_VALUE in table
     assert "L" * 50 in table and LONG_ID not in table and "…" in table
-    wait_until(page, lambda: page.locator(".js-plotly-plot:not(.metrics-first-chart)").count() > 0, timeout=30)
+    wait_until(page, lambda: page.locator(".js-plotly-plot").count() > 0, timeout=30)
     assert_nothing_injected(page)
 
 
@@ -228,7 +228,7 @@ def test_hostile_names_on_compare_and_overview(page: object, server: str) -> Non
     graph = wait_until(page, lambda: page.evaluate(GRAPH_JS, "train loss"), timeout=30)
     names = {trace["name"] for trace in graph["traces"]}
     assert {"**bold**", "&lt;img src=x onerror=alert(1)&gt;", NESTED} <= names  # plotly decodes the entities
-    legend = page.evaluate("document.querySelector('.js-plotly-plot:not(.metrics-first-chart) .legend').textContent")
+    legend = page.evaluate("document.querySelector('.js-plotly-plot .legend').textContent")
     assert "<img src=x onerror=alert(1)>" in legend and "**bold**" in legend and NESTED in legend
     assert_nothing_injected(page)
     page.goto(f"{server}/")

@@ -98,7 +98,7 @@ def test_every_axis_is_titled(page: object, server: str) -> None:
     page.goto(f"{server}/run?run=eight")
     wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
     titles = page.evaluate("""() => [...document.querySelectorAll(
-        '.js-plotly-plot:not(.metrics-first-chart)')].map(g => ({
+        '.js-plotly-plot')].map(g => ({
         title: g.layout.title.text, x: g.querySelector('.g-xtitle')?.textContent,
         y: g.querySelector('.g-ytitle')?.textContent}))""")
     assert len(titles) == 6
@@ -108,7 +108,7 @@ def test_every_axis_is_titled(page: object, server: str) -> None:
 
 # Bounding boxes of every annotation drawn on the Loss chart.
 LABEL_BOXES_JS = """() => {
-  const graph = [...document.querySelectorAll('.js-plotly-plot:not(.metrics-first-chart)')]
+  const graph = [...document.querySelectorAll('.js-plotly-plot')]
     .find(g => g.layout.title.text === 'Loss');
   return [...graph.querySelectorAll('.annotation')].map(a => {
     const r = a.querySelector('.annotation-text-g').getBoundingClientRect();
@@ -160,7 +160,7 @@ def test_dark_theme_gives_dark_charts(browser: object, served_root: Path, monkey
             page.goto(f"{url}/run?run=eight")
             wait_until(page, lambda: live_charts_drawn(page, 6), timeout=30)
             colours = wait_until(page, lambda: (c := page.evaluate("""() => [...document.querySelectorAll(
-                '.js-plotly-plot:not(.metrics-first-chart)')]
+                '.js-plotly-plot')]
                 .map(g => [g.layout.plot_bgcolor, g.layout.font.color])""")) and
                 all(bg == "#0e1117" for bg, _ in c) and c, timeout=20)  # fmt: skip
             assert all(font == "#fafafa" for _, font in colours)

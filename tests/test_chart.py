@@ -9,9 +9,10 @@ from pathlib import Path
 import pandas as pd
 import plotly
 
-import metrics_core.dashboard.chart as chart_module
+import metrics_core.dashboard.live_chart as chart_module
 from benchmarks.generate import record, train_values, write_run
-from metrics_core.dashboard.chart import (
+from metrics_core.dashboard.figures import Figure, figure_of
+from metrics_core.dashboard.live_chart import (
     PLOTLY_COMPONENT,
     encode,
     extension,
@@ -19,16 +20,9 @@ from metrics_core.dashboard.chart import (
     plotly_source,
     publish_plotly,
 )
-from metrics_core.dashboard.charts import (
-    COMPARE_METRICS,
-    ChartOptions,
-    compare_chart,
-    run_charts,
-    session_overlay,
-    view_charts,
-)
-from metrics_core.dashboard.figures import Figure, figure_of
+from metrics_core.dashboard.live_views import view_charts
 from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import COMPARE_METRICS, ChartOptions, compare_chart, run_charts, session_overlay
 from tests.support import append_records, base_record
 
 
@@ -187,3 +181,17 @@ def test_streamlit_serves_the_chart_assets_directory() -> None:
     manager.discover_and_register_components(start_file_watching=False)
     root = manager.get_component_path(PLOTLY_COMPONENT)
     assert root is not None and Path(root).resolve() == (Path(chart_module.__file__).parent / "assets").resolve()
+
+
+def test_the_component_manager_still_answers_where_a_components_assets_are() -> None:
+    """``live_chart.plotly_url`` asks Streamlit's bidi component manager (a private module) where it
+    serves the ``asset_dir`` pyproject.toml declares for ``metrics-core.plotly``; the browser tests
+    check that the page then runs plotly.js from that URL."""
+    import tomllib
+    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
+
+    assert callable(get_bidi_component_manager().get_component_path)
+    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    [declared] = project["tool"]["streamlit"]["component"]["components"]
+    assert f"{project['project']['name']}.{declared['name']}" == chart_module.PLOTLY_COMPONENT
+    assert declared["asset_dir"] == "dashboard/assets"

@@ -211,3 +211,17 @@ def test_runs_table_drops_the_raw_config_and_tolerates_error_rows() -> None:
     shown, error = runs_table(table, keys=["lr"], config_filter="")
     assert error is None and "config" not in shown.columns and shown["lr"].tolist() == ["0.1", None]
     assert runs_table(table, keys=[], config_filter="lr=0.1")[0]["run"].tolist() == ["a"]
+
+
+def test_config_never_imports_the_store() -> None:
+    """config.py reads a snapshot through its ``ConfigSource`` protocol: importing it alone (its
+    source included, typing-only imports too) never reaches ``dashboard.store``, which imports it."""
+    import ast
+    import subprocess
+    import sys
+
+    source = (Path(__file__).resolve().parents[1] / "metrics_core" / "dashboard" / "config.py").read_text()
+    imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
+    assert "metrics_core.dashboard.store" not in imported
+    code = "import sys, metrics_core.dashboard.config; print('metrics_core.dashboard.store' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

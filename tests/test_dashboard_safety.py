@@ -10,17 +10,10 @@ import pandas as pd
 import pytest
 
 from metrics_core.dashboard import store as store_module
-from metrics_core.dashboard.figures import Highlight, Series, metric_figure
-from metrics_core.dashboard.overview import (
-    ELLIPSIS,
-    file_stem,
-    md_text,
-    plotly_text,
-    run_link,
-    run_links,
-    shorten,
-    shorten_words,
-)
+from metrics_core.dashboard.display_text import ELLIPSIS, file_stem, md_text, plotly_text, shorten, shorten_words
+from metrics_core.dashboard.figures import Highlight
+from metrics_core.dashboard.metric_figures import Series, metric_figure
+from metrics_core.dashboard.runs_table import run_link, run_links
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.reader import RunReader
@@ -228,13 +221,13 @@ def test_a_string_among_loss_values_is_a_gap_in_the_view_not_a_failure(tmp_path:
 
 def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the advisory checks is one error finding with the cause, not a page that fails."""
-    from metrics_core.dashboard import charts
+    from metrics_core.dashboard import live_views
 
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
-    monkeypatch.setattr(charts, "diagnose", lambda **_: 1 / 0)
+    monkeypatch.setattr(live_views, "diagnose", lambda **_: 1 / 0)
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
-        [finding] = charts.view_findings(store.view("r"))
+        [finding] = live_views.view_findings(store.view("r"))
         assert finding.severity == "error" and "ZeroDivisionError" in finding.message
     finally:
         store.close()

@@ -13,21 +13,11 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from metrics_core.dashboard.charts import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
-from metrics_core.dashboard.figures import (
-    NO_TEMPLATE,
-    SESSION_COLOURS,
-    STRAGGLER_TITLE,
-    SUPERSEDED_OPACITY,
-    Series,
-    ema_smooth,
-    figure_json,
-    metric_figure,
-    out_of_lockstep,
-    rank_time_ratio,
-    straggler_figure,
-)
+from metrics_core.dashboard.figures import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
+from metrics_core.dashboard.metric_figures import Series, ema_smooth, metric_figure
+from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, out_of_lockstep, rank_time_ratio, straggler_figure
 from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import RunReader
 from tests.support import append_records, base_record, distributed_run, rank_window, three_session_run
@@ -355,7 +345,7 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
     """No outliers: no range is imposed (plotly's own autorange), no note."""
-    from metrics_core.dashboard.figures import robust_range
+    from metrics_core.dashboard.metric_figures import robust_range
 
     assert robust_range([np.linspace(3.0, 2.0, 500)]) is None
     assert robust_range([np.array([1.0, 2.0])]) is None  # too few points to judge
@@ -409,8 +399,9 @@ def test_one_legend_entry_per_series_not_per_session(reader: RunReader) -> None:
 def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
     """Run page, zoom, sessions overlay and compare charts come out dark when asked, with no
     recolouring by the page; the light and dark run charts are separate memo entries."""
-    from metrics_core.dashboard.charts import compare_chart, session_overlay, view_charts, zoom_chart
     from metrics_core.dashboard.figures import THEMES
+    from metrics_core.dashboard.live_views import view_charts, zoom_chart
+    from metrics_core.dashboard.views import compare_chart, session_overlay
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -432,7 +423,7 @@ def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None
 
 def test_compare_draws_validation_loss_raw_with_markers(tmp_path: Path) -> None:
     """val_loss on the compare page is a sparse series: markers, no smoothed trace, like the run page."""
-    from metrics_core.dashboard.charts import compare_chart
+    from metrics_core.dashboard.views import compare_chart
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -475,7 +466,8 @@ def test_figures_and_charts_import_no_plotly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import metrics_core.dashboard.charts, metrics_core.dashboard.figures; "
+    code = ("import sys; import metrics_core.dashboard.views, metrics_core.dashboard.metric_figures, "
+            "metrics_core.dashboard.rank_figures; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))")  # fmt: skip
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip

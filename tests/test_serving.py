@@ -18,27 +18,25 @@ import sys
 import threading
 import time
 import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import anyio
 import pytest
 from streamlit import file_util
 
-from metrics_core.dashboard import serving
+from metrics_core.dashboard import asgi_gzip, serving
+from metrics_core.dashboard.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
+from metrics_core.dashboard.live_chart import base_path
 from metrics_core.dashboard.serving import (
     BASE_URL_SCRIPT,
-    GzipCopies,
     PreloadHints,
-    StaticGzip,
-    accepts_gzip,
-    base_path,
     chunk_preloads,
     lifespan,
-    route_path,
     static_files,
     tcp_no_delay,
 )
-from tests.live_server import Wire, chart_drawn, dashboard, live_charts_drawn, wait_until
+from tests.live_server import Wire, dashboard, live_charts_drawn, wait_until
 from tests.support import REPO, append_records, base_record, small_run
 
 STATIC = Path(file_util.get_static_dir())
@@ -177,7 +175,7 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
     once; a compression that failed is forgotten, and the next request makes the copy."""
     calls: list[int] = []
     started, release = threading.Event(), threading.Event()
-    real_gzip = serving._gzip
+    real_gzip = asgi_gzip._gzip
 
     def slow_gzip(body: bytes) -> bytes | None:
         calls.append(len(body))
@@ -185,7 +183,7 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
         release.wait(10)
         return real_gzip(body)
 
-    monkeypatch.setattr(serving, "_gzip", slow_gzip)
+    monkeypatch.setattr(asgi_gzip, "_gzip", slow_gzip)
     on_disk = tmp_path / "index.js"
     on_disk.write_bytes(BUNDLE)
     copies = GzipCopies()
@@ -207,10 +205,10 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
     def failing(body: bytes) -> bytes | None:
         raise MemoryError("no room for a copy")
 
-    monkeypatch.setattr(serving, "_gzip", failing)
+    monkeypatch.setattr(asgi_gzip, "_gzip", failing)
     copies.prewarm([("/static/js/other.js", on_disk)])
     assert len(copies) == 1  # forgotten
-    monkeypatch.setattr(serving, "_gzip", real_gzip)
+    monkeypatch.setattr(asgi_gzip, "_gzip", real_gzip)
     headers, body = asyncio.run(fetch(StaticGzip(static_app(IMMUTABLE), copies=copies), "/static/js/other.js"))
     assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
 
@@ -491,10 +489,16 @@ def test_ctrl_c_stops_the_server_without_a_traceback(served_root: Path) -> None:
     assert "Traceback" not in output, output
 
 
-def test_a_deep_link_as_the_first_request_runs_through_the_navigation(served_root: Path, browser: object) -> None:
+@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
+def test_a_deep_link_as_the_first_request_runs_through_the_navigation(
+    served_root: Path, browser: object, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
     """The first page view after a start is /run?run=small: it is the app's Run page (page title and
-    top navigation from app.py), not pages/run.py alone in Streamlit's legacy folder-of-pages mode,
-    and no extra script run got it there (the lifespan leaves that mode before any session)."""
+    top navigation from app.py), not app_pages/run.py alone in Streamlit's legacy folder-of-pages
+    mode, which Streamlit enters for an app with a folder named ``pages/`` beside it."""
+    assert not (REPO / "pages").exists()
+    if plain:
+        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
     with dashboard(served_root) as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
@@ -527,7 +531,7 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
             (saved,) = cache.glob("*.mcc")  # the cold parse of 60,000 records was saved at once
             after_load = saved.stat().st_mtime_ns
             append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
-            graph = "document.querySelector('.js-plotly-plot:not(.metrics-first-chart)')"  # the live chart, once drawn
+            graph = "document.querySelector('.js-plotly-plot')"  # the live chart, once drawn
             last_x = f"{graph} ? Math.max(...{graph}.data.map(t => Math.max(...(t.x || [])))) : 0"
             wait_until(page, lambda: page.evaluate(last_x) >= 60_010, timeout=30)  # the server read them
         finally:
@@ -602,12 +606,12 @@ def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_b
             # What a click on a run's link does in this tab (widgets.SAME_TAB_JS): no reload.
             page.evaluate("""() => { history.pushState(null, "", "run?run=small");
                                      window.dispatchEvent(new PopStateEvent("popstate")); }""")  # fmt: skip
-            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             setters = [page.evaluate("window.__plotlySetBy")]
             plotly_bytes = [sum(n for u, n in wire.http.items() if "/metrics-core.plotly/plotly-" in u)]
             wire.reset()
             page.goto(f"{url}/run?run=small")
-            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             setters.append(page.evaluate("window.__plotlySetBy"))
             plotly_bytes.append(sum(n for u, n in wire.http.items() if "/metrics-core.plotly/plotly-" in u))
         finally:
@@ -640,7 +644,7 @@ def test_the_runs_page_once_drawn_prepares_the_chart_pages(served_root: Path, br
             page.evaluate("""() => { window.__plotlyBefore = window.Plotly;
                                      history.pushState(null, "", "run?run=small");
                                      window.dispatchEvent(new PopStateEvent("popstate")); }""")  # fmt: skip
-            wait_until(page, lambda: chart_drawn(page), timeout=60)
+            wait_until(page, lambda: live_charts_drawn(page), timeout=60)
             page.wait_for_timeout(1500)  # the rest of the run page's elements
             same_plotly = page.evaluate("window.Plotly === window.__plotlyBefore")
         finally:
@@ -659,3 +663,103 @@ def test_serve_plain_leaves_streamlits_answers_as_they_are(served_root: Path, mo
     assert "content-encoding" not in headers and "vary" not in headers
     assert body == (STATIC / largest_static_js().lstrip("/")).read_bytes()
     assert b"BidiComponent" not in html
+
+
+def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With METRICS_SERVE_PLAIN=1 app.py's ``st.App`` gets no middleware and a lifespan that only
+    runs the app's shutdown: no warm-up touching Streamlit's privates, no socket option; served,
+    it gets the gzip and head-tag middleware and the lifespan does its start-up work."""
+    touched: list[str] = []
+    monkeypatch.setattr(serving, "warm_first_script_run", lambda: touched.append("warm"))
+    monkeypatch.setattr(serving, "tcp_no_delay", lambda port: touched.append("no_delay") or 0)
+    closed: list[bool] = []
+
+    async def start_and_stop_lifespan(options: dict) -> None:
+        async with options["lifespan"](object()):
+            pass
+
+    def start_and_stop(options: dict) -> None:  # in a thread: a browser test's event loop may be running here
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, start_and_stop_lifespan(options)).result()
+
+    plain = serving.app_options(
+        REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}
+    )
+    assert list(plain) == ["lifespan"]
+    start_and_stop(plain)
+    time.sleep(0.2)  # a warm-up thread, had one started
+    assert closed == [True] and touched == []
+    served = serving.app_options(REPO / "app.py", shutdown=lambda: closed.append(True), environ={})
+    assert [item.cls for item in served["middleware"]] == [StaticGzip, PreloadHints]
+    start_and_stop({"lifespan": serving.lifespan([], lambda: None)})
+    deadline = time.monotonic() + 10
+    while "warm" not in touched and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(touched) == ["no_delay", "warm"]
+
+
+# -- the Streamlit internals serving.py leans on: each test fails when an upgrade changes one ----------
+
+
+def test_streamlits_static_directory_holds_the_index_and_bundles_it_names() -> None:
+    """``streamlit.file_util.get_static_dir`` (not public API) is the directory Streamlit serves under
+    /static/, whose index.html names its boot scripts and styles as ``./static/js|css/...``: what
+    ``static_files`` prewarms and ``chunk_preloads`` leaves out."""
+    named = serving._index_files()
+    assert any(path.startswith("static/js/index.") for path in named), named
+    assert all((STATIC / path).is_file() for path in named)
+
+
+def test_every_element_the_pages_preload_is_a_chunk_this_streamlit_ships() -> None:
+    """``PAGE_ELEMENTS`` names Streamlit's lazily loaded chunks ``<Element>.<hash>.js`` (a bundler
+    naming, not an API): a name this Streamlit no longer ships would silently preload nothing."""
+    folder = STATIC / "static" / "js"
+    missing = [
+        name for names in serving.PAGE_ELEMENTS.values() for name in names if not list(folder.glob(f"{name}.*.js"))
+    ]
+    assert missing == [], f"Streamlit renamed or merged these chunks: update serving.PAGE_ELEMENTS: {missing}"
+
+
+def test_the_chunks_static_imports_read_as_the_bundler_writes_them() -> None:
+    """``_STATIC_IMPORT`` finds the chunks a chunk imports (``from"./x.js"``): the chunks of the
+    run page's elements, followed transitively, are more than the elements' own files."""
+    own = [
+        path.name for name in serving.PAGE_ELEMENTS["run"] for path in (STATIC / "static" / "js").glob(f"{name}.*.js")
+    ]
+    assert len(serving._chunks(serving.PAGE_ELEMENTS["run"])) > len(own)
+
+
+def test_streamlits_bundle_still_reads_the_base_url_and_marks_its_script_state() -> None:
+    """Two undocumented hooks of Streamlit's bundle: it reads ``window.__streamlit.BACKEND_BASE_URL``
+    (``BASE_URL_SCRIPT``), and marks its root ``data-test-script-state="notRunning"`` once a script
+    run is over (``after_first_run``)."""
+    bundles = (STATIC / "static" / "js").glob("*.js")
+    text = "".join(path.read_text(encoding="utf-8", errors="replace") for path in bundles)
+    assert "BACKEND_BASE_URL" in text
+    assert "data-test-script-state" in text and "`notRunning`" in text
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
+def test_streamlits_connections_keep_nagle_on_unless_served(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
+    """Streamlit binds its listening socket with ``proto`` 0, so its connections keep Nagle's
+    algorithm on and every kept-alive answer waits for a delayed ACK; ``tcp_no_delay`` turns it
+    off.  If plain Streamlit stops stalling, it sets TCP_NODELAY itself: drop ``tcp_no_delay``."""
+    if plain:
+        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
+    with dashboard(runs_root) as (url, _, _):
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        times = []
+        try:
+            for _ in range(8):
+                start = time.perf_counter()
+                connection.request("GET", "/_stcore/health")
+                answer = connection.getresponse()
+                answer.read()
+                times.append(time.perf_counter() - start)
+        finally:
+            connection.close()
+    stalled = min(times[1:]) >= 0.030
+    assert stalled is plain, times

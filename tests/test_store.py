@@ -13,9 +13,10 @@ import pandas as pd
 import pytest
 
 from metrics_core.dashboard import store as store_module
-from metrics_core.dashboard.charts import ChartOptions, view_charts
+from metrics_core.dashboard.live_views import view_charts
 from metrics_core.dashboard.snapshot import EVENTS, build_view
 from metrics_core.dashboard.store import RunStore, view_summary
+from metrics_core.dashboard.views import ChartOptions
 from metrics_core.reader import RunReader
 from tests.support import append_bytes, append_records, base_record
 
@@ -655,14 +656,14 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
     """After the first build of a 30k-record run, ten appended records are drawn raw and exactly
     (smoothed too, to 1e-6) on top of the unchanged drawn prefix, from a tail of O(warm-up + 10)
     rows, not the 30k; a new session means a full build."""
-    from metrics_core.dashboard import charts
+    from metrics_core.dashboard import live_views
 
     path = tmp_path / "r" / "metrics.jsonl"
     long_run(path, range(10, 300_001, 10))
     rows_seen: list[int] = []
-    original = charts.run_charts
-    monkeypatch.setattr(charts, "run_charts", lambda view, options, **kw: rows_seen.append(len(view.frames["train"]))
-                        or original(view, options, **kw))  # fmt: skip
+    original = live_views.run_charts
+    monkeypatch.setattr(live_views, "run_charts", lambda view, options, **kw:
+                        rows_seen.append(len(view.frames["train"])) or original(view, options, **kw))  # fmt: skip
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
         options = ChartOptions(smoothing=0.6)
@@ -682,7 +683,7 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
             smooth_x, smooth_y = drawn(figures["loss"], "train · S1 (smoothed)")
             exact = dict(zip(*drawn(full["loss"], "train · S1 (smoothed)"), strict=True))
             assert smooth_y[-1] == pytest.approx(exact[smooth_x[-1]], rel=1e-6)
-        warmup = charts._warmup_rows(options)
+        warmup = live_views.warmup_rows(options)
         assert rows_seen == [30_000] + [warmup + 10] * 3  # O(appended + warm-up), not O(run)
         long_run(path, range(300_000, 300_101, 10), session="s2")
         rows_seen.clear()
@@ -696,22 +697,22 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Snapshots within cost / REBUILD_CPU_SHARE seconds of the last check reuse its findings."""
-    from metrics_core.dashboard import charts
+    from metrics_core.dashboard import live_views
 
     calls: list[int] = []
-    monkeypatch.setattr(charts, "diagnose", lambda **kw: calls.append(len(kw["train"])) or [])
-    monkeypatch.setattr(charts, "REBUILD_CPU_SHARE", 1e-9)  # every check "costs" far more than its interval
+    monkeypatch.setattr(live_views, "diagnose", lambda **kw: calls.append(len(kw["train"])) or [])
+    monkeypatch.setattr(live_views, "REBUILD_CPU_SHARE", 1e-9)  # every check "costs" far more than its interval
     path = tmp_path / "r" / "metrics.jsonl"
     long_run(path, range(10, 101, 10))
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
-        charts.view_findings(store.view("r"))
+        live_views.view_findings(store.view("r"))
         long_run(path, range(110, 121, 10))
-        charts.view_findings(store.view("r"))
+        live_views.view_findings(store.view("r"))
         assert calls == [10]
-        monkeypatch.setattr(charts, "REBUILD_CPU_SHARE", 1e9)
+        monkeypatch.setattr(live_views, "REBUILD_CPU_SHARE", 1e9)
         long_run(path, range(130, 141, 10))
-        charts.view_findings(store.view("r"))
+        live_views.view_findings(store.view("r"))
         assert calls == [10, 14]
     finally:
         store.close()
@@ -720,7 +721,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
 def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tmp_path: Path) -> None:
     """Zoomed into 1,000 of 30,000 records: all 1,000 raw in range (the whole-run chart holds far fewer
     there), the same downsampled points outside it."""
-    from metrics_core.dashboard.charts import zoom_chart
+    from metrics_core.dashboard.live_views import zoom_chart
 
     long_run(tmp_path / "r" / "metrics.jsonl", range(10, 300_001, 10))
     store = RunStore(tmp_path)

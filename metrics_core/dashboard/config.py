@@ -26,16 +26,15 @@ import itertools
 import json
 import math
 import shlex
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import pandas as pd
 
-from metrics_core.dashboard.overview import CELL_CHARS, shorten
+from metrics_core.dashboard.display_text import CELL_CHARS, shorten
 
 if TYPE_CHECKING:
-    from metrics_core.dashboard.store import RunView
     from metrics_core.reader import Session
 
 MAX_KEYS = 2000  # flattened keys kept per config record
@@ -131,7 +130,20 @@ def run_config(frame: pd.DataFrame, sessions: Sequence[Session]) -> RunConfig | 
     return RunConfig(values, _session_index(sessions, sid), sid, step, len(records), tuple(changes), dropped)
 
 
-def view_config(view: RunView) -> RunConfig | None:
+_T = TypeVar("_T")
+
+
+class ConfigSource(Protocol):
+    """What ``view_config`` reads of a run snapshot (the store's ``RunView``)."""
+
+    @property
+    def frames(self) -> Mapping[str, pd.DataFrame]: ...
+    @property
+    def sessions(self) -> Sequence[Session]: ...
+    def memo(self, key: Hashable, compute: Callable[[], _T]) -> _T: ...
+
+
+def view_config(view: ConfigSource) -> RunConfig | None:
     """``run_config`` of a snapshot, computed once per snapshot and shared by every tab and page."""
     return view.memo("config", lambda: run_config(view.frames["config"], view.sessions))
 

@@ -224,7 +224,7 @@ def main(argv: list[str] | None = None) -> None:
     supervisor_parent = os.getppid()
     plan = [(1, None, 600, 0.0, True), (2, 400, 1200, 0.0, True), (3, 1000, args.steps, args.pace, False)]
     # The replayed sessions' simulated history ends about when the live session starts: ~one
-    # window per 7.5 steps (skipped attempts make windows of fewer than 10 steps; measured ~8), so the
+    # window per 7.5 steps (skipped attempts make windows of fewer than 10 steps: about 8), so the
     # live session rarely has to wait for the simulated history to pass.
     replay_s = (600 + 800) / 7.5 * WINDOW_S + REPLAY_DOWNTIME_S
     start_ns = time.time_ns() - int(replay_s * 1e9)

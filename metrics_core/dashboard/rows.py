@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.dashboard.overview import TREND_POINTS
+from metrics_core.dashboard.runs_table import TREND_POINTS
 from metrics_core.reader import RunReader
 from metrics_core.records import check_lines
 from metrics_core.summary import RunSummary

@@ -1,74 +1,35 @@
-"""How the dashboard's server answers HTTP, around Streamlit's own routes (issue 11: first load and
-first chart).
+"""How the dashboard is served: everything app.py adds around Streamlit's own serving, fenced here.
 
-Streamlit 1.67 serves its frontend (``/static/...``: ~3.3 MB of JavaScript and CSS on a first load of
-a page) uncompressed on purpose: its gzip middleware would compress every response again and keep
-nothing, so a herd of first loads after a deploy burns CPU the event loop needs.  Those files are
-content-hashed and sent ``immutable, max-age=1 year``, so a gzip copy made once per file is valid for
-the life of the process: ``StaticGzip`` compresses each one the first time it is asked for, keeps
-the result in memory (at most the compressed size of Streamlit's static directory, 6.9 MB; a first
-load of a page uses ~1 MB of it) and answers every later request with it.  The CPU is spent once
-per file and process (~10 ms for the largest, ``protobuf.js``); the browser receives ~1.8 MB instead
-of ~3.9 MB.
+``app_options(app.py)`` are the keyword arguments of the ``st.App`` that ``streamlit run app.py``
+serves.  ``METRICS_SERVE_PLAIN=1`` is the one switch that turns all of this module off: the app is
+then served exactly as Streamlit serves it (the lifespan only runs the app's shutdown), and every
+page still works, only slower on a first load.  What each part does, and the Streamlit behaviour
+it leans on (each has a test in ``tests/test_serving.py`` that fails when a Streamlit upgrade
+changes it):
 
-Contract:
-
-* Only ``GET`` requests for paths under ``/static/`` (after the ASGI ``root_path`` and
-  ``server.baseUrlPath``) whose answer is a whole 200 of a compressible type (text, JavaScript,
-  JSON, SVG) are touched; everything else, websockets included, passes through untouched.  A
-  ``Range`` request passes through (its ``Content-Range`` describes identity bytes).
-* A client whose ``Accept-Encoding`` does not allow gzip gets the identity bytes; every touched
-  answer carries ``Vary: Accept-Encoding`` so a shared cache keeps the two apart.  Streamlit's own
-  headers (``Cache-Control``, ``ETag``, ``Last-Modified``, ``Content-Type``) are kept;
-  ``Content-Length`` is the length sent.
-* A file whose gzip copy would not save at least 10 % is sent as is (and remembered as such).
-* Nothing is written to disk: a restart compresses again.  The copies live in a ``GzipCopies``,
-  which the lifespan fills ahead of any request with the files a first page load asks for
-  (``static_files``), so that a fresh server's first visitor does not wait for ~0.13 s of
-  compression on the page's ~100 bundles; any other file is compressed on its first request.
-* Files under the ``hashed`` path prefixes (a component's asset whose name carries its content
-  hash: the dashboard's plotly.js) get the same treatment, asked from Streamlit without
-  ``Accept-Encoding`` (it would gzip 1.2 MB again for every request) and marked immutable.
-
-``PreloadHints`` adds tags to the page's HTML (Streamlit's index.html, answered for ``/`` and every
-page path): ``BASE_URL_SCRIPT`` (a deep link otherwise costs a 404 and a 100 ms back-off before the
-websocket opens; not on a path such as ``/run/``, whose directory is not the base URL, where
-Streamlit's own probing still finds it) and, chosen per page by the app, for chart pages plotly.js,
-run early (``chart.plotly_head_tags``), and ``modulepreload`` tags for the lazily loaded chunks of
-the elements that page draws, with everything they import (``chunk_preloads``): otherwise the
-browser discovers them one import at a time after the script's first elements arrive, and the
-charts wait for them.  Tags go at the end of the ``<head>``, behind Streamlit's own, except those
-a page needs before Streamlit's bundle: the base URL, and the run page's plotly.js (which would
-otherwise queue behind ~60 of Streamlit's scripts for the browser's six connections to the server,
-and run after them) and first chart.  The edited HTML keeps Streamlit's ``no-cache``, loses its ``ETag`` and
-``Last-Modified`` (they describe the file, not the answer) and is gzipped here (~3 KB; Streamlit
-gzips page paths other than ``/`` per request too).
-
-``json_route`` is a route of the app's own, for small JSON answers the page asks for before
-Streamlit's page is up (the run page's first chart, ``chart.first_chart_tags``): computed in a worker
-thread, never cached, gzipped when accepted.
-
-``lifespan`` is the ``st.App`` lifespan.  As the server starts it imports what the pages import in
-a background thread, so the first page view after a start does not wait for pandas and the
-dashboard's modules (~0.45 s of imports); nothing runs a page or reads a run.  It also tells
-Streamlit that app.py's ``st.navigation`` drives the pages: an app with a ``pages/`` folder
-otherwise starts in the legacy folder-of-pages mode, in which a deep link such as ``/run?run=x`` as
-the first request after a start runs pages/run.py alone (no page config, a folder-listing
-sidebar); the pages used to leave that mode with a rerun, one more script run before the first
-chart of every cold deep link.  As it stops it runs the app's shutdown (the run stores save the
-columnar caches of what they parsed): under uvicorn, SIGTERM and Ctrl-C end the process by raising
-the signal again after the shutdown, so ``atexit`` handlers never run and this is the last Python
-code that does.
-
-``tcp_no_delay`` (also run by the lifespan, before the first connection is accepted) turns Nagle's
-algorithm off on the server's listening socket.  Streamlit binds that socket as
-``socket.socket(family)``, whose ``proto`` is 0, and asyncio sets ``TCP_NODELAY`` only on
-connections whose ``proto`` is ``IPPROTO_TCP`` (CPython's ``base_events._set_nodelay``), so every
-connection kept Nagle on.  Each HTTP answer is two writes (headers, then body): on a kept-alive
-connection the body waited for the ACK of the headers, which the browser delays by 40 ms.  A first
-page load asks for ~60 bundles over the browser's six connections: 420 ms of such waits before
-Streamlit's script could start (50 ms without them), and ~42 ms per request on one connection
-instead of ~1 ms.  Connections inherit the option from the listening socket (Linux, macOS, BSD).
+* ``StaticGzip`` (``asgi_gzip``): Streamlit's content-hashed static files (``/static/...``) and
+  the published plotly.js go out gzip-compressed, each compressed once per process, made ahead of
+  the first request for what a first page load asks for (``static_files``).  Streamlit serves them
+  uncompressed on purpose: its own gzip would compress every answer again.  Leans on: Streamlit's
+  static directory (``streamlit.file_util.get_static_dir``, its ``index.html``) and its
+  ``immutable`` answers for hashed bundles.
+* ``PreloadHints``: the page's HTML (Streamlit's index.html) gets ``BASE_URL_SCRIPT`` where the
+  page's directory is the base URL (so a deep link does not probe its own path for the server
+  first), ``modulepreload`` tags for the lazily loaded chunks of the elements that page draws
+  (``PAGE_ELEMENTS``, ``chunk_preloads``) and plotly.js run early on chart pages
+  (``plotly_head_tags``).  The edited HTML keeps Streamlit's ``no-cache`` and loses its ``ETag``
+  and ``Last-Modified`` (they describe the file, not the answer).  Leans on: the undocumented
+  ``window.__streamlit.BACKEND_BASE_URL``, the chunk file names ``<Element>.<hash>.js`` and their
+  static imports, and the ``data-test-script-state`` attribute of Streamlit's root.
+* ``lifespan``: as the server starts, imports what the pages import and does Streamlit's
+  once-per-process first-run work (``warm_first_script_run``: its emoji catalog, the private
+  ``delta_generator._maybe_print_use_warning``) in a background thread, and makes the gzip copies
+  a first page load asks for; turns Nagle's algorithm off on the listening socket
+  (``tcp_no_delay``: Streamlit binds it with ``proto`` 0, so asyncio never sets ``TCP_NODELAY`` on
+  its connections, and each kept-alive answer, written as headers then body, waits for a delayed
+  ACK).  As it stops it runs the app's shutdown: under
+  uvicorn, SIGTERM and Ctrl-C end the process by raising the signal again after the shutdown, so
+  ``atexit`` handlers never run and this is the last Python code that does.
 
 ``import metrics_core`` never imports this module: only app.py does, when ``streamlit run`` serves
 the app through ``st.App``.
@@ -77,10 +38,10 @@ the app through ``st.App``.
 from __future__ import annotations
 
 import ast
-import asyncio
 import contextlib
 import functools
 import gzip
+import html
 import importlib
 import json
 import os
@@ -88,182 +49,39 @@ import re
 import socket
 import stat
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
-from concurrent.futures import Future
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
-from anyio import CapacityLimiter, to_thread
-from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+import streamlit as st
+from anyio import to_thread
+from starlette.middleware import Middleware
 from streamlit import config
-from streamlit.runtime.pages_manager import PagesManager
 
-Scope = dict[str, Any]
-Message = dict[str, Any]
-Receive = Callable[[], Awaitable[Message]]
-Send = Callable[[Message], Awaitable[None]]
-ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+from metrics_core.dashboard.asgi_gzip import (
+    ASGIApp,
+    GzipCopies,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    StaticGzip,
+    accepts_gzip,
+    header,
+    held,
+    route_path,
+    send_whole,
+    without,
+)
+from metrics_core.dashboard.live_chart import PLOTLY_ASSETS, plotly_file, plotly_url
 
-COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/svg+xml", "application/manifest+json")
-GZIP_LEVEL = 9  # once per file, so the smallest output is worth the extra ~5 ms on the largest file
 # A chunk's static imports, as Streamlit's bundler writes them: `from"./x.js"` or `import"./x.js"` (not
 # `import("./x.js")`, which loads lazily).
 _STATIC_IMPORT = re.compile(r'(?:\bfrom|\bimport)\s*"\./([\w.\-]+\.js)"')
-IMMUTABLE = b"public, max-age=31536000, immutable"  # what Streamlit sends for its own bundles
-MIN_SAVING = 0.9  # keep the gzip copy only if it is at most 90 % of the identity bytes
-
-
-def accepts_gzip(accept_encoding: str) -> bool:
-    """Whether an ``Accept-Encoding`` value allows gzip: ``gzip`` listed without ``q=0``, else ``*``
-    listed without ``q=0`` (an explicit ``gzip`` entry wins over ``*``; a bad q-value refuses)."""
-    qualities: dict[str, float] = {}
-    for item in accept_encoding.split(","):
-        coding, _, params = item.strip().partition(";")
-        quality = params.strip().lower()
-        try:
-            qualities.setdefault(coding.strip().lower(), float(quality[2:]) if quality.startswith("q=") else 1.0)
-        except ValueError:
-            qualities.setdefault(coding.strip().lower(), 0.0)
-    return qualities.get("gzip", qualities.get("*", 0.0)) > 0
-
-
-def base_path(base_url: str) -> str:
-    """``server.baseUrlPath`` as the prefix of this server's paths: "" or "/a/b" (slashes trimmed,
-    empty segments dropped)."""
-    parts = [part for part in base_url.split("/") if part]
-    return "/" + "/".join(parts) if parts else ""
-
-
-def route_path(scope: Scope, base_url: str) -> str:
-    """The request path as Streamlit's router sees it: without the ASGI ``root_path`` (a mount or a
-    proxy) and without ``server.baseUrlPath``, each removed only at a path-segment boundary."""
-    path: str = scope.get("path", "")
-    for prefix in (scope.get("root_path", ""), "/" + base_url.strip("/")):
-        prefix = prefix.rstrip("/")
-        if prefix and (path == prefix or path.startswith(prefix + "/")):
-            path = path[len(prefix) :] or "/"
-    return path
-
-
-def _gzip(body: bytes) -> bytes | None:
-    """``body`` gzip-compressed (no timestamp, so the bytes depend only on the input), or None when
-    that does not save enough to be worth a decode in the browser."""
-    compressed = gzip.compress(body, compresslevel=GZIP_LEVEL, mtime=0)
-    return compressed if len(compressed) <= MIN_SAVING * len(body) else None
-
-
-class GzipCopies:
-    """The gzip copies ``StaticGzip`` answers with, one per file and process: made by the first
-    request that needs one, or ahead of any request by ``prewarm``.  Keyed by route path (without
-    the base URL) and size: only immutable answers get here, whose names carry a hash of their
-    content (``_compressible``; a made-up /static/ path, which Streamlit answers with its index.html,
-    is never compressed nor kept).  Safe across threads: a request waits for a copy being made
-    rather than make it again; a copy that failed is forgotten, so the next request tries again."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._made: dict[tuple[str, int], Future[bytes | None]] = {}
-
-    def __len__(self) -> int:
-        return len(self._made)
-
-    async def copy(self, route: str, body: bytes) -> bytes | None:
-        """The gzip copy of ``body``, the answer for ``route``, made off the event loop (~10 ms for
-        1 MB) if no one has.  A client that goes away meanwhile cancels its own wait, never the
-        shared compression."""
-        key = (route, len(body))
-        made, mine = self._claim(key)
-        if mine:
-            asyncio.get_running_loop().run_in_executor(None, self._make, key, made, lambda: body)
-        return await asyncio.shield(asyncio.wrap_future(made))
-
-    def prewarm(self, files: Iterable[tuple[str, Path]]) -> None:
-        """Make the copies of ``files`` (route path, file) in this thread, in their order, skipping
-        those made or being made; a file that cannot be read is left to its first request."""
-        for route, path in files:
-            with contextlib.suppress(OSError):
-                key = (route, path.stat().st_size)
-                made, mine = self._claim(key)
-                if mine:
-                    self._make(key, made, path.read_bytes)
-
-    def _claim(self, key: tuple[str, int]) -> tuple[Future[bytes | None], bool]:
-        """The copy of ``key``, and whether the caller is the one to make it."""
-        with self._lock:
-            made = self._made.get(key)
-            if made is not None:
-                return made, False
-            made = self._made[key] = Future()
-            return made, True
-
-    def _make(self, key: tuple[str, int], made: Future[bytes | None], body: Callable[[], bytes]) -> None:
-        try:
-            made.set_result(_gzip(body()))
-        except BaseException as exc:  # handed to every waiting request; the next one tries again
-            with self._lock:
-                self._made.pop(key, None)
-            made.set_exception(exc)
-
-
-class StaticGzip:
-    """ASGI middleware: Streamlit's static files, gzip-compressed once per file and process (see the
-    module docstring for what it touches and what it promises)."""
-
-    def __init__(
-        self, app: ASGIApp, *, base_url: str = "", hashed: Sequence[str] = (), copies: GzipCopies | None = None
-    ) -> None:
-        self.app = app
-        self.base_url = base_url
-        # Route path prefixes of files whose names carry a hash of their content although Streamlit
-        # serves them with "Cache-Control: public" alone, and gzips them again for every request (a
-        # component's asset_dir: the dashboard's plotly.js, 1.2 MB): answered like Streamlit's bundles,
-        # compressed once, and marked immutable, so a browser keeps them without asking again.
-        self.hashed = tuple(hashed)
-        self.copies = GzipCopies() if copies is None else copies  # shared with the lifespan's prewarm
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        path = route_path(scope, self.base_url)
-        hashed = path.startswith(self.hashed)  # False for no prefixes
-        if (
-            scope["type"] != "http"
-            or scope["method"] != "GET"
-            or not (hashed or path.startswith("/static/"))
-            or any(name == b"range" for name, _ in scope["headers"])
-        ):
-            await self.app(scope, receive, send)
-            return
-        wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
-
-        async def answer(start: Message, body: bytes) -> None:
-            headers = _without(start["headers"], b"content-length", b"vary")
-            if hashed:
-                headers = [*_without(headers, b"cache-control"), (b"cache-control", IMMUTABLE)]
-            vary = [value for name, value in start["headers"] if name == b"vary"]
-            headers.append((b"vary", b", ".join([*vary, b"Accept-Encoding"])))
-            if wanted:
-                etag = dict(start["headers"]).get(b"etag", b"")
-                compressed = await self.copies.copy(path, body)
-                if compressed is not None:
-                    body = compressed
-                    # Streamlit's strong ETag and byte ranges describe the identity bytes, not these.
-                    headers = _without(headers, b"etag", b"accept-ranges")
-                    if etag:
-                        headers.append((b"etag", etag if etag.startswith(b"W/") else b"W/" + etag))
-                    headers.append((b"content-encoding", b"gzip"))
-            await _send_whole(send, start, headers, body)
-
-        if hashed:  # asked without Accept-Encoding, Streamlit answers identity bytes, compressed here once
-            inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
-            await self.app(inner, receive, _held(send, functools.partial(_compressible, immutable=True), answer))
-        else:
-            await self.app(scope, receive, _held(send, _compressible, answer))
 
 
 # Streamlit's page finds its server by trying the page's own path first: a deep link such as
-# /run?run=x asks /run/_stcore/health, gets a 404, waits 100 ms and tries /.  The page's directory
+# /run?run=x asks /run/_stcore/health, gets a 404, backs off and tries /.  The page's directory
 # is the server's base URL (Streamlit's own tags are relative to it, "./static/..."); naming it
 # in ``window.__streamlit`` (read once by Streamlit's bundle as it starts) leaves one candidate.
 # A value the page already has (an embedding host's) is kept.
@@ -288,11 +106,11 @@ class PreloadHints:
         if (
             scope["type"] != "http"
             or scope["method"] != "GET"
-            or "text/html" not in _header(scope["headers"], b"accept")
+            or "text/html" not in header(scope["headers"], b"accept")
         ):
             await self.app(scope, receive, send)
             return
-        wanted = accepts_gzip(_header(scope["headers"], b"accept-encoding"))
+        wanted = accepts_gzip(header(scope["headers"], b"accept-encoding"))
         route = route_path(scope, self.base_url)
         # The page's directory is the base URL only for / (with its slash) and /<page>.
         at_base = route.count("/") == 1 and (route != "/" or scope["path"].endswith("/"))
@@ -304,37 +122,16 @@ class PreloadHints:
             before = head.find(b"<script")  # Streamlit's first script, after its meta tags
             before = len(head) if before < 0 else before
             body = head[:before] + first + head[before:] + last.encode() + end + rest
-            headers = _without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
+            headers = without(start["headers"], b"content-length", b"etag", b"last-modified", b"vary")
             headers.append((b"vary", b"Accept-Encoding"))
             if wanted:
-                body = gzip.compress(body, compresslevel=6, mtime=0)  # ~10 KB of HTML: ~0.1 ms
+                body = gzip.compress(body, compresslevel=6, mtime=0)  # a small page: cheap per request
                 headers.append((b"content-encoding", b"gzip"))
-            await _send_whole(send, start, headers, body)
+            await send_whole(send, start, headers, body)
 
         # Asked without Accept-Encoding, Streamlit answers identity bytes, which can be edited.
-        inner = {**scope, "headers": _without(scope["headers"], b"accept-encoding")}
-        await self.app(inner, receive, _held(send, _html, answer))
-
-
-def json_route(path: str, answer: Callable[[dict[str, str]], bytes | None], *, threads: int = 4) -> Route:
-    """A ``GET`` route at ``path`` answered by ``answer(query parameters)``, run in a worker thread
-    (it may read a run): its JSON bytes, never cached (live data), gzipped when the client accepts
-    it; None answers 204 No Content.  At most ``threads`` answers run at once, counted apart from
-    the worker-thread limit Streamlit's static file reads share: a herd of them waiting for big runs
-    to load must not starve those reads."""
-    limiter = CapacityLimiter(threads)
-
-    async def endpoint(request: Request) -> Response:
-        body = await to_thread.run_sync(answer, dict(request.query_params), limiter=limiter)
-        headers = {"cache-control": "no-store", "vary": "Accept-Encoding"}
-        if body is None:
-            return Response(status_code=204, headers=headers)
-        if accepts_gzip(request.headers.get("accept-encoding", "")):
-            body = gzip.compress(body, compresslevel=6, mtime=0)  # ~1 ms for 100 KB
-            headers["content-encoding"] = "gzip"
-        return Response(body, media_type="application/json", headers=headers)
-
-    return Route(path, endpoint, methods=["GET"])
+        inner = {**scope, "headers": without(scope["headers"], b"accept-encoding")}
+        await self.app(inner, receive, held(send, _html, answer))
 
 
 def _static_dir() -> Path:
@@ -452,11 +249,12 @@ def lifespan(
     scripts: Sequence[Path],
     shutdown: Callable[[], None],
     *,
+    warm: bool = True,
     no_delay: bool = True,
     prewarm: Callable[[], None] | None = None,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
-    """An ``st.App`` lifespan: at start, in a daemon thread, does what Streamlit does once in the first
-    script run of a process (``warm_first_script_run``) and imports every module the top level of
+    """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
+    in the first script run of a process (``warm_first_script_run``) and imports every module the top level of
     ``scripts`` imports (read with ``ast``, not run; a module that fails to import is left for the
     page to report), runs ``prewarm`` in another (the gzip copies of a first page load's files: zlib
     leaves the interpreter lock to the imports) and, if ``no_delay``, turns Nagle's algorithm off on
@@ -473,10 +271,10 @@ def lifespan(
 
     @asynccontextmanager
     async def serve(_app: object) -> AsyncIterator[None]:
-        PagesManager.uses_pages_directory = False  # before any session: see the module docstring
         if no_delay:
             tcp_no_delay(config.get_option("server.port"))
-        threading.Thread(target=run, name="warm-imports", daemon=True).start()
+        if warm:
+            threading.Thread(target=run, name="warm-imports", daemon=True).start()
         if prewarm is not None:
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
         try:
@@ -489,11 +287,11 @@ def lifespan(
 
 def warm_first_script_run() -> None:
     """Do now, off any page view, the work Streamlit does once per process in the first script run:
-    import its emoji catalog (``st.set_page_config`` with an emoji page icon: 106-126 ms of the first
-    run here, while the server also answers that page's bundles) and decide whether to warn that
-    the app was started without ``streamlit run`` (the first element of a process calls
-    ``inspect.stack()``, 41-42 ms, and prints nothing under a server).  The check is a private
-    function of Streamlit's: if it is gone, the first page view pays for it as before."""
+    import its emoji catalog (``st.set_page_config`` with an emoji page icon imports it, a large
+    module) and decide whether to warn that the app was started without ``streamlit run`` (the
+    first element of a process calls ``inspect.stack()``, slow, and prints nothing under a server).
+    The check is a private function of Streamlit's: if it is gone, the first page view pays for it
+    as before."""
     from streamlit import delta_generator, emojis  # noqa: F401 - imported for the side effect
 
     warn_once = getattr(delta_generator, "_maybe_print_use_warning", None)
@@ -513,52 +311,108 @@ def _imported(script: Path) -> list[str]:
     return names
 
 
-# -- whole responses ---------------------------------------------------------------------------------
-
-
-def _held(send: Send, wanted: Callable[[Message], bool], answer: Callable[[Message, bytes], Awaitable[None]]) -> Send:
-    """A ``send`` that passes a response through unless ``wanted(start message)``; a wanted one is
-    held until its body is complete and handed to ``answer(start, body)`` instead."""
-    start: Message | None = None
-    chunks: list[bytes] = []
-
-    async def held(message: Message) -> None:
-        nonlocal start
-        if message["type"] == "http.response.start" and wanted(message):
-            start = message
-        elif start is not None and message["type"] == "http.response.body":
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body", False):
-                await answer(start, b"".join(chunks))
-        else:
-            await send(message)
-
-    return held
-
-
-async def _send_whole(send: Send, start: Message, headers: list[tuple[bytes, bytes]], body: bytes) -> None:
-    headers.append((b"content-length", str(len(body)).encode()))
-    await send({**start, "headers": headers})
-    await send({"type": "http.response.body", "body": body, "more_body": False})
-
-
-def _header(headers: Sequence[tuple[bytes, bytes]], name: bytes) -> str:
-    return next((value.decode("latin-1") for key, value in headers if key == name), "").lower()
-
-
-def _without(headers: Sequence[tuple[bytes, bytes]], *names: bytes) -> list[tuple[bytes, bytes]]:
-    return [(key, value) for key, value in headers if key not in names]
-
-
-def _compressible(start: Message, *, immutable: bool = False) -> bool:
-    """A whole 200 answer of a text type that nothing has encoded yet, for a content-hashed file
-    (``Cache-Control: immutable``, or ``immutable`` known by its path: one copy is valid for the
-    life of the process)."""
-    headers = dict(start["headers"])
-    kind = headers.get(b"content-type", b"").decode("latin-1").lower()
-    immutable = immutable or b"immutable" in headers.get(b"cache-control", b"").lower()
-    return start["status"] == 200 and immutable and b"content-encoding" not in headers and kind.startswith(COMPRESSIBLE)
-
-
 def _html(start: Message) -> bool:
     return start["status"] == 200 and dict(start["headers"]).get(b"content-type", b"").startswith(b"text/html")
+
+
+# -- plotly.js in the page's head ---------------------------------------------------------------------
+
+# ``window.__metricsRunPlotly`` runs plotly.js once per page from its content-hashed URL, answered
+# immutable (``StaticGzip(hashed=[PLOTLY_ASSETS])``), so the browser keeps the file and its compiled
+# code; the chart runtime (assets/live_chart.js) calls it when a chart page is reached without a
+# reload and takes the promise over.  Without it (plain serving) the runtime loads plotly.js itself.
+_PLOTLY_RUNNER = """(() => {
+  const src = PLOTLY_URL;
+  window.__metricsRunPlotly = () => {
+    window.__metricsPlotly = window.__metricsPlotly || new Promise((resolve, reject) => {
+      const script = document.createElement("script");
+      script.src = src;
+      script.onload = () => resolve(window.Plotly);
+      script.onerror = () => reject(new Error(`${src}: not run`));
+      document.head.appendChild(script);
+    });
+  };
+})();"""
+
+
+def plotly_head_tags(*, chart_page: bool) -> str:
+    """Tags for a page's ``<head>``: ``window.__metricsRunPlotly``; on a chart page a preload of
+    plotly.js and its run as soon as Streamlit's React root is up (while Streamlit waits for its
+    websocket and first script run), on another its run once the page is drawn and idle
+    (``after_first_run``: the reader's next page usually has charts); "" where Streamlit does not
+    serve plotly.js as a file (then it rides in the loader element)."""
+    url = plotly_url()
+    if url is None:
+        return ""
+    runner = _PLOTLY_RUNNER.replace("PLOTLY_URL", json.dumps(url).replace("</", "<\\/"))
+    if not chart_page:
+        return f"<script>{runner}</script>" + after_first_run("window.__metricsRunPlotly();")
+    early = when_in_page("[data-testid=stApp]", "window.__metricsRunPlotly")
+    return f'<link rel="preload" as="script" href="{html.escape(url)}"><script>{runner}</script>{early}'
+
+
+# -- the app's pages ----------------------------------------------------------------------------------
+
+# The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the runs
+# page), preloaded with the page's HTML instead of discovered as its elements arrive.
+# BidiComponent mounts the plotly.js loader and the charts.
+# fmt: off
+PAGE_ELEMENTS = {
+    "": ("DataFrame", "Multiselect", "TextInput", "Html"),
+    "run": ("BidiComponent", "Html", "Selectbox", "Slider", "Checkbox", "Radio", "PageLink", "DownloadButton",
+            "rehype-raw"),
+    "sessions": ("BidiComponent", "Html", "Metric", "Table", "ButtonGroup", "Slider", "PageLink", "DownloadButton",
+                 "Selectbox", "remark-emoji"),
+    "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
+}
+# fmt: on
+CHART_PAGES = ("run", "sessions", "compare")
+_ALL_ELEMENTS = tuple(dict.fromkeys(name for names in PAGE_ELEMENTS.values() for name in names))
+_CHART_ELEMENTS = tuple(dict.fromkeys(name for page in CHART_PAGES for name in PAGE_ELEMENTS[page]))
+
+
+def page_head(page: str) -> tuple[str, str]:
+    """The tags for the start and the end of ``page``'s head (``PreloadHints``): its plotly.js and
+    element chunks; on a page without charts (the runs page, where a reader starts), once it is
+    drawn and idle, the chart pages' chunks too.  Chart pages do not prepare the others: that would
+    add to every chart page's first load."""
+    own = PAGE_ELEMENTS.get(page, ())
+    plotly = plotly_head_tags(chart_page=page in CHART_PAGES)
+    if page in CHART_PAGES:
+        return "", plotly + chunk_preloads(own)
+    others = chunk_preloads(_CHART_ELEMENTS, without=own)
+    return "", plotly + chunk_preloads(own) + after_first_run(
+        f"document.head.insertAdjacentHTML('beforeend', {json.dumps(others)});"
+    )
+
+
+def serve_plain(environ: Mapping[str, str]) -> bool:
+    """The switch: ``METRICS_SERVE_PLAIN=1`` serves the app exactly as Streamlit serves it."""
+    return environ.get("METRICS_SERVE_PLAIN") == "1"
+
+
+def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Mapping[str, str] = os.environ) -> dict:
+    """The keyword arguments of app.py's ``st.App``: this module's middleware and lifespan for
+    ``script`` (whose pages live in ``app_pages/`` beside it), or, when ``serve_plain``, a lifespan that
+    only runs ``shutdown`` as the server stops (it runs either way)."""
+    if serve_plain(environ):
+        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False)}
+    copies = GzipCopies()
+
+    def prewarm() -> None:
+        """Each page's head tags (finding the chunks they preload reads Streamlit's chunk files), and
+        the gzip copies of what a first load of any page asks for: Streamlit's boot, the pages'
+        element chunks, plotly.js."""
+        for page in PAGE_ELEMENTS:
+            page_head(page)
+        plotly = plotly_file()
+        copies.prewarm([*static_files(_ALL_ELEMENTS), *([plotly] if plotly else [])])
+
+    base_url = st.get_option("server.baseUrlPath") or ""
+    return {
+        "lifespan": lifespan(sorted(Path(script).with_name("app_pages").glob("*.py")), shutdown, prewarm=prewarm),
+        "middleware": [
+            Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies),
+            Middleware(PreloadHints, base_url=base_url, head=page_head),
+        ],
+    }

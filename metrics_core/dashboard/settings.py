@@ -18,9 +18,9 @@ from metrics_core.dashboard.store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
 
-# A refresh that finds nothing new costs ~1 ms in the store and a few bytes per chart, and an
-# update costs O(new records) (issue 10), so pages poll twice a second: write -> visible median
-# 391 ms, max 653 ms (benchmarks/bench_live.py), where 1 s gave a median of 640 ms.
+# A refresh that finds nothing new costs a dict lookup in the store and a few bytes per chart, and
+# an update costs O(new records), so pages poll twice a second (write -> visible:
+# benchmarks/bench_live.py).
 DEFAULT_REFRESH_S = 0.5
 
 

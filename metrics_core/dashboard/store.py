@@ -76,8 +76,8 @@ import pandas as pd
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config, view_config
-from metrics_core.dashboard.overview import trend
 from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row
+from metrics_core.dashboard.runs_table import trend
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import RunReader

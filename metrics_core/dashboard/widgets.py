@@ -16,23 +16,25 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.chart import LOADER_KEY
 from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table, runs_table
+from metrics_core.dashboard.display_text import (
+    TITLE_CHARS,
+    WORD_CHARS,
+    md_text,
+    next_age_change,
+    shorten,
+    shorten_words,
+)
 from metrics_core.dashboard.figures import THEMES, session_key
-from metrics_core.dashboard.overview import (
+from metrics_core.dashboard.live_chart import LOADER_KEY
+from metrics_core.dashboard.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
     STATUS_COLOURS,
-    TITLE_CHARS,
-    WORD_CHARS,
     filter_runs,
-    md_text,
-    next_age_change,
     readable_runs,
     run_links,
     runs_page,
-    shorten,
-    shorten_words,
     status_pills,
 )
 from metrics_core.dashboard.store import RunStore, RunView
@@ -50,10 +52,10 @@ PANELS_KEY = "run_panels"  # the run page's row of health and config buttons
 SESSION_KEY_KEY = "session_key"  # the run page's session key
 
 # Calm while live.  While a fragment reruns, Streamlit marks its elements data-stale="true" and
-# fades them to opacity 0.33 (a 1 s transition after 0.5 s: charts flicker to ~0.9 on every
-# refresh of a slow run), and the top bar's running indicator blinks.  A refresh that changes
+# fades them (charts flicker on every refresh of a slow run), and the top bar's running indicator
+# blinks.  A refresh that changes
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
-# (chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
+# (live_chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
 # gap where they are mounted.  The run page's row of health and config buttons and its session key
 # stay one line each (scrolled sideways where they do not fit), so its charts have a known place.
 CALM_CSS = f"""<style>
@@ -65,9 +67,9 @@ CALM_CSS = f"""<style>
 .st-key-{SESSION_KEY_KEY} p {{ white-space: nowrap; }}
 </style>"""
 
-# Links between pages open in this tab (issue 11).  The runs table's link cells are opened by
-# Streamlit with ``window.open(url, "_blank")`` (its LinkColumn; a new tab is a new session, ~10 s
-# to a drawn chart).  This script, run once per browser tab, turns such a call for a URL of this
+# Links between pages open in this tab.  The runs table's link cells are opened by Streamlit
+# with ``window.open(url, "_blank")`` (its LinkColumn; a new tab is a new session, which starts
+# from scratch).  This script, run once per browser tab, turns such a call for a URL of this
 # app into the navigation the Back button makes (``history.pushState`` then ``popstate``), which
 # Streamlit answers by running that page with the URL's query in this session, as ``st.switch_page``
 # would.  A link clicked with Ctrl, ⌘ or Shift held, or with the middle button, still opens a new
@@ -114,7 +116,7 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
         return store.view(name)
     except STORE_ERRORS as exc:
         st.error(f"Cannot show run {name_text(name)}: {reason_text(exc)}")
-        st.page_link("pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
+        st.page_link("app_pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
         if not isinstance(exc, RunPathError):
 
             @st.fragment(run_every=refresh)
@@ -155,7 +157,7 @@ def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
     names = run_names_or_stop(store)
     if not names:
         st.info("No runs under the root yet.")
-        st.page_link("pages/overview.py", label="All runs", icon=":material/arrow_back:")
+        st.page_link("app_pages/overview.py", label="All runs", icon=":material/arrow_back:")
         st.stop()
     choice = st.selectbox("Choose a run", names, index=None, format_func=shorten, key="run_picker",
                           placeholder="Choose a run")  # fmt: skip
@@ -260,7 +262,7 @@ def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
                           selection_mode="single-row", column_config=RUNS_COLUMNS)  # fmt: skip
     names = (drawn or shown).names
     if picked.selection.rows and picked.selection.rows[0] < len(names):
-        st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
+        st.switch_page("app_pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
@@ -307,9 +309,8 @@ def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
 def health_panel(findings: Sequence[Finding]) -> None:
     """Diagnostics, worst first, behind one button of the run page's status row that says the
     worst severity in its colour and names the worst check: a glance tells whether the run is
-    healthy, and a long list of findings never pushes the charts below the fold (nor moves them:
-    the row is one line whatever the findings, which lets the page's HTML draw the first chart in
-    its place before Streamlit lays the page out, chart.first_chart_tags).  Messages embed session
+    healthy, and a long list of findings never pushes the charts below the fold (the row is one
+    line whatever the findings).  Messages embed session
     ids, bad-line reasons and excerpts from the file, so they are escaped and their long tokens cut."""
     order = {"error": 0, "warning": 1, "info": 2, "ok": 3}
     ranked = sorted(findings, key=lambda f: order[f.severity])

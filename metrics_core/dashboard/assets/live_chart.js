@@ -11,7 +11,7 @@
 // window.__metricsChart, since every element carries its component's JS on every rerun.
 
 // plotly.js, once per page, as the promise window.__metricsPlotly (of window.Plotly).
-// Served by app.py, every page's <head> defines window.__metricsRunPlotly (chart.plotly_head_tags),
+// Served by app.py, every page's <head> defines window.__metricsRunPlotly (serving.plotly_head_tags),
 // which runs it as a plain <script src> of the content-hashed file, answered immutable, so the
 // browser also keeps its compiled code; a chart page's head has already called it.
 // Otherwise (plain Streamlit serving, or that script failed) it starts here.  Streamlit alone serves
@@ -195,7 +195,7 @@ function note(parentElement, text) {
 }
 
 // Charts draw through window.__metricsChart once plotly.js is on its way; those whose stubs ran
-// before this runtime (chart.py's _STUB) are queued.
+// before this runtime (live_chart.py's _STUB) are queued.
 export default function (component) {
   loadPlotly(component.data && component.data.src);
   window.__metricsChart = drawChart;

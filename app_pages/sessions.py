@@ -4,10 +4,11 @@ Opened from the top bar with no run named, it offers a picker of the runs."""
 import streamlit as st
 
 from metrics_core.analysis import session_table
-from metrics_core.dashboard.chart import live_chart, load_plotly
-from metrics_core.dashboard.charts import session_overlay, view_findings
-from metrics_core.dashboard.overview import clock_text, file_stem, md_text, shorten
+from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, shorten
+from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.live_views import view_findings
 from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.views import session_overlay
 from metrics_core.dashboard.widgets import csv_button, finding_text, live_view, page_theme, run_or_pick, table_text
 
 config = settings()
@@ -15,7 +16,9 @@ store = get_store(config)
 load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(f"Sessions of {md_text(shorten(name))}")
-st.page_link("pages/run.py", label="Back to the run's charts", icon=":material/arrow_back:", query_params={"run": name})
+st.page_link(
+    "app_pages/run.py", label="Back to the run's charts", icon=":material/arrow_back:", query_params={"run": name}
+)
 x = st.segmented_control("Align on", ["step", "tokens_seen"], default="step", key="align") or "step"
 smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="smoothing")
 

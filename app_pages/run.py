@@ -3,22 +3,13 @@ Opened from the top bar with no run named, it offers a picker of the runs."""
 
 import streamlit as st
 
-from metrics_core.dashboard.chart import live_chart, load_plotly
-from metrics_core.dashboard.charts import (
-    HISTORY_MODES,
-    RUN_PAGE_OPTIONS,
-    ChartOptions,
-    chart_csv,
-    chart_key,
-    chart_specs,
-    view_charts,
-    view_findings,
-    zoom_chart,
-)
 from metrics_core.dashboard.config import view_config
+from metrics_core.dashboard.display_text import file_stem, md_text, shorten
 from metrics_core.dashboard.figures import X_MODES
-from metrics_core.dashboard.overview import file_stem, md_text, shorten
+from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
 from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_key, chart_specs
 from metrics_core.dashboard.widgets import (
     PANELS_KEY,
     config_panel,
@@ -36,17 +27,15 @@ load_plotly()  # first: the browser fetches and compiles plotly.js while the res
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
-sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
+sessions_link.page_link("app_pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
                         query_params={"run": name})  # fmt: skip
-compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
+compare_link.page_link("app_pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
                        query_params={"run": name})  # fmt: skip
 with st.sidebar:
-    start = RUN_PAGE_OPTIONS  # what a chart page's HTML drew first (charts.first_chart) must be what these start at
-    x = st.selectbox("x axis", list(X_MODES), index=list(X_MODES).index(start.x), format_func=X_MODES.get, key="x_axis")
-    smoothing = st.slider("Smoothing", 0.0, 0.99, start.smoothing, 0.01, key="smoothing")
-    log_y = st.toggle("Log-scale y (loss, grad norm, LR)", value=start.log_y, key="log_y")
-    history = st.radio("Sessions", list(HISTORY_MODES), index=list(HISTORY_MODES).index(start.history),
-                       key="history", format_func=HISTORY_MODES.get)  # fmt: skip
+    x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
+    smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
+    log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
+    history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
 
 
@@ -58,8 +47,7 @@ def charts() -> None:
     # The theme is read here: the browser reports it with each rerun, not always the first.
     options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme())
     # Above the charts, three one-line rows whatever the run: its status, the health and config
-    # buttons, the session key.  Details open on demand; the charts stay in view, in a place the
-    # page's HTML can draw the first one at before this runs (first_chart.js's guessPlace).
+    # buttons, the session key.  Details open on demand; the charts stay in view.
     status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     st.caption(status, wrap=False)

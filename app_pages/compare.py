@@ -4,11 +4,12 @@ config keys that differ between them; controls in the sidebar, the URL is sharea
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.chart import live_chart, load_plotly
-from metrics_core.dashboard.charts import COMPARE_METRICS, compare_chart
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.overview import filter_runs, md_text, shorten
+from metrics_core.dashboard.display_text import md_text, shorten
+from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.runs_table import filter_runs
 from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.views import COMPARE_METRICS, compare_chart
 from metrics_core.dashboard.widgets import config_diff_panel, name_text, page_theme, run_names_or_stop, views_or_warn
 
 DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]

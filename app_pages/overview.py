@@ -10,8 +10,8 @@ store's ``overview_generation()`` did not move and no age shown ("18 s ago") is 
 differently; else one page is built and compared (~a few ms for 1,000 runs).  So while the store's
 loader reads a cold root, or runs off this page append, the page stays as it is unless a row it
 shows changed.  A root of more than ``PAGE_ROWS`` runs is shown a page at a time (newest activity
-first, so live runs lead the first page): a live update formats and sends one page, ~50 KB
-instead of ~0.5 MB.
+first, so live runs lead the first page): a live update formats and sends one page, not the
+whole root.
 """
 
 import time
@@ -19,7 +19,7 @@ import time
 import streamlit as st
 
 from metrics_core.dashboard.config import config_keys
-from metrics_core.dashboard.overview import md_text
+from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.settings import get_demo, get_store, settings
 from metrics_core.dashboard.widgets import overview_or_stop, runs_page_view, runs_table_view
 
