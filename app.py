@@ -2,9 +2,7 @@
 
     streamlit run app.py -- --runs /shared/runs [--refresh 0.5] [--poll] [--demo]
 
-Everything here is navigation; pages live in app_pages/, logic in metrics_core.  (Not `pages/`:
-Streamlit would start in its legacy folder-of-pages mode, which runs a deep link such as
-`/run?run=x` as the first request after a start outside this navigation.)
+Everything here is navigation; pages live in pages/, logic in metrics_core.
 
 This file is read twice.  ``streamlit run`` imports it as the module ``app`` and serves the
 ``st.App`` below, with what ``metrics_core.dashboard.serving`` adds (``METRICS_SERVE_PLAIN=1`` serves
@@ -28,10 +26,10 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
     maybe_start_demo(settings())
     st.navigation(
         [
-            st.Page("app_pages/overview.py", title="Runs", icon=":material/table_rows:", default=True),
-            st.Page("app_pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
-            st.Page("app_pages/sessions.py", title="Sessions", icon=":material/restart_alt:", url_path="sessions"),
-            st.Page("app_pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+            st.Page("pages/overview.py", title="Runs", icon=":material/table_rows:", default=True),
+            st.Page("pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
+            st.Page("pages/sessions.py", title="Sessions", icon=":material/restart_alt:", url_path="sessions"),
+            st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
         ],
         position="top",
     ).run()

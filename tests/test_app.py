@@ -117,7 +117,7 @@ def test_compare_page_reads_and_writes_the_url(runs_root: Path) -> None:
     app = AppTest.from_file(APP, default_timeout=30)
     app.query_params["run"] = ["alpha", "ghost"]
     app.run()
-    app.switch_page("app_pages/compare.py").run()
+    app.switch_page("pages/compare.py").run()
     assert not app.exception
     assert "ghost" in app.warning[0].value
     assert app.multiselect(key="compare_runs").value == ["alpha"]

@@ -24,6 +24,7 @@ from pathlib import Path
 import anyio
 import pytest
 from streamlit import file_util
+from streamlit.runtime.pages_manager import PagesManager
 
 from metrics_core.dashboard import asgi_gzip, serving
 from metrics_core.dashboard.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
@@ -489,16 +490,11 @@ def test_ctrl_c_stops_the_server_without_a_traceback(served_root: Path) -> None:
     assert "Traceback" not in output, output
 
 
-@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
-def test_a_deep_link_as_the_first_request_runs_through_the_navigation(
-    served_root: Path, browser: object, monkeypatch: pytest.MonkeyPatch, plain: bool
-) -> None:
+def test_a_deep_link_as_the_first_request_runs_through_the_navigation(served_root: Path, browser: object) -> None:
     """The first page view after a start is /run?run=small: it is the app's Run page (page title and
-    top navigation from app.py), not app_pages/run.py alone in Streamlit's legacy folder-of-pages
+    top navigation from app.py), not pages/run.py alone in Streamlit's legacy folder-of-pages
     mode, which Streamlit enters for an app with a folder named ``pages/`` beside it."""
-    assert not (REPO / "pages").exists()
-    if plain:
-        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
+    assert (REPO / "pages").is_dir()
     with dashboard(served_root) as (url, _, _):
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:
@@ -512,6 +508,22 @@ def test_a_deep_link_as_the_first_request_runs_through_the_navigation(
     assert title == "Training metrics"
     names = ("Runs", "Run", "Sessions", "Compare")  # each after its icon's ligature text
     assert len(nav) == len(names) and all(text.endswith(name) for text, name in zip(nav, names, strict=True)), nav
+
+
+def test_streamlit_still_starts_an_app_with_a_pages_folder_in_its_legacy_mode() -> None:
+    """The internal the lifespan sets: ``PagesManager.uses_pages_directory``, decided from a
+    ``pages/`` folder beside the main script, makes a script run take the legacy path until
+    ``st.navigation`` clears it.  If Streamlit drops the mode, drop ``navigation_only``."""
+    import inspect
+
+    from streamlit.commands import navigation
+    from streamlit.runtime import pages_manager
+    from streamlit.runtime.scriptrunner import script_runner
+
+    assert hasattr(pages_manager.PagesManager, "uses_pages_directory")
+    assert '/ "pages"' in inspect.getsource(pages_manager.PagesManager)
+    assert "if PagesManager.uses_pages_directory:" in inspect.getsource(script_runner)
+    assert "PagesManager.uses_pages_directory = False" in inspect.getsource(navigation)
 
 
 def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, browser: object) -> None:
@@ -686,12 +698,14 @@ def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest
         REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}
     )
     assert list(plain) == ["lifespan"]
+    monkeypatch.setattr(PagesManager, "uses_pages_directory", True)
     start_and_stop(plain)
     time.sleep(0.2)  # a warm-up thread, had one started
-    assert closed == [True] and touched == []
+    assert closed == [True] and touched == [] and PagesManager.uses_pages_directory is True
     served = serving.app_options(REPO / "app.py", shutdown=lambda: closed.append(True), environ={})
     assert [item.cls for item in served["middleware"]] == [StaticGzip, PreloadHints]
     start_and_stop({"lifespan": serving.lifespan([], lambda: None)})
+    assert PagesManager.uses_pages_directory is False
     deadline = time.monotonic() + 10
     while "warm" not in touched and time.monotonic() < deadline:
         time.sleep(0.01)

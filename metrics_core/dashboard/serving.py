@@ -24,7 +24,11 @@ changes it):
 * ``lifespan``: as the server starts, imports what the pages import and does Streamlit's
   once-per-process first-run work (``warm_first_script_run``: its emoji catalog, the private
   ``delta_generator._maybe_print_use_warning``) in a background thread, and makes the gzip copies
-  a first page load asks for; turns Nagle's algorithm off on the listening socket
+  a first page load asks for; keeps Streamlit out of its legacy folder-of-pages mode (the private
+  ``PagesManager.uses_pages_directory``: an app with a ``pages/`` folder beside it starts in that
+  mode until the first ``st.navigation`` call, so a deep link as the first request after a start
+  would run that page alone, outside app.py's navigation; served plain, that first deep link
+  does); turns Nagle's algorithm off on the listening socket
   (``tcp_no_delay``: Streamlit binds it with ``proto`` 0, so asyncio never sets ``TCP_NODELAY`` on
   its connections, and each kept-alive answer, written as headers then body, waits for a delayed
   ACK).  As it stops it runs the app's shutdown: under
@@ -57,6 +61,7 @@ import streamlit as st
 from anyio import to_thread
 from starlette.middleware import Middleware
 from streamlit import config
+from streamlit.runtime.pages_manager import PagesManager
 
 from metrics_core.dashboard.asgi_gzip import (
     ASGIApp,
@@ -251,6 +256,7 @@ def lifespan(
     *,
     warm: bool = True,
     no_delay: bool = True,
+    navigation_only: bool = True,
     prewarm: Callable[[], None] | None = None,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
@@ -259,7 +265,8 @@ def lifespan(
     page to report), runs ``prewarm`` in another (the gzip copies of a first page load's files: zlib
     leaves the interpreter lock to the imports) and, if ``no_delay``, turns Nagle's algorithm off on
     the server's listening socket (``tcp_no_delay``: the socket is bound before the lifespan starts,
-    and no connection is accepted before it has); at shutdown, runs ``shutdown`` in a worker thread
+    and no connection is accepted before it has); if ``navigation_only``, keeps Streamlit out of its
+    legacy folder-of-pages mode before any session; at shutdown, runs ``shutdown`` in a worker thread
     (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
@@ -271,6 +278,8 @@ def lifespan(
 
     @asynccontextmanager
     async def serve(_app: object) -> AsyncIterator[None]:
+        if navigation_only:
+            PagesManager.uses_pages_directory = False
         if no_delay:
             tcp_no_delay(config.get_option("server.port"))
         if warm:
@@ -393,10 +402,10 @@ def serve_plain(environ: Mapping[str, str]) -> bool:
 
 def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Mapping[str, str] = os.environ) -> dict:
     """The keyword arguments of app.py's ``st.App``: this module's middleware and lifespan for
-    ``script`` (whose pages live in ``app_pages/`` beside it), or, when ``serve_plain``, a lifespan that
+    ``script`` (whose pages live in ``pages/`` beside it), or, when ``serve_plain``, a lifespan that
     only runs ``shutdown`` as the server stops (it runs either way)."""
     if serve_plain(environ):
-        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False)}
+        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False, navigation_only=False)}
     copies = GzipCopies()
 
     def prewarm() -> None:
@@ -410,7 +419,7 @@ def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Ma
 
     base_url = st.get_option("server.baseUrlPath") or ""
     return {
-        "lifespan": lifespan(sorted(Path(script).with_name("app_pages").glob("*.py")), shutdown, prewarm=prewarm),
+        "lifespan": lifespan(sorted(Path(script).with_name("pages").glob("*.py")), shutdown, prewarm=prewarm),
         "middleware": [
             Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies),
             Middleware(PreloadHints, base_url=base_url, head=page_head),

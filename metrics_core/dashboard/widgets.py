@@ -116,7 +116,7 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
         return store.view(name)
     except STORE_ERRORS as exc:
         st.error(f"Cannot show run {name_text(name)}: {reason_text(exc)}")
-        st.page_link("app_pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
+        st.page_link("pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
         if not isinstance(exc, RunPathError):
 
             @st.fragment(run_every=refresh)
@@ -157,7 +157,7 @@ def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
     names = run_names_or_stop(store)
     if not names:
         st.info("No runs under the root yet.")
-        st.page_link("app_pages/overview.py", label="All runs", icon=":material/arrow_back:")
+        st.page_link("pages/overview.py", label="All runs", icon=":material/arrow_back:")
         st.stop()
     choice = st.selectbox("Choose a run", names, index=None, format_func=shorten, key="run_picker",
                           placeholder="Choose a run")  # fmt: skip
@@ -262,7 +262,7 @@ def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
                           selection_mode="single-row", column_config=RUNS_COLUMNS)  # fmt: skip
     names = (drawn or shown).names
     if picked.selection.rows and picked.selection.rows[0] < len(names):
-        st.switch_page("app_pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
+        st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:

@@ -27,9 +27,9 @@ load_plotly()  # first: the browser fetches and compiles plotly.js while the res
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
-sessions_link.page_link("app_pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
+sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
                         query_params={"run": name})  # fmt: skip
-compare_link.page_link("app_pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
+compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
                        query_params={"run": name})  # fmt: skip
 with st.sidebar:
     x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
