@@ -23,16 +23,15 @@ import os
 from array import array
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
-from metrics_core.sessions import EventRows, LostWork, Progress, Replay, Session, SessionLog, number, replay
+from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
 from metrics_core.storage import LocalFile, metrics_path
-from metrics_core.summary import LastValue
+from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import tail_start
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
@@ -259,7 +258,7 @@ _ACCOUNTING_FIELDS = ("attempted_updates", "updates", "skipped_updates_in_window
 _SUMMARISED = {"train": ("train_loss", "skipped_updates"), "validation": ("val_loss",)}  # what summarise reads
 
 
-class RunDigest:
+class RunDigest(FollowedLog):
     """Everything ``summary`` prints about a run, kept as running state; see the module docstring.
 
     ``refresh()`` reads what was appended since the last call.  What ``runs.run_status`` reads
@@ -291,37 +290,8 @@ class RunDigest:
         self._follower.close()
 
     @property
-    def records(self) -> int:
-        return self.log.records
-
-    @property
     def resets(self) -> list[str]:
         return self._follower.restarts
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes after the last ``\\n``: a record being written, or a crash's torn tail."""
-        return self._follower.pending_bytes
-
-    def writer_alive(self) -> bool | None:
-        """Whether a MetricsWriter holds the file's lock now (None: cannot tell)."""
-        return self.file.writer_alive()
-
-    @property
-    def last_event(self) -> str | None:
-        return self.log.last_event
-
-    @property
-    def last_record_time(self) -> datetime | None:
-        return self.log.last_record_time
-
-    def typical_gap_s(self) -> float | None:
-        """Median gap between the last few records (the run's usual logging cadence)."""
-        return self.log.typical_gap_s()
-
-    @property
-    def last_end_status(self) -> str | None:
-        return self.log.last_end_status
 
     def refresh(self) -> int:
         """Read the complete lines appended since the last call; return how many records."""
@@ -377,9 +347,6 @@ class RunDigest:
         """The last finite number logged as ``name`` by an ``event`` record (the keys a summary
         shows), and its step."""
         return self._last.get((event, name))
-
-    def progress(self) -> Progress:
-        return self.log.progress()
 
     # -- sessions and replay ------------------------------------------------------------------
 

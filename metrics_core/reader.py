@@ -35,7 +35,6 @@ import contextlib
 import ctypes
 import math
 import os
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -52,7 +51,7 @@ from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.sessions import LostWork, Progress, Replay, Session, SessionLog, replay
 from metrics_core.storage import LocalFile, RunFile
-from metrics_core.summary import LastValue
+from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
@@ -61,7 +60,7 @@ MAX_BAD_LINE_SAMPLES = 20
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 
 
-class RunReader:
+class RunReader(FollowedLog):
     """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
 
     def __init__(
@@ -110,19 +109,6 @@ class RunReader:
     # -- what the layers below know ------------------------------------------------------------
 
     @property
-    def records(self) -> int:
-        return self.log.records
-
-    @property
-    def last_event(self) -> str | None:
-        return self.log.last_event
-
-    @property
-    def pending_bytes(self) -> int:
-        """Bytes after the last ``\\n``: a record being written, or a crash's torn tail."""
-        return self._follower.pending_bytes
-
-    @property
     def resets(self) -> int:
         return len(self._follower.restarts)
 
@@ -135,10 +121,6 @@ class RunReader:
         """The file's identity as the last ``refresh()`` found it, before reading (a write after
         that changes it); None before the first."""
         return self._follower.read_identity
-
-    def writer_alive(self) -> bool | None:
-        """Whether a MetricsWriter currently holds this run's file (None: cannot tell)."""
-        return self.file.writer_alive()
 
     def close(self) -> None:
         """Save the cache if it is behind, and release the file (the parsed data stays)."""
@@ -315,24 +297,6 @@ class RunReader:
         """Event names seen so far."""
         self._flush()
         return list(self._tables)
-
-    @property
-    def last_record_time(self) -> datetime | None:
-        """Time of the last complete record, or None before any."""
-        return self.log.last_record_time
-
-    def typical_gap_s(self) -> float | None:
-        """Median gap between the last few records (the run's usual logging cadence)."""
-        return self.log.typical_gap_s()
-
-    @property
-    def last_end_status(self) -> str | None:
-        """The ``status`` of the last record when it is a ``session_end``, else None."""
-        return self.log.last_end_status
-
-    def progress(self) -> Progress:
-        """Session count, start, last step and tokens, in O(1)."""
-        return self.log.progress()
 
     def ingest_health(self) -> IngestHealth:
         """A snapshot of what reading the file ran into so far."""

@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from metrics_core.lines import LineFollower
 from metrics_core.runs import StatusSource, run_status
-from metrics_core.sessions import Progress
+from metrics_core.sessions import Progress, SessionLog
+from metrics_core.storage import RunFile
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +38,51 @@ class SummarySource(StatusSource, Protocol):
     def progress(self) -> Progress: ...
 
     def last_number(self, event: str, name: str) -> LastValue | None: ...
+
+
+class FollowedLog:
+    """The ``SummarySource`` answers of a reader built on the read layers: a ``SessionLog`` in
+    ``log``, the ``LineFollower`` that feeds it in ``_follower``, its ``RunFile`` in ``file``.
+    ``RunReader`` and ``digest.RunDigest`` both are; each adds ``last_number`` and ``bad_lines``."""
+
+    log: SessionLog
+    file: RunFile
+    _follower: LineFollower
+
+    @property
+    def records(self) -> int:
+        return self.log.records
+
+    @property
+    def last_event(self) -> str | None:
+        return self.log.last_event
+
+    @property
+    def last_end_status(self) -> str | None:
+        """The ``status`` of the last record when it is a ``session_end``, else None."""
+        return self.log.last_end_status
+
+    @property
+    def last_record_time(self) -> datetime | None:
+        """Time of the last complete record, or None before any."""
+        return self.log.last_record_time
+
+    def typical_gap_s(self) -> float | None:
+        """Median gap between the last few records (the run's usual logging cadence)."""
+        return self.log.typical_gap_s()
+
+    def progress(self) -> Progress:
+        """Session count, start, last step and tokens, in O(1)."""
+        return self.log.progress()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes after the last ``\\n``: a record being written, or a crash's torn tail."""
+        return self._follower.pending_bytes
+
+    def writer_alive(self) -> bool | None:
+        """Whether a MetricsWriter holds the file's lock now (None: cannot tell)."""
+        return self.file.writer_alive()
 
 
 @dataclass(frozen=True, slots=True)
