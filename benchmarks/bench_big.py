@@ -1,4 +1,4 @@
-"""A very long run in the dashboard (issue 10): time to the first chart against the reader's cold
+"""A very long run in the dashboard: time to the first chart against the reader's cold
 load of the same file, and the memory the dashboard holds per record.
 
 Run: python benchmarks/bench_big.py [--records 5000000] [--dir DIR]

@@ -1,4 +1,4 @@
-"""The runs overview on a cluster head's root (issue 10): 1,000 runs against a root of one.
+"""The runs overview on a cluster head's root: 1,000 runs against a root of one.
 
 Run: python benchmarks/bench_overview.py [--root DIR] [--seconds 10] [--browser]
      python benchmarks/bench_overview.py --memory ROOT [--against OLD_STORE_PY] [--rounds 2] [--cache]

@@ -1,4 +1,4 @@
-"""A live append to a long run: what ``RunStore.view()`` costs per append (issue 10).
+"""A live append to a long run: what ``RunStore.view()`` costs per append.
 
 Run: python benchmarks/bench_snapshot.py [--records 1000000] [--appends 30] [--batch 10] [--dir DIR]
 
@@ -7,7 +7,7 @@ the appends never touch the kept file), side by side in one process:
 
 * extended: a store with the run open appends one train record of the last session and calls
   ``view()``, ``--appends`` times (the snapshot and the overview's summary extended from the last);
-* from scratch: the same snapshot built anew from the same reader (``_build_view`` without a
+* from scratch: the same snapshot built anew from the same reader (``snapshot.build_view`` without a
   previous view: every frame, supersession and replay mask recomputed), as each append cost before;
 * both on ``--records`` and on a tenth of it: an O(appended records) update costs the same on both.
 
@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import write_run
 from metrics_core.dashboard import store as store_module
+from metrics_core.dashboard.snapshot import build_view
 
 
 def kept_run(directory: Path, records: int) -> Path:
@@ -66,7 +67,7 @@ def per_append_ms(path: Path, appends: int, batch: int) -> dict[str, float]:
                 reader = store._entries["r"].reader
                 for _ in range(batch):
                     start = time.perf_counter()
-                    store_module._build_view("r", reader, view.status)
+                    build_view("r", reader, view.status)
                     scratch.append(time.perf_counter() - start)
         finally:
             store.close()

@@ -1,4 +1,4 @@
-"""Bytes over the wire on a repeat page load (issue 11), in a real headless Chromium against a real
+"""Bytes over the wire on a repeat page load, in a real headless Chromium against a real
 `streamlit run`: plotly.js comes from the browser's cache, not again through the server, and the
 dashboard's reload costs at most 3x a bare Streamlit app's reload (one st.plotly_chart of the same
 run) + 200 KB.  Bytes are what Chromium's network events count: every HTTP response's

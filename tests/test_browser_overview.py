@@ -1,4 +1,4 @@
-"""The runs page in a real headless Chromium against a real `streamlit run` (issues 10, 11): the table
+"""The runs page in a real headless Chromium against a real `streamlit run`: the table
 is redrawn only when a row it shows changed, and a click on a run while a cold root is still loading
 opens that run in this tab."""
 

@@ -1,5 +1,5 @@
 """The dashboard served as an ``st.App`` (app.py) with ``metrics_core.dashboard.serving`` in front
-(issue 11, first load): Streamlit's static files go out gzip-compressed and decode to Streamlit's
+(first load): Streamlit's static files go out gzip-compressed and decode to Streamlit's
 own bytes, a client that refuses gzip gets identity bytes, and the server still honours
 .streamlit/config.toml, ``server.baseUrlPath`` and Ctrl-C as ``streamlit run`` did before."""
 

@@ -83,7 +83,7 @@ def test_a_memo_computation_may_ask_for_another_key_without_deadlocking(tmp_path
         store.close()
 
 
-# -- issue 10: the overview is O(runs), and each run's row is kept incrementally ------------------
+# -- the overview is O(runs), and each run's row is kept incrementally ------------------
 
 
 def summary_of(store: RunStore, name: str) -> object:
@@ -260,7 +260,7 @@ def test_overview_work_grows_linearly_with_runs_and_an_append_touches_one_row(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """20 vs 200 runs: one walk per call, one summary per run cold, none when idle, one per appended run;
-    no frame of any run is built and no run name is resolved again (the O(n²) of issue 10)."""
+    no frame of any run is built and no run name is resolved again (no O(n²) per refresh)."""
     small = overview_work(tmp_path / "small", 20, monkeypatch)
     large = overview_work(tmp_path / "large", 200, monkeypatch)
     assert small == {"cold_summaries": 20, "cold_walks": 1, "idle_summaries": 0, "idle_builds": 0,
@@ -433,7 +433,7 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
         store.close()
 
 
-# -- issue 10: memory O(runs) + O(records of the live and viewed runs) ------------------------------
+# -- memory O(runs) + O(records of the live and viewed runs) ------------------------------
 
 MEMORY_NOW = datetime(2026, 11, 29, 10, 34, tzinfo=timezone.utc)  # base_record's step 2000 is 10:33:20
 
@@ -636,7 +636,7 @@ def test_a_released_run_is_reopened_from_the_cache_when_the_store_has_one(tmp_pa
         store.close()
 
 
-# -- issue 10: a live update of a long run costs O(appended records) ------------------------------
+# -- a live update of a long run costs O(appended records) ------------------------------
 
 
 def long_run(path: Path, steps: range, session: str = "s1") -> None:
