@@ -31,6 +31,7 @@ from typing import Protocol
 import orjson
 
 from metrics_core.errors import RunNotFoundError, RunPathError
+from metrics_core.storage import LocalFile
 from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
 
 STALL_FLOOR_S = 60.0
@@ -141,6 +142,41 @@ class StatusSource(Protocol):
     def typical_gap_s(self) -> float | None: ...
 
     def writer_alive(self) -> bool | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class StatusRecord:
+    """What ``run_status`` reads of a run, kept when its reader is closed and its records dropped:
+    with it, the run's status still follows the clock and its writer's lock.  ``identity``: the
+    file's identity when that reader last read it (``storage.FileStat``), so a later write shows."""
+
+    path: Path
+    identity: tuple[int, ...] | None
+    last_event: str | None
+    last_end_status: str | None
+    last_record_time: datetime | None
+    pending_bytes: int
+    gap_s: float | None
+
+    @classmethod
+    def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
+        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_record_time,
+                   source.pending_bytes, source.typical_gap_s())  # fmt: skip
+
+    def typical_gap_s(self) -> float | None:
+        return self.gap_s
+
+    def writer_alive(self) -> bool | None:
+        """As a reader's: the lock is probed on a descriptor opened for the probe."""
+        file = LocalFile(self.path)
+        try:
+            file.open()
+        except OSError:
+            return None
+        try:
+            return file.writer_alive()
+        finally:
+            file.close()
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,12 +13,49 @@ import pandas as pd
 import pytest
 
 from metrics_core.dashboard import store as store_module
+from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.live_views import view_charts
-from metrics_core.dashboard.snapshot import EVENTS, build_view
-from metrics_core.dashboard.store import RunStore, view_summary
+from metrics_core.dashboard.runs_table import trend
+from metrics_core.dashboard.snapshot import EVENTS, RunView, build_view
+from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import ChartOptions
 from metrics_core.reader import RunReader
+from metrics_core.summary import LastValue, RunSummary
 from tests.support import append_bytes, append_records, base_record
+
+
+def view_summary(view: RunView) -> RunSummary:
+    """The summary of a snapshot the O(n) way, from its frames: the test oracle of ``_summarise``."""
+    train, validation = view.frames["train"], view.frames["validation"]
+    config = view_config(view)
+    progress = view.sessions[-1] if view.sessions else None
+    skipped = _last_number(train, "skipped_updates")
+    return RunSummary(
+        status=view.status,
+        records=view.records,
+        sessions=len(view.sessions),
+        started=view.sessions[0].start_time if view.sessions else None,
+        last_record_time=view.last_record_time,
+        last_step=progress.last_step if progress else None,
+        tokens_seen=progress.last_tokens_seen if progress else None,
+        skipped_updates=None if skipped is None else int(skipped.value),
+        train_loss=_last_number(train, "train_loss"),
+        val_loss=_last_number(validation, "val_loss"),
+        bad_lines=view.ingest.bad_lines,
+        pending_bytes=view.ingest.pending_bytes,
+        config=config.values if config is not None else None,
+        loss_trend=tuple(trend(view.effective("train")["train_loss"])) if "train_loss" in train.columns else (),
+    )
+
+
+def _last_number(frame: pd.DataFrame, column: str) -> LastValue | None:
+    """The last number in ``frame[column]`` and its row's step (the view's frames hold numbers
+    where the reader's columns do, missing values elsewhere)."""
+    if column not in frame.columns:
+        return None
+    values = frame[column].astype("float64")
+    rows = np.flatnonzero(values.notna().to_numpy())
+    return LastValue(float(values.iloc[rows[-1]]), int(frame["step"].iloc[rows[-1]])) if len(rows) else None
 
 
 def test_views_are_reused_until_the_file_changes(tmp_path: Path) -> None:

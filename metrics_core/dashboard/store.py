@@ -47,7 +47,7 @@ seconds is never released for the budget: the runs pages are refreshing may exce
 on two big runs would otherwise release each other's run at every refresh, each reopen costing a
 cache read or a parse and the charts' and diagnostics' lineage.  A run's first read is no change: a
 cold root is released run by run.  Any other run keeps its ``RunSummary`` and row and what
-``run_status`` needs (``_Released``: the last event, record time and cadence, the file's identity as
+``run_status`` needs (``runs.StatusRecord``: the last event, record time and cadence, the file's identity as
 it was read), and its reader is closed once its row is computed: the loader holds one cold run at a
 time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
 ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
@@ -75,17 +75,15 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.cache import CachePolicy
-from metrics_core.dashboard.config import run_config, view_config
+from metrics_core.dashboard.config import run_config
 from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row
-from metrics_core.dashboard.runs_table import trend
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import RunReader
-from metrics_core.runs import END_STATUSES, RunInfo, find_runs, resolve_run, run_status
+from metrics_core.runs import END_STATUSES, RunInfo, StatusRecord, find_runs, resolve_run, run_status
 from metrics_core.storage import LocalFile
-from metrics_core.summary import LastValue, RunSummary, summarise
+from metrics_core.summary import RunSummary, summarise
 from metrics_core.watch import RunsWatcher
-from metrics_core.writer import lock_is_held
 
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
@@ -107,46 +105,11 @@ class RunViewError(MetricsError, RuntimeError):
         self.cause = cause
 
 
-@dataclass(frozen=True, slots=True)
-class _Released:
-    """What ``run_status`` reads of a reader, kept when the reader is closed and its columns
-    dropped (``RunStore._release_if_idle``): with it, a released run's status follows the clock and its
-    writer's lock without its records.  ``stamp`` is the file's identity taken before the read
-    that the reader last made, so any later write changes it."""
-
-    path: Path
-    stamp: tuple[int, int, int, int] | None
-    last_event: str | None
-    last_end_status: str | None
-    last_record_time: datetime | None
-    pending_bytes: int
-    gap_s: float | None
-
-    @classmethod
-    def of(cls, reader: RunReader) -> _Released:
-        return cls(reader.path, reader.read_identity, reader.last_event, reader.last_end_status,
-                   reader.last_record_time, reader.pending_bytes, reader.typical_gap_s())  # fmt: skip
-
-    def typical_gap_s(self) -> float | None:
-        return self.gap_s
-
-    def writer_alive(self) -> bool | None:
-        """As ``RunReader.writer_alive``: the lock is probed on a descriptor opened for the probe."""
-        try:
-            fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
-        except OSError:
-            return None
-        try:
-            return lock_is_held(fd)
-        finally:
-            os.close(fd)
-
-
 @dataclass
 class _Entry:
     name: str
     reader: RunReader | None = None  # None: not read yet, or released (``released`` says what it knew)
-    released: _Released | None = None
+    released: StatusRecord | None = None
     use_cache: bool = True  # False after a failure: a state the cache restored may be what failed
     viewed_at: float = float("-inf")  # the clock of the last ``view()``
     changed_at: float = float("-inf")  # the clock of the last read that found new data (a first read aside)
@@ -358,7 +321,7 @@ class RunStore:
         needs a reader again.  One ``stat``, plus a lock probe for a run that has not ended."""
         released = entry.released
         stamp = _stamp(released.path)
-        if stamp is not None and stamp != released.stamp:
+        if stamp is not None and stamp != released.identity:
             return False
         entry.refreshed_at = self._clock()
         if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
@@ -374,7 +337,7 @@ class RunStore:
             return
         if self._clock() - max(entry.viewed_at, entry.changed_at) < self.idle_s:
             return
-        released = _Released.of(entry.reader)
+        released = StatusRecord.of(entry.reader, identity=entry.reader.read_identity)
         entry.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         entry.reader, entry.released = None, released
         entry.view = entry.built = entry.config_key = None  # data_key stays: a reopen finding it is no change
@@ -586,40 +549,6 @@ class RunStore:
         _, table, times = cached
         ages = now.timestamp() - times
         return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
-
-
-def view_summary(view: RunView) -> RunSummary:
-    """The summary of a snapshot the O(n) way, from its frames: the test oracle of ``_summarise``."""
-    train, validation = view.frames["train"], view.frames["validation"]
-    config = view_config(view)
-    progress = view.sessions[-1] if view.sessions else None
-    skipped = _last_number(train, "skipped_updates")
-    return RunSummary(
-        status=view.status,
-        records=view.records,
-        sessions=len(view.sessions),
-        started=view.sessions[0].start_time if view.sessions else None,
-        last_record_time=view.last_record_time,
-        last_step=progress.last_step if progress else None,
-        tokens_seen=progress.last_tokens_seen if progress else None,
-        skipped_updates=None if skipped is None else int(skipped.value),
-        train_loss=_last_number(train, "train_loss"),
-        val_loss=_last_number(validation, "val_loss"),
-        bad_lines=view.ingest.bad_lines,
-        pending_bytes=view.ingest.pending_bytes,
-        config=config.values if config is not None else None,
-        loss_trend=tuple(trend(view.effective("train")["train_loss"])) if "train_loss" in train.columns else (),
-    )
-
-
-def _last_number(frame: pd.DataFrame, column: str) -> LastValue | None:
-    """The last number in ``frame[column]`` and its row's step (the view's frames hold numbers
-    where the reader's columns do, missing values elsewhere)."""
-    if column not in frame.columns:
-        return None
-    values = frame[column].astype("float64")
-    rows = np.flatnonzero(values.notna().to_numpy())
-    return LastValue(float(values.iloc[rows[-1]]), int(frame["step"].iloc[rows[-1]])) if len(rows) else None
 
 
 def _held(entry: _Entry) -> int:
