@@ -169,8 +169,13 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, serv
     appended = range(40_010, 40_101, 10)  # steps 10..10,000 travel as int16
     append_records(path, *map(record, appended))
     wait_until(page, lambda: train_points(loss(page))[-1][0] == 40_100)
-    page.wait_for_timeout(1500)  # the update's remaining messages, and an idle refresh
-    assert sum(received) < 20_000, received  # ~7 KB: six extends, the caption, the health panel
+    page.wait_for_timeout(1500)  # the update's remaining messages
+    # The update travels as six extends, the caption and the health panel (~10 KB); every idle
+    # refresh that falls in the wait re-sends the fragment's small elements (~7 KB), and a loaded
+    # machine fits more of them in. A whole figure of 1,000 points is a single frame of ~25 KB:
+    # no frame may carry one, and all frames together stay far below six of them.
+    assert max(received) < 8_000, received
+    assert sum(received) < 60_000, received
     points = train_points(loss(page))
     steps = [*range(10, 10_001, 10), *appended]
     assert [x for x, _ in points] == steps
