@@ -49,6 +49,41 @@ def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, 
     assert graph["annotations"] == ["S2 · resume @ 60"]
 
 
+AXIS_JS = """([title, axis]) => {
+  const graph = [...document.querySelectorAll('.js-plotly-plot')].find(g => g.layout.title.text === title);
+  return graph ? {range: Array.from(graph._fullLayout[axis].range), ticks: graph._fullLayout[axis]._vals.map(v => v.x)}
+               : null;
+}"""
+
+
+def test_every_logged_key_is_charted_and_the_filter_keeps_what_matches(
+    page: object, server: str, served_root: Path
+) -> None:
+    """Keys the user logged get charts of their own under their prefix, drawn with their values; a
+    constant LR is drawn around 3e-4, not on an axis through 0; a count with nothing counted has whole
+    ticks from 0; the chart filter leaves only the charts it matches on the page."""
+    path = served_root / "logged" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=4.0 / s, lr=3e-4, skipped_updates_in_window=0,
+                                       mfu=0.3 + s / 1e3, **{"sys/gpu_mem_gb": 40.0 + s})
+                           for s in range(10, 101, 10)))  # fmt: skip
+    open_run(page, server, "logged", 100)
+    mfu = wait_until(page, lambda: page.evaluate(GRAPH_JS, "mfu"))
+    (raw,) = [trace for trace in mfu["traces"] if trace["name"] == "train · S1"]
+    points = sorted(zip(raw["x"], raw["y"], strict=True))
+    assert [x for x, _ in points] == list(range(10, 101, 10))
+    assert [y for _, y in points] == pytest.approx([0.3 + s / 1e3 for s in range(10, 101, 10)], rel=1e-6)
+    assert page.evaluate(GRAPH_JS, "sys/gpu_mem_gb") is not None
+    assert page.get_by_role("heading", name="sys").count() == 1
+    low, high = page.evaluate(AXIS_JS, ["Learning rate", "yaxis"])["range"]
+    assert 0 < low < 3e-4 < high
+    ticks = page.evaluate(AXIS_JS, ["Skipped updates", "yaxis2"])["ticks"]
+    assert ticks and ticks[0] == 0 and all(tick == int(tick) for tick in ticks)
+    page.get_by_label("Charts (regular expression)").fill("^mfu$")
+    page.keyboard.press("Enter")
+    wait_until(page, lambda: page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 1)
+    assert page.evaluate(GRAPH_JS, "mfu") is not None
+
+
 def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
     page: object, server: str, served_root: Path
 ) -> None:

@@ -17,10 +17,23 @@ from metrics_core.dashboard.figures import NO_TEMPLATE, SESSION_COLOURS, SUPERSE
 from metrics_core.dashboard.metric_figures import Series, ema_smooth, metric_figure
 from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, out_of_lockstep, rank_time_ratio, straggler_figure
 from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
+from metrics_core.dashboard.views import (
+    HISTORY_MODES,
+    MAX_LOGGED_CHARTS,
+    ChartOptions,
+    chart_csv,
+    chart_filter_error,
+    chart_specs,
+    charts_of,
+    compare_chart,
+    compare_metrics,
+    grouped_figures,
+    pick_charts,
+    run_charts,
+)
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import RunReader
-from tests.support import append_records, base_record, distributed_run, rank_window, three_session_run
+from tests.support import append_records, base_record, distributed_run, rank_window, small_run, three_session_run
 
 
 @pytest.fixture
@@ -266,7 +279,7 @@ def test_every_chart_has_titled_axes_with_units_and_deliberate_formats(reader: R
     assert "count" in figures["skipped"].layout.yaxis.title.text
     assert "cumulative" in figures["skipped"].layout.yaxis2.title.text
     # plotly.js would otherwise sync a right axis' ticks to the left grid: counts labelled 3.54896
-    assert figures["skipped"].layout.yaxis2.tickmode == "auto"
+    assert figures["skipped"].layout.yaxis2.tickmode in ("auto", "linear")
     assert figures["throughput"].layout.yaxis.title.text == "throughput (tokens/s)"
     assert figures["lr"].layout.yaxis.tickformat == ".1~e"  # 2.5e-4, never "250µ"
     assert all(figure.layout.yaxis.exponentformat == "e" for figure in figures.values())
@@ -472,3 +485,100 @@ def test_figures_and_charts_import_no_plotly() -> None:
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip
     assert found == "[]"
+
+
+def logged_run(path: Path) -> None:
+    """Train records with the writer's fields and three keys of the user's, a validation key, a
+    constant LR and no skipped update; one validation record."""
+    append_records(path, *(base_record(s, train_loss=4.0 / s, lr=3e-4, skipped_updates_in_window=0, mfu=0.3 + s / 1e3,
+                                       epoch=s // 30, **{"sys/gpu_mem_gb": 40.0 + s / 100})
+                           for s in range(10, 101, 10)),
+                   base_record(100, event="validation", val_loss=2.0, **{"val/accuracy": 0.75}))  # fmt: skip
+
+
+def test_every_logged_number_gets_a_chart_under_its_prefix(tmp_path: Path) -> None:
+    """The six defaults first, then a chart per key the user logged, grouped by the part before "/"
+    (else by the event that logs it), each drawing exactly that key's values; the writer's own
+    fields get no chart of their own."""
+    logged_run(tmp_path / "run" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("run")
+        options = ChartOptions()
+        figures = run_charts(view, options)
+        groups, matched = grouped_figures(view, options, figures)
+    finally:
+        store.close()
+    assert list(figures)[:6] == ["loss", "clipped", "skipped", "grad_norm", "lr", "throughput"]
+    assert {group: list(charts) for group, charts in groups.items() if group} == {
+        "sys": ["key:sys/gpu_mem_gb"], "train": ["key:epoch", "key:mfu"], "val": ["key:val/accuracy"]}
+    assert matched == 4
+    mfu = [trace for trace in figures["key:mfu"]["data"] if trace.get("name") == "train · S1"]
+    assert list(mfu[0]["x"]) == list(range(10, 101, 10))
+    assert list(mfu[0]["y"]) == pytest.approx([0.3 + s / 1e3 for s in range(10, 101, 10)], rel=1e-6)
+    assert figures["key:mfu"]["layout"]["title"]["text"] == "mfu"
+    assert figures["key:val/accuracy"]["layout"]["yaxis"]["title"]["text"] == "val/accuracy"
+    assert figures["key:epoch"]["layout"]["yaxis"]["dtick"] == 1  # an integer key counts
+
+
+def test_the_chart_filter_builds_only_what_it_keeps_and_caps_the_logged_charts(tmp_path: Path) -> None:
+    """A regular expression keeps the charts whose title or key matches (the others are not
+    built); with no filter, 200 logged keys give the defaults and ``MAX_LOGGED_CHARTS`` of them,
+    and the count of all that matched."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0, **{f"k/{n:03}": float(n + s) for n in range(200)})
+                           for s in (1, 2, 3)))  # fmt: skip
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("run")
+        every = run_charts(view, ChartOptions())
+        some = run_charts(view, ChartOptions(only="loss|k/01[0-2]$"))
+        _, matched = grouped_figures(view, ChartOptions(), every)
+        picked, _ = pick_charts(charts_of(view), "([")  # not a pattern: keeps all, the page says why
+    finally:
+        store.close()
+    assert len(every) == 6 + MAX_LOGGED_CHARTS and matched == 200
+    assert list(some) == ["loss", "key:k/010", "key:k/011", "key:k/012"]
+    assert chart_filter_error("([") is not None and len(picked) == 6 + MAX_LOGGED_CHARTS
+
+
+def test_axes_say_what_the_data_is(tmp_path: Path) -> None:
+    """A constant LR is drawn on a band around 3e-4 that leaves out 0; a count with nothing counted
+    starts at 0 with whole ticks; a chart of a key never logged says so."""
+    logged_run(tmp_path / "run" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("run")
+        figures = run_charts(view, ChartOptions())
+        logged_everywhere = compare_chart({"run": view}, "nothing_logged", x="step", smoothing=0.0, log_y=False)
+    finally:
+        store.close()
+    low, high = figures["lr"]["layout"]["yaxis"]["range"]
+    assert 0 < low < 3e-4 < high
+    for axis in ("yaxis", "yaxis2"):
+        skipped = figures["skipped"]["layout"][axis]
+        assert skipped["range"][0] == 0 and skipped["rangemode"] == "tozero"
+        assert skipped["tickmode"] == "linear" and skipped["dtick"] == 1
+    notes = [note["text"] for note in logged_everywhere["layout"].get("annotations", [])]
+    assert notes == ["none logged"]
+    assert "none logged" not in str(figures["loss"]["layout"].get("annotations"))
+
+
+def test_compare_offers_every_key_the_runs_logged(tmp_path: Path) -> None:
+    """The compare page's metrics: the mission's, then each key any compared run logged, charted
+    from the event that logs it (validation keys raw, with markers)."""
+    logged_run(tmp_path / "a" / "metrics.jsonl")
+    small_run(tmp_path / "b" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        views = {"a": store.view("a"), "b": store.view("b")}
+        choices = compare_metrics(views)
+        accuracy = compare_chart(views, "val/accuracy", x="step", smoothing=0.6, log_y=False)
+    finally:
+        store.close()
+    assert list(choices)[:7] == ["train_loss", "val_loss", "grad_norm_avg", "clipped_fraction", "skipped_updates",
+                                 "lr", "tokens_per_s"]  # fmt: skip
+    assert list(choices)[7:] == ["epoch", "mfu", "sys/gpu_mem_gb", "val/accuracy"]
+    assert choices["val/accuracy"] == ("validation", "val/accuracy")
+    (trace,) = [trace for trace in accuracy["data"] if trace.get("name") == "a"]
+    assert list(trace["x"]) == [100] and list(trace["y"]) == [0.75] and trace["mode"] == "lines+markers"

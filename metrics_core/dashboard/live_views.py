@@ -104,6 +104,8 @@ def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _
               for event in TAIL_EVENTS}  # fmt: skip
     tail = _tail_view(view, starts)
     tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS))
+    if tail_figures.keys() - previous.figures.keys():
+        return None  # a key logged for the first time: its chart joins at a full build
     figures = {}
     for key, figure in previous.figures.items():
         grown = _append_points(figure, tail_figures.get(key))

@@ -60,8 +60,8 @@ AXES = {
     "train_loss": Axis("loss"),
     "val_loss": Axis("loss"),
     "clipped_fraction": Axis("fraction clipped (0–1)", ".1~f", ".3~f", fixed=(-0.02, 1.02)),
-    "skipped_updates_in_window": Axis("skipped in window (count)", ",~g", ",d", robust=False),
-    "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False),
+    "skipped_updates_in_window": Axis("skipped in window (count)", ",d", ",d", robust=False, count=True),
+    "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False, count=True),
     "grad_norm_avg": Axis("gradient norm (L2)"),
     "grad_norm_max": Axis("gradient norm (L2)"),
     "lr": Axis("learning rate", ".1~e", ".3~e"),
@@ -119,11 +119,36 @@ def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def axis_for(series: Sequence[Series], *, secondary: bool) -> Axis | None:
-    """The axis of the first series drawn on that side: its column's ``AXES`` entry, or its label."""
+    """The axis of the first series drawn on that side: its column's ``AXES`` entry, else one
+    titled by the column (a logged key), counting when the column holds integers."""
     for item in series:
         if item.secondary_y == secondary:
-            return AXES.get(item.column, Axis(item.label))
+            return AXES.get(item.column) or _logged_axis(item)
     return None
+
+
+def _logged_axis(item: Series) -> Axis:
+    integers = item.column in item.frame.columns and item.frame[item.column].dtype.kind in "iu"
+    return Axis(item.column, ",d", ",d", count=True) if integers else Axis(item.column)
+
+
+def fitted_range(values: np.ndarray, axis: Axis, *, log: bool) -> dict[str, Any]:
+    """Range settings for what a default autorange draws misleadingly: a count axis from 0 with
+    whole ticks (plotly draws no data on −1…4, and a count of 0–2 with ticks at 0.5); a constant
+    series on a small band around its value (plotly draws 3e-4 on −1…1, where it reads as 0)."""
+    finite = values[np.isfinite(values)]
+    if axis.count and not log:
+        top = float(finite.max()) if finite.size else 0.0
+        if top > 5:
+            return {"rangemode": "tozero"}
+        return {"rangemode": "tozero", "range": [0, max(top, 1.0) * 1.08], "tickmode": "linear", "dtick": 1, "tick0": 0}
+    if not finite.size or finite.min() != finite.max():
+        return {}
+    value = float(finite[0])
+    if log:
+        return {"range": [np.log10(value) - 0.3, np.log10(value) + 0.3]} if value > 0 else {}
+    pad = abs(value) * 0.5 or 1.0
+    return {"range": [value - pad, value + pad]}
 
 
 def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[tuple[float, float], int] | None:
@@ -214,6 +239,7 @@ def _y_axes(
     """Titles, formats and default ranges of the primary (left) and secondary (right) y axes."""
     palette = THEMES[theme]
     off_scale = 0
+    logged = False
     for secondary in (False, True):
         axis = axis_for(series, secondary=secondary)
         if axis is None:
@@ -222,19 +248,29 @@ def _y_axes(
         settings = {"title": {"text": plotly_text(axis.title), "standoff": 4, "font": {"size": 11}},
                     "tickformat": axis.tickformat, "hoverformat": axis.hoverformat,
                     "exponentformat": "e", "separatethousands": True}  # fmt: skip
+        values = np.concatenate(drawn[secondary]).astype(np.float64) if drawn[secondary] else np.zeros(0)
+        logged |= bool(np.isfinite(values).any())
         if axis.fixed is not None and not log:
             settings["range"] = list(axis.fixed)
         elif axis.robust and (robust := robust_range(drawn[secondary], log=log)) is not None:
             settings["range"], outside = list(robust[0]), robust[1]
             off_scale += outside
+        else:
+            settings.update(fitted_range(values, axis, log=log))
         if secondary:
             # tickmode "auto": plotly.js syncs an overlaying axis' ticks to the left grid by
             # default, which labels a count axis 3.54896, 15.6607, …
-            settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero",
-                            tickmode="auto")  # fmt: skip
+            settings = {"overlaying": "y", "side": "right", "showgrid": False, "zeroline": False,
+                        "rangemode": "tozero", "tickmode": "auto", **settings}  # fmt: skip
             layout["margin"] = {**layout["margin"], "r": 65}  # room for the right axis' ticks and title
         name = "yaxis2" if secondary else "yaxis"
         layout[name] = {**layout.get(name, {}), **settings}
+    if not logged:  # no axis of made-up numbers around nothing
+        layout["yaxis"] = {**layout["yaxis"], "showticklabels": False}
+        layout.setdefault("annotations", []).append({
+            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
+            "text": "none logged", "font": {"size": 13, "color": palette["muted"]},
+        })  # fmt: skip
     if off_scale:
         layout.setdefault("annotations", []).append({
             "x": 1, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "right", "yanchor": "bottom",
@@ -265,7 +301,7 @@ def _add_series(
     if events:
         ys = np.where(ys > 0, ys, np.nan)
     smoothing = 0.0 if item.markers or events else smoothing  # sparse series are drawn raw
-    style = AXES.get(item.column, Axis(item.label))
+    style = AXES.get(item.column) or _logged_axis(item)
     per_session = item.colour is None
     group = f"{number}:{label}"
     drawn: list[np.ndarray] = []
