@@ -78,7 +78,7 @@ def test_every_logged_key_is_charted_and_the_filter_keeps_what_matches(
     assert 0 < low < 3e-4 < high
     ticks = page.evaluate(AXIS_JS, ["Skipped updates", "yaxis2"])["ticks"]
     assert ticks and ticks[0] == 0 and all(tick == int(tick) for tick in ticks)
-    page.get_by_label("Charts (regular expression)").fill("^mfu$")
+    page.get_by_label("Charts (regular expression)", exact=True).fill("^mfu$")
     page.keyboard.press("Enter")
     wait_until(page, lambda: page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 1)
     assert page.evaluate(GRAPH_JS, "mfu") is not None
@@ -108,7 +108,8 @@ def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
 
 
 def test_zoom_survives_live_updates(page: object, server: str, served_root: Path) -> None:
-    """A user's box-zoom stays put while new records stream in and are drawn."""
+    """A user's box-zoom stays put while new records stream in and are drawn; the run's other
+    charts follow it to the same x-range and stay there, and a double click resets them all."""
     path = served_root / "zoom" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1001, 10)))
     open_run(page, server, "zoom", 1000)
@@ -125,6 +126,10 @@ def test_zoom_survives_live_updates(page: object, server: str, served_root: Path
     after = loss(page)
     assert after["xrange"] == pytest.approx(zoomed)
     assert after["autorange"] is False
+    lr = lambda: page.evaluate(GRAPH_JS, "Learning rate")  # noqa: E731
+    assert wait_until(page, lambda: lr()["autorange"] is False and lr()["xrange"]) == pytest.approx(zoomed)
+    page.mouse.dblclick(box["x"] + box["width"] * 0.5, box["y"] + box["height"] * 0.5)
+    wait_until(page, lambda: loss(page)["autorange"] is True and lr()["autorange"] is True)
 
 
 def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, server: str, served_root: Path) -> None:
