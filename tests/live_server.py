@@ -58,13 +58,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_app(app: Path, *args: str) -> Iterator[str]:
-    """``streamlit run app -- *args`` on a free loopback port: yield its base URL, then stop it."""
+def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = ()) -> Iterator[str]:
+    """``streamlit run app -- *args`` on a free loopback port: yield its base URL, then stop it.
+    ``command_prefix``: what the server runs under (``support.without_permission_override()``)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # not a pipe: nobody drains it while the server runs
         process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+            [*command_prefix, sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
              "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args],
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
         )  # fmt: skip
@@ -95,9 +96,12 @@ def wait_for_http(url: str, process: subprocess.Popen, log: IO[bytes], *, what: 
 
 
 @contextmanager
-def streamlit_server(runs_root: Path, *extra: str, refresh: float = 1.0) -> Iterator[str]:
+def streamlit_server(
+    runs_root: Path, *extra: str, refresh: float = 1.0, command_prefix: Sequence[str] = ()
+) -> Iterator[str]:
     """Start the dashboard on ``runs_root``; yield its base URL; stop it."""
-    with streamlit_app(REPO / "app.py", "--runs", str(runs_root), "--refresh", str(refresh), *extra) as url:
+    args = ("--runs", str(runs_root), "--refresh", str(refresh), *extra)
+    with streamlit_app(REPO / "app.py", *args, command_prefix=command_prefix) as url:
         yield url
 
 

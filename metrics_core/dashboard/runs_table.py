@@ -56,10 +56,10 @@ def run_links(table: pd.DataFrame) -> pd.DataFrame:
 # the colour comes from STATUS_COLOURS, applied to the cell by the runs table's column config.
 STATUS_BADGES = {
     "live": "● live", "stalled": "◐ stalled", "finished": "✓ finished", "interrupted": "■ interrupted",
-    "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error",
+    "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error", "unreadable": "⊘ unreadable",
 }  # fmt: skip
 STATUS_COLOURS = {"live": "#21c354", "stalled": "#d4a000", "finished": "#1c83e1", "interrupted": "#ff8c00",
-                  "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b"}  # fmt: skip
+                  "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b", "unreadable": "#ff2b2b"}  # fmt: skip
 
 
 def status_pills(table: pd.DataFrame) -> pd.DataFrame:
@@ -98,8 +98,11 @@ PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws
 
 
 def newest_first(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` (the store's overview) ordered by its last record's age, runs never read last."""
-    return table.loc[table.sort_values("last record age (s)", na_position="last", kind="stable").index]
+    """``table`` (the store's overview) ordered by its last record's age, runs never read last;
+    entries of the root that cannot be looked into first: they hide runs until someone fixes them,
+    and would otherwise wait on the last page of a big root."""
+    by_age = table.sort_values("last record age (s)", na_position="last", kind="stable")
+    return by_age.loc[(by_age["status"] != "unreadable").sort_values(kind="stable").index]
 
 
 def runs_page(table: pd.DataFrame, page: int, rows: int = PAGE_ROWS) -> tuple[pd.DataFrame, int, int]:

@@ -14,6 +14,7 @@ import streamlit as st
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.demo import start_demo
+from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
@@ -100,7 +101,7 @@ def get_store(config: Settings) -> RunStore:
     try:
         return open_store(config)
     except MetricsError as exc:
-        st.error(str(exc))
+        st.error(md_text(exc))
         st.stop()
         raise  # unreachable: st.stop() ends the script
 

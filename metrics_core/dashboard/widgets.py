@@ -12,6 +12,7 @@ import html
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -24,6 +25,7 @@ from metrics_core.dashboard.display_text import (
     next_age_change,
     shorten,
     shorten_words,
+    under_root,
 )
 from metrics_core.dashboard.figures import THEMES, session_key
 from metrics_core.dashboard.live_chart import LOADER_KEY
@@ -100,9 +102,10 @@ def name_text(name: str) -> str:
     return md_text(repr(shorten(name, TITLE_CHARS)))
 
 
-def reason_text(exc: BaseException) -> str:
-    """An exception's message for a markdown message: one line, long tokens cut, escaped."""
-    return md_text(shorten_words(" ".join(str(exc).split()) or type(exc).__name__))
+def reason_text(exc: BaseException, root: Path) -> str:
+    """An exception's message for a markdown message: one line, paths relative to the runs ``root``,
+    long tokens cut, escaped."""
+    return md_text(shorten_words(under_root(" ".join(str(exc).split()) or type(exc).__name__, root)))
 
 
 def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
@@ -115,7 +118,7 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
     try:
         return store.view(name)
     except STORE_ERRORS as exc:
-        st.error(f"Cannot show run {name_text(name)}: {reason_text(exc)}")
+        st.error(f"Cannot show run {name_text(name)}: {reason_text(exc, store.root)}")
         st.page_link("pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
         if not isinstance(exc, RunPathError):
 
@@ -188,7 +191,7 @@ RUNS_COLUMNS = {
         options=list(STATUS_BADGES.values()),
         color=[STATUS_COLOURS[status] for status in STATUS_BADGES],
         help="live, stalled (no record for a while), finished, interrupted, failed, crashed (ended without "
-        "saying so), error (cannot be read)",
+        "saying so), error (cannot be read), unreadable (an entry of the root that cannot be looked into)",
     ),
     "run": st.column_config.LinkColumn(
         "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
@@ -271,7 +274,7 @@ def live_view(store: RunStore, name: str) -> RunView | None:
     try:
         return store.view(name)
     except STORE_ERRORS as exc:
-        st.error(f"Cannot show run {name_text(name)} right now: {reason_text(exc)}")
+        st.error(f"Cannot show run {name_text(name)} right now: {reason_text(exc, store.root)}")
         return None
 
 
@@ -280,7 +283,7 @@ def overview_or_stop(store: RunStore) -> pd.DataFrame:
     try:
         return store.overview()
     except STORE_ERRORS as exc:
-        st.error(f"Cannot list the runs: {reason_text(exc)}")
+        st.error(f"Cannot list the runs: {reason_text(exc, store.root)}")
         st.stop()
         raise  # unreachable: st.stop() ends the script
 
@@ -290,7 +293,7 @@ def run_names_or_stop(store: RunStore) -> list[str]:
     try:
         return [run.name for run in store.runs()]
     except STORE_ERRORS as exc:
-        st.error(f"Cannot list the runs: {reason_text(exc)}")
+        st.error(f"Cannot list the runs: {reason_text(exc, store.root)}")
         st.stop()
         raise  # unreachable: st.stop() ends the script
 
@@ -302,7 +305,7 @@ def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
         try:
             views[name] = store.view(name)
         except STORE_ERRORS as exc:
-            st.warning(f"Skipping run {name_text(name)}: {reason_text(exc)}")
+            st.warning(f"Skipping run {name_text(name)}: {reason_text(exc, store.root)}")
     return views
 
 
