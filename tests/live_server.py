@@ -51,6 +51,11 @@ GRAPH_JS = """(title) => {
 }"""
 
 
+# In the page: each st.dataframe under `selector` as rows of cell texts (glide-data-grid keeps an
+# accessible <table> of its visible cells beside the canvas it draws).
+GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-testid=stDataFrame]')].map(frame =>
+  [...frame.querySelectorAll('table tr')].map(row => [...row.querySelectorAll('th, td')].map(c => c.textContent)))"""
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -9,6 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from metrics_core.dashboard.figures import SESSION_COLOURS
 from tests.support import append_records, base_record, distributed_run, open_page, popovers, three_session_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -90,16 +92,23 @@ def test_run_page_refuses_bad_run_parameters(runs_root: Path, tmp_path: Path, ru
 
 
 def test_sessions_page_table_and_lost_work(runs_root: Path) -> None:
-    """Three sessions: one table row each, the lost-work metrics, and a CSV export button."""
+    """Three sessions: one table row each (named S1…S3 in their chart colours, durations as
+    h:mm:ss, every column explained), the lost-work metrics, and any chart overlaid by session."""
     three_session_run(runs_root / "resumed" / "metrics.jsonl")
     app = open_page("sessions", run="resumed")
     assert not app.exception
-    table = app.table[0].value
-    assert list(table.index) == [1, 2, 3] and list(table["steps replayed"]) == [0, 40, 30]
+    grid = app.dataframe[0]
+    table = grid.value
+    assert list(table["session"]) == ["S1", "S2", "S3"] and list(table["steps replayed"]) == [0, 40, 30]
+    columns = json.loads(grid.proto.columns)
+    assert columns["steps replayed"]["help"] and columns["tokens replayed"]["type_config"]["format"] == "compact"
+    assert "color: " + SESSION_COLOURS[1] in grid.proto.arrow_data.styler.styles
     metrics = {metric.label: metric.value for metric in app.metric}
     assert metrics["Steps replayed"] == "70" and metrics["Tokens replayed"] == "7,000"
     app.segmented_control(key="align").set_value("tokens_seen").run()
     assert not app.exception
+    app.selectbox(key="session_chart").set_value("grad_norm").run()
+    assert not app.exception and app.selectbox(key="session_chart").value == "grad_norm"
 
 
 @pytest.mark.parametrize("page", ["sessions", "run"])
@@ -294,8 +303,8 @@ def test_sessions_page_shows_durations_as_clock_times(runs_root: Path) -> None:
     three_session_run(runs_root / "resumed" / "metrics.jsonl")
     app = open_page("sessions", run="resumed")
     assert not app.exception
-    table = app.table[0].value
-    assert [shown(value) for value in table["duration"]] == ["0:01:40", "0:01:30", "0:01:20"]
+    table = app.dataframe[0].value
+    assert list(table["duration"]) == ["0:01:40", "0:01:30", "0:01:20"]
     assert table["downtime before"].iloc[0] == "—"
 
 

@@ -9,7 +9,7 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE
-from tests.live_server import GRAPH_JS, popover_text, wait_until
+from tests.live_server import GRAPH_JS, GRID_JS, popover_text, wait_until
 from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 
 
@@ -141,10 +141,10 @@ def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, s
     assert [rect["x0"] for rect in rects] == [60, 120]
     assert any(text.startswith("replay S1→S2") for text in graph["annotations"])
     # The chart can be drawn before the table: plotly.js is requested first on the page, while the
-    # table's own script is loaded lazily by Streamlit when the element arrives.
-    rows = page.locator("[data-testid='stTable'] tbody tr")
-    wait_until(page, lambda: rows.count() == 3)
-    assert "s3" in rows.nth(2).inner_text()
+    # grid's own script is loaded lazily by Streamlit when the element arrives.
+    (table,) = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, "[data-testid=stMain]"))
+                          and len(grids[0]) == 4 and grids)  # fmt: skip
+    assert [row[0] for row in table[1:]] == ["S1", "S2", "S3"] and table[3][1] == "s3"
 
 
 def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(
@@ -155,12 +155,6 @@ def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(
     wait_until(page, lambda: page.get_by_text("no run there").count() > 0)
     append_records(served_root / "later" / "metrics.jsonl", *(base_record(s, train_loss=1.0) for s in (10, 20)))
     assert wait_until(page, lambda: (g := loss(page)) and train_points(g)[-1][0] == 20)
-
-
-# In the page: each st.dataframe under `selector` as rows of cell texts (glide-data-grid keeps an
-# accessible <table> of its visible cells beside the canvas it draws).
-GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-testid=stDataFrame]')].map(frame =>
-  [...frame.querySelectorAll('table tr')].map(row => [...row.querySelectorAll('th, td')].map(c => c.textContent)))"""
 
 
 def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, server: str, served_root: Path) -> None:

@@ -28,6 +28,7 @@ from metrics_core.dashboard.runs_table import newest_first, run_link, run_links
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.reader import RunReader
+from metrics_core.text import fit_middle
 from tests.support import REPO, append_records, base_record, open_page, popovers, without_permission_override
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
@@ -361,7 +362,7 @@ def test_hostile_names_reach_markdown_only_escaped(runs_root: Path) -> None:
     assert app.title[0].value == md_text(name)
     app = open_page("sessions", run=name)
     assert not app.exception
-    assert app.table[0].value["id"].tolist() == [md_text("[Log in again](https://evil.example/login)")]
+    assert app.dataframe[0].value["id"].tolist() == [fit_middle("[Log in again](https://evil.example/login)", 24)]
     app = open_page("compare", run=["**y**", name])
     assert not app.exception
     assert md_text("'**y**'") in app.warning[0].value

@@ -13,6 +13,7 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -203,13 +204,7 @@ def chart_specs(view: RunView, history: str, *, only: str = "") -> dict[str, Cha
     """The charts ``only`` keeps (``pick_charts``), keyed by chart key, with their rows for
     ``history``; and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
     rows = {event: _rows(view, event, history) for event in CHARTED_EVENTS}
-
-    def spec(chart: Chart) -> ChartSpec:
-        series = [Series(_with_derived(rows[line.event][0], line.column), line.column, line.label, rows[line.event][1],
-                         secondary_y=line.secondary_y, gap_markers=line.gap_markers, markers=line.markers)
-                  for line in chart.lines]  # fmt: skip
-        return ChartSpec(chart.title, series, chart.smoothed, chart.loggable, group=chart.group)
-
+    spec = partial(_spec, rows)
     picked = pick_charts(charts_of(view), only)[0]
     specs = {chart.key: spec(chart) for chart in picked if not chart.group}
     if is_distributed(view.frames["train"]):
@@ -222,6 +217,18 @@ def chart_specs(view: RunView, history: str, *, only: str = "") -> dict[str, Cha
             Series(ranks, "slowest_rank", "slowest rank", dim),
             Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
     return specs | {chart.key: spec(chart) for chart in picked if chart.group}
+
+
+def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
+    """``chart`` with its rows for ``history``."""
+    return _spec({event: _rows(view, event, history) for event in CHARTED_EVENTS}, chart)
+
+
+def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
+    series = [Series(_with_derived(rows[line.event][0], line.column), line.column, line.label, rows[line.event][1],
+                     secondary_y=line.secondary_y, gap_markers=line.gap_markers, markers=line.markers)
+              for line in chart.lines]  # fmt: skip
+    return ChartSpec(chart.title, series, chart.smoothed, chart.loggable, group=chart.group)
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
@@ -314,12 +321,16 @@ def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
     return chart_csv(chart_specs(view, options.history, only=options.only)[key])
 
 
-def session_overlay(view: RunView, *, x: str, smoothing: float, theme: str = "light") -> Figure:
-    """The sessions page's chart: every session's loss on one axis, replay windows shaded."""
-    spec = chart_specs(view, "sessions")["loss"]
+def session_overlay(
+    view: RunView, *, x: str, smoothing: float, theme: str = "light", chart: Chart = DEFAULT_CHARTS[0]
+) -> Figure:
+    """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
+    replay windows shaded."""
+    spec = chart_spec(view, chart, "sessions")
     return metric_figure(
-        spec.series, title="Loss by session", sessions=view.sessions, x=x, smoothing=smoothing,
-        revision=f"{view.name}:sessions:{x}", highlights=replay_highlights(view, x), theme=theme,
+        spec.series, title=f"{spec.title} by session", sessions=view.sessions, x=x,
+        smoothing=smoothing if spec.smoothed else 0.0, revision=f"{view.name}:sessions:{chart.key}:{x}",
+        highlights=replay_highlights(view, x), theme=theme,
     )  # fmt: skip
 
 

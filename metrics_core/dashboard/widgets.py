@@ -21,13 +21,14 @@ from metrics_core.dashboard.config import RunConfig, changes_table, config_diff,
 from metrics_core.dashboard.display_text import (
     TITLE_CHARS,
     WORD_CHARS,
+    clock_text,
     md_text,
     next_age_change,
     shorten,
     shorten_words,
     under_root,
 )
-from metrics_core.dashboard.figures import THEMES, session_key
+from metrics_core.dashboard.figures import THEMES, session_colour, session_key
 from metrics_core.dashboard.live_chart import LOADER_KEY
 from metrics_core.dashboard.runs_table import (
     PAGE_ROWS,
@@ -42,6 +43,7 @@ from metrics_core.dashboard.runs_table import (
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
 from metrics_core.errors import MetricsError, RunPathError
+from metrics_core.text import fit_middle
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}  # fmt: skip
@@ -381,3 +383,45 @@ def config_diff_panel(configs: dict[str, dict[str, str] | None]) -> None:
         st.caption("Their configs are identical." if len(configs) > 1 else "Pick another run to see what differs.")
         return
     st.dataframe(table, width="stretch")
+
+
+# What each column of the sessions table means, shown on hover of its header.
+SESSION_COLUMNS = {
+    "session": "S1, S2, …: the session's colour on every chart of the run",
+    "id": "the session_id its writer wrote (shortened in the middle; the CSV has it whole)",
+    "start": "its first record (UTC)",
+    "end": "its last record (UTC)",
+    "duration": "from its first record to its last, h:mm:ss",
+    "downtime before": "from the previous session's last record to this one's first: time the run did not train",
+    "first step": "the step of its first record",
+    "last step": "the step of its last record",
+    "resume step": "the step it resumed from: the earlier sessions' records after it are superseded",
+    "steps replayed": "steps an earlier session had already trained, trained again after this resume",
+    "tokens replayed": "tokens of those steps, trained again",
+    "records": "records it wrote",
+    "discarded bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
+    "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
+    "mean tokens/s": "tokens trained over its duration",
+    "end status": "how it ended: its session_end record, else crashed (a later session exists) or the run's status",
+}
+
+
+def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
+    """``analysis.session_table`` as a data grid (cells are text, never markdown): durations as
+    h:mm:ss, counts compact (1.2M), ids shortened in the middle, the session number in its chart
+    colour, and each column explained on hover."""
+    shown = table.assign(
+        session=[f"S{number}" for number in table["session"]],
+        id=table["id"].map(lambda text: fit_middle(str(text), id_chars)),
+        duration=table["duration (s)"].map(clock_text),
+        **{"downtime before": table["downtime before (s)"].map(clock_text)},
+    )[list(SESSION_COLUMNS)]
+    colours = [f"color: {session_colour(number - 1)}; font-weight: 600" for number in table["session"]]
+    styled = shown.style.apply(lambda _: colours, subset=["session"])
+    counts = ("steps replayed", "tokens replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
+    config = {column: st.column_config.Column(column, help=help) for column, help in SESSION_COLUMNS.items()}
+    config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
+               for column in counts}  # fmt: skip
+    config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
+               for column in ("first step", "last step", "resume step")}  # fmt: skip
+    st.dataframe(styled, hide_index=True, column_config=config)
