@@ -39,6 +39,15 @@ def read_records(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in data.splitlines()]
 
 
+def readme_python(containing: str) -> str:
+    """The README's one fenced Python block that contains ``containing``, as written (a snippet
+    test runs the documented code itself, so README and test cannot drift apart)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    (block,) = [block for block in blocks if containing in block]
+    return block
+
+
 def spawn_python(code: str, *args: str) -> subprocess.Popen:
     """Start a real Python child process running ``code`` with line-buffered pipes."""
     return subprocess.Popen(

@@ -1,13 +1,17 @@
 """Hugging Face ``transformers.Trainer`` → ``metrics.jsonl``, without touching the training loop.
 
-    from metrics_core.integrations.hf import MetricsCallback, TokenWeightedLoss, guard
+    from metrics_core.integrations.hf import MetricsCallback, TokenWeightedLoss, guard, last_checkpoint
 
     class MyTrainer(TokenWeightedLoss, Trainer):   # optional: exact token-weighted train/val loss
         pass
 
     trainer = MyTrainer(model=model, args=args, train_dataset=..., callbacks=[MetricsCallback("runs/gpt2")])
     with guard(trainer):                           # optional: session_end also on failure / SIGTERM
-        trainer.train(resume_from_checkpoint=True)
+        trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
+
+``last_checkpoint`` is the newest ``checkpoint-N`` in the output directory, or None when there is
+none yet: ``resume_from_checkpoint=True`` raises on a fresh directory, so one script could not
+both start a run and resume it.
 
 Records
 -------
@@ -75,6 +79,7 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import get_last_checkpoint
 
 from metrics_core.errors import RecordValueError
 from metrics_core.integrations._common import (
@@ -205,6 +210,8 @@ class MetricsCallback(TrainerCallback, ExportableState):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.run.is_open:
             self._sync_counters(args, state)
+            # A save between two logging steps: the checkpoint holds the unlogged steps' tokens (state()).
+            self.run.state.tokens_seen = self.tokens_seen + self._pending_tokens()
             self.run.write("checkpoint", path=os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -292,6 +299,13 @@ class MetricsCallback(TrainerCallback, ExportableState):
         self.run.write("validation", **scalars(values))
 
 
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The newest ``checkpoint-N`` directory in ``output_dir`` (transformers' own rule,
+    ``get_last_checkpoint``), or None when the directory or a checkpoint in it does not exist yet:
+    what ``train(resume_from_checkpoint=...)`` takes to resume a run and to start one."""
+    return get_last_checkpoint(os.fspath(output_dir)) if os.path.isdir(output_dir) else None
+
+
 def _callbacks(trainer: Trainer) -> list[MetricsCallback]:
     return [cb for cb in trainer.callback_handler.callbacks if isinstance(cb, MetricsCallback)]
 
@@ -363,4 +377,4 @@ def guard(trainer: Trainer) -> Iterator[Trainer]:
         raise
 
 
-__all__ = ["IGNORE_INDEX", "MetricsCallback", "TokenWeightedLoss", "guard"]
+__all__ = ["IGNORE_INDEX", "MetricsCallback", "TokenWeightedLoss", "guard", "last_checkpoint"]
