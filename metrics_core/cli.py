@@ -44,6 +44,7 @@ from metrics_core.text import clean, fit, fit_middle, width
 WIDTH = 100  # summary lines fit an 100-column terminal
 MISSING = "—"
 ID_COLUMNS = 16  # session ids, shortened in the middle: their ends tell sessions apart
+CLOCK_SLACK_S = 1.0  # a record this far in the future is the writer's clock ahead of ours, not "-3 s ago"
 
 # -- formatting ---------------------------------------------------------------------------------
 
@@ -282,7 +283,9 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
         state += f" — write failed: {clean(failure.error)}"
     last = summary.last_record_time
     if last is not None:
-        state += f" · last record {last:%Y-%m-%d %H:%M:%S}Z ({duration_text((now - last).total_seconds())} ago)"
+        age = (now - last).total_seconds()
+        when = f"{duration_text(age)} ago" if age >= -CLOCK_SLACK_S else f"clock ahead by {duration_text(-age)}"
+        state += f" · last record {last:%Y-%m-%d %H:%M:%S}Z ({when})"
     lines.append(f"{'status':<{label}}{state}")
     sessions = digest.sessions
     lines.append(f"{'records':<{label}}{summary.records:,} in {summary.sessions:,} session(s) · "

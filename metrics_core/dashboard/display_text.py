@@ -122,13 +122,16 @@ def human_value(value: object, digits: int = 4) -> str:
 
 
 def age_text(seconds: object) -> str:
-    """How long ago: ``"18 s ago"``, ``"4 min ago"``, ``"3 h ago"``, ``"2 d ago"``; missing → ``"—"``.
+    """How long ago: ``"18 s ago"``, ``"4 min ago"``, ``"3 h ago"``, ``"2 d ago"``; missing → ``"—"``;
+    a time more than a second in the future → ``"clock ahead"``.
 
     The coarser the older, so an idle run's row changes once a minute at most, not every second.
     """
     number = _number(seconds)
     if number is None:
         return MISSING
+    if number < -1.0:  # the writer's clock runs ahead of the server's: no negative ages
+        return "clock ahead"
     number = max(number, 0.0)
     for size, unit in ((86_400, "d"), (3_600, "h"), (60, "min")):
         if number >= size:
