@@ -1,6 +1,7 @@
 """What the pages chart: pure functions of ``RunView`` snapshots and page options.
 
-``chart_specs`` picks, per chart of the run page, the rows and columns it draws (per history mode:
+``chart_specs`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
+key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
 their replays shaded); ``run_charts`` draws them (``metric_figures``, ``rank_figures``) in one
 pass over the specs; ``chart_csv`` gives exactly the rows a chart draws.  ``session_overlay`` and
