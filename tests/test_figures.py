@@ -337,7 +337,8 @@ def test_resume_label_layout_prefers_full_then_short_then_hover_only() -> None:
 
 def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_path: Path) -> None:
     """An initial loss of 10 over a curve living around 2: the default range hugs the curve, the note counts
-    the off-scale point, and plotly's autoscale (autorange) is not disabled."""
+    the off-scale point, a marker on the chart's top edge shows where it is (its value in the
+    hover), and plotly's autoscale (autorange) is not disabled."""
     path = tmp_path / "r" / "metrics.jsonl"
     noise = np.random.default_rng(0).normal(0, 0.05, 500)
     append_records(
@@ -351,9 +352,15 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
     assert 1.5 < low < 2.0 < high < 2.5
     assert any("1 point off-scale" in a.text for a in figure.layout.annotations)
     assert figure.layout.yaxis.fixedrange is not True
+    (marker,) = [trace for trace in figure.data if trace.meta == "off-scale"]
+    assert list(marker.x) == [1] and list(marker.y) == [1.0] and marker.yaxis == "y3"  # the top edge
+    assert list(marker.customdata) == [10.0]
+    assert marker.marker.symbol == "triangle-up" and marker.cliponaxis is False
     log = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss", sessions=reader.sessions,
                         log_y=True)  # fmt: skip
     assert log.layout.yaxis.range[1] < math.log10(10.0)
+    (marker,) = [trace for trace in log.data if trace.meta == "off-scale"]
+    assert list(marker.x) == [1] and list(marker.y) == [1.0]
 
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.figures import Figure, x_values
+from metrics_core.dashboard.metric_figures import OFF_SCALE
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import ChartOptions, run_charts, warmup_rows
 from metrics_core.diagnostics import Finding, diagnose
@@ -134,6 +135,8 @@ def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
     traces = {(trace.get("name"), trace.get("yaxis")): number for number, trace in enumerate(figure["data"])}
     grown: dict[int, dict[str, np.ndarray]] = {}
     for trace in tail["data"]:
+        if trace.get("meta") == OFF_SCALE:
+            continue  # placed by the tail's own y-range: the next full build marks the run's
         xs = np.asarray(trace["x"]) if trace.get("x") is not None else np.zeros(0)
         number = traces.get((trace.get("name"), trace.get("yaxis")))
         old = figure["data"][number] if number is not None else {}

@@ -229,17 +229,64 @@ def metric_figure(
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
     layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
                      highlights=highlights, theme=theme, spans=spans)  # fmt: skip
-    _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    robust = _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    if robust is not None:
+        traces += _off_scale_markers(traces, robust, log=log_y, theme=theme)
     return figure_of(traces, layout)
+
+
+OFF_SCALE = "off-scale"  # the ``meta`` of the markers of points outside the default y-range
+MAX_OFF_SCALE_MARKERS = 200
+
+
+def _off_scale_markers(
+    traces: Sequence[dict[str, Any]], y_range: tuple[float, float], *, log: bool, theme: str
+) -> list[dict[str, Any]]:
+    """Each raw point of the left axis outside ``y_range`` as a marker on the chart's edge (a
+    triangle pointing where it lies, its value in the hover): the start of training that the
+    default range leaves out stays in the chart itself.  An even sample of at most
+    ``MAX_OFF_SCALE_MARKERS`` per edge."""
+    low, high = y_range
+    xs, ys = [], []
+    for trace in traces:
+        if trace.get("yaxis", "y") != "y" or str(trace.get("name", "")).endswith("(smoothed)") or trace.get("meta"):
+            continue
+        if trace.get("x") is None or not len(trace["x"]) or trace.get("mode") == "markers":
+            continue
+        xs.append(np.asarray(trace["x"]))
+        ys.append(np.asarray(trace["y"], dtype=np.float64))
+    if not xs:
+        return []
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.log10(y) if log else y
+    markers = []
+    for outside, edge, symbol in ((scaled > high, 1.0, "triangle-up"), (scaled < low, 0.0, "triangle-down")):
+        rows = np.flatnonzero(outside & np.isfinite(scaled))
+        if not len(rows):
+            continue
+        if len(rows) > MAX_OFF_SCALE_MARKERS:
+            rows = rows[np.linspace(0, len(rows) - 1, MAX_OFF_SCALE_MARKERS).astype(np.int64)]
+        # On the hidden 0–1 axis (``y3``), not at the edge's value: a new range moves no marker,
+        # so a live update still only extends the chart.
+        markers.append(dict(
+            x=x[rows], y=np.full(len(rows), edge), customdata=y[rows], mode="markers",
+            name=OFF_SCALE, meta=OFF_SCALE, showlegend=False, cliponaxis=False, yaxis="y3",
+            marker={"symbol": symbol, "size": 7, "color": THEMES[theme]["muted"]},
+            hovertemplate="off-scale: %{customdata:.4~g}<extra></extra>",
+        ))  # fmt: skip
+    return markers
 
 
 def _y_axes(
     layout: dict[str, Any], series: Sequence[Series], drawn: dict[bool, list[np.ndarray]], *, log_y: bool, theme: str
-) -> None:
-    """Titles, formats and default ranges of the primary (left) and secondary (right) y axes."""
+) -> tuple[float, float] | None:
+    """Titles, formats and default ranges of the primary (left) and secondary (right) y axes;
+    the left axis' range when ``robust_range`` chose it (points may lie outside it)."""
     palette = THEMES[theme]
     off_scale = 0
     logged = False
+    chosen = None
     for secondary in (False, True):
         axis = axis_for(series, secondary=secondary)
         if axis is None:
@@ -255,6 +302,7 @@ def _y_axes(
         elif axis.robust and (robust := robust_range(drawn[secondary], log=log)) is not None:
             settings["range"], outside = list(robust[0]), robust[1]
             off_scale += outside
+            chosen = chosen if secondary else robust[0]
         else:
             settings.update(fitted_range(values, axis, log=log))
         if secondary:
@@ -275,9 +323,11 @@ def _y_axes(
         layout.setdefault("annotations", []).append({
             "x": 1, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "right", "yanchor": "bottom",
             "showarrow": False, "opacity": 0.9, "bgcolor": palette["plot"],
-            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale · autoscale ⤢ shows all",
+            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale (▲ ▼ at the edge) · "
+                    "autoscale ⤢ shows all",
             "font": {"size": 9, "color": palette["muted"]},
         })  # fmt: skip
+    return chosen
 
 
 def _add_series(
