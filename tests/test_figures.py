@@ -403,17 +403,23 @@ def test_sparse_series_are_drawn_raw_with_markers_beside_smoothed_dense_ones(rea
     assert not any(n.startswith("validation") and "smoothed" in n for n in names)
 
 
-def test_one_legend_entry_per_series_not_per_session(reader: RunReader) -> None:
-    """Three sessions, two series: the legend lists "train" and "validation" once each; sessions are the page's key."""
+def test_one_legend_entry_per_series_and_per_session(reader: RunReader) -> None:
+    """Three sessions, two series: the legend lists "train" and "validation" once each, then each
+    session in its colour with what it did (the same key the page shows above the charts)."""
     from metrics_core.dashboard.figures import session_key
 
     figure = metric_figure([Series(reader.effective("train"), "train_loss", "train"),
                             Series(reader.effective("validation"), "val_loss", "validation", markers=True)],
                            title="Loss", sessions=reader.sessions)  # fmt: skip
-    assert [t.name for t in figure.data if t.showlegend is not False] == ["train", "validation"]
+    assert [t.name for t in figure.data if t.showlegend is not False and t.name] == [
+        "train", "validation", "S1 · start", "S2 · resume @ 60", "S3 · resume @ 120"]
+    assert [t.line.color for t in figure.data if t.legendgroup == "sessions"] == list(SESSION_COLOURS[:3])
     assert session_key(reader.sessions) == [("S1", SESSION_COLOURS[0], "start"),
                                             ("S2", SESSION_COLOURS[1], "resume @ 60"),
                                             ("S3", SESSION_COLOURS[2], "resume @ 120")]  # fmt: skip
+    single = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions[:1])  # fmt: skip
+    assert not [trace for trace in single.data if trace.legendgroup == "sessions"]
 
 
 def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
@@ -589,3 +595,4 @@ def test_compare_offers_every_key_the_runs_logged(tmp_path: Path) -> None:
     assert choices["val/accuracy"] == ("validation", "val/accuracy")
     (trace,) = [trace for trace in accuracy["data"] if trace.get("name") == "a"]
     assert list(trace["x"]) == [100] and list(trace["y"]) == [0.75] and trace["mode"] == "lines+markers"
+

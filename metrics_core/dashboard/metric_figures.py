@@ -43,6 +43,7 @@ from metrics_core.dashboard.figures import (
     compact,
     figure_of,
     session_colour,
+    session_key,
     x_values,
 )
 from metrics_core.downsample import minmax_indices
@@ -225,6 +226,8 @@ def metric_figure(
                             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
         drawn[item.secondary_y] += added[0]
         spans += added[1]
+    if len(sessions) > 1 and any(item.colour is None for item in series):
+        traces += session_legend(sessions)
     if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
     layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
@@ -233,6 +236,14 @@ def metric_figure(
     if robust is not None:
         traces += _off_scale_markers(traces, robust, log=log_y, theme=theme)
     return figure_of(traces, layout)
+
+
+def session_legend(sessions: Sequence[Session]) -> list[dict[str, Any]]:
+    """A legend entry per session in its colour ("S2 · resume @ 60"): every chart whose lines are
+    split by session says which is which, on every page and at phone width."""
+    return [dict(x=[], y=[], mode="lines", name=f"{label} · {what}",
+                 legendgroup="sessions", line={"color": colour, "width": 3}, hoverinfo="skip")
+            for label, colour, what in session_key(sessions)]  # fmt: skip
 
 
 OFF_SCALE = "off-scale"  # the ``meta`` of the markers of points outside the default y-range
