@@ -20,8 +20,9 @@ knob, and its defaults need no configuration):
 * ``stalled`` / ``crashed`` / ``failed`` (``statuses``) — ``runs.run_status``, the rule the
   overview shows; ``interrupted`` (a preemption) only when listed.
 * ``skipped_updates`` / ``clipped_fraction`` — the last window's skipped attempts over its
-  attempts, or its clipped fraction, above a threshold (clipping is off by default: many
-  recipes clip most updates early on, and an alert that fires on healthy runs is noise).
+  attempts, or its clipped fraction, above a threshold; a session's first window is not judged
+  (FP16 loss scaling skips steps while it calibrates).  Clipping is off by default: many recipes
+  clip most updates early on, and an alert that fires on healthy runs is noise.
 * ``threshold`` — any logged number crossing ``above`` / ``below`` (the last value logged).
 
 Promises:
@@ -262,6 +263,7 @@ class RunRules:
         self._quiet = 0  # windows with a finite loss and no spike since the last spike
         self._last: dict[str, tuple[float, int]] = {}  # a fraction or threshold name -> (last value, step)
         self._end_error: str | None = None
+        self._session: str | None = None  # of the last train window
 
     def add(self, records: Iterable[Mapping[str, Any]]) -> None:
         for record in records:
@@ -278,11 +280,15 @@ class RunRules:
                         self._last[threshold.name] = (value, record["step"])
 
     def _add_train(self, record: Mapping[str, Any]) -> None:
-        step = record["step"]
-        for key, value in (("clipped_fraction", number(record.get("clipped_fraction"))),
-                           ("skipped_updates", _skipped_fraction(record))):  # fmt: skip
-            if value is not None and math.isfinite(value):
-                self._last[key] = (value, step)
+        step, session = record["step"], record["session_id"]
+        # A session's first window is not judged: FP16 loss scaling skips steps while it calibrates.
+        if session == self._session:
+            fractions = (("clipped_fraction", number(record.get("clipped_fraction"))),
+                         ("skipped_updates", _skipped_fraction(record)))  # fmt: skip
+            for key, value in fractions:
+                if value is not None and math.isfinite(value):
+                    self._last[key] = (value, step)
+        self._session = session
         if record.get("nonfinite_loss") is True or _names_loss(record.get("nonfinite_keys")):
             self._nonfinite, self._finite = step, 0
             return

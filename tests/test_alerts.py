@@ -4,6 +4,7 @@ HTTP receiver, the rules against a from-scratch oracle, and a pass that reads no
 from __future__ import annotations
 
 import math
+import os
 import random
 import signal
 import subprocess
@@ -235,8 +236,9 @@ def test_a_4xx_is_final_and_the_queue_moves_on(tmp_path: Path) -> None:
 
 
 def test_many_runs_second_pass_reads_nothing(tmp_path: Path) -> None:
-    """200 runs: the first pass reads every byte once; a pass with nothing appended reads no byte
-    and parses no record; an append to a live run costs exactly the appended bytes."""
+    """200 runs: the first pass reads every byte once and keeps no ended run's file open; a pass
+    with nothing appended reads no byte and parses no record; an append to a live run costs
+    exactly the appended bytes."""
     root = tmp_path / "runs"
     for index in range(199):
         write_run(root / f"group{index % 10}" / f"run{index:03d}", healthy(12, index))
@@ -248,6 +250,7 @@ def test_many_runs_second_pass_reads_nothing(tmp_path: Path) -> None:
         total = sum(path.stat().st_size for path in root.rglob("metrics.jsonl"))
         assert evaluator.evaluate(now=datetime.now(timezone.utc)) == []
         assert (evaluator.stats["bytes_read"], evaluator.stats["runs_read"]) == (total, 200)
+        assert open_metrics_files(root) == 2  # the live run's, by its writer and by the evaluator
         first = dict(evaluator.stats)
         assert evaluator.evaluate(now=datetime.now(timezone.utc)) == []
         assert {key: evaluator.stats[key] - first[key] for key in first} == {
@@ -259,6 +262,12 @@ def test_many_runs_second_pass_reads_nothing(tmp_path: Path) -> None:
         assert evaluator.stats["bytes_read"] - first["bytes_read"] == appended
         assert evaluator.stats["records"] - first["records"] == 1
     evaluator.close()
+
+
+def open_metrics_files(root: Path) -> int:
+    """Descriptors of this process open on a metrics file under ``root`` (Linux /proc)."""
+    links = [os.readlink(link) for link in Path("/proc/self/fd").iterdir() if link.is_symlink()]
+    return sum(link.startswith(str(root)) and link.endswith("metrics.jsonl") for link in links)
 
 
 def test_alerts_command_once_posts_and_prints(tmp_path: Path, receiver: Receiver) -> None:
@@ -321,10 +330,43 @@ def record(step: int, *, event: str = "train", **values: object) -> dict:
     return {"event": event, "step": step, "session_id": "s1", **values}
 
 
-def train(step: int, loss: float | None, **values: object) -> dict:
+def train(step: int, loss: float | None, *, skipped: int = 0, session: str = "s1", **values: object) -> dict:
+    counts = {"attempted_updates": 10, "skipped_updates_in_window": skipped, "session_id": session}
     if loss is None or math.isfinite(loss):
-        return record(step, train_loss=loss, attempted_updates=10, skipped_updates_in_window=0, **values)
-    return record(step, train_loss=None, nonfinite_loss=True, attempted_updates=10, skipped_updates_in_window=0)
+        return record(step, train_loss=loss, **counts, **values)
+    return record(step, train_loss=None, nonfinite_loss=True, **counts)
+
+
+def test_skipped_updates_fire_except_in_a_sessions_first_window() -> None:
+    """A session's first window may skip while FP16 loss scaling calibrates; 6 of 10 skipped later fires."""
+    rules = RunRules(AlertConfig())
+    rules.add([train(0, 2.0, skipped=10), train(10, 2.0, skipped=1)])
+    assert rules.conditions("live") == []
+    rules.add([train(20, 2.0, skipped=6)])
+    (skipped,) = rules.conditions("live")
+    assert skipped.name == "skipped_updates" and skipped.message.startswith("60% of the window's attempts skipped")
+    rules.add([train(0, 2.0, skipped=10, session="s2")])  # a resumed session's first window
+    assert [c.name for c in rules.conditions("live")] == ["skipped_updates"]  # still the last judged one
+    rules.add([train(10, 2.0, skipped=0, session="s2")])
+    assert rules.conditions("live") == []
+
+
+def test_runs_that_appear_or_go_are_noticed_at_the_next_walk(tmp_path: Path) -> None:
+    """A run created after a pass is read at the next walk of the root; one removed clears its alerts."""
+    root = tmp_path / "runs"
+    write_run(root / "first", [2.0, math.nan])
+    clock = [0.0]
+    evaluator = AlertEvaluator(root, rediscover_s=60.0, clock=lambda: clock[0])
+    assert [(a.run, a.state) for a in evaluator.evaluate(now=datetime.now(timezone.utc))] == [("first", "firing")]
+    write_run(root / "second", [2.0, math.inf])
+    clock[0] = 30.0
+    assert evaluator.evaluate(now=datetime.now(timezone.utc)) == []  # not walked yet
+    (root / "first" / "metrics.jsonl").unlink()
+    clock[0] = 60.0
+    alerts = evaluator.evaluate(now=datetime.now(timezone.utc))
+    assert {(a.run, a.state) for a in alerts} == {("first", "cleared"), ("second", "firing")}
+    assert evaluator.stats["walks"] == 2 and set(evaluator.firing()) == {"second"}
+    evaluator.close()
 
 
 def test_spike_fires_holds_for_a_window_then_clears() -> None:
