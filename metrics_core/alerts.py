@@ -49,6 +49,7 @@ Promises:
 from __future__ import annotations
 
 import argparse
+import http.client
 import logging
 import math
 import threading
@@ -562,9 +563,19 @@ def webhook_kind(url: str) -> str:
 
 
 def _redacted(url: str) -> str:
-    """A webhook URL without its path: the path of a Slack or Discord URL is its secret."""
+    """A webhook URL without its path or user info: the path of a Slack or Discord URL is its secret."""
     parts = urllib.parse.urlsplit(url)
-    return f"{parts.scheme}://{parts.netloc}/…" if parts.scheme else "(not a URL)"
+    try:
+        port = f":{parts.port}" if parts.port else ""
+    except ValueError:
+        port = ":?"
+    return f"{parts.scheme}://{parts.hostname or ''}{port}/…" if parts.scheme else "(not a URL)"
+
+
+def _utf8(text: str) -> str:
+    """``text`` encodable as UTF-8: a directory name the OS gave with undecodable bytes holds lone
+    surrogates, which JSON cannot carry; they become their ``\\udcxx`` spelling."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def webhook_body(url: str, alert: Alert, *, root: str) -> bytes:
@@ -573,12 +584,12 @@ def webhook_body(url: str, alert: Alert, *, root: str) -> bytes:
     kind = webhook_kind(url)
     if kind == "json":
         return orjson.dumps({
-            "source": "metrics_core", "state": alert.state, "run": alert.run, "root": root,
-            "condition": alert.condition, "message": alert.message, "step": alert.step,
+            "source": "metrics_core", "state": alert.state, "run": _utf8(alert.run), "root": _utf8(root),
+            "condition": _utf8(alert.condition), "message": _utf8(alert.message), "step": alert.step,
             "time": alert.time.isoformat().replace("+00:00", "Z"),
         })  # fmt: skip
     verb = "" if alert.state == "firing" else "cleared: "
-    text = clean(f"{verb}run {alert.run}: {alert.condition}: {alert.message} (runs root {root})")
+    text = clean(_utf8(f"{verb}run {alert.run}: {alert.condition}: {alert.message} (runs root {root})"))
     if kind == "slack":
         return orjson.dumps({"text": fit(text, 3000).translate(_SLACK_MARKUP)})
     return orjson.dumps({"content": fit(text, 1000).translate(_DISCORD_MARKUP), "allowed_mentions": {"parse": []}})
@@ -651,7 +662,7 @@ class Delivery:
             if exc.code >= 500 or exc.code in (408, 429):
                 return reason, _retry_after(exc.headers.get("Retry-After"))
             return reason, None
-        except (OSError, ValueError) as exc:  # refused, reset, timed out, DNS; http.client's bad replies
+        except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, DNS, a bad reply
             return clean(str(getattr(exc, "reason", exc)))[:200] or type(exc).__name__, 0.0
 
 

@@ -7,6 +7,7 @@ import math
 import os
 import random
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -222,6 +223,28 @@ def test_receiver_down_then_up_gets_the_alert_once(tmp_path: Path) -> None:
         up.close()
 
 
+def test_a_garbage_reply_is_retried_not_raised(tmp_path: Path) -> None:
+    """A receiver that answers with no HTTP status line is treated as down: retried, never an exception."""
+    listener = socket.create_server(("127.0.0.1", 0))
+
+    def answer_garbage() -> None:
+        connection, _ = listener.accept()
+        with connection:
+            connection.recv(65536)
+            connection.sendall(b"nonsense\r\n\r\n")
+
+    thread = threading.Thread(target=answer_garbage, daemon=True)
+    thread.start()
+    url = f"http://127.0.0.1:{listener.getsockname()[1]}/hook"
+    delivery = Delivery(url, root=str(tmp_path), clock=lambda: 0.0, report=lambda message: None)
+    delivery.put(Alert("a", "crashed", "firing", "gone", datetime.now(timezone.utc)))
+    try:
+        assert delivery.pump() == 1.0 and delivery.pending == 1 and delivery.stats["failed_attempts"] == 1
+    finally:
+        thread.join(timeout=30)
+        listener.close()
+
+
 def test_a_4xx_is_final_and_the_queue_moves_on(tmp_path: Path) -> None:
     """A receiver that refuses a body (400) is not retried; the next alert goes through."""
     receiver = Receiver(codes=(400,))
@@ -433,6 +456,9 @@ def test_webhook_bodies_by_host_keep_run_text_as_text() -> None:
     discord = orjson.loads(webhook_body("https://discord.com/api/webhooks/1/abc", alert, root="/r"))
     assert discord["allowed_mentions"] == {"parse": []} and "\\*x\\*" in discord["content"]
     assert "\\<!channel\\>" in discord["content"]
+    undecodable = Alert("run-\udcff", "crashed", "firing", "gone", alert.time)  # a directory name of bad bytes
+    for url in ("https://hooks.slack.com/services/T/B/X", "https://discord.com/api/webhooks/1/a", "http://h/"):
+        assert "udcff" in webhook_body(url, undecodable, root="/r").decode()
     generic = orjson.loads(webhook_body("https://example.org/hook", alert, root="/r"))
     assert generic == {"source": "metrics_core", "state": "firing", "run": alert.run, "root": "/r", "step": None,
                        "condition": "crashed", "message": "gone", "time": "2026-01-02T03:04:05Z"}  # fmt: skip
