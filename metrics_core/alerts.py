@@ -49,14 +49,11 @@ Promises:
 from __future__ import annotations
 
 import argparse
-import http.client
 import logging
 import math
 import threading
 import time
-import urllib.error
 import urllib.parse
-import urllib.request
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -649,6 +646,11 @@ class Delivery:
     def _post(self, alert: Alert) -> tuple[str | None, float | None]:
         """(None, None) when delivered; else why, and 0 or the receiver's Retry-After when a retry
         may succeed, None when it cannot."""
+        # Imported here: http.client and its email parsers would add to every ``tail`` and ``summary``.
+        import http.client
+        import urllib.error
+        import urllib.request
+
         request = urllib.request.Request(
             self.url, data=webhook_body(self.url, alert, root=self.root), method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "metrics-core-alerts"},

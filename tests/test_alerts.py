@@ -462,3 +462,10 @@ def test_webhook_bodies_by_host_keep_run_text_as_text() -> None:
     generic = orjson.loads(webhook_body("https://example.org/hook", alert, root="/r"))
     assert generic == {"source": "metrics_core", "state": "firing", "run": alert.run, "root": "/r", "step": None,
                        "condition": "crashed", "message": "gone", "time": "2026-01-02T03:04:05Z"}  # fmt: skip
+
+
+def test_the_terminal_tools_do_not_load_the_network_code() -> None:
+    """``tail`` and ``summary`` share cli.py with ``alerts``: http.client and urllib.request load only to post."""
+    code = "import sys, metrics_core.cli; print(sorted({'http.client', 'urllib.request', 'ssl'} & set(sys.modules)))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "[]", done.stderr
