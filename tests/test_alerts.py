@@ -11,8 +11,9 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -306,6 +307,47 @@ def test_alerts_command_once_posts_and_prints(tmp_path: Path, receiver: Receiver
     printed = done.stdout.splitlines()
     assert len(printed) == 2 and all("firing" in line for line in printed)
     assert any("nan  nonfinite_loss: train loss was NaN" in line for line in printed)
+
+
+def wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "not reached in time"
+        time.sleep(0.05)
+
+
+def test_alerts_command_keeps_watching_and_posts_each_new_condition_once(tmp_path: Path, receiver: Receiver) -> None:
+    """Without --once: a condition is posted once over many passes, a new one (the run resumed and
+    failed) once more; Ctrl-C ends it with status 0."""
+    root = tmp_path / "runs"
+    write_run(root / "nan", [2.0, math.nan])
+    command = [
+        sys.executable,
+        "-m",
+        "metrics_core",
+        "alerts",
+        str(root),
+        "--webhook",
+        receiver.url,
+        "--interval",
+        "0.1",
+    ]
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: len(receiver.posts) == 1)
+        write_run(root / "nan", [1.9], fail=True)
+        wait_for(lambda: len(receiver.posts) == 2)
+        time.sleep(1.0)  # passes go on; none may post again
+        watcher.send_signal(signal.SIGINT)
+        out, err = watcher.communicate(timeout=60)
+    finally:
+        watcher.kill()
+    assert watcher.returncode == 0, err
+    assert [(post["run"], post["condition"]) for post in receiver.posts] == [
+        ("nan", "nonfinite_loss"),
+        ("nan", "failed"),
+    ]
+    assert [line.split()[2] for line in out.splitlines()] == ["firing", "firing"]
 
 
 def test_alerts_command_refuses_a_bad_config_in_one_line(tmp_path: Path) -> None:
