@@ -425,7 +425,9 @@ class _Run:
 
 class AlertEvaluator:
     """Every run under ``root``, evaluated incrementally; see the module docstring.  Thread-safe:
-    a server's pages may read ``firing``/``recent`` while its alert thread evaluates."""
+    a server's pages may read ``firing``/``recent`` while its alert thread evaluates, and are not
+    held up by a pass (a first pass over a big root takes as long as reading it): each run's
+    alerts are published as its evaluation ends."""
 
     def __init__(self, root: str | Path, config: AlertConfig | None = None, *, rediscover_s: float = REDISCOVER_S,
                  clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
@@ -437,14 +439,16 @@ class AlertEvaluator:
         self._clock = clock
         self._found_at = -math.inf
         self._runs: dict[str, _Run] = {}
+        self._pass = threading.Lock()  # one pass at a time: guards ``_runs`` and ``stats``
+        self._lock = threading.Lock()  # guards what is published: ``_firing`` and ``_recent``
+        self._firing: dict[str, tuple[Alert, ...]] = {}
         self._recent: deque[Alert] = deque(maxlen=RECENT_ALERTS)
-        self._lock = threading.Lock()
         # Work counters, read by the tests that bound a pass's cost (work is counted, not timed).
         self.stats = {"passes": 0, "walks": 0, "bytes_read": 0, "records": 0, "runs_read": 0, "errors": 0}
 
     def evaluate(self, *, now: datetime) -> list[Alert]:
         """One pass over the root: the alerts that started or stopped holding since the last pass."""
-        with self._lock:
+        with self._pass:
             self.stats["passes"] += 1
             alerts = self._rediscover(now) if self._clock() - self._found_at >= self.rediscover_s else []
             for name, run in self._runs.items():
@@ -458,9 +462,18 @@ class AlertEvaluator:
                     run.feed = run.stamp = None
                     continue
                 if found is not None:
-                    alerts += self._transitions(name, run, *found, now)
-            self._recent.extend(alerts)
+                    alerts += self._publish(name, run, self._transitions(name, run, *found, now))
             return alerts
+
+    def _publish(self, name: str, run: _Run | None, alerts: list[Alert]) -> list[Alert]:
+        """Make ``alerts`` of run ``name`` (None: gone) visible to ``firing`` and ``recent``."""
+        if alerts:
+            with self._lock:
+                self._recent.extend(alerts)
+                self._firing.pop(name, None)
+                if run is not None and run.active:
+                    self._firing[name] = tuple(run.active.values())
+        return alerts
 
     def _rediscover(self, now: datetime) -> list[Alert]:
         """Walk the root: follow the runs that appeared, forget those that went (their alerts clear)."""
@@ -473,7 +486,8 @@ class AlertEvaluator:
             run = self._runs.pop(name)
             if run.feed is not None:
                 run.feed.close()
-            alerts += [Alert(name, key, "cleared", "the run is gone", now) for key in run.active]
+            alerts += self._publish(name, None, [Alert(name, key, "cleared", "the run is gone", now)
+                                                 for key in run.active])  # fmt: skip
         for name, info in names.items():
             if name not in self._runs:
                 self._runs[name] = _Run(info.metrics_path)
@@ -523,7 +537,7 @@ class AlertEvaluator:
     def firing(self) -> dict[str, list[Alert]]:
         """The alerts firing now, per run (for the overview and a run's page)."""
         with self._lock:
-            return {name: list(run.active.values()) for name, run in self._runs.items() if run.active}
+            return {name: list(alerts) for name, alerts in self._firing.items()}
 
     def recent(self) -> list[Alert]:
         """The last ``RECENT_ALERTS`` firing and cleared alerts, oldest first."""
@@ -531,7 +545,7 @@ class AlertEvaluator:
             return list(self._recent)
 
     def close(self) -> None:
-        with self._lock:
+        with self._pass:
             for run in self._runs.values():
                 if run.feed is not None:
                     run.feed.close()
