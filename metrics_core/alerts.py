@@ -36,8 +36,10 @@ Promises:
   counts them); a run with nothing new costs one ``stat``, and a run that ended (finished, failed,
   interrupted, crashed) holds no open file and no parsed state beyond its active conditions until
   its file changes, when it is read again from its start.  Memory per followed run is its
-  sessions and ``spike_windows`` floats, not its records.  No numpy or pandas: the headless
-  command runs on a training node with ``metrics_core`` alone.
+  sessions and ``spike_windows`` floats, not its records.  The root is walked for runs that
+  appeared or went once per ``rediscover_s`` (a minute by default: the walk is most of an idle
+  pass over a big root, and a stall takes a minute to show anyway).  No numpy or pandas: the
+  headless command runs on a training node with ``metrics_core`` alone.
 * **Delivery** is at least once per firing alert, in order: a receiver that is down or answers
   5xx/408/429 is retried with exponential backoff (``Retry-After`` honoured) until it answers;
   a 4xx is final (the request will never be accepted) and reported.  Every request has a
@@ -450,7 +452,13 @@ class AlertEvaluator:
         """One pass over the root: the alerts that started or stopped holding since the last pass."""
         with self._pass:
             self.stats["passes"] += 1
-            alerts = self._rediscover(now) if self._clock() - self._found_at >= self.rediscover_s else []
+            alerts = []
+            if self._clock() - self._found_at >= self.rediscover_s:
+                try:
+                    alerts = self._rediscover(now)
+                except (OSError, MetricsError):  # the root is gone for now (an NFS hiccup): keep its runs
+                    _log.warning("alerts: the runs root %s could not be walked", self.root, exc_info=True)
+                    self.stats["errors"] += 1
             for name, run in self._runs.items():
                 try:
                     found = self._conditions(run, now)
@@ -626,8 +634,9 @@ class Delivery:
 
     def put(self, alert: Alert) -> None:
         if len(self._queue) >= MAX_QUEUE:
-            self._queue.popleft()
+            dropped = self._queue.popleft()
             self.stats["dropped"] += 1
+            self.report(f"alerts: {MAX_QUEUE:,} alerts undelivered; dropped the oldest, for {dropped.run!r}")
         self._queue.append(alert)
 
     @property
@@ -671,7 +680,7 @@ class Delivery:
         )  # fmt: skip
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
-                response.read()
+                response.read(1 << 16)  # the status is the answer; a body that never ends must not hold us
             return None, None
         except urllib.error.HTTPError as exc:
             reason = f"HTTP {exc.code}"
@@ -789,6 +798,6 @@ def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     except MetricsError as exc:
         report(f"error: {exc}")
         return 2
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C; or `| head` went away
         return 0
     return 0

@@ -511,3 +511,21 @@ def test_the_terminal_tools_do_not_load_the_network_code() -> None:
     code = "import sys, metrics_core.cli; print(sorted({'http.client', 'urllib.request', 'ssl'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr
+
+
+def test_a_root_gone_for_a_while_keeps_its_runs_and_alerts(tmp_path: Path) -> None:
+    """A root that cannot be walked (an NFS hiccup, a move) is an error counted, not an exception
+    or a storm of cleared alerts; when it is back nothing fires again."""
+    root = tmp_path / "runs"
+    write_run(root / "nan", [2.0, math.nan])
+    clock = [0.0]
+    evaluator = AlertEvaluator(root, clock=lambda: clock[0])
+    assert len(evaluator.evaluate(now=datetime.now(timezone.utc))) == 1
+    root.rename(tmp_path / "away")
+    clock[0] = 60.0
+    assert evaluator.evaluate(now=datetime.now(timezone.utc)) == []
+    assert evaluator.stats["errors"] == 1 and set(evaluator.firing()) == {"nan"}
+    (tmp_path / "away").rename(root)
+    clock[0] = 120.0
+    assert evaluator.evaluate(now=datetime.now(timezone.utc)) == [] and evaluator.stats["walks"] == 2
+    evaluator.close()
