@@ -53,6 +53,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import threading
 import time
 import urllib.parse
@@ -432,15 +433,19 @@ class AlertEvaluator:
     alerts are published as its evaluation ends."""
 
     def __init__(self, root: str | Path, config: AlertConfig | None = None, *, rediscover_s: float = REDISCOVER_S,
-                 clock: Callable[[], float] = time.monotonic) -> None:  # fmt: skip
+                 clock: Callable[[], float] = time.monotonic,
+                 firing: Mapping[str, Iterable[str]] | None = None) -> None:  # fmt: skip
         """``rediscover_s``: how often the root is walked for runs that appeared or went (the walk,
-        a ``scandir`` per directory, is most of an idle pass over a big root)."""
+        a ``scandir`` per directory, is most of an idle pass over a big root).  ``firing``: per
+        run, the conditions an earlier process already alerted on (``alerts --state``): they
+        count as firing, and alert again only after they have cleared."""
         self.root = Path(root)
         self.config = config or AlertConfig()
         self.rediscover_s = rediscover_s
         self._clock = clock
         self._found_at = -math.inf
         self._runs: dict[str, _Run] = {}
+        self._earlier = {name: list(conditions) for name, conditions in (firing or {}).items()}
         self._pass = threading.Lock()  # one pass at a time: guards ``_runs`` and ``stats``
         self._lock = threading.Lock()  # guards what is published: ``_firing`` and ``_recent``
         self._firing: dict[str, tuple[Alert, ...]] = {}
@@ -498,7 +503,12 @@ class AlertEvaluator:
                                                  for key in run.active])  # fmt: skip
         for name, info in names.items():
             if name not in self._runs:
-                self._runs[name] = _Run(info.metrics_path)
+                run = self._runs[name] = _Run(info.metrics_path)
+                for key in self._earlier.pop(name, ()):
+                    run.active[key] = Alert(name, key, "firing", "alerted on by an earlier alerter", now)
+                if run.active:
+                    with self._lock:
+                        self._firing[name] = tuple(run.active.values())
         return alerts
 
     def _conditions(self, run: _Run, now: datetime) -> tuple[list[Condition], float | None] | None:
@@ -643,6 +653,10 @@ class Delivery:
     def pending(self) -> int:
         return len(self._queue)
 
+    def queued(self) -> list[Alert]:
+        """The alerts not delivered yet, oldest first."""
+        return list(self._queue)
+
     def pump(self) -> float | None:
         """Post the due alerts in order; return the seconds until the next attempt is due, or
         None when nothing is left to send."""
@@ -709,9 +723,10 @@ class Alerter:
     root in a thread and shows ``evaluator.firing()`` and ``evaluator.recent()``."""
 
     def __init__(self, root: str | Path, config: AlertConfig | None = None, *, webhook: str | None = None,
-                 report: Callable[[str], None] | None = None) -> None:  # fmt: skip
+                 report: Callable[[str], None] | None = None,
+                 firing: Mapping[str, Iterable[str]] | None = None) -> None:  # fmt: skip
         self.config = config or AlertConfig()
-        self.evaluator = AlertEvaluator(root, self.config)
+        self.evaluator = AlertEvaluator(root, self.config, firing=firing)
         url = webhook or self.config.webhook
         self.delivery = None if url is None else Delivery(url, root=str(root), report=report)
 
@@ -764,6 +779,37 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     command.add_argument("--interval", type=float, default=10.0, help="seconds between passes (default 10)")
     once = f"one pass, then deliver (retrying for up to {ONCE_DELIVERY_S:.0f} s) and exit"
     command.add_argument("--once", action="store_true", help=once)
+    state = (
+        "a JSON file of what was alerted on, read at start and kept up to date: with --once from cron, a "
+        "condition is posted once, not once per call"
+    )
+    command.add_argument("--state", help=state)
+
+
+def load_state(path: Path) -> dict[str, list[str]]:
+    """The conditions alerted on per run, as ``save_state`` left them ({} when there is no file)."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise AlertConfigError(f"{path}: cannot read the alerts state ({exc})") from exc
+    firing = data.get("firing") if isinstance(data, dict) else None
+    if not (isinstance(firing, dict) and all(isinstance(v, list) and all(isinstance(c, str) for c in v)
+                                             for v in firing.values())):  # fmt: skip
+        raise AlertConfigError(f'{path}: not an alerts state file (expected {{"firing": {{run: [condition, ...]}}}})')
+    return firing
+
+
+def save_state(path: Path, alerter: Alerter) -> None:
+    """What is firing and was delivered (an undelivered alert is posted again by the next call),
+    written whole or not at all (a temporary file renamed over the old one)."""
+    undelivered = {(a.run, a.condition) for a in alerter.delivery.queued()} if alerter.delivery else set()
+    firing = {_utf8(name): [a.condition for a in alerts if (name, a.condition) not in undelivered]
+              for name, alerts in alerter.evaluator.firing().items()}  # fmt: skip
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(orjson.dumps({"firing": firing}))
+    os.replace(temporary, path)
 
 
 def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -782,17 +828,26 @@ def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if not (math.isfinite(args.interval) and args.interval > 0):
             raise AlertConfigError(f"--interval {args.interval!r}: expected a positive number of seconds")
         config = load_config(args.config) if args.config else AlertConfig()
-        alerter = Alerter(args.root, config, webhook=args.webhook, report=report)
+        state = Path(args.state) if args.state else None
+        firing = load_state(state) if state is not None else None
+        alerter = Alerter(args.root, config, webhook=args.webhook, report=report, firing=firing)
         find_runs(args.root)  # a root that is not there is an error now, not at the first pass
+
+        def save() -> None:
+            if state is not None:
+                save_state(state, alerter)
+
         try:
             if args.once:
                 for alert in alerter.tick():
                     show(alert)
-                if alerter.drain(within=ONCE_DELIVERY_S):
+                delivered = alerter.drain(within=ONCE_DELIVERY_S)
+                save()
+                if delivered:
                     return 0
                 report(f"alerts: {alerter.delivery.pending} alert(s) not delivered")
                 return 1
-            alerter.run(interval=args.interval, stop=threading.Event(), on_alert=show)
+            alerter.run(interval=args.interval, stop=threading.Event(), on_alert=lambda alert: (show(alert), save()))
         finally:
             alerter.close()
     except MetricsError as exc:

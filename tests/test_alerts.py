@@ -145,8 +145,8 @@ def test_each_bad_run_posts_exactly_once_and_healthy_runs_none(tmp_path: Path, r
     crashed.send_signal(signal.SIGKILL)
     crashed.wait(timeout=30)
     hung = start_writer(root / "stalled", "hang")
+    alerter = Alerter(root, webhook=receiver.url)
     try:
-        alerter = Alerter(root, webhook=receiver.url)
         now = datetime.now(timezone.utc)
         alerter.tick(now=now)
         assert "stalled" not in receiver.by_run()  # its last records are seconds old: live
@@ -307,6 +307,30 @@ def test_alerts_command_once_posts_and_prints(tmp_path: Path, receiver: Receiver
     printed = done.stdout.splitlines()
     assert len(printed) == 2 and all("firing" in line for line in printed)
     assert any("nan  nonfinite_loss: train loss was NaN" in line for line in printed)
+
+
+def test_alerts_command_once_with_state_posts_each_condition_once_across_calls(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """--once from cron: with --state a second call posts nothing and a new condition once; a state
+    file that is not one is refused (exit 2), never overwritten."""
+    root, state = tmp_path / "runs", tmp_path / "alerts-state.json"
+    write_run(root / "nan", [2.0, math.nan])
+    once = [sys.executable, "-m", "metrics_core", "alerts", str(root), "--webhook", receiver.url, "--once"]
+
+    def call(*extra: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*once, *extra], capture_output=True, text=True, timeout=120)
+
+    assert call("--state", str(state)).returncode == 0 and call("--state", str(state)).returncode == 0
+    assert receiver.by_run() == {"nan": 1}
+    write_run(root / "failed", [2.0], fail=True)
+    assert call("--state", str(state)).returncode == 0
+    assert receiver.by_run() == {"nan": 1, "failed": 1}
+    assert call().returncode == 0  # without a state every call alerts anew
+    assert receiver.by_run() == {"nan": 2, "failed": 2}
+    state.write_text("[1, 2]")
+    refused = call("--state", str(state))
+    assert refused.returncode == 2 and "not an alerts state file" in refused.stderr and state.read_text() == "[1, 2]"
 
 
 def wait_for(condition: Callable[[], bool], seconds: float = 60.0) -> None:
