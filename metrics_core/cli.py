@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from metrics_core.alerts import add_command, command
 from metrics_core.digest import Rates, RunDigest, batches, follow_file, last_records
 from metrics_core.errors import MetricsError
 from metrics_core.health import Finding
@@ -347,6 +348,7 @@ def _parser() -> argparse.ArgumentParser:
     tail_cmd.add_argument("--interval", type=_interval_arg, default=1.0, help="seconds between checks with --follow")
     summary_cmd = commands.add_parser("summary", help="status, sessions, lost work and health checks")
     summary_cmd.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
+    add_command(commands)
     return parser
 
 
@@ -355,6 +357,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
     args = _parser().parse_args(argv)
+    if args.command == "alerts":
+        return command(args, out, err)
     try:
         path = metrics_path(args.run_dir)
         if args.command == "tail":

@@ -26,8 +26,9 @@ Contract
   from a checkpoint's step.  Whether every rank agreed is recorded in ``ranks_in_lockstep``
   (SUM == world_size × MAX for each count).  ``grad_norm_avg`` is over every rank's successful
   updates, ``grad_norm_max`` a MAX, ``clipped_fraction`` the summed clipped over the summed updates.
-* **Validation after the collective.** A NaN tensor loss on any rank makes the global sum NaN, so
-  every rank raises the same ``RecordValueError`` after the reduction, and none is left waiting.
+* **Non-finite loss after the collective.** A NaN tensor loss on any rank makes the global sum NaN,
+  so every rank reports the same ``train_loss`` None and ``nonfinite_loss`` True after the
+  reduction, and none is left waiting.
 * **Per-rank health** (also in the SUM, one slot per rank): each rank's time per attempt and
   tokens/s, from ``time.monotonic`` on the host at the window's start and at ``summary()`` entry —
   no device sync.  The window starts at ``reset()`` (the previous ``summary``), or for a fresh

@@ -81,7 +81,6 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
-from metrics_core.errors import RecordValueError
 from metrics_core.integrations._common import (
     SIGTERM_EXIT,
     RunSession,
@@ -274,11 +273,7 @@ class MetricsCallback(TrainerCallback, ExportableState):
             mean = loss_sum / max(count, 1)  # a step with no label tokens weighs 0 whatever its loss
             self.window.add(mean, int(count), norm, skipped, max_norm)
         try:
-            return self.window.summary(lr)
-        except RecordValueError:  # a NaN/inf loss in the window: say so rather than stop training
-            return {"train_loss": None, "lr": lr, "tokens": sum(int(c) for c in counts),
-                    "attempted_updates": len(steps), "updates": len(steps) - sum(s for *_, s in steps),
-                    "skipped_updates_in_window": sum(s for *_, s in steps), "nonfinite_loss": True}  # fmt: skip
+            return self.window.summary(lr)  # a NaN/inf loss: train_loss None, nonfinite_loss True
         finally:
             self.window.reset()
 

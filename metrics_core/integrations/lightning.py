@@ -71,7 +71,6 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from metrics_core.errors import RecordValueError
 from metrics_core.integrations._common import RunSession, Terminated, scalars
 from metrics_core.window import TrainingWindow
 
@@ -240,9 +239,7 @@ class MetricsLogger(Logger, Callback):
             for loss_sum, count in zip(sums, counts, strict=True):
                 self.window.add(loss_sum / count if count else 0.0, int(count))
             try:
-                values = self.window.summary(self._lr())
-            except RecordValueError:  # a non-finite loss: say so rather than stop training
-                values = {"train_loss": None, "nonfinite_loss": True}
+                values = self.window.summary(self._lr())  # a non-finite loss: train_loss None, nonfinite_loss True
             finally:
                 self.window.reset()
             values["loss_weighting"] = "tokens"
