@@ -20,7 +20,9 @@ never from a heartbeat thread:
 * ``stalled``  — no recent record, but a writer still holds the file's lock (a hung job) or we
   cannot tell;
 * ``crashed``  — no recent record and no writer holds the lock: the process ended without a
-  ``session_end`` (SIGKILL, OOM, node loss); also a torn last line with no writer behind it;
+  ``session_end`` (SIGKILL, OOM, node loss); also a torn last line with no writer behind it; and
+  at once, whatever the last record's age, when the reader has seen this file's lock held and
+  finds it free (locks work there, so the writer is gone: the heartbeat rule is for the others);
 * ``empty``    — the file holds no complete record yet.
 """
 
@@ -200,6 +202,10 @@ class StatusSource(Protocol):
 
     def writer_alive(self) -> bool | None: ...
 
+    # Whether ``writer_alive`` has found the lock held on this file before: then locks work where
+    # it lives (a local disk; NFS and Lustre carry them too) and a free lock is a dead writer.
+    lock_seen: bool
+
 
 @dataclass(frozen=True, slots=True)
 class StatusRecord:
@@ -214,11 +220,12 @@ class StatusRecord:
     last_record_time: datetime | None
     pending_bytes: int
     gap_s: float | None
+    lock_seen: bool
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
         return cls(source.path, identity, source.last_event, source.last_end_status, source.last_record_time,
-                   source.pending_bytes, source.typical_gap_s())  # fmt: skip
+                   source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s
@@ -288,8 +295,8 @@ def run_status(reader: StatusSource, *, now: datetime) -> str:
     if last is None:
         return "empty"
     alive = reader.writer_alive()
-    if reader.pending_bytes and alive is False:
-        return "crashed"
+    if alive is False and (reader.pending_bytes or reader.lock_seen):
+        return "crashed"  # at once, not after the heartbeat: this file's writer held its lock and let go
     gap = reader.typical_gap_s() or 0.0
     if (now - last).total_seconds() <= max(STALL_FLOOR_S, STALL_GAPS * gap):
         return "live"

@@ -48,6 +48,7 @@ class FollowedLog:
     log: SessionLog
     file: RunFile
     _follower: LineFollower
+    lock_seen: bool = False  # set by ``writer_alive`` the first time it finds the lock held
 
     @property
     def records(self) -> int:
@@ -81,8 +82,13 @@ class FollowedLog:
         return self._follower.pending_bytes
 
     def writer_alive(self) -> bool | None:
-        """Whether a MetricsWriter holds the file's lock now (None: cannot tell)."""
-        return self.file.writer_alive()
+        """Whether a MetricsWriter holds the file's lock now (None: cannot tell).  Once it has
+        been found held, ``lock_seen``: locks work where this file lives, so a free lock later
+        means its writer is gone."""
+        alive = self.file.writer_alive()
+        if alive:
+            self.lock_seen = True
+        return alive
 
 
 @dataclass(frozen=True, slots=True)
