@@ -214,7 +214,9 @@ def _rank_cause(
 
     A rank other than 0 leaves its own failure for rank 0 to find, unless it is the symptom of
     another rank's (a broken window reduction).  Rank 0 ends with the earliest rank failure since
-    its job started, when there is one, ahead of what it saw itself (SIGTERM, a broken collective).
+    its job started, when there is one, ahead of what it saw itself (SIGTERM, a broken collective);
+    a failure every rank shares (a record refused after the reduction raises the same error on
+    each) stays rank 0's own.
     """
     now = datetime.now(timezone.utc)
     directory = session.writer.run.directory
@@ -222,7 +224,8 @@ def _rank_cause(
         if end["status"] == "failed" and not isinstance(exc, WindowReductionError):
             leave_rank_failure(directory, RankFailure(session.rank, session.world_size, now, end["error"]))
         return end
-    failures = rank_failures(directory, since=job_started, until=now)
+    failures = [failure for failure in rank_failures(directory, since=job_started, until=now)
+                if failure.error != end["error"]]  # fmt: skip
     return failures[0].end_fields(end["error"]) if failures else end
 
 

@@ -316,6 +316,43 @@ def test_a_rank_that_raises_under_torchrun_is_named_in_the_session_end(tmp_path:
     assert digest.sessions[-1].end_status == "failed"
 
 
+RANK_0_ENDS = """
+import os, signal, sys
+from datetime import datetime, timezone
+from pathlib import Path
+import torch.distributed as dist
+from metrics_core import RecordValueError
+from metrics_core.distributed import RankFailure, leave_rank_failure
+from metrics_core.session import training_session
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
+run = Path(sys.argv[1])
+for cause, noted in ((lambda: os.kill(os.getpid(), signal.SIGTERM), "ValueError: rank 2 broke"),
+                     (lambda: (_ for _ in ()).throw(RecordValueError("'train_loss' is nan")),
+                      "RecordValueError: 'train_loss' is nan")):
+    try:
+        with training_session(run) as session:
+            leave_rank_failure(run, RankFailure(2, 4, datetime.now(timezone.utc), noted))
+            cause()
+    except (SystemExit, RecordValueError):
+        pass
+dist.destroy_process_group()
+"""
+
+
+def test_rank_0_ends_with_a_ranks_failure_but_keeps_a_failure_every_rank_shares(tmp_path: Path) -> None:
+    """Rank 0 SIGTERMed after rank 2 failed: rank 2's error; the same refused record on every rank: rank 0's own."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    run_dir = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", RANK_0_ENDS, str(run_dir), str(free_port())], env=env, check=True,
+                   timeout=JOIN_TIMEOUT_S * 2)  # fmt: skip
+    ends = [r for r in read_records(run_dir / "metrics.jsonl") if r["event"] == "session_end"]
+    assert [(end["status"], end["error"], end.get("failed_rank"), end.get("rank_0_error")) for end in ends] == [
+        ("failed", "rank 2: ValueError: rank 2 broke", 2, "SIGTERM"),
+        ("failed", "RecordValueError: 'train_loss' is nan", None, None),
+    ]
+
+
 def test_rank_0_ignores_a_previous_jobs_rank_failure(tmp_path: Path) -> None:
     """A note older than rank 0's process is a previous job's: rank 0's own SIGTERM is what ended this one."""
     from datetime import datetime, timedelta, timezone
