@@ -53,6 +53,7 @@ methods and by ``process_group_rank`` once the caller has imported ``torch.distr
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import sys
@@ -271,7 +272,8 @@ def leave_rank_failure(directory: Path, failure: RankFailure) -> None:
         temporary.write_bytes(orjson.dumps(note))
         os.replace(temporary, path)
     except OSError:
-        return
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)  # a full disk may have left part of it
 
 
 def rank_failures(directory: Path, *, since: datetime, until: datetime) -> list[RankFailure]:
