@@ -116,6 +116,7 @@ def session_table(sessions: Sequence[Session], train: pd.DataFrame, run_status: 
                 "resume step": session.resume_step if session.index else None,
                 "steps replayed": session.steps_replayed,
                 "tokens replayed": session.tokens_replayed,
+                "tokens replayed is an upper bound": session.tokens_replayed_is_upper_bound,
                 "records": session.records,
                 "discarded bytes": session.discarded_bytes,
                 "skipped updates": None if skipped is None else int(skipped),

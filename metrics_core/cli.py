@@ -297,6 +297,7 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
         share = MISSING if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
         lines.append(f"{'lost work':<{label}}downtime {duration_text(lost.downtime_s)} · "
                      f"{count_text(lost.steps_replayed)} steps and "
+                     f"{'≤ ' if lost.tokens_replayed_is_upper_bound else ''}"
                      f"{count_text(lost.tokens_replayed)} tokens replayed")  # fmt: skip
         lines.append(" " * label + f"training time superseded {share} (train windows a later session redid)")
         losses = []

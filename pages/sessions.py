@@ -34,7 +34,8 @@ def sessions() -> None:
     share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
     for column, (label, value) in zip(st.columns(4), [
         ("Total downtime", clock_text(lost.downtime_s)), ("Steps replayed", f"{lost.steps_replayed:,}"),
-        ("Tokens replayed", f"{lost.tokens_replayed:,}"), ("Training time superseded", share),
+        ("Tokens replayed", f"{'≤ ' if lost.tokens_replayed_is_upper_bound else ''}{lost.tokens_replayed:,}"),
+        ("Training time superseded", share),
     ], strict=True):  # fmt: skip
         column.metric(label, value)
     table = session_table(view.sessions, train, view.status)

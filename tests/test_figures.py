@@ -198,6 +198,32 @@ def test_straggler_band_spans_fastest_to_slowest_and_names_the_slowest_rank(tmp_
     assert [s.x0 for s in figure.layout.shapes if s.type == "line"] == [60]  # the resume, as on every chart
 
 
+def spread_of(tmp_path: Path, slowest: list[int], ratios: list[float]) -> str:
+    """Write 4-rank train windows (fastest rank 0.375 s per step) to a run, read them back, and
+    return what the straggler chart says above its plot."""
+    path = tmp_path / f"r{len(list(tmp_path.iterdir()))}" / "metrics.jsonl"
+    append_records(path, *(rank_window(10 * (i + 1), slowest=rank, rank_step_time_min_s=0.375,
+                                       rank_step_time_max_s=0.375 * ratio)
+                           for i, (rank, ratio) in enumerate(zip(slowest, ratios, strict=True))))  # fmt: skip
+    reader = RunReader(path)
+    reader.refresh()
+    figure = straggler_figure(reader.effective("train"), sessions=reader.sessions)
+    (note,) = [a for a in figure.layout.annotations if a.name == "rank spread"]
+    return note.text
+
+
+def test_a_rank_consistently_slowest_by_a_small_margin_is_flagged(tmp_path: Path) -> None:
+    """Rank 2, 30 ms/step behind (1.08×) in 9 of the last 10 windows, is named; the ratio is always shown."""
+    slowest, ratios = [0, 1, 3] + [2] * 5 + [0] + [2] * 4, [1.3, 1.4, 1.3] + [1.08] * 5 + [1.01] + [1.08] * 4
+    assert spread_of(tmp_path, slowest, ratios) == (
+        "slowest / fastest: 1.08× (latest window) · rank 2 consistently slowest: 9 of the last 10 windows, "
+        "median 1.08×")  # fmt: skip
+    assert spread_of(tmp_path, [0, 1, 2, 3] * 3, [1.08] * 12) == "slowest / fastest: 1.08× (latest window)"
+    assert spread_of(tmp_path, [2] * 12, [1.02] * 12) == "slowest / fastest: 1.02× (latest window)"  # within 5%
+    assert spread_of(tmp_path, [2] * 7 + [1] * 3, [1.08] * 10).endswith("(latest window)")  # 7 of 10: not yet
+    assert spread_of(tmp_path, [1] * 2 + [2] * 8, [1.08] * 10).endswith("8 of the last 10 windows, median 1.08×")
+
+
 def test_windows_out_of_lockstep_are_marked(tmp_path: Path) -> None:
     """ranks_in_lockstep false puts a mark on the floor at that step; true or missing does not."""
     path = tmp_path / "r" / "metrics.jsonl"
