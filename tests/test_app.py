@@ -101,7 +101,8 @@ def test_sessions_page_table_and_lost_work(runs_root: Path) -> None:
     table = grid.value
     assert list(table["session"]) == ["S1", "S2", "S3"] and list(table["steps replayed"]) == [0, 40, 30]
     columns = json.loads(grid.proto.columns)
-    assert columns["steps replayed"]["help"] and columns["tokens replayed"]["type_config"]["format"] == "compact"
+    assert columns["steps replayed"]["help"] and columns["records"]["type_config"]["format"] == "compact"
+    assert list(table["tokens replayed"]) == ["0", "4.0k", "3.0k"]
     assert "color: " + SESSION_COLOURS[1] in grid.proto.arrow_data.styler.styles
     metrics = {metric.label: metric.value for metric in app.metric}
     assert metrics["Steps replayed"] == "70" and metrics["Tokens replayed"] == "7,000"

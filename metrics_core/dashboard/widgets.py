@@ -22,6 +22,7 @@ from metrics_core.dashboard.display_text import (
     TITLE_CHARS,
     WORD_CHARS,
     clock_text,
+    human_count,
     md_text,
     next_age_change,
     shorten,
@@ -397,7 +398,8 @@ SESSION_COLUMNS = {
     "last step": "the step of its last record",
     "resume step": "the step it resumed from: the earlier sessions' records after it are superseded",
     "steps replayed": "steps an earlier session had already trained, trained again after this resume",
-    "tokens replayed": "tokens of those steps, trained again",
+    "tokens replayed": "tokens of those steps, trained again (≤: a bound, where the records cannot place the resume "
+                       "inside a log window)",
     "records": "records it wrote",
     "discarded bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
     "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
@@ -410,15 +412,17 @@ def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
     """``analysis.session_table`` as a data grid (cells are text, never markdown): durations as
     h:mm:ss, counts compact (1.2M), ids shortened in the middle, the session number in its chart
     colour, and each column explained on hover."""
+    bounds = zip(table["tokens replayed"], table["tokens replayed is an upper bound"], strict=True)
     shown = table.assign(
         session=[f"S{number}" for number in table["session"]],
         id=table["id"].map(lambda text: fit_middle(str(text), id_chars)),
         duration=table["duration (s)"].map(clock_text),
+        **{"tokens replayed": [("≤ " if bound else "") + human_count(tokens) for tokens, bound in bounds]},
         **{"downtime before": table["downtime before (s)"].map(clock_text)},
     )[list(SESSION_COLUMNS)]
     colours = [f"color: {session_colour(number - 1)}; font-weight: 600" for number in table["session"]]
     styled = shown.style.apply(lambda _: colours, subset=["session"])
-    counts = ("steps replayed", "tokens replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
+    counts = ("steps replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
     config = {column: st.column_config.Column(column, help=help) for column, help in SESSION_COLUMNS.items()}
     config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
                for column in counts}  # fmt: skip
