@@ -193,6 +193,9 @@ class StatusSource(Protocol):
     def last_end_status(self) -> str | None: ...
 
     @property
+    def last_end_error(self) -> str | None: ...
+
+    @property
     def last_record_time(self) -> datetime | None: ...
 
     @property
@@ -217,6 +220,7 @@ class StatusRecord:
     identity: tuple[int, ...] | None
     last_event: str | None
     last_end_status: str | None
+    last_end_error: str | None
     last_record_time: datetime | None
     pending_bytes: int
     gap_s: float | None
@@ -224,8 +228,8 @@ class StatusRecord:
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
-        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_record_time,
-                   source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
+        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_end_error,
+                   source.last_record_time, source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s
@@ -301,3 +305,18 @@ def run_status(reader: StatusSource, *, now: datetime) -> str:
     if (now - last).total_seconds() <= max(STALL_FLOOR_S, STALL_GAPS * gap):
         return "live"
     return "crashed" if alive is False else "stalled"
+
+
+CRASH_REASON = "ended without a session_end: killed (SIGKILL, out of memory) or its node was lost"
+
+
+def stop_reason(source: StatusSource, status: str) -> str | None:
+    """Why a run with ``status`` (``run_status``'s answer) stopped, in one line: its
+    ``session_end``'s error (the exception, the signal, the failing rank), the write that failed
+    (disk full), or what a crash means; None for a run that did not stop or finished."""
+    if status in ("failed", "interrupted"):
+        if source.last_event == "session_end":
+            return source.last_end_error
+        failure = write_failure(source)
+        return None if failure is None else f"write failed: {failure.error}"
+    return CRASH_REASON if status == "crashed" else None

@@ -27,6 +27,7 @@ from metrics_core.dashboard.widgets import (
     page_theme,
     run_or_pick,
     session_key_panel,
+    stopped_panel,
 )
 
 config = settings()
@@ -64,6 +65,7 @@ def charts() -> None:
     status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     st.caption(status, wrap=False)
+    stopped_panel(view)
     with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
         health_panel(view_findings(view))
         config_panel(view_config(view))

@@ -10,6 +10,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.figures import SESSION_COLOURS
 from tests.support import append_records, base_record, distributed_run, open_page, popovers, three_session_run
 
@@ -55,6 +56,27 @@ def test_overview_lists_runs_and_filters_by_regex(runs_root: Path) -> None:
     app.text_input(key="run_filter").input("([").run()
     assert "Invalid regular expression" in app.error[0].value
     assert len(app.dataframe[0].value) == 2
+
+
+def test_why_a_run_stopped_is_on_the_overview_the_run_page_and_the_sessions_table(runs_root: Path) -> None:
+    """A session that ended failed on another rank's exception, then a resumed one that was
+    interrupted: the overview's reason column, the run page (a warning above the charts) and each
+    session's row say why, as text."""
+    path = runs_root / "stopped" / "metrics.jsonl"
+    append_records(path, base_record(10, session="s1", train_loss=1.0),
+                   base_record(10, event="session_end", session="s1", status="failed",
+                               error="rank 2: ValueError: **boom** at window 3"),
+                   base_record(10, session="s2", train_loss=0.9),
+                   base_record(20, event="session_end", session="s2", status="interrupted",
+                               error="SIGTERM"))  # fmt: skip
+    app = open_page("overview")
+    assert not app.exception
+    assert app.dataframe[0].value.set_index("run").loc["run?run=stopped", "reason"] == "SIGTERM"
+    app = open_page("run", run="stopped")
+    assert not app.exception and [w.value for w in app.warning] == [md_text("Interrupted: SIGTERM")]
+    app = open_page("sessions", run="stopped")
+    assert not app.exception
+    assert list(app.dataframe[0].value["reason"]) == ["rank 2: ValueError: **boom** at window 3", "SIGTERM"]
 
 
 def test_run_page_shows_the_controls_and_status(runs_root: Path) -> None:

@@ -21,6 +21,7 @@ from metrics_core.dashboard.snapshot import EVENTS, RunView, build_view
 from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import ChartOptions
 from metrics_core.reader import RunReader
+from metrics_core.runs import CRASH_REASON
 from metrics_core.summary import LastValue, RunSummary
 from tests.support import append_bytes, append_records, base_record, spawn_python
 
@@ -31,8 +32,10 @@ def view_summary(view: RunView) -> RunSummary:
     config = view_config(view)
     progress = view.sessions[-1] if view.sessions else None
     skipped = _last_number(train, "skipped_updates")
+    ended = view.sessions[-1].end_error if view.sessions and view.status in ("failed", "interrupted") else None
     return RunSummary(
         status=view.status,
+        reason=CRASH_REASON if view.status == "crashed" else ended,
         records=view.records,
         sessions=len(view.sessions),
         started=view.sessions[0].start_time if view.sessions else None,

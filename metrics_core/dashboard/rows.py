@@ -114,6 +114,7 @@ def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
     return {
         "run": name,
         "status": summary.status,
+        "reason": summary.reason,
         "sessions": summary.sessions,
         "last step": summary.last_step,
         "tokens seen": summary.tokens_seen,

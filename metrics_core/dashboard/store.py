@@ -92,6 +92,7 @@ from metrics_core.runs import (
     discover_runs,
     resolve_run,
     run_status,
+    stop_reason,
 )
 from metrics_core.storage import LocalFile
 from metrics_core.summary import RunSummary, summarise
@@ -102,7 +103,7 @@ REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss 
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+OVERVIEW_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
 _log = logging.getLogger(__name__)
@@ -277,13 +278,14 @@ class RunStore:
                 try:
                     previous = entry.built() if entry.built is not None else None
                     entry.view = build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
-                                             previous=previous)  # fmt: skip
+                                            previous=previous, reason=entry.summary.reason)  # fmt: skip
                     entry.built = weakref.ref(entry.view)
                 except Exception as exc:
                     raise self._failed(entry, info, exc) from exc
                 self.stats["views"] += 1
-            elif entry.view.status != entry.summary.status:
-                entry.view = replace(entry.view, status=entry.summary.status)  # same data, derived data rebuilt
+            elif (entry.view.status, entry.view.reason) != (entry.summary.status, entry.summary.reason):
+                # same data, derived data rebuilt
+                entry.view = replace(entry.view, status=entry.summary.status, reason=entry.summary.reason)
             return entry.view
 
     def _update(self, entry: _Entry, info: RunInfo, now: datetime, *, need_reader: bool = False) -> None:
@@ -322,7 +324,7 @@ class RunStore:
             elif entry.summary.status not in END_STATUSES or reader.last_event != "session_end":
                 status = run_status(reader, now=now)
                 if status != entry.summary.status:
-                    self._set_summary(entry, replace(entry.summary, status=status))
+                    self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(reader, status)))
         except RunNotFoundError:
             raise  # the run vanished: pages wait for it to come back
         except Exception as exc:
@@ -341,7 +343,7 @@ class RunStore:
         if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
             status = run_status(released, now=now)  # type: ignore[arg-type]  # what it reads of a reader
             if status != entry.summary.status:
-                self._set_summary(entry, replace(entry.summary, status=status))
+                self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(released, status)))
         return True
 
     def _release_if_idle(self, entry: _Entry) -> None:

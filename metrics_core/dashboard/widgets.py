@@ -200,6 +200,9 @@ RUNS_COLUMNS = {
         "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
     ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
+    "reason": st.column_config.TextColumn(
+        "reason", help="why it stopped: the exception (and the rank it came from), the signal, the failed write"
+    ),
 }
 
 
@@ -386,6 +389,8 @@ def config_diff_panel(configs: dict[str, dict[str, str] | None]) -> None:
     st.dataframe(table, width="stretch")
 
 
+REASON_CHARS = 400  # a stop reason above the charts: an exception's message, within reason
+
 # What each column of the sessions table means, shown on hover of its header.
 SESSION_COLUMNS = {
     "session": "S1, S2, …: the session's colour on every chart of the run",
@@ -405,6 +410,7 @@ SESSION_COLUMNS = {
     "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
     "mean tokens/s": "tokens trained over its duration",
     "end status": "how it ended: its session_end record, else crashed (a later session exists) or the run's status",
+    "reason": "why it ended: the exception (and the rank it came from), the signal, or what a crash means",
 }
 
 
@@ -429,3 +435,15 @@ def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
     config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
                for column in ("first step", "last step", "resume step")}  # fmt: skip
     st.dataframe(styled, hide_index=True, column_config=config)
+
+
+def stopped_panel(view: RunView) -> None:
+    """Why the run stopped, above its charts: an interruption (a scheduler's SIGTERM) as a warning,
+    a failure or a crash as an error; the reason comes from the file, so it is escaped and cut."""
+    if not view.reason:
+        return
+    text = md_text(shorten_words(f"{view.status.capitalize()}: {view.reason}", REASON_CHARS))
+    if view.status == "interrupted":
+        st.warning(text, icon=":material/pause_circle:")
+    else:
+        st.error(text, icon=":material/error:")
