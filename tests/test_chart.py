@@ -174,7 +174,8 @@ def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_pa
 
 
 def test_streamlit_serves_the_chart_assets_directory() -> None:
-    """Streamlit's own manifest scan (editable install) gives metrics-core.plotly the assets/ directory."""
+    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
+    metrics-core.plotly the assets/ directory."""
     from streamlit.components.v2.component_manager import BidiComponentManager
 
     manager = BidiComponentManager()
@@ -185,13 +186,13 @@ def test_streamlit_serves_the_chart_assets_directory() -> None:
 
 def test_the_component_manager_still_answers_where_a_components_assets_are() -> None:
     """``live_chart.plotly_url`` asks Streamlit's bidi component manager (a private module) where it
-    serves the ``asset_dir`` pyproject.toml declares for ``metrics-core.plotly``; the browser tests
-    check that the page then runs plotly.js from that URL."""
+    serves the ``asset_dir`` the package's manifest (metrics_core/pyproject.toml) declares for
+    ``metrics-core.plotly``; the browser tests check that the page then runs plotly.js from that URL."""
     import tomllib
     from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
     assert callable(get_bidi_component_manager().get_component_path)
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    project = tomllib.loads((Path(chart_module.__file__).parents[1] / "pyproject.toml").read_text())
     [declared] = project["tool"]["streamlit"]["component"]["components"]
     assert f"{project['project']['name']}.{declared['name']}" == chart_module.PLOTLY_COMPONENT
     assert declared["asset_dir"] == "dashboard/assets"

@@ -24,11 +24,11 @@ package ships, vendored in ``vendor/`` (no network at run time; see its README).
 mounts a loader element once per page that carries the chart runtime (``assets/live_chart.js``)
 and the URL of plotly.js; each chart element carries only a stub and its payload.  plotly.js is a
 file the browser keeps: ``publish_plotly`` copies it into ``assets/`` under a name carrying its
-content hash, and ``pyproject.toml`` declares ``assets/`` as the ``asset_dir`` of the
+content hash, and the package's component manifest, ``metrics_core/pyproject.toml`` (package data,
+so in a checkout and in an installed wheel alike), declares ``assets/`` as the ``asset_dir`` of the
 components-v2 component ``metrics-core.plotly``, which Streamlit serves at
-``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Streamlit finds that declaration only in
-an editable install (``pip install -e .``); elsewhere plotly.js rides inline in the loader
-element, once per page load.
+``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Where Streamlit serves no such directory
+for this copy of the package, plotly.js rides inline in the loader element, once per page load.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from metrics_core.dashboard.figures import Figure, figure_json, json_text
 
 _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
-# Declared in pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
+# Declared in metrics_core/pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
 PLOTLY_COMPONENT = "metrics-core.plotly"
 _ASSET_ROUTE = f"/_stcore/bidi-components/{PLOTLY_COMPONENT}/"  # where Streamlit serves its asset_dir
 LOADER_KEY = "metrics_plotly_loader"  # the element that loads plotly.js; draws nothing (widgets.CALM_CSS hides it)
@@ -99,8 +99,8 @@ def base_path(base_url: str) -> str:
 
 @cache
 def plotly_url() -> str | None:
-    """The URL of the cacheable plotly.js, or None when Streamlit does not serve ``assets/`` (the package
-    is not an editable install, so Streamlit never read its pyproject.toml)."""
+    """The URL of the cacheable plotly.js, or None when Streamlit does not serve this package's ``assets/``
+    (it found no manifest of this copy of the package: module docstring)."""
     root = get_bidi_component_manager().get_component_path(PLOTLY_COMPONENT)
     if root is None or Path(root).resolve() != _ASSETS.resolve():
         _LOG.warning("%s has no asset_dir here: plotly.js is sent inline with every page load", PLOTLY_COMPONENT)
