@@ -48,7 +48,7 @@ def test_the_wheel_installs_every_module_and_asset_of_the_package_and_the_apps_f
         for source, installed in expected.items()
         if (package / installed).read_bytes() != (REPO / source).read_bytes()
     ]
-    assert not differ, differ
+    assert not differ, f"installed, but not as in the checkout (a stale $METRICS_WHEEL_VENV?): {differ}"
 
 
 def test_metrics_dashboard_serves_the_installed_package_from_anywhere(wheel_venv: Path, tmp_path: Path) -> None:
