@@ -25,9 +25,10 @@ def installed_package(venv: Path) -> Path:
 
 
 def checkout_files(folder: str) -> set[str]:
-    """The files of the checkout under ``folder`` that git tracks or would (not the ignored ones), relative to it."""
-    listed = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard", folder], cwd=REPO,
-                            capture_output=True, text=True, check=True).stdout.split()  # fmt: skip
+    """The files git tracks under ``folder`` of the checkout, relative to it."""
+    listed = subprocess.run(
+        ["git", "ls-files", folder], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.split()
     return {str(Path(name).relative_to(folder)) for name in listed if (REPO / name).is_file()}
 
 
