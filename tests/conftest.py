@@ -27,7 +27,11 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from tests.wheel_venv import build_wheel_venv
 
     built = os.environ.get("METRICS_WHEEL_VENV")
-    return Path(built) if built else build_wheel_venv(tmp_path_factory.mktemp("wheel"))
+    if not built:
+        return build_wheel_venv(tmp_path_factory.mktemp("wheel"))
+    if not (Path(built) / "bin" / "python").is_file():
+        pytest.fail(f"$METRICS_WHEEL_VENV={built}: no venv there (python tests/wheel_venv.py DIR builds DIR/venv)")
+    return Path(built)
 
 
 @pytest.fixture(scope="module")
