@@ -62,7 +62,8 @@ def test_metrics_dashboard_serves_the_installed_package_from_anywhere(wheel_venv
         said = log.read().decode(errors="replace")
     script = package / "dashboard" / "entry" / "app.py"
     assert f"metrics_core: {package}, the app script's own ({script})" in said, said
-    assert url.startswith("http://127.0.0.1:")  # the packaged .streamlit/config.toml: loopback only
+    # The packaged .streamlit/config.toml applies outside the checkout: loopback only, no network URL.
+    assert f"URL: {url}\n" in said and "Network URL" not in said, said
 
 
 def test_a_checkouts_app_py_runs_the_checkouts_code_beside_an_installed_copy(wheel_venv: Path, tmp_path: Path) -> None:
