@@ -100,11 +100,11 @@ def served(
 
 
 @contextmanager
-def installed_dashboard(venv: Path, runs_root: Path, *, cwd: Path) -> Iterator[tuple[str, IO[bytes]]]:
-    """``metrics-dashboard --runs runs_root --port <free>`` of the installed package in ``venv``, started
-    in ``cwd`` with nothing of this checkout on its path: yield its base URL and log, then stop it."""
+def installed_dashboard(venv: Path, runs_root: Path, *args: str, cwd: Path) -> Iterator[tuple[str, IO[bytes]]]:
+    """``metrics-dashboard --runs runs_root --port <free> *args`` of the installed package in ``venv``,
+    started in ``cwd`` with nothing of this checkout on its path: yield its base URL and log, then stop it."""
     port = free_port()
-    command = [str(venv / "bin" / "metrics-dashboard"), "--runs", str(runs_root), "--port", str(port)]
+    command = [str(venv / "bin" / "metrics-dashboard"), "--runs", str(runs_root), "--port", str(port), *args]
     with served(command, port, cwd=cwd, env=outside_checkout(dict(os.environ)), what="metrics-dashboard") as server:
         yield server
 

@@ -95,7 +95,10 @@ def test_the_installed_command_draws_the_live_chart_and_the_browser_keeps_plotly
     """``metrics-dashboard`` of a wheel installed in a venv of its own, started outside the checkout:
     /run draws its live chart, the cold load fetches plotly.js as a file (Streamlit found the package's
     component manifest in the installed wheel), and a reload takes it from the browser's cache."""
-    with installed_dashboard(wheel_venv, served_root, cwd=tmp_path) as (url, _):
+    with installed_dashboard(wheel_venv, served_root, "--refresh", "1", cwd=tmp_path) as (
+        url,
+        _,
+    ):  # as streamlit_server
         wire = reload_bytes(browser, f"{url}/run?run=small")
     plotly_first = {u: n for u, n in wire.first.items() if PLOTLY_ROUTE in u}
     plotly_reload = {u: n for u, n in wire.http.items() if PLOTLY_ROUTE in u}
