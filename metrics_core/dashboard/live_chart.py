@@ -86,8 +86,8 @@ def base_path(base_url: str) -> str:
 
 @cache
 def plotly_url() -> str | None:
-    """The URL of the cacheable plotly.js, or None when Streamlit does not serve this package's ``assets/``
-    (it found no manifest of this copy of the package: module docstring)."""
+    """The URL of the cacheable plotly.js, its content hash in the query, or None when Streamlit does not
+    serve this package's ``vendor/`` (it found no manifest of this copy of the package: module docstring)."""
     root = get_bidi_component_manager().get_component_path(PLOTLY_COMPONENT)
     if root is None or Path(root).resolve() != _VENDOR.resolve():
         _LOG.warning("%s has no asset_dir here: plotly.js is sent inline with every page load", PLOTLY_COMPONENT)
