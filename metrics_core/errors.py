@@ -30,6 +30,10 @@ class WriterStateError(MetricsError, RuntimeError):
     """The writer was used outside its ``with`` block (not opened yet, or already closed)."""
 
 
+class WriterForkedError(MetricsError, RuntimeError):
+    """A forked child wrote through a writer its parent opened (both would write at one offset)."""
+
+
 class WriteFailedError(MetricsError, OSError):
     """The OS refused to write a metrics file: disk full, file-size limit, I/O error.
 
