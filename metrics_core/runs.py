@@ -31,7 +31,7 @@ from typing import Protocol
 import orjson
 
 from metrics_core.errors import RunNotFoundError, RunPathError
-from metrics_core.storage import LocalFile
+from metrics_core.storage import LocalFile, open_regular
 from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
 
 STALL_FLOOR_S = 60.0
@@ -204,7 +204,7 @@ def write_failure(reader: StatusSource) -> WriteFailure | None:
     if not (isinstance(note, dict) and all(type(note.get(key)) is kind for key, kind in _NOTE_FIELDS.items())):
         return None
     try:
-        fd = os.open(reader.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(reader.path)
     except OSError:
         return None
     try:

@@ -1,22 +1,177 @@
-"""Processes that share a writer by forking: a forked child that writes through its parent's
-writer is refused on its first write, and nothing either process had written is lost.  Real
-forked processes, read back through the public reader.
+"""Files that are not what a run's files should be, and processes that share a writer by forking.
+
+A FIFO, a directory or an unreadable file where ``metrics.jsonl`` (or a cache file) belongs is
+refused by every reader at once, in one line naming the path and why, never waited on; a forked
+child that writes through its parent's writer is refused on its first write, and nothing either
+process had written is lost.  Everything on real files, FIFOs and real forked processes.
 """
 
 from __future__ import annotations
 
+import ctypes
 import multiprocessing
 import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import orjson
 import pytest
 
 from metrics_core import RunContext
-from metrics_core.errors import MetricsError, WriterLockedError
+from metrics_core.cache import CachePolicy, load
+from metrics_core.dashboard.rows import peek_row
+from metrics_core.digest import RunDigest, last_records
+from metrics_core.errors import MetricsError, RunFileError, WriterLockedError
 from metrics_core.reader import RunReader
-from metrics_core.writer import MetricsWriter, TrainingState
-from tests.support import read_records
+from metrics_core.runs import StatusRecord, write_failure
+from metrics_core.storage import LocalFile
+from metrics_core.writer import FAILURE_NOTE_FILENAME, NOTE_BYTES, MetricsWriter, TrainingState
+from tests.support import read_records, small_run
+
+KINDS = {"fifo": "is a FIFO (named pipe), not a regular file", "directory": "is a directory, not a regular file"}
+
+
+@contextmanager
+def no_waiting(seconds: float = 20.0) -> Iterator[None]:
+    """Fail, instead of hanging the suite, if the block waits longer than ``seconds``: a SIGALRM
+    interrupts a blocking ``open`` of a FIFO, and its handler fails the test with pytest's
+    ``Failed``, a BaseException that no ``except Exception`` on the way swallows."""
+
+    def waited(signum: int, frame: object) -> None:
+        pytest.fail(f"waited over {seconds} s: something blocked on a special file")
+
+    previous = signal.signal(signal.SIGALRM, waited)
+    signal.setitimer(signal.ITIMER_REAL, seconds)
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def special(path: Path, kind: str) -> Path:
+    """Make a FIFO or a directory at ``path``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if kind == "fifo":
+        os.mkfifo(path)
+    else:
+        path.mkdir()
+    return path
+
+
+def assert_refused(error: BaseException, path: Path, kind: str) -> None:
+    assert isinstance(error, RunFileError)
+    message = str(error)
+    assert "\n" not in message and str(path) in message and KINDS[kind] in message, message
+
+
+# -- readers ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("given", ["run directory", "file"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_run_reader_refuses_a_special_metrics_file_at_once(tmp_path: Path, kind: str, given: str) -> None:
+    """refresh() of a run, or of its metrics.jsonl, that is a FIFO or a directory raises RunFileError naming it."""
+    path = special(tmp_path / "run" / "metrics.jsonl", kind)
+    reader = RunReader(path.parent if given == "run directory" else path)
+    with no_waiting(), pytest.raises(RunFileError) as raised:
+        reader.refresh()
+    assert_refused(raised.value, path, kind)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_other_reader_refuses_or_ignores_a_special_metrics_file_at_once(tmp_path: Path, kind: str) -> None:
+    """RunDigest and tail -n refuse it naming it; the peeked row, the failure note and the lock probe find nothing."""
+    run = tmp_path / "run"
+    path = special(run / "metrics.jsonl", kind)
+    (run / FAILURE_NOTE_FILENAME).write_bytes(orjson.dumps(
+        {"session_id": "s1", "time": "2026-11-29T10:00:00+00:00", "error": "disk full", "end": 0, "size": 0}
+    ).ljust(NOTE_BYTES - 1) + b"\n")  # fmt: skip
+    with no_waiting():
+        for refused in (lambda: RunDigest(run), lambda: last_records(path, 5, keep=lambda record: True)):
+            with pytest.raises(RunFileError) as raised:
+                refused()
+            assert_refused(raised.value, path, kind)
+        assert peek_row("run", path) is None
+        status = StatusRecord(path, None, None, None, None, 0, None)
+        assert write_failure(status) is None
+        assert status.writer_alive() is None
+
+
+def test_a_file_replaced_by_a_fifo_is_refused_by_the_reader_that_was_following_it(tmp_path: Path) -> None:
+    """A reader that read the run keeps its records and refuses the FIFO that replaced the file."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    small_run(path)
+    reader = RunReader(path)
+    assert reader.refresh() == 50
+    path.unlink()
+    special(path, "fifo")
+    with no_waiting(), pytest.raises(RunFileError) as raised:
+        reader.refresh()
+    assert_refused(raised.value, path, "fifo")
+
+
+def test_a_fifo_at_the_cache_path_is_ignored_without_waiting(tmp_path: Path) -> None:
+    """The cache never opens a FIFO it finds where a run's cache file belongs: the run is parsed cold, then cached."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    small_run(path)
+    policy = CachePolicy(tmp_path / "cache", min_records=1)
+    file = LocalFile(path)
+    file.open()
+    key = file.cache_key()
+    file.close()
+    special(policy.path_for(key), "fifo")
+    with no_waiting():
+        assert load(policy, key, max_record_bytes=1 << 20) is None
+        reader = RunReader(path, cache=policy)
+        assert reader.refresh() == 50 and not reader.served_from_cache
+    assert policy.path_for(key).is_file()  # the save replaced the FIFO with a real cache file
+    again = RunReader(path, cache=policy)
+    again.refresh()
+    assert again.served_from_cache and again.records == 50
+
+
+# -- the terminal tools ----------------------------------------------------------------------------
+
+
+def cli(*args: str, unprivileged: bool = False) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "metrics_core", *args], capture_output=True, text=True,
+                          timeout=60, cwd="/", preexec_fn=_drop_file_override if unprivileged else None)  # fmt: skip
+
+
+def _drop_file_override() -> None:
+    """In the child before exec: as root, give up the capabilities that read any file (as a user
+    without them would be), so that a mode-000 file is unreadable to it too."""
+    if os.geteuid() == 0:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+        for capability in (1, 2):  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+            if prctl(24, capability, 0, 0, 0) != 0:  # PR_CAPBSET_DROP
+                os._exit(99)
+
+
+@pytest.mark.parametrize("command", ["tail", "summary"])
+@pytest.mark.parametrize("kind", [*KINDS, "unreadable"])
+def test_the_terminal_tools_refuse_a_special_or_unreadable_file_in_one_line(
+    tmp_path: Path, command: str, kind: str
+) -> None:
+    """tail and summary exit 2 with one stderr line naming the file and why: no traceback, no wait."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    if kind == "unreadable":
+        small_run(path)
+        path.chmod(0)
+    else:
+        special(path, kind)
+    result = cli(command, str(tmp_path / "run"), unprivileged=kind == "unreadable")
+    if result.returncode == 99:
+        pytest.skip("this root process may not drop its capabilities: a mode-000 file stays readable to it")
+    assert result.returncode == 2 and result.stdout == "", result
+    assert result.stderr.startswith(f"error: {path}: ") and result.stderr.count("\n") == 1, result.stderr
+    assert ("Permission denied" if kind == "unreadable" else KINDS[kind]) in result.stderr
+
 
 # -- forked writers --------------------------------------------------------------------------------
 
