@@ -1,7 +1,9 @@
 """Run discovery under a runs root, safe resolution of run names, and run health from the log.
 
 Discovery promises: every directory under ``root`` (down to ``max_depth``) that holds a
-``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.
+``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.  One
+that is no regular file (a FIFO, a directory) is listed too: its readers refuse it naming the
+path and why (``storage.open_regular``), so it shows as a run in error, not as no run.
 Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
 
@@ -75,7 +77,7 @@ def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunIn
                 continue
             link = entry.is_symlink()  # from the directory listing: no system call
             if entry.name == METRICS_FILENAME and relative:
-                if entry.is_file() and (not link or _inside(Path(entry.path), real_root)):
+                if not link or (os.path.exists(entry.path) and _inside(Path(entry.path), real_root)):
                     runs.append(RunInfo("/".join(relative), directory))
                 continue
             if len(relative) >= max_depth or not entry.is_dir():
@@ -88,7 +90,7 @@ def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunIn
             seen.add(real)
             visit(Path(entry.path), real, (*relative, entry.name))
 
-    if (real_root / METRICS_FILENAME).is_file():
+    if (real_root / METRICS_FILENAME).exists():
         runs.append(RunInfo(".", Path(root)))
     visit(Path(root), real_root, ())
     return sorted(runs, key=lambda run: run.name)
@@ -114,7 +116,7 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
     directory = Path(root) / candidate
     if not _inside(directory, real_root):
         raise RunPathError(f"{name!r}: leads outside the runs root {real_root}, or nowhere (a symlink escape or loop)")
-    if not (directory / METRICS_FILENAME).is_file():
+    if not (directory / METRICS_FILENAME).exists():
         raise RunNotFoundError(f"{name!r}: no run there (no {METRICS_FILENAME} under {directory})")
     if not _inside(directory / METRICS_FILENAME, real_root):
         raise RunPathError(f"{name!r}: its {METRICS_FILENAME} links outside the runs root")

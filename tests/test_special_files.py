@@ -24,10 +24,11 @@ import pytest
 from metrics_core import RunContext
 from metrics_core.cache import CachePolicy, load
 from metrics_core.dashboard.rows import peek_row
+from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.digest import RunDigest, last_records
 from metrics_core.errors import MetricsError, RunFileError, WriterLockedError
 from metrics_core.reader import RunReader
-from metrics_core.runs import StatusRecord, write_failure
+from metrics_core.runs import StatusRecord, find_runs, resolve_run, write_failure
 from metrics_core.storage import LocalFile
 from metrics_core.writer import FAILURE_NOTE_FILENAME, NOTE_BYTES, MetricsWriter, TrainingState
 from tests.support import read_records, small_run
@@ -133,6 +134,41 @@ def test_a_fifo_at_the_cache_path_is_ignored_without_waiting(tmp_path: Path) -> 
     again = RunReader(path, cache=policy)
     again.refresh()
     assert again.served_from_cache and again.records == 50
+
+
+# -- the dashboard's store -------------------------------------------------------------------------
+
+
+def test_the_store_lists_special_runs_as_errors_naming_the_path_and_every_other_run_normally(tmp_path: Path) -> None:
+    """A FIFO run and a directory run are error rows naming <run>/metrics.jsonl under the root; so is view()."""
+    root = tmp_path / "runs"
+    for name in ("alpha", "zeta"):
+        small_run(root / name / "metrics.jsonl")
+    special(root / "piped" / "metrics.jsonl", "fifo")
+    special(root / "nested" / "folder" / "metrics.jsonl", "directory")
+    assert [run.name for run in find_runs(root)] == ["alpha", "nested/folder", "piped", "zeta"]
+    store = RunStore(root, force_polling=True, load_budget_s=60.0)
+    try:
+        with no_waiting():
+            rows = {row["run"]: row for row in store.overview().to_dict("records")}
+        assert rows["alpha"]["status"] == rows["zeta"]["status"] == "crashed"
+        assert rows["alpha"]["last step"] == 500 and not isinstance(rows["zeta"]["error"], str)
+        for name, kind in (("piped", "fifo"), ("nested/folder", "directory")):
+            error = rows[name]["error"]
+            assert rows[name]["status"] == "error"
+            assert error.startswith(f"{name}/metrics.jsonl: is a ") and KINDS[kind] in error, error
+            assert str(tmp_path) not in error  # a page never shows the server's paths
+            with no_waiting(), pytest.raises(RunViewError) as raised:
+                store.view(name)
+            assert raised.value.cause == error
+    finally:
+        store.close()
+
+
+def test_resolve_run_finds_a_run_whose_metrics_file_is_special(tmp_path: Path) -> None:
+    """A run page asked for a FIFO run gets the run (and then its error), not "no run there"."""
+    special(tmp_path / "runs" / "piped" / "metrics.jsonl", "fifo")
+    assert resolve_run(tmp_path / "runs", "piped").name == "piped"
 
 
 # -- the terminal tools ----------------------------------------------------------------------------

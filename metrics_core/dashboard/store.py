@@ -78,7 +78,7 @@ from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config
 from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
-from metrics_core.errors import MetricsError, RunNotFoundError
+from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.reader import RunReader
 from metrics_core.runs import END_STATUSES, RunInfo, StatusRecord, find_runs, resolve_run, run_status
 from metrics_core.storage import LocalFile
@@ -391,7 +391,7 @@ class RunStore:
         entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
         entry.trend = LossTrend()
         entry.refreshed_at = float("-inf")
-        entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
+        entry.failure, entry.failure_stamp = _cause(exc, self.root), _stamp(info.metrics_path)
         entry.failed_at = self._clock()
         self._set_row(entry, error_row(info.name, entry.failure))
         return RunViewError(info.name, entry.failure)
@@ -534,7 +534,7 @@ class RunStore:
         except RunViewError:
             pass  # its row says why
         except Exception as exc:  # the run vanished, or the OS refused its path
-            self._set_row(entry, error_row(info.name, _cause(exc)))
+            self._set_row(entry, error_row(info.name, _cause(exc, self.root)))
         finally:
             entry.lock.release()
 
@@ -568,8 +568,11 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _cause(exc: BaseException) -> str:
-    """An exception as one plain line: its type and message, no traceback."""
+def _cause(exc: BaseException, root: Path) -> str:
+    """An exception as one plain line: its type and message, no traceback; a run file that cannot
+    be read is named relative to the runs ``root``, as a page names runs (not the server's path)."""
+    if isinstance(exc, RunFileError):
+        return f"{os.path.relpath(exc.filename, root)}: {exc.reason}"
     message = " ".join(str(exc).split())
     if isinstance(exc, MetricsError):
         return message or type(exc).__name__
