@@ -34,7 +34,7 @@ import orjson
 
 from metrics_core.errors import RunNotFoundError, RunPathError
 from metrics_core.storage import LocalFile, open_regular
-from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
+from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, NOTE_BYTES, tail_start
 
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
@@ -196,11 +196,13 @@ def write_failure(reader: StatusSource) -> WriteFailure | None:
     The note counts only while ``metrics.jsonl`` still ends exactly where the failed write left
     it (same offset after the last complete record, same size), so a record written later, by
     the same or a resumed session, makes it stale.  A blank, torn (being rewritten right now)
-    or unreadable note is no note.  Cost: one small read and a ``stat``, plus a backwards scan
-    of the torn tail when the sizes match.
+    or unreadable note is no note, and so is anything but a regular file, never waited on.
+    Cost: one small read and a ``stat``, plus a backwards scan of the torn tail when the sizes
+    match.
     """
     try:
-        note = orjson.loads((reader.path.parent / FAILURE_NOTE_FILENAME).read_bytes() or b"null")
+        with open(open_regular(reader.path.parent / FAILURE_NOTE_FILENAME), "rb") as file:
+            note = orjson.loads(file.read(NOTE_BYTES) or b"null")
     except (OSError, orjson.JSONDecodeError):
         return None
     if not (isinstance(note, dict) and all(type(note.get(key)) is kind for key, kind in _NOTE_FIELDS.items())):

@@ -16,6 +16,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import datetime, timezone
 from pathlib import Path
 
 import orjson
@@ -28,7 +29,7 @@ from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.digest import RunDigest, last_records
 from metrics_core.errors import MetricsError, RunFileError, WriterLockedError
 from metrics_core.reader import RunReader
-from metrics_core.runs import StatusRecord, find_runs, resolve_run, write_failure
+from metrics_core.runs import StatusRecord, find_runs, resolve_run, run_status, write_failure
 from metrics_core.storage import LocalFile
 from metrics_core.writer import FAILURE_NOTE_FILENAME, NOTE_BYTES, MetricsWriter, TrainingState
 from tests.support import read_records, small_run
@@ -101,6 +102,18 @@ def test_every_other_reader_refuses_or_ignores_a_special_metrics_file_at_once(tm
         status = StatusRecord(path, None, None, None, None, 0, None)
         assert write_failure(status) is None
         assert status.writer_alive() is None
+
+
+def test_a_fifo_where_the_failure_note_belongs_is_no_note(tmp_path: Path) -> None:
+    """run_status of a run beside a FIFO called .metrics.jsonl.failure answers at once: no note, so crashed."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    small_run(path)
+    special(path.parent / FAILURE_NOTE_FILENAME, "fifo")
+    reader = RunReader(path)
+    reader.refresh()
+    with no_waiting():
+        assert write_failure(reader) is None
+        assert run_status(reader, now=datetime(2026, 12, 1, tzinfo=timezone.utc)) == "crashed"
 
 
 def test_a_file_replaced_by_a_fifo_is_refused_by_the_reader_that_was_following_it(tmp_path: Path) -> None:
