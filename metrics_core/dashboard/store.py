@@ -82,7 +82,7 @@ from metrics_core.dashboard.config import run_config
 from metrics_core.dashboard.display_text import under_root
 from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row, unreadable_row
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
-from metrics_core.errors import MetricsError, RunNotFoundError
+from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.reader import RunReader
 from metrics_core.runs import (
     END_STATUSES,
@@ -591,8 +591,10 @@ def _size(path: Path) -> int:
 
 
 def _cause(exc: BaseException, root: Path) -> str:
-    """An exception as one plain line: its type and message, paths relative to the runs ``root``, no
-    traceback."""
+    """An exception as one plain line: its type and message, no traceback; paths are said
+    relative to the runs ``root``, as a page names runs (not the server's path)."""
+    if isinstance(exc, RunFileError):
+        return f"{os.path.relpath(exc.filename, root)}: {exc.reason}"
     message = under_root(" ".join(str(exc).split()), root)
     if isinstance(exc, MetricsError):
         return message or type(exc).__name__
