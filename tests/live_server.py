@@ -58,15 +58,16 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_app(app: Path, *args: str) -> Iterator[str]:
-    """``streamlit run app -- *args`` on a free loopback port: yield its base URL, then stop it."""
+def streamlit_app(app: Path, *args: str, repo: Path = REPO) -> Iterator[str]:
+    """``streamlit run app -- *args`` on a free loopback port, importing the code of the tree ``repo``
+    (a benchmark's baseline may be another worktree): yield its base URL, then stop it."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # not a pipe: nobody drains it while the server runs
         process = subprocess.Popen(
             [sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
              "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=repo, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(repo)},
         )  # fmt: skip
         try:
             wait_for_http(f"{url}/_stcore/health", process, log, what=str(app))
