@@ -15,6 +15,7 @@ from metrics_core.dashboard.widgets import (
     config_panel,
     csv_button,
     health_panel,
+    latest_view,
     live_view,
     page_theme,
     run_or_pick,
@@ -24,7 +25,8 @@ from metrics_core.dashboard.widgets import (
 config = settings()
 store = get_store(config)
 load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
-name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
+picked = run_or_pick(store, refresh=config.refresh)
+name = picked.name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
 sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
@@ -61,9 +63,13 @@ def charts() -> None:
         with left if number % 2 == 0 else right:
             zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
             live_chart(figure, key=chart_key(key), zoom=zoom)  # a zoom shows that x-range's raw records
-            file_name = f"{file_stem(name)}-{key}.csv"
-            rows = lambda key=key: chart_csv(chart_specs(view, options.history)[key])  # noqa: E731 - built on click
-            csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
 
 
 charts()
+# Outside the live fragment: a download button costs every tab a registration per refresh, and its
+# CSV is built on click from the run as it is then.
+with st.container(horizontal=True, vertical_alignment="center"):
+    st.caption("CSV of a chart's raw rows:", width="content")
+    for key, spec in chart_specs(picked, history).items():
+        rows = lambda key=key: chart_csv(chart_specs(latest_view(store, picked), history)[key])  # noqa: E731
+        csv_button(spec.title, rows, f"{file_stem(name)}-{key}.csv", key=f"csv_{key}")

@@ -275,6 +275,15 @@ def live_view(store: RunStore, name: str) -> RunView | None:
         return None
 
 
+def latest_view(store: RunStore, shown: RunView) -> RunView:
+    """The run's latest view, or ``shown`` when it cannot be read right now (a click on a
+    button built from ``shown`` still gets its data)."""
+    try:
+        return store.view(shown.name)
+    except STORE_ERRORS:
+        return shown
+
+
 def overview_or_stop(store: RunStore) -> pd.DataFrame:
     """The runs table, or a plain message when the root itself cannot be listed."""
     try:
