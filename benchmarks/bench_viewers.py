@@ -32,9 +32,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_live import cpu_seconds, server_pid
-from benchmarks.generate import write_run
-from metrics_core import MetricsWriter, RunContext, TrainingState
+from benchmarks.bench_live import cpu_seconds, live_run, server_pid
+from metrics_core import MetricsWriter, TrainingState
 from tests.live_server import REPO, streamlit_app
 
 FIRST_STEP = 10**8  # nine digits: a step's text appears in a message only where the record is drawn
@@ -137,9 +136,7 @@ def measure(
     """``viewers`` sessions on one live run served from the tree ``repo``."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        run = RunContext(root / "live", "live", "s1")
-        if history:
-            write_run(run.directory / "metrics.jsonl", history)
+        run = live_run(root, history)
         state = TrainingState()
         app = (repo / "app.py", "--runs", str(root), "--refresh", str(refresh))
         with streamlit_app(*app, repo=repo) as url, MetricsWriter(run) as writer:
