@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from metrics_core.runs import CRASH_REASON
 from metrics_core.sessions import Session
 
 
@@ -116,11 +117,13 @@ def session_table(sessions: Sequence[Session], train: pd.DataFrame, run_status: 
                 "resume step": session.resume_step if session.index else None,
                 "steps replayed": session.steps_replayed,
                 "tokens replayed": session.tokens_replayed,
+                "tokens replayed is an upper bound": session.tokens_replayed_is_upper_bound,
                 "records": session.records,
                 "discarded bytes": session.discarded_bytes,
                 "skipped updates": None if skipped is None else int(skipped),
                 "mean tokens/s": round(tokens / duration) if duration > 0 else None,
                 "end status": ended or "no session_end",
+                "reason": session.end_error or (CRASH_REASON if ended == "crashed" else None),
             }
         )
     return pd.DataFrame(rows).astype({"resume step": "Int64", "discarded bytes": "Int64", "mean tokens/s": "Int64"})

@@ -57,7 +57,7 @@ from metrics_core.lines import Position
 from metrics_core.records import BadLine
 from metrics_core.sessions import SessionLog
 
-FORMAT = 2  # bump when the record rules (records.py) or the column typing (columns.py) change
+FORMAT = 3  # bump when the record rules (records.py) or the column typing (columns.py) change
 _MAGIC = b"MCCACHE1"
 _PREFIX = struct.Struct("<8sQQI")  # magic, header bytes, payload bytes, crc32 of header + payload
 _NUMERIC = {"int": "int64", "float": "float64", "bool": "int8"}

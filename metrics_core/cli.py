@@ -33,6 +33,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TextIO
 
+from metrics_core.alerts import add_command, command
 from metrics_core.digest import Rates, RunDigest, batches, follow_file, last_records
 from metrics_core.errors import MetricsError
 from metrics_core.health import Finding
@@ -44,6 +45,7 @@ from metrics_core.text import clean, fit, fit_middle, width
 WIDTH = 100  # summary lines fit an 100-column terminal
 MISSING = "—"
 ID_COLUMNS = 16  # session ids, shortened in the middle: their ends tell sessions apart
+CLOCK_SLACK_S = 1.0  # a record this far in the future is the writer's clock ahead of ours, not "-3 s ago"
 
 # -- formatting ---------------------------------------------------------------------------------
 
@@ -282,7 +284,9 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
         state += f" — write failed: {clean(failure.error)}"
     last = summary.last_record_time
     if last is not None:
-        state += f" · last record {last:%Y-%m-%d %H:%M:%S}Z ({duration_text((now - last).total_seconds())} ago)"
+        age = (now - last).total_seconds()
+        when = f"{duration_text(age)} ago" if age >= -CLOCK_SLACK_S else f"clock ahead by {duration_text(-age)}"
+        state += f" · last record {last:%Y-%m-%d %H:%M:%S}Z ({when})"
     lines.append(f"{'status':<{label}}{state}")
     sessions = digest.sessions
     lines.append(f"{'records':<{label}}{summary.records:,} in {summary.sessions:,} session(s) · "
@@ -293,6 +297,7 @@ def summary_lines(digest: RunDigest, *, now: datetime) -> list[str]:
         share = MISSING if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
         lines.append(f"{'lost work':<{label}}downtime {duration_text(lost.downtime_s)} · "
                      f"{count_text(lost.steps_replayed)} steps and "
+                     f"{'≤ ' if lost.tokens_replayed_is_upper_bound else ''}"
                      f"{count_text(lost.tokens_replayed)} tokens replayed")  # fmt: skip
         lines.append(" " * label + f"training time superseded {share} (train windows a later session redid)")
         losses = []
@@ -344,6 +349,10 @@ def _parser() -> argparse.ArgumentParser:
     tail_cmd.add_argument("--interval", type=_interval_arg, default=1.0, help="seconds between checks with --follow")
     summary_cmd = commands.add_parser("summary", help="status, sessions, lost work and health checks")
     summary_cmd.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
+    add_command(commands)
+    commands.add_parser(
+        "serve", add_help=False, help="the live dashboard, as metrics-dashboard (needs metrics-core[app])"
+    )
     return parser
 
 
@@ -351,7 +360,15 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     """Run one command; return the exit status (see the module docstring)."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # imports Streamlit: only here, never for tail or summary
+        from metrics_core.dashboard.launch import main as serve
+
+        serve(argv[1:])
+        return 0
     args = _parser().parse_args(argv)
+    if args.command == "alerts":
+        return command(args, out, err)
     try:
         path = metrics_path(args.run_dir)
         if args.command == "tail":

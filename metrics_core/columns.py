@@ -336,13 +336,13 @@ def event_rows(table: Table, sessions: np.ndarray, count: int, *, train: bool) -
     else:
         order = None
     bounds = np.searchsorted(sessions, np.arange(count + 1))
-    tokens = times = None
+    tokens = times = seen = None
     if train:
         column = table.columns.get("tokens")
         tokens = np.zeros(len(steps)) if column is None else column.numbers()
-        times = table.columns["time"].view()
+        times, seen = table.columns["time"].view(), table.columns["tokens_seen"].view()
         if order is not None:
-            tokens, times = tokens[order], times[order]
+            tokens, times, seen = tokens[order], times[order], seen[order]
     result = {}
     for index in range(count - 1):
         start, stop = int(bounds[index]), int(bounds[index + 1])
@@ -353,7 +353,7 @@ def event_rows(table: Table, sessions: np.ndarray, count: int, *, train: bool) -
         if train:
             window = np.diff(times[start:stop]) / 1e9
             held = EventRows(mine, held.ordered, _running_sum(tokens[start:stop]),
-                             _running_sum(np.concatenate(([0.0], window))))  # fmt: skip
+                             _running_sum(np.concatenate(([0.0], window))), seen[start:stop])  # fmt: skip
         result[index] = held
     return result
 

@@ -228,15 +228,16 @@ class Rates:
 @dataclass(slots=True)
 class _Rows:
     """What ``sessions.replay`` needs of one (event, session): its steps and, for train, running
-    sums of tokens and window times; ~8-24 bytes a record."""
+    sums of tokens and window times and the ``tokens_seen`` counters; ~8-32 bytes a record."""
 
     steps: array = field(default_factory=lambda: array("q"))
     ordered: bool = True
     tokens_cum: array | None = None
     window_cum: array | None = None
+    tokens_seen: array | None = None
 
     def held(self) -> EventRows:
-        return EventRows(self.steps, self.ordered, self.tokens_cum, self.window_cum)
+        return EventRows(self.steps, self.ordered, self.tokens_cum, self.window_cum, self.tokens_seen)
 
 
 @dataclass(slots=True)
@@ -316,6 +317,7 @@ class RunDigest(FollowedLog):
                 rows = self._rows[event][index] = _Rows()
                 if event == "train":
                     rows.tokens_cum, rows.window_cum = array("d", [0.0]), array("d", [0.0])
+                    rows.tokens_seen = array("q")
             if rows.steps and step < rows.steps[-1]:
                 rows.ordered = False
             rows.steps.append(step)
@@ -332,6 +334,7 @@ class RunDigest(FollowedLog):
         step, when = record["step"], record["time"]
         tokens = number(record.get("tokens"))
         rows.tokens_cum.append(rows.tokens_cum[-1] + (0.0 if tokens is None or math.isnan(tokens) else tokens))
+        rows.tokens_seen.append(record["tokens_seen"])
         before = self._last_train_time.get(index)
         rows.window_cum.append(rows.window_cum[-1] + (0.0 if before is None else (when - before) / 1e9))
         self._last_train_time[index] = when
@@ -356,7 +359,7 @@ class RunDigest(FollowedLog):
             rows = {event: {index: rows.held() for index, rows in by_session.items()}
                     for event, by_session in self._rows.items()}  # fmt: skip
             thresholds = {event: self.log.thresholds(event) for event in rows}
-            self._replay = (key, replay(self.log.first_steps(), thresholds, rows))
+            self._replay = (key, replay(self.log.first_steps(), thresholds, rows, first_tokens=self.log.first_tokens()))
         return self._replay[1]
 
     @property

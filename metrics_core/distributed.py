@@ -26,8 +26,9 @@ Contract
   from a checkpoint's step.  Whether every rank agreed is recorded in ``ranks_in_lockstep``
   (SUM == world_size × MAX for each count).  ``grad_norm_avg`` is over every rank's successful
   updates, ``grad_norm_max`` a MAX, ``clipped_fraction`` the summed clipped over the summed updates.
-* **Validation after the collective.** A NaN tensor loss on any rank makes the global sum NaN, so
-  every rank raises the same ``RecordValueError`` after the reduction, and none is left waiting.
+* **Non-finite loss after the collective.** A NaN tensor loss on any rank makes the global sum NaN,
+  so every rank reports the same ``train_loss`` None and ``nonfinite_loss`` True after the
+  reduction, and none is left waiting.
 * **Per-rank health** (also in the SUM, one slot per rank): each rank's time per attempt and
   tokens/s, from ``time.monotonic`` on the host at the window's start and at ``summary()`` entry —
   no device sync.  The window starts at ``reset()`` (the previous ``summary``), or for a fresh
@@ -38,6 +39,14 @@ Contract
 * **Groups.** ``group=None`` is the default (world) group.  With tensor or pipeline parallelism
   pass the data-parallel group: its ranks must see different batches, or tokens count twice.
   ``slowest_rank`` is always a global rank.
+* **A rank's failure is named.**  When one rank raises, the others only see the symptom: the
+  launcher's SIGTERM (``torchrun`` stops every worker once one has exited) or a broken
+  collective.  So a rank other than 0 whose session fails leaves a rank failure note beside the
+  metrics file (``.metrics.rank-<rank>.failure``: ``rank``, ``world_size``, ``time``, ``error``),
+  written before its process exits and so before any other rank can notice the death; rank 0,
+  ending its session on anything but success, ends it ``failed`` with the earliest note written
+  since its own process started (older notes are a previous job's).  Needs the run directory on
+  a filesystem every rank sees (always true on one node); elsewhere the note is simply not found.
 
 Nothing here is imported by ``import metrics_core``; torch is imported only by ``DistributedWindow``
 methods and by ``process_group_rank`` once the caller has imported ``torch.distributed``.
@@ -45,12 +54,18 @@ methods and by ``process_group_rank`` once the caller has imported ``torch.distr
 
 from __future__ import annotations
 
+import contextlib
 import math
+import os
 import sys
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
 from typing import Any
+
+import orjson
 
 from metrics_core.errors import WindowReductionError
 from metrics_core.window import TrainingWindow, WindowTotals
@@ -64,6 +79,8 @@ SUM_FIELDS = (
 # Layout of the MAX vector.
 MAX_FIELDS = ("grad_norm_max", "attempts", "updates", "skips", "nonfinite")
 _COUNTS = ("attempts", "updates", "skips", "nonfinite")
+# Hidden, so run discovery ignores it; one per failed rank, the latest failure of that rank.
+RANK_FAILURE_GLOB = ".metrics.rank-*.failure"
 
 
 def process_group_rank() -> tuple[int, int] | None:
@@ -225,6 +242,74 @@ class DistributedWindow(TrainingWindow):
 
         health = rank_health(reduced[count : count + size], reduced[count + size : count + 2 * size], global_rank)
         return {**summary, "ranks_in_lockstep": lockstep, **health.fields()}
+
+
+@dataclass(frozen=True, slots=True)
+class RankFailure:
+    """The exception that ended one rank's session, as its note tells it."""
+
+    rank: int
+    world_size: int
+    time: datetime
+    error: str  # "ValueError: bad batch"
+
+    def end_fields(self, seen_on_rank_0: str) -> dict[str, Any]:
+        """Rank 0's ``session_end`` values: the cause, then what rank 0 itself saw of it."""
+        return {"status": "failed", "error": f"rank {self.rank}: {self.error}"[:2000], "failed_rank": self.rank,
+                "rank_0_error": seen_on_rank_0}  # fmt: skip
+
+
+def leave_rank_failure(directory: Path, failure: RankFailure) -> None:
+    """Write ``failure`` as its rank's note in ``directory``, whole or not at all (rename).
+
+    Best effort: the rank is failing already, and its own exception is what must propagate.
+    """
+    path = directory / f".metrics.rank-{failure.rank}.failure"
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    note = {"rank": failure.rank, "world_size": failure.world_size, "time": failure.time.isoformat(),
+            "error": failure.error}  # fmt: skip
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        temporary.write_bytes(orjson.dumps(note))
+        os.replace(temporary, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            temporary.unlink(missing_ok=True)  # a full disk may have left part of it
+
+
+def rank_failures(directory: Path, *, since: datetime, until: datetime) -> list[RankFailure]:
+    """The rank failure notes in ``directory`` written in ``[since, until]``, earliest first.
+
+    A note that is torn, unreadable or not of the note's shape is no note.
+    """
+    failures = []
+    for path in directory.glob(RANK_FAILURE_GLOB):
+        try:
+            note = orjson.loads(path.read_bytes())
+            failure = RankFailure(note["rank"], note["world_size"], datetime.fromisoformat(note["time"]), note["error"])
+        except (OSError, orjson.JSONDecodeError, TypeError, KeyError, ValueError):
+            continue
+        valid = type(failure.rank) is int and type(failure.world_size) is int and isinstance(failure.error, str)
+        if valid and failure.time.tzinfo is not None and since <= failure.time <= until:
+            failures.append(failure)
+    return sorted(failures, key=lambda failure: failure.time)
+
+
+def process_start_time() -> datetime | None:
+    """When this process started (Linux ``/proc``, to the clock tick), or None where unknown.
+
+    The notes of this job's ranks are all younger: a rank can only fail once every rank of the
+    process group, rank 0 included, has joined it.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            ticks = int(stat.read().rsplit(b")", 1)[1].split()[19])  # since boot; the name may hold ")"
+        since_boot = time.clock_gettime(time.CLOCK_BOOTTIME)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return None
+    tick = 1 / os.sysconf("SC_CLK_TCK")
+    started = time.time() - since_boot + (ticks - 1) * tick  # one tick early: never after the truth
+    return datetime.fromtimestamp(started, timezone.utc)
 
 
 class SilentWriter:

@@ -52,3 +52,7 @@ class RunPathError(MetricsError, ValueError):
 
 class WindowReductionError(MetricsError, RuntimeError):
     """The collective that reduces a window across ranks failed: a rank died, hung or skipped it."""
+
+
+class AlertConfigError(MetricsError, ValueError):
+    """An alerts configuration (TOML file or option) that cannot be used: the file, the key and why."""

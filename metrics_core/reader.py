@@ -428,7 +428,7 @@ class RunReader(FollowedLog):
         rows = {event: event_rows(table, self._global_sessions(table), len(log), train=event == "train")
                 for event, table in self._tables.items()}  # fmt: skip
         thresholds = {event: log.thresholds(event) for event in rows}
-        redone = replay(log.first_steps(), thresholds, rows)
+        redone = replay(log.first_steps(), thresholds, rows, first_tokens=log.first_tokens())
         self._replay = (key, redone)
         return redone
 

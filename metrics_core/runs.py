@@ -4,6 +4,10 @@ Discovery promises: every directory under ``root`` (down to ``max_depth``) that 
 ``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.
 Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
+An entry that cannot be looked into (a directory the OS refuses to list, a symlink loop, a link
+through a file) never hides the others: ``discover_runs`` lists every other run and names each such
+entry, relative to ``root``, with the reason (``UnreadableEntry``).  A link to nothing hides no run
+(nothing is there) and is skipped, like an entry removed during the walk.
 
 Status comes from the run directory alone (the log, its lock and the writer's failure note),
 never from a heartbeat thread:
@@ -16,12 +20,15 @@ never from a heartbeat thread:
 * ``stalled``  — no recent record, but a writer still holds the file's lock (a hung job) or we
   cannot tell;
 * ``crashed``  — no recent record and no writer holds the lock: the process ended without a
-  ``session_end`` (SIGKILL, OOM, node loss); also a torn last line with no writer behind it;
+  ``session_end`` (SIGKILL, OOM, node loss); also a torn last line with no writer behind it; and
+  at once, whatever the last record's age, when the reader has seen this file's lock held and
+  finds it free (locks work there, so the writer is gone: the heartbeat rule is for the others);
 * ``empty``    — the file holds no complete record yet.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 from dataclasses import dataclass
 from datetime import datetime
@@ -59,39 +66,91 @@ def _real_root(root: str | os.PathLike[str]) -> Path:
     return path.resolve()
 
 
-def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunInfo]:
-    """Every run under ``root``, sorted by name; see the module docstring for the rules."""
+@dataclass(frozen=True, slots=True)
+class UnreadableEntry:
+    """An entry under the runs root that discovery could not look into, so no run below it is
+    listed: its path relative to the root (``.`` for the root itself) and why."""
+
+    name: str
+    reason: str  # "symlink loop", "permission denied", "not a directory", or the OS's words
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.reason}"
+
+
+@dataclass(frozen=True, slots=True)
+class RunListing:
+    """What one walk of the runs root found: the runs, and the entries it could not look into,
+    each sorted by name."""
+
+    runs: tuple[RunInfo, ...]
+    unreadable: tuple[UnreadableEntry, ...]
+
+
+_REASONS = {errno.ELOOP: "symlink loop", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
+            errno.ENOTDIR: "not a directory"}  # fmt: skip
+
+
+def _reason(exc: OSError) -> str:
+    return _REASONS.get(exc.errno) or exc.strerror or type(exc).__name__
+
+
+def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunListing:
+    """Every run under ``root`` and every entry that could not be looked into; see the module
+    docstring for the rules.  Raises ``RunNotFoundError`` only when ``root`` itself is no directory.
+
+    Cost: one ``scandir`` per directory, plus one ``stat`` per symlink (to follow it) and one
+    ``realpath`` per symlink to a directory; a plain entry costs no system call of its own.
+    """
     real_root = _real_root(root)
     runs: list[RunInfo] = []
+    unreadable: list[UnreadableEntry] = []
     seen: set[Path] = {real_root}
 
     def visit(directory: Path, real_directory: Path, relative: tuple[str, ...]) -> None:
         try:
-            entries = sorted(os.scandir(directory), key=lambda entry: (entry.is_symlink(), entry.name))
-        except OSError:
-            return  # unreadable or vanished: nothing to list
+            with os.scandir(directory) as listing:
+                entries = sorted(listing, key=lambda entry: (entry.is_symlink(), entry.name))
+        except FileNotFoundError:
+            return  # removed since its parent was listed
+        except OSError as exc:
+            unreadable.append(UnreadableEntry("/".join(relative) or ".", _reason(exc)))
+            return
         for entry in entries:
             if entry.name.startswith("."):
                 continue
             link = entry.is_symlink()  # from the directory listing: no system call
-            if entry.name == METRICS_FILENAME and relative:
-                if entry.is_file() and (not link or _inside(Path(entry.path), real_root)):
-                    runs.append(RunInfo("/".join(relative), directory))
-                continue
-            if len(relative) >= max_depth or not entry.is_dir():
+            try:
+                if link:
+                    entry.stat()  # follows it (kept for is_dir/is_file): a loop or a file on the way raises here
+                if entry.name == METRICS_FILENAME:
+                    if entry.is_file() and (not link or _inside(Path(entry.path), real_root)):
+                        runs.append(RunInfo("/".join(relative) or ".", directory))
+                    continue
+                if len(relative) >= max_depth or not entry.is_dir():
+                    continue
+            except FileNotFoundError:
+                continue  # a link to nothing, or removed since the listing
+            except OSError as exc:
+                unreadable.append(UnreadableEntry("/".join((*relative, entry.name)), _reason(exc)))
                 continue
             # Only a link can lead elsewhere: anything else is its real parent's real path plus its
             # name, so the walk resolves (an lstat per path component) links alone, not 1,000 runs.
-            real = Path(entry.path).resolve() if link else real_directory / entry.name
+            real = Path(os.path.realpath(entry.path)) if link else real_directory / entry.name
             if real in seen or not real.is_relative_to(real_root):
                 continue
             seen.add(real)
             visit(Path(entry.path), real, (*relative, entry.name))
 
-    if (real_root / METRICS_FILENAME).is_file():
-        runs.append(RunInfo(".", Path(root)))
     visit(Path(root), real_root, ())
-    return sorted(runs, key=lambda run: run.name)
+    return RunListing(tuple(sorted(runs, key=lambda run: run.name)),
+                      tuple(sorted(unreadable, key=lambda entry: entry.name)))  # fmt: skip
+
+
+def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunInfo]:
+    """Every run under ``root``, sorted by name; see the module docstring for the rules.  An entry
+    that cannot be looked into is left out: ``discover_runs`` names them."""
+    return list(discover_runs(root, max_depth=max_depth).runs)
 
 
 def _inside(path: Path, real_root: Path) -> bool:
@@ -113,7 +172,7 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
         raise RunPathError(f"{name!r}: a run name is a path relative to the runs root, without '..'")
     directory = Path(root) / candidate
     if not _inside(directory, real_root):
-        raise RunPathError(f"{name!r}: leads outside the runs root {real_root}, or nowhere (a symlink escape or loop)")
+        raise RunPathError(f"{name!r}: leads outside the runs root, or nowhere (a symlink escape or loop)")
     if not (directory / METRICS_FILENAME).is_file():
         raise RunNotFoundError(f"{name!r}: no run there (no {METRICS_FILENAME} under {directory})")
     if not _inside(directory / METRICS_FILENAME, real_root):
@@ -134,6 +193,9 @@ class StatusSource(Protocol):
     def last_end_status(self) -> str | None: ...
 
     @property
+    def last_end_error(self) -> str | None: ...
+
+    @property
     def last_record_time(self) -> datetime | None: ...
 
     @property
@@ -142,6 +204,10 @@ class StatusSource(Protocol):
     def typical_gap_s(self) -> float | None: ...
 
     def writer_alive(self) -> bool | None: ...
+
+    # Whether ``writer_alive`` has found the lock held on this file before: then locks work where
+    # it lives (a local disk; NFS and Lustre carry them too) and a free lock is a dead writer.
+    lock_seen: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,14 +220,16 @@ class StatusRecord:
     identity: tuple[int, ...] | None
     last_event: str | None
     last_end_status: str | None
+    last_end_error: str | None
     last_record_time: datetime | None
     pending_bytes: int
     gap_s: float | None
+    lock_seen: bool
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
-        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_record_time,
-                   source.pending_bytes, source.typical_gap_s())  # fmt: skip
+        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_end_error,
+                   source.last_record_time, source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s
@@ -231,9 +299,24 @@ def run_status(reader: StatusSource, *, now: datetime) -> str:
     if last is None:
         return "empty"
     alive = reader.writer_alive()
-    if reader.pending_bytes and alive is False:
-        return "crashed"
+    if alive is False and (reader.pending_bytes or reader.lock_seen):
+        return "crashed"  # at once, not after the heartbeat: this file's writer held its lock and let go
     gap = reader.typical_gap_s() or 0.0
     if (now - last).total_seconds() <= max(STALL_FLOOR_S, STALL_GAPS * gap):
         return "live"
     return "crashed" if alive is False else "stalled"
+
+
+CRASH_REASON = "ended without a session_end: killed (SIGKILL, out of memory) or its node was lost"
+
+
+def stop_reason(source: StatusSource, status: str) -> str | None:
+    """Why a run with ``status`` (``run_status``'s answer) stopped, in one line: its
+    ``session_end``'s error (the exception, the signal, the failing rank), the write that failed
+    (disk full), or what a crash means; None for a run that did not stop or finished."""
+    if status in ("failed", "interrupted"):
+        if source.last_event == "session_end":
+            return source.last_end_error
+        failure = write_failure(source)
+        return None if failure is None else f"write failed: {failure.error}"
+    return CRASH_REASON if status == "crashed" else None

@@ -27,8 +27,8 @@ When a ``torch.distributed`` process group is initialised before the block, the 
 by itself (nothing is imported for a single process):
 
 * only global rank 0 opens the ``MetricsWriter``; every other rank gets a ``SilentWriter`` that
-  builds and validates each record and writes nothing — it never creates, opens or locks the run
-  directory, so ranks do not need to agree on a shared filesystem;
+  builds and validates each record and writes nothing — it never opens or locks the metrics file,
+  so ranks do not need to agree on a shared filesystem (only a failing rank's note, below, needs one);
 * ``session_start`` records ``rank`` and ``world_size``;
 * ``session.window`` is a ``DistributedWindow``: ``log_window`` reduces the window over the group
   (``group=``, default the world) and is therefore a **collective: call it on every rank, at the
@@ -38,7 +38,13 @@ by itself (nothing is imported for a single process):
   ranks (they write only on rank 0);
 * a rank that dies or stops calling ``log_window`` makes the others fail in their next
   ``log_window`` with ``WindowReductionError`` once the process group's ``timeout`` has passed
-  (gloo notices a dead peer's closed sockets at once), and rank 0 ends the session ``failed``.
+  (gloo notices a dead peer's closed sockets at once), and rank 0 ends the session ``failed``;
+* a rank whose session fails leaves its exception beside the metrics file, and rank 0 ends its
+  session ``failed`` with that rank and exception (``failed_rank``; what rank 0 saw itself, the
+  launcher's SIGTERM or the broken collective, in ``rank_0_error``), whatever order the ranks
+  died in (``metrics_core.distributed``).  That is the one file a rank other than 0 writes.
+* a SIGTERM that arrives while ``session_end`` is being written is absorbed: the process is
+  ending with the exception already.
 """
 
 from __future__ import annotations
@@ -53,8 +59,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from metrics_core.distributed import DistributedWindow, SilentWriter, process_group_rank
-from metrics_core.errors import WriteFailedError
+from metrics_core.distributed import (
+    DistributedWindow,
+    RankFailure,
+    SilentWriter,
+    leave_rank_failure,
+    process_group_rank,
+    process_start_time,
+    rank_failures,
+)
+from metrics_core.errors import WindowReductionError, WriteFailedError
 from metrics_core.window import TrainingWindow
 from metrics_core.writer import MetricsWriter, RunContext, TrainingState
 
@@ -165,27 +179,54 @@ def training_session(
         session.log("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
                     **distributed)  # fmt: skip
         previous = _install_sigterm() if handle_sigterm else None
+        job_started = (process_start_time() or datetime.now(timezone.utc)) if ranks is not None else None
         try:
             if config is not None:
                 session.writer.write_config(session.state, config)
             yield session
-        except (KeyboardInterrupt, _Terminated) as exc:
-            cause = "SIGTERM" if isinstance(exc, _Terminated) else "KeyboardInterrupt"
-            _end_while_unwinding(session, exc, status="interrupted", error=cause)
+        except BaseException as exc:
+            if previous is not None:  # a SIGTERM now must not cut the session_end being written
+                signal.signal(signal.SIGTERM, _absorb_sigterm)
+            if isinstance(exc, (KeyboardInterrupt, _Terminated)):
+                cause = "SIGTERM" if isinstance(exc, _Terminated) else "KeyboardInterrupt"
+                end = {"status": "interrupted", "error": cause}
+            elif isinstance(exc, SystemExit) and exc.code in (0, None):
+                end = {"status": "finished"}
+            else:
+                end = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]}
+            if job_started is not None and end["status"] != "finished":
+                end = _rank_cause(session, exc, end, job_started)
+            _end_while_unwinding(session, exc, **end)
             if isinstance(exc, _Terminated):
                 raise SystemExit(SIGTERM_EXIT) from None
-            raise
-        except BaseException as exc:
-            if isinstance(exc, SystemExit) and exc.code in (0, None):
-                _end_while_unwinding(session, exc, status="finished")
-            else:
-                _end_while_unwinding(session, exc, status="failed", error=f"{type(exc).__name__}: {exc}"[:2000])
             raise
         else:
             session.log("session_end", status="finished")
         finally:
             if previous is not None:
                 signal.signal(signal.SIGTERM, previous)
+
+
+def _rank_cause(
+    session: TrainingSession, exc: BaseException, end: dict[str, Any], job_started: datetime
+) -> dict[str, Any]:
+    """The ``session_end`` of a data-parallel session, with the failing rank named (module docstring).
+
+    A rank other than 0 leaves its own failure for rank 0 to find, unless it is the symptom of
+    another rank's (a broken window reduction).  Rank 0 ends with the earliest rank failure since
+    its job started, when there is one, ahead of what it saw itself (SIGTERM, a broken collective);
+    a failure every rank shares (a record refused after the reduction raises the same error on
+    each) stays rank 0's own.
+    """
+    now = datetime.now(timezone.utc)
+    directory = session.writer.run.directory
+    if not session.writes:
+        if end["status"] == "failed" and not isinstance(exc, WindowReductionError):
+            leave_rank_failure(directory, RankFailure(session.rank, session.world_size, now, end["error"]))
+        return end
+    failures = [failure for failure in rank_failures(directory, since=job_started, until=now)
+                if failure.error != end["error"]]  # fmt: skip
+    return failures[0].end_fields(end["error"]) if failures else end
 
 
 def _end_while_unwinding(session: TrainingSession, exc: BaseException, **values: Any) -> None:
@@ -198,6 +239,10 @@ def _end_while_unwinding(session: TrainingSession, exc: BaseException, **values:
         session.log("session_end", **values)
     except WriteFailedError as failure:
         exc.add_note(f"session_end was not written: {failure}")
+
+
+def _absorb_sigterm(signum: int, frame: object) -> None:
+    """While the session unwinds the process is ending already; the signal adds nothing."""
 
 
 def _install_sigterm() -> Any:

@@ -13,6 +13,14 @@ exactly S when it logged the same event at S itself (``thresholds``).  ``replay`
 into what each resume cost: the steps, tokens and records of earlier sessions' work it redid,
 and the training time that produced superseded train windows.
 
+A train window logged at step W covers the updates since the previous train record, so a resume
+step S inside it (previous < S < W) splits it: only its tokens after S were redone.  They are
+counted exactly from ``tokens_seen``: the resumed session's first record holds the counter at S,
+restored from the checkpoint, and the window's own record holds it at W.  When the resumed
+counter does not lie within the window's (a trainer that does not restore ``tokens_seen``), the
+records do not say where S fell, and the whole window is counted: the figure is then an upper
+bound, and says so (``tokens_replayed_is_upper_bound``).
+
 Assumed: one writer at a time (``MetricsWriter`` enforces it), so a session's records are
 contiguous and an earlier session's records never change once a later one has begun.
 """
@@ -64,7 +72,8 @@ class Session:
     """One process lifetime writing the run, with what its resume cost.
 
     ``steps_replayed`` / ``tokens_replayed`` / ``records_superseded`` describe the earlier
-    sessions' records this session made obsolete by resuming from an older step (work redone).
+    sessions' records this session made obsolete by resuming from an older step (work redone);
+    ``tokens_replayed`` is exact unless ``tokens_replayed_is_upper_bound`` (module docstring).
     ``downtime_s`` is the wall-clock gap since the previous session's last record.
     """
 
@@ -81,10 +90,12 @@ class Session:
     downtime_s: float | None
     steps_replayed: int
     tokens_replayed: int
+    tokens_replayed_is_upper_bound: bool
     records_superseded: int
     discarded_bytes: int | None
     resumed_from_step: int | None
     end_status: str | None
+    end_error: str | None  # its session_end's ``error``: "ValueError: …", "SIGTERM", "rank 2: …"
 
     @property
     def resume_step(self) -> int:
@@ -109,6 +120,7 @@ class LostWork:
     downtime_s: float
     steps_replayed: int
     tokens_replayed: int
+    tokens_replayed_is_upper_bound: bool  # some resume fell inside a window the records cannot split
     superseded_time_s: float  # training time that produced train windows a later session redid
     training_time_s: float
 
@@ -124,15 +136,16 @@ class EventRows:
 
     ``tokens_cum`` / ``window_cum`` (train only): running sums with a leading 0, one more than
     ``steps``, of the window's tokens and of the wall time since the session's previous train
-    record (a missing value counts 0).  Any sequence type: ``array`` for the terminal tools,
-    numpy for the reader.  ``ordered``: steps never go down, so the rows a later session redid
-    are one range, found by bisection.
+    record (a missing value counts 0); ``tokens_seen`` (train only) each record's counter.  Any
+    sequence type: ``array`` for the terminal tools, numpy for the reader.  ``ordered``: steps
+    never go down, so the rows a later session redid are one range, found by bisection.
     """
 
     steps: Sequence[int]
     ordered: bool
     tokens_cum: Sequence[float] | None = None
     window_cum: Sequence[float] | None = None
+    tokens_seen: Sequence[int] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -142,14 +155,21 @@ class Replay:
 
     steps: list[int]
     tokens: list[int]
+    tokens_bound: list[bool]  # per session: its tokens are an upper bound (module docstring)
     records: list[int]
     superseded_time_s: float
 
 
 def replay(
-    first_steps: Sequence[int], thresholds: Mapping[str, Sequence[float]], rows: Mapping[str, Mapping[int, EventRows]]
+    first_steps: Sequence[int],
+    thresholds: Mapping[str, Sequence[float]],
+    rows: Mapping[str, Mapping[int, EventRows]],
+    *,
+    first_tokens: Sequence[int],
 ) -> Replay:
     """What each session's resume redid, from every earlier session's ``EventRows``.
+
+    ``first_tokens``: each session's ``tokens_seen`` at its first record, where it resumed.
 
     Each earlier record is redone by at most one session: the first later one whose threshold is
     at or below its step.  Per earlier session, the later sessions that can be that first one
@@ -159,6 +179,7 @@ def replay(
     count = len(first_steps)
     frontier = list(first_steps)
     tokens = [0.0] * count
+    bound = [False] * count
     records = [0] * count
     wasted = 0.0
     for event, by_session in rows.items():
@@ -176,14 +197,34 @@ def replay(
                 records[redoer] += stop - start
                 frontier[redoer] = max(frontier[redoer], int(held.steps[stop - 1]))  # the range's highest step
                 if held.tokens_cum is not None:
-                    tokens[redoer] += float(held.tokens_cum[stop]) - float(held.tokens_cum[start])
+                    before = _before_resume(held, start, first_steps[index], first_steps[redoer], first_tokens[redoer])
+                    bound[redoer] = bound[redoer] or before is None
+                    redone = float(held.tokens_cum[stop]) - float(held.tokens_cum[start]) - (before or 0.0)
+                    tokens[redoer] += redone
                     wasted += float(held.window_cum[stop]) - float(held.window_cum[start])
     return Replay(
         steps=[frontier[index] - first_steps[index] for index in range(count)],
         tokens=[int(total) if math.isfinite(total) else 0 for total in tokens],  # a garbage count is not work
+        tokens_bound=bound,
         records=records,
         superseded_time_s=wasted,
     )
+
+
+def _before_resume(held: EventRows, row: int, session_step: int, resume_step: int, resume_tokens: int) -> float | None:
+    """Tokens of train window ``row`` that came before the resume step, so were not redone.
+
+    0 unless the window straddles the step (it starts after the previous train record, or the
+    session's first record); None when it does and the resumed counter does not lie within the
+    window's, so the records cannot tell how many (module docstring).  Only a range's first row
+    can straddle: every later one starts where the one before it ended.
+    """
+    window_start = int(held.steps[row - 1]) if row else session_step
+    if not window_start < resume_step < int(held.steps[row]):
+        return 0.0
+    end = float(held.tokens_seen[row])
+    start = end - (float(held.tokens_cum[row + 1]) - float(held.tokens_cum[row]))
+    return resume_tokens - start if start <= resume_tokens <= end else None
 
 
 def _shares(held: EventRows, later: list[int], bounds: list[float]) -> Iterable[tuple[int, int, int]]:
@@ -208,7 +249,7 @@ class _SessionAcc:
     """Running aggregates of one session."""
 
     __slots__ = (
-        "discarded_bytes", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
+        "discarded_bytes", "end_error", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
         "last_step", "last_tokens", "records", "resumed_from_step", "session_id", "start_ns",
     )  # fmt: skip
 
@@ -221,6 +262,7 @@ class _SessionAcc:
         self.discarded_bytes: int | None = None
         self.resumed_from_step: int | None = None
         self.end_status: str | None = None
+        self.end_error: str | None = None
 
 
 class SessionLog:
@@ -299,8 +341,9 @@ class SessionLog:
         """Keep what a ``session_start`` / ``session_end`` says about its session."""
         acc = self._sessions[self._index[record["session_id"]]]
         if record["event"] == "session_end":
-            status = record.get("status")
+            status, error = record.get("status"), record.get("error")
             acc.end_status = status if isinstance(status, str) else None
+            acc.end_error = error if isinstance(error, str) else None
         elif acc.discarded_bytes is None and acc.resumed_from_step is None:
             acc.discarded_bytes = int_or_none(record.get("discarded_bytes"))
             acc.resumed_from_step = int_or_none(record.get("resumed_from_step"))
@@ -317,6 +360,9 @@ class SessionLog:
 
     def first_steps(self) -> list[int]:
         return [acc.first_step for acc in self._sessions]
+
+    def first_tokens(self) -> list[int]:
+        return [acc.first_tokens for acc in self._sessions]
 
     def thresholds(self, event: str) -> list[float]:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
@@ -350,6 +396,14 @@ class SessionLog:
             return None
         return self._sessions[-1].end_status
 
+    @property
+    def last_end_error(self) -> str | None:
+        """The ``error`` of the last record when it is a ``session_end`` (the exception, the signal,
+        the failing rank), else None."""
+        if self.last_event != "session_end" or not self._sessions:
+            return None
+        return self._sessions[-1].end_error
+
     def progress(self) -> Progress:
         """Session count, start, last step and tokens, from the running accumulators."""
         if not self._sessions:
@@ -377,10 +431,12 @@ class SessionLog:
                     downtime_s=None if previous_end is None else (acc.start_ns - previous_end) / 1e9,
                     steps_replayed=redone.steps[index],
                     tokens_replayed=redone.tokens[index],
+                    tokens_replayed_is_upper_bound=redone.tokens_bound[index],
                     records_superseded=redone.records[index],
                     discarded_bytes=acc.discarded_bytes,
                     resumed_from_step=acc.resumed_from_step,
                     end_status=acc.end_status,
+                    end_error=acc.end_error,
                 )
             )
             previous_end = acc.end_ns
@@ -393,6 +449,7 @@ class SessionLog:
             downtime_s=sum(s.downtime_s or 0.0 for s in sessions),
             steps_replayed=sum(redone.steps),
             tokens_replayed=sum(redone.tokens),
+            tokens_replayed_is_upper_bound=any(redone.tokens_bound),
             superseded_time_s=redone.superseded_time_s,
             training_time_s=sum((acc.end_ns - acc.start_ns) / 1e9 for acc in self._sessions),
         )

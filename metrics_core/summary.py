@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Protocol
 
 from metrics_core.lines import LineFollower
-from metrics_core.runs import StatusSource, run_status
+from metrics_core.runs import StatusSource, run_status, stop_reason
 from metrics_core.sessions import Progress, SessionLog
 from metrics_core.storage import RunFile
 
@@ -48,6 +48,7 @@ class FollowedLog:
     log: SessionLog
     file: RunFile
     _follower: LineFollower
+    lock_seen: bool = False  # set by ``writer_alive`` the first time it finds the lock held
 
     @property
     def records(self) -> int:
@@ -61,6 +62,11 @@ class FollowedLog:
     def last_end_status(self) -> str | None:
         """The ``status`` of the last record when it is a ``session_end``, else None."""
         return self.log.last_end_status
+
+    @property
+    def last_end_error(self) -> str | None:
+        """The ``error`` of the last record when it is a ``session_end``, else None."""
+        return self.log.last_end_error
 
     @property
     def last_record_time(self) -> datetime | None:
@@ -81,8 +87,13 @@ class FollowedLog:
         return self._follower.pending_bytes
 
     def writer_alive(self) -> bool | None:
-        """Whether a MetricsWriter holds the file's lock now (None: cannot tell)."""
-        return self.file.writer_alive()
+        """Whether a MetricsWriter holds the file's lock now (None: cannot tell).  Once it has
+        been found held, ``lock_seen``: locks work where this file lives, so a free lock later
+        means its writer is gone."""
+        alive = self.file.writer_alive()
+        if alive:
+            self.lock_seen = True
+        return alive
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +116,7 @@ class RunSummary:
     val_loss: LastValue | None
     bad_lines: int
     pending_bytes: int
+    reason: str | None = None  # why it stopped (``runs.stop_reason``)
     config: dict[str, str] | None = None
     loss_trend: tuple[float, ...] = ()
 
@@ -113,8 +125,10 @@ def summarise(source: SummarySource, *, now: datetime) -> RunSummary:
     """The summary of ``source`` as read so far, its status as of ``now``."""
     progress = source.progress()
     skipped = source.last_number("train", "skipped_updates")
+    status = run_status(source, now=now)
     return RunSummary(
-        status=run_status(source, now=now),
+        status=status,
+        reason=stop_reason(source, status),
         records=source.records,
         sessions=progress.sessions,
         started=progress.started,

@@ -7,7 +7,11 @@ without producing an update.  ``TrainingWindow`` keeps the quantities separate:
 * every attempt adds its loss weighted by its tokens, its tokens and one attempt — skipped or not;
 * only successful updates count as updates and contribute gradient-norm statistics;
 * a non-finite gradient norm on a successful update is counted, never averaged in;
-* an update is clipped when a positive ``max_grad_norm`` is set and the pre-clip norm exceeds it.
+* an update is clipped when a positive ``max_grad_norm`` is set and the pre-clip norm exceeds it;
+* a NaN or infinite loss is accepted, never raised on: a diverged run is the moment it most needs
+  its records, so its training loop must not die of its metrics.  The window's ``train_loss`` is
+  then ``None`` with ``nonfinite_loss: True`` (a token-weighted mean over it has no value, and
+  JSON has no NaN), as the framework integrations write it; the loop decides what to do.
 
 ``summary()`` reports ``None`` for a quantity with no data (no tokens, no successful update),
 never a made-up zero, and its output goes straight into ``MetricsWriter.write("train", ...)``.
@@ -23,15 +27,6 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from metrics_core.errors import RecordTypeError, RecordValueError
-
-
-def _finite_loss(loss: Any) -> float:
-    value = float(loss)
-    if not math.isfinite(value):
-        raise RecordValueError(
-            f"loss is {value!r}: a non-finite loss cannot be token-weighted; the window was not changed"
-        )
-    return value
 
 
 def _is_tensor(value: Any) -> bool:
@@ -74,14 +69,12 @@ class WindowTotals:
     clipped: int
 
     def summary(self, lr: float | None) -> dict[str, Any]:
-        """The ``train`` record fields; a tensor loss is checked for NaN/Infinity here, once per window."""
-        if not math.isfinite(self.loss_sum):
-            raise RecordValueError(
-                "a NaN or infinite tensor loss was added in this window: it cannot be token-weighted "
-                "(tensor losses are checked here, once per window, to avoid a device sync per step)"
-            )
-        return {
-            "train_loss": self.loss_sum / self.tokens if self.tokens else None,
+        """The ``train`` record fields.  A non-finite loss anywhere in the window makes ``loss_sum``
+        non-finite: it is noticed here, once per window (for tensor losses that avoids a device sync
+        per step), and reported as ``train_loss`` None plus ``nonfinite_loss`` True."""
+        nonfinite_loss = not math.isfinite(self.loss_sum)
+        summary = {
+            "train_loss": self.loss_sum / self.tokens if self.tokens and not nonfinite_loss else None,
             "lr": lr,
             "tokens": self.tokens,
             "attempted_updates": self.attempts,
@@ -92,6 +85,9 @@ class WindowTotals:
             "clipped_fraction": self.clipped / self.updates if self.updates else None,
             "nonfinite_grad_norms": self.nonfinite,
         }
+        if nonfinite_loss:
+            summary["nonfinite_loss"] = True
+        return summary
 
 
 @dataclass
@@ -122,8 +118,9 @@ class TrainingWindow:
 
         ``grad_norm`` is the pre-clipping norm (what ``clip_grad_norm_`` returns); ``None`` means
         it was not measured.  ``loss``, ``grad_norm`` and ``skipped`` may be 0-d torch tensors:
-        then nothing is transferred to the host until ``summary()`` (see ``tensor_window``), and a
-        non-finite tensor loss is reported there.  Invalid input raises before anything is
+        then nothing is transferred to the host until ``summary()`` (see ``tensor_window``).  A NaN
+        or infinite loss is accumulated like any other and reported by ``summary()``; invalid
+        input (a loss that is not a number, a bad token count) raises before anything is
         accumulated.
         """
         count = _token_count(tokens)
@@ -137,8 +134,8 @@ class TrainingWindow:
             self.tokens += count
             self.attempts += 1
             return
-        loss_value = _finite_loss(loss)
-        self.loss_sum += loss_value * count
+        loss_value = float(loss)
+        self.loss_sum += loss_value * count  # NaN or ±inf stays so: summary() reports it
         self.tokens += count
         self.attempts += 1
         if skipped:

@@ -9,7 +9,7 @@ from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.runs_table import filter_runs
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views import COMPARE_METRICS, compare_chart
+from metrics_core.dashboard.views import compare_chart, compare_metrics
 from metrics_core.dashboard.widgets import config_diff_panel, name_text, page_theme, run_names_or_stop, views_or_warn
 
 DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]
@@ -30,8 +30,9 @@ with st.sidebar:
         st.error(md_text(error))
     picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)), format_func=shorten,
                             default=[name for name in asked if name in names], key="compare_runs")  # fmt: skip
-    metrics = st.multiselect("Metrics", list(COMPARE_METRICS), default=DEFAULT_METRICS, key="compare_metrics",
-                             format_func=lambda m: COMPARE_METRICS[m][1])  # fmt: skip
+    choices = compare_metrics(views_or_warn(store, picked))  # the mission's metrics, then every logged key
+    metrics = st.multiselect("Metrics", list(choices), default=DEFAULT_METRICS, key="compare_metrics",
+                             format_func=lambda m: choices.get(m, (None, m))[1])  # fmt: skip
     x = st.segmented_control("x axis", ["step", "tokens_seen"], default="step", key="compare_x") or "step"
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
     log_y = st.toggle("Log-scale y", key="log_y")

@@ -10,25 +10,32 @@ from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_key, chart_specs
+from metrics_core.dashboard.views import (
+    HISTORY_MODES,
+    MAX_LOGGED_CHARTS,
+    ChartOptions,
+    chart_csv_of,
+    chart_filter_error,
+    chart_key,
+    grouped_figures,
+)
 from metrics_core.dashboard.widgets import (
     PANELS_KEY,
     config_panel,
     csv_button,
     health_panel,
-    latest_view,
     live_view,
     page_theme,
     refresh_slot,
     run_or_pick,
     session_key_panel,
+    stopped_panel,
 )
 
 config = settings()
 store = get_store(config)
 load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
-picked = run_or_pick(store, refresh=config.refresh)
-name = picked.name  # as resolved: "a/./b" is "a/b"
+name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
 sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
@@ -41,6 +48,11 @@ with st.sidebar:
     log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
     history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
+    only = st.text_input("Charts (regular expression)", key="chart_filter", placeholder="e.g. loss|val/",
+                         help="Charts whose title or key matches; the others are not drawn.")  # fmt: skip
+    if error := chart_filter_error(only):
+        st.error(md_text(error))
+        only = ""
 
 
 @st.fragment(run_every=None if paused else config.refresh)
@@ -53,29 +65,33 @@ def charts() -> None:
 
 def draw_charts(view: RunView) -> None:
     # The theme is read here: the browser reports it with each rerun, not always the first.
-    options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme())
+    options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme(), only=only)
     # Above the charts, three one-line rows whatever the run: its status, the health and config
     # buttons, the session key.  Details open on demand; the charts stay in view.
     status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     st.caption(status, wrap=False)
+    stopped_panel(view)
     with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
         health_panel(view_findings(view))
         config_panel(view_config(view))
     session_key_panel(view)
-    figures = view_charts(view, options)  # once per snapshot, options and theme, shared by tabs
-    left, right = st.columns(2)
-    for number, (key, figure) in enumerate(figures.items()):
-        with left if number % 2 == 0 else right:
-            zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
-            live_chart(figure, key=chart_key(key), zoom=zoom)  # a zoom shows that x-range's raw records
+    # once per snapshot, options and theme, shared by tabs
+    groups, logged = grouped_figures(view, options, view_charts(view, options))
+    for group, figures in groups.items():
+        if group:
+            st.subheader(md_text(group), divider="gray")
+        left, right = st.columns(2)
+        for number, (key, figure) in enumerate(figures.items()):
+            with left if number % 2 == 0 else right:
+                zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
+                live_chart(figure, key=chart_key(key), zoom=zoom)  # a zoom shows that x-range's raw records
+                file_name = f"{file_stem(name)}-{file_stem(key)}.csv"
+                rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
+                csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
+    if logged > MAX_LOGGED_CHARTS:
+        st.caption(f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
+                   "narrow the chart filter in the sidebar to see the others.")  # fmt: skip
 
 
 charts()
-# Outside the live fragment: a download button costs every tab a registration per refresh, and its
-# CSV is built on click from the run as it is then.
-with st.container(horizontal=True, vertical_alignment="center"):
-    st.caption("CSV of a chart's raw rows:", width="content")
-    for key, spec in chart_specs(picked, history).items():
-        rows = lambda key=key: chart_csv(chart_specs(latest_view(store, picked), history)[key])  # noqa: E731
-        csv_button(spec.title, rows, f"{file_stem(name)}-{key}.csv", key=f"csv_{key}")

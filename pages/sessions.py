@@ -8,8 +8,8 @@ from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, 
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.live_views import view_findings
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views import session_overlay
-from metrics_core.dashboard.widgets import csv_button, finding_text, live_view, page_theme, run_or_pick, table_text
+from metrics_core.dashboard.views import DEFAULT_CHARTS, charts_of, session_overlay
+from metrics_core.dashboard.widgets import csv_button, finding_text, live_view, page_theme, run_or_pick, sessions_table
 
 config = settings()
 store = get_store(config)
@@ -34,22 +34,25 @@ def sessions() -> None:
     share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
     for column, (label, value) in zip(st.columns(4), [
         ("Total downtime", clock_text(lost.downtime_s)), ("Steps replayed", f"{lost.steps_replayed:,}"),
-        ("Tokens replayed", f"{lost.tokens_replayed:,}"), ("Training time superseded", share),
+        ("Tokens replayed", f"{'≤ ' if lost.tokens_replayed_is_upper_bound else ''}{lost.tokens_replayed:,}"),
+        ("Training time superseded", share),
     ], strict=True):  # fmt: skip
         column.metric(label, value)
     table = session_table(view.sessions, train, view.status)
-    shown = table.assign(**{"duration (s)": table["duration (s)"].map(clock_text),
-                            "downtime before (s)": table["downtime before (s)"].map(clock_text)})  # fmt: skip
-    shown = shown.rename(columns={"duration (s)": "duration", "downtime before (s)": "downtime before"})
-    st.table(table_text(shown.set_index("session")))
+    sessions_table(table)
     csv_button("CSV of the sessions table", lambda: table.to_csv(index=False), f"{file_stem(name)}-sessions.csv",
                key="csv_sessions")  # fmt: skip
     for finding in view_findings(view):
         if finding.check in ("tokens per step at resume", "loss jump at resume"):
             st.warning(finding_text(finding), icon=":material/warning:")
-    overlay = view.memo(("overlay", x, smoothing, theme),
-                        lambda: session_overlay(view, x=x, smoothing=smoothing, theme=theme))  # fmt: skip
+    charts = {chart.key: chart for chart in charts_of(view)}
+    key = st.selectbox("Chart", list(charts), format_func=lambda key: charts[key].title, key="session_chart")
+    chart = charts.get(key, DEFAULT_CHARTS[0])
+    overlay = view.memo(("overlay", chart, x, smoothing, theme),
+                        lambda: session_overlay(view, chart=chart, x=x, smoothing=smoothing, theme=theme))  # fmt: skip
     live_chart(overlay, key="chart_sessions")
+    st.caption("Shaded: each replay, from the resume step to the last step the earlier session had reached. "
+               "Δloss: the redo's mean train loss minus the earlier session's, over the same steps.")  # fmt: skip
 
 
 sessions()

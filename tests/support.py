@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -38,6 +39,15 @@ def read_records(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in data.splitlines()]
 
 
+def readme_python(containing: str) -> str:
+    """The README's one fenced Python block that contains ``containing``, as written (a snippet
+    test runs the documented code itself, so README and test cannot drift apart)."""
+    text = (REPO / "README.md").read_text(encoding="utf-8")
+    blocks = [block.split("```", 1)[0] for block in text.split("```python\n")[1:]]
+    (block,) = [block for block in blocks if containing in block]
+    return block
+
+
 def spawn_python(code: str, *args: str) -> subprocess.Popen:
     """Start a real Python child process running ``code`` with line-buffered pipes."""
     return subprocess.Popen(
@@ -47,6 +57,14 @@ def spawn_python(code: str, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def without_permission_override() -> list[str]:
+    """A command prefix under which a process is refused what file modes refuse.  Root reads a
+    chmod 000 directory anyway (CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH), and the tests run as root:
+    ``setpriv`` drops both from the bounding set, so the process keeps uid 0 (and root's own files,
+    the interpreter under /root among them) but not the override.  Anyone else needs no prefix."""
+    return ["setpriv", "--bounding-set=-dac_override,-dac_read_search"] if os.geteuid() == 0 else []
 
 
 def base_record(step: int = 0, *, event: str = "train", session: str = "s1", **values: object) -> dict:

@@ -18,7 +18,6 @@ from metrics_core.dashboard.live_chart import (
     extension,
     next_payload,
     plotly_source,
-    publish_plotly,
 )
 from metrics_core.dashboard.live_views import view_charts
 from metrics_core.dashboard.store import RunStore
@@ -160,16 +159,6 @@ def test_every_live_update_of_a_long_run_is_an_extension(tmp_path: Path) -> None
         big.store.close()
 
 
-def test_plotly_js_is_published_under_its_content_hash_once(tmp_path: Path) -> None:
-    """The copy is the vendored plotly.js bundle, named by its hash; a second call leaves it be."""
-    name = publish_plotly(tmp_path)
-    assert name.startswith("plotly-") and name.endswith(".min.js")
-    assert (tmp_path / name).read_bytes() == plotly_source().read_bytes()
-    mtime = (tmp_path / name).stat().st_mtime_ns
-    assert publish_plotly(tmp_path) == name and (tmp_path / name).stat().st_mtime_ns == mtime
-    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left behind
-
-
 BASIC_TRACE_TYPES = {"scatter", "bar", "pie"}  # what plotly.js's basic bundle can draw (vendor/README.md)
 
 
@@ -199,24 +188,25 @@ def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_pa
 
 
 def test_streamlit_serves_the_chart_assets_directory() -> None:
-    """Streamlit's own manifest scan (editable install) gives metrics-core.plotly the assets/ directory."""
+    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
+    metrics-core.plotly the directory of the vendored plotly.js."""
     from streamlit.components.v2.component_manager import BidiComponentManager
 
     manager = BidiComponentManager()
     manager.discover_and_register_components(start_file_watching=False)
     root = manager.get_component_path(PLOTLY_COMPONENT)
-    assert root is not None and Path(root).resolve() == (Path(chart_module.__file__).parent / "assets").resolve()
+    assert root is not None and Path(root).resolve() == plotly_source().parent.resolve()
 
 
 def test_the_component_manager_still_answers_where_a_components_assets_are() -> None:
     """``live_chart.plotly_url`` asks Streamlit's bidi component manager (a private module) where it
-    serves the ``asset_dir`` pyproject.toml declares for ``metrics-core.plotly``; the browser tests
-    check that the page then runs plotly.js from that URL."""
+    serves the ``asset_dir`` the package's manifest (metrics_core/pyproject.toml) declares for
+    ``metrics-core.plotly``; the browser tests check that the page then runs plotly.js from that URL."""
     import tomllib
     from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
     assert callable(get_bidi_component_manager().get_component_path)
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    project = tomllib.loads((Path(chart_module.__file__).parents[1] / "pyproject.toml").read_text())
     [declared] = project["tool"]["streamlit"]["component"]["components"]
     assert f"{project['project']['name']}.{declared['name']}" == chart_module.PLOTLY_COMPONENT
-    assert declared["asset_dir"] == "dashboard/assets"
+    assert declared["asset_dir"] == "dashboard/vendor"

@@ -183,6 +183,21 @@ def test_summary_prints_sessions_status_and_health(tmp_path: Path) -> None:
     assert "[ok] bad lines: none" in out and "[ok] missing loss" in out
 
 
+def test_summary_says_a_record_from_the_future_is_a_clock_ahead_not_a_negative_age(tmp_path: Path) -> None:
+    """A writer whose clock runs an hour ahead: "clock ahead by 1 h", never "-1 h ago"; the
+    dashboard's age column says "clock ahead" too."""
+    from metrics_core.dashboard.display_text import age_text
+
+    ahead = datetime.now(timezone.utc).timestamp() + 3600
+    when = datetime.fromtimestamp(ahead, timezone.utc).isoformat(timespec="microseconds")
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0, time=when))
+    result = cli("summary", str(tmp_path / "r"))
+    assert result.returncode == 0, result.stderr
+    assert re.search(r"\(clock ahead by (\d+(\.\d+)? min|1 h)\)", result.stdout), result.stdout
+    assert " ago)" not in result.stdout
+    assert age_text(-3600.0) == "clock ahead" and age_text(-0.5) == "0 s ago" and age_text(61.0) == "1 min ago"
+
+
 def test_summary_findings_and_the_write_failure_note(tmp_path: Path) -> None:
     """Bad lines, torn tail, window accounting and missing loss are reported; a failure note makes it failed."""
     path = tmp_path / "metrics.jsonl"

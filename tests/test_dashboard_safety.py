@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -10,14 +13,23 @@ import pandas as pd
 import pytest
 
 from metrics_core.dashboard import store as store_module
-from metrics_core.dashboard.display_text import ELLIPSIS, file_stem, md_text, plotly_text, shorten, shorten_words
+from metrics_core.dashboard.display_text import (
+    ELLIPSIS,
+    file_stem,
+    md_text,
+    plotly_text,
+    shorten,
+    shorten_words,
+    under_root,
+)
 from metrics_core.dashboard.figures import Highlight
 from metrics_core.dashboard.metric_figures import Series, metric_figure
-from metrics_core.dashboard.runs_table import run_link, run_links
+from metrics_core.dashboard.runs_table import newest_first, run_link, run_links
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.reader import RunReader
-from tests.support import append_records, base_record, open_page, popovers
+from metrics_core.text import fit_middle
+from tests.support import REPO, append_records, base_record, open_page, popovers, without_permission_override
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")
 HOSTILE = [
@@ -116,6 +128,32 @@ def test_overview_links_and_error_reasons_are_shortened() -> None:
     assert len(shown["error"][0]) <= 120
 
 
+def test_under_root_says_paths_inside_the_root_relative_to_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A path inside the root, spelled as given, absolute or through a link, reads as a run-relative
+    path; the root itself, and paths that only look alike, are left as they are."""
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    root = tmp_path / "link"
+    text = (f"[Errno 13] Permission denied: '{root}/a/metrics.jsonl'; {real}/b/c: gone; {tmp_path}/other/x; "
+            f"/old{real}/d; {real}x/e; {root}: the root")  # fmt: skip
+    assert under_root(text, root) == (
+        f"[Errno 13] Permission denied: 'a/metrics.jsonl'; b/c: gone; {tmp_path}/other/x; /old{real}/d; {real}x/e; "
+        f"{root}: the root"
+    )
+    monkeypatch.chdir(tmp_path)
+    assert under_root("link/a/metrics.jsonl: no such file (under link/a)", Path("link")) == (
+        "a/metrics.jsonl: no such file (under a)"
+    )
+
+
+def test_unreadable_entries_lead_the_runs_table() -> None:
+    """An entry that hides runs is on the first page of a big root, whatever the runs' ages."""
+    table = pd.DataFrame({"run": ["old", "bad", "new", "cold"], "status": ["finished", "unreadable", "live", "loading"],
+                          "last record age (s)": [500.0, None, 5.0, None]})  # fmt: skip
+    assert newest_first(table)["run"].tolist() == ["bad", "new", "old", "cold"]
+
+
 def test_figure_text_fields_are_escaped_for_plotly() -> None:
     """Trace names, titles and highlight labels carry no HTML a plotly.js label would render."""
     frame = pd.DataFrame({"step": [1, 2], "train_loss": [1.0, 0.5], "session_id": ["s", "s"]})
@@ -175,6 +213,61 @@ def test_overview_lists_every_run_and_a_failing_one_as_an_error_row(tmp_path: Pa
             store.view("poisoned")
     finally:
         store.close()
+
+
+def test_overview_lists_the_runs_beside_entries_it_cannot_look_into(tmp_path: Path) -> None:
+    """A symlink loop and a link through a file are rows with status 'unreadable' and the reason beside
+    every run; once one is gone, the next rediscovery drops its row and moves the generation."""
+    make_runs(tmp_path, "alpha", "group/beta")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "group" / "through").symlink_to("beta/metrics.jsonl/x")
+    clock = [0.0]
+    store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
+    try:
+        rows = store.overview().set_index("run")
+        assert sorted(rows.index) == ["alpha", "group/beta", "group/through", "loop"]
+        assert rows.loc[["loop", "group/through"], "status"].tolist() == ["unreadable", "unreadable"]
+        assert rows.loc[["loop", "group/through"], "error"].tolist() == ["symlink loop", "not a directory"]
+        assert rows.loc["alpha", "last step"] == 20 and rows.loc["group/beta", "last step"] == 20
+        before = store.overview_generation()
+        (tmp_path / "loop").unlink()
+        clock[0] += store_module.REDISCOVER_S
+        assert sorted(store.overview()["run"]) == ["alpha", "group/beta", "group/through"]
+        assert store.overview_generation() != before
+    finally:
+        store.close()
+
+
+OVERVIEW_SCRIPT = """
+import json, sys
+from metrics_core.dashboard.store import RunStore
+store = RunStore(sys.argv[1], safety_interval=0.0)
+try:
+    rows = store.overview()
+    print(json.dumps({row.run: [row.status, row.error] for row in rows.itertuples()}))
+finally:
+    store.close()
+"""
+
+
+def test_what_the_os_refuses_is_named_relative_to_the_root(tmp_path: Path) -> None:
+    """Seen by a server the file modes bind: a directory it may not list is an 'unreadable' row, a
+    metrics file it may not read an 'error' row whose reason names the file relative to the root."""
+    make_runs(tmp_path, "alpha", "locked-dir/inner", "locked-file")
+    (tmp_path / "locked-dir").chmod(0)
+    (tmp_path / "locked-file" / "metrics.jsonl").chmod(0)
+    try:
+        done = subprocess.run([*without_permission_override(), sys.executable, "-c", OVERVIEW_SCRIPT, str(tmp_path)],
+                              capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
+    finally:
+        (tmp_path / "locked-dir").chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    rows = json.loads(done.stdout)
+    assert rows.pop("alpha")[0] != "error"
+    assert rows == {
+        "locked-dir": ["unreadable", "permission denied"],
+        "locked-file": ["error", "PermissionError: [Errno 13] Permission denied: 'locked-file/metrics.jsonl'"],
+    }
 
 
 def test_a_failed_run_is_retried_from_scratch_only_once_its_file_changed(tmp_path: Path, poisoned: dict) -> None:
@@ -269,12 +362,34 @@ def test_hostile_names_reach_markdown_only_escaped(runs_root: Path) -> None:
     assert app.title[0].value == md_text(name)
     app = open_page("sessions", run=name)
     assert not app.exception
-    assert app.table[0].value["id"].tolist() == [md_text("[Log in again](https://evil.example/login)")]
+    assert app.dataframe[0].value["id"].tolist() == [fit_middle("[Log in again](https://evil.example/login)", 24)]
     app = open_page("compare", run=["**y**", name])
     assert not app.exception
     assert md_text("'**y**'") in app.warning[0].value
     app = open_page("run", run="**bold**")
     assert not app.exception and md_text("'**bold**'") in app.error[0].value
+
+
+def test_the_runs_page_lists_the_runs_beside_a_symlink_loop(runs_root: Path) -> None:
+    """A symlink loop in the root is a row naming it and why, first; the runs are rows, no page-wide error."""
+    make_runs(runs_root, "alpha", "beta")
+    (runs_root / "loop").symlink_to("loop")
+    app = open_page("overview")
+    assert not app.exception and not app.error
+    table = app.dataframe[0].value
+    assert table["run"].tolist()[0] == "run?run=loop" and sorted(table["run"][1:]) == ["run?run=alpha", "run?run=beta"]
+    assert list(table["status"][0]) == ["⊘ unreadable"] and table["error"][0] == "symlink loop"
+
+
+@pytest.mark.parametrize(("name", "reason"), [("missing", "no run there (no metrics.jsonl under missing)"),
+                                               ("loop/x", "leads outside the runs root, or nowhere")])  # fmt: skip
+def test_a_run_page_error_names_no_server_path(runs_root: Path, name: str, reason: str) -> None:
+    """A run that is not there, or leads nowhere, is refused with its name and the reason, not the server's path."""
+    (runs_root / "loop").symlink_to("loop")
+    app = open_page("run", run=name)
+    assert not app.exception
+    message = app.error[0].value
+    assert md_text(reason) in message and str(runs_root) not in re.sub(r"\\(.)", r"\1", message)
 
 
 def test_a_too_long_run_name_in_the_url_is_a_plain_error(runs_root: Path) -> None:

@@ -13,16 +13,18 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generate import write_run
+from metrics_core.cli import summary_lines
 from metrics_core.digest import RunDigest, batches, follow_file, last_records
 from metrics_core.reader import RunReader
 from metrics_core.runs import run_status
+from metrics_core.sessions import Session
 from metrics_core.summary import summarise
 from metrics_core.text import clean, fit, fit_middle, width
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
 SESSION_FIELDS = (
-    "session_id", "index", "first_step", "last_step", "records", "downtime_s", "steps_replayed",
-    "tokens_replayed", "records_superseded", "discarded_bytes", "resumed_from_step", "end_status",
+    "session_id", "index", "first_step", "last_step", "records", "downtime_s", "steps_replayed", "tokens_replayed",
+    "tokens_replayed_is_upper_bound", "records_superseded", "discarded_bytes", "resumed_from_step", "end_status",
 )  # fmt: skip
 
 
@@ -35,14 +37,38 @@ def assert_replay_matches_the_masks(reader: RunReader) -> None:
         records = sum(int(mask.sum()) for mask in masks.values())
         frontier = max([session.first_step] + [int(reader.frame(event)["step"][mask].max())
                                                for event, mask in masks.items() if mask.any()])  # fmt: skip
-        column = reader.column("train", "tokens")
-        tokens = 0 if column is None or "train" not in masks else int(np.nansum(column.numbers()[masks["train"]]))
+        tokens, bound = redone_tokens(reader, session, masks.get("train"))
         assert (session.records_superseded, session.steps_replayed, session.tokens_replayed) == (
             records, frontier - session.first_step, tokens)  # fmt: skip
+        assert session.tokens_replayed_is_upper_bound == bound
     train = reader.frame("train")
     window = train.groupby("session_id", observed=True)["time"].diff().dt.total_seconds() if len(train) else None
     wasted = float(window[reader.superseded("train")].sum()) if window is not None else 0.0
     assert reader.lost_work().superseded_time_s == pytest.approx(wasted)
+
+
+def redone_tokens(reader: RunReader, session: Session, mask: np.ndarray | None) -> tuple[int, bool]:
+    """Row by row: a superseded window's tokens, only those after the resume step when the window
+    straddles it (from ``tokens_seen``), or all of them, an upper bound, when the counters cannot say."""
+    if mask is None or not mask.any():
+        return 0, False
+    train = reader.frame("train")
+    column = reader.column("train", "tokens")
+    sizes = np.zeros(len(train)) if column is None else np.nan_to_num(column.numbers())
+    first_step = {s.session_id: s.first_step for s in reader.sessions}
+    owners, steps, seen = list(train["session_id"]), list(train["step"]), list(train["tokens_seen"])
+    total, bound = 0.0, False
+    for row in np.flatnonzero(mask):
+        before = [other for other in range(row) if owners[other] == owners[row]]
+        window_start = steps[before[-1]] if before else first_step[owners[row]]
+        resumed = session.first_tokens_seen
+        if not window_start < session.first_step < steps[row]:
+            total += sizes[row]
+        elif seen[row] - sizes[row] <= resumed <= seen[row]:
+            total += seen[row] - resumed
+        else:
+            total, bound = total + sizes[row], True
+    return int(total), bound
 
 
 def assert_agrees_with_reader(path: Path, now: datetime) -> RunDigest:
@@ -62,6 +88,7 @@ def assert_agrees_with_reader(path: Path, now: datetime) -> RunDigest:
     assert (got.downtime_s, got.steps_replayed, got.tokens_replayed) == pytest.approx(
         (expected.downtime_s, expected.steps_replayed, expected.tokens_replayed)
     )
+    assert got.tokens_replayed_is_upper_bound == expected.tokens_replayed_is_upper_bound
     assert (got.superseded_time_s, got.training_time_s) == pytest.approx(
         (expected.superseded_time_s, expected.training_time_s)
     )
@@ -92,6 +119,44 @@ def test_three_session_run_replay_counts(tmp_path: Path) -> None:
     three_session_run(path)
     digest = assert_agrees_with_reader(path, datetime.now(timezone.utc))
     assert [(s.steps_replayed, s.tokens_replayed) for s in digest.sessions] == [(0, 0), (40, 4000), (30, 3000)]
+
+
+def nanogpt_resume(path: Path, *, restored_tokens: bool) -> None:
+    """Windows of 5 steps of 1,024 tokens to step 45, a crash, a resume from the step-24 checkpoint,
+    which lies inside the window logged at step 25 (20..25)."""
+
+    def window(step: int, session: str, offset: int = 0) -> dict:
+        return base_record(step, session=session, tokens=5 * 1024, tokens_seen=step * 1024 - offset)
+
+    append_records(path, base_record(0, event="session_start", session="s1", tokens_seen=0))
+    append_records(path, *(window(step, "s1") for step in range(5, 46, 5)))
+    offset = 0 if restored_tokens else 24 * 1024  # a trainer that restarts its token counter at 0
+    append_records(path, base_record(24, event="session_start", session="s2", tokens_seen=24 * 1024 - offset,
+                                     resumed_from_step=24))  # fmt: skip
+    append_records(path, *(window(step, "s2", offset) for step in range(29, 60, 5)))
+
+
+def test_a_resume_inside_a_log_window_counts_only_the_tokens_after_it(tmp_path: Path) -> None:
+    """Resume at 24 inside the 20..25 window: 21 steps and 21,504 tokens redone, not the whole windows' 25,600."""
+    path = tmp_path / "metrics.jsonl"
+    nanogpt_resume(path, restored_tokens=True)
+    digest = assert_agrees_with_reader(path, datetime.now(timezone.utc))
+    resumed = digest.sessions[1]
+    assert (resumed.steps_replayed, resumed.tokens_replayed, resumed.tokens_replayed_is_upper_bound) == (
+        21, 21 * 1024, False)  # fmt: skip
+    lost = digest.lost_work()
+    assert (lost.tokens_replayed, lost.tokens_replayed_is_upper_bound) == (21_504, False)
+    assert "21 steps and 21,504 tokens replayed" in "\n".join(summary_lines(digest, now=datetime.now(timezone.utc)))
+
+
+def test_a_resume_the_counters_cannot_place_is_reported_as_an_upper_bound(tmp_path: Path) -> None:
+    """The resumed tokens_seen restarts at 0: where step 24 fell in its window is unknown, so 25,600 is shown as ≤."""
+    path = tmp_path / "metrics.jsonl"
+    nanogpt_resume(path, restored_tokens=False)
+    digest = assert_agrees_with_reader(path, datetime.now(timezone.utc))
+    resumed = digest.sessions[1]
+    assert (resumed.tokens_replayed, resumed.tokens_replayed_is_upper_bound) == (25_600, True)
+    assert "21 steps and ≤ 25,600 tokens replayed" in "\n".join(summary_lines(digest, now=datetime.now(timezone.utc)))
 
 
 @st.composite

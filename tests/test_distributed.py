@@ -274,6 +274,101 @@ def test_killed_rank_fails_rank_0_within_the_group_timeout(tmp_path: Path) -> No
     assert end["error"].startswith("WindowReductionError: reducing the training window across 4 ranks failed")
 
 
+# A plain training script, as a user writes it for torchrun: no @record, nothing but the session.
+TORCHRUN_SCRIPT = """
+import sys, time
+import torch.distributed as dist
+from metrics_core.session import training_session
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+with training_session(sys.argv[1]) as session:
+    for window in range(100000):
+        for i in range(3):
+            session.window.add(1.0 + rank, 100, 0.5, False, 1.0)
+        if rank == 2 and window == 3:
+            raise ValueError("rank 2 broke at window 3")
+        session.log_window(1e-3)
+        time.sleep(0.01)
+"""
+
+
+def test_a_rank_that_raises_under_torchrun_is_named_in_the_session_end(tmp_path: Path) -> None:
+    """torchrun, rank 2 raises: the run ends failed with rank 2's exception, not the survivors' SIGTERM/gloo error."""
+    from metrics_core.digest import RunDigest
+    from metrics_core.runs import run_status
+
+    script, run_dir = tmp_path / "train.py", tmp_path / "run"
+    script.write_text(TORCHRUN_SCRIPT)
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(WORLD),
+                "--master_addr", "127.0.0.1", "--master_port", str(free_port())]  # fmt: skip
+    done = subprocess.run([*launcher, str(script), str(run_dir)], capture_output=True, text=True, env=env,
+                          cwd=tmp_path, timeout=JOIN_TIMEOUT_S * 4)  # fmt: skip
+    assert done.returncode != 0 and "ValueError: rank 2 broke at window 3" in done.stderr
+    end = read_records(run_dir / "metrics.jsonl")[-1]
+    assert (end["event"], end["status"], end["failed_rank"]) == ("session_end", "failed", 2), end
+    assert end["error"] == "rank 2: ValueError: rank 2 broke at window 3"
+    assert end["rank_0_error"] == "SIGTERM" or end["rank_0_error"].startswith("WindowReductionError: ")
+    digest = RunDigest(run_dir)
+    digest.refresh()
+    assert run_status(digest, now=digest.last_record_time) == "failed"
+    assert digest.sessions[-1].end_status == "failed"
+
+
+RANK_0_ENDS = """
+import os, signal, sys
+from datetime import datetime, timezone
+from pathlib import Path
+import torch.distributed as dist
+from metrics_core import RecordValueError
+from metrics_core.distributed import RankFailure, leave_rank_failure
+from metrics_core.session import training_session
+
+dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
+run = Path(sys.argv[1])
+for cause, noted in ((lambda: os.kill(os.getpid(), signal.SIGTERM), "ValueError: rank 2 broke"),
+                     (lambda: (_ for _ in ()).throw(RecordValueError("'train_loss' is nan")),
+                      "RecordValueError: 'train_loss' is nan")):
+    try:
+        with training_session(run) as session:
+            leave_rank_failure(run, RankFailure(2, 4, datetime.now(timezone.utc), noted))
+            cause()
+    except (SystemExit, RecordValueError):
+        pass
+dist.destroy_process_group()
+"""
+
+
+def test_rank_0_ends_with_a_ranks_failure_but_keeps_a_failure_every_rank_shares(tmp_path: Path) -> None:
+    """Rank 0 SIGTERMed after rank 2 failed: rank 2's error; the same refused record on every rank: rank 0's own."""
+    env = {**os.environ, "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    run_dir = tmp_path / "run"
+    subprocess.run([sys.executable, "-c", RANK_0_ENDS, str(run_dir), str(free_port())], env=env, check=True,
+                   timeout=JOIN_TIMEOUT_S * 2)  # fmt: skip
+    ends = [r for r in read_records(run_dir / "metrics.jsonl") if r["event"] == "session_end"]
+    assert [(end["status"], end["error"], end.get("failed_rank"), end.get("rank_0_error")) for end in ends] == [
+        ("failed", "rank 2: ValueError: rank 2 broke", 2, "SIGTERM"),
+        ("failed", "RecordValueError: 'train_loss' is nan", None, None),
+    ]
+
+
+def test_rank_0_ignores_a_previous_jobs_rank_failure(tmp_path: Path) -> None:
+    """A note older than rank 0's process is a previous job's: rank 0's own SIGTERM is what ended this one."""
+    from datetime import datetime, timedelta, timezone
+
+    from metrics_core.distributed import RankFailure, leave_rank_failure, process_start_time, rank_failures
+
+    started = process_start_time()
+    assert started is not None and started <= datetime.now(timezone.utc)
+    old = RankFailure(1, 4, started - timedelta(seconds=1), "ValueError: last job")
+    new = RankFailure(3, 4, started + timedelta(microseconds=1), "RuntimeError: this job")
+    for failure in (old, new):
+        leave_rank_failure(tmp_path, failure)
+    (tmp_path / ".metrics.rank-2.failure").write_bytes(b'{"rank": 2, "wor')  # torn: no note
+    assert rank_failures(tmp_path, since=started, until=datetime.now(timezone.utc)) == [new]
+
+
 def test_rank_health_ignores_ranks_without_attempts_and_breaks_ties_low() -> None:
     """NaN slots (no attempt) are skipped; the lowest rank wins a tie; global ranks are mapped."""
     health = rank_health([0.5, math.nan, 0.5, 0.1], [10.0, math.nan, 20.0, 50.0], lambda rank: rank + 8)

@@ -17,10 +17,23 @@ from metrics_core.dashboard.figures import NO_TEMPLATE, SESSION_COLOURS, SUPERSE
 from metrics_core.dashboard.metric_figures import Series, ema_smooth, metric_figure
 from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, out_of_lockstep, rank_time_ratio, straggler_figure
 from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv, chart_specs, run_charts
+from metrics_core.dashboard.views import (
+    HISTORY_MODES,
+    MAX_LOGGED_CHARTS,
+    ChartOptions,
+    chart_csv,
+    chart_filter_error,
+    chart_specs,
+    charts_of,
+    compare_chart,
+    compare_metrics,
+    grouped_figures,
+    pick_charts,
+    run_charts,
+)
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import RunReader
-from tests.support import append_records, base_record, distributed_run, rank_window, three_session_run
+from tests.support import append_records, base_record, distributed_run, rank_window, small_run, three_session_run
 
 
 @pytest.fixture
@@ -185,6 +198,32 @@ def test_straggler_band_spans_fastest_to_slowest_and_names_the_slowest_rank(tmp_
     assert [s.x0 for s in figure.layout.shapes if s.type == "line"] == [60]  # the resume, as on every chart
 
 
+def spread_of(tmp_path: Path, slowest: list[int], ratios: list[float]) -> str:
+    """Write 4-rank train windows (fastest rank 0.375 s per step) to a run, read them back, and
+    return what the straggler chart says above its plot."""
+    path = tmp_path / f"r{len(list(tmp_path.iterdir()))}" / "metrics.jsonl"
+    append_records(path, *(rank_window(10 * (i + 1), slowest=rank, rank_step_time_min_s=0.375,
+                                       rank_step_time_max_s=0.375 * ratio)
+                           for i, (rank, ratio) in enumerate(zip(slowest, ratios, strict=True))))  # fmt: skip
+    reader = RunReader(path)
+    reader.refresh()
+    figure = straggler_figure(reader.effective("train"), sessions=reader.sessions)
+    (note,) = [a for a in figure.layout.annotations if a.name == "rank spread"]
+    return note.text
+
+
+def test_a_rank_consistently_slowest_by_a_small_margin_is_flagged(tmp_path: Path) -> None:
+    """Rank 2, 30 ms/step behind (1.08×) in 9 of the last 10 windows, is named; the ratio is always shown."""
+    slowest, ratios = [0, 1, 3] + [2] * 5 + [0] + [2] * 4, [1.3, 1.4, 1.3] + [1.08] * 5 + [1.01] + [1.08] * 4
+    assert spread_of(tmp_path, slowest, ratios) == (
+        "slowest / fastest: 1.08× (latest window) · rank 2 consistently slowest: 9 of the last 10 windows, "
+        "median 1.08×")  # fmt: skip
+    assert spread_of(tmp_path, [0, 1, 2, 3] * 3, [1.08] * 12) == "slowest / fastest: 1.08× (latest window)"
+    assert spread_of(tmp_path, [2] * 12, [1.02] * 12) == "slowest / fastest: 1.02× (latest window)"  # within 5%
+    assert spread_of(tmp_path, [2] * 7 + [1] * 3, [1.08] * 10).endswith("(latest window)")  # 7 of 10: not yet
+    assert spread_of(tmp_path, [1] * 2 + [2] * 8, [1.08] * 10).endswith("8 of the last 10 windows, median 1.08×")
+
+
 def test_windows_out_of_lockstep_are_marked(tmp_path: Path) -> None:
     """ranks_in_lockstep false puts a mark on the floor at that step; true or missing does not."""
     path = tmp_path / "r" / "metrics.jsonl"
@@ -266,7 +305,7 @@ def test_every_chart_has_titled_axes_with_units_and_deliberate_formats(reader: R
     assert "count" in figures["skipped"].layout.yaxis.title.text
     assert "cumulative" in figures["skipped"].layout.yaxis2.title.text
     # plotly.js would otherwise sync a right axis' ticks to the left grid: counts labelled 3.54896
-    assert figures["skipped"].layout.yaxis2.tickmode == "auto"
+    assert figures["skipped"].layout.yaxis2.tickmode in ("auto", "linear")
     assert figures["throughput"].layout.yaxis.title.text == "throughput (tokens/s)"
     assert figures["lr"].layout.yaxis.tickformat == ".1~e"  # 2.5e-4, never "250µ"
     assert all(figure.layout.yaxis.exponentformat == "e" for figure in figures.values())
@@ -324,7 +363,8 @@ def test_resume_label_layout_prefers_full_then_short_then_hover_only() -> None:
 
 def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_path: Path) -> None:
     """An initial loss of 10 over a curve living around 2: the default range hugs the curve, the note counts
-    the off-scale point, and plotly's autoscale (autorange) is not disabled."""
+    the off-scale point, a marker on the chart's top edge shows where it is (its value in the
+    hover), and plotly's autoscale (autorange) is not disabled."""
     path = tmp_path / "r" / "metrics.jsonl"
     noise = np.random.default_rng(0).normal(0, 0.05, 500)
     append_records(
@@ -338,9 +378,15 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
     assert 1.5 < low < 2.0 < high < 2.5
     assert any("1 point off-scale" in a.text for a in figure.layout.annotations)
     assert figure.layout.yaxis.fixedrange is not True
+    (marker,) = [trace for trace in figure.data if trace.meta == "off-scale"]
+    assert list(marker.x) == [1] and list(marker.y) == [1.0] and marker.yaxis == "y3"  # the top edge
+    assert list(marker.customdata) == [10.0]
+    assert marker.marker.symbol == "triangle-up" and marker.cliponaxis is False
     log = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss", sessions=reader.sessions,
                         log_y=True)  # fmt: skip
     assert log.layout.yaxis.range[1] < math.log10(10.0)
+    (marker,) = [trace for trace in log.data if trace.meta == "off-scale"]
+    assert list(marker.x) == [1] and list(marker.y) == [1.0]
 
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
@@ -383,17 +429,23 @@ def test_sparse_series_are_drawn_raw_with_markers_beside_smoothed_dense_ones(rea
     assert not any(n.startswith("validation") and "smoothed" in n for n in names)
 
 
-def test_one_legend_entry_per_series_not_per_session(reader: RunReader) -> None:
-    """Three sessions, two series: the legend lists "train" and "validation" once each; sessions are the page's key."""
+def test_one_legend_entry_per_series_and_per_session(reader: RunReader) -> None:
+    """Three sessions, two series: the legend lists "train" and "validation" once each, then each
+    session in its colour with what it did (the same key the page shows above the charts)."""
     from metrics_core.dashboard.figures import session_key
 
     figure = metric_figure([Series(reader.effective("train"), "train_loss", "train"),
                             Series(reader.effective("validation"), "val_loss", "validation", markers=True)],
                            title="Loss", sessions=reader.sessions)  # fmt: skip
-    assert [t.name for t in figure.data if t.showlegend is not False] == ["train", "validation"]
+    assert [t.name for t in figure.data if t.showlegend is not False and t.name] == [
+        "train", "validation", "S1 · start", "S2 · resume @ 60", "S3 · resume @ 120"]
+    assert [t.line.color for t in figure.data if t.legendgroup == "sessions"] == list(SESSION_COLOURS[:3])
     assert session_key(reader.sessions) == [("S1", SESSION_COLOURS[0], "start"),
                                             ("S2", SESSION_COLOURS[1], "resume @ 60"),
                                             ("S3", SESSION_COLOURS[2], "resume @ 120")]  # fmt: skip
+    single = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions[:1])  # fmt: skip
+    assert not [trace for trace in single.data if trace.legendgroup == "sessions"]
 
 
 def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
@@ -472,3 +524,101 @@ def test_figures_and_charts_import_no_plotly() -> None:
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip
     assert found == "[]"
+
+
+def logged_run(path: Path) -> None:
+    """Train records with the writer's fields and three keys of the user's, a validation key, a
+    constant LR and no skipped update; one validation record."""
+    append_records(path, *(base_record(s, train_loss=4.0 / s, lr=3e-4, skipped_updates_in_window=0, mfu=0.3 + s / 1e3,
+                                       epoch=s // 30, **{"sys/gpu_mem_gb": 40.0 + s / 100})
+                           for s in range(10, 101, 10)),
+                   base_record(100, event="validation", val_loss=2.0, **{"val/accuracy": 0.75}))  # fmt: skip
+
+
+def test_every_logged_number_gets_a_chart_under_its_prefix(tmp_path: Path) -> None:
+    """The six defaults first, then a chart per key the user logged, grouped by the part before "/"
+    (else by the event that logs it), each drawing exactly that key's values; the writer's own
+    fields get no chart of their own."""
+    logged_run(tmp_path / "run" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("run")
+        options = ChartOptions()
+        figures = run_charts(view, options)
+        groups, matched = grouped_figures(view, options, figures)
+    finally:
+        store.close()
+    assert list(figures)[:6] == ["loss", "clipped", "skipped", "grad_norm", "lr", "throughput"]
+    assert {group: list(charts) for group, charts in groups.items() if group} == {
+        "sys": ["key:sys/gpu_mem_gb"], "train": ["key:epoch", "key:mfu"], "val": ["key:val/accuracy"]}
+    assert matched == 4
+    mfu = [trace for trace in figures["key:mfu"]["data"] if trace.get("name") == "train · S1"]
+    assert list(mfu[0]["x"]) == list(range(10, 101, 10))
+    assert list(mfu[0]["y"]) == pytest.approx([0.3 + s / 1e3 for s in range(10, 101, 10)], rel=1e-6)
+    assert figures["key:mfu"]["layout"]["title"]["text"] == "mfu"
+    assert figures["key:val/accuracy"]["layout"]["yaxis"]["title"]["text"] == "val/accuracy"
+    assert figures["key:epoch"]["layout"]["yaxis"]["dtick"] == 1  # an integer key counts
+
+
+def test_the_chart_filter_builds_only_what_it_keeps_and_caps_the_logged_charts(tmp_path: Path) -> None:
+    """A regular expression keeps the charts whose title or key matches (the others are not
+    built); with no filter, 200 logged keys give the defaults and ``MAX_LOGGED_CHARTS`` of them,
+    and the count of all that matched."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0, **{f"k/{n:03}": float(n + s) for n in range(200)})
+                           for s in (1, 2, 3)))  # fmt: skip
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("run")
+        every = run_charts(view, ChartOptions())
+        some = run_charts(view, ChartOptions(only="loss|k/01[0-2]$"))
+        _, matched = grouped_figures(view, ChartOptions(), every)
+        picked, _ = pick_charts(charts_of(view), "([")  # not a pattern: keeps all, the page says why
+    finally:
+        store.close()
+    assert len(every) == 6 + MAX_LOGGED_CHARTS and matched == 200
+    assert list(some) == ["loss", "key:k/010", "key:k/011", "key:k/012"]
+    assert chart_filter_error("([") is not None and len(picked) == 6 + MAX_LOGGED_CHARTS
+
+
+def test_axes_say_what_the_data_is(tmp_path: Path) -> None:
+    """A constant LR is drawn on a band around 3e-4 that leaves out 0; a count with nothing counted
+    starts at 0 with whole ticks; a chart of a key never logged says so."""
+    logged_run(tmp_path / "run" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("run")
+        figures = run_charts(view, ChartOptions())
+        logged_everywhere = compare_chart({"run": view}, "nothing_logged", x="step", smoothing=0.0, log_y=False)
+    finally:
+        store.close()
+    low, high = figures["lr"]["layout"]["yaxis"]["range"]
+    assert 0 < low < 3e-4 < high
+    for axis in ("yaxis", "yaxis2"):
+        skipped = figures["skipped"]["layout"][axis]
+        assert skipped["range"][0] == 0 and skipped["rangemode"] == "tozero"
+        assert skipped["tickmode"] == "linear" and skipped["dtick"] == 1
+    notes = [note["text"] for note in logged_everywhere["layout"].get("annotations", [])]
+    assert notes == ["none logged"]
+    assert "none logged" not in str(figures["loss"]["layout"].get("annotations"))
+
+
+def test_compare_offers_every_key_the_runs_logged(tmp_path: Path) -> None:
+    """The compare page's metrics: the mission's, then each key any compared run logged, charted
+    from the event that logs it (validation keys raw, with markers)."""
+    logged_run(tmp_path / "a" / "metrics.jsonl")
+    small_run(tmp_path / "b" / "metrics.jsonl")
+    store = RunStore(tmp_path)
+    try:
+        views = {"a": store.view("a"), "b": store.view("b")}
+        choices = compare_metrics(views)
+        accuracy = compare_chart(views, "val/accuracy", x="step", smoothing=0.6, log_y=False)
+    finally:
+        store.close()
+    assert list(choices)[:7] == ["train_loss", "val_loss", "grad_norm_avg", "clipped_fraction", "skipped_updates",
+                                 "lr", "tokens_per_s"]  # fmt: skip
+    assert list(choices)[7:] == ["epoch", "mfu", "sys/gpu_mem_gb", "val/accuracy"]
+    assert choices["val/accuracy"] == ("validation", "val/accuracy")
+    (trace,) = [trace for trace in accuracy["data"] if trace.get("name") == "a"]
+    assert list(trace["x"]) == [100] and list(trace["y"]) == [0.75] and trace["mode"] == "lines+markers"
+

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 
 from metrics_core.diagnostics import diagnose_reader
 from metrics_core.reader import RunReader
-from tests.support import REPO, read_records
+from tests.support import REPO, read_records, readme_python
 
 # The child: trains a 2-layer GPT-2 for 40 optimizer steps (batch 4, 2 accumulation steps), logs
 # every 5, saves every 10, evaluates every 20.  --hang-at N stops it dead after step N (to be
@@ -241,6 +241,71 @@ def test_train_and_val_loss_are_token_weighted_where_trainer_averages_means(
         assert train["loss_weighting"] == "trainer_mean_of_step_means"
         assert train["tokens"] == train["tokens_seen"] == 16 * 12  # Trainer's input-token count
         assert abs(train["train_loss"] - expected) > 1e-3
+
+
+class SameRow(torch.utils.data.Dataset):
+    """``count`` copies of one row (8 label tokens after the shift); raises at fetch ``fail_at``, if given."""
+
+    def __init__(self, row: dict[str, torch.Tensor], count: int, fail_at: int | None = None) -> None:
+        self.row, self.count, self.fail_at, self.fetched = row, count, fail_at, 0
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
+        self.fetched += 1
+        if self.fetched == self.fail_at:
+            raise RuntimeError("data source lost")
+        return self.row
+
+
+def test_readme_snippet_starts_on_a_fresh_directory_and_resumes_from_the_last_checkpoint(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README's Hugging Face code as written: a fresh output_dir trains until its data fails in step 13 or 14, a rerun
+    resumes from checkpoint-12 to 20; losses equal the model's own and Trainer's, tokens and tokens_seen are exact."""
+    from transformers import GPT2Config, GPT2LMHeadModel, TrainingArguments
+
+    monkeypatch.chdir(tmp_path)  # the snippet's relative runs/ directory
+    snippet = readme_python("metrics_core.integrations.hf import")
+    torch.manual_seed(0)
+    tiny = GPT2Config(n_layer=2, n_head=2, n_embd=32, n_positions=12, vocab_size=64, bos_token_id=0, eos_token_id=0,
+                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)  # fmt: skip
+    model = GPT2LMHeadModel(tiny)
+    ids = torch.randint(0, 64, (12,))
+    row = {"input_ids": ids, "labels": torch.where(torch.arange(12) < 9, ids, -100)}
+    with torch.no_grad():  # lr=0 keeps the weights: every micro-batch's loss is the model's own on this row
+        own_loss = model(input_ids=ids[None], labels=row["labels"][None]).loss.item()
+    args = TrainingArguments(
+        output_dir="out", max_steps=20, per_device_train_batch_size=2, gradient_accumulation_steps=2,
+        learning_rate=0.0, weight_decay=0.0, logging_steps=5, save_steps=4, report_to="none", use_cpu=True,
+        disable_tqdm=True, seed=0,
+    )  # fmt: skip
+    tokens_per_step = 2 * 2 * 8
+    with pytest.raises(RuntimeError, match="data source lost"):
+        exec(snippet, {"model": model, "args": args, "ds": SameRow(row, 400, fail_at=4 * 13 + 1)})
+    resumed: dict[str, object] = {"model": GPT2LMHeadModel(tiny), "args": args, "ds": SameRow(row, 400)}
+    exec(snippet, resumed)
+
+    reader = read(tmp_path / "runs" / "gpt2")
+    s1, s2 = reader.sessions
+    assert (s1.end_status, s1.resumed_from_step) == ("failed", None)
+    assert (s2.end_status, s2.resumed_from_step) == ("finished", 12)
+    trainer_loss = {entry["step"]: entry["loss"] for entry in resumed["trainer"].state.log_history if "loss" in entry}
+    train = reader.effective("train")
+    assert train["step"].tolist() == [5, 10, 15, 20] and set(train["loss_weighting"]) == {"tokens"}
+    # the first window after the resume counts steps 13-15: those of 11-12 died with the first process
+    assert train["updates"].tolist() == [5, 5, 3, 5]
+    assert train["tokens"].tolist() == [updates * tokens_per_step for updates in train["updates"]]
+    assert train["tokens_seen"].tolist() == [step * tokens_per_step for step in train["step"]]
+    for record in train.to_dict("records"):
+        assert math.isclose(record["train_loss"], own_loss, rel_tol=1e-5)
+        assert math.isclose(record["trainer_loss"], trainer_loss[record["step"]], rel_tol=1e-6)
+    checkpoints = reader.frame("checkpoint")
+    assert checkpoints["step"].tolist() == [4, 8, 12, 16, 20]
+    # saved between logging steps: the tokens trained up to the checkpoint, as its trainer_state.json holds
+    assert checkpoints["tokens_seen"].tolist() == [step * tokens_per_step for step in checkpoints["step"]]
+    assert not [f for f in diagnose_reader(reader) if f.severity == "error"]
 
 
 def test_importing_metrics_core_loads_no_framework() -> None:

@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from metrics_core.diagnostics import diagnose_reader
 from metrics_core.integrations.lightning import MetricsLogger
 from metrics_core.reader import RunReader
-from tests.support import read_records
+from tests.support import read_records, readme_python
 
 VOCAB = 32
 
@@ -36,6 +36,8 @@ def rows(count: int, seed: int) -> TensorDataset:
 
 class TinyLM(LightningModule):
     """A bigram model; returns {"loss", "tokens"} and records what it returned, as the test's oracle."""
+
+    logs_loss = True  # also self.log("train_loss") in training_step
 
     def __init__(self, lr: float = 0.05, width: int = 16, fail_at: int | None = None) -> None:
         super().__init__()
@@ -57,7 +59,8 @@ class TinyLM(LightningModule):
             raise RuntimeError(f"boom at {self.global_step}")
         loss, tokens = self._loss(batch)
         self.returned.append((self.global_step, loss.item(), tokens))
-        self.log("train_loss", loss)
+        if self.logs_loss:
+            self.log("train_loss", loss)
         return {"loss": loss, "tokens": tokens}
 
     def validation_step(self, batch: list[torch.Tensor], batch_idx: int) -> dict[str, object]:
@@ -69,6 +72,15 @@ class TinyLM(LightningModule):
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=self.hparams.lr)
+
+
+class ReadmeLM(TinyLM):
+    """The module the README describes: training_step returns {"loss", "tokens"} and never calls self.log."""
+
+    logs_loss = False
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(rows(400, 1), batch_size=4, shuffle=True)
 
 
 def fit(run: Path, root: Path, module: TinyLM, max_steps: int, ckpt_path: Path | None = None) -> MetricsLogger:
@@ -97,7 +109,8 @@ def read(run: Path) -> RunReader:
 
 
 def test_fit_writes_token_weighted_windows_validation_config_and_checkpoints(tmp_path: Path) -> None:
-    """One fit: session markers, hparams as config, train windows equal sum(loss*tokens)/tokens of the steps."""
+    """One fit: session markers, hparams as config, train windows equal sum(loss*tokens)/tokens of the steps,
+    checkpoint records count the tokens up to their step."""
     run = tmp_path / "runs" / "tiny"
     module = TinyLM()
     fit(run, tmp_path, module, max_steps=20)
@@ -123,8 +136,10 @@ def test_fit_writes_token_weighted_windows_validation_config_and_checkpoints(tmp
     assert validation["val_tokens"].tolist() == [val_tokens, val_tokens]
     first_val = sum(loss * t for loss, t in module.val_returned[:3]) / val_tokens
     assert math.isclose(validation["val_loss"].iloc[0], first_val, rel_tol=1e-6)
-    assert reader.frame("checkpoint")["step"].tolist() == [10, 20]
-    assert reader.frame("checkpoint")["path"].iloc[0].endswith("step=10.ckpt")
+    checkpoints = reader.frame("checkpoint")
+    assert checkpoints["step"].tolist() == [10, 20] and checkpoints["path"].iloc[0].endswith("step=10.ckpt")
+    # saved before Lightning logs the step, yet counting its tokens: the train record of that step agrees
+    assert checkpoints["tokens_seen"].tolist() == train.set_index("step")["tokens_seen"][[10, 20]].tolist()
     (config,) = [r for r in read_records(run / "metrics.jsonl") if r["event"] == "config"]
     assert config["config"] == {"lr": 0.05, "width": 16, "fail_at": None}
     assert not [f for f in diagnose_reader(reader) if f.severity == "error"]
@@ -171,3 +186,41 @@ def test_sigterm_during_fit_ends_the_session_interrupted(tmp_path: Path) -> None
     assert session.end_status == "interrupted"
     (end,) = [r for r in read_records(run / "metrics.jsonl") if r["event"] == "session_end"]
     assert end["error"] == "SIGTERM" and end["step"] in (6, 7)
+
+
+def test_readme_snippet_records_what_training_step_returned_fresh_and_resumed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """README's Lightning code as written, module without self.log: fails at 25, reruns from last.ckpt (20) to 40;
+    every window, tokens_seen and checkpoint record equals what training_step returned."""
+    monkeypatch.chdir(tmp_path)  # the snippet's relative runs/ and checkpoints/
+    snippet = readme_python("metrics_core.integrations.lightning import")
+    first, second = ReadmeLM(fail_at=25), ReadmeLM()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # Lightning's advice on num_workers, no last checkpoint yet, and the like
+        with pytest.raises(RuntimeError, match="boom at 25"):
+            exec(snippet, {"model": first})
+        exec(snippet, {"model": second})
+
+    reader = read(tmp_path / "runs" / "my-run")
+    s1, s2 = reader.sessions
+    assert (s1.end_status, s1.resumed_from_step) == ("failed", None)
+    assert (s2.end_status, s2.resumed_from_step) == ("finished", 20)
+    # optimizer step k trained on what training_step returned at global_step k - 1
+    trained = {step + 1: (loss, tokens) for step, loss, tokens in first.returned if step < 20}
+    trained |= {step + 1: (loss, tokens) for step, loss, tokens in second.returned}
+    assert sorted(trained) == list(range(1, 41))
+    tokens_through = {step: sum(trained[k][1] for k in range(1, step + 1)) for step in trained}
+
+    train = reader.effective("train")
+    assert train["step"].tolist() == list(range(5, 41, 5)) and set(train["loss_weighting"]) == {"tokens"}
+    for record in train.to_dict("records"):
+        window = [trained[k] for k in range(record["step"] - 4, record["step"] + 1)]
+        assert record["updates"] == 5 and record["tokens"] == sum(t for _, t in window)
+        assert math.isclose(record["train_loss"], sum(loss * t for loss, t in window) / record["tokens"], rel_tol=1e-6)
+        assert record["tokens_seen"] == tokens_through[record["step"]]
+    checkpoints = reader.frame("checkpoint")
+    assert set(checkpoints["step"]) == {10, 20, 30, 40} and checkpoints["path"].str.endswith("last.ckpt").any()
+    for record in checkpoints.to_dict("records"):
+        assert record["tokens_seen"] == tokens_through[record["step"]], record
+    assert not [f for f in diagnose_reader(reader) if f.severity == "error"]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -11,8 +14,8 @@ import pytest
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
 from metrics_core.errors import RunPathError
 from metrics_core.reader import RunReader
-from metrics_core.runs import find_runs, resolve_run, run_status
-from tests.support import append_bytes, append_records, base_record
+from metrics_core.runs import UnreadableEntry, discover_runs, find_runs, resolve_run, run_status
+from tests.support import REPO, append_bytes, append_records, base_record, without_permission_override
 
 
 def make_run(directory: Path) -> None:
@@ -62,6 +65,77 @@ def test_symlink_loop_terminates(tmp_path: Path) -> None:
     make_run(tmp_path / "a")
     (tmp_path / "a" / "loop").symlink_to(tmp_path)
     assert [r.name for r in find_runs(tmp_path)] == ["a"]
+
+
+def test_symlink_loops_and_links_through_a_file_are_named_and_every_run_is_listed(tmp_path: Path) -> None:
+    """A link to itself, a metrics file linking to itself and a link through a file, at any depth, are
+    each named with the reason; every run beside and below them is listed, by find_runs too."""
+    make_run(tmp_path / "a")
+    make_run(tmp_path / "group" / "b")
+    (tmp_path / "loop").symlink_to("loop")
+    (tmp_path / "group" / "deep").mkdir()
+    (tmp_path / "group" / "deep" / "ring").symlink_to("../deep/ring")
+    (tmp_path / "c").mkdir()
+    (tmp_path / "c" / "metrics.jsonl").symlink_to("metrics.jsonl")
+    (tmp_path / "through").symlink_to("a/metrics.jsonl/inside")
+    (tmp_path / "nowhere").symlink_to("missing")  # a link to nothing hides no run: skipped
+    listing = discover_runs(tmp_path)
+    assert [run.name for run in listing.runs] == ["a", "group/b"]
+    assert listing.unreadable == (
+        UnreadableEntry("c/metrics.jsonl", "symlink loop"),
+        UnreadableEntry("group/deep/ring", "symlink loop"),
+        UnreadableEntry("loop", "symlink loop"),
+        UnreadableEntry("through", "not a directory"),
+    )
+    assert str(listing.unreadable[0]) == "c/metrics.jsonl: symlink loop"
+    assert find_runs(tmp_path) == list(listing.runs)
+
+
+LISTING_SCRIPT = """
+import json, sys
+from metrics_core.runs import discover_runs, find_runs
+listing = discover_runs(sys.argv[1])
+print(json.dumps({"runs": [run.name for run in listing.runs], "found": [run.name for run in find_runs(sys.argv[1])],
+                  "unreadable": [str(entry) for entry in listing.unreadable]}))
+"""
+
+
+def listed_under_modes(root: Path, modes: dict[Path, int]) -> dict[str, list[str]]:
+    """What ``discover_runs`` and ``find_runs`` say of ``root`` in a process the file modes bind (root's
+    override dropped), with ``modes`` set for the call and 0o755 restored after."""
+    for path, mode in modes.items():
+        path.chmod(mode)
+    try:
+        done = subprocess.run([*without_permission_override(), sys.executable, "-c", LISTING_SCRIPT, str(root)],
+                              capture_output=True, text=True, timeout=60, cwd=REPO)  # fmt: skip
+    finally:
+        for path in modes:
+            path.chmod(0o755)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
+
+
+def test_directories_the_os_refuses_to_list_are_named_and_every_other_run_is_listed(tmp_path: Path) -> None:
+    """A chmod 000 run directory, one with a run below it and one that may be entered but not listed
+    are named as permission denied; every other run is listed."""
+    for name in ("a", "locked-run", "locked/inner", "group/b", "group/blind/c"):
+        make_run(tmp_path / name)
+    modes = {tmp_path / "locked-run": 0, tmp_path / "locked": 0, tmp_path / "group" / "blind": 0o311}  # 311: no list
+    assert listed_under_modes(tmp_path, modes) == {
+        "runs": ["a", "group/b"],
+        "found": ["a", "group/b"],
+        "unreadable": ["group/blind: permission denied", "locked: permission denied", "locked-run: permission denied"],
+    }
+
+
+def test_an_unlistable_root_is_named_as_dot(tmp_path: Path) -> None:
+    """A root the process may not list is one unreadable entry, '.', not an exception."""
+    make_run(tmp_path / "a")
+    assert listed_under_modes(tmp_path, {tmp_path: 0o311}) == {
+        "runs": [],
+        "found": [],
+        "unreadable": [".: permission denied"],
+    }
 
 
 def test_missing_root_is_a_clear_error(tmp_path: Path) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -21,8 +22,9 @@ from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import ChartOptions
 from metrics_core.errors import RunNotFoundError
 from metrics_core.reader import RunReader
+from metrics_core.runs import CRASH_REASON
 from metrics_core.summary import LastValue, RunSummary
-from tests.support import append_bytes, append_records, base_record
+from tests.support import append_bytes, append_records, base_record, spawn_python
 
 
 def view_summary(view: RunView) -> RunSummary:
@@ -31,8 +33,10 @@ def view_summary(view: RunView) -> RunSummary:
     config = view_config(view)
     progress = view.sessions[-1] if view.sessions else None
     skipped = _last_number(train, "skipped_updates")
+    ended = view.sessions[-1].end_error if view.sessions and view.status in ("failed", "interrupted") else None
     return RunSummary(
         status=view.status,
+        reason=CRASH_REASON if view.status == "crashed" else ended,
         records=view.records,
         sessions=len(view.sessions),
         started=view.sessions[0].start_time if view.sessions else None,
@@ -857,3 +861,37 @@ def test_the_cache_dir_defaults_outside_the_runs_root_and_is_refused_inside_it(t
     assert parse_settings(["--no-cache"], {}).cache is None
     with pytest.raises(SystemExit, match="inside the runs root"):
         parse_settings(["--runs", str(runs), "--cache-dir", str(runs / ".cache")], {})
+
+
+WRITER_THEN_WAIT = """
+import sys, time
+from metrics_core import MetricsWriter, RunContext, TrainingState
+with MetricsWriter(RunContext(sys.argv[1], "r", "s1")) as writer:
+    for step in (1, 2, 3):
+        writer.write("train", TrainingState(step=step), train_loss=1.0)
+    print("written", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbeat(tmp_path: Path) -> None:
+    """A real writer holding its lock is live on the overview; SIGKILLed, its run reads crashed at
+    the very next overview, though its last record is seconds old (the lock was seen held, so a
+    free lock is a dead writer).  A file that no writer ever locked keeps the heartbeat rule."""
+    writer = spawn_python(WRITER_THEN_WAIT, str(tmp_path / "r"))
+    try:
+        assert writer.stdout.readline().strip() == "written"
+        append_records(tmp_path / "plain" / "metrics.jsonl", base_record(1, train_loss=1.0,
+                                                                         time=datetime.now(timezone.utc).isoformat()))
+        store = RunStore(tmp_path, safety_interval=0.0)
+        try:
+            status = lambda: store.overview().set_index("run")["status"].to_dict()  # noqa: E731
+            assert status() == {"r": "live", "plain": "live"}
+            writer.send_signal(signal.SIGKILL)
+            writer.wait(timeout=30)
+            assert status() == {"r": "crashed", "plain": "live"}
+        finally:
+            store.close()
+    finally:
+        writer.kill()
+        writer.wait()

@@ -14,6 +14,9 @@ files and URLs, so nothing here lets them become markup:
 * ``plotly_text`` for plotly titles, trace names and annotations: plotly.js renders a subset of
   HTML there (``<a href>``, ``<b>``, ``<br>``), and decodes ``&lt;`` ``&gt;`` ``&amp;`` back for
   display, so escaping those three keeps the text exactly as written.
+* ``under_root`` says every path inside the runs root relative to it, as a run name: a message
+  (an ``OSError``'s, a reader's) names the file the way the page's reader knows it, and no page
+  shows where the server keeps its files.
 * ``shorten`` / ``shorten_words`` cut long strings with an ellipsis (a 10,000-character session
   id must not stretch the page).
 * ``human_count``, ``human_value``, ``age_text``, ``clock_text``: numbers, ages and durations as
@@ -22,8 +25,10 @@ files and URLs, so nothing here lets them become markup:
 
 from __future__ import annotations
 
+import os
 import re
 import string
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -60,6 +65,21 @@ def md_text(text: object) -> str:
     URL and e-mail shapes broken by an invisible word joiner."""
     text = _AUTOLINK_SHAPES.sub(WORD_JOINER, _CONTROLS.sub(" ", str(text)))
     return _MARKDOWN_SPECIALS.sub(r"\\\1", text)
+
+
+# What may come before a path in a message: its start, a space, a quote or an opening bracket;
+# so "/srv/runs" is not taken out of "/old/srv/runs/…" or "archive/srv/runs/…".
+_PATH_START = r"(?<![^\s'\"(\[=])"
+
+
+def under_root(text: str, root: str | os.PathLike[str]) -> str:
+    """``text`` with every path inside ``root`` (as given, absolute or resolved) said relative to
+    it: ``[Errno 13] Permission denied: '/srv/runs/a/metrics.jsonl'`` reads ``… 'a/metrics.jsonl'``.
+    The root itself is left as it is: it is what the dashboard was started on."""
+    root = Path(root)
+    forms = sorted({str(root), str(root.absolute()), os.path.realpath(root)} - {"", ".", "/"}, key=len, reverse=True)
+    pattern = _PATH_START + "(?:" + "|".join(map(re.escape, forms)) + ")/+"
+    return re.sub(pattern, "", text)
 
 
 def plotly_text(text: object) -> str:
@@ -102,13 +122,16 @@ def human_value(value: object, digits: int = 4) -> str:
 
 
 def age_text(seconds: object) -> str:
-    """How long ago: ``"18 s ago"``, ``"4 min ago"``, ``"3 h ago"``, ``"2 d ago"``; missing → ``"—"``.
+    """How long ago: ``"18 s ago"``, ``"4 min ago"``, ``"3 h ago"``, ``"2 d ago"``; missing → ``"—"``;
+    a time more than a second in the future → ``"clock ahead"``.
 
     The coarser the older, so an idle run's row changes once a minute at most, not every second.
     """
     number = _number(seconds)
     if number is None:
         return MISSING
+    if number < -1.0:  # the writer's clock runs ahead of the server's: no negative ages
+        return "clock ahead"
     number = max(number, 0.0)
     for size, unit in ((86_400, "d"), (3_600, "h"), (60, "min")):
         if number >= size:

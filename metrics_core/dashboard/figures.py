@@ -63,7 +63,8 @@ class Axis:
     """How a quantity's axis reads: its title with the unit, and d3 formats for ticks and hover.
 
     ``fixed`` pins the range (a fraction is 0–1); ``robust`` lets ``robust_range`` choose the
-    default range (counts that only grow need none).
+    default range (counts that only grow need none); ``count`` starts the axis at 0 with integer
+    ticks (no "0.5 skipped updates").
     """
 
     title: str
@@ -71,6 +72,7 @@ class Axis:
     hoverformat: str = ".4~g"
     fixed: tuple[float, float] | None = None
     robust: bool = True
+    count: bool = False
 
 
 X_AXES = {

@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.figures import Figure, x_values
+from metrics_core.dashboard.metric_figures import OFF_SCALE
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import ChartOptions, run_charts, warmup_rows
 from metrics_core.diagnostics import Finding, diagnose
@@ -104,6 +105,8 @@ def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _
               for event in TAIL_EVENTS}  # fmt: skip
     tail = _tail_view(view, starts)
     tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS))
+    if tail_figures.keys() - previous.figures.keys():
+        return None  # a key logged for the first time: its chart joins at a full build
     figures = {}
     for key, figure in previous.figures.items():
         grown = _append_points(figure, tail_figures.get(key))
@@ -132,6 +135,8 @@ def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
     traces = {(trace.get("name"), trace.get("yaxis")): number for number, trace in enumerate(figure["data"])}
     grown: dict[int, dict[str, np.ndarray]] = {}
     for trace in tail["data"]:
+        if trace.get("meta") == OFF_SCALE:
+            continue  # placed by the tail's own y-range: the next full build marks the run's
         xs = np.asarray(trace["x"]) if trace.get("x") is not None else np.zeros(0)
         number = traces.get((trace.get("name"), trace.get("yaxis")))
         old = figure["data"][number] if number is not None else {}

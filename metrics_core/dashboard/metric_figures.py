@@ -43,6 +43,7 @@ from metrics_core.dashboard.figures import (
     compact,
     figure_of,
     session_colour,
+    session_key,
     x_values,
 )
 from metrics_core.downsample import minmax_indices
@@ -60,8 +61,8 @@ AXES = {
     "train_loss": Axis("loss"),
     "val_loss": Axis("loss"),
     "clipped_fraction": Axis("fraction clipped (0–1)", ".1~f", ".3~f", fixed=(-0.02, 1.02)),
-    "skipped_updates_in_window": Axis("skipped in window (count)", ",~g", ",d", robust=False),
-    "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False),
+    "skipped_updates_in_window": Axis("skipped in window (count)", ",d", ",d", robust=False, count=True),
+    "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False, count=True),
     "grad_norm_avg": Axis("gradient norm (L2)"),
     "grad_norm_max": Axis("gradient norm (L2)"),
     "lr": Axis("learning rate", ".1~e", ".3~e"),
@@ -119,11 +120,36 @@ def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def axis_for(series: Sequence[Series], *, secondary: bool) -> Axis | None:
-    """The axis of the first series drawn on that side: its column's ``AXES`` entry, or its label."""
+    """The axis of the first series drawn on that side: its column's ``AXES`` entry, else one
+    titled by the column (a logged key), counting when the column holds integers."""
     for item in series:
         if item.secondary_y == secondary:
-            return AXES.get(item.column, Axis(item.label))
+            return AXES.get(item.column) or _logged_axis(item)
     return None
+
+
+def _logged_axis(item: Series) -> Axis:
+    integers = item.column in item.frame.columns and item.frame[item.column].dtype.kind in "iu"
+    return Axis(item.column, ",d", ",d", count=True) if integers else Axis(item.column)
+
+
+def fitted_range(values: np.ndarray, axis: Axis, *, log: bool) -> dict[str, Any]:
+    """Range settings for what a default autorange draws misleadingly: a count axis from 0 with
+    whole ticks (plotly draws no data on −1…4, and a count of 0–2 with ticks at 0.5); a constant
+    series on a small band around its value (plotly draws 3e-4 on −1…1, where it reads as 0)."""
+    finite = values[np.isfinite(values)]
+    if axis.count and not log:
+        top = float(finite.max()) if finite.size else 0.0
+        if top > 5:
+            return {"rangemode": "tozero"}
+        return {"rangemode": "tozero", "range": [0, max(top, 1.0) * 1.08], "tickmode": "linear", "dtick": 1, "tick0": 0}
+    if not finite.size or finite.min() != finite.max():
+        return {}
+    value = float(finite[0])
+    if log:
+        return {"range": [np.log10(value) - 0.3, np.log10(value) + 0.3]} if value > 0 else {}
+    pad = abs(value) * 0.5 or 1.0
+    return {"range": [value - pad, value + pad]}
 
 
 def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[tuple[float, float], int] | None:
@@ -200,20 +226,78 @@ def metric_figure(
                             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
         drawn[item.secondary_y] += added[0]
         spans += added[1]
+    if len(sessions) > 1 and any(item.colour is None for item in series):
+        traces += session_legend(sessions)
     if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
     layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
                      highlights=highlights, theme=theme, spans=spans)  # fmt: skip
-    _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    robust = _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    if robust is not None:
+        traces += _off_scale_markers(traces, robust, log=log_y, theme=theme)
     return figure_of(traces, layout)
+
+
+def session_legend(sessions: Sequence[Session]) -> list[dict[str, Any]]:
+    """A legend entry per session in its colour ("S2 · resume @ 60"): every chart whose lines are
+    split by session says which is which, on every page and at phone width."""
+    return [dict(x=[], y=[], mode="lines", name=f"{label} · {what}",
+                 legendgroup="sessions", line={"color": colour, "width": 3}, hoverinfo="skip")
+            for label, colour, what in session_key(sessions)]  # fmt: skip
+
+
+OFF_SCALE = "off-scale"  # the ``meta`` of the markers of points outside the default y-range
+MAX_OFF_SCALE_MARKERS = 200
+
+
+def _off_scale_markers(
+    traces: Sequence[dict[str, Any]], y_range: tuple[float, float], *, log: bool, theme: str
+) -> list[dict[str, Any]]:
+    """Each raw point of the left axis outside ``y_range`` as a marker on the chart's edge (a
+    triangle pointing where it lies, its value in the hover): the start of training that the
+    default range leaves out stays in the chart itself.  An even sample of at most
+    ``MAX_OFF_SCALE_MARKERS`` per edge."""
+    low, high = y_range
+    xs, ys = [], []
+    for trace in traces:
+        if trace.get("yaxis", "y") != "y" or str(trace.get("name", "")).endswith("(smoothed)") or trace.get("meta"):
+            continue
+        if trace.get("x") is None or not len(trace["x"]) or trace.get("mode") == "markers":
+            continue
+        xs.append(np.asarray(trace["x"]))
+        ys.append(np.asarray(trace["y"], dtype=np.float64))
+    if not xs:
+        return []
+    x, y = np.concatenate(xs), np.concatenate(ys)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        scaled = np.log10(y) if log else y
+    markers = []
+    for outside, edge, symbol in ((scaled > high, 1.0, "triangle-up"), (scaled < low, 0.0, "triangle-down")):
+        rows = np.flatnonzero(outside & np.isfinite(scaled))
+        if not len(rows):
+            continue
+        if len(rows) > MAX_OFF_SCALE_MARKERS:
+            rows = rows[np.linspace(0, len(rows) - 1, MAX_OFF_SCALE_MARKERS).astype(np.int64)]
+        # On the hidden 0–1 axis (``y3``), not at the edge's value: a new range moves no marker,
+        # so a live update still only extends the chart.
+        markers.append(dict(
+            x=x[rows], y=np.full(len(rows), edge), customdata=y[rows], mode="markers",
+            name=OFF_SCALE, meta=OFF_SCALE, showlegend=False, cliponaxis=False, yaxis="y3",
+            marker={"symbol": symbol, "size": 7, "color": THEMES[theme]["muted"]},
+            hovertemplate="off-scale: %{customdata:.4~g}<extra></extra>",
+        ))  # fmt: skip
+    return markers
 
 
 def _y_axes(
     layout: dict[str, Any], series: Sequence[Series], drawn: dict[bool, list[np.ndarray]], *, log_y: bool, theme: str
-) -> None:
-    """Titles, formats and default ranges of the primary (left) and secondary (right) y axes."""
+) -> tuple[float, float] | None:
+    """Titles, formats and default ranges of the primary (left) and secondary (right) y axes;
+    the left axis' range when ``robust_range`` chose it (points may lie outside it)."""
     palette = THEMES[theme]
     off_scale = 0
+    logged = False
+    chosen = None
     for secondary in (False, True):
         axis = axis_for(series, secondary=secondary)
         if axis is None:
@@ -222,26 +306,39 @@ def _y_axes(
         settings = {"title": {"text": plotly_text(axis.title), "standoff": 4, "font": {"size": 11}},
                     "tickformat": axis.tickformat, "hoverformat": axis.hoverformat,
                     "exponentformat": "e", "separatethousands": True}  # fmt: skip
+        values = np.concatenate(drawn[secondary]).astype(np.float64) if drawn[secondary] else np.zeros(0)
+        logged |= bool(np.isfinite(values).any())
         if axis.fixed is not None and not log:
             settings["range"] = list(axis.fixed)
         elif axis.robust and (robust := robust_range(drawn[secondary], log=log)) is not None:
             settings["range"], outside = list(robust[0]), robust[1]
             off_scale += outside
+            chosen = chosen if secondary else robust[0]
+        else:
+            settings.update(fitted_range(values, axis, log=log))
         if secondary:
             # tickmode "auto": plotly.js syncs an overlaying axis' ticks to the left grid by
             # default, which labels a count axis 3.54896, 15.6607, …
-            settings.update(overlaying="y", side="right", showgrid=False, zeroline=False, rangemode="tozero",
-                            tickmode="auto")  # fmt: skip
+            settings = {"overlaying": "y", "side": "right", "showgrid": False, "zeroline": False,
+                        "rangemode": "tozero", "tickmode": "auto", **settings}  # fmt: skip
             layout["margin"] = {**layout["margin"], "r": 65}  # room for the right axis' ticks and title
         name = "yaxis2" if secondary else "yaxis"
         layout[name] = {**layout.get(name, {}), **settings}
+    if not logged:  # no axis of made-up numbers around nothing
+        layout["yaxis"] = {**layout["yaxis"], "showticklabels": False}
+        layout.setdefault("annotations", []).append({
+            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
+            "text": "none logged", "font": {"size": 13, "color": palette["muted"]},
+        })  # fmt: skip
     if off_scale:
         layout.setdefault("annotations", []).append({
             "x": 1, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "right", "yanchor": "bottom",
             "showarrow": False, "opacity": 0.9, "bgcolor": palette["plot"],
-            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale · autoscale ⤢ shows all",
+            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale (▲ ▼ at the edge) · "
+                    "autoscale ⤢ shows all",
             "font": {"size": 9, "color": palette["muted"]},
         })  # fmt: skip
+    return chosen
 
 
 def _add_series(
@@ -265,7 +362,7 @@ def _add_series(
     if events:
         ys = np.where(ys > 0, ys, np.nan)
     smoothing = 0.0 if item.markers or events else smoothing  # sparse series are drawn raw
-    style = AXES.get(item.column, Axis(item.label))
+    style = AXES.get(item.column) or _logged_axis(item)
     per_session = item.colour is None
     group = f"{number}:{label}"
     drawn: list[np.ndarray] = []

@@ -1,12 +1,21 @@
 """A data-parallel run's ranks (``straggler_figure``): per session, the band from the fastest
 rank's time per step to the slowest's, their ratio, and the windows whose ranks were out of
-lockstep, on ``figures.chart_layout``.  Also the per-window quantities the charts and their CSV
-share (``rank_time_ratio``, ``out_of_lockstep``) and whether a run has more than one rank
-(``is_distributed``)."""
+lockstep, on ``figures.chart_layout``; above it, always, the latest ratio, and the rank that is
+consistently slowest when there is one (``rank_spread``).  Also the per-window quantities the
+charts and their CSV share (``rank_time_ratio``, ``out_of_lockstep``) and whether a run has more
+than one rank (``is_distributed``).
+
+*Consistently slowest*: of the last ``RECENT_WINDOWS`` windows that name a slowest rank and a
+ratio, the same rank was the slowest, by at least ``CONSISTENT_RATIO`` × the fastest rank's time
+per step, in at least ``CONSISTENT_WINDOWS``.  A small steady lead is what a rank on a slower
+link, a busier host or a larger share of long samples shows; in a balanced job the slowest rank
+changes from window to window and the ratio stays near 1, so neither alone is enough.  (The
+diagnostics' ``straggler rank`` warning is the stronger claim: a streak of windows at 1.2×.)"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -32,6 +41,9 @@ from metrics_core.reader import Session
 
 STRAGGLER_TITLE = "Rank step time (fastest to slowest rank)"
 BAND_OPACITY = 0.25
+RECENT_WINDOWS = 10
+CONSISTENT_WINDOWS = 8
+CONSISTENT_RATIO = 1.05
 
 
 def is_distributed(frame: pd.DataFrame) -> bool:
@@ -63,6 +75,44 @@ def out_of_lockstep(frame: pd.DataFrame) -> np.ndarray:
                        dtype=bool, count=len(frame))  # fmt: skip
 
 
+@dataclass(frozen=True, slots=True)
+class RankSpread:
+    """The latest window's slowest/fastest ratio, and the consistently slowest rank (module docstring)."""
+
+    latest_ratio: float | None
+    slowest_rank: int | None  # consistently slowest, else None
+    slowest_windows: int  # of ``recent_windows``, those it was slowest in by CONSISTENT_RATIO or more
+    recent_windows: int
+    slowest_ratio: float | None  # its median ratio over those windows
+
+    def text(self) -> str:
+        """What the chart says above its plot: the ratio always, the consistently slowest rank if any."""
+        if self.latest_ratio is None:
+            return "slowest / fastest: no data"
+        text = f"slowest / fastest: {self.latest_ratio:.2f}× (latest window)"
+        if self.slowest_rank is not None:
+            text += (f" · rank {self.slowest_rank} consistently slowest: {self.slowest_windows} of the last "
+                     f"{self.recent_windows} windows, median {self.slowest_ratio:.2f}×")  # fmt: skip
+        return text
+
+
+def rank_spread(frame: pd.DataFrame) -> RankSpread:
+    """The spread of ``frame``'s train windows, in the frame's order (the latest last)."""
+    ratio, slowest = rank_time_ratio(frame), _numbers(frame, "slowest_rank")
+    known = np.flatnonzero(np.isfinite(ratio) & np.isfinite(slowest))
+    if not len(known):
+        return RankSpread(None, None, 0, 0, None)
+    recent = known[-RECENT_WINDOWS:]
+    latest = float(ratio[recent[-1]])
+    leading = recent[ratio[recent] >= CONSISTENT_RATIO]
+    ranks, counts = np.unique(slowest[leading], return_counts=True)
+    if not len(ranks) or counts.max() < CONSISTENT_WINDOWS:
+        return RankSpread(latest, None, 0, len(recent), None)
+    rank = ranks[counts.argmax()]  # at most one rank can hold 8 of 10 windows
+    mine = leading[slowest[leading] == rank]
+    return RankSpread(latest, int(rank), len(mine), len(recent), float(np.median(ratio[mine])))
+
+
 def _rgba(colour: str, alpha: float) -> str:
     red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgba({red},{green},{blue},{alpha})"
@@ -84,8 +134,9 @@ def straggler_figure(
     Per session (and dimmed where superseded): a band from the fastest rank's time per step to
     the slowest's, whose hover names the slowest rank ("slowest: rank 3") and the max/min ratio;
     the ratio itself on the right axis; and a red mark on the chart's floor at every window whose
-    ranks were not in lockstep.  The band's two edges are downsampled together (each edge's
-    min/max buckets are kept for both), so a spike of either edge survives.
+    ranks were not in lockstep; above the plot, ``rank_spread(frame).text()``.  The band's two
+    edges are downsampled together (each edge's min/max buckets are kept for both), so a spike of
+    either edge survives.
     """
     if x not in X_MODES:
         raise ValueError(f"x must be one of {sorted(X_MODES)}, got {x!r}")
@@ -103,6 +154,11 @@ def straggler_figure(
     layout["yaxis2"] = {"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
                         "tickmode": "auto",
                         "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}}  # fmt: skip
+    spread = rank_spread(frame)
+    layout["annotations"] = [*layout.get("annotations", []), {
+        "name": "rank spread", "text": spread.text(), "x": 1.0, "y": 1.0, "xref": "paper", "yref": "paper",
+        "xanchor": "right", "yanchor": "bottom", "yshift": LABEL_ROW_PX, "showarrow": False,
+        "font": {"size": 11, **({"color": "#d62728"} if spread.slowest_rank is not None else {})}}]  # fmt: skip
     return figure_of(traces, layout)
 
 

@@ -6,7 +6,8 @@
   columns, O(1) per value) and its loss trend (``LossTrend``: O(appended rows) while only the
   last session grows), never from a frame of the whole run;
 * ``peek_row``: a big run's row before it is read, from the last ``PEEK_BYTES`` of its file;
-* ``error_row``: a run that cannot be shown.
+* ``error_row``: a run that cannot be shown; ``unreadable_row``: an entry of the root that cannot be
+  looked into (``runs.UnreadableEntry``).
 
 ``grown_in_last_session`` is the test both this module and the store's snapshots use to extend
 what they computed instead of recomputing it: rows appended by the last session change nothing
@@ -27,6 +28,7 @@ import pandas as pd
 from metrics_core.dashboard.runs_table import TREND_POINTS
 from metrics_core.reader import RunReader
 from metrics_core.records import check_lines
+from metrics_core.runs import UnreadableEntry
 from metrics_core.summary import RunSummary
 
 PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
@@ -112,6 +114,7 @@ def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
     return {
         "run": name,
         "status": summary.status,
+        "reason": summary.reason,
         "sessions": summary.sessions,
         "last step": summary.last_step,
         "tokens seen": summary.tokens_seen,
@@ -165,6 +168,11 @@ def _latest(records: list[dict[str, Any]], event: str, name: str) -> float | Non
 
 def error_row(name: str, reason: str) -> dict[str, Any]:
     return {"run": name, "status": "error", "error": reason}
+
+
+def unreadable_row(entry: UnreadableEntry) -> dict[str, Any]:
+    """An entry of the runs root that discovery could not look into: named, with the reason."""
+    return {"run": entry.name, "status": "unreadable", "error": entry.reason}
 
 
 def last_value(frame: pd.DataFrame, column: str) -> float | None:

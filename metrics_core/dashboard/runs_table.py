@@ -56,10 +56,10 @@ def run_links(table: pd.DataFrame) -> pd.DataFrame:
 # the colour comes from STATUS_COLOURS, applied to the cell by the runs table's column config.
 STATUS_BADGES = {
     "live": "● live", "stalled": "◐ stalled", "finished": "✓ finished", "interrupted": "■ interrupted",
-    "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error",
+    "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error", "unreadable": "⊘ unreadable",
 }  # fmt: skip
 STATUS_COLOURS = {"live": "#21c354", "stalled": "#d4a000", "finished": "#1c83e1", "interrupted": "#ff8c00",
-                  "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b"}  # fmt: skip
+                  "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b", "unreadable": "#ff2b2b"}  # fmt: skip
 
 
 def status_pills(table: pd.DataFrame) -> pd.DataFrame:
@@ -98,8 +98,11 @@ PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws
 
 
 def newest_first(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` (the store's overview) ordered by its last record's age, runs never read last."""
-    return table.loc[table.sort_values("last record age (s)", na_position="last", kind="stable").index]
+    """``table`` (the store's overview) ordered by its last record's age, runs never read last;
+    entries of the root that cannot be looked into first: they hide runs until someone fixes them,
+    and would otherwise wait on the last page of a big root."""
+    by_age = table.sort_values("last record age (s)", na_position="last", kind="stable")
+    return by_age.loc[(by_age["status"] != "unreadable").sort_values(kind="stable").index]
 
 
 def runs_page(table: pd.DataFrame, page: int, rows: int = PAGE_ROWS) -> tuple[pd.DataFrame, int, int]:
@@ -121,6 +124,8 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     """
     table = newest_first(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
+    if "reason" in table.columns:  # why it stopped, beside the status
+        shown["reason"] = table["reason"].map(_cell_text)
     if "loss trend" in table.columns:
         shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
     shown["train loss"] = table["train loss"].map(human_value)
@@ -135,13 +140,17 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     shown["tokens seen"] = table["tokens seen"].map(human_count)
     shown["skipped updates"] = table["skipped updates"].map(human_count)
     shown["bad lines"] = table["bad lines"].map(human_count)
-    shown["error"] = table["error"].map(lambda text: shorten_words(text, CELL_CHARS) if isinstance(text, str) else "")
+    shown["error"] = table["error"].map(_cell_text)
     extra = [column for column in table.columns if column not in OVERVIEW_KNOWN]
     for column in extra:
         shown[column] = table[column]
     return shown.reset_index(drop=True)
 
 
-OVERVIEW_KNOWN = frozenset({"run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+def _cell_text(text: object) -> str:
+    return shorten_words(text, CELL_CHARS) if isinstance(text, str) else ""
+
+
+OVERVIEW_KNOWN = frozenset({"run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                             "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                             "duration (s)", "loss trend", "last record time"})  # fmt: skip

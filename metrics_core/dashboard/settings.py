@@ -7,6 +7,7 @@ import argparse
 import atexit
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import streamlit as st
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.demo import start_demo
+from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
@@ -33,7 +35,7 @@ class Settings:
     cache: Path | None  # the dashboard's own cache directory; None: no cache
 
 
-def default_cache_dir(environ: dict[str, str]) -> Path:
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
     """``$METRICS_CACHE_DIR``, else ``$XDG_CACHE_HOME/metrics_core``, else ``~/.cache/metrics_core``:
     a directory the dashboard owns, never the runs root (which may be read-only or shared)."""
     if environ.get("METRICS_CACHE_DIR"):
@@ -42,17 +44,28 @@ def default_cache_dir(environ: dict[str, str]) -> Path:
     return base / "metrics_core"
 
 
-def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
+def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The dashboard's options, with their defaults from ``environ`` (also a parent of ``metrics-dashboard``'s)."""
+    parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
+    parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")),
+                        help="the runs root: every directory under it holding a metrics.jsonl is a run")  # fmt: skip
+    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))),
+                        help="seconds between updates of an open page")  # fmt: skip
+    parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1",
+                        help="poll the files instead of using inotify")  # fmt: skip
+    parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1",
+                        help="start the live demo run when the root holds no runs")  # fmt: skip
+    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ),
+                        help="where to keep a columnar copy of big runs (never inside the runs root)")  # fmt: skip
+    parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1",
+                        help="keep no such copy")  # fmt: skip
+    return parser
+
+
+def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
     """``--runs DIR`` (else ``$METRICS_RUNS_DIR``, else ``./runs``), ``--refresh S``, ``--poll``,
     ``--demo``, ``--cache-dir DIR`` / ``--no-cache``; unknown arguments are left to Streamlit."""
-    parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
-    parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")))
-    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))))
-    parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1")
-    parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1")
-    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ))
-    parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1")
-    args, _ = parser.parse_known_args(argv)
+    args, _ = settings_parser(environ).parse_known_args(argv)
     if args.refresh <= 0:
         raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
     cache = None if args.no_cache else args.cache_dir
@@ -100,7 +113,7 @@ def get_store(config: Settings) -> RunStore:
     try:
         return open_store(config)
     except MetricsError as exc:
-        st.error(str(exc))
+        st.error(md_text(exc))
         st.stop()
         raise  # unreachable: st.stop() ends the script
 

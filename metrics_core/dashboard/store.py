@@ -15,7 +15,10 @@ naming the run and the cause in plain text; ``overview()`` turns it into that ru
 status ``error`` and lists every other run.  The failed run's reader is discarded (its state is
 unknown after an exception mid-refresh) and the failure is remembered: the file is re-read from
 the start only once it changed and ``safety_interval`` has passed, so a broken run costs one
-``stat`` per refresh, not a full re-read.
+``stat`` per refresh, not a full re-read.  An entry of the root that cannot be looked into (a
+directory the OS refuses to list, a symlink loop) is a row with status ``unreadable`` and the
+reason (``runs.discover_runs``).  A reason names paths relative to the root
+(``display_text.under_root``): pages show run names, never where the server keeps its files.
 
 Cost model (a root of 1,000 runs, runs of millions of records, live):
 
@@ -76,11 +79,21 @@ import pandas as pd
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.config import run_config
-from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row
+from metrics_core.dashboard.display_text import under_root
+from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row, unreadable_row
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.reader import RunReader
-from metrics_core.runs import END_STATUSES, RunInfo, StatusRecord, find_runs, resolve_run, run_status
+from metrics_core.runs import (
+    END_STATUSES,
+    RunInfo,
+    StatusRecord,
+    UnreadableEntry,
+    discover_runs,
+    resolve_run,
+    run_status,
+    stop_reason,
+)
 from metrics_core.storage import LocalFile
 from metrics_core.summary import RunSummary, summarise
 from metrics_core.watch import RunsWatcher
@@ -90,7 +103,7 @@ REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss 
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+OVERVIEW_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
 _log = logging.getLogger(__name__)
@@ -168,6 +181,7 @@ class RunStore:
         self._entries: dict[str, _Entry] = {}
         self._by_directory: dict[Path, _Entry] = {}
         self._runs: list[RunInfo] = []
+        self._unreadable: tuple[UnreadableEntry, ...] = ()  # entries of the root the last walk could not look into
         self._runs_key: tuple[int, float] | None = None
         self._rows_generation = 0  # bumped whenever any run's row changes
         # (overview generation, table, last record time per row in s since epoch): replaced as one
@@ -214,9 +228,10 @@ class RunStore:
         with self._lock:
             key = (self.watcher.structure_generation, self._clock() // REDISCOVER_S)
             if key != self._runs_key:
-                found = find_runs(self.root)
-                if found != self._runs:  # the periodic rediscovery alone is no change to the table
-                    self._runs = found
+                found = discover_runs(self.root)
+                runs = list(found.runs)
+                if (runs, found.unreadable) != (self._runs, self._unreadable):  # a rediscovery alone is no change
+                    self._runs, self._unreadable = runs, found.unreadable
                     self._runs_generation += 1
                 self._runs_key = key
                 self.stats["find_runs"] += 1
@@ -284,13 +299,14 @@ class RunStore:
                 try:
                     previous = entry.built() if entry.built is not None else None
                     entry.view = build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
-                                             previous=previous)  # fmt: skip
+                                            previous=previous, reason=entry.summary.reason)  # fmt: skip
                     entry.built = weakref.ref(entry.view)
                 except Exception as exc:
                     raise self._failed(entry, info, exc) from exc
                 self.stats["views"] += 1
-            elif entry.view.status != entry.summary.status:
-                entry.view = replace(entry.view, status=entry.summary.status)  # same data, derived data rebuilt
+            elif (entry.view.status, entry.view.reason) != (entry.summary.status, entry.summary.reason):
+                # same data, derived data rebuilt
+                entry.view = replace(entry.view, status=entry.summary.status, reason=entry.summary.reason)
             return entry.view
 
     def _update(self, entry: _Entry, info: RunInfo, now: datetime, *, need_reader: bool = False) -> None:
@@ -329,7 +345,7 @@ class RunStore:
             elif entry.summary.status not in END_STATUSES or reader.last_event != "session_end":
                 status = run_status(reader, now=now)
                 if status != entry.summary.status:
-                    self._set_summary(entry, replace(entry.summary, status=status))
+                    self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(reader, status)))
         except RunNotFoundError:
             raise  # the run vanished: pages wait for it to come back
         except Exception as exc:
@@ -348,7 +364,7 @@ class RunStore:
         if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
             status = run_status(released, now=now)  # type: ignore[arg-type]  # what it reads of a reader
             if status != entry.summary.status:
-                self._set_summary(entry, replace(entry.summary, status=status))
+                self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(released, status)))
         return True
 
     def _release_if_idle(self, entry: _Entry) -> None:
@@ -412,7 +428,7 @@ class RunStore:
         entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
         entry.trend = LossTrend()
         entry.refreshed_at = float("-inf")
-        entry.failure, entry.failure_stamp = _cause(exc), _stamp(info.metrics_path)
+        entry.failure, entry.failure_stamp = _cause(exc, self.root), _stamp(info.metrics_path)
         entry.failed_at = self._clock()
         self._set_row(entry, error_row(info.name, entry.failure))
         return RunViewError(info.name, entry.failure)
@@ -451,7 +467,8 @@ class RunStore:
 
     def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run with what the runs table shows; a run that cannot be shown is a row
-        with status ``error`` and the reason in ``error``, never an exception.  A run not read
+        with status ``error`` and the reason in ``error``, never an exception, and so is an entry
+        of the root that cannot be looked into, with status ``unreadable``.  A run not read
         yet is a row with status ``loading``: this call reads cold runs for ``load_budget_s``
         unless the background loader is already at it, and leaves the rest to the loader."""
         now = now or datetime.now(timezone.utc)
@@ -468,7 +485,7 @@ class RunStore:
                     self._set_row(entry, {"run": info.name, "status": "loading"})
             else:
                 self._refresh_row(entry, info, now, wait=False)
-        return self._overview_table(entries, now)
+        return self._overview_table(entries, self._unreadable, now)
 
     def _queue_cold(self, entries: list[_Entry], infos: list[RunInfo]) -> bool:
         """Queue the runs never read (nor failing) that are not queued yet, smallest file first
@@ -555,16 +572,21 @@ class RunStore:
         except RunViewError:
             pass  # its row says why
         except Exception as exc:  # the run vanished, or the OS refused its path
-            self._set_row(entry, error_row(info.name, _cause(exc)))
+            self._set_row(entry, error_row(info.name, _cause(exc, self.root)))
         finally:
             entry.lock.release()
 
-    def _overview_table(self, entries: list[_Entry], now: datetime) -> pd.DataFrame:
+    def _overview_table(
+        self, entries: list[_Entry], unreadable: tuple[UnreadableEntry, ...], now: datetime
+    ) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
         key, cached = self.overview_generation(), self._table
         if cached is None or cached[0] != key:
-            table = pd.DataFrame([entry.row for entry in entries], columns=list(OVERVIEW_COLUMNS))
-            times = np.array([_epoch_s(entry.row_time) for entry in entries], dtype=np.float64)
+            rows = [entry.row for entry in entries] + [unreadable_row(bad) for bad in unreadable]
+            table = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
+            times = np.array(
+                [_epoch_s(entry.row_time) for entry in entries] + [np.nan] * len(unreadable), dtype=np.float64
+            )
             self._table = cached = (key, table, times)
             self.stats["table_builds"] += 1
         _, table, times = cached
@@ -589,9 +611,10 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _cause(exc: BaseException) -> str:
-    """An exception as one plain line: its type and message, no traceback."""
-    message = " ".join(str(exc).split())
+def _cause(exc: BaseException, root: Path) -> str:
+    """An exception as one plain line: its type and message, paths relative to the runs ``root``, no
+    traceback."""
+    message = under_root(" ".join(str(exc).split()), root)
     if isinstance(exc, MetricsError):
         return message or type(exc).__name__
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__

@@ -1,6 +1,7 @@
 """What the pages chart: pure functions of ``RunView`` snapshots and page options.
 
-``chart_specs`` picks, per chart of the run page, the rows and columns it draws (per history mode:
+``chart_specs`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
+key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
 their replays shaded); ``run_charts`` draws them (``metric_figures``, ``rank_figures``) in one
 pass over the specs; ``chart_csv`` gives exactly the rows a chart draws.  ``session_overlay`` and
@@ -10,8 +11,10 @@ page recomputes per snapshot is ``live_views``'s.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -27,23 +30,16 @@ HISTORY_MODES = {
     "all": "all sessions (superseded dimmed)",
     "sessions": "sessions overlaid, replays shaded",
 }
-# metric -> (event, label) for the compare page
-COMPARE_METRICS = {
-    "train_loss": ("train", "train loss"),
-    "val_loss": ("validation", "validation loss"),
-    "grad_norm_avg": ("train", "grad norm avg"),
-    "clipped_fraction": ("train", "clipped fraction"),
-    "skipped_updates": ("train", "skipped updates (cumulative)"),
-    "lr": ("train", "learning rate"),
-    "tokens_per_s": ("train", "tokens/s"),
-}
 RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+MAX_LOGGED_CHARTS = 18  # charts of logged keys drawn at once: a narrower filter shows the others
 
 
 @dataclass(frozen=True)
 class ChartOptions:
     """What the run page's controls choose, and the browser's theme ("light"/"dark", ``THEMES``).
 
+    ``only`` is the chart filter, a regular expression matched against chart titles and keys
+    (``pick_charts``): the charts it leaves out are not built, and cost nothing per update.
     The theme is part of every memo and lineage key the options are, so a dark tab and a light
     tab each get their own figures, built coloured (no recoloured copy per snapshot).
     """
@@ -53,6 +49,62 @@ class ChartOptions:
     log_y: bool = False
     history: str = "effective"
     theme: str = "light"
+    only: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of a chart: ``column`` of ``event``'s records, called ``label``; the rest as ``Series``."""
+
+    event: str
+    column: str
+    label: str
+    markers: bool = False
+    gap_markers: bool = False
+    secondary_y: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """A chart the run page may draw: what it shows, and whether smoothing and a log scale apply.
+
+    ``group`` is the heading it is shown under ("" for the charts every run opens with).
+    """
+
+    key: str
+    title: str
+    lines: tuple[Line, ...]
+    smoothed: bool
+    loggable: bool
+    group: str = ""
+
+
+# The charts every run opens with, in this order; every other logged number joins them below
+# (``logged_charts``).
+DEFAULT_CHARTS = (
+    Chart("loss", "Loss", (Line("train", "train_loss", "train"),
+                           Line("validation", "val_loss", "validation", markers=True)), True, True),
+    Chart("clipped", "Clipped fraction", (Line("train", "clipped_fraction", "clipped", gap_markers=True),),
+          False, False),
+    Chart("skipped", "Skipped updates", (Line("train", "skipped_updates_in_window", "per window"),
+                                         Line("train", "skipped_updates", "cumulative", secondary_y=True)),
+          False, False),
+    Chart("grad_norm", "Gradient norm (pre-clip)", (Line("train", "grad_norm_avg", "avg", gap_markers=True),
+                                                    Line("train", "grad_norm_max", "max")), True, True),
+    Chart("lr", "Learning rate", (Line("train", "lr", "lr"),), False, True),
+    Chart("throughput", "Throughput (tokens/s)", (Line("train", "tokens_per_s", "tokens/s"),), True, False),
+)  # fmt: skip
+# The writer's own fields: the defaults chart what they mean; a key outside this set is the user's.
+WRITER_FIELDS = frozenset({
+    "schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates",
+    "train_loss", "lr", "tokens", "attempted_updates", "updates", "skipped_updates_in_window",
+    "grad_norm_avg", "grad_norm_max", "clipped_fraction", "nonfinite_grad_norms", "nonfinite_loss",
+    "val_loss", "val_tokens", "world_size", "slowest_rank", "ranks_in_lockstep",
+    "rank_step_time_min_s", "rank_step_time_max_s", "rank_tokens_per_s_min", "rank_tokens_per_s_max",
+})  # fmt: skip
+CHARTED_EVENTS = ("train", "validation")
+# Columns computed from others for a chart, never logged as such.
+DERIVED = {"tokens_per_s": tokens_per_second}
 
 
 @dataclass(frozen=True)
@@ -68,10 +120,78 @@ class ChartSpec:
     smoothed: bool
     loggable: bool
     kind: str = "lines"
+    group: str = ""
 
 
-def _with_throughput(frame: pd.DataFrame) -> pd.DataFrame:
-    return frame.assign(tokens_per_s=tokens_per_second(frame)) if len(frame) else frame
+def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
+    """Every numeric key of the run's train and validation records that is not one of the writer's
+    own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
+    keys: dict[str, tuple[str, ...]] = {}
+    for event in CHARTED_EVENTS:
+        frame = view.frames[event]
+        for column in frame.columns:
+            dtype = frame[column].dtype
+            if column in WRITER_FIELDS or not pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
+                continue
+            keys[column] = (*keys.get(column, ()), event)
+    return keys
+
+
+def logged_charts(view: RunView) -> list[Chart]:
+    """A chart per logged key (``logged_keys``), grouped by the part of the key before its first
+    "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event that logs it;
+    sorted by group, then key."""
+    charts = []
+    for column, events in logged_keys(view).items():
+        group = column.split("/", 1)[0] if "/" in column.strip("/") else events[0]
+        lines = tuple(Line(event, column, event, markers=event == "validation") for event in events)
+        charts.append(Chart(f"key:{column}", column, lines, smoothed=events[0] == "train", loggable=True, group=group))
+    return sorted(charts, key=lambda chart: (chart.group, chart.title))
+
+
+def charts_of(view: RunView) -> list[Chart]:
+    """Every chart of the run page, the defaults first."""
+    return [*DEFAULT_CHARTS, *logged_charts(view)]
+
+
+def chart_filter_error(pattern: str) -> str | None:
+    """Why ``pattern`` is not a usable chart filter, or None when it is."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"Not a regular expression: {exc}"
+    return None
+
+
+def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int]:
+    """The charts ``pattern`` keeps (searched in title and key, case-insensitively; an invalid
+    pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how many of
+    the logged keys' charts matched in all."""
+    matcher = re.compile(pattern, re.IGNORECASE) if pattern and chart_filter_error(pattern) is None else None
+    kept = [chart for chart in charts if matcher is None or matcher.search(chart.title) or matcher.search(chart.key)]
+    defaults = [chart for chart in kept if not chart.group]
+    logged = [chart for chart in kept if chart.group]
+    return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
+
+
+def grouped_figures(view: RunView, options: ChartOptions, figures: Mapping[str, Figure]) -> tuple[
+        dict[str, dict[str, Figure]], int]:  # fmt: skip
+    """``figures`` (``run_charts``'s, in its order) under their headings ("" first: the defaults
+    and the straggler chart), and how many logged keys' charts the filter matched in all."""
+    picked, logged = pick_charts(charts_of(view), options.only)
+    group = {chart.key: chart.group for chart in picked}
+    groups: dict[str, dict[str, Figure]] = {}
+    for key, figure in figures.items():
+        groups.setdefault(group.get(key, ""), {})[key] = figure
+    return groups, logged
+
+
+def _with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    if column in DERIVED and column not in frame.columns and len(frame):
+        # concat, not assign: a run logging hundreds of keys has a frame of as many blocks, which
+        # assign would copy whole (pandas warns of it) to add one column.
+        return pd.concat([frame, pd.Series(DERIVED[column](frame), index=frame.index, name=column)], axis=1)
+    return frame
 
 
 def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.ndarray | None]:
@@ -81,28 +201,15 @@ def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.nda
     return view.frames[event], view.superseded[event] if history == "all" else None
 
 
-def chart_specs(view: RunView, history: str) -> dict[str, ChartSpec]:
-    """Loss, clipped fraction, skipped updates, grad norm, LR and throughput, keyed by chart id;
-    and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
-    train, dim = _rows(view, "train", history)
-    validation, validation_dim = _rows(view, "validation", history)
-    specs = {
-        "loss": ChartSpec("Loss", [Series(train, "train_loss", "train", dim),
-                                   Series(validation, "val_loss", "validation", validation_dim, markers=True)],
-                          True, True),
-        "clipped": ChartSpec("Clipped fraction", [
-            Series(train, "clipped_fraction", "clipped", dim, gap_markers=True)], False, False),
-        "skipped": ChartSpec("Skipped updates", [
-            Series(train, "skipped_updates_in_window", "per window", dim),
-            Series(train, "skipped_updates", "cumulative", dim, secondary_y=True)], False, False),
-        "grad_norm": ChartSpec("Gradient norm (pre-clip)", [
-            Series(train, "grad_norm_avg", "avg", dim, gap_markers=True),
-            Series(train, "grad_norm_max", "max", dim)], True, True),
-        "lr": ChartSpec("Learning rate", [Series(train, "lr", "lr", dim)], False, True),
-        "throughput": ChartSpec("Throughput (tokens/s)", [
-            Series(_with_throughput(train), "tokens_per_s", "tokens/s", dim)], True, False),
-    }  # fmt: skip
+def chart_specs(view: RunView, history: str, *, only: str = "") -> dict[str, ChartSpec]:
+    """The charts ``only`` keeps (``pick_charts``), keyed by chart key, with their rows for
+    ``history``; and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
+    rows = {event: _rows(view, event, history) for event in CHARTED_EVENTS}
+    spec = partial(_spec, rows)
+    picked = pick_charts(charts_of(view), only)[0]
+    specs = {chart.key: spec(chart) for chart in picked if not chart.group}
     if is_distributed(view.frames["train"]):
+        train, dim = rows["train"]
         ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
         specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
             Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
@@ -110,7 +217,19 @@ def chart_specs(view: RunView, history: str) -> dict[str, ChartSpec]:
             Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
             Series(ranks, "slowest_rank", "slowest rank", dim),
             Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
-    return specs
+    return specs | {chart.key: spec(chart) for chart in picked if chart.group}
+
+
+def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
+    """``chart`` with its rows for ``history``."""
+    return _spec({event: _rows(view, event, history) for event in CHARTED_EVENTS}, chart)
+
+
+def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
+    series = [Series(_with_derived(rows[line.event][0], line.column), line.column, line.label, rows[line.event][1],
+                     secondary_y=line.secondary_y, gap_markers=line.gap_markers, markers=line.markers)
+              for line in chart.lines]  # fmt: skip
+    return ChartSpec(chart.title, series, chart.smoothed, chart.loggable, group=chart.group)
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
@@ -137,7 +256,7 @@ def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_
     """Every chart of the run page as a figure (each with a budget of ``max_points`` drawn points)."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
     return {key: _spec_figure(view, key, spec, options, highlights, max_points)
-            for key, spec in chart_specs(view, options.history).items()}  # fmt: skip
+            for key, spec in chart_specs(view, options.history, only=options.only).items()}  # fmt: skip
 
 
 def _spec_figure(
@@ -198,13 +317,45 @@ def chart_csv(spec: ChartSpec) -> str:
     return pd.concat(parts).to_csv(index=False) if parts else ""
 
 
-def session_overlay(view: RunView, *, x: str, smoothing: float, theme: str = "light") -> Figure:
-    """The sessions page's chart: every session's loss on one axis, replay windows shaded."""
-    spec = chart_specs(view, "sessions")["loss"]
+def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
+    """``chart_csv`` of the run page's chart ``key`` as ``options`` draw it."""
+    return chart_csv(chart_specs(view, options.history, only=options.only)[key])
+
+
+def session_overlay(
+    view: RunView, *, x: str, smoothing: float, theme: str = "light", chart: Chart = DEFAULT_CHARTS[0]
+) -> Figure:
+    """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
+    replay windows shaded."""
+    spec = chart_spec(view, chart, "sessions")
     return metric_figure(
-        spec.series, title="Loss by session", sessions=view.sessions, x=x, smoothing=smoothing,
-        revision=f"{view.name}:sessions:{x}", highlights=replay_highlights(view, x), theme=theme,
+        spec.series, title=f"{spec.title} by session", sessions=view.sessions, x=x,
+        smoothing=smoothing if spec.smoothed else 0.0, revision=f"{view.name}:sessions:{chart.key}:{x}",
+        highlights=replay_highlights(view, x), theme=theme,
     )  # fmt: skip
+
+
+# The mission's metrics on the compare page: metric -> (event, label); ``compare_metrics`` adds
+# every key the compared runs logged.
+COMPARE_METRICS = {
+    "train_loss": ("train", "train loss"),
+    "val_loss": ("validation", "validation loss"),
+    "grad_norm_avg": ("train", "grad norm avg"),
+    "clipped_fraction": ("train", "clipped fraction"),
+    "skipped_updates": ("train", "skipped updates (cumulative)"),
+    "lr": ("train", "learning rate"),
+    "tokens_per_s": ("train", "tokens/s"),
+}
+
+
+def compare_metrics(views: Mapping[str, RunView]) -> dict[str, tuple[str, str]]:
+    """What the compare page can chart for ``views``: the mission's metrics, then every key any of
+    the runs logged (``logged_keys``), sorted, each named by itself."""
+    logged: dict[str, str] = {}
+    for view in views.values():
+        for column, events in logged_keys(view).items():
+            logged.setdefault(column, events[0])
+    return COMPARE_METRICS | {column: (logged[column], column) for column in sorted(logged)}
 
 
 def compare_chart(
@@ -218,13 +369,12 @@ def compare_chart(
     legend: bool = True,
 ) -> Figure:
     """One metric of several runs (effective histories), each run a colour and named by its path;
-    ``legend`` False leaves the runs' key to another chart (one colour per run on every chart)."""
-    event, label = COMPARE_METRICS[metric]
+    ``legend`` False leaves the runs' key to another chart (one colour per run on every chart).
+    A metric none of the runs logged is an empty chart titled by its name."""
+    event, label = compare_metrics(views).get(metric, ("train", metric))
     series = []
     for number, (name, view) in enumerate(views.items()):
-        frame = view.effective(event)
-        if metric == "tokens_per_s":
-            frame = _with_throughput(frame)
+        frame = _with_derived(view.effective(event), metric)
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(Series(frame, metric, name, markers=event == "validation",
                              colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -22,12 +23,15 @@ from metrics_core.dashboard.config import RunConfig, changes_table, config_diff,
 from metrics_core.dashboard.display_text import (
     TITLE_CHARS,
     WORD_CHARS,
+    clock_text,
+    human_count,
     md_text,
     next_age_change,
     shorten,
     shorten_words,
+    under_root,
 )
-from metrics_core.dashboard.figures import THEMES, session_key
+from metrics_core.dashboard.figures import THEMES, session_colour, session_key
 from metrics_core.dashboard.live_chart import LOADER_KEY
 from metrics_core.dashboard.runs_table import (
     PAGE_ROWS,
@@ -42,6 +46,7 @@ from metrics_core.dashboard.runs_table import (
 from metrics_core.dashboard.store import RunStore, RunView
 from metrics_core.diagnostics import Finding
 from metrics_core.errors import MetricsError, RunPathError
+from metrics_core.text import fit_middle
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
                   "ok": ":material/check_circle:"}  # fmt: skip
@@ -102,9 +107,10 @@ def name_text(name: str) -> str:
     return md_text(repr(shorten(name, TITLE_CHARS)))
 
 
-def reason_text(exc: BaseException) -> str:
-    """An exception's message for a markdown message: one line, long tokens cut, escaped."""
-    return md_text(shorten_words(" ".join(str(exc).split()) or type(exc).__name__))
+def reason_text(exc: BaseException, root: Path) -> str:
+    """An exception's message for a markdown message: one line, paths relative to the runs ``root``,
+    long tokens cut, escaped."""
+    return md_text(shorten_words(under_root(" ".join(str(exc).split()) or type(exc).__name__, root)))
 
 
 def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
@@ -117,7 +123,7 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
     try:
         return store.view(name)
     except STORE_ERRORS as exc:
-        st.error(f"Cannot show run {name_text(name)}: {reason_text(exc)}")
+        st.error(f"Cannot show run {name_text(name)}: {reason_text(exc, store.root)}")
         st.page_link("pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
         if not isinstance(exc, RunPathError):
 
@@ -190,12 +196,15 @@ RUNS_COLUMNS = {
         options=list(STATUS_BADGES.values()),
         color=[STATUS_COLOURS[status] for status in STATUS_BADGES],
         help="live, stalled (no record for a while), finished, interrupted, failed, crashed (ended without "
-        "saying so), error (cannot be read)",
+        "saying so), error (cannot be read), unreadable (an entry of the root that cannot be looked into)",
     ),
     "run": st.column_config.LinkColumn(
         "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
     ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
+    "reason": st.column_config.TextColumn(
+        "reason", help="why it stopped: the exception (and the rank it came from), the signal, the failed write"
+    ),
 }
 
 
@@ -294,17 +303,8 @@ def live_view(store: RunStore, name: str) -> RunView | None:
     try:
         return store.view(name)
     except STORE_ERRORS as exc:
-        st.error(f"Cannot show run {name_text(name)} right now: {reason_text(exc)}")
+        st.error(f"Cannot show run {name_text(name)} right now: {reason_text(exc, store.root)}")
         return None
-
-
-def latest_view(store: RunStore, shown: RunView) -> RunView:
-    """The run's latest view, or ``shown`` when it cannot be read right now (a click on a
-    button built from ``shown`` still gets its data)."""
-    try:
-        return store.view(shown.name)
-    except STORE_ERRORS:
-        return shown
 
 
 def overview_or_stop(store: RunStore) -> pd.DataFrame:
@@ -312,7 +312,7 @@ def overview_or_stop(store: RunStore) -> pd.DataFrame:
     try:
         return store.overview()
     except STORE_ERRORS as exc:
-        st.error(f"Cannot list the runs: {reason_text(exc)}")
+        st.error(f"Cannot list the runs: {reason_text(exc, store.root)}")
         st.stop()
         raise  # unreachable: st.stop() ends the script
 
@@ -322,7 +322,7 @@ def run_names_or_stop(store: RunStore) -> list[str]:
     try:
         return [run.name for run in store.runs()]
     except STORE_ERRORS as exc:
-        st.error(f"Cannot list the runs: {reason_text(exc)}")
+        st.error(f"Cannot list the runs: {reason_text(exc, store.root)}")
         st.stop()
         raise  # unreachable: st.stop() ends the script
 
@@ -334,7 +334,7 @@ def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
         try:
             views[name] = store.view(name)
         except STORE_ERRORS as exc:
-            st.warning(f"Skipping run {name_text(name)}: {reason_text(exc)}")
+            st.warning(f"Skipping run {name_text(name)}: {reason_text(exc, store.root)}")
     return views
 
 
@@ -410,3 +410,63 @@ def config_diff_panel(configs: dict[str, dict[str, str] | None]) -> None:
         st.caption("Their configs are identical." if len(configs) > 1 else "Pick another run to see what differs.")
         return
     st.dataframe(table, width="stretch")
+
+
+REASON_CHARS = 400  # a stop reason above the charts: an exception's message, within reason
+
+# What each column of the sessions table means, shown on hover of its header.
+SESSION_COLUMNS = {
+    "session": "S1, S2, …: the session's colour on every chart of the run",
+    "id": "the session_id its writer wrote (shortened in the middle; the CSV has it whole)",
+    "start": "its first record (UTC)",
+    "end": "its last record (UTC)",
+    "duration": "from its first record to its last, h:mm:ss",
+    "downtime before": "from the previous session's last record to this one's first: time the run did not train",
+    "first step": "the step of its first record",
+    "last step": "the step of its last record",
+    "resume step": "the step it resumed from: the earlier sessions' records after it are superseded",
+    "steps replayed": "steps an earlier session had already trained, trained again after this resume",
+    "tokens replayed": "tokens of those steps, trained again (≤: a bound, where the records cannot place the resume "
+                       "inside a log window)",
+    "records": "records it wrote",
+    "discarded bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
+    "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
+    "mean tokens/s": "tokens trained over its duration",
+    "end status": "how it ended: its session_end record, else crashed (a later session exists) or the run's status",
+    "reason": "why it ended: the exception (and the rank it came from), the signal, or what a crash means",
+}
+
+
+def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
+    """``analysis.session_table`` as a data grid (cells are text, never markdown): durations as
+    h:mm:ss, counts compact (1.2M), ids shortened in the middle, the session number in its chart
+    colour, and each column explained on hover."""
+    bounds = zip(table["tokens replayed"], table["tokens replayed is an upper bound"], strict=True)
+    shown = table.assign(
+        session=[f"S{number}" for number in table["session"]],
+        id=table["id"].map(lambda text: fit_middle(str(text), id_chars)),
+        duration=table["duration (s)"].map(clock_text),
+        **{"tokens replayed": [("≤ " if bound else "") + human_count(tokens) for tokens, bound in bounds]},
+        **{"downtime before": table["downtime before (s)"].map(clock_text)},
+    )[list(SESSION_COLUMNS)]
+    colours = [f"color: {session_colour(number - 1)}; font-weight: 600" for number in table["session"]]
+    styled = shown.style.apply(lambda _: colours, subset=["session"])
+    counts = ("steps replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
+    config = {column: st.column_config.Column(column, help=help) for column, help in SESSION_COLUMNS.items()}
+    config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
+               for column in counts}  # fmt: skip
+    config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
+               for column in ("first step", "last step", "resume step")}  # fmt: skip
+    st.dataframe(styled, hide_index=True, column_config=config)
+
+
+def stopped_panel(view: RunView) -> None:
+    """Why the run stopped, above its charts: an interruption (a scheduler's SIGTERM) as a warning,
+    a failure or a crash as an error; the reason comes from the file, so it is escaped and cut."""
+    if not view.reason:
+        return
+    text = md_text(shorten_words(f"{view.status.capitalize()}: {view.reason}", REASON_CHARS))
+    if view.status == "interrupted":
+        st.warning(text, icon=":material/pause_circle:")
+    else:
+        st.error(text, icon=":material/error:")

@@ -1,13 +1,17 @@
 """Hugging Face ``transformers.Trainer`` → ``metrics.jsonl``, without touching the training loop.
 
-    from metrics_core.integrations.hf import MetricsCallback, TokenWeightedLoss, guard
+    from metrics_core.integrations.hf import MetricsCallback, TokenWeightedLoss, guard, last_checkpoint
 
     class MyTrainer(TokenWeightedLoss, Trainer):   # optional: exact token-weighted train/val loss
         pass
 
     trainer = MyTrainer(model=model, args=args, train_dataset=..., callbacks=[MetricsCallback("runs/gpt2")])
     with guard(trainer):                           # optional: session_end also on failure / SIGTERM
-        trainer.train(resume_from_checkpoint=True)
+        trainer.train(resume_from_checkpoint=last_checkpoint(args.output_dir))
+
+``last_checkpoint`` is the newest ``checkpoint-N`` in the output directory, or None when there is
+none yet: ``resume_from_checkpoint=True`` raises on a fresh directory, so one script could not
+both start a run and resume it.
 
 Records
 -------
@@ -75,8 +79,8 @@ import torch
 import torch.nn.functional as F
 from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState, TrainingArguments
 from transformers.trainer_callback import ExportableState
+from transformers.trainer_utils import get_last_checkpoint
 
-from metrics_core.errors import RecordValueError
 from metrics_core.integrations._common import (
     SIGTERM_EXIT,
     RunSession,
@@ -205,6 +209,8 @@ class MetricsCallback(TrainerCallback, ExportableState):
     def on_save(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
         if self.run.is_open:
             self._sync_counters(args, state)
+            # A save between two logging steps: the checkpoint holds the unlogged steps' tokens (state()).
+            self.run.state.tokens_seen = self.tokens_seen + self._pending_tokens()
             self.run.write("checkpoint", path=os.path.join(args.output_dir, f"checkpoint-{state.global_step}"))
 
     def on_evaluate(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs: Any) -> None:
@@ -267,11 +273,7 @@ class MetricsCallback(TrainerCallback, ExportableState):
             mean = loss_sum / max(count, 1)  # a step with no label tokens weighs 0 whatever its loss
             self.window.add(mean, int(count), norm, skipped, max_norm)
         try:
-            return self.window.summary(lr)
-        except RecordValueError:  # a NaN/inf loss in the window: say so rather than stop training
-            return {"train_loss": None, "lr": lr, "tokens": sum(int(c) for c in counts),
-                    "attempted_updates": len(steps), "updates": len(steps) - sum(s for *_, s in steps),
-                    "skipped_updates_in_window": sum(s for *_, s in steps), "nonfinite_loss": True}  # fmt: skip
+            return self.window.summary(lr)  # a NaN/inf loss: train_loss None, nonfinite_loss True
         finally:
             self.window.reset()
 
@@ -290,6 +292,13 @@ class MetricsCallback(TrainerCallback, ExportableState):
             values["val_tokens"] = int(tokens)
         self._sync_counters(args, state)
         self.run.write("validation", **scalars(values))
+
+
+def last_checkpoint(output_dir: str | os.PathLike[str]) -> str | None:
+    """The newest ``checkpoint-N`` directory in ``output_dir`` (transformers' own rule,
+    ``get_last_checkpoint``), or None when the directory or a checkpoint in it does not exist yet:
+    what ``train(resume_from_checkpoint=...)`` takes to resume a run and to start one."""
+    return get_last_checkpoint(os.fspath(output_dir)) if os.path.isdir(output_dir) else None
 
 
 def _callbacks(trainer: Trainer) -> list[MetricsCallback]:
@@ -363,4 +372,4 @@ def guard(trainer: Trainer) -> Iterator[Trainer]:
         raise
 
 
-__all__ = ["IGNORE_INDEX", "MetricsCallback", "TokenWeightedLoss", "guard"]
+__all__ = ["IGNORE_INDEX", "MetricsCallback", "TokenWeightedLoss", "guard", "last_checkpoint"]

@@ -3,10 +3,11 @@
     from metrics_core.integrations.lightning import MetricsLogger
 
     logger = MetricsLogger("runs/my-run")
-    trainer = Trainer(logger=logger, callbacks=[logger], ...)   # pass it as both (see below)
-    trainer.fit(model, ckpt_path=...)
+    checkpoints = ModelCheckpoint("checkpoints/my-run", every_n_train_steps=1000, save_last=True)
+    trainer = Trainer(logger=logger, callbacks=[logger, checkpoints], ...)   # as both (see below)
+    trainer.fit(model, ckpt_path="last")         # resumes, or starts fresh when there is no last.ckpt
 
-    # in the LightningModule, for the exact token-weighted loss:
+    # in the LightningModule, for the exact token-weighted loss (no self.log needed):
     def training_step(self, batch, batch_idx):
         ...
         return {"loss": loss, "tokens": tokens}     # tokens: label tokens behind this mean loss
@@ -34,13 +35,18 @@ Records
   ``tokens``, ``attempted_updates``, ``updates``; ``loss_weighting: "tokens"``): Lightning itself
   logs, for ``on_step`` metrics, only the value of the logging step, not the window.  The
   module's own logged values are kept beside it (a logged ``train_loss`` becomes
-  ``logged_train_loss``).  Without ``tokens`` the record holds the logged values
+  ``logged_train_loss``).  Lightning calls ``log_metrics`` only when the module logged something,
+  right after ``on_train_batch_end``; when it does not, the window is written by the next hook
+  (``on_train_batch_start``, ``on_validation_start``, ``on_train_epoch_end`` or ``finalize``),
+  at its logging step.  Without ``tokens`` the record holds the logged values
   (``loss_weighting: "logged"``).  ``lr`` is the first optimizer's first param group's.
 * ``validation`` for logged keys starting with ``val``; with ``{"loss", "tokens"}`` from
   ``validation_step``, ``val_loss`` / ``val_tokens`` are token-weighted over the whole validation
   run (the epoch-mean Lightning logs weights batches, not tokens: kept as ``logged_val_loss``).
   Sanity-check batches are ignored.
-* ``checkpoint`` after each save (``after_save_checkpoint``), with the file as ``path``.
+* ``checkpoint`` after each save (``after_save_checkpoint``), with the file as ``path`` and the
+  ``tokens_seen`` saved in it: every completed step's, also those not yet in a train record
+  (``ModelCheckpoint`` saves in ``on_train_batch_end``, before Lightning logs that step).
 * ``session_end`` from ``finalize``: ``success`` → ``finished``; ``failed`` → ``interrupted`` for
   KeyboardInterrupt or Lightning's SIGTERM exit, else ``failed`` with the exception (Lightning calls
   ``finalize`` inside its ``except`` block, so the exception is read from ``sys.exc_info()``).
@@ -65,7 +71,6 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from metrics_core.errors import RecordValueError
 from metrics_core.integrations._common import RunSession, Terminated, scalars
 from metrics_core.window import TrainingWindow
 
@@ -86,6 +91,7 @@ class MetricsLogger(Logger, Callback):
         self._steps: list[tuple[Number, Number]] = []  # per optimizer step, since the last train record
         self._val: list[tuple[Number, Number]] = []
         self._seen_step = 0
+        self._due: int | None = None  # the logging step that closed the window in _steps, until written
 
     # -- Logger ---------------------------------------------------------------------------------------
     @property
@@ -123,6 +129,7 @@ class MetricsLogger(Logger, Callback):
         )
         if self.run.is_open:
             self._sync_counters(None)
+            self.run.state.tokens_seen = self._counted_tokens()
             self.run.write("checkpoint", **({"path": os.fspath(path)} if path else {}))
 
     @rank_zero_only
@@ -134,10 +141,11 @@ class MetricsLogger(Logger, Callback):
             exc = sys.exc_info()[1] or RuntimeError("Lightning reported the run as failed")
             if isinstance(exc, SIGTERMException):
                 exc = Terminated()
+        self._write_due_window()
         self._sync_counters(None)
-        self.run.state.tokens_seen = self.tokens_seen + self._pending_tokens()
+        self.run.state.tokens_seen = self._counted_tokens()
         self.run.end(exc)
-        self._micro, self._steps, self._val = [], [], []
+        self._micro, self._steps, self._val, self._due = [], [], [], None
 
     # -- Callback -------------------------------------------------------------------------------------
     def setup(self, trainer: Trainer, pl_module: LightningModule, stage: str) -> None:
@@ -165,6 +173,18 @@ class MetricsLogger(Logger, Callback):
             if self._micro:
                 self._steps.append((sum(s for s, _ in self._micro), sum(t for _, t in self._micro)))
             self._micro = []
+            if self._steps and _logs_this_step(trainer):
+                self._due = trainer.global_step
+
+    # The hooks that can run first after a logging step's log_metrics (see the module docstring).
+    def on_train_batch_start(self, trainer: Trainer, pl_module: LightningModule, batch: Any, batch_idx: int) -> None:
+        self._write_due_window()
+
+    def on_validation_start(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_due_window()
+
+    def on_train_epoch_end(self, trainer: Trainer, pl_module: LightningModule) -> None:
+        self._write_due_window()
 
     def on_validation_batch_end(
         self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
@@ -176,7 +196,7 @@ class MetricsLogger(Logger, Callback):
 
     def state_dict(self) -> dict[str, Any]:
         """Saved in every checkpoint: the counters a resumed session continues from."""
-        return {"tokens_seen": self.tokens_seen + self._pending_tokens()}
+        return {"tokens_seen": self._counted_tokens()}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.tokens_seen = int(state_dict.get("tokens_seen", 0))
@@ -185,9 +205,17 @@ class MetricsLogger(Logger, Callback):
     def _start(self, resumed_from_step: int | None) -> None:
         self.run.start(resumed_from_step, self._config)
 
-    def _pending_tokens(self) -> int:
-        tokens = [t for _, t in self._steps]
-        return int(sum(_fold(tokens)))
+    def _counted_tokens(self) -> int:
+        """Tokens of every completed optimizer step, written or not: one device→host transfer."""
+        return self.tokens_seen + int(sum(_fold([t for _, t in self._steps])))
+
+    def _write_due_window(self) -> None:
+        """The window Lightning's logging step closed, if ``log_metrics`` did not write it."""
+        if self._due is None or not self.run.is_open:
+            return
+        self._sync_counters(None)
+        self.run.state.step = self._due
+        self._log_train({}, self._trainer.current_epoch if self._trainer is not None else None)
 
     def _sync_counters(self, step: int | None) -> None:
         trainer = self._trainer
@@ -202,6 +230,7 @@ class MetricsLogger(Logger, Callback):
 
     def _log_train(self, logged: dict[str, Any], epoch: Any) -> None:
         values: dict[str, Any]
+        self._due = None
         if self._steps:
             steps, self._steps = self._steps, []
             folded = _fold([s for s, _ in steps] + [t for _, t in steps])
@@ -210,9 +239,7 @@ class MetricsLogger(Logger, Callback):
             for loss_sum, count in zip(sums, counts, strict=True):
                 self.window.add(loss_sum / count if count else 0.0, int(count))
             try:
-                values = self.window.summary(self._lr())
-            except RecordValueError:  # a non-finite loss: say so rather than stop training
-                values = {"train_loss": None, "nonfinite_loss": True}
+                values = self.window.summary(self._lr())  # a non-finite loss: train_loss None, nonfinite_loss True
             finally:
                 self.window.reset()
             values["loss_weighting"] = "tokens"
@@ -240,6 +267,13 @@ class MetricsLogger(Logger, Callback):
                 values["logged_val_loss"] = values.pop("val_loss")
             values |= {"val_loss": loss_sum / tokens if tokens else None, "val_tokens": int(tokens)}
         self.run.write("validation", **values, **scalars({"epoch": epoch}))
+
+
+def _logs_this_step(trainer: Trainer) -> bool:
+    """Whether Lightning logs at the optimizer step that just completed: its ``should_update_logs``
+    rule, on ``global_step`` (the step it counts is the same with one optimizer)."""
+    every = trainer.log_every_n_steps
+    return bool(trainer.fast_dev_run) or (every > 0 and (trainer.global_step % every == 0 or trainer.should_stop))
 
 
 def _fold(values: list[Number]) -> list[float]:

@@ -155,6 +155,7 @@ function drawChart(component) {
         if (range !== undefined && (range === null || range.every(Number.isFinite))) {
           graph.dataset.zoom = JSON.stringify(range);
           graph.__metricsSetState("xrange", range);
+          if (!graph.__metricsFollowing) linkX(graph, event);
         }
       });
     }
@@ -175,6 +176,24 @@ function drawChart(component) {
     }
   });
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
+}
+
+// Linked x: a zoom, pan or reset of one chart moves every other chart of the page on the same
+// x-axis (same title: step, tokens, time) to the same range, so cause and effect line up.  Each
+// follower reports its new range to Python like a zoom of its own (raw points in that range) but
+// passes nothing on: one user gesture, one move per chart.
+function linkX(source, event) {
+  const title = (layout) => layout && layout.xaxis && layout.xaxis.title && layout.xaxis.title.text;
+  const update = event["xaxis.autorange"] === true ? { "xaxis.autorange": true }
+    : { "xaxis.range": event["xaxis.range"] || [event["xaxis.range[0]"], event["xaxis.range[1]"]] };
+  for (const other of document.querySelectorAll(".metrics-chart")) {
+    if (other === source || !other.layout || title(other.layout) !== title(source.layout)) continue;
+    other.__metricsFollowing = true;
+    window.__metricsPlotly
+      .then((Plotly) => Plotly.relayout(other, update))
+      .catch((error) => console.error("metrics_core: linked zoom not applied", error))
+      .finally(() => { other.__metricsFollowing = false; });
+  }
 }
 
 // A line of text under the chart (null: none), set as text, never markup.
