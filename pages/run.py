@@ -9,6 +9,7 @@ from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
 from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
@@ -25,6 +26,7 @@ from metrics_core.dashboard.widgets import (
     health_panel,
     live_view,
     page_theme,
+    refresh_slot,
     run_or_pick,
     session_key_panel,
     stopped_panel,
@@ -55,9 +57,13 @@ with st.sidebar:
 
 @st.fragment(run_every=None if paused else config.refresh)
 def charts() -> None:
-    view = live_view(store, name)
-    if view is None:
-        return
+    view = live_view(store, name)  # outside the slot: it may wait for the run's reader
+    if view is not None:
+        with refresh_slot():
+            draw_charts(view)
+
+
+def draw_charts(view: RunView) -> None:
     # The theme is read here: the browser reports it with each rerun, not always the first.
     options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme(), only=only)
     # Above the charts, three one-line rows whatever the run: its status, the health and config

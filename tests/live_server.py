@@ -63,13 +63,14 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = ()) -> Iterator[str]:
-    """``streamlit run app -- *args`` on a free loopback port: yield its base URL, then stop it.
+def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = (), repo: Path = REPO) -> Iterator[str]:
+    """``streamlit run app -- *args`` on a free loopback port, importing the code of the tree ``repo``
+    (a benchmark's baseline may be another tree): yield its base URL, then stop it.
     ``command_prefix``: what the server runs under (``support.without_permission_override()``)."""
     port = free_port()
     command = [*command_prefix, sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
                "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args]  # fmt: skip
-    with served(command, port, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)}, what=str(app)) as (url, _):
+    with served(command, port, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, what=str(app)) as (url, _):
         yield url
 
 

@@ -91,6 +91,31 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
     assert update <= 10_000 < full
 
 
+def test_two_tabs_on_one_run_share_its_snapshot_charts_and_update(tmp_path: Path) -> None:
+    """Two tabs on one live run, each with its own payload history: after an append they get the
+    same snapshot and figures (built once) and the very same appended points (compared and converted
+    once), and each its own sequence number."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1_001, 10)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        options = ChartOptions(smoothing=0.6)
+        figure = view_charts(store.view("r"), options)["loss"]
+        first = next_payload(None, encode(figure), resync=False)
+        second = next_payload(first, encode(figure), resync=True)  # a tab that reloaded: at seq 2
+        append_records(path, base_record(1_010, train_loss=0.005))
+        tabs = [store.view("r"), store.view("r")]
+        views = store.stats["views"]
+        updated = [next_payload(sent, encode(view_charts(view, options)["loss"]), resync=False)
+                   for sent, view in zip((first, second), tabs, strict=True)]  # fmt: skip
+    finally:
+        store.close()
+    assert tabs[0] is tabs[1] and views == 2  # the first snapshot and this one: one per version
+    assert [sent.payload["op"] for sent in updated] == ["extend", "extend"]
+    assert [sent.seq for sent in updated] == [2, 3]
+    assert updated[0].payload["steps"] is updated[1].payload["steps"]
+
+
 class LiveRun:
     """A generated run of ``records`` records (three sessions) that one more train record at a time is
     appended to, in its last session, and the payloads that append sends the run page."""

@@ -37,6 +37,8 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache, cached_property, partial
@@ -127,14 +129,32 @@ def load_plotly() -> None:
 
 class Encoded:
     """A figure split for diffing: its traces' non-array properties (hashed), its per-point arrays,
-    its layout, and its full JSON (built only when a whole figure must be sent)."""
+    its layout, and its full JSON (built only when a whole figure must be sent).
+
+    Shared by every tab (``encode``), so what a payload needs of it is computed once for all of
+    them: the JSON, and the appended points from each earlier figure a tab holds (``steps_from``).
+    """
 
     def __init__(self, figure: Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
         self._figure, self.head, self.arrays, self.layout = figure, head, arrays, layout
+        self._lock = threading.Lock()
+        # Weak keys: a figure no tab holds any more is forgotten with its steps.
+        self._steps: weakref.WeakKeyDictionary[Encoded, list[dict[str, Any]] | None] = weakref.WeakKeyDictionary()
 
     @cached_property
     def json(self) -> str:
         return figure_json(self._figure)
+
+    def steps_from(self, old: Encoded) -> list[dict[str, Any]] | None:
+        """``extension(old, self)``, once per ``old``: twenty tabs that drew ``old`` pay one O(points)
+        prefix comparison and one conversion of the new points between them, not one each.
+        Callers must not change the list (it is every tab's)."""
+        with self._lock:
+            if old in self._steps:
+                return self._steps[old]
+        steps = extension(old, self)  # outside the lock: a race computes twice, harmlessly
+        with self._lock:
+            return self._steps.setdefault(old, steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,7 +257,7 @@ def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held
         return replace(previous, payload={"op": "same", "seq": previous.seq})  # an idle refresh: a few bytes
     base = held if resync else previous.seq
     old = dict(((previous.seq, previous.encoded), *previous.earlier)).get(base)
-    steps = None if old is None else extension(old, encoded)
+    steps = None if old is None else encoded.steps_from(old)
     if not resync and steps == [] and encoded.layout == previous.encoded.layout:
         return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq}, previous.earlier)
     seq, earlier = previous.seq + 1, ((previous.seq, previous.encoded), *previous.earlier[: HISTORY - 2])

@@ -193,9 +193,10 @@ class RunStore:
         self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
         self._closed = threading.Event()
         self._viewed: OrderedDict[str, _Entry] = OrderedDict()  # viewed runs, least recently viewed first
+        self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
         # Work counters, read by the complexity tests (work is counted, not timed).
         self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
-                      "releases": 0, "reopens": 0}  # fmt: skip
+                      "releases": 0, "reopens": 0, "resolves": 0}  # fmt: skip
         if not self.root.is_dir():
             raise RunNotFoundError(
                 f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
@@ -258,7 +259,7 @@ class RunStore:
         Raises RunPathError / RunNotFoundError for bad names (OSError for one the OS refuses,
         e.g. too long), and RunViewError when the run exists but cannot be read or shown.
         """
-        info = resolve_run(self.root, name)
+        info = self._resolve(name)
         with self._lock:
             self._take_hints()
         entry = self._entry(info)
@@ -270,6 +271,26 @@ class RunStore:
             return self._viewed_snapshot(entry, info, now or datetime.now(timezone.utc))
         finally:
             self._trim_viewed(keep=entry)
+
+    def _resolve(self, name: str) -> RunInfo:
+        """``resolve_run(root, name)``, reused for up to ``safety_interval`` while the watcher saw no
+        run or directory appear or go: its realpath checks (a few ``lstat`` per path component) are
+        most of what a refresh that finds nothing new costs each tab.  Refusals are not reused."""
+        if self.safety_interval <= 0:
+            self.stats["resolves"] += 1
+            return resolve_run(self.root, name)
+        key = (self.watcher.structure_generation, self._clock() // self.safety_interval)
+        with self._lock:
+            found = self._resolved.get(name)
+        if found is not None and found[0] == key:
+            return found[1]
+        info = resolve_run(self.root, name)
+        self.stats["resolves"] += 1
+        with self._lock:
+            if len(self._resolved) > len(self._entries) + 64:  # names that never became runs
+                self._resolved.clear()
+            self._resolved[name] = (key, info)
+        return info
 
     def _viewed_snapshot(self, entry: _Entry, info: RunInfo, now: datetime) -> RunView:
         with entry.lock:

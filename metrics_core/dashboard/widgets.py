@@ -9,8 +9,10 @@ every store call a page makes goes through a function here that turns ``MetricsE
 from __future__ import annotations
 
 import html
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -272,6 +274,27 @@ def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
     names = (drawn or shown).names
     if picked.selection.rows and picked.selection.rows[0] < len(names):
         st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
+
+
+# One live fragment draws at a time in this server process, whatever the number of tabs.
+_REFRESH_SLOT = threading.Lock()
+
+
+@contextmanager
+def refresh_slot() -> Iterator[None]:
+    """Hold the server's one drawing slot while a live fragment draws its snapshot.
+
+    Every tab's elements are sent by one thread, Streamlit's event loop, which competes for the GIL
+    with every script thread.  Twenty tabs drawing at once starve it: their refreshes keep running
+    while their messages queue unsent (and Streamlit drops a run's messages still queued when that
+    tab's next refresh has started), so the tabs stop showing new records.  Drawing one tab at a
+    time costs nothing in throughput (the GIL runs one at a time anyway) and leaves the event loop
+    half of it; an overloaded server then refreshes each tab less often instead of never.  Take it
+    only around drawing, never around a wait (``store.view`` may wait for a run being read):
+    whatever holds it holds up every tab.
+    """
+    with _REFRESH_SLOT:
+        yield
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
