@@ -1,7 +1,7 @@
 """Live latency, server CPU and bytes per update: a real server, a real headless Chromium, a real writer.
 
 Run: python benchmarks/bench_live.py [--appends 25] [--records 1000000] [--refresh 1 0.25] [--big 0] [--floor 20]
-                                     [--history 1000]
+                                     [--history 1000] [--keys 200]
 
 Latency is measured write -> visible: Python stamps the wall clock right after MetricsWriter.write
 returns; the page stamps the wall clock (same machine, same clock) the first time the loss chart's
@@ -10,7 +10,9 @@ with the refresh, so the figure includes the wait for the next refresh.  Over th
 the server process's CPU (utime + stime from /proc, as a share of one core) and the bytes the
 page received on its websocket (Playwright's frame events), per append.  Each refresh period
 given runs side by side in one invocation; ``--big N`` adds the same measurement on a live run
-that already holds N records (``generate.write_run``), next to one of 100 records.  ``--history N``
+that already holds N records (``generate.write_run``), next to one of 100 records; ``--keys N``
+the same on a run whose records log N more keys (N charts the page may draw; it draws the
+defaults and ``views.MAX_LOGGED_CHARTS`` of them), next to one that logs none.  ``--history N``
 gives the runs of each refresh period N records in three sessions first (``bench_rivals.py``'s
 1k-record run: every append then redraws three sessions' traces), not 10 of one session.
 
@@ -91,8 +93,10 @@ def live_run(root: Path, history: int) -> RunContext:
     return run
 
 
-def live(appends: int, *, refresh: float, history: int = 0) -> dict[str, object]:
-    """Write -> visible delays, server CPU share and websocket bytes per append on a live run."""
+def live(appends: int, *, refresh: float, history: int = 0, keys: int = 0) -> dict[str, object]:
+    """Write -> visible delays, server CPU share and websocket bytes per append on a live run whose
+    records carry ``keys`` logged numbers besides the writer's own (each a chart the page may draw)."""
+    logged = lambda step: {f"k/{n:03}": float(step % 97 + n) for n in range(keys)}  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         run = live_run(root, history)
@@ -103,7 +107,7 @@ def live(appends: int, *, refresh: float, history: int = 0) -> dict[str, object]
             first = 10**8 if history else 10
             for step in range(first, first + 100, 10):
                 state.step = step
-                writer.write("train", state, train_loss=1.0 / step)
+                writer.write("train", state, train_loss=1.0 / step, **logged(step))
             page = browser.new_page(viewport={"width": 1400, "height": 1000})
             page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(len(frame))))
             page.goto(f"{url}/run?run=live")
@@ -115,7 +119,7 @@ def live(appends: int, *, refresh: float, history: int = 0) -> dict[str, object]
             cpu, wall = cpu_seconds(pid), time.monotonic()
             for number in range(appends):
                 state.step = first + 1000 + 10 * number
-                writer.write("train", state, train_loss=0.5)
+                writer.write("train", state, train_loss=0.5, **logged(state.step))
                 written[state.step] = time.time() * 1000
                 time.sleep(1.3)
             time.sleep(3)
@@ -194,6 +198,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=0, help="also a live run of this many records (e.g. 1000000)")
     parser.add_argument("--floor", type=float, default=0, help="seconds of idle CPU: empty fragment vs run page")
     parser.add_argument("--history", type=int, default=0, help="records the runs of each refresh period start with")
+    parser.add_argument("--keys", type=int, default=0, help="also a live run logging this many keys (e.g. 200)")
     args = parser.parse_args()
     if args.floor:
         for refresh in args.refresh:
@@ -207,6 +212,9 @@ def main() -> None:
     if args.big:
         results["100-record run"] = live(args.appends, refresh=args.refresh[-1])
         results[f"{args.big}-record run"] = live(args.appends, refresh=args.refresh[-1], history=args.big)
+    if args.keys:
+        results["no logged keys"] = live(args.appends, refresh=args.refresh[-1])
+        results[f"{args.keys} logged keys"] = live(args.appends, refresh=args.refresh[-1], keys=args.keys)
     for label, found in results.items():
         print(f"{label:>22}: write -> visible over {args.appends} appends: {summary(found['delays'])}"
               f"{missing_text(found)}; server CPU "
@@ -217,6 +225,10 @@ def main() -> None:
             ratio = statistics.median(big["delays"]) / statistics.median(small["delays"])
             print(f"ratio {args.big}-record / 100-record run: write -> visible median {ratio:.2f}x (goal <= 1.5x), "
                   f"server CPU {big['cpu']:.1%} (goal <= 10%)")  # fmt: skip
+    if args.keys:
+        plain, many = results["no logged keys"], results[f"{args.keys} logged keys"]
+        print(f"{args.keys} logged keys: server CPU {many['cpu']:.1%} of a core against {plain['cpu']:.1%} without "
+              f"(goal: a live tab <= 5%)")  # fmt: skip
     if args.records:
         count, largest, total = figure_bytes(args.records)
         print(f"figure JSON for a {count}-record run: largest chart {largest / 1e3:.0f} KB, "

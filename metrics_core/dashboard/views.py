@@ -31,7 +31,7 @@ HISTORY_MODES = {
     "sessions": "sessions overlaid, replays shaded",
 }
 RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
-MAX_LOGGED_CHARTS = 18  # charts of logged keys drawn at once: a narrower filter shows the others
+MAX_LOGGED_CHARTS = 8  # charts of logged keys drawn at once: a narrower filter shows the others
 
 
 @dataclass(frozen=True)
