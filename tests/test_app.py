@@ -60,7 +60,7 @@ def test_overview_lists_runs_and_filters_by_regex(runs_root: Path) -> None:
 
 def test_why_a_run_stopped_is_on_the_overview_the_run_page_and_the_sessions_table(runs_root: Path) -> None:
     """A session that ended failed on another rank's exception, then a resumed one that was
-    interrupted: the overview's reason column, the run page (a warning above the charts) and each
+    interrupted: the overview's error column, the run page (a warning above the charts) and each
     session's row say why, as text."""
     path = runs_root / "stopped" / "metrics.jsonl"
     append_records(path, base_record(10, session="s1", train_loss=1.0),
@@ -71,7 +71,7 @@ def test_why_a_run_stopped_is_on_the_overview_the_run_page_and_the_sessions_tabl
                                error="SIGTERM"))  # fmt: skip
     app = open_page("overview")
     assert not app.exception
-    assert app.dataframe[0].value.set_index("run").loc["run?run=stopped", "reason"] == "SIGTERM"
+    assert app.dataframe[0].value.set_index("run").loc["run?run=stopped", "error"] == "SIGTERM"
     app = open_page("run", run="stopped")
     assert not app.exception and [w.value for w in app.warning] == [md_text("Interrupted: SIGTERM")]
     app = open_page("sessions", run="stopped")

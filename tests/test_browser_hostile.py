@@ -237,14 +237,14 @@ def test_overview_names_what_it_cannot_read_beside_every_run_and_no_server_path(
     }
     assert (rows[LOCKED_FILE][status], rows[LOCKED_FILE][error]) == (
         "! error",
-        f"PermissionError: [Errno 13] Permission denied: '{LOCKED_FILE}/metrics.jsonl'",
+        f"{LOCKED_FILE}/metrics.jsonl: cannot be opened: Permission denied",
     )
     assert all(rows[name][status] not in ("! error", "⊘ unreadable") for name in NORMAL)
     text = assert_nothing_injected(page)["text"]
     assert "Cannot list the runs" not in text and f"{root}/" not in text
     assert text.count(str(root)) == 1  # the caption naming the root it watches
     for name, reason in (
-        (LOCKED_FILE, f"Permission denied: '{LOCKED_FILE}/metrics.jsonl'"),
+        (LOCKED_FILE, f"{LOCKED_FILE}/metrics.jsonl: cannot be opened: Permission denied"),
         ("locked-dir/inner", "Permission denied: 'locked-dir/inner/metrics.jsonl'"),
         ("link-loop", "leads outside the runs root, or nowhere"),
         ("nonexistent", "no metrics.jsonl under nonexistent"),

@@ -124,8 +124,6 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     """
     table = newest_first(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
-    if "reason" in table.columns:  # why it stopped, beside the status
-        shown["reason"] = table["reason"].map(_cell_text)
     if "loss trend" in table.columns:
         shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
     shown["train loss"] = table["train loss"].map(human_value)
@@ -140,7 +138,11 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     shown["tokens seen"] = table["tokens seen"].map(human_count)
     shown["skipped updates"] = table["skipped updates"].map(human_count)
     shown["bad lines"] = table["bad lines"].map(human_count)
-    shown["error"] = table["error"].map(_cell_text)
+    # One column says what went wrong: a run that cannot be read has its error, a run that
+    # stopped has its reason (the exception, the signal, the failing rank); never both.
+    reason = table["reason"] if "reason" in table.columns else pd.Series(None, index=table.index)
+    shown["error"] = [_cell_text(error if isinstance(error, str) else why)
+                      for error, why in zip(table["error"], reason, strict=True)]  # fmt: skip
     extra = [column for column in table.columns if column not in OVERVIEW_KNOWN]
     for column in extra:
         shown[column] = table[column]

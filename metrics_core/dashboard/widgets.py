@@ -202,8 +202,9 @@ RUNS_COLUMNS = {
         "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
     ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
-    "reason": st.column_config.TextColumn(
-        "reason", help="why it stopped: the exception (and the rank it came from), the signal, the failed write"
+    "error": st.column_config.TextColumn(
+        "error", help="why it stopped (the exception and the rank it came from, the signal, the failed write), "
+        "or why it cannot be read"
     ),
 }
 
