@@ -22,19 +22,11 @@ import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
-from metrics_core.alerts import (
-    Alert,
-    AlertConfig,
-    Alerter,
-    AlertEvaluator,
-    Delivery,
-    RunRules,
-    Threshold,
-    load_config,
-    webhook_body,
-)
+from metrics_core.alert_rules import AlertConfig, RunRules, Threshold, load_config
+from metrics_core.alerts import Alerter, AlertEvaluator
 from metrics_core.errors import AlertConfigError
 from metrics_core.session import training_session
+from metrics_core.webhooks import Alert, Delivery, webhook_body
 from tests.support import spawn_python
 
 LATER = timedelta(seconds=600)  # past the stall threshold of a run logging every few ms
