@@ -58,6 +58,7 @@ from metrics_core.webhooks import Alert, Delivery
 SETTLED = (*END_STATUSES, "crashed")  # statuses only a write can change: the run's file is let go
 REDISCOVER_S = 60.0  # a new run is noticed within a minute: alerts wait at least that long for a stall
 RECENT_ALERTS = 1000  # transitions kept for a page to show
+INTERVAL_S = 10.0  # between passes: an idle pass over 1,000 runs is a stat each (docs/PERFORMANCE.md)
 ONCE_DELIVERY_S = 60.0  # how long ``alerts --once`` keeps retrying a receiver that is down
 _log = logging.getLogger(__name__)
 
@@ -315,7 +316,8 @@ def add_command(commands: argparse._SubParsersAction) -> None:
     command.add_argument("--webhook", help="URL to POST alerts to (Slack and Discord URLs get their bodies); "
                          "else the config's webhook; without either, alerts are only printed")  # fmt: skip
     command.add_argument("--config", help="a TOML file of rules (README, 'Alerts')")
-    command.add_argument("--interval", type=float, default=10.0, help="seconds between passes (default 10)")
+    interval = f"seconds between passes (default {INTERVAL_S:g})"
+    command.add_argument("--interval", type=float, default=INTERVAL_S, help=interval)
     once = f"one pass, then deliver (retrying for up to {ONCE_DELIVERY_S:.0f} s) and exit"
     command.add_argument("--once", action="store_true", help=once)
     state = (

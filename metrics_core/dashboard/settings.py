@@ -1,5 +1,5 @@
 """Dashboard settings from the command line (``streamlit run app.py -- ...``) and the environment,
-and the process-wide objects built from them (one store, at most one demo)."""
+and the process-wide objects built from them (one store, one alerter, at most one demo)."""
 
 from __future__ import annotations
 
@@ -12,12 +12,15 @@ from pathlib import Path
 
 import streamlit as st
 
+from metrics_core.alert_rules import AlertConfig, load_config
 from metrics_core.cache import CachePolicy
+from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store import RECENT_S, RunStore
-from metrics_core.errors import MetricsError
+from metrics_core.errors import AlertConfigError, MetricsError
 from metrics_core.runs import find_runs
+from metrics_core.webhooks import webhook_kind
 
 # A refresh that finds nothing new costs a dict lookup in the store and a few bytes per chart, and
 # an update costs O(new records), so pages poll twice a second (write -> visible:
@@ -32,6 +35,8 @@ class Settings:
     poll: bool
     demo: bool
     cache: Path | None  # the dashboard's own cache directory; None: no cache
+    webhook: str | None = None  # where alerts are posted; None: the config's, else only shown
+    alerts_config: Path | None = None  # the alert rules' TOML file; None: the default rules
 
 
 def default_cache_dir(environ: dict[str, str]) -> Path:
@@ -45,7 +50,8 @@ def default_cache_dir(environ: dict[str, str]) -> Path:
 
 def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
     """``--runs DIR`` (else ``$METRICS_RUNS_DIR``, else ``./runs``), ``--refresh S``, ``--poll``,
-    ``--demo``, ``--cache-dir DIR`` / ``--no-cache``; unknown arguments are left to Streamlit."""
+    ``--demo``, ``--cache-dir DIR`` / ``--no-cache``, ``--webhook URL``, ``--alerts-config FILE`` (the
+    settings of ``python -m metrics_core alerts``); unknown arguments are left to Streamlit."""
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
     parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")))
     parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))))
@@ -53,13 +59,22 @@ def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
     parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1")
     parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ))
     parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1")
+    parser.add_argument("--webhook", default=environ.get("METRICS_WEBHOOK") or None)
+    alerts_config = environ.get("METRICS_ALERTS_CONFIG")
+    parser.add_argument("--alerts-config", type=Path, default=Path(alerts_config) if alerts_config else None)
     args, _ = parser.parse_known_args(argv)
     if args.refresh <= 0:
         raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
+    if args.webhook is not None:
+        try:
+            webhook_kind(args.webhook)
+        except AlertConfigError as exc:
+            raise SystemExit(f"--{exc}") from None
     cache = None if args.no_cache else args.cache_dir
     if cache is not None and cache.resolve().is_relative_to(args.runs.resolve()):
         raise SystemExit(f"--cache-dir {cache} is inside the runs root {args.runs}: the cache must live elsewhere")
-    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache)
+    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache,
+                    webhook=args.webhook, alerts_config=args.alerts_config)  # fmt: skip
 
 
 def settings() -> Settings:
@@ -67,7 +82,8 @@ def settings() -> Settings:
     return parse_settings(sys.argv[1:], dict(os.environ))
 
 
-_OPEN_STORES: list[RunStore] = []  # every store this process made, until close_stores()
+_OPEN_STORES: list[RunStore] = []  # every store this process made, until close_server()
+_OPEN_ALERTERS: list[ServerAlerter] = []  # every alerter this process started, until close_server()
 
 
 @st.cache_resource(show_spinner=False)
@@ -79,12 +95,16 @@ def _store(runs: Path, poll: bool, cache: Path | None, refresh: float) -> RunSto
     return store
 
 
-def close_stores() -> None:
-    """Close every run store this process made; its readers save what they parsed since their last
-    cache write.  app.py's lifespan calls it as the server stops: under uvicorn, SIGTERM and Ctrl-C
-    end the process by raising the signal again after the shutdown, so atexit never runs.  Not tied
-    to ``st.cache_resource``'s release: any browser may ask Streamlit to clear its caches, and that
-    must not close a store other tabs still read."""
+def close_server() -> None:
+    """Stop every alerter and close every run store this process made; a store's readers save what
+    they parsed since their last cache write.  app.py's lifespan calls it as the server stops: under
+    uvicorn, SIGTERM and Ctrl-C end the process by raising the signal again after the shutdown, so
+    atexit never runs.  Not tied to ``st.cache_resource``'s release: any browser may ask Streamlit
+    to clear its caches, and that must not close a store or stop an alerter other tabs still read."""
+    for alerter in _OPEN_ALERTERS:
+        alerter.stop()
+    while _OPEN_ALERTERS:
+        _OPEN_ALERTERS.pop().close()
     while _OPEN_STORES:
         _OPEN_STORES.pop().close()
 
@@ -104,6 +124,23 @@ def get_store(config: Settings) -> RunStore:
         st.error(md_text(exc))
         st.stop()
         raise  # unreachable: st.stop() ends the script
+
+
+@st.cache_resource(show_spinner=False)
+def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> ServerAlerter:
+    alerter = ServerAlerter(runs, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
+    _OPEN_ALERTERS.append(alerter)
+    return alerter
+
+
+def get_alerter(config: Settings) -> ServerAlerter | None:
+    """The one alerter of this server process on its runs root, shared by every browser tab; None,
+    after saying why on the page, when ``--alerts-config`` cannot be used (the rest of the page works)."""
+    try:
+        return _alerter(config.runs, config.webhook, config.alerts_config)
+    except MetricsError as exc:
+        st.error(md_text(f"Alerts are off: {exc}"))
+        return None
 
 
 @st.cache_resource(show_spinner=False)
