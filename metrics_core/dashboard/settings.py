@@ -18,9 +18,8 @@ from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store import RECENT_S, RunStore
-from metrics_core.errors import AlertConfigError, MetricsError
+from metrics_core.errors import MetricsError
 from metrics_core.runs import find_runs
-from metrics_core.webhooks import webhook_kind
 
 # A refresh that finds nothing new costs a dict lookup in the store and a few bytes per chart, and
 # an update costs O(new records), so pages poll twice a second (write -> visible:
@@ -65,11 +64,6 @@ def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
     args, _ = parser.parse_known_args(argv)
     if args.refresh <= 0:
         raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
-    if args.webhook is not None:
-        try:
-            webhook_kind(args.webhook)
-        except AlertConfigError as exc:
-            raise SystemExit(f"--{exc}") from None
     cache = None if args.no_cache else args.cache_dir
     if cache is not None and cache.resolve().is_relative_to(args.runs.resolve()):
         raise SystemExit(f"--cache-dir {cache} is inside the runs root {args.runs}: the cache must live elsewhere")
@@ -135,7 +129,8 @@ def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> Ser
 
 def get_alerter(config: Settings) -> ServerAlerter | None:
     """The one alerter of this server process on its runs root, shared by every browser tab; None,
-    after saying why on the page, when ``--alerts-config`` cannot be used (the rest of the page works)."""
+    after saying why on the page, when ``--alerts-config`` or ``--webhook`` cannot be used (the rest
+    of the page works)."""
     try:
         return _alerter(config.runs, config.webhook, config.alerts_config)
     except MetricsError as exc:
