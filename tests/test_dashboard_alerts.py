@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import threading
 import time
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
@@ -12,7 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.dashboard.alerting import alerts_notice, firing_lines, run_alert_lines
+from metrics_core.alert_rules import AlertConfig
+from metrics_core.dashboard.alerting import ServerAlerter, alerts_notice, firing_lines, run_alert_lines
 from metrics_core.session import training_session
 from metrics_core.webhooks import Alert
 from tests.support import Receiver, open_page, read_records
@@ -70,6 +72,22 @@ def test_alert_lines_are_plain_text_newest_first_and_bounded() -> None:
     assert notice == alerts_notice(firing, recent, ready=True, cleared=2)  # equal values: no redraw
     assert run_alert_lines(firing, "a") == ("stalled since 2026-01-02 03:04:05 UTC: no new record",)
     assert run_alert_lines(firing, "other") == ()
+
+
+def test_the_server_alerter_evaluates_in_its_thread_until_closed(tmp_path: Path) -> None:
+    """Built, it passes over the root in its own thread (no page waits for it) and reports ready;
+    close stops that thread."""
+    nan_and_healthy_runs(tmp_path)
+    alerter = ServerAlerter(tmp_path, AlertConfig(), webhook=None, interval=0.05)
+    try:
+        deadline = time.monotonic() + 30
+        while not alerter.ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alerter.ready and set(alerter.firing()) == {"nan"}
+        assert [(a.run, a.condition, a.state) for a in alerter.recent()] == [("nan", "nonfinite_loss", "firing")]
+    finally:
+        alerter.close()
+    assert not any(thread.name == f"alerts {tmp_path}" for thread in threading.enumerate())
 
 
 @pytest.fixture
