@@ -2,6 +2,7 @@
 
     streamlit run app.py -- --runs /shared/runs [--refresh 0.5] [--poll] [--demo] [--webhook URL] [--alerts-config FILE]
 
+An installed package serves this same file (``metrics-dashboard --runs DIR``, ``launch.py``).
 Everything here is navigation; pages live in pages/, logic in metrics_core.
 
 This file is read twice.  ``streamlit run`` imports it as the module ``app`` and serves the
@@ -34,8 +35,10 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
         position="top",
     ).run()
 else:  # `streamlit run app.py` imports this module to serve it
+    from metrics_core.dashboard.launch import package_origin
     from metrics_core.dashboard.serving import app_options
     from metrics_core.dashboard.settings import close_server
 
+    print(package_origin(__file__), flush=True)  # which copy of the code this server runs
     # Written out as `app = st.App(...)`: `streamlit run` finds the app by reading this file's source.
     app = st.App(__file__, **app_options(__file__, shutdown=close_server))

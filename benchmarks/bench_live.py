@@ -83,13 +83,19 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def live_run(root: Path, history: int) -> RunContext:
+    """The run ``live`` under ``root``, holding ``history`` generated records (three sessions) first."""
+    run = RunContext(root / "live", "live", "s1")
+    if history:
+        write_run(run.directory / "metrics.jsonl", history)
+    return run
+
+
 def live(appends: int, *, refresh: float, history: int = 0) -> dict[str, object]:
     """Write -> visible delays, server CPU share and websocket bytes per append on a live run."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
-        run = RunContext(root / "live", "live", "s1")
-        if history:
-            write_run(run.directory / "metrics.jsonl", history)
+        run = live_run(root, history)
         state = TrainingState()
         written: dict[int, float] = {}
         received: list[int] = []

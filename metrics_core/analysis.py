@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
+from metrics_core.runs import CRASH_REASON
 from metrics_core.sessions import Session
 
 
@@ -122,6 +123,7 @@ def session_table(sessions: Sequence[Session], train: pd.DataFrame, run_status: 
                 "skipped updates": None if skipped is None else int(skipped),
                 "mean tokens/s": round(tokens / duration) if duration > 0 else None,
                 "end status": ended or "no session_end",
+                "reason": session.end_error or (CRASH_REASON if ended == "crashed" else None),
             }
         )
     return pd.DataFrame(rows).astype({"resume step": "Int64", "discarded bytes": "Int64", "mean tokens/s": "Int64"})

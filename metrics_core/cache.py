@@ -22,8 +22,9 @@ Contract
 * Writes are atomic (a unique temporary file in the cache directory, then ``os.replace``), so a
   second dashboard process sees the old file or the new one, never half of one; the last writer
   wins and both wrote a valid cache.  Every byte is covered by a CRC-32: a corrupt, truncated or
-  foreign file is ignored, never an exception.  A cache directory that cannot be written means
-  no cache, not an error.
+  foreign file is ignored, never an exception, and so is anything but a regular file at the cache
+  path (a FIFO, a device), which is never waited on (``storage.open_regular``).  A cache directory
+  that cannot be written means no cache, not an error.
 * Bounded: a run whose cache would exceed ``max_file_bytes`` is not cached, and after each save
   the oldest files beyond ``max_total_bytes`` are removed.
 
@@ -56,8 +57,9 @@ from metrics_core.columns import Column, Table
 from metrics_core.lines import Position
 from metrics_core.records import BadLine
 from metrics_core.sessions import SessionLog
+from metrics_core.storage import open_regular
 
-FORMAT = 2  # bump when the record rules (records.py) or the column typing (columns.py) change
+FORMAT = 3  # bump when the record rules (records.py) or the column typing (columns.py) change
 _MAGIC = b"MCCACHE1"
 _PREFIX = struct.Struct("<8sQQI")  # magic, header bytes, payload bytes, crc32 of header + payload
 _NUMERIC = {"int": "int64", "float": "float64", "bool": "int8"}
@@ -152,7 +154,7 @@ def load(policy: CachePolicy, key: str, *, max_record_bytes: int) -> CachedParse
     the run file still holds what was parsed is the caller's to check (``LineFollower.matches``
     on the position)."""
     try:
-        with open(policy.path_for(key), "rb", buffering=0) as handle:
+        with open(open_regular(policy.path_for(key)), "rb", buffering=0) as handle:
             state, streams = _read(handle)
         if state.get("format") != FORMAT or state["key"] != key or state["max_record_bytes"] != max_record_bytes:
             return None

@@ -350,6 +350,9 @@ def _parser() -> argparse.ArgumentParser:
     summary_cmd = commands.add_parser("summary", help="status, sessions, lost work and health checks")
     summary_cmd.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
     add_command(commands)
+    commands.add_parser(
+        "serve", add_help=False, help="the live dashboard, as metrics-dashboard (needs metrics-core[app])"
+    )
     return parser
 
 
@@ -357,6 +360,12 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     """Run one command; return the exit status (see the module docstring)."""
     out = sys.stdout if out is None else out
     err = sys.stderr if err is None else err
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["serve"]:  # imports Streamlit: only here, never for tail or summary
+        from metrics_core.dashboard.launch import main as serve
+
+        serve(argv[1:])
+        return 0
     args = _parser().parse_args(argv)
     if args.command == "alerts":
         return command(args, out, err)

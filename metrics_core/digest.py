@@ -30,7 +30,7 @@ from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth,
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
 from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
-from metrics_core.storage import LocalFile, metrics_path
+from metrics_core.storage import LocalFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import tail_start
 
@@ -114,7 +114,7 @@ def last_records(
     ``train`` record or its ``session_start``, so that the first lines printed get their tokens/s.
     Bad lines are located by line number when the scan reached the file's start, else by offset.
     """
-    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    fd = open_regular(path)
     try:
         end = tail_start(fd, os.fstat(fd).st_size)
         found: list[dict[str, Any]] = []  # newest first

@@ -30,6 +30,10 @@ class WriterStateError(MetricsError, RuntimeError):
     """The writer was used outside its ``with`` block (not opened yet, or already closed)."""
 
 
+class WriterForkedError(MetricsError, RuntimeError):
+    """A forked child wrote through a writer its parent opened (both would write at one offset)."""
+
+
 class WriteFailedError(MetricsError, OSError):
     """The OS refused to write a metrics file: disk full, file-size limit, I/O error.
 
@@ -44,6 +48,26 @@ class WriteFailedError(MetricsError, OSError):
 
 class RunNotFoundError(MetricsError, FileNotFoundError):
     """A run directory or metrics file that was asked for does not exist."""
+
+
+class RunFileError(MetricsError, OSError):
+    """A run's file is there but cannot be read as one: not a regular file (a FIFO, a directory, a
+    device), or the OS refused to open it (permissions).
+
+    Also an ``OSError`` with the original ``errno`` (when the OS gave one) and the file as
+    ``filename``; ``reason`` is the message without the path, for a caller that names the file
+    its own way (relative to a runs root); ``str()`` is the whole message.
+    """
+
+    def __init__(self, path: str, reason: str, errno: int | None = None) -> None:
+        super().__init__(errno, f"{path}: {reason}", path)
+        self.reason = reason
+
+    def __str__(self) -> str:
+        return str(self.strerror)
+
+    def __reduce__(self) -> tuple[type, tuple[str, str, int | None]]:
+        return type(self), (self.filename, self.reason, self.errno)  # pickled across processes
 
 
 class RunPathError(MetricsError, ValueError):

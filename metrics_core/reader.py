@@ -50,7 +50,7 @@ from metrics_core.health import IngestHealth
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.sessions import LostWork, Progress, Replay, Session, SessionLog, replay
-from metrics_core.storage import LocalFile, RunFile
+from metrics_core.storage import LocalFile, RunFile, run_file_path
 from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
@@ -77,10 +77,8 @@ class RunReader(FollowedLog):
         ``cache``: where and when to keep a columnar copy of the parsed run (``metrics_core.cache``),
         so that a reader opened later, in this process or another, parses only appended bytes.
         ``file``: where the bytes come from (``metrics_core.storage``; a local file by default)."""
-        path = Path(path)
-        if path.is_dir():
-            path = path / METRICS_FILENAME
-        elif file is None and not path.exists():
+        given, path = Path(path), run_file_path(path)
+        if path == given and file is None and not path.exists():  # a run directory may await its file
             raise RunNotFoundError(
                 f"{path}: no such run directory or metrics file (expected a directory holding {METRICS_FILENAME})"
             )

@@ -1,7 +1,9 @@
 """Run discovery under a runs root, safe resolution of run names, and run health from the log.
 
 Discovery promises: every directory under ``root`` (down to ``max_depth``) that holds a
-``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.
+``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.  One
+that is no regular file (a FIFO, a directory) is listed too: its readers refuse it naming the
+path and why (``storage.open_regular``), so it shows as a run in error, not as no run.
 Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
 An entry that cannot be looked into (a directory the OS refuses to list, a symlink loop, a link
@@ -38,8 +40,8 @@ from typing import Protocol
 import orjson
 
 from metrics_core.errors import RunNotFoundError, RunPathError
-from metrics_core.storage import LocalFile
-from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, tail_start
+from metrics_core.storage import LocalFile, open_regular
+from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, NOTE_BYTES, tail_start
 
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
@@ -124,7 +126,7 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
                 if link:
                     entry.stat()  # follows it (kept for is_dir/is_file): a loop or a file on the way raises here
                 if entry.name == METRICS_FILENAME:
-                    if entry.is_file() and (not link or _inside(Path(entry.path), real_root)):
+                    if not link or _inside(Path(entry.path), real_root):  # any type: readers name a FIFO
                         runs.append(RunInfo("/".join(relative) or ".", directory))
                     continue
                 if len(relative) >= max_depth or not entry.is_dir():
@@ -173,7 +175,7 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
     directory = Path(root) / candidate
     if not _inside(directory, real_root):
         raise RunPathError(f"{name!r}: leads outside the runs root, or nowhere (a symlink escape or loop)")
-    if not (directory / METRICS_FILENAME).is_file():
+    if not (directory / METRICS_FILENAME).exists():
         raise RunNotFoundError(f"{name!r}: no run there (no {METRICS_FILENAME} under {directory})")
     if not _inside(directory / METRICS_FILENAME, real_root):
         raise RunPathError(f"{name!r}: its {METRICS_FILENAME} links outside the runs root")
@@ -191,6 +193,9 @@ class StatusSource(Protocol):
 
     @property
     def last_end_status(self) -> str | None: ...
+
+    @property
+    def last_end_error(self) -> str | None: ...
 
     @property
     def last_record_time(self) -> datetime | None: ...
@@ -217,6 +222,7 @@ class StatusRecord:
     identity: tuple[int, ...] | None
     last_event: str | None
     last_end_status: str | None
+    last_end_error: str | None
     last_record_time: datetime | None
     pending_bytes: int
     gap_s: float | None
@@ -224,8 +230,8 @@ class StatusRecord:
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
-        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_record_time,
-                   source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
+        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_end_error,
+                   source.last_record_time, source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s
@@ -258,17 +264,19 @@ def write_failure(reader: StatusSource) -> WriteFailure | None:
     The note counts only while ``metrics.jsonl`` still ends exactly where the failed write left
     it (same offset after the last complete record, same size), so a record written later, by
     the same or a resumed session, makes it stale.  A blank, torn (being rewritten right now)
-    or unreadable note is no note.  Cost: one small read and a ``stat``, plus a backwards scan
-    of the torn tail when the sizes match.
+    or unreadable note is no note, and so is anything but a regular file, never waited on.
+    Cost: one small read and a ``stat``, plus a backwards scan of the torn tail when the sizes
+    match.
     """
     try:
-        note = orjson.loads((reader.path.parent / FAILURE_NOTE_FILENAME).read_bytes() or b"null")
+        with open(open_regular(reader.path.parent / FAILURE_NOTE_FILENAME), "rb") as file:
+            note = orjson.loads(file.read(NOTE_BYTES) or b"null")
     except (OSError, orjson.JSONDecodeError):
         return None
     if not (isinstance(note, dict) and all(type(note.get(key)) is kind for key, kind in _NOTE_FIELDS.items())):
         return None
     try:
-        fd = os.open(reader.path, os.O_RDONLY | os.O_CLOEXEC)
+        fd = open_regular(reader.path)
     except OSError:
         return None
     try:
@@ -301,3 +309,18 @@ def run_status(reader: StatusSource, *, now: datetime) -> str:
     if (now - last).total_seconds() <= max(STALL_FLOOR_S, STALL_GAPS * gap):
         return "live"
     return "crashed" if alive is False else "stalled"
+
+
+CRASH_REASON = "ended without a session_end: killed (SIGKILL, out of memory) or its node was lost"
+
+
+def stop_reason(source: StatusSource, status: str) -> str | None:
+    """Why a run with ``status`` (``run_status``'s answer) stopped, in one line: its
+    ``session_end``'s error (the exception, the signal, the failing rank), the write that failed
+    (disk full), or what a crash means; None for a run that did not stop or finished."""
+    if status in ("failed", "interrupted"):
+        if source.last_event == "session_end":
+            return source.last_end_error
+        failure = write_failure(source)
+        return None if failure is None else f"write failed: {failure.error}"
+    return CRASH_REASON if status == "crashed" else None

@@ -95,6 +95,7 @@ class Session:
     discarded_bytes: int | None
     resumed_from_step: int | None
     end_status: str | None
+    end_error: str | None  # its session_end's ``error``: "ValueError: …", "SIGTERM", "rank 2: …"
 
     @property
     def resume_step(self) -> int:
@@ -248,7 +249,7 @@ class _SessionAcc:
     """Running aggregates of one session."""
 
     __slots__ = (
-        "discarded_bytes", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
+        "discarded_bytes", "end_error", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
         "last_step", "last_tokens", "records", "resumed_from_step", "session_id", "start_ns",
     )  # fmt: skip
 
@@ -261,6 +262,7 @@ class _SessionAcc:
         self.discarded_bytes: int | None = None
         self.resumed_from_step: int | None = None
         self.end_status: str | None = None
+        self.end_error: str | None = None
 
 
 class SessionLog:
@@ -339,8 +341,9 @@ class SessionLog:
         """Keep what a ``session_start`` / ``session_end`` says about its session."""
         acc = self._sessions[self._index[record["session_id"]]]
         if record["event"] == "session_end":
-            status = record.get("status")
+            status, error = record.get("status"), record.get("error")
             acc.end_status = status if isinstance(status, str) else None
+            acc.end_error = error if isinstance(error, str) else None
         elif acc.discarded_bytes is None and acc.resumed_from_step is None:
             acc.discarded_bytes = int_or_none(record.get("discarded_bytes"))
             acc.resumed_from_step = int_or_none(record.get("resumed_from_step"))
@@ -393,6 +396,14 @@ class SessionLog:
             return None
         return self._sessions[-1].end_status
 
+    @property
+    def last_end_error(self) -> str | None:
+        """The ``error`` of the last record when it is a ``session_end`` (the exception, the signal,
+        the failing rank), else None."""
+        if self.last_event != "session_end" or not self._sessions:
+            return None
+        return self._sessions[-1].end_error
+
     def progress(self) -> Progress:
         """Session count, start, last step and tokens, from the running accumulators."""
         if not self._sessions:
@@ -425,6 +436,7 @@ class SessionLog:
                     discarded_bytes=acc.discarded_bytes,
                     resumed_from_step=acc.resumed_from_step,
                     end_status=acc.end_status,
+                    end_error=acc.end_error,
                 )
             )
             previous_end = acc.end_ns

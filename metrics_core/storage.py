@@ -12,6 +12,8 @@ Contract of a ``RunFile``:
   write or replacement; ``FileStat.version`` changes only when the path names another file.
 * ``open()`` pins the file the path names now; ``read`` and ``size`` then answer for that file,
   even after the path is replaced, until the next ``open()``.  ``opened_version`` is its version.
+  It never waits and reads only a regular file: anything else at the path (a FIFO, a directory,
+  a device), or a file the OS refuses to open, is a ``RunFileError`` naming the path and why.
 * ``read(offset, count)`` returns at most ``count`` bytes (fewer at the end of the file).
 * ``cache_key()`` names the opened file for ``metrics_core.cache`` (None: do not cache it).
 """
@@ -19,11 +21,12 @@ Contract of a ``RunFile``:
 from __future__ import annotations
 
 import os
+import stat as stat_mode
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from metrics_core.errors import RunNotFoundError
+from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.writer import METRICS_FILENAME, lock_is_held
 
 
@@ -65,15 +68,62 @@ def file_stat(stat: os.stat_result) -> FileStat:
     return FileStat((stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns), stat.st_ino, stat.st_size)
 
 
-def metrics_path(run: str | os.PathLike[str]) -> Path:
-    """The ``metrics.jsonl`` of a run directory, or the file itself; RunNotFoundError if neither."""
+_KINDS = {stat_mode.S_IFDIR: "a directory", stat_mode.S_IFIFO: "a FIFO (named pipe)", stat_mode.S_IFSOCK: "a socket",
+          stat_mode.S_IFCHR: "a character device", stat_mode.S_IFBLK: "a block device"}  # fmt: skip
+
+
+def not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` (``st_mode``) is no metrics file, or None for a regular file."""
+    if stat_mode.S_ISREG(mode):
+        return None
+    kind = _KINDS.get(stat_mode.S_IFMT(mode), "a file of an unknown kind")
+    return f"is {kind}, not a regular file"
+
+
+def open_regular(path: str | os.PathLike[str]) -> int:
+    """A read-only descriptor of the regular file at ``path``, or ``RunFileError`` naming the path
+    and why not (another kind of file, or the OS refused), without ever waiting.
+
+    ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a writer (a plain
+    open would wait forever); the descriptor's ``fstat`` then decides, so a file swapped in
+    between a check and the open cannot slip through.  Blocking mode is restored for the regular
+    file, whose reads some network and FUSE file systems would otherwise fail with ``EAGAIN``.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise RunFileError(str(path), f"cannot be opened: {exc.strerror}", exc.errno) from exc
+    try:
+        reason = not_regular(os.fstat(fd).st_mode)
+        if reason is not None:
+            raise RunFileError(str(path), reason)
+        os.set_blocking(fd, True)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def run_file_path(run: str | os.PathLike[str]) -> Path:
+    """The ``metrics.jsonl`` of a run directory, else ``run`` itself: a directory called
+    ``metrics.jsonl`` is a metrics file that is no regular file, not a run holding one."""
     path = Path(run)
-    if path.is_dir():
-        path = path / METRICS_FILENAME
-    if not path.is_file():
+    return path / METRICS_FILENAME if path.is_dir() and path.name != METRICS_FILENAME else path
+
+
+def metrics_path(run: str | os.PathLike[str]) -> Path:
+    """The ``metrics.jsonl`` of a run directory, or the file itself; RunNotFoundError if neither,
+    RunFileError if it is there but no regular file (a FIFO, a directory)."""
+    path = run_file_path(run)
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
         raise RunNotFoundError(
             f"{path}: no such run directory or metrics file (expected a directory holding {METRICS_FILENAME})"
-        )
+        ) from None
+    reason = not_regular(mode)
+    if reason is not None:
+        raise RunFileError(str(path), reason)
     return path
 
 
@@ -94,7 +144,7 @@ class LocalFile:
 
     def open(self) -> None:
         self.close()
-        self._fd = os.open(self.path, os.O_RDONLY | os.O_CLOEXEC)
+        self._fd = open_regular(self.path)
         self._version = os.fstat(self._fd).st_ino
 
     @property

@@ -13,7 +13,7 @@ from datetime import datetime
 from typing import Protocol
 
 from metrics_core.lines import LineFollower
-from metrics_core.runs import StatusSource, run_status
+from metrics_core.runs import StatusSource, run_status, stop_reason
 from metrics_core.sessions import Progress, SessionLog
 from metrics_core.storage import RunFile
 
@@ -64,6 +64,11 @@ class FollowedLog:
         return self.log.last_end_status
 
     @property
+    def last_end_error(self) -> str | None:
+        """The ``error`` of the last record when it is a ``session_end``, else None."""
+        return self.log.last_end_error
+
+    @property
     def last_record_time(self) -> datetime | None:
         """Time of the last complete record, or None before any."""
         return self.log.last_record_time
@@ -111,6 +116,7 @@ class RunSummary:
     val_loss: LastValue | None
     bad_lines: int
     pending_bytes: int
+    reason: str | None = None  # why it stopped (``runs.stop_reason``)
     config: dict[str, str] | None = None
     loss_trend: tuple[float, ...] = ()
 
@@ -119,8 +125,10 @@ def summarise(source: SummarySource, *, now: datetime) -> RunSummary:
     """The summary of ``source`` as read so far, its status as of ``now``."""
     progress = source.progress()
     skipped = source.last_number("train", "skipped_updates")
+    status = run_status(source, now=now)
     return RunSummary(
-        status=run_status(source, now=now),
+        status=status,
+        reason=stop_reason(source, status),
         records=source.records,
         sessions=progress.sessions,
         started=progress.started,

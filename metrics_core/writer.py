@@ -39,6 +39,12 @@ Contract
   the same process closing its own descriptor of the file cannot silently drop it, and a second
   writer in the same process is refused too.  Where OFD locks do not exist (non-Linux) it falls
   back to ``lockf``.
+* One process per writer.  A forked child (a DataLoader worker, a ``multiprocessing`` pool)
+  inherits the parent's open writers, but it would write at the offset it remembers from the
+  fork, over the parent's later records, and the parent over its own: so in the child each
+  inherited writer lets go of its descriptors at once (the lock stays the parent's alone and ends
+  with the parent's ``close``), and its first ``write`` raises ``WriterForkedError`` saying who
+  opened it; nothing the parent wrote, before or after the fork, is touched.
 
 Assumed: the clock is only used for the ``time`` field; ordering comes from the file.
 """
@@ -53,6 +59,7 @@ import operator
 import os
 import struct
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -64,6 +71,7 @@ from metrics_core.errors import (
     RecordTypeError,
     RecordValueError,
     WriteFailedError,
+    WriterForkedError,
     WriterLockedError,
     WriterStateError,
 )
@@ -252,6 +260,20 @@ def _lock_exclusive(fd: int) -> None:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
 
 
+# The writers open in this process, for ``_let_go_after_fork``.
+_OPEN_WRITERS: weakref.WeakSet[MetricsWriter] = weakref.WeakSet()
+
+
+def _let_go_after_fork() -> None:
+    """In a forked child: release every writer inherited from the parent (module docstring)."""
+    for writer in list(_OPEN_WRITERS):
+        writer._let_go_after_fork()
+    _OPEN_WRITERS.clear()
+
+
+os.register_at_fork(after_in_child=_let_go_after_fork)
+
+
 class MetricsWriter:
     """Context manager owning ``run.directory / "metrics.jsonl"`` for one session.
 
@@ -280,6 +302,7 @@ class MetricsWriter:
         self._stamp_prefix = ""
         self._file: io.FileIO | None = None
         self._note: io.FileIO | None = None
+        self._forked_from: int | None = None  # set in a forked child: the parent that opened it
         self._size = 0  # offset after the last complete record: where the next line goes
         self._file_end = 0  # the file's size: larger than _size while a torn tail awaits its cut
 
@@ -305,7 +328,8 @@ class MetricsWriter:
             raise
         self.discarded_bytes = size - keep
         self._size, self._file_end = keep, size
-        self._file = file
+        self._file, self._forked_from = file, None
+        _OPEN_WRITERS.add(self)
         return self
 
     def _reserve_note(self) -> io.FileIO:
@@ -349,6 +373,24 @@ class MetricsWriter:
         if self._file is not None:
             self._file.close()  # closing the descriptor releases the OFD lock
             self._file = None
+        _OPEN_WRITERS.discard(self)
+
+    def _let_go_after_fork(self) -> None:
+        """Close this forked child's copies of the descriptors, which touches neither the file nor
+        the lock (the parent's descriptors hold both); later writes raise ``WriterForkedError``."""
+        self._forked_from = os.getppid()  # the parent is inside os.fork(): alive, and the opener
+        self.close()
+
+    def _not_open(self, method: str) -> Exception:
+        """The error of ``method`` called while the file is not open here."""
+        if self._forked_from is None:
+            return WriterStateError(f"{self.path}: {method} outside the writer's with-block")
+        return WriterForkedError(
+            f"{self.path}: {method} in process {os.getpid()}, a fork of process {self._forked_from}, which "
+            "opened this writer; nothing was written (both would write at one offset, over each other's "
+            "records): a forked child (a DataLoader worker, a multiprocessing pool) must open its own "
+            "MetricsWriter on its own run directory, or send its records to the parent to write"
+        )
 
     def record(self, event: str, state: _HasCounters, values: Mapping[str, Any]) -> dict[str, Any]:
         """Build and validate the record ``write`` would append, without writing it.
@@ -401,7 +443,7 @@ class MetricsWriter:
     def write(self, event: str, state: _HasCounters, /, **values: Any) -> dict[str, Any]:
         """Append one record and flush it to the OS; return the record as written."""
         if self._file is None:
-            raise WriterStateError(f"{self.path}: write() outside the writer's with-block")
+            raise self._not_open("write()")
         record = self.record(event, state, values)
         self._append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))
         return record
@@ -417,7 +459,7 @@ class MetricsWriter:
         naming the key path such as ``config['optim']['lr']``.
         """
         if self._file is None:
-            raise WriterStateError(f"{self.path}: write_config() outside the writer's with-block")
+            raise self._not_open("write_config()")
         record = self.record("config", state, {})
         record["config"] = config_value(config)
         self._append(orjson.dumps(record, option=orjson.OPT_APPEND_NEWLINE))

@@ -10,6 +10,7 @@ from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
+from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
@@ -26,8 +27,10 @@ from metrics_core.dashboard.widgets import (
     health_panel,
     live_view,
     page_theme,
+    refresh_slot,
     run_or_pick,
     session_key_panel,
+    stopped_panel,
 )
 
 config = settings()
@@ -56,9 +59,13 @@ with st.sidebar:
 
 @st.fragment(run_every=None if paused else config.refresh)
 def charts() -> None:
-    view = live_view(store, name)
-    if view is None:
-        return
+    view = live_view(store, name)  # outside the slot: it may wait for the run's reader
+    if view is not None:
+        with refresh_slot():
+            draw_charts(view)
+
+
+def draw_charts(view: RunView) -> None:
     # The theme is read here: the browser reports it with each rerun, not always the first.
     options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme(), only=only)
     # Above the charts, three one-line rows whatever the run: its status, the health and config
@@ -66,6 +73,7 @@ def charts() -> None:
     status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     st.caption(status, wrap=False)
+    stopped_panel(view)
     show_run_alerts(alerter, name)  # a line per alert firing for the run, only when one is
     with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
         health_panel(view_findings(view))

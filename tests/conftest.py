@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,6 +18,20 @@ def browser() -> Iterator[object]:
 
     with chromium() as instance:
         yield instance
+
+
+@pytest.fixture(scope="session")
+def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A venv holding this checkout's wheel with its ``[app]`` extra (tests/wheel_venv.py): the one
+    .ci/run built (``$METRICS_WHEEL_VENV``), else one built now, once per session."""
+    from tests.wheel_venv import build_wheel_venv
+
+    built = os.environ.get("METRICS_WHEEL_VENV")
+    if not built:
+        return build_wheel_venv(tmp_path_factory.mktemp("wheel"))
+    if not (Path(built) / "bin" / "python").is_file():
+        pytest.fail(f"$METRICS_WHEEL_VENV={built}: no venv there (python tests/wheel_venv.py DIR builds DIR/venv)")
+    return Path(built)
 
 
 @pytest.fixture(scope="module")

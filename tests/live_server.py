@@ -63,26 +63,51 @@ def free_port() -> int:
 
 
 @contextmanager
-def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = ()) -> Iterator[str]:
-    """``streamlit run app -- *args`` on a free loopback port: yield its base URL, then stop it.
+def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = (), repo: Path = REPO) -> Iterator[str]:
+    """``streamlit run app -- *args`` on a free loopback port, importing the code of the tree ``repo``
+    (a benchmark's baseline may be another tree): yield its base URL, then stop it.
     ``command_prefix``: what the server runs under (``support.without_permission_override()``)."""
     port = free_port()
+    command = [*command_prefix, sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+               "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args]  # fmt: skip
+    with served(command, port, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, what=str(app)) as (url, _):
+        yield url
+
+
+def outside_checkout(environ: dict[str, str]) -> dict[str, str]:
+    """``environ`` without ``PYTHONPATH``: a process that imports what its own venv holds, not this checkout."""
+    return {name: value for name, value in environ.items() if name != "PYTHONPATH"}
+
+
+@contextmanager
+def served(
+    command: Sequence[str], port: int, *, cwd: Path, env: dict[str, str], what: str
+) -> Iterator[tuple[str, IO[bytes]]]:
+    """Run the server ``command`` listening on loopback ``port``: yield its base URL and its log (stdout
+    and stderr) once it answers, then stop it."""
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # not a pipe: nobody drains it while the server runs
-        process = subprocess.Popen(
-            [*command_prefix, sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
-             "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+        process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env=env)  # fmt: skip
         try:
-            wait_for_http(f"{url}/_stcore/health", process, log, what=str(app))
-            yield url
+            wait_for_http(f"{url}/_stcore/health", process, log, what=what)
+            yield url, log
         finally:
             process.terminate()
             try:
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
+
+
+@contextmanager
+def installed_dashboard(venv: Path, runs_root: Path, *args: str, cwd: Path) -> Iterator[tuple[str, IO[bytes]]]:
+    """``metrics-dashboard --runs runs_root --port <free> *args`` of the installed package in ``venv``,
+    started in ``cwd`` with nothing of this checkout on its path: yield its base URL and log, then stop it."""
+    port = free_port()
+    command = [str(venv / "bin" / "metrics-dashboard"), "--runs", str(runs_root), "--port", str(port), *args]
+    with served(command, port, cwd=cwd, env=outside_checkout(dict(os.environ)), what="metrics-dashboard") as server:
+        yield server
 
 
 def wait_for_http(url: str, process: subprocess.Popen, log: IO[bytes], *, what: str, timeout: float = 60) -> None:

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.live_server import Wire, live_charts_drawn, streamlit_app, streamlit_server, wait_until
+from tests.live_server import Wire, installed_dashboard, live_charts_drawn, streamlit_app, streamlit_server, wait_until
 from tests.support import small_run
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
@@ -87,3 +87,23 @@ def test_a_reload_takes_plotly_js_from_the_cache_and_costs_little_more_than_a_ba
     assert sum(plotly_reload.values()) == 0
     assert ours.total <= budget
     assert first_load <= TENSORBOARD_FIRST_LOAD
+
+
+def test_the_installed_command_draws_the_live_chart_and_the_browser_keeps_plotly_js(
+    browser: object, served_root: Path, wheel_venv: Path, tmp_path: Path
+) -> None:
+    """``metrics-dashboard`` of a wheel installed in a venv of its own, started outside the checkout:
+    /run draws its live chart, the cold load fetches plotly.js as a file (Streamlit found the package's
+    component manifest in the installed wheel), and a reload takes it from the browser's cache."""
+    with installed_dashboard(wheel_venv, served_root, "--refresh", "1", cwd=tmp_path) as (
+        url,
+        _,
+    ):  # as streamlit_server
+        wire = reload_bytes(browser, f"{url}/run?run=small")
+    plotly_first = {u: n for u, n in wire.first.items() if PLOTLY_ROUTE in u}
+    plotly_reload = {u: n for u, n in wire.http.items() if PLOTLY_ROUTE in u}
+    print(f"\ninstalled: reload {wire.total:,} bytes (websocket {wire.frames:,}); plotly.js cold "
+          f"{sum(plotly_first.values()):,}, on reload {plotly_reload}")  # fmt: skip
+    assert plotly_first and sum(plotly_first.values()) > 300_000
+    assert sum(plotly_reload.values()) == 0
+    assert wire.frames < 1_000_000  # plotly.js (1.2 MB) does not ride in the page's websocket instead

@@ -18,7 +18,6 @@ from metrics_core.dashboard.live_chart import (
     extension,
     next_payload,
     plotly_source,
-    publish_plotly,
 )
 from metrics_core.dashboard.live_views import view_charts
 from metrics_core.dashboard.store import RunStore
@@ -92,6 +91,31 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
     assert update <= 10_000 < full
 
 
+def test_two_tabs_on_one_run_share_its_snapshot_charts_and_update(tmp_path: Path) -> None:
+    """Two tabs on one live run, each with its own payload history: after an append they get the
+    same snapshot and figures (built once) and the very same appended points (compared and converted
+    once), and each its own sequence number."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1_001, 10)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        options = ChartOptions(smoothing=0.6)
+        figure = view_charts(store.view("r"), options)["loss"]
+        first = next_payload(None, encode(figure), resync=False)
+        second = next_payload(first, encode(figure), resync=True)  # a tab that reloaded: at seq 2
+        append_records(path, base_record(1_010, train_loss=0.005))
+        tabs = [store.view("r"), store.view("r")]
+        views = store.stats["views"]
+        updated = [next_payload(sent, encode(view_charts(view, options)["loss"]), resync=False)
+                   for sent, view in zip((first, second), tabs, strict=True)]  # fmt: skip
+    finally:
+        store.close()
+    assert tabs[0] is tabs[1] and views == 2  # the first snapshot and this one: one per version
+    assert [sent.payload["op"] for sent in updated] == ["extend", "extend"]
+    assert [sent.seq for sent in updated] == [2, 3]
+    assert updated[0].payload["steps"] is updated[1].payload["steps"]
+
+
 class LiveRun:
     """A generated run of ``records`` records (three sessions) that one more train record at a time is
     appended to, in its last session, and the payloads that append sends the run page."""
@@ -135,16 +159,6 @@ def test_every_live_update_of_a_long_run_is_an_extension(tmp_path: Path) -> None
         big.store.close()
 
 
-def test_plotly_js_is_published_under_its_content_hash_once(tmp_path: Path) -> None:
-    """The copy is the vendored plotly.js bundle, named by its hash; a second call leaves it be."""
-    name = publish_plotly(tmp_path)
-    assert name.startswith("plotly-") and name.endswith(".min.js")
-    assert (tmp_path / name).read_bytes() == plotly_source().read_bytes()
-    mtime = (tmp_path / name).stat().st_mtime_ns
-    assert publish_plotly(tmp_path) == name and (tmp_path / name).stat().st_mtime_ns == mtime
-    assert [p.name for p in tmp_path.iterdir()] == [name]  # no temporary file left behind
-
-
 BASIC_TRACE_TYPES = {"scatter", "bar", "pie"}  # what plotly.js's basic bundle can draw (vendor/README.md)
 
 
@@ -174,24 +188,25 @@ def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_pa
 
 
 def test_streamlit_serves_the_chart_assets_directory() -> None:
-    """Streamlit's own manifest scan (editable install) gives metrics-core.plotly the assets/ directory."""
+    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
+    metrics-core.plotly the directory of the vendored plotly.js."""
     from streamlit.components.v2.component_manager import BidiComponentManager
 
     manager = BidiComponentManager()
     manager.discover_and_register_components(start_file_watching=False)
     root = manager.get_component_path(PLOTLY_COMPONENT)
-    assert root is not None and Path(root).resolve() == (Path(chart_module.__file__).parent / "assets").resolve()
+    assert root is not None and Path(root).resolve() == plotly_source().parent.resolve()
 
 
 def test_the_component_manager_still_answers_where_a_components_assets_are() -> None:
     """``live_chart.plotly_url`` asks Streamlit's bidi component manager (a private module) where it
-    serves the ``asset_dir`` pyproject.toml declares for ``metrics-core.plotly``; the browser tests
-    check that the page then runs plotly.js from that URL."""
+    serves the ``asset_dir`` the package's manifest (metrics_core/pyproject.toml) declares for
+    ``metrics-core.plotly``; the browser tests check that the page then runs plotly.js from that URL."""
     import tomllib
     from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
     assert callable(get_bidi_component_manager().get_component_path)
-    project = tomllib.loads((Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    project = tomllib.loads((Path(chart_module.__file__).parents[1] / "pyproject.toml").read_text())
     [declared] = project["tool"]["streamlit"]["component"]["components"]
     assert f"{project['project']['name']}.{declared['name']}" == chart_module.PLOTLY_COMPONENT
-    assert declared["asset_dir"] == "dashboard/assets"
+    assert declared["asset_dir"] == "dashboard/vendor"

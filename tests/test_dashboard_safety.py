@@ -266,7 +266,7 @@ def test_what_the_os_refuses_is_named_relative_to_the_root(tmp_path: Path) -> No
     assert rows.pop("alpha")[0] != "error"
     assert rows == {
         "locked-dir": ["unreadable", "permission denied"],
-        "locked-file": ["error", "PermissionError: [Errno 13] Permission denied: 'locked-file/metrics.jsonl'"],
+        "locked-file": ["error", "locked-file/metrics.jsonl: cannot be opened: Permission denied"],
     }
 
 

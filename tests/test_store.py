@@ -20,7 +20,9 @@ from metrics_core.dashboard.runs_table import trend
 from metrics_core.dashboard.snapshot import EVENTS, RunView, build_view
 from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import ChartOptions
+from metrics_core.errors import RunNotFoundError
 from metrics_core.reader import RunReader
+from metrics_core.runs import CRASH_REASON
 from metrics_core.summary import LastValue, RunSummary
 from tests.support import append_bytes, append_records, base_record, spawn_python
 
@@ -31,8 +33,10 @@ def view_summary(view: RunView) -> RunSummary:
     config = view_config(view)
     progress = view.sessions[-1] if view.sessions else None
     skipped = _last_number(train, "skipped_updates")
+    ended = view.sessions[-1].end_error if view.sessions and view.status in ("failed", "interrupted") else None
     return RunSummary(
         status=view.status,
+        reason=CRASH_REASON if view.status == "crashed" else ended,
         records=view.records,
         sessions=len(view.sessions),
         started=view.sessions[0].start_time if view.sessions else None,
@@ -70,6 +74,27 @@ def test_views_are_reused_until_the_file_changes(tmp_path: Path) -> None:
         second = store.view("r")
         assert second is not first and second.records == 2
         assert store.overview()["last step"].tolist() == [20]
+    finally:
+        store.close()
+
+
+def test_tabs_refreshing_one_run_check_its_path_once_per_safety_interval(tmp_path: Path) -> None:
+    """Twenty tabs' refreshes within one safety interval check the run's path once (its realpaths
+    are most of a refresh that finds nothing new) and get one snapshot; the next interval checks it
+    again, and a run gone from the root is refused then."""
+    append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
+    clock = [0.0]
+    store = RunStore(tmp_path, safety_interval=2.0, clock=lambda: clock[0])
+    try:
+        views = {store.view("r") for _ in range(20)}
+        assert len(views) == 1 and store.stats["resolves"] == 1
+        clock[0] += 2.0
+        store.view("r")
+        assert store.stats["resolves"] == 2
+        (tmp_path / "r" / "metrics.jsonl").unlink()
+        clock[0] += 2.0
+        with pytest.raises(RunNotFoundError):
+            store.view("r")
     finally:
         store.close()
 

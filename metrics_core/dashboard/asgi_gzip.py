@@ -5,8 +5,8 @@ Contract of ``StaticGzip``:
 
 * Only ``GET`` requests for paths under its prefixes (after the ASGI ``root_path`` and the
   server's base URL path) whose answer is a whole 200 of a compressible type (``COMPRESSIBLE``)
-  and immutable (``Cache-Control: immutable``, or under a ``hashed`` prefix: a file whose name
-  carries its content hash) are touched; everything else, websockets included, passes through
+  and immutable (``Cache-Control: immutable``, or under a ``hashed`` prefix: a file whose URL
+  carries its content hash, in its name or its query) are touched; everything else, websockets included, passes through
   untouched.  A ``Range`` request passes through (its ``Content-Range`` describes identity bytes).
 * A client whose ``Accept-Encoding`` does not allow gzip gets the identity bytes; every touched
   answer carries ``Vary: Accept-Encoding`` so a shared cache keeps the two apart.  The inner
@@ -78,10 +78,11 @@ def _gzip(body: bytes) -> bytes | None:
 class GzipCopies:
     """The gzip copies ``StaticGzip`` answers with, one per file and process: made by the first
     request that needs one, or ahead of any request by ``prewarm``.  Keyed by route path (without
-    the base URL) and size: only immutable answers get here, whose names carry a hash of their
-    content (``compressible``; a made-up path, which Streamlit answers with its index.html, is
-    never compressed nor kept).  Safe across threads: a request waits for a copy being made
-    rather than make it again; a copy that failed is forgotten, so the next request tries again."""
+    the base URL) and size: only immutable answers get here, whose URLs carry a hash of their
+    content, so no file changes under its route while a process runs (``compressible``; a made-up
+    path, which Streamlit answers with its index.html, is never compressed nor kept).  Safe across
+    threads: a request waits for a copy being made rather than make it again; a copy that failed is
+    forgotten, so the next request tries again."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -144,7 +145,7 @@ class StaticGzip:
         self.app = app
         self.base_url = base_url
         self.prefixes = tuple(prefixes)
-        # Route path prefixes of files whose names carry a hash of their content although the inner
+        # Route path prefixes of files whose URLs carry a hash of their content although the inner
         # app serves them without "immutable" and compresses them again for every request it is
         # asked gzip for: asked without Accept-Encoding, compressed here once, and marked
         # immutable, so a browser keeps them without asking again.

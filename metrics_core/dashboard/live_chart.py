@@ -23,19 +23,22 @@ plotly.js is plotly's own "basic" bundle (scatter, bar, pie) of the version the 
 package ships, vendored in ``vendor/`` (no network at run time; see its README).  ``load_plotly``
 mounts a loader element once per page that carries the chart runtime (``assets/live_chart.js``)
 and the URL of plotly.js; each chart element carries only a stub and its payload.  plotly.js is a
-file the browser keeps: ``publish_plotly`` copies it into ``assets/`` under a name carrying its
-content hash, and ``pyproject.toml`` declares ``assets/`` as the ``asset_dir`` of the
-components-v2 component ``metrics-core.plotly``, which Streamlit serves at
-``/_stcore/bidi-components/metrics-core.plotly/<file>``.  Streamlit finds that declaration only in
-an editable install (``pip install -e .``); elsewhere plotly.js rides inline in the loader
-element, once per page load.
+file the browser keeps: the package's component manifest, ``metrics_core/pyproject.toml`` (package
+data, so in a checkout and in an installed wheel alike), declares ``vendor/`` as the ``asset_dir`` of
+the components-v2 component ``metrics-core.plotly``, which Streamlit serves at
+``/_stcore/bidi-components/metrics-core.plotly/<file>``, and the page asks for it with its content
+hash in the URL (``plotly_url``), so a cached copy is used without asking and a new bundle is a new
+URL.  Nothing is written into the package at run time: an install the server cannot write to serves
+the same.  Where Streamlit serves no such directory for this copy of the package, plotly.js rides
+inline in the loader element, once per page load.
 """
 
 from __future__ import annotations
 
 import hashlib
 import logging
-import os
+import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from functools import cache, cached_property, partial
@@ -50,7 +53,7 @@ from metrics_core.dashboard.figures import Figure, figure_json, json_text
 
 _ASSETS = Path(__file__).parent / "assets"
 _VENDOR = Path(__file__).parent / "vendor"
-# Declared in pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
+# Declared in metrics_core/pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
 PLOTLY_COMPONENT = "metrics-core.plotly"
 _ASSET_ROUTE = f"/_stcore/bidi-components/{PLOTLY_COMPONENT}/"  # where Streamlit serves its asset_dir
 LOADER_KEY = "metrics_plotly_loader"  # the element that loads plotly.js; draws nothing (widgets.CALM_CSS hides it)
@@ -76,20 +79,6 @@ def plotly_source() -> Path:
     return _VENDOR / "plotly-basic.min.js"
 
 
-def publish_plotly(assets: Path) -> str:
-    """Copy plotly.js into ``assets`` as ``plotly-<sha256 prefix>.min.js`` (once per plotly version) and
-    return that name.  The hash in the name is what lets the page use a cached copy without asking.
-    Written to a temporary file and renamed: a concurrent server or request never sees half a file."""
-    data = plotly_source().read_bytes()
-    name = f"plotly-{hashlib.sha256(data).hexdigest()[:16]}.min.js"
-    target = assets / name
-    if not target.is_file() or target.stat().st_size != len(data):
-        partial_copy = assets / f".{name}.{os.getpid()}.tmp"
-        partial_copy.write_bytes(data)
-        os.replace(partial_copy, target)
-    return name
-
-
 def base_path(base_url: str) -> str:
     """``server.baseUrlPath`` as the prefix of this server's paths: "" or "/a/b" (slashes trimmed,
     empty segments dropped)."""
@@ -99,28 +88,25 @@ def base_path(base_url: str) -> str:
 
 @cache
 def plotly_url() -> str | None:
-    """The URL of the cacheable plotly.js, or None when Streamlit does not serve ``assets/`` (the package
-    is not an editable install, so Streamlit never read its pyproject.toml)."""
+    """The URL of the cacheable plotly.js, its content hash in the query, or None when Streamlit does not
+    serve this package's ``vendor/`` (it found no manifest of this copy of the package: module docstring)."""
     root = get_bidi_component_manager().get_component_path(PLOTLY_COMPONENT)
-    if root is None or Path(root).resolve() != _ASSETS.resolve():
+    if root is None or Path(root).resolve() != _VENDOR.resolve():
         _LOG.warning("%s has no asset_dir here: plotly.js is sent inline with every page load", PLOTLY_COMPONENT)
         return None
     prefix = base_path(str(st.get_option("server.baseUrlPath") or ""))
-    return f"{prefix}{_ASSET_ROUTE}{publish_plotly(_ASSETS)}"
+    version = hashlib.sha256(plotly_source().read_bytes()).hexdigest()[:16]
+    return f"{prefix}{_ASSET_ROUTE}{plotly_source().name}?v={version}"
 
 
-# Route path prefix of the published plotly.js: its name carries its content hash (publish_plotly).
+# Route path prefix of plotly.js, whose URL carries its content hash (plotly_url).
 PLOTLY_ASSETS = f"{_ASSET_ROUTE}plotly-"
 
 
 def plotly_file() -> tuple[str, Path] | None:
-    """The published plotly.js as (route path without the base URL, file), for the server to compress
-    ahead of its first request; None where Streamlit does not serve it as a file."""
-    url = plotly_url()
-    if url is None:
-        return None
-    name = url.rpartition("/")[2]
-    return f"{_ASSET_ROUTE}{name}", _ASSETS / name
+    """plotly.js as (route path without the base URL, file), for the server to compress ahead of its
+    first request; None where Streamlit does not serve it as a file."""
+    return None if plotly_url() is None else (f"{_ASSET_ROUTE}{plotly_source().name}", plotly_source())
 
 
 @cache
@@ -143,14 +129,32 @@ def load_plotly() -> None:
 
 class Encoded:
     """A figure split for diffing: its traces' non-array properties (hashed), its per-point arrays,
-    its layout, and its full JSON (built only when a whole figure must be sent)."""
+    its layout, and its full JSON (built only when a whole figure must be sent).
+
+    Shared by every tab (``encode``), so what a payload needs of it is computed once for all of
+    them: the JSON, and the appended points from each earlier figure a tab holds (``steps_from``).
+    """
 
     def __init__(self, figure: Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
         self._figure, self.head, self.arrays, self.layout = figure, head, arrays, layout
+        self._lock = threading.Lock()
+        # Weak keys: a figure no tab holds any more is forgotten with its steps.
+        self._steps: weakref.WeakKeyDictionary[Encoded, list[dict[str, Any]] | None] = weakref.WeakKeyDictionary()
 
     @cached_property
     def json(self) -> str:
         return figure_json(self._figure)
+
+    def steps_from(self, old: Encoded) -> list[dict[str, Any]] | None:
+        """``extension(old, self)``, once per ``old``: twenty tabs that drew ``old`` pay one O(points)
+        prefix comparison and one conversion of the new points between them, not one each.
+        Callers must not change the list (it is every tab's)."""
+        with self._lock:
+            if old in self._steps:
+                return self._steps[old]
+        steps = extension(old, self)  # outside the lock: a race computes twice, harmlessly
+        with self._lock:
+            return self._steps.setdefault(old, steps)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,7 +257,7 @@ def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held
         return replace(previous, payload={"op": "same", "seq": previous.seq})  # an idle refresh: a few bytes
     base = held if resync else previous.seq
     old = dict(((previous.seq, previous.encoded), *previous.earlier)).get(base)
-    steps = None if old is None else extension(old, encoded)
+    steps = None if old is None else encoded.steps_from(old)
     if not resync and steps == [] and encoded.layout == previous.encoded.layout:
         return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq}, previous.earlier)
     seq, earlier = previous.seq + 1, ((previous.seq, previous.encoded), *previous.earlier[: HISTORY - 2])

@@ -29,6 +29,7 @@ from metrics_core.dashboard.runs_table import TREND_POINTS
 from metrics_core.reader import RunReader
 from metrics_core.records import check_lines
 from metrics_core.runs import UnreadableEntry
+from metrics_core.storage import open_regular
 from metrics_core.summary import RunSummary
 
 PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
@@ -114,6 +115,7 @@ def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
     return {
         "run": name,
         "status": summary.status,
+        "reason": summary.reason,
         "sessions": summary.sessions,
         "last step": summary.last_step,
         "tokens seen": summary.tokens_seen,
@@ -139,7 +141,7 @@ def peek_row(name: str, path: Path) -> tuple[dict[str, Any], datetime] | None:
     read.  One ``pread``, so a root of big runs shows where each one is within a second, while
     parsing them takes minutes.  None if the tail holds no record or cannot be read."""
     try:
-        with open(path, "rb") as file:
+        with open(open_regular(path), "rb") as file:
             size = os.fstat(file.fileno()).st_size
             start = max(0, size - PEEK_BYTES)
             block = os.pread(file.fileno(), size - start, start)

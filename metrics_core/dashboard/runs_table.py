@@ -124,6 +124,8 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     """
     table = newest_first(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
+    if "reason" in table.columns:  # why it stopped, beside the status
+        shown["reason"] = table["reason"].map(_cell_text)
     if "loss trend" in table.columns:
         shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
     shown["train loss"] = table["train loss"].map(human_value)
@@ -138,13 +140,17 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     shown["tokens seen"] = table["tokens seen"].map(human_count)
     shown["skipped updates"] = table["skipped updates"].map(human_count)
     shown["bad lines"] = table["bad lines"].map(human_count)
-    shown["error"] = table["error"].map(lambda text: shorten_words(text, CELL_CHARS) if isinstance(text, str) else "")
+    shown["error"] = table["error"].map(_cell_text)
     extra = [column for column in table.columns if column not in OVERVIEW_KNOWN]
     for column in extra:
         shown[column] = table[column]
     return shown.reset_index(drop=True)
 
 
-OVERVIEW_KNOWN = frozenset({"run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+def _cell_text(text: object) -> str:
+    return shorten_words(text, CELL_CHARS) if isinstance(text, str) else ""
+
+
+OVERVIEW_KNOWN = frozenset({"run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                             "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                             "duration (s)", "loss trend", "last record time"})  # fmt: skip

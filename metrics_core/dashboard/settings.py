@@ -7,6 +7,7 @@ import argparse
 import atexit
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,7 +39,7 @@ class Settings:
     alerts_config: Path | None = None  # the alert rules' TOML file; None: the default rules
 
 
-def default_cache_dir(environ: dict[str, str]) -> Path:
+def default_cache_dir(environ: Mapping[str, str]) -> Path:
     """``$METRICS_CACHE_DIR``, else ``$XDG_CACHE_HOME/metrics_core``, else ``~/.cache/metrics_core``:
     a directory the dashboard owns, never the runs root (which may be read-only or shared)."""
     if environ.get("METRICS_CACHE_DIR"):
@@ -47,21 +48,34 @@ def default_cache_dir(environ: dict[str, str]) -> Path:
     return base / "metrics_core"
 
 
-def parse_settings(argv: list[str], environ: dict[str, str]) -> Settings:
+def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
+    """The dashboard's options, with their defaults from ``environ`` (also a parent of ``metrics-dashboard``'s)."""
+    parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
+    parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")),
+                        help="the runs root: every directory under it holding a metrics.jsonl is a run")  # fmt: skip
+    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))),
+                        help="seconds between updates of an open page")  # fmt: skip
+    parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1",
+                        help="poll the files instead of using inotify")  # fmt: skip
+    parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1",
+                        help="start the live demo run when the root holds no runs")  # fmt: skip
+    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ),
+                        help="where to keep a columnar copy of big runs (never inside the runs root)")  # fmt: skip
+    parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1",
+                        help="keep no such copy")  # fmt: skip
+    parser.add_argument("--webhook", default=environ.get("METRICS_WEBHOOK") or None,
+                        help="URL to POST alerts to, as `python -m metrics_core alerts` does")  # fmt: skip
+    alerts_config = environ.get("METRICS_ALERTS_CONFIG")
+    parser.add_argument("--alerts-config", type=Path, default=Path(alerts_config) if alerts_config else None,
+                        help="a TOML file of alert rules (README, 'Alerts')")  # fmt: skip
+    return parser
+
+
+def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
     """``--runs DIR`` (else ``$METRICS_RUNS_DIR``, else ``./runs``), ``--refresh S``, ``--poll``,
     ``--demo``, ``--cache-dir DIR`` / ``--no-cache``, ``--webhook URL``, ``--alerts-config FILE`` (the
     settings of ``python -m metrics_core alerts``); unknown arguments are left to Streamlit."""
-    parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
-    parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")))
-    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))))
-    parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1")
-    parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1")
-    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ))
-    parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1")
-    parser.add_argument("--webhook", default=environ.get("METRICS_WEBHOOK") or None)
-    alerts_config = environ.get("METRICS_ALERTS_CONFIG")
-    parser.add_argument("--alerts-config", type=Path, default=Path(alerts_config) if alerts_config else None)
-    args, _ = parser.parse_known_args(argv)
+    args, _ = settings_parser(environ).parse_known_args(argv)
     if args.refresh <= 0:
         raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
     cache = None if args.no_cache else args.cache_dir

@@ -66,6 +66,7 @@ class RunView:
     status: str
     lost_work: LostWork
     lineage: Lineage = field(default_factory=Lineage, repr=False)
+    reason: str | None = None  # why the run stopped (``runs.stop_reason``)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
@@ -124,7 +125,13 @@ def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:
 
 
 def build_view(
-    name: str, reader: RunReader, status: str, lineage: Lineage | None = None, *, previous: RunView | None = None
+    name: str,
+    reader: RunReader,
+    status: str,
+    lineage: Lineage | None = None,
+    *,
+    previous: RunView | None = None,
+    reason: str | None = None,
 ) -> RunView:
     """A snapshot of ``reader``; with ``previous``, the last snapshot of the same reader, what did
     not change is taken from it instead of recomputed.
@@ -175,6 +182,7 @@ def build_view(
         status=status,
         lost_work=reader.lost_work(),
         lineage=lineage,
+        reason=reason,
     )
 
 

@@ -82,7 +82,7 @@ from metrics_core.dashboard.config import run_config
 from metrics_core.dashboard.display_text import under_root
 from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row, unreadable_row
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
-from metrics_core.errors import MetricsError, RunNotFoundError
+from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.reader import RunReader
 from metrics_core.runs import (
     END_STATUSES,
@@ -92,6 +92,7 @@ from metrics_core.runs import (
     discover_runs,
     resolve_run,
     run_status,
+    stop_reason,
 )
 from metrics_core.storage import LocalFile
 from metrics_core.summary import RunSummary, summarise
@@ -102,7 +103,7 @@ REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss 
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-OVERVIEW_COLUMNS = ("run", "status", "sessions", "last step", "tokens seen", "train loss", "val loss",
+OVERVIEW_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
 _log = logging.getLogger(__name__)
@@ -192,9 +193,10 @@ class RunStore:
         self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
         self._closed = threading.Event()
         self._viewed: OrderedDict[str, _Entry] = OrderedDict()  # viewed runs, least recently viewed first
+        self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
         # Work counters, read by the complexity tests (work is counted, not timed).
         self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
-                      "releases": 0, "reopens": 0}  # fmt: skip
+                      "releases": 0, "reopens": 0, "resolves": 0}  # fmt: skip
         if not self.root.is_dir():
             raise RunNotFoundError(
                 f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
@@ -257,7 +259,7 @@ class RunStore:
         Raises RunPathError / RunNotFoundError for bad names (OSError for one the OS refuses,
         e.g. too long), and RunViewError when the run exists but cannot be read or shown.
         """
-        info = resolve_run(self.root, name)
+        info = self._resolve(name)
         with self._lock:
             self._take_hints()
         entry = self._entry(info)
@@ -270,6 +272,26 @@ class RunStore:
         finally:
             self._trim_viewed(keep=entry)
 
+    def _resolve(self, name: str) -> RunInfo:
+        """``resolve_run(root, name)``, reused for up to ``safety_interval`` while the watcher saw no
+        run or directory appear or go: its realpath checks (a few ``lstat`` per path component) are
+        most of what a refresh that finds nothing new costs each tab.  Refusals are not reused."""
+        if self.safety_interval <= 0:
+            self.stats["resolves"] += 1
+            return resolve_run(self.root, name)
+        key = (self.watcher.structure_generation, self._clock() // self.safety_interval)
+        with self._lock:
+            found = self._resolved.get(name)
+        if found is not None and found[0] == key:
+            return found[1]
+        info = resolve_run(self.root, name)
+        self.stats["resolves"] += 1
+        with self._lock:
+            if len(self._resolved) > len(self._entries) + 64:  # names that never became runs
+                self._resolved.clear()
+            self._resolved[name] = (key, info)
+        return info
+
     def _viewed_snapshot(self, entry: _Entry, info: RunInfo, now: datetime) -> RunView:
         with entry.lock:
             self._update(entry, info, now, need_reader=True)
@@ -277,13 +299,14 @@ class RunStore:
                 try:
                     previous = entry.built() if entry.built is not None else None
                     entry.view = build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
-                                             previous=previous)  # fmt: skip
+                                            previous=previous, reason=entry.summary.reason)  # fmt: skip
                     entry.built = weakref.ref(entry.view)
                 except Exception as exc:
                     raise self._failed(entry, info, exc) from exc
                 self.stats["views"] += 1
-            elif entry.view.status != entry.summary.status:
-                entry.view = replace(entry.view, status=entry.summary.status)  # same data, derived data rebuilt
+            elif (entry.view.status, entry.view.reason) != (entry.summary.status, entry.summary.reason):
+                # same data, derived data rebuilt
+                entry.view = replace(entry.view, status=entry.summary.status, reason=entry.summary.reason)
             return entry.view
 
     def _update(self, entry: _Entry, info: RunInfo, now: datetime, *, need_reader: bool = False) -> None:
@@ -322,7 +345,7 @@ class RunStore:
             elif entry.summary.status not in END_STATUSES or reader.last_event != "session_end":
                 status = run_status(reader, now=now)
                 if status != entry.summary.status:
-                    self._set_summary(entry, replace(entry.summary, status=status))
+                    self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(reader, status)))
         except RunNotFoundError:
             raise  # the run vanished: pages wait for it to come back
         except Exception as exc:
@@ -341,7 +364,7 @@ class RunStore:
         if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
             status = run_status(released, now=now)  # type: ignore[arg-type]  # what it reads of a reader
             if status != entry.summary.status:
-                self._set_summary(entry, replace(entry.summary, status=status))
+                self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(released, status)))
         return True
 
     def _release_if_idle(self, entry: _Entry) -> None:
@@ -589,8 +612,10 @@ def _size(path: Path) -> int:
 
 
 def _cause(exc: BaseException, root: Path) -> str:
-    """An exception as one plain line: its type and message, paths relative to the runs ``root``, no
-    traceback."""
+    """An exception as one plain line: its type and message, no traceback; paths are said
+    relative to the runs ``root``, as a page names runs (not the server's path)."""
+    if isinstance(exc, RunFileError):
+        return f"{os.path.relpath(exc.filename, root)}: {exc.reason}"
     message = under_root(" ".join(str(exc).split()), root)
     if isinstance(exc, MetricsError):
         return message or type(exc).__name__

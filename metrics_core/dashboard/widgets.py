@@ -9,8 +9,10 @@ every store call a page makes goes through a function here that turns ``MetricsE
 from __future__ import annotations
 
 import html
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from metrics_core.dashboard.display_text import (
     TITLE_CHARS,
     WORD_CHARS,
     clock_text,
+    human_count,
     md_text,
     next_age_change,
     shorten,
@@ -199,6 +202,9 @@ RUNS_COLUMNS = {
         "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
     ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
+    "reason": st.column_config.TextColumn(
+        "reason", help="why it stopped: the exception (and the rank it came from), the signal, the failed write"
+    ),
 }
 
 
@@ -268,6 +274,27 @@ def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
     names = (drawn or shown).names
     if picked.selection.rows and picked.selection.rows[0] < len(names):
         st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
+
+
+# One live fragment draws at a time in this server process, whatever the number of tabs.
+_REFRESH_SLOT = threading.Lock()
+
+
+@contextmanager
+def refresh_slot() -> Iterator[None]:
+    """Hold the server's one drawing slot while a live fragment draws its snapshot.
+
+    Every tab's elements are sent by one thread, Streamlit's event loop, which competes for the GIL
+    with every script thread.  Twenty tabs drawing at once starve it: their refreshes keep running
+    while their messages queue unsent (and Streamlit drops a run's messages still queued when that
+    tab's next refresh has started), so the tabs stop showing new records.  Drawing one tab at a
+    time costs nothing in throughput (the GIL runs one at a time anyway) and leaves the event loop
+    half of it; an overloaded server then refreshes each tab less often instead of never.  Take it
+    only around drawing, never around a wait (``store.view`` may wait for a run being read):
+    whatever holds it holds up every tab.
+    """
+    with _REFRESH_SLOT:
+        yield
 
 
 def live_view(store: RunStore, name: str) -> RunView | None:
@@ -385,6 +412,8 @@ def config_diff_panel(configs: dict[str, dict[str, str] | None]) -> None:
     st.dataframe(table, width="stretch")
 
 
+REASON_CHARS = 400  # a stop reason above the charts: an exception's message, within reason
+
 # What each column of the sessions table means, shown on hover of its header.
 SESSION_COLUMNS = {
     "session": "S1, S2, …: the session's colour on every chart of the run",
@@ -397,12 +426,14 @@ SESSION_COLUMNS = {
     "last step": "the step of its last record",
     "resume step": "the step it resumed from: the earlier sessions' records after it are superseded",
     "steps replayed": "steps an earlier session had already trained, trained again after this resume",
-    "tokens replayed": "tokens of those steps, trained again",
+    "tokens replayed": "tokens of those steps, trained again (≤: a bound, where the records cannot place the resume "
+                       "inside a log window)",
     "records": "records it wrote",
     "discarded bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
     "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
     "mean tokens/s": "tokens trained over its duration",
     "end status": "how it ended: its session_end record, else crashed (a later session exists) or the run's status",
+    "reason": "why it ended: the exception (and the rank it came from), the signal, or what a crash means",
 }
 
 
@@ -410,18 +441,32 @@ def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
     """``analysis.session_table`` as a data grid (cells are text, never markdown): durations as
     h:mm:ss, counts compact (1.2M), ids shortened in the middle, the session number in its chart
     colour, and each column explained on hover."""
+    bounds = zip(table["tokens replayed"], table["tokens replayed is an upper bound"], strict=True)
     shown = table.assign(
         session=[f"S{number}" for number in table["session"]],
         id=table["id"].map(lambda text: fit_middle(str(text), id_chars)),
         duration=table["duration (s)"].map(clock_text),
+        **{"tokens replayed": [("≤ " if bound else "") + human_count(tokens) for tokens, bound in bounds]},
         **{"downtime before": table["downtime before (s)"].map(clock_text)},
     )[list(SESSION_COLUMNS)]
     colours = [f"color: {session_colour(number - 1)}; font-weight: 600" for number in table["session"]]
     styled = shown.style.apply(lambda _: colours, subset=["session"])
-    counts = ("steps replayed", "tokens replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
+    counts = ("steps replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
     config = {column: st.column_config.Column(column, help=help) for column, help in SESSION_COLUMNS.items()}
     config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
                for column in counts}  # fmt: skip
     config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
                for column in ("first step", "last step", "resume step")}  # fmt: skip
     st.dataframe(styled, hide_index=True, column_config=config)
+
+
+def stopped_panel(view: RunView) -> None:
+    """Why the run stopped, above its charts: an interruption (a scheduler's SIGTERM) as a warning,
+    a failure or a crash as an error; the reason comes from the file, so it is escaped and cut."""
+    if not view.reason:
+        return
+    text = md_text(shorten_words(f"{view.status.capitalize()}: {view.reason}", REASON_CHARS))
+    if view.status == "interrupted":
+        st.warning(text, icon=":material/pause_circle:")
+    else:
+        st.error(text, icon=":material/error:")

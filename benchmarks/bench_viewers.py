@@ -1,0 +1,206 @@
+"""Many viewers of one live run: server CPU and write -> visible latency for 1, 5 and 20 sessions.
+
+Run: python benchmarks/bench_viewers.py [--viewers 1 5 20] [--appends 15] [--refresh 0.5] [--history 0]
+                                        [--baseline <git rev>]
+
+Each viewer is a websocket session speaking Streamlit's own protocol, as a browser tab does: it
+asks for ``/run?run=live``, and reruns the live fragment every time the server's ``auto_rerun``
+message says to (the browser's timer), with nothing drawn on the client, so the machine's cores
+go to the server.  A real ``MetricsWriter`` appends a record every 1.3 s, out of phase with the
+refresh; a record is visible to a viewer when a message it received carries the record's step
+(steps are nine-digit numbers no other text on the page holds).  Server CPU is utime + stime of
+the ``streamlit run`` process from ``/proc``, as a share of one core, over the appends; "refreshes"
+counts the fragment runs each viewer got per second (a server that falls behind drops them).
+
+``--baseline REV`` measures the same at git revision REV (its files in a temporary directory) too, interleaved
+viewer count by viewer count with the tree under test, so machine noise hits both alike; the
+ratios to one viewer are the figures to compare (the machine is shared).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_live import cpu_seconds, live_run, server_pid
+from metrics_core import MetricsWriter, TrainingState
+from tests.live_server import REPO, streamlit_app
+
+FIRST_STEP = 10**8  # nine digits: a step's text appears in a message only where the record is drawn
+
+
+async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: asyncio.Event) -> None:
+    """One tab's session: open the run page, rerun the fragment as the server's auto_rerun says,
+    note when each watched step first arrives."""
+    from streamlit.proto.BackMsg_pb2 import BackMsg
+    from streamlit.proto.ClientState_pb2 import ClientState
+    from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    from websockets.asyncio.client import connect
+
+    async with connect(f"ws://{url.split('://', 1)[1]}/_stcore/stream", subprotocols=["streamlit"],
+                       max_size=None) as ws:  # fmt: skip
+        await ws.send(BackMsg(rerun_script=ClientState(query_string="run=live", page_name="run")).SerializeToString())
+        page_hash, timers = "", []
+
+        async def rerun_every(interval: float, fragment: str) -> None:
+            while not stop.is_set():
+                await asyncio.sleep(interval)
+                state = ClientState(query_string="run=live", page_script_hash=page_hash, fragment_id=fragment,
+                                    is_auto_rerun=True)  # fmt: skip
+                await ws.send(BackMsg(rerun_script=state).SerializeToString())
+
+        try:
+            while not stop.is_set():
+                try:
+                    frame = await asyncio.wait_for(ws.recv(), timeout=0.5)
+                except TimeoutError:
+                    continue
+                now = time.time() * 1000
+                message = ForwardMsg()
+                message.ParseFromString(frame)
+                kind = message.WhichOneof("type")
+                if message.metadata.active_script_hash:
+                    page_hash = message.metadata.active_script_hash
+                if kind == "auto_rerun" and not timers:
+                    timers.append(asyncio.create_task(rerun_every(message.auto_rerun.interval,
+                                                                  message.auto_rerun.fragment_id)))  # fmt: skip
+                elif kind == "script_finished":
+                    refreshes[0] += 1
+                elif kind == "delta" and b"1000" in frame:
+                    for step in _steps_in(frame):
+                        seen.setdefault(step, now)
+        finally:
+            for timer in timers:
+                timer.cancel()
+
+
+def _steps_in(frame: bytes) -> list[int]:
+    """The nine-digit steps from ``FIRST_STEP`` on that ``frame`` holds as text."""
+    found, start = [], 0
+    prefix = str(FIRST_STEP)[:3].encode()
+    while (at := frame.find(prefix, start)) >= 0:
+        digits = frame[at : at + 9]
+        start = at + 1
+        if digits.isdigit() and not frame[at + 9 : at + 10].isdigit() and not frame[at - 1 : at].isdigit():
+            found.append(int(digits))
+    return found
+
+
+async def _measure(
+    url: str, viewers: int, appends: int, writer: MetricsWriter, state: TrainingState, profile: tuple[str, Path] | None
+) -> dict:
+    stop = asyncio.Event()
+    seen: list[dict[int, float]] = [{} for _ in range(viewers)]
+    refreshes = [[0] for _ in range(viewers)]
+    tasks = [asyncio.create_task(_viewer(url, seen[n], refreshes[n], stop)) for n in range(viewers)]
+    await asyncio.sleep(8 + viewers * 0.5)  # every session's first full run
+    pid = server_pid(url)
+    written: dict[int, float] = {}
+    counted = [count[0] for count in refreshes]
+    if profile is not None:  # py-spy's collapsed stacks of the server over the appends
+        spy, out = profile
+        subprocess.Popen([spy, "record", "--pid", str(pid), "--duration", str(round(1.3 * appends + 3)),
+                          "--format", "raw", "--nonblocking", "--output", str(out)], stdout=subprocess.DEVNULL,
+                         stderr=subprocess.DEVNULL)  # fmt: skip
+    cpu, wall = cpu_seconds(pid), time.monotonic()
+    for number in range(appends):
+        state.step = FIRST_STEP + 1000 + 10 * number
+        writer.write("train", state, train_loss=0.5)
+        written[state.step] = time.time() * 1000
+        await asyncio.sleep(1.3)
+    await asyncio.sleep(3)
+    elapsed = time.monotonic() - wall
+    cpu_share = (cpu_seconds(pid) - cpu) / elapsed
+    rate = statistics.mean((count[0] - before) / elapsed for count, before in zip(refreshes, counted, strict=True))
+    stop.set()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    # A record a viewer never got counts as later than any it got: the median and p95 are over all.
+    delays = sorted(view[step] - at if step in view else float("inf") for view in seen for step, at in written.items())
+    missing = sum(step not in view for view in seen for step in written)
+    return {"cpu": cpu_share, "delays": delays, "missing": missing, "refreshes": rate}
+
+
+def measure(
+    repo: Path, viewers: int, *, appends: int, refresh: float, history: int, profile: tuple[str, Path] | None = None
+) -> dict:
+    """``viewers`` sessions on one live run served from the tree ``repo``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        run = live_run(root, history)
+        state = TrainingState()
+        app = (repo / "app.py", "--runs", str(root), "--refresh", str(refresh))
+        with streamlit_app(*app, repo=repo) as url, MetricsWriter(run) as writer:
+            for step in range(FIRST_STEP, FIRST_STEP + 100, 10):
+                state.step = step
+                writer.write("train", state, train_loss=1.0 / (step - FIRST_STEP + 10))
+            return asyncio.run(_measure(url, viewers, appends, writer, state, profile))
+
+
+@contextmanager
+def tree_of(rev: str) -> Iterator[Path]:
+    """The files of git revision ``rev`` in a temporary directory (``git archive``: no worktree to clean up)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
+        subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
+        yield Path(tmp)
+
+
+def percentile(values: list[float], share: float) -> float:
+    return values[min(len(values) - 1, round(share * (len(values) - 1)))]
+
+
+def ms(delay: float) -> str:
+    return "never (not within the run)" if delay == float("inf") else f"{delay:.0f} ms"
+
+
+def report(label: str, results: dict[int, dict]) -> None:
+    one = results[min(results)]
+    for viewers, found in results.items():
+        delays = found["delays"]
+        latency = f"median {ms(percentile(delays, 0.5))}, p95 {ms(percentile(delays, 0.95))}"
+        ratios = ""
+        if viewers != min(results):
+            slower = percentile(delays, 0.5) / percentile(one["delays"], 0.5)
+            ratios = (f"; ÷ {min(results)} viewer: CPU {found['cpu'] / one['cpu']:.2f}×, latency median "
+                      f"{slower:.2f}×")  # fmt: skip
+        missing = f" ({found['missing']} never seen)" if found["missing"] else ""
+        print(f"{label:>9} {viewers:>3} viewer(s): server CPU {found['cpu']:.1%} of a core; write -> visible "
+              f"{latency}{missing}; {found['refreshes']:.2f} refreshes/s per viewer{ratios}", flush=True)  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--viewers", type=int, nargs="+", default=[1, 5, 20])
+    parser.add_argument("--appends", type=int, default=15)
+    parser.add_argument("--refresh", type=float, default=0.5)
+    parser.add_argument("--history", type=int, default=0, help="records the run holds before the appends")
+    parser.add_argument("--baseline", help="git revision to measure side by side (e.g. main)")
+    parser.add_argument("--py-spy", help="path of py-spy: write the server's stacks to viewers-<label>-<n>.txt")
+    args = parser.parse_args()
+    with tree_of(args.baseline) if args.baseline else nullcontext() as baseline:
+        trees = {"this tree": REPO} | ({args.baseline: baseline} if baseline else {})
+        results: dict[str, dict[int, dict]] = {label: {} for label in trees}
+        for viewers in args.viewers:
+            for label, repo in trees.items():
+                out = Path(f"viewers-{label.replace(' ', '_')}-{viewers}.txt")
+                profile = (args.py_spy, out) if args.py_spy else None
+                results[label][viewers] = measure(repo, viewers, appends=args.appends, refresh=args.refresh,
+                                                  history=args.history, profile=profile)  # fmt: skip
+                report(label, {viewers: results[label][viewers]})  # as it comes: a long run shows progress
+    print("side by side:")
+    for label, found in results.items():
+        report(label, found)
+
+
+if __name__ == "__main__":
+    main()
