@@ -1,6 +1,6 @@
 """The live training-metrics dashboard.
 
-    streamlit run app.py -- --runs /shared/runs [--refresh 0.5] [--poll] [--demo]
+    streamlit run app.py -- --runs /shared/runs [--refresh 0.5] [--poll] [--demo] [--webhook URL] [--alerts-config FILE]
 
 An installed package serves this same file (``metrics-dashboard --runs DIR``, ``launch.py``).
 Everything here is navigation; pages live in pages/, logic in metrics_core.
@@ -37,8 +37,8 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
 else:  # `streamlit run app.py` imports this module to serve it
     from metrics_core.dashboard.launch import package_origin
     from metrics_core.dashboard.serving import app_options
-    from metrics_core.dashboard.settings import close_stores
+    from metrics_core.dashboard.settings import close_server
 
     print(package_origin(__file__), flush=True)  # which copy of the code this server runs
     # Written out as `app = st.App(...)`: `streamlit run` finds the app by reading this file's source.
-    app = st.App(__file__, **app_options(__file__, shutdown=close_stores))
+    app = st.App(__file__, **app_options(__file__, shutdown=close_server))

@@ -74,3 +74,17 @@ def fit_middle(text: str, columns: int) -> str:
         tail.append(char)
     end = "".join(reversed(tail))
     return fit(text[: len(text) - len(end)], columns - width(end)) + end
+
+
+def duration(seconds: float) -> str:
+    """A non-negative duration in its largest unit: 45 s, 4.2 min, 3.1 h, 2.5 d."""
+    for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
+        if seconds >= scale:
+            return f"{seconds / scale:.3g} {unit}"
+    return f"{seconds:.0f} s"
+
+
+def utf8(text: str) -> str:
+    """``text`` encodable as UTF-8: a directory name the OS gave with undecodable bytes holds lone
+    surrogates, which JSON cannot carry; they become their ``\\udcxx`` spelling."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")

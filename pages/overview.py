@@ -11,22 +11,26 @@ differently; else one page is built and compared (~a few ms for 1,000 runs).  So
 loader reads a cold root, or runs off this page append, the page stays as it is unless a row it
 shows changed.  A root of more than ``PAGE_ROWS`` runs is shown a page at a time (newest activity
 first, so live runs lead the first page): a live update formats and sends one page, not the
-whole root.
+whole root.  Above the table, the alerts of the server's one alerter: the fragment reruns the
+page when they read differently.
 """
 
 import time
 
 import streamlit as st
 
+from metrics_core.dashboard.alerting import notice_of, show_notice
 from metrics_core.dashboard.config import config_keys
 from metrics_core.dashboard.display_text import md_text
-from metrics_core.dashboard.settings import get_demo, get_store, settings
+from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
 from metrics_core.dashboard.widgets import overview_or_stop, runs_page_view, runs_table_view
 
 config = settings()
 store = get_store(config)
 st.title("Runs")
 st.caption(md_text(f"Watching {config.runs.resolve()} ({store.watcher.mode}: {store.watcher.mode_reason})"))
+alerter = get_alerter(config)
+notice = show_notice(notice_of(alerter))
 generation = store.overview_generation()  # read first: a change during overview() is looked at, never unseen
 drawn = st.session_state.get("runs_shown", (None, None))[1]  # the page drawn before: a tick refers to its rows
 # Until this run draws a table: a run that stops before it (no runs yet, or the root cannot be
@@ -39,6 +43,8 @@ table = overview_or_stop(store)
 def watch_runs() -> None:
     if st.session_state.pop("runs_just_read", False):
         return  # called inline by the page run that just read the table
+    if notice_of(alerter) != notice:
+        st.rerun()
     seen = store.overview_generation()
     latest = overview_or_stop(store)  # brings the rows up to date (a stat per run when due)
     shown_generation, drawn = st.session_state.get("runs_shown", (None, None))

@@ -3,12 +3,13 @@ Opened from the top bar with no run named, it offers a picker of the runs."""
 
 import streamlit as st
 
+from metrics_core.dashboard.alerting import show_run_alerts
 from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.display_text import file_stem, md_text, shorten
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
-from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
     HISTORY_MODES,
@@ -34,6 +35,7 @@ from metrics_core.dashboard.widgets import (
 
 config = settings()
 store = get_store(config)
+alerter = get_alerter(config)
 load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
@@ -72,6 +74,7 @@ def draw_charts(view: RunView) -> None:
               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     st.caption(status, wrap=False)
     stopped_panel(view)
+    show_run_alerts(alerter, name)  # a line per alert firing for the run, only when one is
     with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
         health_panel(view_findings(view))
         config_panel(view_config(view))

@@ -13,8 +13,10 @@ import os
 import subprocess
 import sys
 import threading
+from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -227,6 +229,40 @@ HOSTILE = {
 
 
 # -- threads and pages ---------------------------------------------------------------------------
+
+
+class Receiver:
+    """A webhook receiver on 127.0.0.1: records every POST; answers ``codes`` in turn, then 200."""
+
+    def __init__(self, port: int = 0, codes: tuple[int, ...] = ()) -> None:
+        self.posts: list[dict] = []
+        self.codes = list(codes)
+        receiver = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                body = self.rfile.read(int(self.headers["Content-Length"]))
+                code = receiver.codes.pop(0) if receiver.codes else 200
+                if code == 200:
+                    receiver.posts.append(orjson.loads(body))
+                self.send_response(code)
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+    def by_run(self) -> Counter:
+        return Counter(post["run"] for post in self.posts)
 
 
 @contextmanager

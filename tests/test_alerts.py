@@ -12,66 +12,22 @@ import subprocess
 import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta, timezone
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
-from metrics_core.alerts import (
-    Alert,
-    AlertConfig,
-    Alerter,
-    AlertEvaluator,
-    Delivery,
-    RunRules,
-    Threshold,
-    load_config,
-    webhook_body,
-)
+from metrics_core.alert_rules import AlertConfig, RunRules, Threshold, load_config
+from metrics_core.alerts import Alerter, AlertEvaluator
 from metrics_core.errors import AlertConfigError
 from metrics_core.session import training_session
-from tests.support import spawn_python
+from metrics_core.webhooks import Alert, Delivery, webhook_body
+from tests.support import Receiver, spawn_python
 
 LATER = timedelta(seconds=600)  # past the stall threshold of a run logging every few ms
-
-
-class Receiver:
-    """A webhook receiver on 127.0.0.1: records every POST; answers ``codes`` in turn, then 200."""
-
-    def __init__(self, port: int = 0, codes: tuple[int, ...] = ()) -> None:
-        self.posts: list[dict] = []
-        self.codes = list(codes)
-        receiver = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def do_POST(self) -> None:
-                body = self.rfile.read(int(self.headers["Content-Length"]))
-                code = receiver.codes.pop(0) if receiver.codes else 200
-                if code == 200:
-                    receiver.posts.append(orjson.loads(body))
-                self.send_response(code)
-                self.send_header("Content-Length", "0")
-                self.end_headers()
-
-            def log_message(self, *args: object) -> None:
-                pass
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", port), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/hook"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
-
-    def by_run(self) -> Counter:
-        return Counter(post["run"] for post in self.posts)
 
 
 @pytest.fixture

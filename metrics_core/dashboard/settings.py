@@ -1,5 +1,5 @@
 """Dashboard settings from the command line (``streamlit run app.py -- ...``) and the environment,
-and the process-wide objects built from them (one store, at most one demo)."""
+and the process-wide objects built from them (one store, one alerter, at most one demo)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from pathlib import Path
 
 import streamlit as st
 
+from metrics_core.alert_rules import AlertConfig, load_config
 from metrics_core.cache import CachePolicy
+from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store import RECENT_S, RunStore
@@ -33,6 +35,8 @@ class Settings:
     poll: bool
     demo: bool
     cache: Path | None  # the dashboard's own cache directory; None: no cache
+    webhook: str | None = None  # where alerts are posted; None: the config's, else only shown
+    alerts_config: Path | None = None  # the alert rules' TOML file; None: the default rules
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -59,19 +63,26 @@ def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="where to keep a columnar copy of big runs (never inside the runs root)")  # fmt: skip
     parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1",
                         help="keep no such copy")  # fmt: skip
+    parser.add_argument("--webhook", default=environ.get("METRICS_WEBHOOK") or None,
+                        help="URL to POST alerts to, as `python -m metrics_core alerts` does")  # fmt: skip
+    alerts_config = environ.get("METRICS_ALERTS_CONFIG")
+    parser.add_argument("--alerts-config", type=Path, default=Path(alerts_config) if alerts_config else None,
+                        help="a TOML file of alert rules (README, 'Alerts')")  # fmt: skip
     return parser
 
 
 def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
     """``--runs DIR`` (else ``$METRICS_RUNS_DIR``, else ``./runs``), ``--refresh S``, ``--poll``,
-    ``--demo``, ``--cache-dir DIR`` / ``--no-cache``; unknown arguments are left to Streamlit."""
+    ``--demo``, ``--cache-dir DIR`` / ``--no-cache``, ``--webhook URL``, ``--alerts-config FILE`` (the
+    settings of ``python -m metrics_core alerts``); unknown arguments are left to Streamlit."""
     args, _ = settings_parser(environ).parse_known_args(argv)
     if args.refresh <= 0:
         raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
     cache = None if args.no_cache else args.cache_dir
     if cache is not None and cache.resolve().is_relative_to(args.runs.resolve()):
         raise SystemExit(f"--cache-dir {cache} is inside the runs root {args.runs}: the cache must live elsewhere")
-    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache)
+    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache,
+                    webhook=args.webhook, alerts_config=args.alerts_config)  # fmt: skip
 
 
 def settings() -> Settings:
@@ -79,7 +90,8 @@ def settings() -> Settings:
     return parse_settings(sys.argv[1:], dict(os.environ))
 
 
-_OPEN_STORES: list[RunStore] = []  # every store this process made, until close_stores()
+_OPEN_STORES: list[RunStore] = []  # every store this process made, until close_server()
+_OPEN_ALERTERS: list[ServerAlerter] = []  # every alerter this process started, until close_server()
 
 
 @st.cache_resource(show_spinner=False)
@@ -91,12 +103,16 @@ def _store(runs: Path, poll: bool, cache: Path | None, refresh: float) -> RunSto
     return store
 
 
-def close_stores() -> None:
-    """Close every run store this process made; its readers save what they parsed since their last
-    cache write.  app.py's lifespan calls it as the server stops: under uvicorn, SIGTERM and Ctrl-C
-    end the process by raising the signal again after the shutdown, so atexit never runs.  Not tied
-    to ``st.cache_resource``'s release: any browser may ask Streamlit to clear its caches, and that
-    must not close a store other tabs still read."""
+def close_server() -> None:
+    """Stop every alerter and close every run store this process made; a store's readers save what
+    they parsed since their last cache write.  app.py's lifespan calls it as the server stops: under
+    uvicorn, SIGTERM and Ctrl-C end the process by raising the signal again after the shutdown, so
+    atexit never runs.  Not tied to ``st.cache_resource``'s release: any browser may ask Streamlit
+    to clear its caches, and that must not close a store or stop an alerter other tabs still read."""
+    for alerter in _OPEN_ALERTERS:
+        alerter.stop()
+    while _OPEN_ALERTERS:
+        _OPEN_ALERTERS.pop().close()
     while _OPEN_STORES:
         _OPEN_STORES.pop().close()
 
@@ -116,6 +132,24 @@ def get_store(config: Settings) -> RunStore:
         st.error(md_text(exc))
         st.stop()
         raise  # unreachable: st.stop() ends the script
+
+
+@st.cache_resource(show_spinner=False)
+def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> ServerAlerter:
+    alerter = ServerAlerter(runs, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
+    _OPEN_ALERTERS.append(alerter)
+    return alerter
+
+
+def get_alerter(config: Settings) -> ServerAlerter | None:
+    """The one alerter of this server process on its runs root, shared by every browser tab; None,
+    after saying why on the page, when ``--alerts-config`` or ``--webhook`` cannot be used (the rest
+    of the page works)."""
+    try:
+        return _alerter(config.runs, config.webhook, config.alerts_config)
+    except MetricsError as exc:
+        st.error(md_text(f"Alerts are off: {exc}"))
+        return None
 
 
 @st.cache_resource(show_spinner=False)

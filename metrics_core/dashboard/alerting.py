@@ -1,0 +1,145 @@
+"""The dashboard server's alerts: one ``Alerter`` per runs root per server process, evaluating in a
+daemon thread while the server runs, and what a page shows of it.
+
+One evaluator per server, never one per viewer: ``settings.get_alerter`` holds a ``ServerAlerter``
+in ``st.cache_resource``, so every tab reads the same alerts and a webhook gets each alert once
+however many tabs are open.  It reads the root itself, as ``python -m metrics_core alerts`` does,
+with the same rules and the same two settings (``--webhook``, ``--alerts-config``); without a
+webhook its alerts are only shown.  Pages never wait for a pass: they read what the evaluator
+published (under its lock), and say so while its first pass over the root is still reading.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import streamlit as st
+
+from metrics_core.alert_rules import AlertConfig
+from metrics_core.alerts import INTERVAL_S, Alerter
+from metrics_core.dashboard.display_text import md_text, shorten_words
+from metrics_core.text import clean
+from metrics_core.webhooks import Alert
+
+FIRING_SHOWN = 50  # firing alerts listed on the overview; more are counted, not listed
+CLEARED_SHOWN = 20  # recently cleared alerts listed behind the expander
+_log = logging.getLogger(__name__)
+
+
+class ServerAlerter:
+    """An ``Alerter`` on ``root`` run in a daemon thread from construction until ``close``.
+    Thread-safe: ``firing`` and ``recent`` are the evaluator's locked copies."""
+
+    def __init__(self, root: Path, config: AlertConfig, *, webhook: str | None, interval: float = INTERVAL_S) -> None:
+        self.alerter = Alerter(root, config, webhook=webhook, report=_log.warning)
+        self.interval = interval
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"alerts {root}", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            for alert in self.alerter.tick():  # the first pass, then the page's "reading" note goes
+                _log.info("%s", alert.line())
+            self._ready.set()
+            self.alerter.run(interval=self.interval, stop=self._stop, on_alert=lambda a: _log.info("%s", a.line()))
+        except Exception:  # the pages keep what was published; the server log says why it stopped
+            _log.exception("alerts: the alerter of %s stopped", self.alerter.evaluator.root)
+        finally:
+            self.alerter.close()
+
+    @property
+    def ready(self) -> bool:
+        """Whether the first pass over the root has ended."""
+        return self._ready.is_set()
+
+    def firing(self) -> dict[str, list[Alert]]:
+        return self.alerter.evaluator.firing()
+
+    def recent(self) -> list[Alert]:
+        return self.alerter.evaluator.recent()
+
+    def stop(self) -> None:
+        """Ask the thread to stop after its current pass; ``close`` waits for it."""
+        self._stop.set()
+
+    def close(self, *, timeout: float = 5.0) -> None:
+        """Stop the thread after its current pass, waiting at most ``timeout`` seconds: a first
+        pass over a big root is not cut short, and a daemon thread ends with the process anyway."""
+        self.stop()
+        self._thread.join(timeout)
+
+
+# -- what a page shows ---------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AlertsNotice:
+    """The overview's alerts as plain lines: compared with the one drawn, it says whether to redraw."""
+
+    ready: bool
+    firing: tuple[str, ...]
+    cleared: tuple[str, ...]
+
+
+def alert_line(alert: Alert, *, with_run: bool = True) -> str:
+    """One alert as a plain line: run, condition, since when (or when it cleared), what it says.
+    Run names and messages come from files: cleaned of control characters, cut to a readable size."""
+    when = f"{'since' if alert.state == 'firing' else 'cleared'} {alert.time:%Y-%m-%d %H:%M:%S} UTC"
+    run = f"{alert.run} · " if with_run else ""
+    return shorten_words(clean(f"{run}{alert.condition} {when}: {alert.message}"))
+
+
+def firing_lines(firing: Mapping[str, Sequence[Alert]], *, limit: int = FIRING_SHOWN) -> tuple[str, ...]:
+    """The firing alerts, newest first (then by run and condition), at most ``limit`` and a count
+    of the rest."""
+    alerts = sorted((a for run in firing.values() for a in run), key=lambda a: (a.run, a.condition))
+    alerts.sort(key=lambda a: a.time, reverse=True)
+    lines = tuple(alert_line(alert) for alert in alerts[:limit])
+    return lines + ((f"… and {len(alerts) - limit} more",) if len(alerts) > limit else ())
+
+
+def alerts_notice(
+    firing: Mapping[str, Sequence[Alert]], recent: Sequence[Alert], *, ready: bool, cleared: int = CLEARED_SHOWN
+) -> AlertsNotice:
+    """What the overview shows: the firing alerts, and the last ``cleared`` ones that cleared."""
+    gone = [alert for alert in reversed(recent) if alert.state == "cleared"][:cleared]
+    return AlertsNotice(ready, firing_lines(firing), tuple(alert_line(alert) for alert in gone))
+
+
+def run_alert_lines(firing: Mapping[str, Sequence[Alert]], run: str) -> tuple[str, ...]:
+    """The alerts firing for ``run``, in the order they started, without its name (its page says it)."""
+    return tuple(alert_line(alert, with_run=False) for alert in firing.get(run, ()))
+
+
+def notice_of(alerter: ServerAlerter | None) -> AlertsNotice | None:
+    """What the overview shows of ``alerter`` now (None: alerts are off)."""
+    return None if alerter is None else alerts_notice(alerter.firing(), alerter.recent(), ready=alerter.ready)
+
+
+def show_notice(notice: AlertsNotice | None) -> AlertsNotice | None:
+    """The overview's alerts: a warning listing the firing ones, the cleared ones behind an
+    expander.  Returns ``notice``: the page keeps what it drew to compare the next one with."""
+    if notice is None:
+        return None
+    if not notice.ready:
+        st.caption("Alerts: reading the runs for the first time…")
+    if notice.firing:
+        lines = "  \n".join(md_text(line) for line in notice.firing)
+        st.warning(f"**Firing alerts**  \n{lines}", icon=":material/notifications_active:")
+    if notice.cleared:
+        with st.expander(f"Recently cleared alerts ({len(notice.cleared)})", icon=":material/notifications_off:"):
+            st.text("\n".join(notice.cleared))
+    return notice
+
+
+def show_run_alerts(alerter: ServerAlerter | None, run: str) -> None:
+    """The alerts firing for ``run``, one line each, in the run page's status rows."""
+    lines = () if alerter is None else run_alert_lines(alerter.firing(), run)
+    if lines:
+        st.warning("  \n".join(md_text(line) for line in lines), icon=":material/notifications_active:")

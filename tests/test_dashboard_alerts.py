@@ -1,0 +1,179 @@
+"""The dashboard's alerts: the lines a page shows (pure), the pages showing a NaN run's alert, and a
+real server posting each alert once to a local webhook receiver however many tabs are open."""
+
+from __future__ import annotations
+
+import math
+import re
+import threading
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from metrics_core.alert_rules import AlertConfig
+from metrics_core.dashboard.alerting import ServerAlerter, alerts_notice, firing_lines, run_alert_lines
+from metrics_core.session import training_session
+from metrics_core.webhooks import Alert
+from tests.support import Receiver, open_page, read_records
+
+T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
+
+
+def write_losses(directory: Path, losses: list[float]) -> None:
+    """A finished run through the real writer: one window per loss."""
+    with training_session(directory, handle_sigterm=False) as session:
+        for loss in losses:
+            session.window.add(loss, 100, 0.5, False, 1.0)
+            session.log_window(1e-3)
+
+
+def nan_and_healthy_runs(root: Path) -> None:
+    write_losses(root / "nan", [2.0, 1.9, math.nan])
+    write_losses(root / "ok", [2.0, 1.9, 1.8])
+    last = [r for r in read_records(root / "nan" / "metrics.jsonl") if r["event"] == "train"][-1]
+    assert last["train_loss"] is None and last["nonfinite_loss"] is True  # what the writer records
+
+
+def shown(markdown: str) -> str:
+    """What a reader sees of escaped markdown (URL shapes are broken by an invisible word joiner)."""
+    return re.sub(r"\\(.)", r"\1", markdown).replace("\u2060", "")
+
+
+def test_alert_lines_are_plain_text_newest_first_and_bounded() -> None:
+    """Firing alerts read run · condition since when: message, newest first, capped with a count;
+    control characters from run names are gone; cleared ones newest first; a run's own lines omit
+    its name."""
+    hostile = "**evil**\x1b[31m [x](http://e)"
+    firing = {
+        "a": [Alert("a", "stalled", "firing", "no new record", T0)],
+        hostile: [Alert(hostile, "nonfinite_loss", "firing", "train loss was NaN", T0 + timedelta(minutes=1), 7)],
+    }
+    lines = firing_lines(firing)
+    assert lines == (
+        "**evil** [x](http://e) · nonfinite_loss since 2026-01-02 03:05:05 UTC: train loss was NaN",
+        "a · stalled since 2026-01-02 03:04:05 UTC: no new record",
+    )
+    many = {f"r{i}": [Alert(f"r{i}", "failed", "firing", "x", T0 + timedelta(seconds=i))] for i in range(5)}
+    assert firing_lines(many, limit=2) == (
+        "r4 · failed since 2026-01-02 03:04:09 UTC: x",
+        "r3 · failed since 2026-01-02 03:04:08 UTC: x",
+        "… and 3 more",
+    )
+    recent = [Alert("a", "stalled", "cleared", "no longer holds", T0 + timedelta(seconds=s)) for s in range(3)]
+    recent.insert(1, firing["a"][0])
+    notice = alerts_notice(firing, recent, ready=True, cleared=2)
+    assert notice.cleared == (
+        "a · stalled cleared 2026-01-02 03:04:07 UTC: no longer holds",
+        "a · stalled cleared 2026-01-02 03:04:06 UTC: no longer holds",
+    )
+    assert notice == alerts_notice(firing, recent, ready=True, cleared=2)  # equal values: no redraw
+    assert run_alert_lines(firing, "a") == ("stalled since 2026-01-02 03:04:05 UTC: no new record",)
+    assert run_alert_lines(firing, "other") == ()
+
+
+def test_the_server_alerter_evaluates_in_its_thread_until_closed(tmp_path: Path) -> None:
+    """Built, it passes over the root in its own thread (no page waits for it) and reports ready;
+    close stops that thread."""
+    nan_and_healthy_runs(tmp_path)
+    alerter = ServerAlerter(tmp_path, AlertConfig(), webhook=None, interval=0.05)
+    try:
+        deadline = time.monotonic() + 30
+        while not alerter.ready and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert alerter.ready and set(alerter.firing()) == {"nan"}
+        assert [(a.run, a.condition, a.state) for a in alerter.recent()] == [("nan", "nonfinite_loss", "firing")]
+    finally:
+        alerter.close()
+    assert not any(thread.name == f"alerts {tmp_path}" for thread in threading.enumerate())
+
+
+@pytest.fixture
+def stop_server_objects() -> Iterator[None]:
+    """The pages' alerter threads (and stores) stop after the test, as the server's shutdown does."""
+    yield
+    from metrics_core.dashboard.settings import close_server
+
+    close_server()
+
+
+def warnings_of(app: object) -> str:
+    return "\n".join(shown(warning.value) for warning in app.warning)
+
+
+def test_a_nan_run_shows_a_firing_alert_on_the_overview_and_its_page(runs_root: Path, stop_server_objects) -> None:
+    """The server's alerter finds the NaN the writer recorded: the overview lists it (and not the
+    healthy run), the NaN run's page shows it in its status rows, the healthy run's page nothing."""
+    nan_and_healthy_runs(runs_root)
+    app = open_page("overview")
+    deadline = time.monotonic() + 30
+    while "nonfinite_loss" not in warnings_of(app) and time.monotonic() < deadline:
+        app.run()  # the alerter's first pass runs beside the first page view
+    assert not app.exception
+    overview = warnings_of(app)
+    assert "Firing alerts" in overview and "nan · nonfinite_loss since " in overview
+    assert "train loss was NaN or infinite at step" in overview and "ok ·" not in overview
+    assert not any("first time" in caption.value for caption in app.caption)
+    run_page = open_page("run", run="nan")
+    assert not run_page.exception
+    assert "nonfinite_loss since " in warnings_of(run_page)
+    assert "nonfinite_loss" not in warnings_of(open_page("run", run="ok"))
+
+
+def test_the_server_posts_each_alert_once_with_two_tabs_open(browser: object, tmp_path: Path) -> None:
+    """A real server started with --webhook: both tabs show the NaN run's alert and the local
+    receiver gets exactly one POST for it (one evaluator per server, not one per viewer)."""
+    from tests.live_server import streamlit_server, wait_until
+
+    root = tmp_path / "runs"
+    nan_and_healthy_runs(root)
+    receiver = Receiver()
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    try:
+        with streamlit_server(root, "--webhook", receiver.url) as url:
+            tabs = [context.new_page(), context.new_page()]
+            for tab in tabs:
+                tab.goto(url + "/")
+            for tab in tabs:
+                wait_until(tab, lambda tab=tab: tab.get_by_text("nan · nonfinite_loss since").count(), timeout=60)
+            wait_until(tabs[0], lambda: receiver.posts, timeout=30)
+            tabs[1].reload()  # a new session of the same server: it must not alert again
+            wait_until(tabs[1], lambda: tabs[1].get_by_text("nan · nonfinite_loss since").count(), timeout=60)
+    finally:
+        context.close()
+        receiver.close()
+    assert receiver.by_run() == {"nan": 1}
+    assert receiver.posts[0]["condition"] == "nonfinite_loss" and receiver.posts[0]["state"] == "firing"
+
+
+def test_the_server_takes_the_alerts_command_settings(tmp_path: Path) -> None:
+    """--webhook and --alerts-config (or their environment variables) reach the settings."""
+    from metrics_core.dashboard.settings import parse_settings
+
+    config = parse_settings(["--webhook", "http://127.0.0.1:9/hook", "--alerts-config", "a.toml"], {})
+    assert (config.webhook, config.alerts_config) == ("http://127.0.0.1:9/hook", Path("a.toml"))
+    from_env = parse_settings([], {"METRICS_WEBHOOK": "https://x/y", "METRICS_ALERTS_CONFIG": "b.toml"})
+    assert (from_env.webhook, from_env.alerts_config) == ("https://x/y", Path("b.toml"))
+    assert parse_settings([], {}).webhook is None and parse_settings([], {}).alerts_config is None
+
+
+@pytest.mark.parametrize(
+    ("variable", "why"),
+    [("METRICS_ALERTS_CONFIG", "alerts.toml: spike_z is -1.0: expected a finite number >= 0"),
+     ("METRICS_WEBHOOK", "webhook 'ftp://host/…': expected an http:// or https:// URL")],
+)  # fmt: skip
+def test_unusable_alert_settings_are_said_on_the_page_and_the_runs_still_show(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_server_objects, variable: str, why: str
+) -> None:
+    """An alerts config or webhook that cannot be used: the overview says which and why (the
+    webhook's secret path left out), and still lists the runs."""
+    config = tmp_path / "alerts.toml"
+    config.write_text("spike_z = -1.0\n")
+    monkeypatch.setenv(variable, str(config) if variable == "METRICS_ALERTS_CONFIG" else "ftp://host/secret")
+    write_losses(runs_root / "ok", [2.0, 1.9])
+    app = open_page("overview")
+    assert not app.exception
+    assert shown(app.error[0].value).startswith("Alerts are off: ") and why in shown(app.error[0].value)
+    assert list(app.dataframe[0].value["run"]) == ["run?run=ok"]
