@@ -50,7 +50,7 @@ with st.sidebar:
     log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
     history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
     paused = st.toggle("Pause live updates", key="pause")
-    only = st.text_input("Charts (regular expression)", key="chart_filter", placeholder="e.g. loss|val/",
+    only = st.text_input("Charts (regular expression)", key="filter_charts", placeholder="e.g. loss|val/",
                          help="Charts whose title or key matches; the others are not drawn.")  # fmt: skip
     if error := chart_filter_error(only):
         st.error(md_text(error))
