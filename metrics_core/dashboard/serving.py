@@ -369,9 +369,9 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 PAGE_ELEMENTS = {
     "": ("DataFrame", "Multiselect", "TextInput", "Html"),
     "run": ("BidiComponent", "Html", "Selectbox", "Slider", "Checkbox", "Radio", "PageLink", "DownloadButton",
-            "rehype-raw"),
-    "sessions": ("BidiComponent", "Html", "Metric", "Table", "ButtonGroup", "Slider", "PageLink", "DownloadButton",
-                 "Selectbox", "remark-emoji"),
+            "TextInput", "rehype-raw"),
+    "sessions": ("BidiComponent", "Html", "Metric", "DataFrame", "ButtonGroup", "Slider", "PageLink",
+                 "DownloadButton", "Selectbox", "remark-emoji"),
     "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
 }
 # fmt: on
