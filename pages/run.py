@@ -68,8 +68,8 @@ def charts() -> None:
 def draw_charts(view: RunView) -> None:
     # The theme is read here: the browser reports it with each rerun, not always the first.
     options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme(), only=only)
-    # Above the charts, three one-line rows whatever the run: its status, the health and config
-    # buttons, the session key.  Details open on demand; the charts stay in view.
+    # Above the charts: the status row; why the run stopped and its firing alerts, only when there
+    # is one; the health and config buttons; the session key.  Details open on demand.
     status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
               f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
     st.caption(status, wrap=False)
