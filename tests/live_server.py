@@ -56,6 +56,7 @@ GRAPH_JS = """(title) => {
 GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-testid=stDataFrame]')].map(frame =>
   [...frame.querySelectorAll('table tr')].map(row => [...row.querySelectorAll('th, td')].map(c => c.textContent)))"""
 
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -438,7 +438,12 @@ def test_one_legend_entry_per_series_and_per_session(reader: RunReader) -> None:
                             Series(reader.effective("validation"), "val_loss", "validation", markers=True)],
                            title="Loss", sessions=reader.sessions)  # fmt: skip
     assert [t.name for t in figure.data if t.showlegend is not False and t.name] == [
-        "train", "validation", "S1 · start", "S2 · resume @ 60", "S3 · resume @ 120"]
+        "train",
+        "validation",
+        "S1 · start",
+        "S2 · resume @ 60",
+        "S3 · resume @ 120",
+    ]
     assert [t.line.color for t in figure.data if t.legendgroup == "sessions"] == list(SESSION_COLOURS[:3])
     assert session_key(reader.sessions) == [("S1", SESSION_COLOURS[0], "start"),
                                             ("S2", SESSION_COLOURS[1], "resume @ 60"),
@@ -550,7 +555,10 @@ def test_every_logged_number_gets_a_chart_under_its_prefix(tmp_path: Path) -> No
         store.close()
     assert list(figures)[:6] == ["loss", "clipped", "skipped", "grad_norm", "lr", "throughput"]
     assert {group: list(charts) for group, charts in groups.items() if group} == {
-        "sys": ["key:sys/gpu_mem_gb"], "train": ["key:epoch", "key:mfu"], "val": ["key:val/accuracy"]}
+        "sys": ["key:sys/gpu_mem_gb"],
+        "train": ["key:epoch", "key:mfu"],
+        "val": ["key:val/accuracy"],
+    }
     assert matched == 4
     mfu = [trace for trace in figures["key:mfu"]["data"] if trace.get("name") == "train · S1"]
     assert list(mfu[0]["x"]) == list(range(10, 101, 10))
@@ -621,4 +629,3 @@ def test_compare_offers_every_key_the_runs_logged(tmp_path: Path) -> None:
     assert choices["val/accuracy"] == ("validation", "val/accuracy")
     (trace,) = [trace for trace in accuracy["data"] if trace.get("name") == "a"]
     assert list(trace["x"]) == [100] and list(trace["y"]) == [0.75] and trace["mode"] == "lines+markers"
-

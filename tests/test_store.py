@@ -881,8 +881,10 @@ def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbe
     writer = spawn_python(WRITER_THEN_WAIT, str(tmp_path / "r"))
     try:
         assert writer.stdout.readline().strip() == "written"
-        append_records(tmp_path / "plain" / "metrics.jsonl", base_record(1, train_loss=1.0,
-                                                                         time=datetime.now(timezone.utc).isoformat()))
+        append_records(
+            tmp_path / "plain" / "metrics.jsonl",
+            base_record(1, train_loss=1.0, time=datetime.now(timezone.utc).isoformat()),
+        )
         store = RunStore(tmp_path, safety_interval=0.0)
         try:
             status = lambda: store.overview().set_index("run")["status"].to_dict()  # noqa: E731

@@ -203,8 +203,9 @@ RUNS_COLUMNS = {
     ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
     "error": st.column_config.TextColumn(
-        "error", help="why it stopped (the exception and the rank it came from, the signal, the failed write), "
-        "or why it cannot be read"
+        "error",
+        help="why it stopped (the exception and the rank it came from, the signal, the failed write), "
+        "or why it cannot be read",
     ),
 }
 
@@ -428,7 +429,7 @@ SESSION_COLUMNS = {
     "resume step": "the step it resumed from: the earlier sessions' records after it are superseded",
     "steps replayed": "steps an earlier session had already trained, trained again after this resume",
     "tokens replayed": "tokens of those steps, trained again (≤: a bound, where the records cannot place the resume "
-                       "inside a log window)",
+    "inside a log window)",
     "records": "records it wrote",
     "discarded bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
     "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
