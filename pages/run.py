@@ -8,7 +8,7 @@ from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.display_text import file_stem, md_text, shorten
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
-from metrics_core.dashboard.live_views import view_charts, view_findings, zoom_chart
+from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
@@ -18,7 +18,6 @@ from metrics_core.dashboard.views import (
     chart_csv_of,
     chart_filter_error,
     chart_key,
-    grouped_figures,
 )
 from metrics_core.dashboard.widgets import (
     PANELS_KEY,
@@ -80,7 +79,7 @@ def draw_charts(view: RunView) -> None:
         config_panel(view_config(view))
     session_key_panel(view)
     # once per snapshot, options and theme, shared by tabs
-    groups, logged = grouped_figures(view, options, view_charts(view, options))
+    groups, logged = view_chart_groups(view, options)
     for group, figures in groups.items():
         if group:
             st.subheader(md_text(group), divider="gray")

@@ -29,7 +29,7 @@ import pandas as pd
 from metrics_core.dashboard.figures import Figure, x_values
 from metrics_core.dashboard.metric_figures import OFF_SCALE
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.views import ChartOptions, run_charts, warmup_rows
+from metrics_core.dashboard.views import ChartOptions, grouped_figures, run_charts, warmup_rows
 from metrics_core.diagnostics import Finding, diagnose
 
 _log = logging.getLogger(__name__)
@@ -58,6 +58,12 @@ class _Charts:
     base: RunView
     built_at: float
     cost_s: float
+
+
+def view_chart_groups(view: RunView, options: ChartOptions) -> tuple[dict[str, dict[str, Figure]], int]:
+    """``views.grouped_figures`` of ``view_charts``, once per snapshot and options: finding the
+    logged keys walks every column of the run's frames, which a tab's refresh need not repeat."""
+    return view.memo(("groups", options), lambda: grouped_figures(view, options, view_charts(view, options)))
 
 
 def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
