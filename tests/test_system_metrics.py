@@ -16,6 +16,7 @@ import pytest
 
 from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import logged_charts
+from metrics_core.integrations._common import RunSession
 from metrics_core.session import training_session
 from metrics_core.system import FIELDS, GIB, start_sampler
 from tests.support import REPO, append_records, base_record, read_records
@@ -223,3 +224,19 @@ def test_per_rank_keys_share_one_chart_a_line_per_rank(tmp_path: Path) -> None:
         (f"rank {rank}", f"sys/proc_rss_gib/rank{rank}") for rank in (0, 1, 2, 10)
     ]
     assert [line.column for line in charts["key:sys/host_mem_percent"].lines] == ["sys/host_mem_percent"]
+
+
+def test_framework_integrations_run_session_samples_unless_told_not_to(tmp_path: Path) -> None:
+    """The HF callback and the Lightning logger write through ``RunSession``: its ``train`` records
+    carry the sample, ``system_metrics=False`` none, and ``end()`` stops the sampler."""
+    for name, enabled in (("on", True), ("off", False)):
+        run = RunSession(tmp_path / name, system_metrics=enabled)
+        run.start(None)
+        sampler = run.sampler
+        run.write("train", train_loss=1.0)
+        run.write("validation", val_loss=1.0)
+        run.end()
+        assert (sampler is not None) is enabled and (sampler is None or not sampler._thread.is_alive())
+    on, off = (read_records(tmp_path / name / "metrics.jsonl") for name in ("on", "off"))
+    assert [bool([k for k in record if k.startswith("sys/")]) for record in on] == [False, True, False, False]
+    assert not [key for record in off for key in record if key.startswith("sys/")]
