@@ -99,8 +99,6 @@ def test_training_session_writes_sys_keys_and_system_metrics_false_writes_none(t
 HIDDEN = """
 import sys
 from pathlib import Path
-import metrics_core, metrics_core.session
-assert "psutil" not in sys.modules and "pynvml" not in sys.modules, "imported eagerly"
 try:
     import psutil
 except ImportError:
@@ -113,6 +111,17 @@ with training_session(sys.argv[1]) as session:
     session.log_window(0.1)
 print("ok")
 """
+
+
+def test_importing_the_training_side_imports_neither_psutil_nor_nvml() -> None:
+    """The sampler imports its extras when a session starts one, never at import time."""
+    code = (
+        "import sys, metrics_core, metrics_core.session, metrics_core.system, metrics_core.integrations._common\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'psutil', 'pynvml'}))"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})  # fmt: skip
+    assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr
 
 
 def test_a_node_without_the_extras_logs_no_sys_keys_and_no_error(tmp_path: Path) -> None:
