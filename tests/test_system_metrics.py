@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import logged_charts
+from metrics_core.dashboard.views import ChartOptions, logged_charts, run_charts
 from metrics_core.integrations._common import RunSession
 from metrics_core.session import training_session
 from metrics_core.system import FIELDS, GIB, start_sampler
@@ -224,6 +224,7 @@ def test_per_rank_keys_share_one_chart_a_line_per_rank(tmp_path: Path) -> None:
     store = RunStore(tmp_path)
     try:
         charts = {chart.key: chart for chart in logged_charts(store.view("run"))}
+        figure = run_charts(store.view("run"), ChartOptions())["key:sys/proc_rss_gib"]
     finally:
         store.close()
     assert set(charts) == {"key:sys/proc_rss_gib", "key:sys/host_mem_percent"}
@@ -233,6 +234,8 @@ def test_per_rank_keys_share_one_chart_a_line_per_rank(tmp_path: Path) -> None:
         (f"rank {rank}", f"sys/proc_rss_gib/rank{rank}") for rank in (0, 1, 2, 10)
     ]
     assert [line.column for line in charts["key:sys/host_mem_percent"].lines] == ["sys/host_mem_percent"]
+    drawn = {trace["name"]: list(trace["y"]) for trace in figure["data"] if trace["name"].endswith(" · S1")}
+    assert drawn == {f"rank {rank} · S1": [pytest.approx(0.5 + rank)] * 2 for rank in (0, 1, 2, 10)}
 
 
 def test_framework_integrations_run_session_samples_unless_told_not_to(tmp_path: Path) -> None:
