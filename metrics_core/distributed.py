@@ -29,6 +29,10 @@ Contract
 * **Non-finite loss after the collective.** A NaN tensor loss on any rank makes the global sum NaN,
   so every rank reports the same ``train_loss`` None and ``nonfinite_loss`` True after the
   reduction, and none is left waiting.
+* **System samples** (also in the SUM, one block of ``metrics_core.system.FIELDS`` per rank, when
+  the session samples): every rank's latest sample reaches rank 0's record as
+  ``sys/<field>/rank<N>`` without a collective of its own.  A rank's field it could not read is
+  NaN in its block and no key in the record.
 * **Per-rank health** (also in the SUM, one slot per rank): each rank's time per attempt and
   tokens/s, from ``time.monotonic`` on the host at the window's start and at ``summary()`` entry —
   no device sync.  The window starts at ``reset()`` (the previous ``summary``), or for a fresh
@@ -68,6 +72,8 @@ from typing import Any
 import orjson
 
 from metrics_core.errors import WindowReductionError
+from metrics_core.system import FIELDS as SYSTEM_FIELDS
+from metrics_core.system import system_keys
 from metrics_core.window import TrainingWindow, WindowTotals
 from metrics_core.writer import MetricsWriter, RunContext, config_value
 
@@ -171,10 +177,13 @@ class DistributedWindow(TrainingWindow):
             return torch.device("cuda", torch.cuda.current_device())
         return torch.device("cpu")
 
-    def summary(self, lr: float | None = None) -> dict[str, Any]:
+    def summary(self, lr: float | None = None, *, system: Mapping[str, float] | None = None) -> dict[str, Any]:
         """The global window as ``train`` record fields, plus the per-rank health fields.
 
         A collective: every rank of the group must call it at the same point (module docstring).
+        ``system`` is this rank's latest system sample (``metrics_core.system``), gathered in the
+        same SUM as every rank's ``sys/<field>/rank<N>``; pass it (``{}`` on a rank without
+        one) on every rank or on none, since it sets the reduced vector's length.
         """
         elapsed = self.clock() - self._started if self._started is not None else math.nan
         import torch
@@ -187,6 +196,10 @@ class DistributedWindow(TrainingWindow):
         timed = host.attempts > 0 and elapsed > 0
         values[len(SUM_FIELDS) + rank] = elapsed / host.attempts if timed else math.nan
         values[len(SUM_FIELDS) + size + rank] = host.tokens / elapsed if timed else math.nan
+        if system is not None:  # this rank's block of SYSTEM_FIELDS slots; NaN is a field it has not
+            values += [0.0] * (len(SYSTEM_FIELDS) * size)
+            start = len(values) - len(SYSTEM_FIELDS) * (size - rank)
+            values[start : start + len(SYSTEM_FIELDS)] = [system.get(name, math.nan) for name in SYSTEM_FIELDS]
         f64 = torch.float64
         sums = torch.tensor(values, dtype=f64, device=device)
         if self._device_attempts is None:
@@ -209,7 +222,27 @@ class DistributedWindow(TrainingWindow):
                 f"reducing the training window across {size} ranks failed on rank {rank}: a rank died, hangs, "
                 f"or did not call log_window()/summary() at this point ({type(exc).__name__}: {exc})"[:2000]
             ) from exc
-        return self._record(lr, reduced, size)
+        gathered = reduced[len(values) - len(SYSTEM_FIELDS) * size : len(values)] if system is not None else []
+        return {**self._record(lr, reduced[: len(SUM_FIELDS) + 2 * size] + reduced[len(values) :], size),
+                **self._system_keys(gathered, size)}  # fmt: skip
+
+    def _global_rank(self) -> Callable[[int], int]:
+        if self.group is None:
+            return int
+        import torch.distributed as dist
+
+        def global_rank(group_rank: int) -> int:
+            return dist.get_global_rank(self.group, group_rank)
+
+        return global_rank
+
+    def _system_keys(self, gathered: list[float], size: int) -> dict[str, float]:
+        """Every rank's block of the gathered system samples as ``sys/<field>/rank<N>`` keys."""
+        width, global_rank, keys = len(SYSTEM_FIELDS), self._global_rank(), {}
+        for rank in range(size if gathered else 0):
+            sample = dict(zip(SYSTEM_FIELDS, gathered[rank * width : (rank + 1) * width], strict=True))
+            keys.update(system_keys(sample, global_rank(rank)))
+        return keys
 
     def _record(self, lr: float | None, reduced: list[float], size: int) -> dict[str, Any]:
         count = len(SUM_FIELDS)
@@ -232,15 +265,8 @@ class DistributedWindow(TrainingWindow):
         if total["updates"]:  # clipped over every rank's updates, not over the per-step count
             summary["clipped_fraction"] = total["clipped"] / total["updates"]
         lockstep = all(total[name] == size * maximum[name] for name in _COUNTS)
-        if self.group is None:
-            global_rank: Callable[[int], int] = int
-        else:
-            import torch.distributed as dist
-
-            def global_rank(group_rank: int) -> int:
-                return dist.get_global_rank(self.group, group_rank)
-
-        health = rank_health(reduced[count : count + size], reduced[count + size : count + 2 * size], global_rank)
+        health = rank_health(reduced[count : count + size], reduced[count + size : count + 2 * size],
+                             self._global_rank())  # fmt: skip
         return {**summary, "ranks_in_lockstep": lockstep, **health.fields()}
 
 

@@ -69,6 +69,7 @@ from metrics_core.distributed import (
     rank_failures,
 )
 from metrics_core.errors import WindowReductionError, WriteFailedError
+from metrics_core.system import DEFAULT_INTERVAL_S, SystemSampler, start_sampler, system_keys
 from metrics_core.window import TrainingWindow
 from metrics_core.writer import MetricsWriter, RunContext, TrainingState
 
@@ -101,12 +102,16 @@ class TrainingSession:
         window: TrainingWindow | None = None,
         rank: int = 0,
         world_size: int = 1,
+        sampler: SystemSampler | None = None,
+        system_metrics: bool = False,
     ) -> None:
         self.writer = writer
         self.state = state
         self.window = window if window is not None else TrainingWindow()
         self.rank = rank
         self.world_size = world_size
+        self.sampler = sampler
+        self.system_metrics = system_metrics
 
     @property
     def writes(self) -> bool:
@@ -124,7 +129,7 @@ class TrainingSession:
         successful updates, ``skipped_updates`` by its skips, ``tokens_seen`` by its tokens, so
         a trainer that passes tensors never has to read a tensor to count steps.
         """
-        summary = self.window.summary(lr)
+        summary = self._window_summary(lr)
         if advance_state:
             self.state.step += summary["updates"]
             self.state.skipped_updates += summary["skipped_updates_in_window"]
@@ -132,6 +137,13 @@ class TrainingSession:
         record = self.writer.write("train", self.state, **summary, **extra)
         self.window.reset()
         return record
+
+    def _window_summary(self, lr: float | None) -> dict[str, Any]:
+        """The window's fields and the latest system sample's (read from memory: no I/O here)."""
+        sample = self.sampler.latest() if self.sampler is not None else {}
+        if isinstance(self.window, DistributedWindow):  # every rank's sample rides the window's SUM
+            return self.window.summary(lr, system=sample if self.system_metrics else None)
+        return {**self.window.summary(lr), **system_keys(sample)}
 
     def log_validation(self, val_loss: float, val_tokens: int, **extra: Any) -> dict[str, Any]:
         return self.writer.write("validation", self.state, val_loss=val_loss, val_tokens=val_tokens, **extra)
@@ -152,6 +164,8 @@ def training_session(
     handle_sigterm: bool = True,
     group: Any = None,
     config: Mapping[str, Any] | None = None,
+    system_metrics: bool = True,
+    system_interval: float = DEFAULT_INTERVAL_S,
 ) -> Iterator[TrainingSession]:
     """Open the run's writer, log ``session_start``, yield the session, log ``session_end``.
 
@@ -161,19 +175,24 @@ def training_session(
     initialised (default: the world; pass the data-parallel group under tensor/pipeline parallelism).
     ``config`` (hyperparameters) is logged once as a ``config`` record right after ``session_start``;
     every rank validates it, only rank 0 writes it, and a refused config ends the session ``failed``.
+    ``system_metrics`` samples host, process and GPU every ``system_interval`` seconds on a thread
+    (``metrics_core.system``; needs the ``system`` extra, silently off without it) and adds the
+    latest sample to each ``train`` record; under a process group pass the same value on every rank.
     """
     directory = Path(directory)
     context = RunContext(directory, run_id or directory.resolve().name, session_id or new_session_id())
     ranks = process_group_rank()
     rank, world_size = ranks if ranks is not None else (0, 1)
     writer = MetricsWriter(context, fsync=fsync) if rank == 0 else SilentWriter(context)
-    with writer:
+    with writer, _sampling(system_metrics, system_interval) as sampler:
         session = TrainingSession(
             writer,
             state if state is not None else TrainingState(),
             window=DistributedWindow(group=group) if ranks is not None else None,
             rank=rank,
             world_size=world_size,
+            sampler=sampler,
+            system_metrics=system_metrics,
         )
         distributed = {"rank": rank, "world_size": world_size} if ranks is not None else {}
         session.log("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
@@ -227,6 +246,17 @@ def _rank_cause(
     failures = [failure for failure in rank_failures(directory, since=job_started, until=now)
                 if failure.error != end["error"]]  # fmt: skip
     return failures[0].end_fields(end["error"]) if failures else end
+
+
+@contextmanager
+def _sampling(enabled: bool, interval: float) -> Iterator[SystemSampler | None]:
+    """A system sampler running while the block does (None when off or without the extra)."""
+    sampler = start_sampler(interval=interval) if enabled else None
+    try:
+        yield sampler
+    finally:
+        if sampler is not None:
+            sampler.close()
 
 
 def _end_while_unwinding(session: TrainingSession, exc: BaseException, **values: Any) -> None:

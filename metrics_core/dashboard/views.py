@@ -103,6 +103,7 @@ WRITER_FIELDS = frozenset({
     "rank_step_time_min_s", "rank_step_time_max_s", "rank_tokens_per_s_min", "rank_tokens_per_s_max",
 })  # fmt: skip
 CHARTED_EVENTS = ("train", "validation")
+RANK_KEY = re.compile(r"(?P<base>.+)/rank(?P<rank>\d+)")
 # Columns computed from others for a chart, never logged as such.
 DERIVED = {"tokens_per_s": tokens_per_second}
 
@@ -140,13 +141,26 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
 def logged_charts(view: RunView) -> list[Chart]:
     """A chart per logged key (``logged_keys``), grouped by the part of the key before its first
     "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event that logs it;
-    sorted by group, then key."""
+    sorted by group, then key.  Keys that differ only in a last ``/rank<N>`` part (the per-rank
+    ``sys/<field>/rank<N>`` of ``metrics_core.system``) share one chart, a line per rank."""
+    per_rank: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
     charts = []
     for column, events in logged_keys(view).items():
-        group = column.split("/", 1)[0] if "/" in column.strip("/") else events[0]
+        ranked = RANK_KEY.fullmatch(column)
+        if ranked is not None:
+            per_rank.setdefault(ranked["base"], []).append((int(ranked["rank"]), column, events))
+            continue
         lines = tuple(Line(event, column, event, markers=event == "validation") for event in events)
-        charts.append(Chart(f"key:{column}", column, lines, smoothed=events[0] == "train", loggable=True, group=group))
+        charts.append(_logged_chart(column, events, lines))
+    for base, ranks in per_rank.items():
+        lines = tuple(Line(events[0], column, f"rank {rank}") for rank, column, events in sorted(ranks))
+        charts.append(_logged_chart(base, ranks[0][2], lines))
     return sorted(charts, key=lambda chart: (chart.group, chart.title))
+
+
+def _logged_chart(column: str, events: tuple[str, ...], lines: tuple[Line, ...]) -> Chart:
+    group = column.split("/", 1)[0] if "/" in column.strip("/") else events[0]
+    return Chart(f"key:{column}", column, lines, smoothed=events[0] == "train", loggable=True, group=group)
 
 
 def charts_of(view: RunView) -> list[Chart]:

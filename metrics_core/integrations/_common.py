@@ -20,6 +20,7 @@ from typing import Any
 
 from metrics_core.distributed import process_group_rank
 from metrics_core.session import SIGTERM_EXIT, new_session_id
+from metrics_core.system import SystemSampler, start_sampler, system_keys
 from metrics_core.writer import BASE_FIELDS, MetricsWriter, RunContext, TrainingState
 
 __all__ = ["SIGTERM_EXIT", "RunSession", "Terminated", "end_status", "plain_config", "scalars", "sigterm_raises"]
@@ -97,19 +98,24 @@ class RunSession:
 
     ``state`` holds the counters stamped on every record; the integration moves them.  A config
     that the writer refuses (over its size limit) is replaced by a record saying why: losing the
-    config must not stop the training run.
+    config must not stop the training run.  With ``system_metrics`` (and the ``system`` extra) a
+    sampler runs while the session is open and every ``train`` record carries its latest sample:
+    this process's only (the framework's rank 0), as ``sys/<field>/rank0`` under a process group.
     """
 
     def __init__(
         self, directory: str | os.PathLike[str], *, run_id: str | None = None, session_id: str | None = None,
-        fsync: bool = False,
+        fsync: bool = False, system_metrics: bool = True,
     ) -> None:  # fmt: skip
         self.directory = Path(directory)
         self.run_id = run_id or self.directory.resolve().name
         self.session_id = session_id
         self.fsync = fsync
+        self.system_metrics = system_metrics
         self.state = TrainingState()
         self.writer: MetricsWriter | None = None
+        self.sampler: SystemSampler | None = None
+        self._rank: int | None = None
 
     @property
     def is_open(self) -> bool:
@@ -124,6 +130,8 @@ class RunSession:
         # training_session, session_start names the rank and world size when a group exists.
         ranks = process_group_rank()
         distributed = {"rank": ranks[0], "world_size": ranks[1]} if ranks is not None else {}
+        self._rank = ranks[0] if ranks is not None else None
+        self.sampler = start_sampler() if self.system_metrics else None
         self.write("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
                    **distributed)  # fmt: skip
         if config:
@@ -132,6 +140,8 @@ class RunSession:
     def write(self, event: str, /, **values: Any) -> dict[str, Any] | None:
         if self.writer is None:
             return None
+        if event == "train" and self.sampler is not None:
+            values = {**values, **system_keys(self.sampler.latest(), self._rank)}
         return self.writer.write(event, self.state, **values)
 
     def write_config(self, config: Mapping[str, Any]) -> None:
@@ -147,6 +157,9 @@ class RunSession:
     def end(self, exc: BaseException | None = None) -> None:
         """Write ``session_end`` for an outcome (``exc`` None: finished) and release the file."""
         writer, self.writer = self.writer, None
+        sampler, self.sampler = self.sampler, None
+        if sampler is not None:
+            sampler.close()
         if writer is None:
             return
         status, error = end_status(exc)

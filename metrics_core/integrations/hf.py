@@ -99,7 +99,7 @@ class MetricsCallback(TrainerCallback, ExportableState):
 
     def __init__(
         self, directory: str | os.PathLike[str], run_id: str | None = None, fsync: bool = False,
-        token_weighted: bool = False, tokens_seen: int = 0, skipped_updates: int = 0,
+        token_weighted: bool = False, tokens_seen: int = 0, skipped_updates: int = 0, system_metrics: bool = True,
     ) -> None:  # fmt: skip
         # The arguments are also what Trainer re-creates the callback from when
         # restore_callback_states_from_checkpoint is set (ExportableState.from_state).
@@ -109,7 +109,8 @@ class MetricsCallback(TrainerCallback, ExportableState):
         self.token_weighted = token_weighted  # set by TokenWeightedLoss: tokens are then label tokens
         self.tokens_seen = tokens_seen
         self.skipped_updates = skipped_updates
-        self.run = RunSession(directory, run_id=run_id, fsync=fsync)
+        self.system_metrics = system_metrics
+        self.run = RunSession(directory, run_id=run_id, fsync=fsync, system_metrics=system_metrics)
         self.window = TrainingWindow()
         self._micro: list[tuple[torch.Tensor, torch.Tensor]] = []  # this step's (loss sum, tokens)
         self._steps: list[tuple[torch.Tensor, torch.Tensor, Any, bool]] = []  # per optimizer step
@@ -123,7 +124,7 @@ class MetricsCallback(TrainerCallback, ExportableState):
     def state(self) -> dict[str, Any]:
         return {
             "args": {"directory": self.directory, "run_id": self.run_id, "fsync": self.fsync,
-                     "token_weighted": self.token_weighted},
+                     "token_weighted": self.token_weighted, "system_metrics": self.system_metrics},
             "attributes": {"tokens_seen": self.tokens_seen + self._pending_tokens(),
                            "skipped_updates": self.skipped_updates},
         }  # fmt: skip

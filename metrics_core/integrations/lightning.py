@@ -80,9 +80,12 @@ Number = torch.Tensor | int | float
 class MetricsLogger(Logger, Callback):
     """Writes a Lightning run to ``directory/metrics.jsonl``; see the module docstring."""
 
-    def __init__(self, directory: str | os.PathLike[str], *, run_id: str | None = None, fsync: bool = False) -> None:
+    def __init__(
+        self, directory: str | os.PathLike[str], *, run_id: str | None = None, fsync: bool = False,
+        system_metrics: bool = True,
+    ) -> None:  # fmt: skip
         super().__init__()
-        self.run = RunSession(directory, run_id=run_id, fsync=fsync)
+        self.run = RunSession(directory, run_id=run_id, fsync=fsync, system_metrics=system_metrics)
         self.tokens_seen = 0
         self.window = TrainingWindow()
         self._trainer: Trainer | None = None
