@@ -30,7 +30,7 @@ from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth,
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
 from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
-from metrics_core.storage import LocalFile, metrics_path, open_regular
+from metrics_core.storage import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import tail_start
 
@@ -266,9 +266,12 @@ class RunDigest(FollowedLog):
     (``runs.StatusSource``) is here under the names ``RunReader`` gives it.
     """
 
-    def __init__(self, run: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
-        self.path = metrics_path(run)
-        self.file = LocalFile(self.path)
+    def __init__(
+        self, run: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES, file: RunFile | None = None
+    ) -> None:
+        """``file``: where the bytes come from (``metrics_core.storage``; the local file by default)."""
+        self.path = metrics_path(run) if file is None else Path(run)
+        self.file = file if file is not None else LocalFile(self.path)
         self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes)
         self._clear()
 

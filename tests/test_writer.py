@@ -725,7 +725,7 @@ def test_importing_metrics_core_stays_light() -> None:
     """The training side must not pull in the UI or data stack."""
     code = (
         "import sys, metrics_core, metrics_core.writer, metrics_core.window\n"
-        "heavy = {'streamlit', 'plotly', 'pandas', 'numpy', 'watchdog', 'torch'}\n"
+        "heavy = {'streamlit', 'plotly', 'pandas', 'numpy', 'watchdog', 'torch', 'pyarrow'}\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
