@@ -3,12 +3,22 @@
 from __future__ import annotations
 
 import os
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from metrics_core import RunContext
+from tests.live_server import free_port
+from tests.support import BUCKET
+
+if TYPE_CHECKING:
+    from pyarrow import fs as pafs
 
 
 @pytest.fixture(scope="module")
@@ -77,3 +87,46 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     root.mkdir()
     monkeypatch.setenv("METRICS_RUNS_DIR", str(root))
     return root
+
+
+@pytest.fixture(scope="session")
+def s3_endpoint() -> Iterator[str]:
+    """A moto S3 server of its own, stopped after the test session; waits at most 30 s for it to listen."""
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, "the moto server exited at start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the moto server did not listen within 30 s"
+                time.sleep(0.1)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.kill()
+        server.wait()
+
+
+@pytest.fixture
+def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.S3FileSystem:
+    """The bucket, emptied, reached the way a user configures it: the standard AWS variables."""
+    from pyarrow import fs as pafs
+
+    from metrics_core.object_storage import s3_filesystem
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    filesystem = s3_filesystem()
+    if filesystem.get_file_info(BUCKET).type == pafs.FileType.NotFound:
+        pafs.S3FileSystem(allow_bucket_creation=True, endpoint_override=s3_endpoint.removeprefix("http://"),
+                          scheme="http").create_dir(BUCKET)  # fmt: skip
+    filesystem.delete_dir_contents(BUCKET)
+    return filesystem

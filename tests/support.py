@@ -29,6 +29,8 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
+# The bucket the S3-compatible test server (conftest's ``s3_endpoint``) serves runs from.
+BUCKET = "runs"
 
 
 # -- records and files ---------------------------------------------------------------------------

@@ -4,11 +4,6 @@ an object as of the local file it was uploaded from, through appends and rewrite
 
 from __future__ import annotations
 
-import socket
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,56 +11,9 @@ from pyarrow import fs as pafs
 
 from metrics_core.digest import RunDigest
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError, RunPathError
-from metrics_core.object_storage import ObjectFile, discover_bucket_runs, parse_bucket_url, s3_filesystem
+from metrics_core.object_storage import ObjectFile, discover_bucket_runs, parse_bucket_url
 from metrics_core.reader import RunReader
-from tests.support import append_bytes, append_records, base_record, line, snapshot, three_session_run
-
-BUCKET = "runs"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[str]:
-    """A moto S3 server of its own, stopped after the module; waits at most 30 s for it to listen."""
-    port = _free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        deadline = time.monotonic() + 30
-        while True:
-            assert server.poll() is None, "the moto server exited at start"
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "the moto server did not listen within 30 s"
-                time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.kill()
-        server.wait()
-
-
-@pytest.fixture
-def bucket(endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.S3FileSystem:
-    """The bucket, emptied, reached the way a user configures it: the standard AWS variables."""
-    for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                        "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": endpoint}.items():  # fmt: skip
-        monkeypatch.setenv(name, value)
-    filesystem = s3_filesystem()
-    if filesystem.get_file_info(BUCKET).type == pafs.FileType.NotFound:
-        pafs.S3FileSystem(allow_bucket_creation=True, endpoint_override=endpoint.removeprefix("http://"),
-                          scheme="http").create_dir(BUCKET)  # fmt: skip
-    filesystem.delete_dir_contents(BUCKET)
-    return filesystem
+from tests.support import BUCKET, append_bytes, append_records, base_record, line, snapshot, three_session_run
 
 
 def upload(filesystem: pafs.FileSystem, key: str, data: bytes) -> None:
