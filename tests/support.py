@@ -23,8 +23,10 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 if TYPE_CHECKING:
+    from pyarrow import fs as pafs
     from streamlit.testing.v1 import AppTest
 
+    from metrics_core.digest import RunDigest
     from metrics_core.reader import RunReader
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,6 +128,21 @@ def snapshot(reader: RunReader) -> dict[str, Any]:
         "pending": reader.pending_bytes,
         "versions": reader.schema_versions,
     }
+
+
+def same_story(remote: RunReader | RunDigest, local: RunReader | RunDigest) -> None:
+    """Refresh both readers and check they tell the same story of a run: records, sessions, lost work."""
+    assert remote.refresh() == local.refresh()
+    assert remote.sessions == local.sessions
+    assert remote.lost_work() == local.lost_work()
+    assert remote.records == local.records
+    assert remote.pending_bytes == local.pending_bytes
+
+
+def upload(filesystem: pafs.FileSystem, key: str, data: bytes) -> None:
+    """Replace the whole object at ``key`` of the test bucket, as ``aws s3 cp`` does."""
+    with filesystem.open_output_stream(f"{BUCKET}/{key}") as out:
+        out.write(data)
 
 
 # -- runs ----------------------------------------------------------------------------------------

@@ -13,21 +13,17 @@ from metrics_core.digest import RunDigest
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError, RunPathError
 from metrics_core.object_storage import ObjectFile, discover_bucket_runs, parse_bucket_url
 from metrics_core.reader import RunReader
-from tests.support import BUCKET, append_bytes, append_records, base_record, line, snapshot, three_session_run
-
-
-def upload(filesystem: pafs.FileSystem, key: str, data: bytes) -> None:
-    """Replace the whole object, as ``aws s3 cp`` does."""
-    with filesystem.open_output_stream(f"{BUCKET}/{key}") as out:
-        out.write(data)
-
-
-def same_story(remote: RunReader | RunDigest, local: RunReader | RunDigest) -> None:
-    assert remote.refresh() == local.refresh()
-    assert remote.sessions == local.sessions
-    assert remote.lost_work() == local.lost_work()
-    assert remote.records == local.records
-    assert remote.pending_bytes == local.pending_bytes
+from tests.support import (
+    BUCKET,
+    append_bytes,
+    append_records,
+    base_record,
+    line,
+    same_story,
+    snapshot,
+    three_session_run,
+    upload,
+)
 
 
 def test_reader_reads_an_uploaded_run_as_the_local_copy_through_appends_and_a_rewrite(
