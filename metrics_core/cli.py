@@ -330,7 +330,8 @@ def _lines_arg(text: str) -> tuple[int, bool]:
     return (max(value, 1), True) if text.startswith("+") else (abs(value), False)
 
 
-def _interval_arg(text: str) -> float:
+def interval_arg(text: str) -> float:
+    """A command's ``--interval``: a positive, finite number of seconds."""
     value = float(text)
     if not (math.isfinite(value) and value > 0):
         raise argparse.ArgumentTypeError(f"expected a positive number of seconds, got {text!r}")
@@ -346,10 +347,12 @@ def _parser() -> argparse.ArgumentParser:
                           help="the last N records (default 10), or +K: from the K-th record on")  # fmt: skip
     tail_cmd.add_argument("--follow", "-f", action="store_true", help="keep printing records as they arrive")
     tail_cmd.add_argument("--event", action="append", help="only this event (repeatable)")
-    tail_cmd.add_argument("--interval", type=_interval_arg, default=1.0, help="seconds between checks with --follow")
+    tail_cmd.add_argument("--interval", type=interval_arg, default=1.0, help="seconds between checks with --follow")
     summary_cmd = commands.add_parser("summary", help="status, sessions, lost work and health checks")
     summary_cmd.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
     add_command(commands)
+    commands.add_parser("sync", add_help=False, help="upload a run's complete lines to a bucket as they are written, "
+                        "each byte once (needs metrics-core[s3])")  # fmt: skip
     commands.add_parser(
         "serve", add_help=False, help="the live dashboard, as metrics-dashboard (needs metrics-core[app])"
     )
@@ -366,6 +369,10 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
 
         serve(argv[1:])
         return 0
+    if argv[:1] == ["sync"]:  # imports pyarrow's S3 client: only here
+        from metrics_core.sync import main as sync
+
+        return sync(argv[1:], out, err)
     args = _parser().parse_args(argv)
     if args.command == "alerts":
         return command(args, out, err)

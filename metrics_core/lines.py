@@ -14,6 +14,8 @@ Promises
   rewritten before it (its first bytes or the first bytes of the last line handed out changed)
   is followed again from its start, after a ``Restart`` saying why.
 * Lines are numbered from 1 when the follower started at offset 0.
+* A read shorter than asked is where the file ends for this call (it shrank under us, or a run
+  in a bucket ends at a torn part), never a reason to read the same bytes again.
 
 Cost: a call that finds nothing new is one ``stat``; otherwise reads of at most
 ``max(READ_CHUNK, max_record_bytes + 1)`` bytes, each handed out as one ``Lines`` block without
@@ -167,9 +169,12 @@ class LineFollower:
         while self.offset + self._scanned < size:
             resume = rereads(self._scanned, self.chunk)
             start = self.offset if resume else self.offset + self._scanned
-            data = self.file.read(start, min(self.chunk, size - start))
+            wanted = min(self.chunk, size - start)
+            data = self.file.read(start, wanted)
+            if len(data) < wanted:  # it ends there now: shrank under us, or a run in parts ends at a torn part
+                size = start + len(data)  # the next call looks again
             if not data:
-                break  # shrank under us: the next call notices
+                break
             first = data.find(b"\n", self._scanned if resume else 0)
             if first < 0:
                 self._scanned = start + len(data) - self.offset

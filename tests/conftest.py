@@ -130,3 +130,21 @@ def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.S3FileSyst
                           scheme="http").create_dir(BUCKET)  # fmt: skip
     filesystem.delete_dir_contents(BUCKET)
     return filesystem
+
+
+@pytest.fixture
+def refusing_credentials(bucket: pafs.S3FileSystem, s3_endpoint: str) -> Iterator[None]:
+    """While the test runs, the S3 server checks credentials (moto's own switch) and so refuses the
+    test's keys as unknown, as AWS refuses wrong ones; the checks are off again after it."""
+    import urllib.request
+
+    def check_after(requests: str) -> None:
+        request = urllib.request.Request(f"{s3_endpoint}/moto-api/reset-auth", data=requests.encode(), method="POST",
+                                         headers={"Content-Type": "text/plain"})  # fmt: skip
+        urllib.request.urlopen(request, timeout=10).close()
+
+    check_after("0")
+    try:
+        yield
+    finally:
+        check_after("inf")
