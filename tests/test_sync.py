@@ -16,6 +16,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core import sync as sync_module
+from metrics_core.cache import CachePolicy
 from metrics_core.digest import RunDigest
 from metrics_core.errors import RunFileError
 from metrics_core.object_storage import (
@@ -135,6 +136,24 @@ def test_a_synced_run_reads_as_the_local_file_through_appends_a_torn_tail_and_a_
     same_story(remote, local)
     assert remote.resets == 1 and "shrank" in remote.reset_reasons[0]
     assert snapshot(remote) == snapshot(local)
+
+
+def test_a_cached_parse_of_a_run_in_parts_is_reopened_and_read_on(bucket: pafs.S3FileSystem, tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    three_session_run(path)
+    destination = f"s3://{BUCKET}/cached"
+    sync_here(str(path), destination)
+    policy = CachePolicy(tmp_path / "cache", min_records=1)
+    first = RunReader(Path("cached"), file=PartsFile(destination, bucket), cache=policy)
+    first.refresh()
+    first.close()
+    append_records(path, *(base_record(s, session="s3", train_loss=1.0 / s) for s in range(210, 260, 10)))
+    sync_here(str(path), destination)
+    again, local = RunReader(Path("cached"), file=PartsFile(destination, bucket), cache=policy), RunReader(path)
+    again.refresh()
+    local.refresh()
+    assert again.served_from_cache and not again.resets
+    assert snapshot(again) == snapshot(local)
 
 
 def test_sync_follow_uploads_each_complete_line_once_while_the_writer_is_killed_mid_line(
