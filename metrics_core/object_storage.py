@@ -61,6 +61,7 @@ from metrics_core.writer import METRICS_FILENAME
 SCHEME = "s3"
 PARTS_DIRNAME = METRICS_FILENAME + ".parts"
 _PART_NAME = re.compile(r"(\d{16})\.jsonl")
+_KEPT_HANDLES = 8  # opened parts kept from one listing to the next besides the first: the newest
 _PARALLEL_GETS = 8  # parts fetched at once by a read that covers several: a GET's latency, not its bytes, is the cost
 
 
@@ -258,7 +259,7 @@ class PartsFile(_InBucket):
         self._starts: list[int] = []
         self._size = 0
         self._torn: Part | None = None  # a part found to end mid-line: the file ends with it
-        self._handles: dict[Part, pafs.NativeFile] = {}  # parts are immutable: each opened (a HEAD) once
+        self._handles: dict[Part, pafs.NativeFile] = {}  # opened parts (a HEAD each), immutable: kept a while
         self._opened = False
 
     def stat(self) -> FileStat | None:
@@ -266,9 +267,9 @@ class PartsFile(_InBucket):
         if not parts:
             return None
         self._parts, self._starts = parts, [part.start for part in parts]
-        listed = set(parts)
-        self._handles = {part: handle for part, handle in self._handles.items() if part in listed}
-        if self._torn not in listed:
+        kept = {parts[0], *parts[-_KEPT_HANDLES:]}  # where the follower's fingerprints are read again
+        self._handles = {part: handle for part, handle in self._handles.items() if part in kept}
+        if self._torn not in parts:
             self._torn = None  # replaced or deleted: read on
         self._size = self._torn.end if self._torn is not None else parts[-1].end
         identity = _digest(*(f"{part.start}:{part.size}:{part.modified_ns}".encode() for part in parts))
@@ -278,6 +279,11 @@ class PartsFile(_InBucket):
         if not self._parts and self.stat() is None:
             raise RunFileError(self.location.url, "no parts")
         self._opened = True
+
+    @property
+    def parts(self) -> list[Part]:
+        """The parts as the last ``stat()`` listed them, in offset order."""
+        return self._parts
 
     def size(self) -> int:
         return self._size

@@ -17,11 +17,12 @@ Contract:
   the next one uploads the same bytes under the same name.
 * **Resuming** lists the parts (the uploaded offset is where the last one ends) and compares the
   local file with what they hold before uploading anything: the first ``HEAD_BYTES`` (the run's
-  first record) and the last ``TAIL_BYTES`` of the uploaded bytes, byte for byte (a digest cannot
-  ride along: pyarrow's client stores no user metadata on an object).  Each pass compares the same
-  bytes again.  A local file that shrank below the uploaded offset or was rewritten is refused in
-  one line and nothing is deleted: readers may be reading the parts, and which copy is right is
-  the user's call (another prefix, or delete the parts to upload it anew).
+  first record) and the last part (its last ``TAIL_BYTES`` when larger), byte for byte (a digest
+  cannot ride along: pyarrow's client stores no user metadata on an object).  Each pass compares
+  the same bytes, and those it uploaded since, again.  A local file that shrank below the
+  uploaded offset or was rewritten is refused in one line and nothing is deleted: readers may be
+  reading the parts, and which copy is right is the user's call (another prefix, or delete the
+  parts to upload it anew).
 * **Following** (``--follow``): a pass every ``--interval`` seconds, at most one part each (plus
   one per ``MAX_PART_BYTES`` of backlog), so parts per day are bounded by the interval whatever the
   write rate.  It ends, exit status 0, when the writer's session is over and everything is
@@ -63,7 +64,7 @@ from metrics_core.text import clean
 INTERVAL_S = 60.0  # at most 1,440 parts a day; a line is in the bucket within a minute of its newline
 MAX_PART_BYTES = 64 << 20  # memory per part: a part is read whole before its upload starts
 HEAD_BYTES = 4 << 10  # the first record: run id, session id, time
-TAIL_BYTES = 1 << 20  # the end of what is uploaded: the last part whole, unless it is larger
+TAIL_BYTES = 1 << 20  # compared at the end of what is uploaded: a resumed sync reads this much of the last part
 _STOP_CHECK_S = 0.1  # how soon a sleeping --follow notices Ctrl-C or SIGTERM
 _START_OVER = "sync it to another prefix, or delete the parts to upload it anew"
 
@@ -89,15 +90,17 @@ class RunSync:
         self._tail = b""  # the last bytes uploaded
 
     def resume(self) -> None:
-        """Continue after the parts already in the bucket: one listing and two ranged reads.
-        ``RunFileError`` when they cannot be listed or read, or end mid-line (not sync's parts)."""
+        """Continue after the parts already in the bucket: one listing and the reads of the first
+        bytes and of the last part.  ``RunFileError`` when they cannot be listed or read, or end
+        mid-line (not sync's parts)."""
         remote = PartsFile(self.run, self.filesystem)
         if remote.stat() is None:
             return
         remote.open()
         end = remote.size()
+        last = remote.parts[-1]
         self._head = remote.read(0, HEAD_BYTES)
-        self._tail = remote.read(max(end - TAIL_BYTES, 0), TAIL_BYTES)
+        self._tail = remote.read(max(last.start, end - TAIL_BYTES), TAIL_BYTES)
         remote.close()
         if remote.size() != end or not self._tail.endswith(b"\n"):
             raise RunFileError(self.parts.url, f"a part ends mid-line at byte {remote.size():,}: sync uploads whole "
