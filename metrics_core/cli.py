@@ -370,8 +370,11 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         serve(argv[1:])
         return 0
     if argv[:1] == ["sync"]:  # imports pyarrow's S3 client: only here
-        from metrics_core.sync import main as sync
-
+        try:
+            from metrics_core.sync import main as sync
+        except ImportError as exc:
+            err.write(f"error: sync needs pyarrow: pip install 'metrics-core[s3]' ({exc})\n")
+            return 2
         return sync(argv[1:], out, err)
     args = _parser().parse_args(argv)
     if args.command == "alerts":

@@ -258,6 +258,15 @@ def test_summary_runs_where_only_orjson_is_installed(tmp_path: Path, light_pytho
     assert "status    crashed" in result.stdout and "70 steps and 7,000 tokens replayed" in result.stdout
 
 
+def test_sync_where_pyarrow_is_missing_says_what_to_install(tmp_path: Path, light_python: str) -> None:
+    """On a training node without pyarrow, sync names the extra to install in one line, exit 2."""
+    three_session_run(tmp_path / "r" / "metrics.jsonl")
+    result = cli("sync", str(tmp_path / "r"), "s3://bucket/r", python=light_python)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.startswith("error: sync needs pyarrow: pip install 'metrics-core[s3]' (No module named")
+    assert len(result.stderr.splitlines()) == 1
+
+
 def _modules_after(command: str, run: Path) -> list[str]:
     """Heavy top-level modules loaded by a fresh interpreter after running one command's main()."""
     code = (
