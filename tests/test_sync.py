@@ -84,7 +84,7 @@ def complete_prefix(path: Path) -> bytes:
     return data[: data.rfind(b"\n") + 1]
 
 
-def poll(condition: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
+def poll(condition: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
     while not condition():
         assert time.monotonic() < deadline, f"not within {timeout:.0f} s: {what}"
@@ -187,7 +187,7 @@ def test_sync_follow_uploads_each_complete_line_once_while_the_writer_is_killed_
         writer.send_signal(signal.SIGKILL)  # mid-line
         writer.wait(timeout=30)
         follow.send_signal(signal.SIGTERM)
-        out, err = follow.communicate(timeout=30)
+        out, err = follow.communicate(timeout=60)
     finally:
         for process in (writer, follow):
             if process.poll() is None:
