@@ -47,8 +47,9 @@ def make_root(root: Path) -> Path:
         small_run(root / f"team{number % 3}" / f"sweep-{number:02d}" / "metrics.jsonl")
     for number in range(4):
         three_session_run(root / f"resumed-{number}" / "metrics.jsonl")
-    append_records(root / "odd" / "metrics.jsonl", base_record(1, note="x", flag=True, Train_Loss=3.0, run="mine"),
-                   base_record(2, event="eval", note=5), base_record(3, event="session_end", status="finished"))  # fmt: skip
+    odd = (base_record(1, note="x", flag=True, Train_Loss=3.0, run="mine"), base_record(2, event="eval", note=5),
+           base_record(3, event="session_end", status="finished"))  # fmt: skip
+    append_records(root / "odd" / "metrics.jsonl", *odd)
     big_resumed_run(root / "big" / "metrics.jsonl")
     return root
 
@@ -81,7 +82,7 @@ def readers(root: Path) -> dict[str, RunReader]:
 
 
 def same(a: float | None, b: float | None) -> bool:
-    return (a is None or math.isnan(a)) and (b is None or math.isnan(b)) or a == b
+    return ((a is None or math.isnan(a)) and (b is None or math.isnan(b))) or a == b
 
 
 def test_duckdb_answers_equal_the_readers(exported: tuple[Path, Path]) -> None:
@@ -107,7 +108,8 @@ def test_duckdb_answers_equal_the_readers(exported: tuple[Path, Path]) -> None:
         assert same(runs[name][2], loss) and same(effective[name], loss), name
         train = reader.frame("train")
         for session in reader.sessions:
-            own = sum(int(reader.superseded(e)[reader.session_indices(e) == session.index].sum()) for e in reader.events)
+            own = sum(int(reader.superseded(e)[reader.session_indices(e) == session.index].sum())
+                      for e in reader.events)  # fmt: skip
             mine = train[train["session_id"] == session.session_id].get("train_loss", pd.Series(dtype=float)).min()
             records, redone, low = sessions[(name, session.index)]
             assert (records, redone) == (session.records, own) and same(low, mine), (name, session.index)
@@ -234,7 +236,7 @@ def test_the_connection_itself_refuses_writes_and_file_access(exported: tuple[Pa
                           "SELECT * FROM read_csv('/etc/passwd')", f"SELECT * FROM read_parquet('{export}/*.parquet')",
                           "SET enable_external_access = true", "RESET lock_configuration", "INSTALL httpfs",
                           f"ATTACH '{tmp_path}/db.duckdb'"):  # fmt: skip
-            with pytest.raises(Exception, match="Permission|locked|disabled"):
+            with pytest.raises(Exception, match=r"Permission|locked|disabled"):
                 connection.execute(statement)
         assert connection.execute("SELECT count(*) FROM records").fetchone()[0] > 200_000
     finally:
@@ -265,7 +267,7 @@ def test_a_query_past_its_time_is_interrupted(exported: tuple[Path, Path]) -> No
     _, export = exported
     connection = connect(export, now=NOW)
     try:
-        with pytest.raises(QueryError, match="stopped after 0.2 s"):
+        with pytest.raises(QueryError, match=r"stopped after 0\.2 s"):
             run_query(connection, "SELECT count(*) FROM range(100000000000) a, records b", timeout_s=0.2)
     finally:
         connection.close()
@@ -273,6 +275,8 @@ def test_a_query_past_its_time_is_interrupted(exported: tuple[Path, Path]) -> No
 
 def test_importing_the_package_and_the_cli_loads_no_duckdb_or_pyarrow() -> None:
     """The training side stays light with the sql commands in the command line."""
-    code = ("import sys, metrics_core, metrics_core.cli, metrics_core.sql\n"
-            "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'pyarrow', 'pandas', 'numpy'}))")  # fmt: skip
+    code = (
+        "import sys, metrics_core, metrics_core.cli, metrics_core.sql\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'pyarrow', 'pandas', 'numpy'}))"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"

@@ -517,11 +517,12 @@ def query_box(root: Path, cache: Path | None) -> None:
         except STORE_ERRORS as exc:
             st.session_state["sql_answer"] = reason_text(exc, root)
     answer = st.session_state.get("sql_answer")
-    if isinstance(answer, str):
-        st.error(f"Query failed: {answer}", icon=":material/error:")
-    elif answer is not None:
-        frame, truncated = answer
-        if truncated:
-            st.caption(f"The first {SQL_MAX_ROWS:,} rows.")
-        st.dataframe(frame, hide_index=True, key="sql_rows")
-        csv_button("Download CSV", lambda: frame.to_csv(index=False), "query.csv", "sql_csv")
+    with st.container(key="sql_answer"):
+        if isinstance(answer, str):
+            st.error(f"Query failed: {answer}", icon=":material/error:")
+        elif answer is not None:
+            frame, truncated = answer
+            if truncated:
+                st.caption(f"The first {SQL_MAX_ROWS:,} rows.")
+            st.dataframe(frame, hide_index=True)
+            csv_button("Download CSV", lambda: frame.to_csv(index=False), "query.csv", "sql_csv")
