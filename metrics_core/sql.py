@@ -101,8 +101,7 @@ def help_text() -> str:
 
 def check_read_only(sql: str) -> None:
     """Refuse anything but one ``SELECT`` or ``EXPLAIN`` (``QueryError``), by DuckDB's own parser."""
-    import duckdb
-
+    duckdb = _duckdb()
     parser = duckdb.connect(":memory:")
     try:
         statements = parser.extract_statements(sql)
@@ -117,6 +116,15 @@ def check_read_only(sql: str) -> None:
         raise QueryError(f"refused: a {kind} statement; only reading queries (SELECT) are allowed")
 
 
+def _duckdb() -> Any:
+    """The ``duckdb`` module, or a ``QueryError`` saying how to install it."""
+    try:
+        import duckdb
+    except ImportError:
+        raise QueryError("SQL needs DuckDB: pip install 'metrics-core[sql]'") from None
+    return duckdb
+
+
 def _one_line(exc: BaseException) -> str:
     text = " ".join(str(exc).split())
     return text[:300] + "…" if len(text) > 300 else text or type(exc).__name__
@@ -128,8 +136,7 @@ def _one_line(exc: BaseException) -> str:
 def connect(export: Path, *, now: datetime, threads: int = 2, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
     """A locked-down DuckDB connection with the views over the local export directory ``export``
     (module docstring).  ``now``: the time the runs' statuses are decided at."""
-    import duckdb
-
+    duckdb = _duckdb()
     from metrics_core.export import Destination
 
     manifest = Destination.of(export).read_manifest()
@@ -241,9 +248,9 @@ def run_query(
     rest left unread (``truncated``); ``on_batch``: called with each batch as it arrives instead of
     keeping the rows (the command line streams them).  Any failure is a one-line ``QueryError``.
     """
-    import duckdb
     import pyarrow as pa
 
+    duckdb = _duckdb()
     check_read_only(sql)
     timer = None
     if timeout_s is not None:
