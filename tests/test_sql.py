@@ -280,3 +280,19 @@ def test_importing_the_package_and_the_cli_loads_no_duckdb_or_pyarrow() -> None:
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'pyarrow', 'pandas', 'numpy'}))"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
+
+
+def test_the_export_command_and_a_query_over_its_directory(tmp_path: Path) -> None:
+    """`export ROOT OUT` says what it did (twice: the second time nothing), refuses an OUT inside the root,
+    and `query OUT …` reads that export as it is."""
+    root = tmp_path / "runs"
+    three_session_run(root / "a" / "metrics.jsonl")
+    small_run(root / "b" / "metrics.jsonl")
+    out, cache = tmp_path / "export", ("--cache-dir", str(tmp_path / "cache"))
+    first, second = cli("export", str(root), str(out), *cache), cli("export", str(root), str(out), *cache)
+    assert first.stdout == "exported 2 run(s), 0 unchanged, 0 removed\n" and first.returncode == 0, first.stderr
+    assert second.stdout == "exported 0 run(s), 2 unchanged, 0 removed\n" and second.returncode == 0
+    inside = cli("export", str(root), str(root / "export"), *cache)
+    assert inside.returncode == 2 and inside.stderr.count("\n") == 1 and not (root / "export").exists()
+    done = cli("query", str(out), "SELECT count(*) AS n FROM records WHERE superseded", "--format", "csv")
+    assert done.stdout == "n\n9\n" and done.returncode == 0
