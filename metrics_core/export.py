@@ -46,7 +46,7 @@ import os
 import re
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -224,7 +224,7 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
     status = StatusRecord.of(reader, identity=reader.read_identity)
     return {
         "status": {
-            **asdict(status),
+            **_values(status),
             "path": str(status.path),
             "identity": list(status.identity or ()),
             "last_record_time": _iso(status.last_record_time),
@@ -241,13 +241,18 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
         "bad_lines": reader.bad_lines,
         "session_rows": [
             {
-                **{name: _iso(value) if isinstance(value, datetime) else value for name, value in asdict(s).items()},
+                **{name: _iso(value) if isinstance(value, datetime) else value for name, value in _values(s).items()},
                 "own_records_superseded": int(own_superseded[s.index]),
                 "min_train_loss": session_min[s.index],
             }
             for s in sessions
         ],
     }
+
+
+def _values(instance: Any) -> dict[str, Any]:
+    """A dataclass's fields by name, not deep-copied (``asdict`` copies every value)."""
+    return {item.name: getattr(instance, item.name) for item in fields(instance)}
 
 
 def _iso(value: datetime | None) -> str | None:
