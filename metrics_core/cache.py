@@ -46,7 +46,7 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,15 @@ FORMAT = 3  # bump when the record rules (records.py) or the column typing (colu
 _MAGIC = b"MCCACHE1"
 _PREFIX = struct.Struct("<8sQQI")  # magic, header bytes, payload bytes, crc32 of header + payload
 _NUMERIC = {"int": "int64", "float": "float64", "bool": "int8"}
+
+
+def default_directory(environ: Mapping[str, str]) -> Path:
+    """``$METRICS_CACHE_DIR``, else ``$XDG_CACHE_HOME/metrics_core``, else ``~/.cache/metrics_core``:
+    a directory the tools own, never the runs root (which may be read-only or shared)."""
+    if environ.get("METRICS_CACHE_DIR"):
+        return Path(environ["METRICS_CACHE_DIR"])
+    base = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
+    return base / "metrics_core"
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,7 @@
 """``python -m metrics_core tail|summary RUN_DIR``: a run in the terminal, on a training node, through ssh or a log.
 
+(``alerts``, ``export`` and ``query`` live in ``metrics_core.alerts`` and ``metrics_core.sql``.)
+
 Runs with the package's own dependency only (orjson): training nodes install ``metrics_core``
 alone, so both commands read the file through ``metrics_core.digest`` (the record rules of
 ``metrics_core.records``, the session and replay rules of ``RunReader``), never through numpy or
@@ -39,6 +41,8 @@ from metrics_core.errors import MetricsError
 from metrics_core.health import Finding
 from metrics_core.records import BadLine
 from metrics_core.sessions import Session, as_datetime, number
+from metrics_core.sql import add_commands as add_sql_commands
+from metrics_core.sql import command as sql_command
 from metrics_core.storage import metrics_path
 from metrics_core.text import clean, fit, fit_middle, width
 
@@ -353,6 +357,7 @@ def _parser() -> argparse.ArgumentParser:
     add_command(commands)
     commands.add_parser("sync", add_help=False, help="upload a run's complete lines to a bucket as they are written, "
                         "each byte once (needs metrics-core[s3])")  # fmt: skip
+    add_sql_commands(commands)
     commands.add_parser(
         "serve", add_help=False, help="the live dashboard, as metrics-dashboard (needs metrics-core[app])"
     )
@@ -379,6 +384,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
     args = _parser().parse_args(argv)
     if args.command == "alerts":
         return command(args, out, err)
+    if args.command in ("export", "query"):
+        return sql_command(args, out, err)
     try:
         path = metrics_path(args.run_dir)
         if args.command == "tail":

@@ -296,6 +296,12 @@ class RunReader(FollowedLog):
         self._flush()
         return list(self._tables)
 
+    def fields(self, event: str) -> list[str]:
+        """The fields of ``event`` records that held a value, in order of first appearance."""
+        self._flush()
+        table = self._tables.get(event)
+        return [] if table is None else list(table.columns)
+
     def ingest_health(self) -> IngestHealth:
         """A snapshot of what reading the file ran into so far."""
         return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
@@ -393,6 +399,13 @@ class RunReader(FollowedLog):
         steps = table.columns["step"].view()
         earlier = sessions < index
         return earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+
+    def session_indices(self, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, the index of its session in ``sessions`` (a view; do not
+        modify it)."""
+        self._flush()
+        table = self._tables.get(event)
+        return np.zeros(0, dtype=np.int64) if table is None else self._global_sessions(table)
 
     @property
     def sessions(self) -> list[Session]:
