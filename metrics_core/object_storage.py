@@ -152,10 +152,13 @@ class ObjectFile:
 
 @dataclass(frozen=True, slots=True)
 class BucketRun:
-    """A run found under a bucket prefix: its name relative to the prefix, and its address."""
+    """A run found under a bucket prefix: its name relative to the prefix, its address, and its
+    object's size and modification time as the listing gave them (free: no request per run)."""
 
     name: str
     location: BucketPath
+    size: int = 0
+    mtime_ns: int = 0
 
     @property
     def metrics_url(self) -> str:
@@ -193,7 +196,7 @@ def discover_bucket_runs(
         if len(parts) > max_depth or any(part.startswith(".") for part in parts):
             continue
         name = "/".join(parts) or "."
-        runs.append(BucketRun(name, location.child("/".join(parts))))
+        runs.append(BucketRun(name, location.child("/".join(parts)), info.size or 0, info.mtime_ns or 0))
     return sorted(runs, key=lambda run: run.name)
 
 
