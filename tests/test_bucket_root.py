@@ -10,11 +10,14 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from datetime import datetime, timezone
+from pathlib import Path
 
 import pytest
 from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
+from metrics_core.dashboard.launch import streamlit_arguments
+from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.object_storage import ObjectFile, s3_filesystem
@@ -203,3 +206,14 @@ def test_the_runs_page_says_a_missing_bucket_in_one_plain_line_and_stays_up(
 def plain(markdown: str) -> str:
     """What ``display_text.md_text`` escaped, read back: its backslashes and word joiners dropped."""
     return re.sub(r"\\(.)", r"\1", markdown).replace("\u2060", "")
+
+
+def test_a_bucket_address_is_the_runs_root_of_every_command(tmp_path: Path) -> None:
+    """``--runs s3://bucket/prefix`` stays an address (a path would fold its ``//``) for ``streamlit
+    run app.py --``, ``metrics-dashboard`` and ``serve`` alike; ``--list-interval`` must be positive."""
+    config = parse_settings(["--runs", "s3://runs/exp", "--list-interval", "30", "--cache-dir", str(tmp_path)], {})
+    assert (config.runs, config.list_interval) == ("s3://runs/exp", 30.0)
+    assert parse_settings([], {"METRICS_RUNS_DIR": "s3://runs/x"}).runs == "s3://runs/x"
+    assert streamlit_arguments(["--runs", "s3://runs/exp"], {}, Path("app.py"))[-2:] == ["--runs", "s3://runs/exp"]
+    with pytest.raises(SystemExit, match="--list-interval must be a positive number"):
+        parse_settings(["--runs", "s3://runs/exp", "--list-interval", "0"], {})
