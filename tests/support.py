@@ -356,6 +356,10 @@ class CountingProxy:
                     data = answer.read()
                 finally:
                     upstream.close()
+                with proxy._lock:  # before the answer: a client that has it finds it counted
+                    proxy.counts[kind] += 1
+                    proxy.keys[kind, key] += 1
+                    proxy.bytes += len(data)
                 self.send_response_only(answer.status, answer.reason)
                 for name, value in answer.getheaders():
                     if name.lower() not in _HOP:
@@ -365,10 +369,6 @@ class CountingProxy:
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)
-                with proxy._lock:
-                    proxy.counts[kind] += 1
-                    proxy.keys[kind, key] += 1
-                    proxy.bytes += len(data)
 
             do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
 
