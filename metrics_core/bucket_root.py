@@ -11,8 +11,10 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
   keys), lazily, by whichever call needs it first.  The listing gives each object's size and
   modification time for free: an object whose pair differs from the previous listing's is a
   changed run (``take_changed``), the only thing that makes a run that is not live due again.
-* A live run (``polls``) is looked at once per safety interval: one HEAD (``ObjectFile.stat``),
-  plus one ranged GET of the new bytes when it grew.
+* A live run (``polls``) is looked at once per safety interval: one HEAD (``ObjectFile.stat``);
+  when it grew, one ranged GET from the last line read to the end (``TailRead``: the follower's
+  check that the object was not rewritten and the new bytes in one request) and one of the
+  object's first bytes (the same check at the start).
 * Any other run (ended, or older than the stall rule: its status cannot change with no new
   record, as no writer lock crosses a bucket) costs nothing once read, until a listing shows its
   object changed.  A run whose reading failed costs nothing either until then.
@@ -20,7 +22,8 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
   and the tail).
 
 So at a refresh every ``r`` seconds the steady cost per minute is ``60 / list_interval`` listings
-plus at most ``2 × 60 / r`` requests per live run, whatever the number of finished runs.
+plus at most ``3 × 60 / r`` requests per live run (``60 / r`` when it did not grow), whatever the
+number of finished runs.
 
 Status: ``ObjectFile.writer_alive()`` is None, so ``runs.run_status`` falls back to the record-age
 rule (``live`` while the last record is recent, then ``stalled``; never ``crashed`` from a lock).
@@ -42,6 +45,7 @@ from typing import TYPE_CHECKING
 from pyarrow import fs as pafs
 
 from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
+from metrics_core.lines import READ_CHUNK
 from metrics_core.object_storage import BucketRun, discover_bucket_runs, parse_bucket_url, s3_filesystem
 from metrics_core.reader import RunReader
 from metrics_core.roots import LIST_INTERVAL_S
@@ -50,14 +54,65 @@ from metrics_core.writer import METRICS_FILENAME
 
 if TYPE_CHECKING:
     from metrics_core.cache import CachePolicy
-    from metrics_core.storage import RunFile
+    from metrics_core.storage import FileStat, RunFile
 
 RETRY_S = 10.0  # a listing that failed (no such bucket, refused credentials) is tried again this often at most
 
 
+SMALL_READ = 4096  # a read this short past the start is a look at a line (``lines.LineFollower``'s checks)
+
+
 def open_run_file(filesystem: pafs.FileSystem, run: BucketRun) -> RunFile:
     """The one place a bucket run's ``RunFile`` is made."""
-    return run.file(filesystem)
+    return TailRead(run.file(filesystem))
+
+
+class TailRead:
+    """A bucket run's ``RunFile`` whose short look at a line past the start also fetches the rest
+    of the object (as the last HEAD found it, up to ``lines.READ_CHUNK``): when a live run grew,
+    the follower's look at the last line it read and its read of the new bytes after that line
+    are one ranged GET, not two.  The look at the first bytes stays a GET of its own (fetching
+    from the start would read the whole run again).  Anything else passes through."""
+
+    def __init__(self, file: RunFile) -> None:
+        self.file = file
+        self.path = file.path
+        self._tail: tuple[int, bytes] | None = None  # (offset, the bytes from there to the end)
+
+    def stat(self) -> FileStat | None:
+        self._tail = None  # the next reads are of the object this HEAD finds
+        return self.file.stat()
+
+    def open(self) -> None:
+        self._tail = None
+        self.file.open()
+
+    @property
+    def opened_version(self) -> int | None:
+        return self.file.opened_version
+
+    def size(self) -> int:
+        return self.file.size()
+
+    def read(self, offset: int, count: int) -> bytes:
+        if self._tail is not None and self._tail[0] <= offset:  # it runs to the end of the object
+            start, data = self._tail
+            return data[offset - start : offset - start + count]
+        rest = self.file.size() - offset
+        if offset > 0 and count <= SMALL_READ and count < rest <= READ_CHUNK:
+            self._tail = (offset, self.file.read(offset, rest))
+            return self._tail[1][:count]
+        return self.file.read(offset, count)
+
+    def writer_alive(self) -> bool | None:
+        return self.file.writer_alive()
+
+    def cache_key(self) -> str | None:
+        return self.file.cache_key()
+
+    def close(self) -> None:
+        self._tail = None
+        self.file.close()
 
 
 class BucketRoot:

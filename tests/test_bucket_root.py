@@ -21,8 +21,21 @@ from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.object_storage import ObjectFile, s3_filesystem
+from metrics_core.reader import RunReader
 from tests.live_server import free_port, wait_for_http
-from tests.support import BUCKET, CountingProxy, base_record, bucket_run, line, open_page, put_object
+from tests.support import (
+    BUCKET,
+    CountingProxy,
+    append_bytes,
+    append_records,
+    base_record,
+    bucket_run,
+    line,
+    open_page,
+    put_object,
+    snapshot,
+    three_session_run,
+)
 
 REFRESH_S = 5.0
 
@@ -78,9 +91,9 @@ def test_a_refresh_costs_one_head_per_live_run_and_finished_runs_cost_nothing(
         counts, _ = proxy.snapshot()
         assert counts["list"] == 2  # at 60 s and 120 s
         assert counts["head"] == 2 * 24, proxy.keys  # one per live run per refresh, whatever the tabs
-        # The one upload: the new bytes, and the rewrite check's two fingerprints (the first bytes of
-        # the object and of the last line read: lines.LineFollower), 256 bytes each.
-        assert counts["get"] == 3
+        # The one upload: a GET of its first bytes and one from the last line read to the end (the
+        # rewrite check of lines.LineFollower looks at both lines; the new bytes come with the second).
+        assert counts["get"] == 2
         finished = {key: n for (kind, key), n in proxy.keys.items() if key.startswith("exp/done")}
         assert finished == {}
 
@@ -217,3 +230,35 @@ def test_a_bucket_address_is_the_runs_root_of_every_command(tmp_path: Path) -> N
     assert streamlit_arguments(["--runs", "s3://runs/exp"], {}, Path("app.py"))[-2:] == ["--runs", "s3://runs/exp"]
     with pytest.raises(SystemExit, match="--list-interval must be a positive number"):
         parse_settings(["--runs", "s3://runs/exp", "--list-interval", "0"], {})
+
+
+def test_a_bucket_run_read_through_its_root_tells_the_local_copys_story(
+    bucket: pafs.S3FileSystem, tmp_path: Path
+) -> None:
+    """The root's reader (``TailRead`` over ``ObjectFile``, whose look at the last line read also
+    fetches the new bytes) reads what a reader of the local file uploaded each time reads: a torn
+    tail completed and records appended, then a rewrite of the same length, then a shorter run."""
+    path = tmp_path / "metrics.jsonl"
+    three_session_run(path)
+    torn = line(base_record(210, session="s3", train_loss=0.05))
+    append_bytes(path, torn[:-9])
+    put_object(bucket, "exp/a/metrics.jsonl", path.read_bytes())
+    root = BucketRoot(f"s3://{BUCKET}/exp")
+    remote, local = root.reader(root.resolve("a"), cache=None), RunReader(path)
+
+    def same() -> None:
+        put_object(bucket, "exp/a/metrics.jsonl", path.read_bytes())
+        assert remote.refresh() == local.refresh()
+        assert snapshot(remote) == snapshot(local)
+        assert (remote.resets, remote.pending_bytes) == (local.resets, local.pending_bytes)
+
+    same()
+    append_bytes(path, torn[-9:])
+    append_records(path, *(base_record(s, session="s3", train_loss=1.0 / s) for s in range(220, 260, 10)))
+    same()
+    assert remote.resets == 0 and remote.pending_bytes == 0
+    path.write_bytes(path.read_bytes().replace(b'"s3"', b'"s4"'))
+    same()
+    path.write_bytes(b"".join(line(base_record(s, session="x", train_loss=2.0)) for s in (10, 20)))
+    same()
+    assert remote.resets == 2 and remote.records == 2

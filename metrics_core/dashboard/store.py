@@ -198,7 +198,7 @@ class RunStore:
             peek=self._peek, big=CALLER_READ_BYTES, delay_s=loader_delay_s, stats=self.stats)  # fmt: skip
 
     def close(self) -> None:
-        """Stop the loader (after the run it is reading) and the watcher, and close every reader,
+        """Stop the loader (after the run it is reading) and the root (its watcher), and close every reader,
         each under its run's lock: a reader saves its cache on close, and must not while another
         thread is reading into it."""
         self.loader.close()
