@@ -1,6 +1,7 @@
 """The live training-metrics dashboard.
 
     streamlit run app.py -- --runs /shared/runs [--refresh 0.5] [--poll] [--demo] [--webhook URL] [--alerts-config FILE]
+    streamlit run app.py -- --runs s3://bucket/prefix [--refresh 5] [--list-interval 60]
 
 An installed package serves this same file (``metrics-dashboard --runs DIR``, ``launch.py``).
 Everything here is navigation; pages live in pages/, logic in metrics_core.

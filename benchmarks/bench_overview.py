@@ -155,7 +155,7 @@ def memory_child(root: Path, store_file: Path | None, cache: bool) -> dict[str, 
             time.sleep(0.05)
             table = store.overview()
         filled = time.perf_counter() - start
-        while store._loader is not None:  # it may still be releasing the last run it read
+        while store.loader.busy:  # it may still be releasing the last run it read
             time.sleep(0.01)
         rss, peak = rss_kb()
         held = (store.held_records() if hasattr(store, "held_records")

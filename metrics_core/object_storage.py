@@ -332,12 +332,16 @@ class PartsFile(_InBucket):
 
 @dataclass(frozen=True, slots=True)
 class BucketRun:
-    """A run found under a bucket prefix: its name relative to the prefix, its address, and whether
-    it was uploaded in parts (``metrics.jsonl.parts/``) rather than as one ``metrics.jsonl``."""
+    """A run found under a bucket prefix: its name relative to the prefix, its address, whether it
+    was uploaded in parts (``metrics.jsonl.parts/``) rather than as one ``metrics.jsonl``, and its
+    size and modification time as the listing gave them (free: no request per run; for parts, their
+    total size and the newest part's time)."""
 
     name: str
     location: BucketPath
     parts: bool = False
+    size: int = 0
+    mtime_ns: int = 0
 
     @property
     def metrics_url(self) -> str:
@@ -391,20 +395,25 @@ def discover_bucket_runs(
     except OSError as exc:
         raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
     base = len(location.fs_path) + 1
-    runs: dict[str, BucketRun] = {}
+    found: dict[tuple[str, bool], tuple[int, int]] = {}  # (name, in parts) -> (size, newest mtime)
     for info in infos:
-        if info.type == pafs.FileType.File and info.base_name == METRICS_FILENAME:
-            in_parts = False
-        elif info.type == pafs.FileType.Directory and info.base_name == PARTS_DIRNAME:
-            in_parts = True
+        key = info.path[base:].split("/")
+        if info.type != pafs.FileType.File:
+            continue
+        if info.base_name == METRICS_FILENAME:
+            parts, in_parts = key[:-1], False
+        elif len(key) >= 2 and key[-2] == PARTS_DIRNAME:
+            parts, in_parts = key[:-2], True
         else:
             continue
-        parts = info.path[base:].split("/")[:-1]
         if len(parts) > max_depth or any(part.startswith(".") for part in parts):
             continue
-        name = "/".join(parts) or "."
-        if in_parts or name not in runs:
-            runs[name] = BucketRun(name, location.child("/".join(parts)), in_parts)
+        size, mtime_ns = found.get(("/".join(parts), in_parts), (0, 0))
+        found["/".join(parts), in_parts] = (size + (info.size or 0), max(mtime_ns, info.mtime_ns or 0))
+    runs: dict[str, BucketRun] = {}
+    for (path, in_parts), (size, mtime_ns) in sorted(found.items(), key=lambda item: item[0][1]):
+        name = path or "."
+        runs[name] = BucketRun(name, location.child(path), in_parts, size, mtime_ns)  # parts come last: they win
     return sorted(runs.values(), key=lambda run: run.name)
 
 

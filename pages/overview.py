@@ -16,6 +16,7 @@ page when they read differently.  Below it, a read-only SQL query over every run
 """
 
 import time
+from pathlib import Path
 
 import streamlit as st
 
@@ -28,7 +29,8 @@ from metrics_core.dashboard.widgets import overview_or_stop, query_box, runs_pag
 config = settings()
 store = get_store(config)
 st.title("Runs")
-st.caption(md_text(f"Watching {config.runs.resolve()} ({store.watcher.mode}: {store.watcher.mode_reason})"))
+where = config.runs.resolve() if isinstance(config.runs, Path) else config.runs  # a bucket: s3://bucket/prefix
+st.caption(md_text(f"Watching {where} ({store.source.mode}: {store.source.mode_reason})"))
 alerter = get_alerter(config)
 notice = show_notice(notice_of(alerter))
 generation = store.overview_generation()  # read first: a change during overview() is looked at, never unseen
@@ -64,7 +66,7 @@ st.session_state["runs_just_read"] = True
 watch_runs()
 if table.empty:
     st.info(f"No runs under {md_text(config.runs)} yet: a run is any directory holding a metrics.jsonl.")
-    if st.button("Start the live demo run", key="start_demo"):
+    if isinstance(config.runs, Path) and st.button("Start the live demo run", key="start_demo"):
         get_demo(config.runs.resolve())
         st.rerun()
     st.stop()

@@ -7,6 +7,7 @@ Fixtures live in ``conftest.py`` and are used by name; helpers live here and are
 
 from __future__ import annotations
 
+import http.client
 import json
 import math
 import os
@@ -16,9 +17,11 @@ import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from urllib.parse import parse_qs, urlsplit
 
 import orjson
 
@@ -247,6 +250,25 @@ HOSTILE = {
 }
 
 
+def put_object(filesystem: object, key: str, data: bytes) -> None:
+    """Replace the object ``key`` of the test bucket with ``data`` as a whole, as ``aws s3 cp`` does."""
+    with filesystem.open_output_stream(f"{BUCKET}/{key}") as out:
+        out.write(data)
+
+
+def bucket_run(*, live: bool, steps: int = 5, session: str = "s1") -> bytes:
+    """A run's metrics as bytes: ``steps`` train records, ended by a ``session_end`` unless ``live``
+    (then the records are dated now, so the record-age rule reads it as live)."""
+    now = datetime.now(timezone.utc)
+    times = [(now - timedelta(seconds=steps - s)).isoformat(timespec="microseconds") for s in range(steps)]
+    records = [base_record(10 * (s + 1), session=session, train_loss=1.0 / (s + 1)) for s in range(steps)]
+    if live:
+        records = [record | {"time": time} for record, time in zip(records, times, strict=True)]
+    if not live:
+        records.append(base_record(10 * steps, event="session_end", session=session, status="finished"))
+    return b"".join(line(record) for record in records)
+
+
 # -- threads and pages ---------------------------------------------------------------------------
 
 
@@ -313,3 +335,89 @@ def open_page(page: str, **query: str | list[str]) -> AppTest:
 def popovers(app: AppTest, label: str) -> list[object]:
     """The page's popovers (buttons that open a panel) whose label starts with ``label``."""
     return [block for block in app.get("popover") if block.proto.popover.label.startswith(label)]
+
+
+_HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-length", "proxy-connection"))
+
+
+class CountingProxy:
+    """A plain HTTP proxy on 127.0.0.1 in front of an S3-compatible server (``upstream``,
+    ``http://host:port``), for a client whose ``AWS_ENDPOINT_URL`` is ``url``: forwards every
+    request as it came and counts it by kind (``list``: a bucket's listing; ``head`` / ``get``: of
+    an object; else the method), with the response bytes.  ``before(kind, key)``, if given, runs
+    before a request is forwarded (a test deletes an object between a HEAD and its GET there).
+    Shared by the bucket tests and benchmarks/bench_bucket.py."""
+
+    def __init__(self, upstream: str, before: Callable[[str, str], None] | None = None) -> None:
+        self.counts: Counter = Counter()
+        self.keys: Counter = Counter()  # (kind, key) -> requests
+        self.bytes = 0
+        self.before = before
+        self._lock = threading.Lock()
+        target = urlsplit(upstream)
+        proxy = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"  # the client keeps its connection, as it does with S3
+
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                kind, key = proxy.kind(self.command, self.path)
+                if proxy.before is not None:
+                    proxy.before(kind, key)
+                upstream = http.client.HTTPConnection(target.hostname, target.port, timeout=30)
+                try:
+                    headers = {name: value for name, value in self.headers.items() if name.lower() not in _HOP}
+                    upstream.request(self.command, self.path, body=body or None, headers=headers)
+                    answer = upstream.getresponse()
+                    data = answer.read()
+                finally:
+                    upstream.close()
+                with proxy._lock:  # before the answer: a client that has it finds it counted
+                    proxy.counts[kind] += 1
+                    proxy.keys[kind, key] += 1
+                    proxy.bytes += len(data)
+                self.send_response_only(answer.status, answer.reason)
+                for name, value in answer.getheaders():
+                    if name.lower() not in _HOP:
+                        self.send_header(name, value)
+                length = answer.getheader("Content-Length", "0") if self.command == "HEAD" else str(len(data))
+                self.send_header("Content-Length", length)
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+
+            do_GET = do_HEAD = do_PUT = do_POST = do_DELETE = forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.server.daemon_threads = True
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    @staticmethod
+    def kind(method: str, target: str) -> tuple[str, str]:
+        """What a request is (path-style addressing: ``/bucket/key?query``) and the key it names."""
+        parts = urlsplit(target)
+        _, _, key = parts.path.lstrip("/").partition("/")
+        if not key and method == "GET" and "list-type" in parse_qs(parts.query):
+            return "list", ""
+        return method.lower(), key
+
+    def snapshot(self) -> tuple[Counter, int]:
+        """The counts and bytes so far (a copy)."""
+        with self._lock:
+            return Counter(self.counts), self.bytes
+
+    def reset(self) -> None:
+        with self._lock:
+            self.counts.clear()
+            self.keys.clear()
+            self.bytes = 0
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()

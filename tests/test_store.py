@@ -13,6 +13,7 @@ import orjson
 import pandas as pd
 import pytest
 
+from metrics_core import roots as roots_module
 from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.live_views import view_charts
@@ -300,7 +301,7 @@ def overview_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dic
         append_records(root / f"run{number:04d}" / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / s) for s in range(10, 60, 10)))  # fmt: skip
     frames = count_calls(monkeypatch, store_module.RunReader, "frame")
-    resolves = count_calls(monkeypatch, store_module, "resolve_run")
+    resolves = count_calls(monkeypatch, roots_module, "resolve_run")  # the local root resolves names
     store = RunStore(root, safety_interval=3600.0, load_budget_s=3600.0)
     try:
         assert (store.overview()["status"] != "loading").all()

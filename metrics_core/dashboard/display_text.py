@@ -75,9 +75,14 @@ _PATH_START = r"(?<![^\s'\"(\[=])"
 def under_root(text: str, root: str | os.PathLike[str]) -> str:
     """``text`` with every path inside ``root`` (as given, absolute or resolved) said relative to
     it: ``[Errno 13] Permission denied: '/srv/runs/a/metrics.jsonl'`` reads ``… 'a/metrics.jsonl'``.
-    The root itself is left as it is: it is what the dashboard was started on."""
-    root = Path(root)
-    forms = sorted({str(root), str(root.absolute()), os.path.realpath(root)} - {"", ".", "/"}, key=len, reverse=True)
+    The root itself is left as it is: it is what the dashboard was started on.  A bucket root
+    (``s3://bucket/prefix``) has one form."""
+    if "://" in str(root):
+        forms = {str(root).rstrip("/")}
+    else:
+        root = Path(root)
+        forms = {str(root), str(root.absolute()), os.path.realpath(root)} - {"", ".", "/"}
+    forms = sorted(forms, key=len, reverse=True)
     pattern = _PATH_START + "(?:" + "|".join(map(re.escape, forms)) + ")/+"
     return re.sub(pattern, "", text)
 

@@ -20,6 +20,7 @@ from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
+from metrics_core.roots import LIST_INTERVAL_S, is_bucket_url
 from metrics_core.runs import find_runs
 
 # A refresh that finds nothing new costs a dict lookup in the store and a few bytes per chart, and
@@ -30,13 +31,19 @@ DEFAULT_REFRESH_S = 0.5
 
 @dataclass(frozen=True)
 class Settings:
-    runs: Path
+    runs: Path | str  # a directory, or a bucket prefix ``s3://bucket/prefix`` (a string)
     refresh: float
     poll: bool
     demo: bool
     cache: Path | None  # the dashboard's own cache directory; None: no cache
     webhook: str | None = None  # where alerts are posted; None: the config's, else only shown
     alerts_config: Path | None = None  # the alert rules' TOML file; None: the default rules
+    list_interval: float = LIST_INTERVAL_S  # a bucket root is listed at most this often
+
+
+def runs_root(text: str) -> Path | str:
+    """``--runs``: ``s3://bucket/prefix`` stays a string (a path would fold its ``//``), else a path."""
+    return text if is_bucket_url(text) else Path(text)
 
 
 def default_cache_dir(environ: Mapping[str, str]) -> Path:
@@ -51,8 +58,12 @@ def default_cache_dir(environ: Mapping[str, str]) -> Path:
 def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The dashboard's options, with their defaults from ``environ`` (also a parent of ``metrics-dashboard``'s)."""
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
-    parser.add_argument("--runs", type=Path, default=Path(environ.get("METRICS_RUNS_DIR", "runs")),
-                        help="the runs root: every directory under it holding a metrics.jsonl is a run")  # fmt: skip
+    parser.add_argument("--runs", type=runs_root, default=runs_root(environ.get("METRICS_RUNS_DIR", "runs")),
+                        help="the runs root: every directory under it holding a metrics.jsonl is a run; "
+                        "s3://bucket/prefix reads a bucket (AWS_* variables, README)")  # fmt: skip
+    parser.add_argument("--list-interval", type=float,
+                        default=float(environ.get("METRICS_LIST_INTERVAL", str(LIST_INTERVAL_S))),
+                        help="seconds between listings of a bucket root (its live runs: each refresh)")  # fmt: skip
     parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))),
                         help="seconds between updates of an open page")  # fmt: skip
     parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1",
@@ -76,13 +87,16 @@ def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
     ``--demo``, ``--cache-dir DIR`` / ``--no-cache``, ``--webhook URL``, ``--alerts-config FILE`` (the
     settings of ``python -m metrics_core alerts``); unknown arguments are left to Streamlit."""
     args, _ = settings_parser(environ).parse_known_args(argv)
-    if args.refresh <= 0:
-        raise SystemExit(f"--refresh must be a positive number of seconds, got {args.refresh}")
+    for flag, value in (("--refresh", args.refresh), ("--list-interval", args.list_interval)):
+        if value <= 0:
+            raise SystemExit(f"{flag} must be a positive number of seconds, got {value}")
     cache = None if args.no_cache else args.cache_dir
-    if cache is not None and cache.resolve().is_relative_to(args.runs.resolve()):
+    local = isinstance(args.runs, Path)
+    if cache is not None and local and cache.resolve().is_relative_to(args.runs.resolve()):
         raise SystemExit(f"--cache-dir {cache} is inside the runs root {args.runs}: the cache must live elsewhere")
     return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache,
-                    webhook=args.webhook, alerts_config=args.alerts_config)  # fmt: skip
+                    webhook=args.webhook, alerts_config=args.alerts_config,
+                    list_interval=args.list_interval)  # fmt: skip
 
 
 def settings() -> Settings:
@@ -95,10 +109,13 @@ _OPEN_ALERTERS: list[ServerAlerter] = []  # every alerter this process started, 
 
 
 @st.cache_resource(show_spinner=False)
-def _store(runs: Path, poll: bool, cache: Path | None, refresh: float) -> RunStore:
+def _store(runs: Path | str, poll: bool, cache: Path | None, refresh: float, list_interval: float) -> RunStore:
     # A run a page shows is viewed once per refresh: it must read as recently viewed between two.
     recent_s = max(RECENT_S, 4 * refresh)
-    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache), recent_s=recent_s)
+    # A bucket's live run costs a HEAD per look: looked at no more than once per page refresh.
+    polling = {"safety_interval": refresh} if is_bucket_url(runs) else {}
+    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache), recent_s=recent_s,
+                     list_interval=list_interval, **polling)  # fmt: skip
     _OPEN_STORES.append(store)
     return store
 
@@ -121,7 +138,7 @@ def open_store(config: Settings) -> RunStore:
     """The one RunStore of this server process (shared by every browser tab and the server's own
     routes); ``MetricsError`` when the runs root is missing (nothing is created unless ``--demo``
     asked for it)."""
-    return _store(config.runs, config.poll, config.cache, config.refresh)
+    return _store(config.runs, config.poll, config.cache, config.refresh, config.list_interval)
 
 
 def get_store(config: Settings) -> RunStore:
@@ -144,7 +161,11 @@ def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> Ser
 def get_alerter(config: Settings) -> ServerAlerter | None:
     """The one alerter of this server process on its runs root, shared by every browser tab; None,
     after saying why on the page, when ``--alerts-config`` or ``--webhook`` cannot be used (the rest
-    of the page works)."""
+    of the page works), or when the root is a bucket (alerts read a local root)."""
+    if is_bucket_url(config.runs):
+        if config.webhook or config.alerts_config:
+            st.error(md_text(f"Alerts are off: they read a local runs root, not {config.runs}"))
+        return None
     try:
         return _alerter(config.runs, config.webhook, config.alerts_config)
     except MetricsError as exc:
@@ -162,7 +183,7 @@ def get_demo(runs: Path) -> int:
 
 def maybe_start_demo(config: Settings) -> None:
     """With ``--demo``, a missing or empty runs root gets the live demo run."""
-    if config.demo:
+    if config.demo and isinstance(config.runs, Path):
         config.runs.mkdir(parents=True, exist_ok=True)
         if not find_runs(config.runs):
             get_demo(config.runs.resolve())

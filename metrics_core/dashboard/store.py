@@ -5,9 +5,15 @@ so all of it is thread-safe: one lock guards the run table, one lock per run gua
 Pages never touch a reader: they get an immutable ``RunView`` snapshot, rebuilt only when the
 run's file changed, so ten open tabs cost one parse and one set of frames.
 
-Refresh policy: a run is re-read when the watcher reports its file changed, and in any case when
-its last refresh is older than ``safety_interval`` seconds (a no-change refresh is one ``stat``),
-so a lost inotify event or a network filesystem never means stale data.
+Where the runs live is the root's business (``metrics_core.roots``: a local directory, or a
+bucket prefix in ``metrics_core.bucket_root``); the store asks it which runs there are, which
+changed, and for a run's reader, and never knows which kind it has.  Reading the runs of a cold
+root in the background is ``cold_loader.ColdLoader``'s.
+
+Refresh policy: a run is re-read when the root's hints say its file changed, and in any case when
+its last refresh is older than ``safety_interval`` seconds if the root polls a run of its status
+(a local root polls every run: a no-change refresh is one ``stat``, so a lost inotify event or a
+network filesystem never means stale data; a bucket polls live runs only, one HEAD each).
 
 Failure containment: one run never takes a page down.  Whatever reading or snapshotting a run
 raises (a reader bug, a permission error, a value pandas cannot hold) becomes a ``RunViewError``
@@ -63,7 +69,6 @@ once per snapshot, for the runs page to filter on and pick columns from; it is n
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 import weakref
@@ -78,25 +83,16 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.cache import CachePolicy
+from metrics_core.dashboard.cold_loader import ColdLoader
 from metrics_core.dashboard.config import run_config
 from metrics_core.dashboard.display_text import under_root
 from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row, unreadable_row
 from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.reader import RunReader
-from metrics_core.runs import (
-    END_STATUSES,
-    RunInfo,
-    StatusRecord,
-    UnreadableEntry,
-    discover_runs,
-    resolve_run,
-    run_status,
-    stop_reason,
-)
-from metrics_core.storage import LocalFile
+from metrics_core.roots import LIST_INTERVAL_S, RunsRoot, open_root
+from metrics_core.runs import END_STATUSES, RunInfo, StatusRecord, UnreadableEntry, run_status, stop_reason
 from metrics_core.summary import RunSummary, summarise
-from metrics_core.watch import RunsWatcher
 
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
@@ -142,6 +138,7 @@ class _Entry:
     failure: str | None = None  # why the last attempt failed, until the file changes
     failure_stamp: tuple[int, int, int, int] | None = None
     failed_at: float = float("-inf")
+    hinted: bool = False  # the root said the run's file changed since its last read
     queued: bool = False  # waiting in RunStore's cold queue
 
 
@@ -150,9 +147,10 @@ class RunStore:
 
     def __init__(
         self,
-        root: str | Path,
+        root: str | Path | RunsRoot,
         *,
         force_polling: bool = False,
+        list_interval: float = LIST_INTERVAL_S,
         safety_interval: float = 2.0,
         load_budget_s: float = 0.1,
         loader_delay_s: float = 1.0,
@@ -162,24 +160,26 @@ class RunStore:
         view_budget_records: int = VIEW_BUDGET_RECORDS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``cache``: where readers keep a columnar copy of big runs, so that a restarted server
+        """``root``: a directory, ``s3://bucket/prefix``, or a ``RunsRoot`` (``roots.open_root``
+        opens the first two, with ``force_polling`` for a directory's watcher and ``list_interval``
+        for a bucket's listing).  ``cache``: where readers keep a columnar copy of big runs, so that a restarted server
         reopens them at a few percent of a cold parse (``metrics_core.cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
         it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
         ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
         "Memory")."""
-        self.root = Path(root)
+        self.source = open_root(root, force_polling=force_polling, list_interval=list_interval) if isinstance(
+            root, (str, Path)) else root  # fmt: skip
+        self.root = self.source.location
         self.cache = cache
         self.idle_s = idle_s
         self.recent_s = recent_s
         self.view_budget_records = view_budget_records
         self.safety_interval = safety_interval
         self.load_budget_s = load_budget_s
-        self.loader_delay_s = loader_delay_s
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, _Entry] = {}
-        self._by_directory: dict[Path, _Entry] = {}
         self._runs: list[RunInfo] = []
         self._unreadable: tuple[UnreadableEntry, ...] = ()  # entries of the root the last walk could not look into
         self._runs_key: tuple[int, float] | None = None
@@ -188,28 +188,21 @@ class RunStore:
         # value, as several threads (tabs, the loader's rows) may rebuild it at once
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._runs_generation = 0
-        self._cold: list[tuple[int, _Entry, RunInfo]] = []  # (file size, ...): runs never read, biggest first
-        self._to_peek: list[tuple[_Entry, RunInfo]] = []  # queued runs too big to read at once: peeked first
-        self._loader: threading.Thread | None = None  # reads ``_cold`` in the background; None when idle
-        self._closed = threading.Event()
         self._viewed: OrderedDict[str, _Entry] = OrderedDict()  # viewed runs, least recently viewed first
         self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
         # Work counters, read by the complexity tests (work is counted, not timed).
         self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
                       "releases": 0, "reopens": 0, "resolves": 0}  # fmt: skip
-        if not self.root.is_dir():
-            raise RunNotFoundError(
-                f"{self.root}: the runs root does not exist or is not a directory (point --runs or "
-                "METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a demo run)"
-            )
-        self.watcher = RunsWatcher(self.root, force_polling=force_polling).start()
+        self.loader: ColdLoader[_Entry, RunInfo] = ColdLoader(
+            size=self.source.size, read=lambda entry, info: self._read_cold(entry, info, datetime.now(timezone.utc)),
+            peek=self._peek, big=CALLER_READ_BYTES, delay_s=loader_delay_s, stats=self.stats)  # fmt: skip
 
     def close(self) -> None:
-        """Stop the loader (after the run it is reading) and the watcher, and close every reader,
+        """Stop the loader (after the run it is reading) and the root (its watcher), and close every reader,
         each under its run's lock: a reader saves its cache on close, and must not while another
         thread is reading into it."""
-        self._closed.set()
-        self.watcher.stop()
+        self.loader.close()
+        self.source.close()
         with self._lock:
             entries = list(self._entries.values())
         for entry in entries:
@@ -224,11 +217,11 @@ class RunStore:
         return sum(_held(entry) for entry in entries)
 
     def runs(self) -> list[RunInfo]:
-        """The runs under the root, rediscovered when the watcher saw the tree change."""
+        """The runs under the root, rediscovered when the root says runs may have come or gone."""
         with self._lock:
-            key = (self.watcher.structure_generation, self._clock() // REDISCOVER_S)
+            key = (self.source.structure_generation, self._clock() // REDISCOVER_S)
             if key != self._runs_key:
-                found = discover_runs(self.root)
+                found = self.source.discover()
                 runs = list(found.runs)
                 if (runs, found.unreadable) != (self._runs, self._unreadable):  # a rediscovery alone is no change
                     self._runs, self._unreadable = runs, found.unreadable
@@ -239,18 +232,17 @@ class RunStore:
             return list(self._runs)
 
     def _take_hints(self) -> None:
-        """Mark the runs the watcher saw change as due; O(changed runs).  Caller holds ``_lock``."""
-        for directory in self.watcher.take_dirty():
-            entry = self._by_directory.get(directory)
+        """Mark the runs the root saw change as due; O(changed runs).  Caller holds ``_lock``."""
+        for name in self.source.take_changed():
+            entry = self._entries.get(name)
             if entry is not None:
-                entry.refreshed_at = float("-inf")
+                entry.refreshed_at, entry.hinted = float("-inf"), True
 
     def _entry(self, info: RunInfo) -> _Entry:
         with self._lock:
             entry = self._entries.get(info.name)
             if entry is None:
                 entry = self._entries[info.name] = _Entry(info.name)
-                self._by_directory[info.directory] = self._by_directory[self.root / info.name] = entry
             return entry
 
     def view(self, name: str, *, now: datetime | None = None) -> RunView:
@@ -273,18 +265,18 @@ class RunStore:
             self._trim_viewed(keep=entry)
 
     def _resolve(self, name: str) -> RunInfo:
-        """``resolve_run(root, name)``, reused for up to ``safety_interval`` while the watcher saw no
-        run or directory appear or go: its realpath checks (a few ``lstat`` per path component) are
-        most of what a refresh that finds nothing new costs each tab.  Refusals are not reused."""
+        """The root's ``resolve(name)``, reused for up to ``safety_interval`` while the root saw no run
+        or directory appear or go: a local root's realpath checks (a few ``lstat`` per path component)
+        are most of what a refresh that finds nothing new costs each tab.  Refusals are not reused."""
         if self.safety_interval <= 0:
             self.stats["resolves"] += 1
-            return resolve_run(self.root, name)
-        key = (self.watcher.structure_generation, self._clock() // self.safety_interval)
+            return self.source.resolve(name)
+        key = (self.source.structure_generation, self._clock() // self.safety_interval)
         with self._lock:
             found = self._resolved.get(name)
         if found is not None and found[0] == key:
             return found[1]
-        info = resolve_run(self.root, name)
+        info = self.source.resolve(name)
         self.stats["resolves"] += 1
         with self._lock:
             if len(self._resolved) > len(self._entries) + 64:  # names that never became runs
@@ -313,22 +305,26 @@ class RunStore:
         """Refresh ``entry`` if due and bring its summary up to date; the caller holds ``entry.lock``.
         ``need_reader``: a snapshot is wanted, so a released run gets a reader again.
 
-        Cost when nothing changed: one ``stat`` per ``safety_interval`` (plus ``run_status`` for a
-        run that has not ended); after an append, O(new records); a released run that changed or
+        Cost when nothing changed: one ``stat`` (a bucket: a HEAD) per ``safety_interval`` for a run
+        the root polls, else nothing until a hint (plus ``run_status`` for a run that has not
+        ended); after an append, O(new records); a released run that changed or
         is viewed: a reopen (from the cache if there is one) or a cold parse.
         """
         if entry.failure is not None:
-            stamp = _stamp(info.metrics_path)
+            stamp = self.source.stamp(info)
             if stamp == entry.failure_stamp or self._clock() - entry.failed_at < self.safety_interval:
                 raise RunViewError(info.name, entry.failure)
-        due = self._clock() - entry.refreshed_at >= self.safety_interval or entry.summary is None
+        elapsed = self._clock() - entry.refreshed_at
+        due = entry.summary is None or (
+            elapsed >= self.safety_interval and (entry.hinted or self.source.polls(entry.summary.status)))  # fmt: skip
         if not due and (entry.reader is not None or not need_reader):
             return
+        hinted, entry.hinted = entry.hinted, False  # a hint from now on is about a later change
         try:
             if entry.reader is None:
-                if entry.released is not None and not need_reader and self._still_released(entry, now):
+                if entry.released is not None and not need_reader and self._still_released(entry, info, now, hinted):
                     return
-                entry.reader = RunReader(info.directory, cache=self.cache if entry.use_cache else None)
+                entry.reader = self.source.reader(info, cache=self.cache if entry.use_cache else None)
                 if entry.released is not None:
                     entry.released = None
                     self.stats["reopens"] += 1
@@ -352,13 +348,13 @@ class RunStore:
             raise self._failed(entry, info, exc) from exc
         entry.failure = entry.failure_stamp = None
 
-    def _still_released(self, entry: _Entry, now: datetime) -> bool:
+    def _still_released(self, entry: _Entry, info: RunInfo, now: datetime, hinted: bool) -> bool:
         """For a released run that is due: True, with its status brought up to date, if its file
         is as its last reader left it (or gone: the rediscovery drops it); False if it changed and
-        needs a reader again.  One ``stat``, plus a lock probe for a run that has not ended."""
+        needs a reader again.  What the root's ``unchanged`` costs (a local root: one ``stat``),
+        plus a lock probe for a run that has not ended."""
         released = entry.released
-        stamp = _stamp(released.path)
-        if stamp is not None and stamp != released.identity:
+        if not self.source.unchanged(info, released.identity, hinted=hinted):
             return False
         entry.refreshed_at = self._clock()
         if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
@@ -428,7 +424,7 @@ class RunStore:
         entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
         entry.trend = LossTrend()
         entry.refreshed_at = float("-inf")
-        entry.failure, entry.failure_stamp = _cause(exc, self.root), _stamp(info.metrics_path)
+        entry.failure, entry.failure_stamp = _cause(exc, self.source), self.source.stamp(info)
         entry.failed_at = self._clock()
         self._set_row(entry, error_row(info.name, entry.failure))
         return RunViewError(info.name, entry.failure)
@@ -474,11 +470,13 @@ class RunStore:
         now = now or datetime.now(timezone.utc)
         infos = self.runs()
         entries = [self._entry(info) for info in infos]
-        if self._queue_cold(entries, infos):
+        cold = [(entry, info) for entry, info in zip(entries, infos, strict=True)
+                if entry.summary is None and entry.failure is None and not entry.queued]  # fmt: skip
+        if self.loader.queue(cold):
             deadline = self._clock() + self.load_budget_s
-            while self._clock() < deadline and (job := self._take_cold(up_to=CALLER_READ_BYTES)) is not None:
+            while self._clock() < deadline and (job := self.loader.take(up_to=CALLER_READ_BYTES)) is not None:
                 self._read_cold(*job, now)
-            self._start_loader()
+            self.loader.start()
         for info, entry in zip(infos, entries, strict=True):
             if entry.queued and entry.summary is None and entry.failure is None:  # the loader's: not waited for
                 if entry.row is None:
@@ -487,75 +485,18 @@ class RunStore:
                 self._refresh_row(entry, info, now, wait=False)
         return self._overview_table(entries, self._unreadable, now)
 
-    def _queue_cold(self, entries: list[_Entry], infos: list[RunInfo]) -> bool:
-        """Queue the runs never read (nor failing) that are not queued yet, smallest file first
-        (most of a large root is listed soonest); True if this caller should read some itself,
-        i.e. no loader is at it.  One ``stat`` per newly queued run."""
-        cold = [(entry, info) for entry, info in zip(entries, infos, strict=True)
-                if entry.summary is None and entry.failure is None and not entry.queued]  # fmt: skip
-        sized = [(_size(info.metrics_path), entry, info) for entry, info in cold]
-        with self._lock:
-            for _, entry, _ in sized:
-                entry.queued = True  # until read: the overview shows it as loading meanwhile
-            if sized:
-                self._cold.extend(sized)
-                self._cold.sort(key=lambda job: -job[0])  # popped from the end
-                self._to_peek.extend((entry, info) for size, entry, info in sized if size > CALLER_READ_BYTES)
-            return bool(self._cold) and self._loader is None
-
-    def _take_cold(self, *, up_to: int | None = None) -> tuple[_Entry, RunInfo] | None:
-        """The next queued run to read, or None; ``up_to``: only if its file holds at most that
-        many bytes (a page's caller).  Without it (the loader), finding none ends the loader,
-        atomically: a run queued right after starts a new one."""
-        with self._lock:
-            if self._cold and (up_to is None or self._cold[-1][0] <= up_to):
-                _, entry, info = self._cold.pop()
-                return entry, info
-            if up_to is None:
-                self._loader = None
-            return None
-
     def _read_cold(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
         self._refresh_row(entry, info, now)
         entry.queued = False
 
-    def _start_loader(self) -> None:
-        with self._lock:
-            if self._loader is not None or not self._cold or self._closed.is_set():
-                return
-            self._loader = threading.Thread(target=self._load_cold, name="RunStore loader", daemon=True)
-            self._loader.start()
-
-    def _load_cold(self) -> None:
-        """The loader thread: after ``loader_delay_s``, peek at the big queued runs, then read queued
-        runs, smallest first, until none is left or the store closes.  However it ends, it gives up
-        its place: a loader that died on an unforeseen error would otherwise leave ``_loader`` set,
-        and no later call would start another (the queued runs would read ``loading`` for good)."""
-        try:
-            if self._closed.wait(self.loader_delay_s):
-                return
-            while True:
-                with self._lock:
-                    to_peek, self._to_peek = self._to_peek, []
-                for entry, info in to_peek:
-                    self._peek(entry, info)
-                job = self._take_cold()
-                if job is None or self._closed.is_set():
-                    return
-                self._read_cold(*job, datetime.now(timezone.utc))
-                self.stats["background_reads"] += 1
-        finally:
-            with self._lock:
-                if self._loader is threading.current_thread():
-                    self._loader = None
-
     def _peek(self, entry: _Entry, info: RunInfo) -> None:
         """Give a big run not read yet the row ``peek_row`` finds, unless it was read meanwhile."""
-        if not entry.lock.acquire(blocking=False):
-            return  # being read: its row comes with it
+        path = self.source.peek_path(info)
+        if path is None or not entry.lock.acquire(blocking=False):
+            return  # none to peek at, or being read: its row comes with it
         try:
             if entry.summary is None and entry.failure is None:
-                found = peek_row(info.name, info.metrics_path)
+                found = peek_row(info.name, path)
                 if found is not None:
                     self._set_row(entry, *found)
         finally:
@@ -572,7 +513,7 @@ class RunStore:
         except RunViewError:
             pass  # its row says why
         except Exception as exc:  # the run vanished, or the OS refused its path
-            self._set_row(entry, error_row(info.name, _cause(exc, self.root)))
+            self._set_row(entry, error_row(info.name, _cause(exc, self.source)))
         finally:
             entry.lock.release()
 
@@ -604,31 +545,15 @@ def _epoch_s(when: datetime | None) -> float:
     return np.nan if when is None else when.timestamp()
 
 
-def _size(path: Path) -> int:
-    try:
-        return os.stat(path).st_size
-    except OSError:
-        return 0
-
-
-def _cause(exc: BaseException, root: Path) -> str:
+def _cause(exc: BaseException, root: RunsRoot) -> str:
     """An exception as one plain line: its type and message, no traceback; paths are said
     relative to the runs ``root``, as a page names runs (not the server's path)."""
     if isinstance(exc, RunFileError):
-        return f"{os.path.relpath(exc.filename, root)}: {exc.reason}"
-    message = under_root(" ".join(str(exc).split()), root)
+        return f"{root.relative(exc.filename)}: {exc.reason}"
+    message = under_root(" ".join(str(exc).split()), root.location)
     if isinstance(exc, MetricsError):
         return message or type(exc).__name__
     return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def _stamp(path: Path) -> tuple[int, int, int, int] | None:
-    """``path``'s identity (``storage.FileStat``), or None when it cannot be read."""
-    try:
-        found = LocalFile(path).stat()
-    except OSError:
-        return None
-    return None if found is None else found.identity
 
 
 def _config_frame(reader: RunReader) -> pd.DataFrame:

@@ -1,0 +1,127 @@
+"""Requests and bytes per minute of a dashboard on a runs root in a bucket, ours beside TensorBoard's pattern.
+
+Run: python benchmarks/bench_bucket.py [--runs 1000] [--live 5] [--records 200] [--refresh 5] [--minutes 3]
+
+A moto S3 server in a subprocess, behind ``tests.support.CountingProxy``, holds ``--runs`` runs
+under ``s3://runs/exp`` (``--live`` of them live: dated now, a longer copy uploaded at every
+refresh, as a job syncing its run with ``aws s3 cp`` does; the rest finished).  Counted at the
+proxy, so what a bucket would bill:
+
+* ours: a ``RunStore`` on a ``BucketRoot`` (``--list-interval``), as the dashboard runs it at
+  ``--refresh``: every refresh an ``overview()`` (the runs page) and a ``view()`` of a live run (a
+  run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
+  the first read of every run, printed apart);
+* TensorBoard's pattern: each reload (every ``--refresh`` s, its default is 5 s) lists every
+  object and reads each run's file again (a HEAD and a GET per object), whatever ended long ago;
+  emulated here with the same client (``pyarrow.fs``), two reloads measured, scaled to a minute.
+
+The clock is simulated so that the count does not depend on how fast this machine is; the
+requests are real.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from datetime import datetime, timezone
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from pyarrow import fs as pafs
+
+from metrics_core.bucket_root import BucketRoot
+from metrics_core.dashboard.store import RunStore
+from metrics_core.object_storage import discover_bucket_runs, s3_filesystem
+from tests.live_server import free_port, wait_for_http
+from tests.support import BUCKET, CountingProxy, base_record, bucket_run, line, put_object
+
+
+def moto(port: int) -> subprocess.Popen:
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        wait_for_http(f"http://127.0.0.1:{port}/moto-api/", server, log, what="moto")
+    return server
+
+
+def per_minute(counts: Counter, sent: int, minutes: float) -> str:
+    kinds = ("list", "head", "get")
+    total = sum(counts.values())
+    parts = ", ".join(f"{counts[kind] / minutes:,.0f} {kind}" for kind in kinds)
+    return f"{total / minutes:9,.0f} requests/min ({parts}), {sent / minutes / 1e6:8.2f} MB/min"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--runs", type=int, default=1000)
+    parser.add_argument("--live", type=int, default=5)
+    parser.add_argument("--records", type=int, default=200, help="records per run")
+    parser.add_argument("--refresh", type=float, default=5.0)
+    parser.add_argument("--list-interval", type=float, default=60.0)
+    parser.add_argument("--minutes", type=float, default=3.0)
+    args = parser.parse_args()
+
+    port = free_port()
+    server = moto(port)
+    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+    direct = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+    proxy = CountingProxy(f"http://127.0.0.1:{port}")
+    os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    try:
+        direct.create_dir(BUCKET)
+        finished = bucket_run(live=False, steps=args.records)
+        for number in range(args.runs - args.live):
+            put_object(direct, f"exp/done{number:04d}/metrics.jsonl", finished)
+        live = {f"exp/live{n}/metrics.jsonl": bucket_run(live=True, steps=args.records) for n in range(args.live)}
+        for key, data in live.items():
+            put_object(direct, key, data)
+        size = len(finished) * (args.runs - args.live) + sum(map(len, live.values()))
+        print(f"{args.runs} runs ({args.live} live) of {args.records} records, {size / 1e6:.1f} MB in all; "
+              f"refresh every {args.refresh:g} s, listing every {args.list_interval:g} s")  # fmt: skip
+
+        clock = [0.0]
+        root = BucketRoot(f"s3://{BUCKET}/exp", list_interval=args.list_interval, clock=lambda: clock[0])
+        store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
+        try:
+            store.overview()
+            counts, sent = proxy.snapshot()
+            print(f"ours, cold load (once):     {sum(counts.values()):9,} requests, {sent / 1e6:8.2f} MB")
+            proxy.reset()
+            refreshes = round(args.minutes * 60 / args.refresh)
+            step = 10 * (args.records + 1)
+            for _ in range(refreshes):
+                clock[0] += args.refresh
+                now = datetime.now(timezone.utc).isoformat()
+                for key in live:  # each live run's job uploads its longer copy once per refresh
+                    live[key] += line(base_record(step, train_loss=0.1, time=now))
+                    put_object(direct, key, live[key])
+                step += 10
+                store.overview()
+                store.view("live0")
+            counts, sent = proxy.snapshot()
+            print(f"ours, steady:           {per_minute(counts, sent, args.minutes)}")
+        finally:
+            store.close()
+
+        proxy.reset()
+        filesystem = s3_filesystem()
+        reloads = 2
+        for _ in range(reloads):  # TensorBoard's reload: list everything, read everything again
+            for run in discover_bucket_runs(f"s3://{BUCKET}/exp", filesystem=filesystem):
+                with filesystem.open_input_file(f"{run.location.fs_path}/metrics.jsonl") as file:
+                    file.read()
+        counts, sent = proxy.snapshot()
+        print(f"TensorBoard's pattern:  {per_minute(counts, sent, reloads * args.refresh / 60)}")
+    finally:
+        proxy.close()
+        server.kill()
+        server.wait()
+
+
+if __name__ == "__main__":
+    main()

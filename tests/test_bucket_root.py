@@ -1,0 +1,264 @@
+"""The dashboard's store on a runs root in a bucket (``bucket_root.BucketRoot``), against a real
+S3-compatible server (conftest's moto) behind a counting proxy (``support.CountingProxy``): the
+requests a refresh costs are counted, not timed, and every failure is one line."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import tempfile
+from collections.abc import Iterator
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pytest
+from pyarrow import fs as pafs
+
+from metrics_core.bucket_root import BucketRoot
+from metrics_core.dashboard.launch import streamlit_arguments
+from metrics_core.dashboard.settings import parse_settings
+from metrics_core.dashboard.store import RunStore, RunViewError
+from metrics_core.errors import RunFileError, RunNotFoundError
+from metrics_core.object_storage import ObjectFile, s3_filesystem
+from metrics_core.reader import RunReader
+from tests.live_server import free_port, wait_for_http
+from tests.support import (
+    BUCKET,
+    CountingProxy,
+    append_bytes,
+    append_records,
+    base_record,
+    bucket_run,
+    line,
+    open_page,
+    put_object,
+    snapshot,
+    three_session_run,
+)
+
+REFRESH_S = 5.0
+
+
+@pytest.fixture
+def proxy(bucket: pafs.S3FileSystem, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[CountingProxy]:
+    """A counting proxy in front of the test server; clients made after this go through it."""
+    counting = CountingProxy(s3_endpoint)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", counting.url)
+    yield counting
+    counting.close()
+
+
+def bucket_store(clock: list[float], **options: float) -> RunStore:
+    """A store on ``s3://runs/exp`` as the dashboard makes one at ``--refresh 5``, on the test's clock."""
+    root = BucketRoot(f"s3://{BUCKET}/exp", list_interval=options.pop("list_interval", 60.0), clock=lambda: clock[0])
+    return RunStore(root, safety_interval=REFRESH_S, load_budget_s=3600.0, clock=lambda: clock[0], **options)
+
+
+def statuses(store: RunStore) -> dict[str, str]:
+    return dict(zip(*(store.overview()[column] for column in ("run", "status")), strict=True))
+
+
+def test_a_refresh_costs_one_head_per_live_run_and_finished_runs_cost_nothing(
+    bucket: pafs.S3FileSystem, proxy: CountingProxy
+) -> None:
+    """20 finished runs and 2 live ones, a page on a live run and one on a finished run, two minutes
+    of refreshes every 5 s: a listing per minute, a HEAD per live run per refresh, a GET only for
+    new bytes, and not one request for a finished run, viewed or not, until a listing shows it changed."""
+    for number in range(20):
+        put_object(bucket, f"exp/done{number:02d}/metrics.jsonl", bucket_run(live=False))
+    live = bucket_run(live=True)
+    for number in range(2):
+        put_object(bucket, f"exp/live{number}/metrics.jsonl", live)
+    clock = [0.0]
+    store = bucket_store(clock)
+    try:
+        assert set(statuses(store).values()) == {"finished", "live"}  # cold: a listing, then a HEAD and GET per run
+        store.view("done00")
+        cold, _ = proxy.snapshot()
+        assert cold["list"] == 1 and cold["head"] >= 22 and cold["get"] >= 22
+        proxy.reset()
+        for refresh in range(1, 25):
+            clock[0] += REFRESH_S
+            if refresh == 7:  # a longer copy of a live run uploaded, as `aws s3 cp` does
+                longer = live + line(base_record(60, train_loss=0.1, time=datetime.now(timezone.utc).isoformat()))
+                put_object(bucket, "exp/live0/metrics.jsonl", longer)
+            store.overview()
+            store.view("live0")
+            store.view("done00")
+            if refresh == 7:
+                assert store.view("live0").records == 6  # seen at the refresh after the upload
+        counts, _ = proxy.snapshot()
+        assert counts["list"] == 2  # at 60 s and 120 s
+        assert counts["head"] == 2 * 24, proxy.keys  # one per live run per refresh, whatever the tabs
+        # The one upload: a GET of its first bytes and one from the last line read to the end (the
+        # rewrite check of lines.LineFollower looks at both lines; the new bytes come with the second).
+        assert counts["get"] == 2
+        finished = {key: n for (kind, key), n in proxy.keys.items() if key.startswith("exp/done")}
+        assert finished == {}
+
+        # A finished run's object replaced: nothing until the next listing, then read again once.
+        put_object(bucket, "exp/done05/metrics.jsonl", bucket_run(live=False, steps=7, session="s2"))
+        proxy.reset()
+        clock[0] += REFRESH_S
+        store.overview()
+        assert proxy.keys["head", "exp/done05/metrics.jsonl"] == 0
+        clock[0] += 60.0
+        assert store.overview().set_index("run").loc["done05", "last step"] == 70
+        assert proxy.keys["head", "exp/done05/metrics.jsonl"] == 1
+        assert proxy.snapshot()[0]["list"] == 1
+    finally:
+        store.close()
+
+
+def test_a_bucket_that_does_not_exist_is_one_line_and_retried_sparingly(proxy: CountingProxy) -> None:
+    """The root cannot be listed: the overview and a run page say so in one line naming the root;
+    the listing is tried again after ``RETRY_S``, not at every call."""
+    clock = [0.0]
+    root = BucketRoot("s3://no-such-bucket/exp", clock=lambda: clock[0])
+    store = RunStore(root, safety_interval=REFRESH_S, clock=lambda: clock[0])
+    try:
+        for _ in range(3):
+            with pytest.raises(
+                RunNotFoundError, match=r"^s3://no-such-bucket/exp: the runs root cannot be listed: "
+            ) as info:
+                store.overview()
+            assert "\n" not in str(info.value)
+        with pytest.raises(RunNotFoundError, match=r"^s3://no-such-bucket/exp: "):
+            store.view("a")
+        assert proxy.snapshot()[0]["list"] == 1
+        clock[0] += 10.0
+        with pytest.raises(RunNotFoundError):
+            store.overview()
+        assert proxy.snapshot()[0]["list"] == 2
+    finally:
+        store.close()
+
+
+def test_an_object_deleted_between_its_head_and_its_get_is_that_runs_error_alone(
+    bucket: pafs.S3FileSystem, s3_endpoint: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The object of run ``a`` vanishes between the HEAD that sized it and the GET of its bytes: run
+    ``a``'s row is an error naming its object in one line; run ``b`` is listed and read as usual."""
+    put_object(bucket, "exp/a/metrics.jsonl", bucket_run(live=False))
+    put_object(bucket, "exp/b/metrics.jsonl", bucket_run(live=False))
+
+    def vanish(kind: str, key: str) -> None:
+        if kind == "get" and key == "exp/a/metrics.jsonl":
+            bucket.delete_file(f"{BUCKET}/{key}")
+
+    proxy = CountingProxy(s3_endpoint, before=vanish)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
+    store = bucket_store([0.0])
+    try:
+        table = store.overview().set_index("run")
+        assert table.loc["b", "status"] == "finished"
+        assert table.loc["a", "status"] == "error"
+        assert table.loc["a", "error"].startswith("a/metrics.jsonl: cannot be read: ")
+        assert "\n" not in table.loc["a", "error"]
+        with pytest.raises(RunViewError, match=r"^run 'a' cannot be shown: a/metrics.jsonl: cannot be read: "):
+            store.view("a")
+    finally:
+        store.close()
+        proxy.close()
+
+
+def test_refused_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server that checks credentials (moto with its IAM checks on) refuses keys it does not know:
+    the listing's refusal is one line naming the root."""
+    port = free_port()
+    env = {"INITIAL_NO_AUTH_ACTION_COUNT": "0", "PATH": "/usr/bin:/bin"}
+    server = subprocess.Popen([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, env=env)  # fmt: skip
+    try:
+        with tempfile.TemporaryFile() as log:
+            wait_for_http(f"http://127.0.0.1:{port}/moto-api/", server, log, what="moto")
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://127.0.0.1:{port}")
+        monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+        monkeypatch.setenv("AWS_ACCESS_KEY_ID", "wrong")
+        monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "wrong")
+        store = RunStore(f"s3://{BUCKET}/exp")
+        try:
+            with pytest.raises(
+                RunNotFoundError, match=rf"^s3://{BUCKET}/exp: the runs root cannot be listed: "
+            ) as info:
+                store.overview()
+            assert "INVALID_ACCESS_KEY_ID" in str(info.value) and "\n" not in str(info.value)
+        finally:
+            store.close()
+    finally:
+        server.kill()
+        server.wait()
+
+
+def test_object_file_read_of_a_vanished_object_is_a_one_line_refusal(bucket: pafs.S3FileSystem) -> None:
+    """The RunFile half of the above, alone: HEAD, the object deleted, then the GET."""
+    put_object(bucket, "x/metrics.jsonl", line(base_record(1, train_loss=1.0)))
+    file = ObjectFile(f"s3://{BUCKET}/x/metrics.jsonl", s3_filesystem())
+    assert file.stat() is not None
+    bucket.delete_file(f"{BUCKET}/x/metrics.jsonl")
+    with pytest.raises(RunFileError, match=rf"^s3://{BUCKET}/x/metrics.jsonl: cannot be read: ") as info:
+        file.read(0, 100)
+    assert "\n" not in str(info.value)
+
+
+def test_the_runs_page_says_a_missing_bucket_in_one_plain_line_and_stays_up(
+    bucket: pafs.S3FileSystem, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--runs s3://no-such-bucket/exp``: the runs page keeps its title and caption and shows the
+    refusal as one error line, its text as data (no markdown formed from it)."""
+    monkeypatch.setenv("METRICS_RUNS_DIR", "s3://no-such-bucket/exp")
+    app = open_page("overview")
+    assert app.title[0].value == "Runs"
+    assert plain(app.caption[0].value).startswith("Watching s3://no-such-bucket/exp (listing: ")
+    (error,) = app.error
+    assert plain(error.value).startswith("Cannot list the runs: s3://no-such-bucket/exp: the runs root cannot be")
+    assert "\n" not in error.value
+
+
+def plain(markdown: str) -> str:
+    """What ``display_text.md_text`` escaped, read back: its backslashes and word joiners dropped."""
+    return re.sub(r"\\(.)", r"\1", markdown).replace("\u2060", "")
+
+
+def test_a_bucket_address_is_the_runs_root_of_every_command(tmp_path: Path) -> None:
+    """``--runs s3://bucket/prefix`` stays an address (a path would fold its ``//``) for ``streamlit
+    run app.py --``, ``metrics-dashboard`` and ``serve`` alike; ``--list-interval`` must be positive."""
+    config = parse_settings(["--runs", "s3://runs/exp", "--list-interval", "30", "--cache-dir", str(tmp_path)], {})
+    assert (config.runs, config.list_interval) == ("s3://runs/exp", 30.0)
+    assert parse_settings([], {"METRICS_RUNS_DIR": "s3://runs/x"}).runs == "s3://runs/x"
+    assert streamlit_arguments(["--runs", "s3://runs/exp"], {}, Path("app.py"))[-2:] == ["--runs", "s3://runs/exp"]
+    with pytest.raises(SystemExit, match="--list-interval must be a positive number"):
+        parse_settings(["--runs", "s3://runs/exp", "--list-interval", "0"], {})
+
+
+def test_a_bucket_run_read_through_its_root_tells_the_local_copys_story(
+    bucket: pafs.S3FileSystem, tmp_path: Path
+) -> None:
+    """The root's reader (``TailRead`` over ``ObjectFile``, whose look at the last line read also
+    fetches the new bytes) reads what a reader of the local file uploaded each time reads: a torn
+    tail completed and records appended, then a rewrite of the same length, then a shorter run."""
+    path = tmp_path / "metrics.jsonl"
+    three_session_run(path)
+    torn = line(base_record(210, session="s3", train_loss=0.05))
+    append_bytes(path, torn[:-9])
+    put_object(bucket, "exp/a/metrics.jsonl", path.read_bytes())
+    root = BucketRoot(f"s3://{BUCKET}/exp")
+    remote, local = root.reader(root.resolve("a"), cache=None), RunReader(path)
+
+    def same() -> None:
+        put_object(bucket, "exp/a/metrics.jsonl", path.read_bytes())
+        assert remote.refresh() == local.refresh()
+        assert snapshot(remote) == snapshot(local)
+        assert (remote.resets, remote.pending_bytes) == (local.resets, local.pending_bytes)
+
+    same()
+    append_bytes(path, torn[-9:])
+    append_records(path, *(base_record(s, session="s3", train_loss=1.0 / s) for s in range(220, 260, 10)))
+    same()
+    assert remote.resets == 0 and remote.pending_bytes == 0
+    path.write_bytes(path.read_bytes().replace(b'"s3"', b'"s4"'))
+    same()
+    path.write_bytes(b"".join(line(base_record(s, session="x", train_loss=2.0)) for s in (10, 20)))
+    same()
+    assert remote.resets == 2 and remote.records == 2
