@@ -20,7 +20,9 @@ from metrics_core.dashboard.launch import streamlit_arguments
 from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunNotFoundError
+from metrics_core.object_storage import parse_bucket_url, s3_filesystem
 from metrics_core.reader import RunReader
+from metrics_core.sync import RunSync
 from tests.live_server import free_port, wait_for_http
 from tests.support import (
     BUCKET,
@@ -252,3 +254,30 @@ def test_a_bucket_run_read_through_its_root_tells_the_local_copys_story(
     path.write_bytes(b"".join(line(base_record(s, session="x", train_loss=2.0)) for s in (10, 20)))
     same()
     assert remote.resets == 2 and remote.records == 2
+
+
+def test_a_run_synced_as_parts_is_listed_and_followed_like_one_object(
+    bucket: pafs.S3FileSystem, tmp_path: Path
+) -> None:
+    """A run ``sync`` uploads as parts is a run of the root like an uploaded ``metrics.jsonl``: listed
+    with its parts' total size, read as the local file reads, and a part added after its
+    session ended is read once the next listing shows the run grew."""
+    path = tmp_path / "metrics.jsonl"
+    three_session_run(path)
+    sync = RunSync(parse_bucket_url(f"s3://{BUCKET}/exp/synced"), s3_filesystem())
+    sync.step(path)
+    clock = [0.0]
+    store = bucket_store(clock)
+    try:
+        [run] = store.runs()
+        assert run.name == "synced"
+        local = RunReader(path)
+        local.refresh()
+        assert store.view("synced").records == local.records == 36
+        append_records(path, *(base_record(s, session="s3", train_loss=1.0 / s) for s in range(220, 260, 10)))
+        assert [size for _, size in sync.step(path).uploaded] != []
+        clock[0] += 60.0  # the run had ended: it is looked at again when the next listing finds it changed
+        local.refresh()
+        assert store.view("synced").records == local.records == 40
+    finally:
+        store.close()
