@@ -26,13 +26,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from metrics_core.crash_safety import tail_start
 from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
 from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
 from metrics_core.storage import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
-from metrics_core.writer import tail_start
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
 RATE_CONTEXT_LINES = 10_000  # tail -n: lines read past the last one printed to find a rate's predecessor
