@@ -30,7 +30,7 @@ from metrics_core.crash_safety import tail_start
 from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
-from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
+from metrics_core.sessions import EventRows, LostWork, Session, SessionLog, number
 from metrics_core.storage import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
 
@@ -288,7 +288,6 @@ class RunDigest(FollowedLog):
         self._columns: set[str] = set()  # train fields that held a value in some record
         self._accounting: dict[int, _Flagged] = {}
         self._missing_loss: dict[int, _Flagged] = {}
-        self._replay: tuple[tuple[int, ...], Replay] | None = None
 
     def close(self) -> None:
         self._follower.close()
@@ -356,23 +355,19 @@ class RunDigest(FollowedLog):
 
     # -- sessions and replay ------------------------------------------------------------------
 
-    def _redone(self) -> Replay:
-        key = self.log.replay_key()
-        if self._replay is None or self._replay[0] != key:
-            rows = {event: {index: rows.held() for index, rows in by_session.items()}
-                    for event, by_session in self._rows.items()}  # fmt: skip
-            thresholds = {event: self.log.thresholds(event) for event in rows}
-            self._replay = (key, replay(self.log.first_steps(), thresholds, rows, first_tokens=self.log.first_tokens()))
-        return self._replay[1]
+    def _event_rows(self) -> dict[str, dict[int, EventRows]]:
+        """What ``SessionLog.replayed`` reads: each event's rows per session."""
+        return {event: {index: rows.held() for index, rows in by_session.items()}
+                for event, by_session in self._rows.items()}  # fmt: skip
 
     @property
     def sessions(self) -> list[Session]:
         """Sessions in order of first appearance, with downtime and replay accounting."""
-        return self.log.sessions(self._redone())
+        return self.log.sessions(self.log.replayed(self._event_rows))
 
     def lost_work(self) -> LostWork:
         """Downtime, replayed work and the training time that produced superseded train windows."""
-        return self.log.lost_work(self._redone())
+        return self.log.lost_work(self.log.replayed(self._event_rows))
 
     # -- health checks --------------------------------------------------------------------------
 
