@@ -27,16 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from metrics_core.crash_safety import tail_start
-from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
+from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
-from metrics_core.sessions import EventRows, LostWork, Session, SessionLog, number
+from metrics_core.sessions import EventRows, LostWork, Session, number
 from metrics_core.storage import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
 RATE_CONTEXT_LINES = 10_000  # tail -n: lines read past the last one printed to find a rate's predecessor
-MAX_BAD_LINE_SAMPLES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,10 +275,7 @@ class RunDigest(FollowedLog):
         self._clear()
 
     def _clear(self) -> None:
-        self.log = SessionLog()
-        self.bad_lines = 0
-        self.bad_line_samples: list[BadLine] = []
-        self.schema_versions: dict[int, int] = {}
+        super()._clear()
         self.run_ids: dict[str, None] = {}
         self._rows: dict[str, dict[int, _Rows]] = {}
         self._last_train_time: dict[int, int] = {}
@@ -292,10 +288,6 @@ class RunDigest(FollowedLog):
     def close(self) -> None:
         self._follower.close()
 
-    @property
-    def resets(self) -> list[str]:
-        return self._follower.restarts
-
     def refresh(self) -> int:
         """Read the complete lines appended since the last call; return how many records."""
         before = self.records
@@ -304,8 +296,7 @@ class RunDigest(FollowedLog):
                 self._clear()
                 before = 0
             self._add(batch.records)
-            self.bad_lines += len(batch.skipped)
-            self.bad_line_samples.extend(batch.skipped[: max(0, MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples))])
+            self._note_bad(batch.skipped)
         return self.records - before
 
     def _add(self, records: list[dict[str, Any]]) -> None:
@@ -370,10 +361,6 @@ class RunDigest(FollowedLog):
         return self.log.lost_work(self.log.replayed(self._event_rows))
 
     # -- health checks --------------------------------------------------------------------------
-
-    def ingest_health(self) -> IngestHealth:
-        return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
-                            dict(self.schema_versions), len(self.resets), tuple(self.resets))  # fmt: skip
 
     def checks(self) -> list[Finding]:
         """The checks that need no pandas, each listed once as ``ok`` when it passed, so the reader
