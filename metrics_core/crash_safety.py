@@ -132,29 +132,24 @@ class LineAppender:
         a torn tail after it; on any exception the line is wholly in the file or wholly undone."""
         fd = self._file.fileno()
         start, end = self.end, self.end + len(line)
+        landed = False
         try:
             written = os.pwrite(fd, line, start)
             while written < len(line):  # a short write to a regular file is rare but legal
                 written += os.pwrite(fd, line[written:], start + written)
-        except BaseException:
+            landed = True
+        finally:
             # An interrupt may land after the last byte: the newline, not a counter, decides.
             # A pending tail holds no newline, so it cannot fake one at that offset.
-            if os.pread(fd, 1, end - 1) != b"\n":
-                if os.fstat(fd).st_size > self.size:
-                    os.ftruncate(fd, self.size)
-                raise
-            self._committed(fd, end)
-            raise
-        self._committed(fd, end)
+            if landed or os.pread(fd, 1, end - 1) == b"\n":
+                self.end = end
+                if self.size > end:  # the rest of the torn tail after the line that overwrote it
+                    os.ftruncate(fd, end)
+                self.size = end
+            elif os.fstat(fd).st_size > self.size:  # undo what part of the line was written
+                os.ftruncate(fd, self.size)
         if self.fsync:
             os.fsync(fd)
-
-    def _committed(self, fd: int, end: int) -> None:
-        """Count a line whose newline is in the file, then make the deferred cut of the torn tail."""
-        self.end = end
-        if self.size > end:  # the rest of the torn tail after the line that overwrote it
-            os.ftruncate(fd, end)
-        self.size = end
 
     def close(self) -> None:
         """Close the file, which releases the lock (idempotent); a torn tail not yet cut stays."""
