@@ -26,17 +26,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, IngestHealth, ingest_findings, session_finding
+from metrics_core.crash_safety import tail_start
+from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
-from metrics_core.sessions import EventRows, LostWork, Replay, Session, SessionLog, number, replay
+from metrics_core.sessions import EventRows, LostWork, Session, number
 from metrics_core.storage import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
-from metrics_core.writer import tail_start
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
 RATE_CONTEXT_LINES = 10_000  # tail -n: lines read past the last one printed to find a rate's predecessor
-MAX_BAD_LINE_SAMPLES = 20
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,10 +275,7 @@ class RunDigest(FollowedLog):
         self._clear()
 
     def _clear(self) -> None:
-        self.log = SessionLog()
-        self.bad_lines = 0
-        self.bad_line_samples: list[BadLine] = []
-        self.schema_versions: dict[int, int] = {}
+        super()._clear()
         self.run_ids: dict[str, None] = {}
         self._rows: dict[str, dict[int, _Rows]] = {}
         self._last_train_time: dict[int, int] = {}
@@ -288,14 +284,9 @@ class RunDigest(FollowedLog):
         self._columns: set[str] = set()  # train fields that held a value in some record
         self._accounting: dict[int, _Flagged] = {}
         self._missing_loss: dict[int, _Flagged] = {}
-        self._replay: tuple[tuple[int, ...], Replay] | None = None
 
     def close(self) -> None:
         self._follower.close()
-
-    @property
-    def resets(self) -> list[str]:
-        return self._follower.restarts
 
     def refresh(self) -> int:
         """Read the complete lines appended since the last call; return how many records."""
@@ -305,8 +296,7 @@ class RunDigest(FollowedLog):
                 self._clear()
                 before = 0
             self._add(batch.records)
-            self.bad_lines += len(batch.skipped)
-            self.bad_line_samples.extend(batch.skipped[: max(0, MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples))])
+            self._note_bad(batch.skipped)
         return self.records - before
 
     def _add(self, records: list[dict[str, Any]]) -> None:
@@ -356,29 +346,21 @@ class RunDigest(FollowedLog):
 
     # -- sessions and replay ------------------------------------------------------------------
 
-    def _redone(self) -> Replay:
-        key = self.log.replay_key()
-        if self._replay is None or self._replay[0] != key:
-            rows = {event: {index: rows.held() for index, rows in by_session.items()}
-                    for event, by_session in self._rows.items()}  # fmt: skip
-            thresholds = {event: self.log.thresholds(event) for event in rows}
-            self._replay = (key, replay(self.log.first_steps(), thresholds, rows, first_tokens=self.log.first_tokens()))
-        return self._replay[1]
+    def _event_rows(self) -> dict[str, dict[int, EventRows]]:
+        """What ``SessionLog.replayed`` reads: each event's rows per session."""
+        return {event: {index: rows.held() for index, rows in by_session.items()}
+                for event, by_session in self._rows.items()}  # fmt: skip
 
     @property
     def sessions(self) -> list[Session]:
         """Sessions in order of first appearance, with downtime and replay accounting."""
-        return self.log.sessions(self._redone())
+        return self.log.sessions(self.log.replayed(self._event_rows))
 
     def lost_work(self) -> LostWork:
         """Downtime, replayed work and the training time that produced superseded train windows."""
-        return self.log.lost_work(self._redone())
+        return self.log.lost_work(self.log.replayed(self._event_rows))
 
     # -- health checks --------------------------------------------------------------------------
-
-    def ingest_health(self) -> IngestHealth:
-        return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
-                            dict(self.schema_versions), len(self.resets), tuple(self.resets))  # fmt: skip
 
     def checks(self) -> list[Finding]:
         """The checks that need no pandas, each listed once as ``ok`` when it passed, so the reader

@@ -4,10 +4,13 @@ Every error the library raises on purpose derives from ``MetricsError``, so trai
 catch "anything the metrics layer refused" in one clause.  Subclasses are grouped by cause and
 also derive from the matching built-in (``ValueError``, ``TypeError`` ...), so code written
 against the built-ins keeps working.  Messages say what was expected, what arrived, and where
-(path, line number, key) when there is a where.
+(path, line number, key) when there is a where; ``os_cause`` words what the OS refused.
 """
 
 from __future__ import annotations
+
+import errno
+import os
 
 
 class MetricsError(Exception):
@@ -80,3 +83,9 @@ class WindowReductionError(MetricsError, RuntimeError):
 
 class AlertConfigError(MetricsError, ValueError):
     """An alerts configuration (TOML file or option) that cannot be used: the file, the key and why."""
+
+
+def os_cause(exc: OSError) -> str:
+    """``"No space left on device (ENOSPC)"``: the OS's words and the name to search for."""
+    name = errno.errorcode.get(exc.errno or 0, f"errno {exc.errno}")
+    return f"{exc.strerror or os.strerror(exc.errno or 0)} ({name})"

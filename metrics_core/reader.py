@@ -49,14 +49,13 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.health import IngestHealth
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import MAX_RECORD_BYTES, BadLine, check_lines
-from metrics_core.sessions import LostWork, Progress, Replay, Session, SessionLog, replay
+from metrics_core.sessions import EventRows, LostWork, Progress, Session
 from metrics_core.storage import LocalFile, RunFile, run_file_path
 from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
 
-MAX_BAD_LINE_SAMPLES = 20
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 
 
@@ -95,24 +94,12 @@ class RunReader(FollowedLog):
         self._clear()
 
     def _clear(self) -> None:
-        self.log = SessionLog()
-        self.bad_lines = 0
-        self.bad_line_samples: list[BadLine] = []
-        self.schema_versions: dict[int, int] = {}
+        super()._clear()
         self._tables: dict[str, Table] = {}
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_rows = 0
-        self._replay: tuple[tuple[int, ...], Replay] | None = None
 
     # -- what the layers below know ------------------------------------------------------------
-
-    @property
-    def resets(self) -> int:
-        return len(self._follower.restarts)
-
-    @property
-    def reset_reasons(self) -> list[str]:
-        return self._follower.restarts
 
     @property
     def read_identity(self) -> tuple[int, ...] | None:
@@ -235,11 +222,6 @@ class RunReader(FollowedLog):
             for event, (chunks, count) in batch.chunks.items():
                 self._tables.setdefault(event, Table()).extend(chunks, count)
 
-    def _note_bad(self, bad: list[BadLine]) -> None:
-        self.bad_lines += len(bad)
-        room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
-        self.bad_line_samples.extend(bad[: max(room, 0)])
-
     def _flush(self) -> None:
         """Columnarise rows the per-line parser left as dicts (called before any query)."""
         for event, rows in self._pending.items():
@@ -301,11 +283,6 @@ class RunReader(FollowedLog):
         self._flush()
         table = self._tables.get(event)
         return [] if table is None else list(table.columns)
-
-    def ingest_health(self) -> IngestHealth:
-        """A snapshot of what reading the file ran into so far."""
-        return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
-                            dict(self.schema_versions), self.resets, tuple(self.reset_reasons))  # fmt: skip
 
     def column(self, event: str, name: str) -> Column | None:
         """Field ``name`` of ``event`` as the reader holds it, or None.
@@ -410,11 +387,11 @@ class RunReader(FollowedLog):
     @property
     def sessions(self) -> list[Session]:
         """Sessions in order of first appearance, with downtime and replay accounting."""
-        return self.log.sessions(self._redone())
+        return self.log.sessions(self.log.replayed(self._event_rows))
 
     def lost_work(self) -> LostWork:
         """What the run's crashes cost: downtime, replayed work, superseded training time."""
-        return self.log.lost_work(self._redone())
+        return self.log.lost_work(self.log.replayed(self._event_rows))
 
     def resident_bytes(self) -> int:
         """Bytes held by the parsed columns (the data a dashboard keeps per run)."""
@@ -428,20 +405,11 @@ class RunReader(FollowedLog):
         mapping = np.array([self.log.session(sid) for sid in column.categories], dtype=np.int64)
         return column.codes(mapping, len(self.log))
 
-    def _redone(self) -> Replay:
-        """``sessions.replay`` of the columns, kept until a session starts, logs an event for the
-        first time, or an earlier session gains records (the only changes that move it)."""
-        log = self.log
-        key = log.replay_key()
-        if self._replay is not None and self._replay[0] == key:
-            return self._replay[1]
+    def _event_rows(self) -> dict[str, dict[int, EventRows]]:
+        """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
-        rows = {event: event_rows(table, self._global_sessions(table), len(log), train=event == "train")
+        return {event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
                 for event, table in self._tables.items()}  # fmt: skip
-        thresholds = {event: log.thresholds(event) for event in rows}
-        redone = replay(log.first_steps(), thresholds, rows, first_tokens=log.first_tokens())
-        self._replay = (key, redone)
-        return redone
 
 
 def _return_memory_to_os() -> None:

@@ -17,7 +17,7 @@ never from a heartbeat thread:
 * ``finished`` / ``failed`` / ``interrupted`` — the last record is a ``session_end`` with that status;
 * ``failed``   — also when the writer noted a failed write (disk full, file-size limit) and nothing
   was written after it: the session could not even log its ``session_end``, but it did not crash.
-  ``write_failure`` gives the reason (the note's contract is in ``metrics_core.writer``);
+  ``write_failure`` gives the reason (the note's contract is in ``metrics_core.failure_note``);
 * ``live``     — the last record is recent: younger than ``max(60 s, 5 × the usual gap)``;
 * ``stalled``  — no recent record, but a writer still holds the file's lock (a hung job) or we
   cannot tell;
@@ -37,16 +37,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-import orjson
-
+from metrics_core.crash_safety import tail_start
 from metrics_core.errors import RunNotFoundError, RunPathError
+from metrics_core.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES, parse_note
 from metrics_core.storage import LocalFile, open_regular
-from metrics_core.writer import FAILURE_NOTE_FILENAME, METRICS_FILENAME, NOTE_BYTES, tail_start
+from metrics_core.writer import METRICS_FILENAME
 
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
 END_STATUSES = ("finished", "failed", "interrupted")
-_NOTE_FIELDS = {"session_id": str, "time": str, "error": str, "end": int, "size": int}
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,10 +269,10 @@ def write_failure(reader: StatusSource) -> WriteFailure | None:
     """
     try:
         with open(open_regular(reader.path.parent / FAILURE_NOTE_FILENAME), "rb") as file:
-            note = orjson.loads(file.read(NOTE_BYTES) or b"null")
-    except (OSError, orjson.JSONDecodeError):
+            note = parse_note(file.read(NOTE_BYTES))
+    except OSError:
         return None
-    if not (isinstance(note, dict) and all(type(note.get(key)) is kind for key, kind in _NOTE_FIELDS.items())):
+    if note is None:
         return None
     try:
         fd = open_regular(reader.path)

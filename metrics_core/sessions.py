@@ -31,7 +31,7 @@ import math
 import statistics
 from bisect import bisect_left
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from itertools import pairwise
@@ -279,6 +279,7 @@ class SessionLog:
         self._index: dict[str, int] = {}
         self._first_step_in_event: dict[str, dict[int, int]] = {}
         self._recent_times: deque[int] = deque(maxlen=RECENT_TIMES)
+        self._replayed: tuple[tuple[int, int, int], Replay] | None = None
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -370,13 +371,21 @@ class SessionLog:
         return [float(acc.first_step + (logged.get(index) != acc.first_step)) for index, acc in
                 enumerate(self._sessions)]  # fmt: skip
 
-    def replay_key(self) -> tuple[int, int, int]:
-        """What ``replay`` of this run depends on, as a cache key: the sessions, the records of all
-        but the last (the last one's records are nobody's earlier work), and the first step of
-        each event in each session (the thresholds)."""
+    def replayed(self, rows: Callable[[], Mapping[str, Mapping[int, EventRows]]]) -> Replay:
+        """``replay`` of these sessions over ``rows()``, each event's ``EventRows`` per session.
+
+        Kept until what it depends on changes: the sessions, the records of all but the last
+        (the last one's records are nobody's earlier work), and the first step of each event in
+        each session (the thresholds); only then is ``rows`` called again.
+        """
         last = self._sessions[-1].records if self._sessions else 0
         firsts = sum(len(by_session) for by_session in self._first_step_in_event.values())
-        return len(self._sessions), self.records - last, firsts
+        key = (len(self._sessions), self.records - last, firsts)
+        if self._replayed is None or self._replayed[0] != key:
+            held = rows()
+            thresholds = {event: self.thresholds(event) for event in held}
+            self._replayed = (key, replay(self.first_steps(), thresholds, held, first_tokens=self.first_tokens()))
+        return self._replayed[1]
 
     @property
     def last_record_time(self) -> datetime | None:

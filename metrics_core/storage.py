@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+from metrics_core.crash_safety import lock_is_held
 from metrics_core.errors import RunFileError, RunNotFoundError
-from metrics_core.writer import METRICS_FILENAME, lock_is_held
+from metrics_core.writer import METRICS_FILENAME
 
 
 @dataclass(frozen=True, slots=True)

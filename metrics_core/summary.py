@@ -12,10 +12,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
+from metrics_core.health import IngestHealth
 from metrics_core.lines import LineFollower
+from metrics_core.records import BadLine
 from metrics_core.runs import StatusSource, run_status, stop_reason
 from metrics_core.sessions import Progress, SessionLog
 from metrics_core.storage import RunFile
+
+MAX_BAD_LINE_SAMPLES = 20  # bad lines kept with their line number and reason, for the report
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,12 +47,23 @@ class SummarySource(StatusSource, Protocol):
 class FollowedLog:
     """The ``SummarySource`` answers of a reader built on the read layers: a ``SessionLog`` in
     ``log``, the ``LineFollower`` that feeds it in ``_follower``, its ``RunFile`` in ``file``.
-    ``RunReader`` and ``digest.RunDigest`` both are; each adds ``last_number`` and ``bad_lines``."""
+    ``RunReader`` and ``digest.RunDigest`` both are; each adds ``last_number``, feeds ``log``,
+    ``_note_bad`` and ``schema_versions``, and extends ``_clear`` with what it holds besides."""
 
     log: SessionLog
     file: RunFile
     _follower: LineFollower
+    bad_lines: int
+    bad_line_samples: list[BadLine]
+    schema_versions: dict[int, int]
     lock_seen: bool = False  # set by ``writer_alive`` the first time it finds the lock held
+
+    def _clear(self) -> None:
+        """Forget what was read: a new reader, or a file read again from the start."""
+        self.log = SessionLog()
+        self.bad_lines = 0
+        self.bad_line_samples = []
+        self.schema_versions = {}
 
     @property
     def records(self) -> int:
@@ -85,6 +100,27 @@ class FollowedLog:
     def pending_bytes(self) -> int:
         """Bytes after the last ``\\n``: a record being written, or a crash's torn tail."""
         return self._follower.pending_bytes
+
+    @property
+    def resets(self) -> int:
+        """How many times the file was read again from the start (it shrank, or was replaced or
+        rewritten); ``reset_reasons`` says why, each time."""
+        return len(self._follower.restarts)
+
+    @property
+    def reset_reasons(self) -> list[str]:
+        return self._follower.restarts
+
+    def ingest_health(self) -> IngestHealth:
+        """A snapshot of what reading the file ran into so far."""
+        return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
+                            dict(self.schema_versions), self.resets, tuple(self.reset_reasons))  # fmt: skip
+
+    def _note_bad(self, bad: list[BadLine]) -> None:
+        """Count lines skipped as no record, keeping the first ``MAX_BAD_LINE_SAMPLES``."""
+        self.bad_lines += len(bad)
+        room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
+        self.bad_line_samples.extend(bad[: max(room, 0)])
 
     def writer_alive(self) -> bool | None:
         """Whether a MetricsWriter holds the file's lock now (None: cannot tell).  Once it has

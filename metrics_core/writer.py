@@ -1,44 +1,19 @@
-"""Append-only, crash-safe ``metrics.jsonl`` writer for one training session.
+"""Append-only ``metrics.jsonl`` writer for one training session: what a record is.
 
 Contract
 --------
 * One record is one line: a JSON object terminated by ``\\n``, flat except for the ``config``
-  record of ``write_config``.  The newline is the commit point: bytes after the last ``\\n`` are
-  not a record, and every reader ignores them.
-* A process killed mid-write (SIGKILL, OOM killer, node loss) leaves at most one incomplete last
-  line, the torn tail.  The next ``MetricsWriter`` to open the file finds it (scanning back in
-  bounded 4096-byte chunks, so a huge file costs nothing to open) and reports its length in
-  ``discarded_bytes``, which its first record (``session_start``) carries.  Complete historical
-  lines are never read, validated or rewritten.
-* The cut and its report cannot be separated by a crash: the tail is not cut at open but by the
-  first write, which writes its line over the tail and then truncates what is left of it.  A
-  process killed before its first write leaves the tail in place for the next writer to report;
-  one killed between the overwrite and the truncation leaves its complete first line followed by
-  the rest of the tail, which the next writer cuts and reports as its own cut.  The tail holds no
-  ``\\n`` and the new line's only ``\\n`` is its last byte, so no reader ever sees a mix of the
-  two as a record.  (The descriptor is not ``O_APPEND``: Linux ``pwrite`` would append there.)
-* A write that fails half-way (disk full, file-size limit, an interrupt) is undone before the
-  error propagates: the file again ends where this write found it, on a complete record (plus a
-  not yet cut torn tail of the same length), so a later write never glues itself onto a torn line.
-  OS errors become ``WriteFailedError`` (a ``MetricsError`` and an ``OSError`` with the original
-  ``errno``) naming the file and the cause.
-* Failure note: at open the writer pre-sizes a hidden sidecar, ``.metrics.jsonl.failure``
-  (``NOTE_BYTES`` of real, allocated bytes).  When a write fails in the OS, the writer overwrites
-  it in place, without growing it, so that it fits on a full disk and under a file-size limit,
-  with one JSON object padded with spaces: ``session_id``, ``time``, ``error`` (``"No space left
-  on device (ENOSPC)"``), ``end`` (offset after the last complete record) and ``size`` (file size).
-  The note applies only while the file still has exactly that ``end`` and ``size``: any record
-  written later, by this session or a resumed one, moves ``end`` and makes it stale, and it never
-  touches ``metrics.jsonl``.  ``metrics_core.runs`` reads it to report such a run as ``failed``
-  with the reason, instead of ``crashed``.  Assumed: an ordinary, not copy-on-write filesystem
-  (on btrfs or ZFS an in-place overwrite needs free space, so the note is best effort there).
+  record of ``write_config``, starting with ``BASE_FIELD_ORDER``.  The newline is the commit
+  point: bytes after the last ``\\n`` are not a record, and every reader ignores them.
+* Lines reach the file through ``metrics_core.crash_safety``: one writer per file (a lock), a
+  write that fails half-way undone, and at most one torn last line left by a crash, which the
+  next writer cuts with its first record.  The tail's length is that writer's
+  ``discarded_bytes``, which its first record (``session_start``) carries.
+* OS errors become ``WriteFailedError`` (a ``MetricsError`` and an ``OSError`` with the original
+  ``errno``) naming the file, the cause and whether the record was written, and the writer
+  leaves its failure note (``metrics_core.failure_note``) so the run reads ``failed`` with the
+  reason instead of ``crashed``.
 * Invalid input raises *before* anything touches the file: the file stays byte-identical.
-* One writer per file.  The lock is an open-file-description lock (``F_OFD_SETLK``, Linux ≥ 3.15),
-  an ``fcntl`` byte-range lock: unlike ``flock`` it is carried by NFS (NLM for v3, native in v4)
-  and Lustre, and unlike classic POSIX ``lockf`` locks it belongs to this open file, so a reader in
-  the same process closing its own descriptor of the file cannot silently drop it, and a second
-  writer in the same process is refused too.  Where OFD locks do not exist (non-Linux) it falls
-  back to ``lockf``.
 * One process per writer.  A forked child (a DataLoader worker, a ``multiprocessing`` pool)
   inherits the parent's open writers, but it would write at the offset it remembers from the
   fork, over the parent's later records, and the parent over its own: so in the child each
@@ -51,13 +26,9 @@ Assumed: the clock is only used for the ``time`` field; ordering comes from the 
 
 from __future__ import annotations
 
-import errno
-import fcntl
-import io
 import math
 import operator
 import os
-import struct
 import time
 import weakref
 from collections.abc import Callable, Mapping
@@ -67,24 +38,22 @@ from typing import Any, Protocol
 
 import orjson
 
+from metrics_core.crash_safety import LineAppender
 from metrics_core.errors import (
     RecordTypeError,
     RecordValueError,
     WriteFailedError,
     WriterForkedError,
-    WriterLockedError,
     WriterStateError,
+    os_cause,
 )
+from metrics_core.failure_note import FAILURE_NOTE_FILENAME, FailureNote
 
 SCHEMA_VERSION = 1
 METRICS_FILENAME = "metrics.jsonl"
-# Hidden, so run discovery and file listings ignore it; see "Failure note" above.
-FAILURE_NOTE_FILENAME = ".metrics.jsonl.failure"
-NOTE_BYTES = 1024
 # Every record starts with these, in this order (docs/FORMAT.md).
 BASE_FIELD_ORDER = ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
 BASE_FIELDS = frozenset(BASE_FIELD_ORDER)
-TAIL_CHUNK = 4096
 # One config record holds a run's hyperparameters, not its artifacts; the cap keeps every reader's
 # per-line cost bounded (a vocabulary or a dataset manifest belongs in a file whose path is logged).
 MAX_CONFIG_BYTES = 64 * 1024
@@ -212,54 +181,6 @@ def _counter(state: object, name: str) -> int:
         raise RecordTypeError(f"state.{name} has type {kind.__module__}.{kind.__qualname__}: expected an int") from None
 
 
-def tail_start(fd: int, size: int) -> int:
-    """Offset just after the last ``\\n`` in the first ``size`` bytes of ``fd`` (0 if none).
-
-    Reads backwards in ``TAIL_CHUNK`` pieces, so only the torn tail itself is ever read.
-    """
-    end = size
-    while end > 0:
-        start = max(0, end - TAIL_CHUNK)
-        newline = os.pread(fd, end - start, start).rfind(b"\n")
-        if newline >= 0:
-            return start + newline + 1
-        end = start
-    return 0
-
-
-_FLOCK = "hhqqixxxx"  # struct flock {short l_type; short l_whence; off_t l_start; off_t l_len; pid_t l_pid;}
-
-
-def lock_is_held(fd: int) -> bool | None:
-    """Whether some writer holds the metrics file open on ``fd`` (any mode); None if unknowable.
-
-    Lets a reader tell a hung trainer (lock held, no records) from a dead one (lock gone) from
-    the file alone, on the same host or over NFS.
-    """
-    if not hasattr(fcntl, "F_OFD_GETLK"):  # pragma: no cover - non-Linux
-        return None
-    try:
-        reply = fcntl.fcntl(fd, fcntl.F_OFD_GETLK, struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0))
-    except OSError:
-        return None
-    return struct.unpack(_FLOCK, reply)[0] != fcntl.F_UNLCK
-
-
-def _lock_exclusive(fd: int) -> None:
-    """Take a non-blocking exclusive lock on the whole file; BlockingIOError if held."""
-    if hasattr(fcntl, "F_OFD_SETLK"):
-        # l_len = 0 locks to end of file whatever it grows to; OFD locks need l_pid = 0.
-        request = struct.pack(_FLOCK, fcntl.F_WRLCK, os.SEEK_SET, 0, 0, 0)
-        try:
-            fcntl.fcntl(fd, fcntl.F_OFD_SETLK, request)
-        except OSError as exc:
-            if exc.errno in (11, 13):  # EAGAIN / EACCES: somebody else holds it
-                raise BlockingIOError(exc.errno, exc.strerror) from None
-            raise
-    else:  # pragma: no cover - non-Linux
-        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-
-
 # The writers open in this process, for ``_let_go_after_fork``.
 _OPEN_WRITERS: weakref.WeakSet[MetricsWriter] = weakref.WeakSet()
 
@@ -280,9 +201,9 @@ class MetricsWriter:
     >>> with MetricsWriter(RunContext("runs/a", "a", "s1")) as w:
     ...     w.write("train", state, train_loss=2.3, lr=3e-4)
 
-    ``fsync=True`` makes each record durable against power loss at the cost of a disk flush per
-    write (milliseconds on network storage); the default survives process death, which is the
-    common failure, at microsecond cost.  ``clock`` returns nanoseconds since the Unix epoch.
+    ``fsync=True`` makes each record survive power loss too, at the cost of a disk flush per
+    write; the default survives the death of the process (``metrics_core.crash_safety``).
+    ``clock`` returns nanoseconds since the Unix epoch.
     """
 
     def __init__(
@@ -300,63 +221,24 @@ class MetricsWriter:
         self._clock = clock
         self._stamp_second = -1
         self._stamp_prefix = ""
-        self._file: io.FileIO | None = None
-        self._note: io.FileIO | None = None
+        self._file: LineAppender | None = None
+        self._note: FailureNote | None = None
         self._forked_from: int | None = None  # set in a forked child: the parent that opened it
-        self._size = 0  # offset after the last complete record: where the next line goes
-        self._file_end = 0  # the file's size: larger than _size while a torn tail awaits its cut
 
     def __enter__(self) -> MetricsWriter:
         if self._file is not None:
             raise WriterStateError(f"{self.path}: this writer is already open")
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        # FileIO objects (not bare descriptors) so a writer dropped without close() still closes.
-        file = io.FileIO(os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), "r+")
+        file = LineAppender(self.path, fsync=self.fsync)
         try:
-            try:
-                _lock_exclusive(file.fileno())
-            except BlockingIOError:
-                raise WriterLockedError(
-                    f"{self.path}: another writer holds this file; only one process may write a "
-                    "run's metrics.jsonl at a time (give each concurrent job its own run directory)"
-                ) from None
-            size = os.fstat(file.fileno()).st_size
-            keep = tail_start(file.fileno(), size)
-            self._note = self._reserve_note()
+            self._note = FailureNote(self.note_path, fsync=self.fsync)
         except BaseException:
             file.close()
             raise
-        self.discarded_bytes = size - keep
-        self._size, self._file_end = keep, size
+        self.discarded_bytes = file.size - file.end
         self._file, self._forked_from = file, None
         _OPEN_WRITERS.add(self)
         return self
-
-    def _reserve_note(self) -> io.FileIO:
-        """Open the failure note, writing its ``NOTE_BYTES`` now, while the disk has room.
-
-        Real bytes, not ``ftruncate``: a sparse file would need new blocks at the moment the disk
-        is full.  An existing note is kept as it is: it is stale unless the file is still exactly
-        as the failed write left it (see the module docstring), and then it still tells the truth.
-        """
-        note = io.FileIO(os.open(self.note_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), "r+")
-        try:
-            if os.fstat(note.fileno()).st_size != NOTE_BYTES:
-                os.pwrite(note.fileno(), b" " * (NOTE_BYTES - 1) + b"\n", 0)
-                os.ftruncate(note.fileno(), NOTE_BYTES)
-                if self.fsync:
-                    os.fsync(note.fileno())
-        except OSError as exc:
-            note.close()
-            raise WriteFailedError(
-                exc.errno,
-                f"{self.note_path}: cannot reserve the writer's failure note: {_cause(exc)}; nothing was written",
-                str(self.note_path),
-            ) from exc
-        except BaseException:
-            note.close()
-            raise
-        return note
 
     def __exit__(self, *exc_info: object) -> None:
         self.close()
@@ -371,7 +253,7 @@ class MetricsWriter:
             self._note.close()
             self._note = None
         if self._file is not None:
-            self._file.close()  # closing the descriptor releases the OFD lock
+            self._file.close()  # releases the lock
             self._file = None
         _OPEN_WRITERS.discard(self)
 
@@ -466,67 +348,18 @@ class MetricsWriter:
         return record
 
     def _append(self, line: bytes) -> None:
-        """Write one complete line at the end of the records, cutting a pending torn tail after it.
-
-        On any exception the line is either wholly in the file (its newline landed: it counts) or
-        wholly undone; OS errors are raised as ``WriteFailedError`` after the failure note.
-        """
-        fd = self._file.fileno()
-        start, end = self._size, self._size + len(line)
+        """Append one complete line; OS errors are raised as ``WriteFailedError`` after the failure note."""
+        file = self._file
+        start = file.end
         try:
-            try:
-                written = os.pwrite(fd, line, start)
-                while written < len(line):  # a short write to a regular file is rare but legal
-                    written += os.pwrite(fd, line[written:], start + written)
-            except BaseException:
-                # An interrupt may land after the last byte: the newline, not a counter, decides.
-                # A pending tail holds no newline, so it cannot fake one at that offset.
-                if os.pread(fd, 1, end - 1) != b"\n":
-                    if os.fstat(fd).st_size > self._file_end:
-                        os.ftruncate(fd, self._file_end)
-                    raise
-                self._committed(fd, end)
-                raise
-            self._committed(fd, end)
-            if self.fsync:
-                os.fsync(fd)
+            file.append(line)
         except OSError as exc:
-            if self._size != end:
+            if file.end == start:
                 consequence = "the file still ends on a complete record; this record was not written"
             else:  # the newline landed; the fsync, or the deferred cut, after it failed
                 consequence = "this record was written, but the fsync or tail cut after it did not complete"
-            message = f"{self.path}: write failed: {_cause(exc)}; {consequence}"
-            failure = WriteFailedError(exc.errno, message, str(self.path))
-            self._note_failure(failure, _cause(exc))
+            cause = os_cause(exc)
+            failure = WriteFailedError(exc.errno, f"{self.path}: write failed: {cause}; {consequence}", str(self.path))
+            self._note.tell(failure, session_id=self.run.session_id, time=self._timestamp(), error=cause,
+                            end=file.end, size=file.size)  # fmt: skip
             raise failure from exc
-
-    def _committed(self, fd: int, end: int) -> None:
-        """Count a line whose newline is in the file, then make the deferred cut of the torn tail."""
-        self._size = end
-        if self._file_end > end:  # the rest of the torn tail after the line that overwrote it
-            os.ftruncate(fd, end)
-        self._file_end = end
-
-    def _note_failure(self, failure: WriteFailedError, cause: str) -> None:
-        """Overwrite the pre-sized failure note in place; a note that cannot be written is told on ``failure``."""
-        note = orjson.dumps(
-            {
-                "session_id": self.run.session_id[:100],  # bounded: the note must fit NOTE_BYTES
-                "time": self._timestamp(),
-                "error": cause,
-                "end": self._size,
-                "size": self._file_end,
-            }
-        )
-        try:
-            os.pwrite(self._note.fileno(), note.ljust(NOTE_BYTES - 1) + b"\n", 0)
-            if self.fsync:
-                os.fsync(self._note.fileno())
-        except OSError as exc:
-            failure.add_note(f"{self.note_path}: the failure note could not be written either: {_cause(exc)}")
-
-
-def _cause(exc: OSError) -> str:
-    """``"No space left on device (ENOSPC)"``: the OS's words and the name to search for."""
-    name = errno.errorcode.get(exc.errno or 0, f"errno {exc.errno}")
-    return f"{exc.strerror or os.strerror(exc.errno or 0)} ({name})"

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from benchmarks.generate import write_run
-from metrics_core.writer import FAILURE_NOTE_FILENAME
+from metrics_core.failure_note import FAILURE_NOTE_FILENAME
 from tests.support import REPO, append_bytes, append_records, base_record, three_session_run
 
 ESCAPE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")

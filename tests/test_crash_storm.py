@@ -25,9 +25,9 @@ from pathlib import Path
 
 import orjson
 
+from metrics_core.crash_safety import tail_start
 from metrics_core.reader import RunReader
 from metrics_core.session import training_session
-from metrics_core.writer import tail_start
 
 CYCLES = int(os.environ.get("METRICS_SOAK", "200"))
 

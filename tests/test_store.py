@@ -660,14 +660,14 @@ def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writ
     lock probe): a released run that did not change costs a stat and that probe."""
     import os
 
-    from metrics_core.writer import _lock_exclusive
+    from metrics_core.crash_safety import lock_exclusive
 
     memory_root(tmp_path, 2)
     clock = [0.0]
     store = listed_store(tmp_path, clock)
     writer = os.open(tmp_path / "live" / "metrics.jsonl", os.O_WRONLY | os.O_APPEND)
     try:
-        _lock_exclusive(writer)  # a hung trainer: the lock held, nothing written
+        lock_exclusive(writer)  # a hung trainer: the lock held, nothing written
         summaries = store.stats["summaries"]
         clock[0] += 1.0
         hung = store.overview(now=MEMORY_NOW + timedelta(hours=1)).set_index("run")
