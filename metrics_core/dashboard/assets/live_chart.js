@@ -106,10 +106,12 @@ function xrangeOf(event) {
 
 // The toolbar keeps what reading a chart needs (zoom, pan, autoscale to every point, reset to the
 // default range, a PNG): five buttons fit in the chart's top margin beside its title on a phone, so
-// they never cover the plot (plotly's full set is wider than a phone's chart).
+// they never cover the plot (plotly's full set is wider than a phone's chart).  No "Share chart":
+// plotly.js offers by default to upload the chart's data to Plotly Cloud, another host.
 const CONFIG = {
   responsive: true,
   displaylogo: false,
+  showSendToCloud: false,
   modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d"],
 };
 
