@@ -18,7 +18,7 @@ VIEWS = {"desktop": {"width": 1400, "height": 1100}, "phone": {"width": 390, "he
 
 
 def served_runs(root: Path) -> None:
-    """"keyed": three sessions (resumes at 60 and 120), train and validation loss, a constant LR, no
+    """ "keyed": three sessions (resumes at 60 and 120), train and validation loss, a constant LR, no
     skipped update, extra keys, and a last session that failed."""
     path = root / "keyed" / "metrics.jsonl"
     for session, start, end, resumed in (("s1", 0, 100, None), ("s2", 60, 150, 60), ("s3", 120, 200, 120)):
@@ -68,7 +68,7 @@ def test_every_chart_of_two_lines_or_more_has_its_legend_in_view(browser: object
             if chart["lines"] >= 2:
                 assert chart["showlegend"] and chart["entries"], f"{title}: {chart['lines']} lines, no legend"
                 legend = chart["legend"]
-                assert 0 <= legend["left"] and legend["right"] <= legend["width"] + 1, title
+                assert legend["left"] >= 0 and legend["right"] <= legend["width"] + 1, title
                 assert legend["bottom"] <= legend["height"] + 1, title
                 assert chart["plot"]["bottom"] - chart["plot"]["top"] >= 180, f"{title}: the legend squashed the plot"
         toolbar, plot = loss["toolbar"], loss["plot"]
