@@ -30,6 +30,9 @@ def served_runs(root: Path) -> None:
                 records.append(base_record(step, event="validation", session=session, val_loss=20.0 / step))
         append_records(path, *records)
     append_records(path, base_record(200, event="session_end", session="s3", status="failed", error=REASON))
+    append_records(
+        root / "other" / "metrics.jsonl", *(base_record(s, train_loss=8.0 / s, lr=3e-4) for s in range(10, 201, 10))
+    )
 
 
 # In the page: per chart, its lines (traces with points drawn: not legend entries, session-start or
@@ -76,6 +79,26 @@ def test_every_chart_of_two_lines_or_more_has_its_legend_in_view(browser: object
         key = page.locator(".st-key-session_key p")
         assert "S3" in key.inner_text()
         assert key.evaluate("p => p.scrollWidth <= p.clientWidth + 1"), "the session key is cut off"
+    finally:
+        context.close()
+
+
+def test_the_sessions_and_compare_charts_carry_their_key_on_a_phone(browser: object, server: str) -> None:
+    """At phone width the sessions page's chart names each session in its legend, and every chart of
+    the compare page names both runs in its own legend (not only the first chart)."""
+    context = browser.new_context(viewport=VIEWS["phone"])
+    page = context.new_page()
+    try:
+        page.goto(f"{server}/sessions?run=keyed")
+        wait_until(page, lambda: page.evaluate(CHARTS_JS), timeout=60)
+        (overlay,) = wait_until(page, lambda: [c for c in page.evaluate(CHARTS_JS) if c["entries"]], timeout=30)
+        assert overlay["entries"][-3:] == ["S1 · start", "S2 · resume @ 60", "S3 · resume @ 120"]
+        page.goto(f"{server}/compare?run=keyed&run=other")
+        charts = wait_until(page, lambda: len(charts := page.evaluate(CHARTS_JS)) >= 5 and charts, timeout=60)
+        assert sum(chart["lines"] >= 2 for chart in charts) >= 2
+        for chart in charts:
+            runs = [entry for entry in chart["entries"] if entry.startswith(("keyed", "other"))]
+            assert chart["lines"] < 2 or (chart["showlegend"] and len(runs) == 2), chart
     finally:
         context.close()
 

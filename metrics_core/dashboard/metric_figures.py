@@ -236,11 +236,12 @@ def metric_figure(
                             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
         drawn[item.secondary_y] += added[0]
         spans += added[1]
-    if smoothed:
+    lines = any(map(len, drawn.values()))  # no entry that tells lines apart on a chart of nothing logged
+    if smoothed and lines:
         traces.append(legend_entry(RAW_NAME, group="raw", line={"color": KEY_COLOUR, "width": 1.5},
                                    opacity=RAW_OPACITY))  # fmt: skip
-    if len(sessions) > 1 and any(item.colour is None for item in series) and any(map(len, drawn.values())):
-        traces += session_legend(sessions)  # not on a chart of nothing logged: no line to tell apart
+    if len(sessions) > 1 and any(item.colour is None for item in series) and lines:
+        traces += session_legend(sessions)
     if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
     layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
