@@ -35,10 +35,10 @@ def make_root(root: Path) -> object:
     """The demo run, as its supervisor writes it (replayed sessions, then live), and a second run to compare."""
     import subprocess
 
-    demo = subprocess.Popen([sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "demo"), "--downtime",
-                             "0.5"], cwd=REPO, stdout=subprocess.DEVNULL)  # fmt: skip
+    demo = subprocess.Popen([sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "demo")], cwd=REPO,
+                            stdout=subprocess.DEVNULL)  # fmt: skip
     subprocess.run([sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "other"), "--steps", "1400",
-                    "--pace", "0", "--downtime", "0", "--seed", "3"], cwd=REPO, check=True)  # fmt: skip
+                    "--pace", "0", "--seed", "3"], cwd=REPO, check=True)  # fmt: skip
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the live session has a few windows
         text = (root / "demo" / "metrics.jsonl").read_text(errors="replace") if (root / "demo").exists() else ""
@@ -74,7 +74,7 @@ def shoot(browser: object, url: str, out: Path, suffix: str, view: dict) -> None
             page.wait_for_timeout(2500)  # the last charts draw, the grid paints
             target = out / f"{name}-{suffix}.png"
             target.write_bytes(png(page.screenshot(full_page=suffix != "desktop" or name != "run")))
-            print(f"{target.relative_to(REPO)}  {target.stat().st_size // 1024} KB")
+            print(f"{target}  {target.stat().st_size // 1024} KB")
         finally:
             context.close()
 

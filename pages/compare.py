@@ -48,7 +48,7 @@ def chart() -> None:
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     columns = st.columns(2)
     for number, metric in enumerate(metrics):
-        figure = compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y, theme=theme, legend=number == 0)
+        figure = compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y, theme=theme)
         with columns[number % 2]:
             live_chart(figure, key=f"chart_compare_{metric}")
     config_diff_panel({name: config.values if (config := view_config(view)) else None for name, view in views.items()})

@@ -1,36 +1,17 @@
 """`/run?run=<name>` — one run's charts, refreshed live, with session boundaries and health.
 Opened from the top bar with no run named, it offers a picker of the runs."""
 
+from dataclasses import replace
+
 import streamlit as st
 
 from metrics_core.dashboard.alerting import show_run_alerts
-from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.display_text import file_stem, md_text, shorten
-from metrics_core.dashboard.figures import X_MODES
-from metrics_core.dashboard.live_chart import live_chart, load_plotly
-from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
+from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_panels, run_status_line
+from metrics_core.dashboard.display_text import md_text, shorten
+from metrics_core.dashboard.live_chart import load_plotly
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.views import (
-    HISTORY_MODES,
-    MAX_LOGGED_CHARTS,
-    ChartOptions,
-    chart_csv_of,
-    chart_filter_error,
-    chart_key,
-)
-from metrics_core.dashboard.widgets import (
-    PANELS_KEY,
-    config_panel,
-    csv_button,
-    health_panel,
-    live_view,
-    page_theme,
-    refresh_slot,
-    run_or_pick,
-    session_key_panel,
-    stopped_panel,
-)
+from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick
 
 config = settings()
 store = get_store(config)
@@ -43,17 +24,7 @@ sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":materi
                         query_params={"run": name})  # fmt: skip
 compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
                        query_params={"run": name})  # fmt: skip
-with st.sidebar:
-    x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
-    smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
-    log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
-    history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
-    paused = st.toggle("Pause live updates", key="pause")
-    only = st.text_input("Charts (regular expression)", key="filter_charts", placeholder="e.g. loss|val/",
-                         help="Charts whose title or key matches; the others are not drawn.")  # fmt: skip
-    if error := chart_filter_error(only):
-        st.error(md_text(error))
-        only = ""
+options, paused = chart_controls()
 
 
 @st.fragment(run_every=None if paused else config.refresh)
@@ -65,35 +36,13 @@ def charts() -> None:
 
 
 def draw_charts(view: RunView) -> None:
+    # Above the charts: the status line, why the run stopped and its firing alerts (only when there
+    # are), the health and config buttons, the session key.  Details open on demand.
+    run_status_line(view)
+    show_run_alerts(alerter, name)
+    run_panels(view)
     # The theme is read here: the browser reports it with each rerun, not always the first.
-    options = ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, theme=page_theme(), only=only)
-    # Above the charts: the status row; why the run stopped and its firing alerts, only when there
-    # is one; the health and config buttons; the session key.  Details open on demand.
-    status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
-              f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
-    st.caption(status, wrap=False)
-    stopped_panel(view)
-    show_run_alerts(alerter, name)  # a line per alert firing for the run, only when one is
-    with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
-        health_panel(view_findings(view))
-        config_panel(view_config(view))
-    session_key_panel(view)
-    # once per snapshot, options and theme, shared by tabs
-    groups, logged = view_chart_groups(view, options)
-    for group, figures in groups.items():
-        if group:
-            st.subheader(md_text(group), divider="gray")
-        left, right = st.columns(2)
-        for number, (key, figure) in enumerate(figures.items()):
-            with left if number % 2 == 0 else right:
-                zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
-                live_chart(figure, key=chart_key(key), zoom=zoom)  # a zoom shows that x-range's raw records
-                file_name = f"{file_stem(name)}-{file_stem(key)}.csv"
-                rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
-                csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
-    if logged > MAX_LOGGED_CHARTS:
-        st.caption(f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
-                   "narrow the chart filter in the sidebar to see the others.")  # fmt: skip
+    chart_grid(view, replace(options, theme=page_theme()))
 
 
 charts()

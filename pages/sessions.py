@@ -9,7 +9,15 @@ from metrics_core.dashboard.live_chart import live_chart, load_plotly
 from metrics_core.dashboard.live_views import view_findings
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.views import DEFAULT_CHARTS, charts_of, session_overlay
-from metrics_core.dashboard.widgets import csv_button, finding_text, live_view, page_theme, run_or_pick, sessions_table
+from metrics_core.dashboard.widgets import (
+    csv_button,
+    finding_text,
+    live_view,
+    page_theme,
+    run_or_pick,
+    sessions_table,
+    stopped_panel,
+)
 
 config = settings()
 store = get_store(config)
@@ -27,6 +35,7 @@ def sessions() -> None:
     if view is None:
         return
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
+    stopped_panel(view)  # why the run stopped, as above its charts (each session's reason is in the table)
     train = view.frames["train"]
     lost = view.lost_work
     share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"

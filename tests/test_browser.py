@@ -19,7 +19,8 @@ def loss(page: object) -> dict | None:
 
 def train_points(graph: dict) -> list[tuple[float, float]]:
     raw = [t for t in graph["traces"] if t["name"].startswith("train") and "smoothed" not in t["name"]]
-    return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True))
+    # the legend's "train" entry holds one null point, drawn nowhere
+    return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True) if x is not None)
 
 
 def open_run(page: object, server: str, name: str, expect_last_step: int) -> dict:

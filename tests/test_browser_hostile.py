@@ -175,7 +175,7 @@ def loss_steps(page: object) -> list[tuple[float, float]]:
     if not graph:
         return []
     raw = [t for t in graph["traces"] if t["name"].startswith("train") and "smoothed" not in t["name"]]
-    return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True))
+    return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True) if x is not None)
 
 
 # -- poisoned runs ------------------------------------------------------------------------------

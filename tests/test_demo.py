@@ -8,10 +8,12 @@ import signal
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
+from metrics_core.digest import RunDigest
 from metrics_core.reader import RunReader
-from metrics_core.runs import find_runs
+from metrics_core.runs import find_runs, run_status
 from tests.support import spawn_python
 
 
@@ -20,11 +22,13 @@ def test_demo_trains_crashes_and_resumes(tmp_path: Path) -> None:
     root = tmp_path / "runs"
     subprocess.run(
         [sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "demo"), "--steps", "1100",
-         "--pace", "0", "--downtime", "0.1"],
+         "--pace", "0"],
         check=True, timeout=240,
     )  # fmt: skip
     assert [run.name for run in find_runs(root)] == ["demo"]
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    written = sorted(p.name for p in (root / "demo").iterdir())
+    assert written == [".metrics.jsonl.failure", "checkpoints", "metrics.jsonl"]  # the history dir is gone
     reader = RunReader(root / "demo")
     reader.refresh()
     s1, s2, s3 = reader.sessions
@@ -38,6 +42,30 @@ def test_demo_trains_crashes_and_resumes(tmp_path: Path) -> None:
     assert (train["clipped_fraction"] > 0).any()
     assert (train["attempted_updates"] == train["updates"] + train["skipped_updates_in_window"]).all()
     assert train["train_loss"].iloc[-1] < train["train_loss"].iloc[0]
+
+
+def test_the_demo_reads_live_from_the_moment_it_appears(tmp_path: Path) -> None:
+    """Its replayed crashes are history: from its first readable record to its live windows, every
+    read of the run's status says live, never crashed (a torn tail with no writer) nor stalled."""
+    run = tmp_path / "runs" / "demo"
+    demo = subprocess.Popen([sys.executable, "-m", "metrics_core.dashboard.demo", str(run), "--pace", "0.05"])
+    statuses: list[str] = []
+    digest = None
+    try:
+        deadline = time.monotonic() + 120
+        live = lambda: digest and len(digest.sessions) == 3 and digest.sessions[2].records > 10  # noqa: E731
+        while time.monotonic() < deadline and not live():
+            if digest is None and (run / "metrics.jsonl").exists():
+                digest = RunDigest(run)
+            if digest is not None:
+                digest.refresh()
+                statuses.append(run_status(digest, now=datetime.now(UTC)))
+            time.sleep(0.02)
+    finally:
+        demo.terminate()
+        demo.wait(timeout=30)
+    assert digest is not None and digest.sessions[2].records > 10
+    assert set(statuses) == {"live"}
 
 
 PARENT = """

@@ -13,8 +13,16 @@ dashboard is for:
 
 Sessions 1 and 2 are history replayed in a second or two, so their records carry simulated
 times: one window a second, like the live session, ending shortly before it starts (with a
-``--downtime``-like gap of ``REPLAY_DOWNTIME_S`` between them).  Stamped with the real clock they
+scheduler's restart gap of ``REPLAY_DOWNTIME_S`` between them).  Stamped with the real clock they
 would claim 10–40M tokens/s against the live session's ~55k and squash every throughput chart.
+
+The history is written out of the dashboard's sight, in ``RUN_DIR/.history`` (discovery skips a
+hidden directory), and the run appears only once the live session holds the writer's lock and has
+logged its ``session_start``: its files are renamed into ``RUN_DIR`` then, which the open writer's
+descriptors and its lock follow.  Written in place, the history's crashes were real to every
+reader: a torn tail with no writer behind it reads ``crashed`` at once, and the demo opened as a
+crashed run for the seconds between its replayed sessions (and as ``stalled`` before that, its
+records being minutes old by their simulated clock).
 
 Ctrl-C on ``streamlit run`` reaches the whole process group: the trainer then ends its session
 as ``interrupted`` (a ``session_end`` record, as ``training_session`` writes) and both processes
@@ -29,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -45,6 +54,7 @@ WINDOW = 10  # attempts per train record
 MAX_GRAD_NORM = 1.2
 WINDOW_S = 1.0  # simulated seconds per window of a replayed session (the live session's pace)
 REPLAY_DOWNTIME_S = 30.0  # simulated time between the replayed sessions (a scheduler's restart)
+HISTORY_DIR = ".history"  # under RUN_DIR: where the replayed sessions are written, unseen
 _stop = {"requested": False}
 
 
@@ -123,10 +133,13 @@ def run_session(
     crash: bool,
     seed: int,
     start_ns: int | None = None,
+    publish: bool = False,
 ) -> None:
     """One process lifetime of the trainer: resume, train to ``stop_at``, then crash or finish.
 
-    With ``start_ns`` its records carry simulated times from then on (a replayed session)."""
+    It writes the log in ``HISTORY_DIR``, and with ``publish`` moves it into ``directory`` once its
+    ``session_start`` is written (``_publish``).  With ``start_ns`` its records carry simulated
+    times from then on (a replayed session)."""
     _catch_stop_signals()
     clock = SimulatedClock(start_ns) if start_ns is not None else None
     rng = np.random.default_rng(seed + session)
@@ -141,13 +154,15 @@ def run_session(
     parent = os.getppid()
     window, lr = TrainingWindow(), 0.05
     writer_clock = {"clock": clock} if clock is not None else {}
-    with MetricsWriter(RunContext(directory, "demo", f"demo-s{session}"), **writer_clock) as writer:
+    with MetricsWriter(RunContext(directory / HISTORY_DIR, "demo", f"demo-s{session}"), **writer_clock) as writer:
         writer.write("session_start", state, discarded_bytes=writer.discarded_bytes,
                      resumed_from_step=resumed_step)  # fmt: skip
         writer.write_config(state, {
             "model": {"inputs": 16, "width": 32}, "optim": {"lr": 0.05, "lr_half_life_steps": 2000,
             "max_grad_norm": MAX_GRAD_NORM}, "fp16": {"initial_scale": 2.0**10}, "window": WINDOW, "seed": seed,
         })  # fmt: skip
+        if publish:
+            _publish(writer, directory)
         while state.step < stop_at:
             x, y, tokens = _batch(rng, teacher)
             loss, grads = model.loss_and_grads(x, y)
@@ -194,6 +209,18 @@ def run_session(
         writer.write("session_end", state, status="finished")
 
 
+def _publish(writer: MetricsWriter, directory: Path) -> None:
+    """Move the open writer's log and failure note from ``HISTORY_DIR`` into ``directory``: the
+    run appears whole, its writer's lock already held (a lock belongs to the open file, which a
+    rename does not touch) and its latest record this session's start.  The note goes first, so
+    the run never appears without it; the writer's paths then name the files where they are."""
+    note, log = directory / writer.note_path.name, directory / writer.path.name
+    os.replace(writer.note_path, note)
+    os.replace(writer.path, log)
+    writer.note_path, writer.path = note, log
+    os.rmdir(directory / HISTORY_DIR)
+
+
 def _latest_checkpoint(directory: Path, before: int) -> Path:
     checkpoints = sorted((directory / "checkpoints").glob("step-*.npz"))
     eligible = [path for path in checkpoints if int(path.stem.split("-")[1]) <= before]
@@ -205,23 +232,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("run_dir", type=Path)
     parser.add_argument("--steps", type=int, default=20_000, help="steps of the final session")
     parser.add_argument("--pace", type=float, default=1.0, help="seconds between live windows")
-    parser.add_argument("--downtime", type=float, default=3.0, help="seconds between crash and resume")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--session", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--resume", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--crash", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--start-ns", type=int, help=argparse.SUPPRESS)
+    parser.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.session is not None:  # one trainer process (a child of the supervisor below)
         run_session(args.run_dir, args.session, resume_from=args.resume, stop_at=args.stop_at,
-                    pace=args.pace, crash=args.crash, seed=args.seed, start_ns=args.start_ns)  # fmt: skip
+                    pace=args.pace, crash=args.crash, seed=args.seed, start_ns=args.start_ns,
+                    publish=args.publish)  # fmt: skip
         return
     _catch_stop_signals()
     # Supervisor: three trainer processes, like a job scheduler restarting a preempted job.
     # It watches its own parent (the dashboard) by polling: PR_SET_PDEATHSIG would fire when the
     # *thread* that started it ends, and Streamlit starts it from a short-lived script thread.
     supervisor_parent = os.getppid()
+    shutil.rmtree(args.run_dir / HISTORY_DIR, ignore_errors=True)  # a history a stopped demo left half written
     plan = [(1, None, 600, 0.0, True), (2, 400, 1200, 0.0, True), (3, 1000, args.steps, args.pace, False)]
     # The replayed sessions' simulated history ends about when the live session starts: ~one
     # window per 7.5 steps (skipped attempts make windows of fewer than 10 steps: about 8), so the
@@ -238,8 +267,10 @@ def main(argv: list[str] | None = None) -> None:
             command.append("--crash")
         if not pace:  # replayed: simulated times, after the previous session's last record
             if session > 1:
-                start_ns = _last_record_ns(args.run_dir) + int(REPLAY_DOWNTIME_S * 1e9)
+                start_ns = _last_record_ns(args.run_dir / HISTORY_DIR) + int(REPLAY_DOWNTIME_S * 1e9)
             command += ["--start-ns", str(min(start_ns, time.time_ns()))]
+        if not crash:  # the last session: it shows the run, its history behind it
+            command.append("--publish")
         trainer = subprocess.Popen(command, preexec_fn=die_with_parent)
         while trainer.poll() is None:
             if _parent_gone(supervisor_parent) or _stop["requested"]:
@@ -249,9 +280,8 @@ def main(argv: list[str] | None = None) -> None:
             time.sleep(0.2)
         if _stop["requested"]:
             return
-        time.sleep(args.downtime)
-        if not pace:  # the live session must start after the simulated history it follows
-            while _last_record_ns(args.run_dir) >= time.time_ns() and not _stop["requested"]:
+        if crash:  # the next session must start after the simulated history it follows
+            while _last_record_ns(args.run_dir / HISTORY_DIR) >= time.time_ns() and not _stop["requested"]:
                 time.sleep(0.2)
 
 

@@ -53,6 +53,12 @@ LABEL_FONT = 10
 LABEL_CHAR_PX = 6.2  # an upper bound of a 10 px sans-serif glyph's advance
 LABEL_ROWS = 2
 LABEL_ROW_PX = 16  # a 10 px label's box is ~14 px tall
+CHART_HEIGHT = 330  # px, with one row of legend
+PHONE_CHART_PX = 358  # a chart on a 390 px phone: the page less its padding
+MARGIN_LEFT, MARGIN_RIGHT = 60, 20  # px: the y axis' ticks and title; the right edge (a right axis adds its own)
+LEGEND_ROW_PX = 19  # a row of 10 px legend entries
+LEGEND_SYMBOL_PX = 40  # an entry's line symbol, its gap to the text and to the next entry
+LEGEND_CHAR_PX = 5.5  # a 10 px legend glyph's mean advance in Chromium's sans-serif (DejaVu), rounded up
 # What plotly's ``template="none"`` validates to (a test compares): every figure carries it, so
 # plotly.js applies no default template, whose styling JSON would ride with every update.
 NO_TEMPLATE = {"data": {"scatter": [{"type": "scatter"}]}}
@@ -302,12 +308,14 @@ def chart_layout(
         paper_bgcolor=palette["paper"],
         plot_bgcolor=palette["plot"],
         title={"text": plotly_text(shorten(title)), "x": 0.01, "font": {"size": 14}},
-        height=330,
-        margin={"l": 60, "r": 20, "t": 50 + LABEL_ROW_PX, "b": 30},
+        height=chart_height(traces, MARGIN_RIGHT),
+        margin={"l": MARGIN_LEFT, "r": MARGIN_RIGHT, "t": 50 + LABEL_ROW_PX, "b": 30},
         uirevision=revision or title,
         hovermode="x unified",
         hoverlabel={"namelength": -1},
-        legend={"orientation": "h", "y": -0.14, "yanchor": "top", "font": {"size": 10}},
+        # "normal" order: entries flow in rows; plotly's "grouped" order gives each legend group
+        # (the sessions) rows of its own, a column of entries on a phone.
+        legend={"orientation": "h", "y": -0.14, "yanchor": "top", "font": {"size": 10}, "traceorder": "normal"},
         xaxis={
             "title": {"text": x_axis.title, "standoff": 2, "font": {"size": 11}},
             "type": "date" if x == "time" else "linear",
@@ -324,6 +332,28 @@ def chart_layout(
     if annotations:
         layout["annotations"] = annotations
     return layout
+
+
+def chart_height(traces: Sequence[dict[str, Any]], margin_right: int) -> int:
+    """The chart's height: ``CHART_HEIGHT`` and a row more for each row its legend wraps to on a
+    phone (its narrowest), so the plot keeps its height under a long legend."""
+    width = PHONE_CHART_PX - MARGIN_LEFT - margin_right
+    return CHART_HEIGHT + LEGEND_ROW_PX * max(legend_rows(traces, width=width) - 1, 0)
+
+
+def legend_rows(traces: Sequence[dict[str, Any]], *, width: float) -> int:
+    """Rows of the legend of ``traces`` on a plot ``width`` px wide.
+
+    plotly.js lays a horizontal legend out in one row when it fits, else in columns as wide as
+    its widest entry; an entry is its symbol and its text.  No legend (one entry or none): 0 rows."""
+    names = [str(trace["name"]) for trace in traces if trace.get("showlegend", True) and trace.get("name")]
+    if len(names) < 2:
+        return 0
+    widths = [LEGEND_SYMBOL_PX + len(name) * LEGEND_CHAR_PX for name in names]
+    if sum(widths) <= width:
+        return 1
+    columns = max(1, int(width // max(widths)))
+    return -(-len(names) // columns)
 
 
 def session_key(sessions: Sequence[Session]) -> list[tuple[str, str, str]]:

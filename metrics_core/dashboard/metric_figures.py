@@ -16,7 +16,11 @@
   and a note on the chart says how many points are off-scale;
 * a sparse series (validation every N steps, ``markers=True``) is drawn raw with markers, never
   smoothed like the dense series beside it;
-* legends are compact: a session-split chart lists its series once (not once per session).
+* a chart of more than one line has a legend: a session-split chart lists its series once (not
+  once per session) in a neutral colour, then each session in its colour; a smoothed chart has one
+  entry for the faint raw lines behind the smoothed ones.  Entries that stand for lines drawn
+  elsewhere are ``legend_entry`` traces: one null point, never drawn (plotly.js hides a trace with
+  no points from the legend too).
 """
 
 from __future__ import annotations
@@ -39,6 +43,7 @@ from metrics_core.dashboard.figures import (
     Axis,
     Figure,
     Highlight,
+    chart_height,
     chart_layout,
     compact,
     figure_of,
@@ -52,6 +57,10 @@ from metrics_core.reader import Session
 DASHES = ("solid", "dot", "dash", "dashdot")
 RAW_OPACITY = 0.25
 LABEL_CHARS = 40  # a legend entry (a run name on the compare chart)
+KEY_COLOUR = "#808495"  # legend entries that stand for lines of every session: neutral, sessions have colours
+RAW_NAME = "raw (unsmoothed)"
+RIGHT_AXIS_PX = 65  # the right margin of a chart with a right axis
+EVENT_COLUMNS = frozenset({"skipped_updates_in_window"})  # counts that are mostly 0: markers where they are not
 HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
 ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
 ROBUST_FENCE = 3.0  # interquartile ranges beyond the quartiles
@@ -220,19 +229,25 @@ def metric_figure(
     traces_per_row = 2 if smoothing > 0 else 1
     drawn: dict[bool, list[np.ndarray]] = {False: [], True: []}  # per axis, for the robust range
     spans: list[float] = []
-    legend = len({item.label for item in series}) > 1
+    smoothed = smoothing > 0 and any(_smoothed(item) for item in series)
+    legend = len({item.label for item in series}) > 1 or smoothed
     for number, item in enumerate(series):
         added = _add_series(traces, item, number, x=x, origin=origin, smoothing=smoothing, legend=legend,
                             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
         drawn[item.secondary_y] += added[0]
         spans += added[1]
-    if len(sessions) > 1 and any(item.colour is None for item in series):
+    lines = any(map(len, drawn.values()))  # no entry that tells lines apart on a chart of nothing logged
+    if smoothed and lines:
+        traces.append(legend_entry(RAW_NAME, group="raw", line={"color": KEY_COLOUR, "width": 1.5},
+                                   opacity=RAW_OPACITY))  # fmt: skip
+    if len(sessions) > 1 and any(item.colour is None for item in series) and lines:
         traces += session_legend(sessions)
     if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
     layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
                      highlights=highlights, theme=theme, spans=spans)  # fmt: skip
     robust = _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    layout["height"] = chart_height(traces, layout["margin"]["r"])  # a right axis narrows the legend
     if robust is not None:
         traces += _off_scale_markers(traces, robust, log=log_y, theme=theme)
     return figure_of(traces, layout)
@@ -241,9 +256,20 @@ def metric_figure(
 def session_legend(sessions: Sequence[Session]) -> list[dict[str, Any]]:
     """A legend entry per session in its colour ("S2 · resume @ 60"): every chart whose lines are
     split by session says which is which, on every page and at phone width."""
-    return [dict(x=[], y=[], mode="lines", name=f"{label} · {what}",
-                 legendgroup="sessions", line={"color": colour, "width": 3}, hoverinfo="skip")
+    return [legend_entry(f"{label} · {what}", group="sessions", line={"color": colour, "width": 3})
             for label, colour, what in session_key(sessions)]  # fmt: skip
+
+
+def legend_entry(name: str, *, group: str, mode: str = "lines", **style: Any) -> dict[str, Any]:
+    """A legend entry for lines drawn by other traces: one null point, so plotly.js keeps it in
+    the legend (a trace of no points is hidden, from the legend too) and draws nothing for it."""
+    return dict(x=[None], y=[None], name=name, legendgroup=group, mode=mode, showlegend=True, hoverinfo="skip",
+                **style)  # fmt: skip
+
+
+def _smoothed(item: Series) -> bool:
+    """Whether smoothing applies to ``item``: sparse series and event counts are drawn raw."""
+    return not item.markers and item.column not in EVENT_COLUMNS
 
 
 OFF_SCALE = "off-scale"  # the ``meta`` of the markers of points outside the default y-range
@@ -261,6 +287,8 @@ def _off_scale_markers(
     xs, ys = [], []
     for trace in traces:
         if trace.get("yaxis", "y") != "y" or str(trace.get("name", "")).endswith("(smoothed)") or trace.get("meta"):
+            continue
+        if trace.get("hoverinfo") == "skip":  # a legend entry or an axis holder: no data
             continue
         if trace.get("x") is None or not len(trace["x"]) or trace.get("mode") == "markers":
             continue
@@ -321,7 +349,7 @@ def _y_axes(
             # default, which labels a count axis 3.54896, 15.6607, …
             settings = {"overlaying": "y", "side": "right", "showgrid": False, "zeroline": False,
                         "rangemode": "tozero", "tickmode": "auto", **settings}  # fmt: skip
-            layout["margin"] = {**layout["margin"], "r": 65}  # room for the right axis' ticks and title
+            layout["margin"] = {**layout["margin"], "r": RIGHT_AXIS_PX}  # room for the right axis' ticks and title
         name = "yaxis2" if secondary else "yaxis"
         layout[name] = {**layout.get(name, {}), **settings}
     if not logged:  # no axis of made-up numbers around nothing
@@ -358,21 +386,21 @@ def _add_series(
     label = plotly_text(shorten(item.label, LABEL_CHARS))
     full = plotly_text(shorten(item.label, HOVER_CHARS))
     axis = "y2" if item.secondary_y else "y"
-    events = item.column == "skipped_updates_in_window"  # a count that is mostly 0: marks where it is not
+    events = item.column in EVENT_COLUMNS
     if events:
         ys = np.where(ys > 0, ys, np.nan)
-    smoothing = 0.0 if item.markers or events else smoothing  # sparse series are drawn raw
+    smoothing = smoothing if _smoothed(item) else 0.0
     style = AXES.get(item.column) or _logged_axis(item)
     per_session = item.colour is None
     group = f"{number}:{label}"
     drawn: list[np.ndarray] = []
     finite_x = xs[np.isfinite(xs)] if xs.dtype.kind == "f" else xs
     extent = [float(np.min(finite_x)), float(np.max(finite_x))] if len(finite_x) else []
-    if per_session and legend:  # one legend entry per series, in a neutral colour: sessions are the page's key
-        traces.append(dict(
-            x=[], y=[], name=label, legendgroup=group, mode="markers" if events or item.markers else "lines",
-            line={"color": "#808495", "dash": dash, "width": 1.5}, marker={"color": "#808495", "size": 6},
-            yaxis=axis, hoverinfo="skip",
+    if per_session and legend:  # one legend entry per series, in a neutral colour: sessions have theirs
+        traces.append(legend_entry(
+            label, group=group, mode="markers" if events or item.markers else "lines", yaxis=axis,
+            line={"color": KEY_COLOUR, "dash": dash, "width": 2 if smoothing > 0 else 1.5},
+            marker={"color": KEY_COLOUR, "size": 6},
         ))  # fmt: skip
     for code in np.unique(session_codes):
         for dimmed in (False, True):

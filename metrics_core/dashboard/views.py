@@ -380,10 +380,9 @@ def compare_chart(
     smoothing: float,
     log_y: bool,
     theme: str = "light",
-    legend: bool = True,
 ) -> Figure:
-    """One metric of several runs (effective histories), each run a colour and named by its path;
-    ``legend`` False leaves the runs' key to another chart (one colour per run on every chart).
+    """One metric of several runs (effective histories), each run a colour and named by its path
+    in the chart's legend (every chart has its own: on a phone the charts are far apart).
     A metric none of the runs logged is an empty chart titled by its name."""
     event, label = compare_metrics(views).get(metric, ("train", metric))
     series = []
@@ -392,8 +391,7 @@ def compare_chart(
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(Series(frame, metric, name, markers=event == "validation",
                              colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
-    figure = metric_figure(
+    return metric_figure(
         series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
         revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
     )  # fmt: skip
-    return Figure(data=figure["data"], layout={**figure["layout"], "showlegend": legend})

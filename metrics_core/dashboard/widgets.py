@@ -67,7 +67,8 @@ SESSION_KEY_KEY = "session_key"  # the run page's session key
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
 # (live_chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
 # gap where they are mounted.  The run page's row of health and config buttons and its session key
-# stay one line each (scrolled sideways where they do not fit), so its charts have a known place.
+# stay one line each (scrolled sideways where they do not fit), so its charts have a known place;
+# on a phone the key wraps instead: a key scrolled sideways hides the later sessions.
 CALM_CSS = f"""<style>
 [data-stale="true"] {{ opacity: 1 !important; transition: none !important; }}
 [data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) {{ visibility: hidden; }}
@@ -75,6 +76,7 @@ CALM_CSS = f"""<style>
 .st-key-{SAME_TAB_KEY} {{ display: none; }}
 .st-key-{PANELS_KEY}, .st-key-{SESSION_KEY_KEY} p {{ overflow-x: auto; scrollbar-width: none; }}
 .st-key-{SESSION_KEY_KEY} p {{ white-space: nowrap; }}
+@media (max-width: 640px) {{ .st-key-{SESSION_KEY_KEY} p {{ white-space: normal; }} }}
 </style>"""
 
 # Links between pages open in this tab.  The runs table's link cells are opened by Streamlit

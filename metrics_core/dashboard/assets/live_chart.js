@@ -104,6 +104,17 @@ function xrangeOf(event) {
   return range.map((v) => (typeof v === "number" ? v : Date.parse(String(v).replace(" ", "T") + "Z")));
 }
 
+// The toolbar keeps what reading a chart needs (zoom, pan, autoscale to every point, reset to the
+// default range, a PNG): five buttons fit in the chart's top margin beside its title on a phone, so
+// they never cover the plot (plotly's full set is wider than a phone's chart).  No "Share chart":
+// plotly.js offers by default to upload the chart's data to Plotly Cloud, another host.
+const CONFIG = {
+  responsive: true,
+  displaylogo: false,
+  showSendToCloud: false,
+  modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d"],
+};
+
 function drawChart(component) {
   const { data, parentElement, setTriggerValue, setStateValue } = component;
   let graph = parentElement.querySelector(".metrics-chart");
@@ -136,10 +147,10 @@ function drawChart(component) {
     if (graph.dataset.failed && data.op !== "full") return; // queued before an earlier draw failed
     if (data.op === "full") {
       const figure = unpack(JSON.parse(data.figure));
-      Plotly.react(graph, figure.data, figure.layout, { responsive: true, displaylogo: false });
+      Plotly.react(graph, figure.data, figure.layout, CONFIG);
     } else {
       extend(Plotly, graph, data.steps);
-      if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), { responsive: true, displaylogo: false });
+      if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), CONFIG);
     }
     graph.dataset.seq = String(data.seq);
     delete graph.dataset.failed;

@@ -1,0 +1,87 @@
+"""The run page's charts as Streamlit draws them: the sidebar controls that choose them
+(``chart_controls``), the status lines above them (``run_header``), and the grid of live charts
+under their group headings, each with its CSV button (``chart_grid``).
+
+What is drawn comes from ``live_views`` (memoised per snapshot, shared by tabs); this module only
+lays it out, so ``pages/run.py`` stays a page that reads widgets and shows what they return.
+"""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from metrics_core.dashboard.config import view_config
+from metrics_core.dashboard.display_text import file_stem, md_text
+from metrics_core.dashboard.figures import X_MODES
+from metrics_core.dashboard.live_chart import live_chart
+from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
+from metrics_core.dashboard.store import RunView
+from metrics_core.dashboard.views import (
+    HISTORY_MODES,
+    MAX_LOGGED_CHARTS,
+    ChartOptions,
+    chart_csv_of,
+    chart_filter_error,
+    chart_key,
+)
+from metrics_core.dashboard.widgets import (
+    PANELS_KEY,
+    config_panel,
+    csv_button,
+    health_panel,
+    session_key_panel,
+    stopped_panel,
+)
+
+
+def chart_controls() -> tuple[ChartOptions, bool]:
+    """The sidebar's chart options (the theme is the fragment's to read: see ``page_theme``) and
+    whether live updates are paused.  An invalid chart filter is said, and filters nothing."""
+    with st.sidebar:
+        x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
+        smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
+        log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
+        history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
+        paused = st.toggle("Pause live updates", key="pause")
+        only = st.text_input("Charts (regular expression)", key="filter_charts", placeholder="e.g. loss|val/",
+                             help="Charts whose title or key matches; the others are not drawn.")  # fmt: skip
+        if error := chart_filter_error(only):
+            st.error(md_text(error))
+            only = ""
+    return ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, only=only), paused
+
+
+def run_status_line(view: RunView) -> None:
+    """The run's status and counts in one line, then why it stopped when it did (``stopped_panel``)."""
+    status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
+              f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
+    st.caption(status, wrap=False)
+    stopped_panel(view)
+
+
+def run_panels(view: RunView) -> None:
+    """The health and config buttons in one row, then the session key: details open on demand."""
+    with st.container(horizontal=True, wrap=False, vertical_alignment="center", key=PANELS_KEY):
+        health_panel(view_findings(view))
+        config_panel(view_config(view))
+    session_key_panel(view)
+
+
+def chart_grid(view: RunView, options: ChartOptions) -> None:
+    """Every chart ``options`` keeps, two a row under their group's heading, each with a CSV of
+    exactly what it draws; a zoom draws that x-range's raw records (``zoom_chart``).  Says how many
+    logged keys' charts the filter matched beyond ``MAX_LOGGED_CHARTS``."""
+    groups, logged = view_chart_groups(view, options)  # once per snapshot, options and theme, shared by tabs
+    for group, figures in groups.items():
+        if group:
+            st.subheader(md_text(group), divider="gray")
+        left, right = st.columns(2)
+        for number, (key, figure) in enumerate(figures.items()):
+            with left if number % 2 == 0 else right:
+                zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
+                live_chart(figure, key=chart_key(key), zoom=zoom)
+                rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
+                csv_button("CSV of this chart", rows, f"{file_stem(view.name)}-{file_stem(key)}.csv", key=f"csv_{key}")
+    if logged > MAX_LOGGED_CHARTS:
+        st.caption(f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
+                   "narrow the chart filter in the sidebar to see the others.")  # fmt: skip
