@@ -5,10 +5,13 @@ import streamlit as st
 
 from metrics_core.dashboard.alerting import show_run_alerts
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.display_text import file_stem, md_text, shorten
+from metrics_core.dashboard.display_text import md_text, shorten
+from metrics_core.dashboard.downloads import csv_file_name, csv_link
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.live_push import live_watch
 from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
+from metrics_core.dashboard.server_routes import routes_served
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
@@ -56,12 +59,17 @@ with st.sidebar:
         only = ""
 
 
-@st.fragment(run_every=None if paused else config.refresh)
+pushed = routes_served()  # the server says when the run changed: no rerun per refresh period
+
+
+@st.fragment(run_every=None if paused or pushed else config.refresh)
 def charts() -> None:
     view = live_view(store, name)  # outside the slot: it may wait for the run's reader
     if view is not None:
         with refresh_slot():
             draw_charts(view)
+    if pushed and not paused:
+        live_watch(name, view, refresh=config.refresh)
 
 
 def draw_charts(view: RunView) -> None:
@@ -87,10 +95,11 @@ def draw_charts(view: RunView) -> None:
         for number, (key, figure) in enumerate(figures.items()):
             with left if number % 2 == 0 else right:
                 zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
-                live_chart(figure, key=chart_key(key), zoom=zoom)  # a zoom shows that x-range's raw records
-                file_name = f"{file_stem(name)}-{file_stem(key)}.csv"
-                rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
-                csv_button("CSV of this chart", rows, file_name, key=f"csv_{key}")
+                link = csv_link(name, key, options)  # a link in the chart: no widget per refresh
+                live_chart(figure, key=chart_key(key), zoom=zoom, csv=link)  # a zoom shows that x-range's raw records
+                if link is None:
+                    rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
+                    csv_button("CSV of this chart", rows, csv_file_name(name, key), key=f"csv_{key}")
     if logged > MAX_LOGGED_CHARTS:
         st.caption(f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
                    "narrow the chart filter in the sidebar to see the others.")  # fmt: skip
