@@ -1,16 +1,19 @@
 """Many viewers of one live run: server CPU and write -> visible latency for 1, 5 and 20 sessions.
 
 Run: python benchmarks/bench_viewers.py [--viewers 1 5 20] [--appends 15] [--refresh 0.5] [--history 0]
-                                        [--baseline <git rev>]
+                                        [--keys 0] [--baseline <git rev>]
 
 Each viewer is a websocket session speaking Streamlit's own protocol, as a browser tab does: it
 asks for ``/run?run=live``, and reruns the live fragment every time the server's ``auto_rerun``
-message says to (the browser's timer), with nothing drawn on the client, so the machine's cores
-go to the server.  A real ``MetricsWriter`` appends a record every 1.3 s, out of phase with the
+message says to (the browser's timer) or, where the page mounts ``live_push``'s watch instead, as
+its script does: a long poll of the URL the watch element carries, and a rerun of the fragment
+(the element's trigger) when the answer names a newer snapshot.  Nothing is drawn on the client,
+so the machine's cores go to the server.  A real ``MetricsWriter`` appends a record every 1.3 s, out of phase with the
 refresh; a record is visible to a viewer when a message it received carries the record's step
 (steps are nine-digit numbers no other text on the page holds).  Server CPU is utime + stime of
 the ``streamlit run`` process from ``/proc``, as a share of one core, over the appends; "refreshes"
 counts the fragment runs each viewer got per second (a server that falls behind drops them).
+``--keys N``: every record also logs N numbers of the user's (``k/000`` ...), as ``bench_live.py --keys``.
 
 ``--baseline REV`` measures the same at git revision REV (its files in a temporary directory) too, interleaved
 viewer count by viewer count with the tree under test, so machine noise hits both alike; the
@@ -21,14 +24,18 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from urllib.parse import parse_qs, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -37,14 +44,23 @@ from metrics_core import MetricsWriter, TrainingState
 from tests.live_server import REPO, streamlit_app
 
 FIRST_STEP = 10**8  # nine digits: a step's text appears in a message only where the record is drawn
+WATCH_COMPONENT = "metrics_live_watch"  # live_push's element, where the page has it
+_LONG_POLLS = ThreadPoolExecutor(64)  # one waiting request per viewer
+
+
+def _get_json(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=60) as answer:
+        return json.loads(answer.read())
 
 
 async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: asyncio.Event) -> None:
     """One tab's session: open the run page, rerun the fragment as the server's auto_rerun says,
     note when each watched step first arrives."""
+    from streamlit.components.v2.bidi_component.main import _make_trigger_id
     from streamlit.proto.BackMsg_pb2 import BackMsg
     from streamlit.proto.ClientState_pb2 import ClientState
     from streamlit.proto.ForwardMsg_pb2 import ForwardMsg
+    from streamlit.proto.WidgetStates_pb2 import WidgetState, WidgetStates
     from websockets.asyncio.client import connect
 
     async with connect(f"ws://{url.split('://', 1)[1]}/_stcore/stream", subprotocols=["streamlit"],
@@ -58,6 +74,36 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
                 state = ClientState(query_string="run=live", page_script_hash=page_hash, fragment_id=fragment,
                                     is_auto_rerun=True)  # fmt: skip
                 await ws.send(BackMsg(rerun_script=state).SerializeToString())
+
+        watch: dict = {}  # the watch element's url, id, fragment and retry period, as last drawn
+
+        async def follow() -> None:
+            """What live_watch.js does: long-poll the drawn snapshot's URL; rerun the fragment when newer."""
+            loop = asyncio.get_running_loop()
+            while not stop.is_set():
+                current = watch["url"]
+                try:
+                    answer = await loop.run_in_executor(_LONG_POLLS, _get_json, url + current)
+                except OSError:
+                    answer = {}
+                if watch["url"] != current:
+                    continue  # a rerun drew a newer snapshot meanwhile
+                if answer.get("serial", 0) > int(parse_qs(urlsplit(current).query)["seen"][0]):
+                    payload = json.dumps([{"event": "changed", "value": answer["serial"]}])
+                    trigger = WidgetState(id=_make_trigger_id(watch["id"], "events"), json_trigger_value=payload)
+                    state = ClientState(
+                        query_string="run=live",
+                        page_script_hash=page_hash,
+                        fragment_id=watch["fragment"],
+                        widget_states=WidgetStates(widgets=[trigger]),
+                    )
+                    await ws.send(BackMsg(rerun_script=state).SerializeToString())
+                    for _ in range(600):  # as the script: until the rerun mounts the next URL, at most STALL_MS
+                        if watch["url"] != current or stop.is_set():
+                            break
+                        await asyncio.sleep(0.05)
+                elif not answer:
+                    await asyncio.sleep(watch["retry"])
 
         try:
             while not stop.is_set():
@@ -76,6 +122,15 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
                                                                   message.auto_rerun.fragment_id)))  # fmt: skip
                 elif kind == "script_finished":
                     refreshes[0] += 1
+                elif kind == "delta" and message.delta.new_element.bidi_component.component_name.endswith(
+                    WATCH_COMPONENT
+                ):
+                    element = message.delta.new_element.bidi_component
+                    data = json.loads(element.json)
+                    watch.update(url=data["url"], id=element.id, fragment=message.delta.fragment_id,
+                                 retry=data["retry_ms"] / 1000)  # fmt: skip
+                    if not timers:
+                        timers.append(asyncio.create_task(follow()))
                 elif kind == "delta" and b"1000" in frame:
                     for step in _steps_in(frame):
                         seen.setdefault(step, now)
@@ -96,8 +151,19 @@ def _steps_in(frame: bytes) -> list[int]:
     return found
 
 
+def logged(step: int, keys: int) -> dict[str, float]:
+    """``keys`` numbers of the user's for the record of ``step``."""
+    return {f"k/{n:03}": float(step % 97 + n) for n in range(keys)}
+
+
 async def _measure(
-    url: str, viewers: int, appends: int, writer: MetricsWriter, state: TrainingState, profile: tuple[str, Path] | None
+    url: str,
+    viewers: int,
+    appends: int,
+    writer: MetricsWriter,
+    state: TrainingState,
+    profile: tuple[str, Path] | None,
+    keys: int = 0,
 ) -> dict:
     stop = asyncio.Event()
     seen: list[dict[int, float]] = [{} for _ in range(viewers)]
@@ -115,7 +181,7 @@ async def _measure(
     cpu, wall = cpu_seconds(pid), time.monotonic()
     for number in range(appends):
         state.step = FIRST_STEP + 1000 + 10 * number
-        writer.write("train", state, train_loss=0.5)
+        writer.write("train", state, train_loss=0.5, **logged(state.step, keys))
         written[state.step] = time.time() * 1000
         await asyncio.sleep(1.3)
     await asyncio.sleep(3)
@@ -131,7 +197,14 @@ async def _measure(
 
 
 def measure(
-    repo: Path, viewers: int, *, appends: int, refresh: float, history: int, profile: tuple[str, Path] | None = None
+    repo: Path,
+    viewers: int,
+    *,
+    appends: int,
+    refresh: float,
+    history: int,
+    keys: int = 0,
+    profile: tuple[str, Path] | None = None,
 ) -> dict:
     """``viewers`` sessions on one live run served from the tree ``repo``."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -142,8 +215,8 @@ def measure(
         with streamlit_app(*app, repo=repo) as url, MetricsWriter(run) as writer:
             for step in range(FIRST_STEP, FIRST_STEP + 100, 10):
                 state.step = step
-                writer.write("train", state, train_loss=1.0 / (step - FIRST_STEP + 10))
-            return asyncio.run(_measure(url, viewers, appends, writer, state, profile))
+                writer.write("train", state, train_loss=1.0 / (step - FIRST_STEP + 10), **logged(step, keys))
+            return asyncio.run(_measure(url, viewers, appends, writer, state, profile, keys))
 
 
 @contextmanager
@@ -184,6 +257,7 @@ def main() -> None:
     parser.add_argument("--appends", type=int, default=15)
     parser.add_argument("--refresh", type=float, default=0.5)
     parser.add_argument("--history", type=int, default=0, help="records the run holds before the appends")
+    parser.add_argument("--keys", type=int, default=0, help="numbers of the user's each record logs besides")
     parser.add_argument("--baseline", help="git revision to measure side by side (e.g. main)")
     parser.add_argument("--py-spy", help="path of py-spy: write the server's stacks to viewers-<label>-<n>.txt")
     args = parser.parse_args()
@@ -195,7 +269,7 @@ def main() -> None:
                 out = Path(f"viewers-{label.replace(' ', '_')}-{viewers}.txt")
                 profile = (args.py_spy, out) if args.py_spy else None
                 results[label][viewers] = measure(repo, viewers, appends=args.appends, refresh=args.refresh,
-                                                  history=args.history, profile=profile)  # fmt: skip
+                                                  history=args.history, keys=args.keys, profile=profile)  # fmt: skip
                 report(label, {viewers: results[label][viewers]})  # as it comes: a long run shows progress
     print("side by side:")
     for label, found in results.items():

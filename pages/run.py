@@ -9,6 +9,8 @@ from metrics_core.dashboard.alerting import show_run_alerts
 from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_panels, run_status_line
 from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live_chart import load_plotly
+from metrics_core.dashboard.live_push import live_watch
+from metrics_core.dashboard.server_routes import routes_served
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick
@@ -27,12 +29,17 @@ compare_link.page_link("pages/compare.py", label="Compare with other runs", icon
 options, paused = chart_controls()
 
 
-@st.fragment(run_every=None if paused else config.refresh)
+pushed = routes_served()  # the server says when the run changed: no rerun per refresh period
+
+
+@st.fragment(run_every=None if paused or pushed else config.refresh)
 def charts() -> None:
     view = live_view(store, name)  # outside the slot: it may wait for the run's reader
     if view is not None:
         with refresh_slot():
             draw_charts(view)
+    if pushed and not paused:
+        live_watch(name, view, refresh=config.refresh)
 
 
 def draw_charts(view: RunView) -> None:

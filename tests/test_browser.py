@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 from pathlib import Path
 
 import orjson
@@ -83,6 +85,28 @@ def test_every_logged_key_is_charted_and_the_filter_keeps_what_matches(
     page.keyboard.press("Enter")
     wait_until(page, lambda: page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 1)
     assert page.evaluate(GRAPH_JS, "mfu") is not None
+
+
+def test_each_chart_links_its_rows_as_csv_from_the_servers_route(page: object, server: str, served_root: Path) -> None:
+    """Each live chart carries a link to its rows as CSV, not a download widget redrawn on every
+    refresh; the download holds the run's latest records; a name outside the runs root is refused."""
+    path = served_root / "csv" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    open_run(page, server, "csv", 50)
+    wait_until(page, lambda: page.locator(".metrics-chart-csv").count() == 6)
+    assert page.locator("[data-testid='stDownloadButton']").count() == 0
+    append_records(path, base_record(60, train_loss=0.5))  # not yet drawn: the link reads the run when followed
+    with page.expect_download() as started:
+        page.locator(".st-key-chart_loss .metrics-chart-csv").click()
+    download = started.value
+    rows = list(csv.DictReader(io.StringIO(Path(download.path()).read_text())))
+    assert download.suggested_filename == "csv-loss.csv"
+    assert [(int(row["step"]), float(row["value"])) for row in rows if row["metric"] == "train_loss"] == [
+        *((s, pytest.approx(1.0 / s)) for s in range(10, 51, 10)),
+        (60, 0.5),
+    ]
+    refused = page.request.get(f"{server}/api/csv?run=../csv&chart=loss&history=effective")
+    assert refused.status == 404 and "run" in refused.text()
 
 
 def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
@@ -215,6 +239,22 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, serv
     steps = [*range(10, 10_001, 10), *appended]
     assert [x for x, _ in points] == steps
     assert [y for _, y in points] == pytest.approx([5.0 / s for s in steps], rel=1e-6)
+
+
+def test_an_idle_tab_gets_nothing_until_its_run_changes(page: object, server: str, served_root: Path) -> None:
+    """With nothing appended the run page is not rerun every refresh period (it receives nothing:
+    the server says when the run changed); an appended record is then drawn."""
+    path = served_root / "idle" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    received: list[int] = []
+    page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(len(frame))))
+    open_run(page, server, "idle", 50)
+    page.wait_for_timeout(1500)  # the first run's last messages
+    received.clear()
+    page.wait_for_timeout(3000)  # three refresh periods
+    assert received == []
+    append_records(path, base_record(60, train_loss=0.5))
+    assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5))
 
 
 def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(

@@ -1,6 +1,6 @@
 """The run page's charts as Streamlit draws them: the sidebar controls that choose them
 (``chart_controls``), the status lines above them (``run_header``), and the grid of live charts
-under their group headings, each with its CSV button (``chart_grid``).
+under their group headings, each with its CSV (``chart_grid``).
 
 What is drawn comes from ``live_views`` (memoised per snapshot, shared by tabs); this module only
 lays it out, so ``pages/run.py`` stays a page that reads widgets and shows what they return.
@@ -11,7 +11,8 @@ from __future__ import annotations
 import streamlit as st
 
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.display_text import file_stem, md_text
+from metrics_core.dashboard.display_text import md_text
+from metrics_core.dashboard.downloads import csv_file_name, csv_link
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart
 from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
@@ -79,9 +80,11 @@ def chart_grid(view: RunView, options: ChartOptions) -> None:
         for number, (key, figure) in enumerate(figures.items()):
             with left if number % 2 == 0 else right:
                 zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
-                live_chart(figure, key=chart_key(key), zoom=zoom)
-                rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
-                csv_button("CSV of this chart", rows, f"{file_stem(view.name)}-{file_stem(key)}.csv", key=f"csv_{key}")
+                link = csv_link(view.name, key, options)  # a link in the chart: no widget per refresh
+                live_chart(figure, key=chart_key(key), zoom=zoom, csv=link)
+                if link is None:  # no server route here (plain serving, AppTest): a button
+                    rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
+                    csv_button("CSV of this chart", rows, csv_file_name(view.name, key), key=f"csv_{key}")
     if logged > MAX_LOGGED_CHARTS:
         st.caption(f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
                    "narrow the chart filter in the sidebar to see the others.")  # fmt: skip

@@ -286,7 +286,13 @@ def _note_zoom(key: str) -> None:
     st.session_state.setdefault(_ZOOM, {})[key] = tuple(xrange) if valid else None
 
 
-def live_chart(figure: Figure, *, key: str, zoom: Callable[[tuple[float, float]], Figure | None] | None = None) -> None:
+def live_chart(
+    figure: Figure,
+    *,
+    key: str,
+    zoom: Callable[[tuple[float, float]], Figure | None] | None = None,
+    csv: str | None = None,
+) -> None:
     """Show ``figure``; later calls with the same ``key`` update it in place, sending only new
     points when that is all that changed.
 
@@ -294,6 +300,7 @@ def live_chart(figure: Figure, *, key: str, zoom: Callable[[tuple[float, float]]
     chart shows ``zoom(xrange)`` (the records in that range at full resolution, e.g.
     ``charts.zoom_chart``) instead of ``figure``; zooming out (autoscale, double-click) returns to
     ``figure``.  The figure keeps its ``uirevision``, so the user's view stays where it is.
+    ``csv``: a URL of the chart's rows as CSV, a link under the chart (``downloads.csv_link``).
     """
     xrange = st.session_state.get(_ZOOM, {}).get(key)
     if xrange is not None and zoom is not None:
@@ -301,7 +308,8 @@ def live_chart(figure: Figure, *, key: str, zoom: Callable[[tuple[float, float]]
     sent: dict[str, _Sent] = st.session_state.setdefault(_SENT, {})
     asked: dict[str, int | None] = st.session_state.setdefault(_RESYNC, {})
     current = next_payload(sent.get(key), encode(figure), resync=key in asked, held=asked.get(key))
-    _chart()(key=key, data=current.payload, height="content", default={"xrange": None},
+    data = current.payload if csv is None else {**current.payload, "csv": csv}
+    _chart()(key=key, data=data, height="content", default={"xrange": None},
              on_resync_change=partial(_ask_again, key), on_xrange_change=partial(_note_zoom, key))  # fmt: skip
     # Only now: Streamlit interrupts a rerun (a newer one was asked for) inside an element call,
     # before the element is sent; a payload recorded before the call would be one the page never

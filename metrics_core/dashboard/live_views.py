@@ -29,7 +29,7 @@ import pandas as pd
 from metrics_core.dashboard.figures import Figure, x_values
 from metrics_core.dashboard.metric_figures import OFF_SCALE
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.views import ChartOptions, grouped_figures, run_charts, warmup_rows
+from metrics_core.dashboard.views import Chart, ChartOptions, charts_of, grouped_figures, run_charts, warmup_rows
 from metrics_core.diagnostics import Finding, diagnose
 
 _log = logging.getLogger(__name__)
@@ -63,7 +63,16 @@ class _Charts:
 def view_chart_groups(view: RunView, options: ChartOptions) -> tuple[dict[str, dict[str, Figure]], int]:
     """``views.grouped_figures`` of ``view_charts``, once per snapshot and options: finding the
     logged keys walks every column of the run's frames, which a tab's refresh need not repeat."""
-    return view.memo(("groups", options), lambda: grouped_figures(view, options, view_charts(view, options)))
+    charts = view_charts_of(view)
+    return view.memo(
+        ("groups", options), lambda: grouped_figures(view, options, view_charts(view, options), charts=charts)
+    )
+
+
+def view_charts_of(view: RunView) -> list[Chart]:
+    """``views.charts_of``, once per snapshot: finding the logged keys walks every column of the
+    run's frames, and the charts, their groups and their CSVs all ask for it."""
+    return view.memo("charts_of", lambda: charts_of(view))
 
 
 def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
@@ -79,7 +88,7 @@ def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
         if extended is not None:
             return extended
         start = time.perf_counter()
-        figures = run_charts(view, options)
+        figures = run_charts(view, options, charts=view_charts_of(view))
         return _Charts(view, figures, view, time.monotonic(), time.perf_counter() - start)
 
     carried = view.lineage.carry(("charts", options), update)
@@ -110,7 +119,7 @@ def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _
     starts = {event: max(0, min(len(previous.view.frames[event]), len(view.frames[event])) - warmup)
               for event in TAIL_EVENTS}  # fmt: skip
     tail = _tail_view(view, starts)
-    tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS))
+    tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS), charts=view_charts_of(view))
     if tail_figures.keys() - previous.figures.keys():
         return None  # a key logged for the first time: its chart joins at a full build
     figures = {}

@@ -21,6 +21,10 @@ changes it):
   and ``Last-Modified`` (they describe the file, not the answer).  Leans on: the undocumented
   ``window.__streamlit.BACKEND_BASE_URL``, the chunk file names ``<Element>.<hash>.js`` and their
   static imports, and the ``data-test-script-state`` attribute of Streamlit's root.
+* ``csv_route`` (``downloads``): a chart's CSV at a URL of its own, so the run page's live charts
+  carry a link instead of a download widget rebuilt on every refresh; ``changes_route``
+  (``live_push``): a run's tabs rerun their live fragment when the run changed, not every refresh
+  period.  Leans on: ``st.App``'s public ``routes`` only.
 * ``lifespan``: as the server starts, imports what the pages import and does Streamlit's
   once-per-process first-run work (``warm_first_script_run``: its emoji catalog, the private
   ``delta_generator._maybe_print_use_warning``) in a background thread, and makes the gzip copies
@@ -78,7 +82,11 @@ from metrics_core.dashboard.asgi_gzip import (
     send_whole,
     without,
 )
+from metrics_core.dashboard.downloads import csv_route
 from metrics_core.dashboard.live_chart import PLOTLY_ASSETS, plotly_file, plotly_url
+from metrics_core.dashboard.live_push import changes_route
+from metrics_core.dashboard.server_routes import serving_routes
+from metrics_core.dashboard.settings import open_store, settings
 
 # A chunk's static imports, as Streamlit's bundler writes them: `from"./x.js"` or `import"./x.js"` (not
 # `import("./x.js")`, which loads lazily).
@@ -258,6 +266,7 @@ def lifespan(
     no_delay: bool = True,
     navigation_only: bool = True,
     prewarm: Callable[[], None] | None = None,
+    own_routes: bool = True,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
     in the first script run of a process (``warm_first_script_run``) and imports every module the top level of
@@ -266,8 +275,9 @@ def lifespan(
     leaves the interpreter lock to the imports) and, if ``no_delay``, turns Nagle's algorithm off on
     the server's listening socket (``tcp_no_delay``: the socket is bound before the lifespan starts,
     and no connection is accepted before it has); if ``navigation_only``, keeps Streamlit out of its
-    legacy folder-of-pages mode before any session; at shutdown, runs ``shutdown`` in a worker thread
-    (see the module docstring)."""
+    legacy folder-of-pages mode before any session; if ``own_routes``, pages use this module's routes
+    (``server_routes``) while it serves; at shutdown, runs ``shutdown`` in a worker thread (see the module
+    docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -287,7 +297,8 @@ def lifespan(
         if prewarm is not None:
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
         try:
-            yield
+            with serving_routes(own_routes):
+                yield
         finally:
             await to_thread.run_sync(shutdown)  # a store's close waits for its loader
 
@@ -405,7 +416,7 @@ def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Ma
     ``script`` (whose pages live in ``pages/`` beside it), or, when ``serve_plain``, a lifespan that
     only runs ``shutdown`` as the server stops (it runs either way)."""
     if serve_plain(environ):
-        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False, navigation_only=False)}
+        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False, navigation_only=False, own_routes=False)}
     copies = GzipCopies()
 
     def prewarm() -> None:
@@ -423,5 +434,9 @@ def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Ma
         "middleware": [
             Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies),
             Middleware(PreloadHints, base_url=base_url, head=page_head),
+        ],
+        "routes": [
+            csv_route(lambda: open_store(settings()), base_url=base_url),
+            changes_route(lambda: open_store(settings()), lambda: settings().refresh, base_url=base_url),
         ],
     }

@@ -92,8 +92,12 @@ class RunView:
             return value
 
     def effective(self, event: str) -> pd.DataFrame:
-        """``event`` records no later session redid."""
-        return self.frames[event][~self.superseded[event]].reset_index(drop=True)
+        """``event`` records no later session redid: the frame itself when none was redone (a
+        run that never resumed), not an O(rows × columns) copy per snapshot."""
+        frame, superseded = self.frames[event], self.superseded[event]
+        if not superseded.any():
+            return frame
+        return frame[~superseded].reset_index(drop=True)
 
 
 def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:

@@ -129,9 +129,8 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
     own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
     keys: dict[str, tuple[str, ...]] = {}
     for event in CHARTED_EVENTS:
-        frame = view.frames[event]
-        for column in frame.columns:
-            dtype = frame[column].dtype
+        # from dtypes, not frame[column]: a Series per column is a cost per key per snapshot
+        for column, dtype in view.frames[event].dtypes.items():
             if column in WRITER_FIELDS or not pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
                 continue
             keys[column] = (*keys.get(column, ()), event)
@@ -181,18 +180,23 @@ def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int
     """The charts ``pattern`` keeps (searched in title and key, case-insensitively; an invalid
     pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how many of
     the logged keys' charts matched in all."""
-    matcher = re.compile(pattern, re.IGNORECASE) if pattern and chart_filter_error(pattern) is None else None
+    try:
+        matcher = re.compile(pattern, re.IGNORECASE) if pattern else None
+    except re.error:
+        matcher = None
     kept = [chart for chart in charts if matcher is None or matcher.search(chart.title) or matcher.search(chart.key)]
     defaults = [chart for chart in kept if not chart.group]
     logged = [chart for chart in kept if chart.group]
     return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
 
 
-def grouped_figures(view: RunView, options: ChartOptions, figures: Mapping[str, Figure]) -> tuple[
-        dict[str, dict[str, Figure]], int]:  # fmt: skip
+def grouped_figures(
+    view: RunView, options: ChartOptions, figures: Mapping[str, Figure], *, charts: Sequence[Chart] | None = None
+) -> tuple[dict[str, dict[str, Figure]], int]:
     """``figures`` (``run_charts``'s, in its order) under their headings ("" first: the defaults
-    and the straggler chart), and how many logged keys' charts the filter matched in all."""
-    picked, logged = pick_charts(charts_of(view), options.only)
+    and the straggler chart), and how many logged keys' charts the filter matched in all.
+    ``charts``: ``charts_of(view)``, where the caller has it."""
+    picked, logged = pick_charts(charts_of(view) if charts is None else charts, options.only)
     group = {chart.key: chart.group for chart in picked}
     groups: dict[str, dict[str, Figure]] = {}
     for key, figure in figures.items():
@@ -215,12 +219,15 @@ def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.nda
     return view.frames[event], view.superseded[event] if history == "all" else None
 
 
-def chart_specs(view: RunView, history: str, *, only: str = "") -> dict[str, ChartSpec]:
-    """The charts ``only`` keeps (``pick_charts``), keyed by chart key, with their rows for
-    ``history``; and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
+def chart_specs(
+    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None
+) -> dict[str, ChartSpec]:
+    """The charts ``only`` keeps (``pick_charts``) of ``charts`` (default ``charts_of(view)``),
+    keyed by chart key, with their rows for ``history``; and for a data-parallel run
+    (``world_size`` > 1), the ranks' step-time spread."""
     rows = {event: _rows(view, event, history) for event in CHARTED_EVENTS}
     spec = partial(_spec, rows)
-    picked = pick_charts(charts_of(view), only)[0]
+    picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
     specs = {chart.key: spec(chart) for chart in picked if not chart.group}
     if is_distributed(view.frames["train"]):
         train, dim = rows["train"]
@@ -266,11 +273,14 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     return result
 
 
-def run_charts(view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS) -> dict[str, Figure]:
-    """Every chart of the run page as a figure (each with a budget of ``max_points`` drawn points)."""
+def run_charts(
+    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
+) -> dict[str, Figure]:
+    """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
+    with a budget of ``max_points`` drawn points."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
-    return {key: _spec_figure(view, key, spec, options, highlights, max_points)
-            for key, spec in chart_specs(view, options.history, only=options.only).items()}  # fmt: skip
+    specs = chart_specs(view, options.history, only=options.only, charts=charts)
+    return {key: _spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
 
 
 def _spec_figure(

@@ -36,6 +36,7 @@ from metrics_core.dashboard.display_text import (
 )
 from metrics_core.dashboard.figures import THEMES, session_colour, session_key
 from metrics_core.dashboard.live_chart import LOADER_KEY
+from metrics_core.dashboard.live_push import WATCH_KEY
 from metrics_core.dashboard.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
@@ -65,14 +66,15 @@ SESSION_KEY_KEY = "session_key"  # the run page's session key
 # fades them (charts flicker on every refresh of a slow run), and the top bar's running indicator
 # blinks.  A refresh that changes
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
-# (live_chart.load_plotly) and the same-tab link script draw nothing: out of the layout, they leave no
-# gap where they are mounted.  The run page's row of health and config buttons and its session key
-# stay one line each (scrolled sideways where they do not fit), so its charts have a known place;
-# on a phone the key wraps instead: a key scrolled sideways hides the later sessions.
+# (live_chart.load_plotly), the live refresh's watch (live_push.live_watch) and the same-tab link
+# script draw nothing: out of the layout, they leave no gap where they are mounted.  The run page's
+# row of health and config buttons and its session key stay one line each (scrolled sideways where
+# they do not fit), so its charts have a known place; on a phone the key wraps instead: a key
+# scrolled sideways hides the later sessions.
 CALM_CSS = f"""<style>
 [data-stale="true"] {{ opacity: 1 !important; transition: none !important; }}
 [data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) {{ visibility: hidden; }}
-.st-key-{LOADER_KEY} {{ display: none; }}
+.st-key-{LOADER_KEY}, .st-key-{WATCH_KEY} {{ display: none; }}
 .st-key-{SAME_TAB_KEY} {{ display: none; }}
 .st-key-{PANELS_KEY}, .st-key-{SESSION_KEY_KEY} p {{ overflow-x: auto; scrollbar-width: none; }}
 .st-key-{SESSION_KEY_KEY} p {{ white-space: nowrap; }}

@@ -125,6 +125,7 @@ function drawChart(component) {
     parentElement.appendChild(graph);
   }
   graph.__metricsTrigger = setTriggerValue; // the latest component instance's, for a failed draw to call
+  csvLink(parentElement, data.csv);
   if (graph.dataset.seq === String(data.seq)) return; // already drawn (a rerun with nothing new)
   if (graph.dataset.failed && data.op !== "full") return; // waits for a whole figure (see the catch below)
   const base = data.op === "extend" ? data.base : data.op === "same" ? data.seq : null;
@@ -205,6 +206,25 @@ function linkX(source, event) {
       .catch((error) => console.error("metrics_core: linked zoom not applied", error))
       .finally(() => { other.__metricsFollowing = false; });
   }
+}
+
+// The chart's rows as CSV: a link to the server's route (downloads.py), a constant URL in every
+// payload; absent (undefined) where the server has no such route and the page draws a download button.
+function csvLink(parentElement, href) {
+  let link = parentElement.querySelector(".metrics-chart-csv");
+  if (!href) {
+    if (link) link.remove();
+    return;
+  }
+  if (!link) {
+    link = document.createElement("a");
+    link.className = "metrics-chart-csv";
+    link.textContent = "CSV of this chart";
+    link.setAttribute("download", "");
+    link.style.cssText = "color: inherit; opacity: 0.75; font-size: 0.875rem; text-decoration: none;";
+    parentElement.appendChild(link);
+  }
+  if (link.getAttribute("href") !== href) link.setAttribute("href", href);
 }
 
 // A line of text under the chart (null: none), set as text, never markup.

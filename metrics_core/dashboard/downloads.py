@@ -1,0 +1,70 @@
+"""A chart's rows as CSV from a route of the server's own, not a widget per chart per refresh.
+
+A ``st.download_button`` is a widget: drawn in the run page's live fragment, each chart's button
+was built, registered (with its deferred callable, under a process-wide lock) and sent again on
+every refresh of every tab, a quarter of what a refresh cost.  Where app.py serves ``csv_route``
+(``serving.app_options``; not under ``METRICS_SERVE_PLAIN=1``: ``server_routes``), each live chart carries a link to it
+instead (``csv_link``: a constant string in the chart's payload, nothing per refresh), and the CSV is
+built when the link is followed, from the run's latest snapshot (``views.chart_csv_of``, the rows
+the chart draws).  Where the route is not served (plain serving, ``AppTest``), ``csv_link`` is None
+and the page draws the download button.
+
+The route reads the same server-wide store every page reads (``settings.open_store``); a name the
+store refuses (outside the runs root, not a run) is answered 404 with the reason, never a traceback.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from urllib.parse import urlencode
+
+from anyio import to_thread
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import Route
+
+from metrics_core.dashboard.display_text import file_stem
+from metrics_core.dashboard.live_chart import base_path
+from metrics_core.dashboard.server_routes import route_url, routes_served
+from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv_of, chart_filter_error
+from metrics_core.errors import MetricsError
+
+CSV_PATH = "/api/csv"  # outside Streamlit's reserved prefixes (/_stcore/, /media/, /component/, /static/)
+
+
+def csv_file_name(run: str, chart: str) -> str:
+    """The file name a chart's CSV downloads as."""
+    return f"{file_stem(run)}-{file_stem(chart)}.csv"
+
+
+def csv_link(run: str, chart: str, options: ChartOptions) -> str | None:
+    """The URL of the CSV of ``run``'s chart ``chart`` as ``options`` draw it, or None where this
+    server does not serve ``csv_route``."""
+    if not routes_served():
+        return None
+    query = urlencode({"run": run, "chart": chart, "history": options.history, "only": options.only})
+    return f"{route_url(CSV_PATH)}?{query}"
+
+
+def csv_route(store: Callable[[], RunStore], *, base_url: str = "") -> Route:
+    """The route that answers ``csv_link``'s URLs from ``store()``, mounted under ``base_url``."""
+
+    async def answer(request: Request) -> Response:
+        query = request.query_params
+        run, chart = query.get("run", ""), query.get("chart", "")
+        history = query.get("history", "")
+        only = query.get("only", "")
+        if history not in HISTORY_MODES:
+            return PlainTextResponse(f"no history mode {history!r}", status_code=400)
+        options = ChartOptions(history=history, only="" if chart_filter_error(only) else only)
+        try:
+            text = await to_thread.run_sync(lambda: chart_csv_of(store().view(run), options, chart))
+        except (MetricsError, OSError) as exc:
+            return PlainTextResponse(f"run {run!r}: {exc}", status_code=404)
+        except KeyError:
+            return PlainTextResponse(f"run {run!r} has no chart {chart!r}", status_code=404)
+        disposition = f'attachment; filename="{csv_file_name(run, chart)}"'
+        return Response(text, media_type="text/csv", headers={"Content-Disposition": disposition})
+
+    return Route(f"{base_path(base_url)}{CSV_PATH}", answer, methods=["GET"])
