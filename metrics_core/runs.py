@@ -185,7 +185,8 @@ class StatusSource(Protocol):
     """What ``run_status`` reads of a run: ``RunReader``, ``digest.RunDigest`` and the dashboard
     store's record of a released run all provide it."""
 
-    path: Path  # the run's metrics file (its failure note lies beside it)
+    path: Path  # the run's metrics file (its failure note lies beside it when ``on_disk``)
+    on_disk: bool  # a local file: its lock and failure note can be looked at; not so in a bucket
 
     @property
     def last_event(self) -> str | None: ...
@@ -218,6 +219,7 @@ class StatusRecord:
     file's identity when that reader last read it (``storage.FileStat``), so a later write shows."""
 
     path: Path
+    on_disk: bool
     identity: tuple[int, ...] | None
     last_event: str | None
     last_end_status: str | None
@@ -229,14 +231,17 @@ class StatusRecord:
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
-        return cls(source.path, identity, source.last_event, source.last_end_status, source.last_end_error,
-                   source.last_record_time, source.pending_bytes, source.typical_gap_s(), source.lock_seen)  # fmt: skip
+        return cls(source.path, source.on_disk, identity, source.last_event, source.last_end_status,
+                   source.last_end_error, source.last_record_time, source.pending_bytes, source.typical_gap_s(),
+                   source.lock_seen)  # fmt: skip
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s
 
     def writer_alive(self) -> bool | None:
         """As a reader's: the lock is probed on a descriptor opened for the probe."""
+        if not self.on_disk:
+            return None
         file = LocalFile(self.path)
         try:
             file.open()
@@ -265,8 +270,10 @@ def write_failure(reader: StatusSource) -> WriteFailure | None:
     the same or a resumed session, makes it stale.  A blank, torn (being rewritten right now)
     or unreadable note is no note, and so is anything but a regular file, never waited on.
     Cost: one small read and a ``stat``, plus a backwards scan of the torn tail when the sizes
-    match.
+    match.  A run not ``on_disk`` (in a bucket) has no note: its path names no local file.
     """
+    if not reader.on_disk:
+        return None
     try:
         with open(open_regular(reader.path.parent / FAILURE_NOTE_FILENAME), "rb") as file:
             note = parse_note(file.read(NOTE_BYTES))

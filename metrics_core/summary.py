@@ -17,7 +17,7 @@ from metrics_core.lines import LineFollower
 from metrics_core.records import BadLine
 from metrics_core.runs import StatusSource, run_status, stop_reason
 from metrics_core.sessions import Progress, SessionLog
-from metrics_core.storage import RunFile
+from metrics_core.storage import LocalFile, RunFile
 
 MAX_BAD_LINE_SAMPLES = 20  # bad lines kept with their line number and reason, for the report
 
@@ -121,6 +121,12 @@ class FollowedLog:
         self.bad_lines += len(bad)
         room = MAX_BAD_LINE_SAMPLES - len(self.bad_line_samples)
         self.bad_line_samples.extend(bad[: max(room, 0)])
+
+    @property
+    def on_disk(self) -> bool:
+        """Whether the run's bytes are a file on this machine's disk, with the writer's lock and
+        failure note beside it (a bucket's objects have neither)."""
+        return isinstance(self.file, LocalFile)
 
     def writer_alive(self) -> bool | None:
         """Whether a MetricsWriter holds the file's lock now (None: cannot tell).  Once it has

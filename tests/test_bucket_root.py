@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import orjson
 import pytest
 from pyarrow import fs as pafs
 
@@ -20,8 +21,10 @@ from metrics_core.dashboard.launch import streamlit_arguments
 from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunNotFoundError
+from metrics_core.failure_note import FAILURE_NOTE_FILENAME
 from metrics_core.object_storage import parse_bucket_url, s3_filesystem
 from metrics_core.reader import RunReader
+from metrics_core.runs import StatusRecord, write_failure
 from metrics_core.sync import RunSync
 from tests.live_server import free_port, wait_for_http
 from tests.support import (
@@ -281,3 +284,29 @@ def test_a_run_synced_as_parts_is_listed_and_followed_like_one_object(
         assert store.view("synced").records == local.records == 40
     finally:
         store.close()
+
+
+def test_a_local_file_at_the_bucket_keys_path_is_never_looked_at(
+    bucket: pafs.S3FileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server started where a local copy of the run lies at the object's key (``runs/exp/a/``),
+    with a failure note that would make it failed: the bucket run's status comes from its own
+    records alone, read or released, for a bucket has no notes and no locks."""
+    data = bucket_run(live=False)[: -len(line(base_record(50, event="session_end", status="finished")))]
+    put_object(bucket, "exp/a/metrics.jsonl", data + b'{"torn')
+    local = tmp_path / BUCKET / "exp" / "a"
+    local.mkdir(parents=True)
+    (local / "metrics.jsonl").write_bytes(data + b'{"torn')
+    note = {"session_id": "s1", "time": "2026-11-29T10:00:21+00:00", "error": "No space left on device (ENOSPC)",
+            "end": len(data), "size": len(data) + 6}  # fmt: skip
+    (local / FAILURE_NOTE_FILENAME).write_bytes(orjson.dumps(note))
+    local_reader = RunReader(local)
+    local_reader.refresh()
+    assert write_failure(local_reader) is not None  # the note is one a local reader takes
+    monkeypatch.chdir(tmp_path)
+    root = BucketRoot(f"s3://{BUCKET}/exp")
+    remote = root.reader(root.resolve("a"), cache=None)
+    remote.refresh()
+    assert not remote.on_disk and write_failure(remote) is None
+    released = StatusRecord.of(remote, identity=None)
+    assert write_failure(released) is None and released.writer_alive() is None
