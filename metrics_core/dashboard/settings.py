@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from metrics_core.alert_rules import AlertConfig, load_config
-from metrics_core.cache import CachePolicy
+from metrics_core.cache import CachePolicy, default_directory
 from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
@@ -46,15 +46,6 @@ def runs_root(text: str) -> Path | str:
     return text if is_bucket_url(text) else Path(text)
 
 
-def default_cache_dir(environ: Mapping[str, str]) -> Path:
-    """``$METRICS_CACHE_DIR``, else ``$XDG_CACHE_HOME/metrics_core``, else ``~/.cache/metrics_core``:
-    a directory the dashboard owns, never the runs root (which may be read-only or shared)."""
-    if environ.get("METRICS_CACHE_DIR"):
-        return Path(environ["METRICS_CACHE_DIR"])
-    base = Path(environ["XDG_CACHE_HOME"]) if environ.get("XDG_CACHE_HOME") else Path.home() / ".cache"
-    return base / "metrics_core"
-
-
 def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The dashboard's options, with their defaults from ``environ`` (also a parent of ``metrics-dashboard``'s)."""
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
@@ -70,7 +61,7 @@ def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
                         help="poll the files instead of using inotify")  # fmt: skip
     parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1",
                         help="start the live demo run when the root holds no runs")  # fmt: skip
-    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir(environ),
+    parser.add_argument("--cache-dir", type=Path, default=default_directory(environ),
                         help="where to keep a columnar copy of big runs (never inside the runs root)")  # fmt: skip
     parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1",
                         help="keep no such copy")  # fmt: skip
