@@ -378,7 +378,7 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 # BidiComponent mounts the plotly.js loader and the charts.
 # fmt: off
 PAGE_ELEMENTS = {
-    "": ("DataFrame", "Multiselect", "TextInput", "Html"),
+    "": ("DataFrame", "Multiselect", "TextInput", "TextArea", "Html"),
     "run": ("BidiComponent", "Html", "Selectbox", "Slider", "Checkbox", "Radio", "PageLink", "DownloadButton",
             "TextInput", "rehype-raw"),
     "sessions": ("BidiComponent", "Html", "Metric", "DataFrame", "ButtonGroup", "Slider", "PageLink",
