@@ -124,9 +124,6 @@ class LineAppender:
             self._file.close()
             raise
 
-    def fileno(self) -> int:
-        return self._file.fileno()
-
     def append(self, line: bytes) -> None:
         """Write ``line`` (whose one ``\\n`` is its last byte) at ``end``, then cut what is left of
         a torn tail after it; on any exception the line is wholly in the file or wholly undone."""

@@ -200,11 +200,8 @@ def run_session(
                 return
         if crash:
             # Die mid-record, as a SIGKILL during a write would: half a line, no session_end.
-            # The writer writes with pwrite at its own offset (the descriptor's position stays at 0),
-            # so the torn tail goes explicitly to the end of the file.
-            line = b'{"schema_version":1,"event":"train","step":' + str(state.step).encode()
-            fd = writer._file.fileno()
-            os.pwrite(fd, line, os.fstat(fd).st_size)
+            with open(writer.path, "ab") as log:
+                log.write(b'{"schema_version":1,"event":"train","step":' + str(state.step).encode())
             os._exit(1)
         writer.write("session_end", state, status="finished")
 
