@@ -12,7 +12,7 @@ loader reads a cold root, or runs off this page append, the page stays as it is 
 shows changed.  A root of more than ``PAGE_ROWS`` runs is shown a page at a time (newest activity
 first, so live runs lead the first page): a live update formats and sends one page, not the
 whole root.  Above the table, the alerts of the server's one alerter: the fragment reruns the
-page when they read differently.  Below it, a read-only SQL query over every run (``widgets.query_box``).
+page when they read differently.  Below it, a read-only SQL query over every run (``sql_box.query_box``).
 """
 
 import time
@@ -24,7 +24,8 @@ from metrics_core.dashboard.alerting import notice_of, show_notice
 from metrics_core.dashboard.config import config_keys
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
-from metrics_core.dashboard.widgets import overview_or_stop, query_box, runs_page_view, runs_table_view
+from metrics_core.dashboard.sql_box import query_box
+from metrics_core.dashboard.widgets import overview_or_stop, runs_page_view, runs_table_view
 
 config = settings()
 store = get_store(config)
