@@ -188,7 +188,7 @@ def poisoned(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
                 raise OverflowError("Python int too large to convert to C long")
         return original(self)
 
-    monkeypatch.setattr(store_module.RunReader, "refresh", refresh)
+    monkeypatch.setattr(RunReader, "refresh", refresh)
     return calls
 
 

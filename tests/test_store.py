@@ -14,6 +14,7 @@ import pandas as pd
 import pytest
 
 from metrics_core import roots as roots_module
+from metrics_core.dashboard import run_entry
 from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.live_views import view_charts
@@ -270,8 +271,8 @@ def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
         first = store.view("r")
-        superseded = count_calls(monkeypatch, store_module.RunReader, "superseded")
-        replaced = count_calls(monkeypatch, store_module.RunReader, "replaced_by")
+        superseded = count_calls(monkeypatch, RunReader, "superseded")
+        replaced = count_calls(monkeypatch, RunReader, "replaced_by")
         append_records(path, base_record(200, train_loss=0.5), base_record(200, event="validation", val_loss=0.7))
         second = store.view("r")
         assert (len(superseded), len(replaced)) == (0, 0)
@@ -300,7 +301,7 @@ def overview_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dic
     for number in range(runs):
         append_records(root / f"run{number:04d}" / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / s) for s in range(10, 60, 10)))  # fmt: skip
-    frames = count_calls(monkeypatch, store_module.RunReader, "frame")
+    frames = count_calls(monkeypatch, RunReader, "frame")
     resolves = count_calls(monkeypatch, roots_module, "resolve_run")  # the local root resolves names
     store = RunStore(root, safety_interval=3600.0, load_budget_s=3600.0)
     try:
@@ -368,7 +369,7 @@ def test_a_loader_that_dies_does_not_stop_later_calls_from_loading(tmp_path: Pat
             raise RuntimeError("unforeseen")
         return None
 
-    monkeypatch.setattr(store_module, "peek_row", peek_fails_once)
+    monkeypatch.setattr(run_entry, "peek_row", peek_fails_once)
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the dying thread's traceback
     store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
     try:

@@ -1,30 +1,23 @@
 """Parsed run data held once per server process and shared by every browser tab.
 
 Streamlit's ``st.cache_resource`` hands the same ``RunStore`` to every session and script thread,
-so all of it is thread-safe: one lock guards the run table, one lock per run guards its reader.
+so all of it is thread-safe: one lock guards the run table, one lock per run guards its entry.
 Pages never touch a reader: they get an immutable ``RunView`` snapshot, rebuilt only when the
 run's file changed, so ten open tabs cost one parse and one set of frames.
+
+This module is the server-wide registry: which runs there are, the root's hints, which runs are
+viewed and the memory budget over them, the cold loader, and the runs table.  Each run is a
+``run_entry.RunEntry``, which owns everything about that one run: its reader, the refresh policy
+(when it is re-read), its status and row, its snapshot, and failure containment (whatever reading
+or showing a run raises becomes that run's ``RunViewError`` and its ``error`` row; ``overview()``
+lists every other run).  An entry of the root that cannot be looked into (a directory the OS
+refuses to list, a symlink loop) is a row with status ``unreadable`` and the reason
+(``runs.discover_runs``).
 
 Where the runs live is the root's business (``metrics_core.roots``: a local directory, or a
 bucket prefix in ``metrics_core.bucket_root``); the store asks it which runs there are, which
 changed, and for a run's reader, and never knows which kind it has.  Reading the runs of a cold
 root in the background is ``cold_loader.ColdLoader``'s.
-
-Refresh policy: a run is re-read when the root's hints say its file changed, and in any case when
-its last refresh is older than ``safety_interval`` seconds if the root polls a run of its status
-(a local root polls every run: a no-change refresh is one ``stat``, so a lost inotify event or a
-network filesystem never means stale data; a bucket polls live runs only, one HEAD each).
-
-Failure containment: one run never takes a page down.  Whatever reading or snapshotting a run
-raises (a reader bug, a permission error, a value pandas cannot hold) becomes a ``RunViewError``
-naming the run and the cause in plain text; ``overview()`` turns it into that run's row with
-status ``error`` and lists every other run.  The failed run's reader is discarded (its state is
-unknown after an exception mid-refresh) and the failure is remembered: the file is re-read from
-the start only once it changed and ``safety_interval`` has passed, so a broken run costs one
-``stat`` per refresh, not a full re-read.  An entry of the root that cannot be looked into (a
-directory the OS refuses to list, a symlink loop) is a row with status ``unreadable`` and the
-reason (``runs.discover_runs``).  A reason names paths relative to the root
-(``display_text.under_root``): pages show run names, never where the server keeps its files.
 
 Cost model (a root of 1,000 runs, runs of millions of records, live):
 
@@ -68,31 +61,25 @@ once per snapshot, for the runs page to filter on and pick columns from; it is n
 
 from __future__ import annotations
 
-import logging
 import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from metrics_core.cache import CachePolicy
 from metrics_core.dashboard.cold_loader import ColdLoader
-from metrics_core.dashboard.config import run_config
-from metrics_core.dashboard.display_text import under_root
-from metrics_core.dashboard.rows import LossTrend, error_row, event_rows, overview_row, peek_row, unreadable_row
-from metrics_core.dashboard.snapshot import Lineage, RunView, build_view
-from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
-from metrics_core.reader import RunReader
+from metrics_core.dashboard.rows import unreadable_row
+from metrics_core.dashboard.run_entry import EntryContext, RunEntry, RunViewError
+from metrics_core.dashboard.snapshot import RunView
 from metrics_core.roots import LIST_INTERVAL_S, RunsRoot, open_root
-from metrics_core.runs import END_STATUSES, RunInfo, StatusRecord, UnreadableEntry, run_status, stop_reason
-from metrics_core.summary import RunSummary, summarise
+from metrics_core.runs import RunInfo, UnreadableEntry
+
+__all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
 
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
@@ -102,44 +89,6 @@ VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs
 OVERVIEW_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
-_log = logging.getLogger(__name__)
-
-
-class RunViewError(MetricsError, RuntimeError):
-    """A run's data could not be read or shown; ``cause`` says why in plain text (no traceback)."""
-
-    def __init__(self, name: str, cause: str) -> None:
-        super().__init__(f"run {name!r} cannot be shown: {cause}")
-        self.name = name
-        self.cause = cause
-
-
-@dataclass
-class _Entry:
-    name: str
-    reader: RunReader | None = None  # None: not read yet, or released (``released`` says what it knew)
-    released: StatusRecord | None = None
-    use_cache: bool = True  # False after a failure: a state the cache restored may be what failed
-    viewed_at: float = float("-inf")  # the clock of the last ``view()``
-    changed_at: float = float("-inf")  # the clock of the last read that found new data (a first read aside)
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    lineage: Lineage = field(default_factory=Lineage)
-    refreshed_at: float = float("-inf")
-    data_key: tuple[int, ...] | None = None  # what the summary and the view were built from
-    view: RunView | None = None  # None: stale, rebuilt by the next ``view()``
-    # The last view built, stale or not, while anything (a page, the charts' lineage) still holds
-    # it: what the next one extends.  Weak: a stale view must not pin the columns it was built on.
-    built: weakref.ref[RunView] | None = None
-    summary: RunSummary | None = None
-    trend: LossTrend = field(default_factory=LossTrend)
-    row: dict[str, Any] | None = None
-    row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
-    config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
-    failure: str | None = None  # why the last attempt failed, until the file changes
-    failure_stamp: tuple[int, int, int, int] | None = None
-    failed_at: float = float("-inf")
-    hinted: bool = False  # the root said the run's file changed since its last read
-    queued: bool = False  # waiting in RunStore's cold queue
 
 
 class RunStore:
@@ -179,7 +128,7 @@ class RunStore:
         self.load_budget_s = load_budget_s
         self._clock = clock
         self._lock = threading.Lock()
-        self._entries: dict[str, _Entry] = {}
+        self._entries: dict[str, RunEntry] = {}
         self._runs: list[RunInfo] = []
         self._unreadable: tuple[UnreadableEntry, ...] = ()  # entries of the root the last walk could not look into
         self._runs_key: tuple[int, float] | None = None
@@ -188,14 +137,16 @@ class RunStore:
         # value, as several threads (tabs, the loader's rows) may rebuild it at once
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._runs_generation = 0
-        self._viewed: OrderedDict[str, _Entry] = OrderedDict()  # viewed runs, least recently viewed first
+        self._viewed: OrderedDict[str, RunEntry] = OrderedDict()  # viewed runs, least recently viewed first
         self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
         # Work counters, read by the complexity tests (work is counted, not timed).
         self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
                       "releases": 0, "reopens": 0, "resolves": 0}  # fmt: skip
-        self.loader: ColdLoader[_Entry, RunInfo] = ColdLoader(
-            size=self.source.size, read=lambda entry, info: self._read_cold(entry, info, datetime.now(timezone.utc)),
-            peek=self._peek, big=CALLER_READ_BYTES, delay_s=loader_delay_s, stats=self.stats)  # fmt: skip
+        self._context = EntryContext(source=self.source, cache=cache, safety_interval=safety_interval, idle_s=idle_s,
+                                     clock=clock, stats=self.stats, row_changed=self._row_changed)  # fmt: skip
+        self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
+            size=self.source.size, read=lambda entry, info: entry.read_cold(info, datetime.now(timezone.utc)),
+            peek=RunEntry.peek, big=CALLER_READ_BYTES, delay_s=loader_delay_s, stats=self.stats)  # fmt: skip
 
     def close(self) -> None:
         """Stop the loader (after the run it is reading) and the root (its watcher), and close every reader,
@@ -214,7 +165,7 @@ class RunStore:
         """Records held in readers' columns right now (~115 B each): what the memory bound is about."""
         with self._lock:
             entries = list(self._entries.values())
-        return sum(_held(entry) for entry in entries)
+        return sum(entry.held for entry in entries)
 
     def runs(self) -> list[RunInfo]:
         """The runs under the root, rediscovered when the root says runs may have come or gone."""
@@ -238,11 +189,11 @@ class RunStore:
             if entry is not None:
                 entry.refreshed_at, entry.hinted = float("-inf"), True
 
-    def _entry(self, info: RunInfo) -> _Entry:
+    def _entry(self, info: RunInfo) -> RunEntry:
         with self._lock:
             entry = self._entries.get(info.name)
             if entry is None:
-                entry = self._entries[info.name] = _Entry(info.name)
+                entry = self._entries[info.name] = RunEntry(info.name, self._context)
             return entry
 
     def view(self, name: str, *, now: datetime | None = None) -> RunView:
@@ -260,7 +211,7 @@ class RunStore:
             self._viewed[info.name] = entry
             self._viewed.move_to_end(info.name)
         try:
-            return self._viewed_snapshot(entry, info, now or datetime.now(timezone.utc))
+            return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
             self._trim_viewed(keep=entry)
 
@@ -284,100 +235,7 @@ class RunStore:
             self._resolved[name] = (key, info)
         return info
 
-    def _viewed_snapshot(self, entry: _Entry, info: RunInfo, now: datetime) -> RunView:
-        with entry.lock:
-            self._update(entry, info, now, need_reader=True)
-            if entry.view is None:
-                try:
-                    previous = entry.built() if entry.built is not None else None
-                    entry.view = build_view(info.name, entry.reader, entry.summary.status, entry.lineage,
-                                            previous=previous, reason=entry.summary.reason)  # fmt: skip
-                    entry.built = weakref.ref(entry.view)
-                except Exception as exc:
-                    raise self._failed(entry, info, exc) from exc
-                self.stats["views"] += 1
-            elif (entry.view.status, entry.view.reason) != (entry.summary.status, entry.summary.reason):
-                # same data, derived data rebuilt
-                entry.view = replace(entry.view, status=entry.summary.status, reason=entry.summary.reason)
-            return entry.view
-
-    def _update(self, entry: _Entry, info: RunInfo, now: datetime, *, need_reader: bool = False) -> None:
-        """Refresh ``entry`` if due and bring its summary up to date; the caller holds ``entry.lock``.
-        ``need_reader``: a snapshot is wanted, so a released run gets a reader again.
-
-        Cost when nothing changed: one ``stat`` (a bucket: a HEAD) per ``safety_interval`` for a run
-        the root polls, else nothing until a hint (plus ``run_status`` for a run that has not
-        ended); after an append, O(new records); a released run that changed or
-        is viewed: a reopen (from the cache if there is one) or a cold parse.
-        """
-        if entry.failure is not None:
-            stamp = self.source.stamp(info)
-            if stamp == entry.failure_stamp or self._clock() - entry.failed_at < self.safety_interval:
-                raise RunViewError(info.name, entry.failure)
-        elapsed = self._clock() - entry.refreshed_at
-        due = entry.summary is None or (
-            elapsed >= self.safety_interval and (entry.hinted or self.source.polls(entry.summary.status)))  # fmt: skip
-        if not due and (entry.reader is not None or not need_reader):
-            return
-        hinted, entry.hinted = entry.hinted, False  # a hint from now on is about a later change
-        try:
-            if entry.reader is None:
-                if entry.released is not None and not need_reader and self._still_released(entry, info, now, hinted):
-                    return
-                entry.reader = self.source.reader(info, cache=self.cache if entry.use_cache else None)
-                if entry.released is not None:
-                    entry.released = None
-                    self.stats["reopens"] += 1
-            entry.reader.refresh()
-            entry.refreshed_at = self._clock()
-            reader = entry.reader
-            key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
-            if key != entry.data_key or entry.summary is None:
-                if entry.summary is not None:
-                    entry.changed_at = self._clock()
-                entry.view = None  # built on demand: the overview never needs one
-                entry.data_key = key
-                self._summarise(entry, now)
-            elif entry.summary.status not in END_STATUSES or reader.last_event != "session_end":
-                status = run_status(reader, now=now)
-                if status != entry.summary.status:
-                    self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(reader, status)))
-        except RunNotFoundError:
-            raise  # the run vanished: pages wait for it to come back
-        except Exception as exc:
-            raise self._failed(entry, info, exc) from exc
-        entry.failure = entry.failure_stamp = None
-
-    def _still_released(self, entry: _Entry, info: RunInfo, now: datetime, hinted: bool) -> bool:
-        """For a released run that is due: True, with its status brought up to date, if its file
-        is as its last reader left it (or gone: the rediscovery drops it); False if it changed and
-        needs a reader again.  What the root's ``unchanged`` costs (a local root: one ``stat``),
-        plus a lock probe for a run that has not ended."""
-        released = entry.released
-        if not self.source.unchanged(info, released.identity, hinted=hinted):
-            return False
-        entry.refreshed_at = self._clock()
-        if entry.summary.status not in END_STATUSES or released.last_event != "session_end":
-            status = run_status(released, now=now)  # type: ignore[arg-type]  # what it reads of a reader
-            if status != entry.summary.status:
-                self._set_summary(entry, replace(entry.summary, status=status, reason=stop_reason(released, status)))
-        return True
-
-    def _release_if_idle(self, entry: _Entry) -> None:
-        """Release ``entry``'s reader unless its run is live, changed lately or open in a page (module
-        docstring, "Memory"); the caller holds ``entry.lock``."""
-        if entry.reader is None or entry.summary is None or entry.summary.status == "live":
-            return
-        if self._clock() - max(entry.viewed_at, entry.changed_at) < self.idle_s:
-            return
-        released = StatusRecord.of(entry.reader, identity=entry.reader.read_identity)
-        entry.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
-        entry.reader, entry.released = None, released
-        entry.view = entry.built = entry.config_key = None  # data_key stays: a reopen finding it is no change
-        entry.lineage, entry.trend = Lineage(), LossTrend()
-        self.stats["releases"] += 1
-
-    def _trim_viewed(self, *, keep: _Entry) -> None:
+    def _trim_viewed(self, *, keep: RunEntry) -> None:
         """Forget viewed runs not viewed for ``idle_s``, and, least recently viewed first, those not
         viewed for ``recent_s`` while the viewed runs hold more than ``view_budget_records``
         (``keep``, just viewed, stays even if its snapshot took longer than ``recent_s``), and
@@ -386,14 +244,14 @@ class RunStore:
         with self._lock:
             now = self._clock()  # under the lock: a view after it sets viewed_at >= now, too recent to pick
             viewed = [(entry, entry.viewed_at) for entry in self._viewed.values()]
-        held = sum(_held(entry) for entry, _ in viewed)
+        held = sum(entry.held for entry, _ in viewed)
         for entry, viewed_at in viewed:
             age = now - viewed_at
             if entry is keep or age < self.recent_s or (age < self.idle_s and held <= self.view_budget_records):
                 continue
             held -= self._unview(entry, viewed_at)
 
-    def _unview(self, entry: _Entry, viewed_at: float) -> int:
+    def _unview(self, entry: RunEntry, viewed_at: float) -> int:
         """Forget ``entry`` as viewed and release its reader if idle, unless it was viewed again
         since ``viewed_at`` (a page is on it: the next overview must not release it) or another
         thread holds its lock (it stays viewed, and the next ``_trim_viewed`` tries again: forgotten
@@ -407,52 +265,15 @@ class RunStore:
                     return 0
                 entry.viewed_at = float("-inf")
                 del self._viewed[entry.name]
-            held = _held(entry)
-            self._release_if_idle(entry)
+            held = entry.held
+            entry.release_if_idle()
             return held
         finally:
             entry.lock.release()
 
-    def _failed(self, entry: _Entry, info: RunInfo, exc: Exception) -> RunViewError:
-        """Forget ``entry``'s reader (its state is unknown after an exception) and remember why."""
-        _log.warning("run %r cannot be shown", info.name, exc_info=exc)
-        if entry.reader is not None:
-            entry.reader.close()
-        entry.reader = entry.released = None  # the next read starts from scratch, without the cache
-        entry.use_cache = False
-        entry.lineage = Lineage()
-        entry.view = entry.built = entry.data_key = entry.summary = entry.config_key = None
-        entry.trend = LossTrend()
-        entry.refreshed_at = float("-inf")
-        entry.failure, entry.failure_stamp = _cause(exc, self.source), self.source.stamp(info)
-        entry.failed_at = self._clock()
-        self._set_row(entry, error_row(info.name, entry.failure))
-        return RunViewError(info.name, entry.failure)
-
-    def _summarise(self, entry: _Entry, now: datetime) -> None:
-        """``entry``'s summary from the tail of its reader's columns: O(records since the last one)."""
-        self.stats["summaries"] += 1
-        reader = entry.reader
-        config_key = (event_rows(reader, "config"), reader.resets)
-        if config_key == entry.config_key and entry.summary is not None:
-            config = entry.summary.config
-        else:  # config records are few; a new one is flattened with all before it (the changes need them)
-            found = run_config(_config_frame(reader), reader.sessions) if config_key[0] else None
-            config = found.values if found is not None else None
-            entry.config_key = config_key
-        summary = summarise(reader, now=now)
-        trend = entry.trend.update(reader, summary.sessions)
-        self._set_summary(entry, replace(summary, config=config, loss_trend=trend))
-
-    def _set_summary(self, entry: _Entry, summary: RunSummary) -> None:
-        entry.summary = summary
-        self._set_row(entry, overview_row(entry.name, summary), summary.last_record_time)
-
-    def _set_row(self, entry: _Entry, row: dict[str, Any], last_record_time: datetime | None = None) -> None:
-        if row != entry.row or last_record_time != entry.row_time:
-            entry.row, entry.row_time = row, last_record_time
-            with self._lock:
-                self._rows_generation += 1
+    def _row_changed(self) -> None:
+        with self._lock:
+            self._rows_generation += 1
 
     def overview_generation(self) -> tuple[int, int]:
         """Moves whenever a run appears or vanishes or a row of ``overview()`` changes (ages aside,
@@ -475,50 +296,18 @@ class RunStore:
         if self.loader.queue(cold):
             deadline = self._clock() + self.load_budget_s
             while self._clock() < deadline and (job := self.loader.take(up_to=CALLER_READ_BYTES)) is not None:
-                self._read_cold(*job, now)
+                job[0].read_cold(job[1], now)
             self.loader.start()
         for info, entry in zip(infos, entries, strict=True):
             if entry.queued and entry.summary is None and entry.failure is None:  # the loader's: not waited for
                 if entry.row is None:
-                    self._set_row(entry, {"run": info.name, "status": "loading"})
+                    entry.set_row({"run": info.name, "status": "loading"})
             else:
-                self._refresh_row(entry, info, now, wait=False)
+                entry.refresh_row(info, now, wait=False)
         return self._overview_table(entries, self._unreadable, now)
 
-    def _read_cold(self, entry: _Entry, info: RunInfo, now: datetime) -> None:
-        self._refresh_row(entry, info, now)
-        entry.queued = False
-
-    def _peek(self, entry: _Entry, info: RunInfo) -> None:
-        """Give a big run not read yet the row ``peek_row`` finds, unless it was read meanwhile."""
-        path = self.source.peek_path(info)
-        if path is None or not entry.lock.acquire(blocking=False):
-            return  # none to peek at, or being read: its row comes with it
-        try:
-            if entry.summary is None and entry.failure is None:
-                found = peek_row(info.name, path)
-                if found is not None:
-                    self._set_row(entry, *found)
-        finally:
-            entry.lock.release()
-
-    def _refresh_row(self, entry: _Entry, info: RunInfo, now: datetime, *, wait: bool = True) -> None:
-        """Bring ``entry``'s row up to date; ``wait=False``: not if another thread is reading or
-        snapshotting the run right now (its row is then the one it had, updated next time)."""
-        if not entry.lock.acquire(blocking=wait):
-            return
-        try:
-            self._update(entry, info, now)
-            self._release_if_idle(entry)
-        except RunViewError:
-            pass  # its row says why
-        except Exception as exc:  # the run vanished, or the OS refused its path
-            self._set_row(entry, error_row(info.name, _cause(exc, self.source)))
-        finally:
-            entry.lock.release()
-
     def _overview_table(
-        self, entries: list[_Entry], unreadable: tuple[UnreadableEntry, ...], now: datetime
+        self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
     ) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
         key, cached = self.overview_generation(), self._table
@@ -535,29 +324,5 @@ class RunStore:
         return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
 
 
-def _held(entry: _Entry) -> int:
-    """Records ``entry``'s reader holds; safe without its lock (another thread may release it)."""
-    reader = entry.reader
-    return 0 if reader is None else reader.records
-
-
 def _epoch_s(when: datetime | None) -> float:
     return np.nan if when is None else when.timestamp()
-
-
-def _cause(exc: BaseException, root: RunsRoot) -> str:
-    """An exception as one plain line: its type and message, no traceback; paths are said
-    relative to the runs ``root``, as a page names runs (not the server's path)."""
-    if isinstance(exc, RunFileError):
-        return f"{root.relative(exc.filename)}: {exc.reason}"
-    message = under_root(" ".join(str(exc).split()), root.location)
-    if isinstance(exc, MetricsError):
-        return message or type(exc).__name__
-    return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
-
-
-def _config_frame(reader: RunReader) -> pd.DataFrame:
-    """The columns of the config records that ``run_config`` reads: a quarter of the cost of the
-    whole ``frame("config")`` (no time or category conversions), paid by every run of a cold root."""
-    columns = {name: reader.column("config", name) for name in ("config", "session_id", "step")}
-    return pd.DataFrame({name: column.series() for name, column in columns.items() if column is not None})
