@@ -49,7 +49,7 @@ from metrics_core.errors import AlertConfigError, MetricsError
 from metrics_core.lines import LineFollower
 from metrics_core.records import MAX_RECORD_BYTES
 from metrics_core.runs import END_STATUSES, find_runs, run_status, write_failure
-from metrics_core.sessions import SessionLog
+from metrics_core.session_log import SessionLog
 from metrics_core.storage import LocalFile
 from metrics_core.summary import FollowedLog
 from metrics_core.text import clean, utf8

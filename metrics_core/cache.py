@@ -56,7 +56,7 @@ import numpy as np
 from metrics_core.columns import Column, Table
 from metrics_core.lines import Position
 from metrics_core.records import BadLine
-from metrics_core.sessions import SessionLog
+from metrics_core.session_log import SessionLog
 from metrics_core.storage import open_regular
 
 FORMAT = 3  # bump when the record rules (records.py) or the column typing (columns.py) change

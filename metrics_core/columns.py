@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.sessions import EventRows
+from metrics_core.session_log import EventRows
 
 _NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
 _MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}

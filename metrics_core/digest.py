@@ -2,8 +2,8 @@
 
 Training nodes install ``metrics_core`` alone (README), so the terminal tools must work there.
 They read through the same layers as ``RunReader`` up to the sessions: ``storage`` and ``lines``
-for the bytes, ``records.check_lines`` for every line, ``sessions.SessionLog`` and
-``sessions.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
+for the bytes, ``records.check_lines`` for every line, ``session_log.SessionLog`` and
+``session_log.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
 both tell the same story of a file (``tests/test_digest.py`` checks it on a resumed run).
 
 What it adds:
@@ -30,7 +30,8 @@ from metrics_core.crash_safety import tail_start
 from metrics_core.health import ACCOUNTING, MISSING_LOSS, Finding, ingest_findings, session_finding
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
-from metrics_core.sessions import EventRows, LostWork, Session, number
+from metrics_core.session_log import EventRows
+from metrics_core.sessions import LostWork, Session, number
 from metrics_core.storage import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.summary import FollowedLog, LastValue
 

@@ -11,7 +11,7 @@ An export directory ``OUT`` (a local directory, or ``s3://bucket/prefix`` throug
   (``RECORD_COLUMNS``): ``run``, ``session``, ``session_index``, ``event``, ``step``,
   ``tokens_seen``, ``skipped_updates``, ``time`` (UTC, microseconds, as the writer writes it),
   ``superseded`` (a later session redid the record: ``RunReader.superseded``, the rule of
-  ``sessions.SessionLog.thresholds``), then every other field of the records under its own name
+  ``session_log.SessionLog.thresholds``), then every other field of the records under its own name
   (``train_loss``, ``sys/gpu_mem_gb``).  A field that is one of those names, or differs from an
   earlier one only in case (SQL names ignore case), gets a trailing ``_``.  A field whose type
   differs between events is one column of the common type: integers and floats make floats,

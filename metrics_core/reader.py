@@ -2,7 +2,7 @@
 
 ``RunReader`` stacks the read layers, each its own module and tested alone:
 
-    storage.RunFile  ->  lines.LineFollower  ->  records / arrow_records  ->  sessions.SessionLog
+    storage.RunFile  ->  lines.LineFollower  ->  records / arrow_records  ->  session_log.SessionLog
     (bytes by range)     (complete lines)        (one record rule)            (sessions, replay)
                                                   -> columns.Table per event (numpy; frames)
 
@@ -49,7 +49,8 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.health import IngestHealth
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
 from metrics_core.records import MAX_RECORD_BYTES, BadLine, check_lines
-from metrics_core.sessions import EventRows, LostWork, Progress, Session
+from metrics_core.session_log import EventRows
+from metrics_core.sessions import LostWork, Progress, Session
 from metrics_core.storage import LocalFile, RunFile, run_file_path
 from metrics_core.summary import FollowedLog, LastValue
 from metrics_core.writer import BASE_FIELD_ORDER, METRICS_FILENAME

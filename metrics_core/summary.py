@@ -16,7 +16,8 @@ from metrics_core.health import IngestHealth
 from metrics_core.lines import LineFollower
 from metrics_core.records import BadLine
 from metrics_core.runs import StatusSource, run_status, stop_reason
-from metrics_core.sessions import Progress, SessionLog
+from metrics_core.session_log import SessionLog
+from metrics_core.sessions import Progress
 from metrics_core.storage import LocalFile, RunFile
 
 MAX_BAD_LINE_SAMPLES = 20  # bad lines kept with their line number and reason, for the report

@@ -29,7 +29,7 @@ SESSION_FIELDS = (
 
 
 def assert_replay_matches_the_masks(reader: RunReader) -> None:
-    """The O(rows) oracle of ``sessions.replay``: each session's share of earlier records, from the
+    """The O(rows) oracle of ``session_log.replay``: each session's share of earlier records, from the
     reader's per-row ``replaced_by`` masks, and the superseded training time from its frame."""
     sessions = reader.sessions
     for session in sessions[1:]:
