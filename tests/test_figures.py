@@ -392,7 +392,7 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
     """No outliers: no range is imposed (plotly's own autorange), no note."""
-    from metrics_core.dashboard.metric_figures import robust_range
+    from metrics_core.dashboard.metric_axes import robust_range
 
     assert robust_range([np.linspace(3.0, 2.0, 500)]) is None
     assert robust_range([np.array([1.0, 2.0])]) is None  # too few points to judge

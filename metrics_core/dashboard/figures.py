@@ -21,8 +21,8 @@ What every chart shares (``chart_layout``):
   a subset of HTML in them, so each is passed through ``plotly_text`` (and shortened) at the sink,
   and callers hand over raw strings.
 
-What is drawn on that layout lives beside this module: ``metric_figures`` (a metric's lines),
-``rank_figures`` (a data-parallel run's ranks).
+What is drawn on that layout lives beside this module: ``metric_figures`` (a metric's lines, on
+the y axes ``metric_axes`` sets), ``rank_figures`` (a data-parallel run's ranks).
 """
 
 from __future__ import annotations

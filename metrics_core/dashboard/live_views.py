@@ -27,7 +27,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.figures import Figure, x_values
-from metrics_core.dashboard.metric_figures import OFF_SCALE
+from metrics_core.dashboard.metric_axes import OFF_SCALE
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import Chart, ChartOptions, charts_of, grouped_figures, run_charts, warmup_rows
 from metrics_core.diagnostics import Finding, diagnose

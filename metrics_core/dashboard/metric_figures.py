@@ -8,12 +8,8 @@
   chart's floor: never interpolated over;
 * every trace is downsampled by ``minmax_indices`` (spikes and the last point survive), within the
   chart's budget of points;
-* every y axis is titled with its unit and formatted on purpose (``AXES``, by column): loss,
-  fraction 0–1, count, tokens/s, learning rate in ``2.5e-4`` notation, so no ``250µ`` stands next
-  to ``2k``;
-* the default y-range is robust (``robust_range``): an initial loss of 10 does not flatten a
-  curve that lives around 2; plotly's autoscale button (or a double-click) shows the full range,
-  and a note on the chart says how many points are off-scale;
+* its y axes (titles, formats, count axes, the robust default range and the off-scale markers
+  beside it) follow ``metric_axes``, the one place for those rules;
 * a sparse series (validation every N steps, ``markers=True``) is drawn raw with markers, never
   smoothed like the dense series beside it;
 * a chart of more than one line has a legend: a session-split chart lists its series once (not
@@ -37,7 +33,6 @@ from metrics_core.dashboard.figures import (
     CHART_POINTS,
     MIN_TRACE_POINTS,
     SUPERSEDED_OPACITY,
-    THEMES,
     TRACE_POINTS,
     X_MODES,
     Axis,
@@ -51,6 +46,7 @@ from metrics_core.dashboard.figures import (
     session_key,
     x_values,
 )
+from metrics_core.dashboard.metric_axes import axis_of, off_scale_markers, y_axes
 from metrics_core.downsample import minmax_indices
 from metrics_core.reader import Session
 
@@ -59,24 +55,8 @@ RAW_OPACITY = 0.25
 LABEL_CHARS = 40  # a legend entry (a run name on the compare chart)
 KEY_COLOUR = "#808495"  # legend entries that stand for lines of every session: neutral, sessions have colours
 RAW_NAME = "raw (unsmoothed)"
-RIGHT_AXIS_PX = 65  # the right margin of a chart with a right axis
 EVENT_COLUMNS = frozenset({"skipped_updates_in_window"})  # counts that are mostly 0: markers where they are not
 HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
-ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
-ROBUST_FENCE = 3.0  # interquartile ranges beyond the quartiles
-ROBUST_MIN_POINTS = 20
-
-AXES = {
-    "train_loss": Axis("loss"),
-    "val_loss": Axis("loss"),
-    "clipped_fraction": Axis("fraction clipped (0–1)", ".1~f", ".3~f", fixed=(-0.02, 1.02)),
-    "skipped_updates_in_window": Axis("skipped in window (count)", ",d", ",d", robust=False, count=True),
-    "skipped_updates": Axis("skipped, cumulative (count)", "~s", ",d", robust=False, count=True),
-    "grad_norm_avg": Axis("gradient norm (L2)"),
-    "grad_norm_max": Axis("gradient norm (L2)"),
-    "lr": Axis("learning rate", ".1~e", ".3~e"),
-    "tokens_per_s": Axis("throughput (tokens/s)", "~s", ",.0f"),
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,76 +109,11 @@ def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
 
 
 def axis_for(series: Sequence[Series], *, secondary: bool) -> Axis | None:
-    """The axis of the first series drawn on that side: its column's ``AXES`` entry, else one
-    titled by the column (a logged key), counting when the column holds integers."""
+    """The axis of the first series drawn on that side (``metric_axes.axis_of``), or None."""
     for item in series:
         if item.secondary_y == secondary:
-            return AXES.get(item.column) or _logged_axis(item)
+            return axis_of(item.column, item.frame)
     return None
-
-
-def _logged_axis(item: Series) -> Axis:
-    integers = item.column in item.frame.columns and item.frame[item.column].dtype.kind in "iu"
-    return Axis(item.column, ",d", ",d", count=True) if integers else Axis(item.column)
-
-
-def fitted_range(values: np.ndarray, axis: Axis, *, log: bool) -> dict[str, Any]:
-    """Range settings for what a default autorange draws misleadingly: a count axis from 0 with
-    whole ticks (plotly draws no data on −1…4, and a count of 0–2 with ticks at 0.5); a constant
-    series on a small band around its value (plotly draws 3e-4 on −1…1, where it reads as 0)."""
-    finite = values[np.isfinite(values)]
-    if axis.count and not log:
-        top = float(finite.max()) if finite.size else 0.0
-        if top > 5:
-            return {"rangemode": "tozero"}
-        return {"rangemode": "tozero", "range": [0, max(top, 1.0) * 1.08], "tickmode": "linear", "dtick": 1, "tick0": 0}
-    if not finite.size or finite.min() != finite.max():
-        return {}
-    value = float(finite[0])
-    if log:
-        return {"range": [np.log10(value) - 0.3, np.log10(value) + 0.3]} if value > 0 else {}
-    pad = abs(value) * 0.5 or 1.0
-    return {"range": [value - pad, value + pad]}
-
-
-def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[tuple[float, float], int] | None:
-    """A default y-range outliers cannot squash, and how many points lie outside it.
-
-    From each array (one series, in x order) the first ``ROBUST_SKIP`` is left out (warm-up: an
-    initial loss of 10 above a curve living at 2), then the rest within 3 interquartile ranges of its
-    quartiles (a noisy curve keeps all its points, rare spikes fall outside), padded by 10%, widened
-    to keep every series' latest value in view ("the latest datum should always be included").
-    None when the full range is not more than 1.5× that (nothing to hide) or there are too few points.
-    With ``log`` the range is in log10 units, as plotly wants it.
-    """
-    later, every, latest = [], [], []
-    for values in columns:
-        values = np.asarray(values, dtype=np.float64)
-        values = values[np.isfinite(values) & (values > 0)] if log else values[np.isfinite(values)]
-        if log:
-            values = np.log10(values)
-        if not len(values):
-            continue
-        every.append(values)
-        later.append(values[int(len(values) * ROBUST_SKIP) :])
-        latest.append(values[-1])
-    if not every or sum(map(len, every)) < ROBUST_MIN_POINTS:
-        return None
-    body = np.concatenate(later)
-    q1, q3 = np.quantile(body, (0.25, 0.75))
-    fence = ROBUST_FENCE * (q3 - q1)  # Tukey's fences, wide: noise stays in, a 1% spike stays out
-    low, high = max(float(body.min()), q1 - fence), min(float(body.max()), q3 + fence)
-    low, high = min(low, *latest), max(high, *latest)
-    pad = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
-    low, high = low - pad, high + pad
-    full = np.concatenate(every)
-    full_low, full_high = float(full.min()), float(full.max())
-    if full_high - full_low <= 1.5 * (high - low):
-        return None
-    if not log and full_low >= 0:
-        low = max(low, 0.0)  # a non-negative quantity's axis does not dip below zero
-    outside = int(np.count_nonzero((full < low) | (full > high)))
-    return (float(low), float(high)), outside
 
 
 def metric_figure(
@@ -246,10 +161,11 @@ def metric_figure(
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
     layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
                      highlights=highlights, theme=theme, spans=spans)  # fmt: skip
-    robust = _y_axes(layout, series, drawn, log_y=log_y, theme=theme)
+    sides = {secondary: axis_for(series, secondary=secondary) for secondary in (False, True)}
+    robust = y_axes(layout, sides, drawn, log_y=log_y, theme=theme)
     layout["height"] = chart_height(traces, layout["margin"]["r"])  # a right axis narrows the legend
     if robust is not None:
-        traces += _off_scale_markers(traces, robust, log=log_y, theme=theme)
+        traces += off_scale_markers(traces, robust, log=log_y, theme=theme)
     return figure_of(traces, layout)
 
 
@@ -270,103 +186,6 @@ def legend_entry(name: str, *, group: str, mode: str = "lines", **style: Any) ->
 def _smoothed(item: Series) -> bool:
     """Whether smoothing applies to ``item``: sparse series and event counts are drawn raw."""
     return not item.markers and item.column not in EVENT_COLUMNS
-
-
-OFF_SCALE = "off-scale"  # the ``meta`` of the markers of points outside the default y-range
-MAX_OFF_SCALE_MARKERS = 200
-
-
-def _off_scale_markers(
-    traces: Sequence[dict[str, Any]], y_range: tuple[float, float], *, log: bool, theme: str
-) -> list[dict[str, Any]]:
-    """Each raw point of the left axis outside ``y_range`` as a marker on the chart's edge (a
-    triangle pointing where it lies, its value in the hover): the start of training that the
-    default range leaves out stays in the chart itself.  An even sample of at most
-    ``MAX_OFF_SCALE_MARKERS`` per edge."""
-    low, high = y_range
-    xs, ys = [], []
-    for trace in traces:
-        if trace.get("yaxis", "y") != "y" or str(trace.get("name", "")).endswith("(smoothed)") or trace.get("meta"):
-            continue
-        if trace.get("hoverinfo") == "skip":  # a legend entry or an axis holder: no data
-            continue
-        if trace.get("x") is None or not len(trace["x"]) or trace.get("mode") == "markers":
-            continue
-        xs.append(np.asarray(trace["x"]))
-        ys.append(np.asarray(trace["y"], dtype=np.float64))
-    if not xs:
-        return []
-    x, y = np.concatenate(xs), np.concatenate(ys)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        scaled = np.log10(y) if log else y
-    markers = []
-    for outside, edge, symbol in ((scaled > high, 1.0, "triangle-up"), (scaled < low, 0.0, "triangle-down")):
-        rows = np.flatnonzero(outside & np.isfinite(scaled))
-        if not len(rows):
-            continue
-        if len(rows) > MAX_OFF_SCALE_MARKERS:
-            rows = rows[np.linspace(0, len(rows) - 1, MAX_OFF_SCALE_MARKERS).astype(np.int64)]
-        # On the hidden 0–1 axis (``y3``), not at the edge's value: a new range moves no marker,
-        # so a live update still only extends the chart.
-        markers.append(dict(
-            x=x[rows], y=np.full(len(rows), edge), customdata=y[rows], mode="markers",
-            name=OFF_SCALE, meta=OFF_SCALE, showlegend=False, cliponaxis=False, yaxis="y3",
-            marker={"symbol": symbol, "size": 7, "color": THEMES[theme]["muted"]},
-            hovertemplate="off-scale: %{customdata:.4~g}<extra></extra>",
-        ))  # fmt: skip
-    return markers
-
-
-def _y_axes(
-    layout: dict[str, Any], series: Sequence[Series], drawn: dict[bool, list[np.ndarray]], *, log_y: bool, theme: str
-) -> tuple[float, float] | None:
-    """Titles, formats and default ranges of the primary (left) and secondary (right) y axes;
-    the left axis' range when ``robust_range`` chose it (points may lie outside it)."""
-    palette = THEMES[theme]
-    off_scale = 0
-    logged = False
-    chosen = None
-    for secondary in (False, True):
-        axis = axis_for(series, secondary=secondary)
-        if axis is None:
-            continue
-        log = log_y and not secondary
-        settings = {"title": {"text": plotly_text(axis.title), "standoff": 4, "font": {"size": 11}},
-                    "tickformat": axis.tickformat, "hoverformat": axis.hoverformat,
-                    "exponentformat": "e", "separatethousands": True}  # fmt: skip
-        values = np.concatenate(drawn[secondary]).astype(np.float64) if drawn[secondary] else np.zeros(0)
-        logged |= bool(np.isfinite(values).any())
-        if axis.fixed is not None and not log:
-            settings["range"] = list(axis.fixed)
-        elif axis.robust and (robust := robust_range(drawn[secondary], log=log)) is not None:
-            settings["range"], outside = list(robust[0]), robust[1]
-            off_scale += outside
-            chosen = chosen if secondary else robust[0]
-        else:
-            settings.update(fitted_range(values, axis, log=log))
-        if secondary:
-            # tickmode "auto": plotly.js syncs an overlaying axis' ticks to the left grid by
-            # default, which labels a count axis 3.54896, 15.6607, …
-            settings = {"overlaying": "y", "side": "right", "showgrid": False, "zeroline": False,
-                        "rangemode": "tozero", "tickmode": "auto", **settings}  # fmt: skip
-            layout["margin"] = {**layout["margin"], "r": RIGHT_AXIS_PX}  # room for the right axis' ticks and title
-        name = "yaxis2" if secondary else "yaxis"
-        layout[name] = {**layout.get(name, {}), **settings}
-    if not logged:  # no axis of made-up numbers around nothing
-        layout["yaxis"] = {**layout["yaxis"], "showticklabels": False}
-        layout.setdefault("annotations", []).append({
-            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
-            "text": "none logged", "font": {"size": 13, "color": palette["muted"]},
-        })  # fmt: skip
-    if off_scale:
-        layout.setdefault("annotations", []).append({
-            "x": 1, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "right", "yanchor": "bottom",
-            "showarrow": False, "opacity": 0.9, "bgcolor": palette["plot"],
-            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale (▲ ▼ at the edge) · "
-                    "autoscale ⤢ shows all",
-            "font": {"size": 9, "color": palette["muted"]},
-        })  # fmt: skip
-    return chosen
 
 
 def _add_series(
@@ -390,7 +209,7 @@ def _add_series(
     if events:
         ys = np.where(ys > 0, ys, np.nan)
     smoothing = smoothing if _smoothed(item) else 0.0
-    style = AXES.get(item.column) or _logged_axis(item)
+    style = axis_of(item.column, frame)
     per_session = item.colour is None
     group = f"{number}:{label}"
     drawn: list[np.ndarray] = []
