@@ -120,7 +120,6 @@ class RunStore:
         self.source = open_root(root, force_polling=force_polling, list_interval=list_interval) if isinstance(
             root, (str, Path)) else root  # fmt: skip
         self.root = self.source.location
-        self.cache = cache
         self.idle_s = idle_s
         self.recent_s = recent_s
         self.view_budget_records = view_budget_records
