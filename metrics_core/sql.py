@@ -161,18 +161,19 @@ def connect(export: Path, *, now: datetime, threads: int = 2, memory_limit: str 
 
 def _records(export: Path, entries: Mapping[str, Mapping[str, Any]]) -> Any:
     """The records as one Arrow dataset over every run's file, with the columns of all of them
-    (a column a file lacks reads as nulls; types joined by ``export.common_type``)."""
+    (a column a file lacks reads as nulls; types joined by ``export_table.common_type``)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 
-    from metrics_core.export import common_type, read_schema
+    from metrics_core.export import read_schema
+    from metrics_core.export_table import common_type
 
     types: dict[str, list[pa.DataType]] = {}
     for entry in entries.values():
         for column in read_schema(entry):
             types.setdefault(column.name, []).append(column.type)
     if not types:
-        from metrics_core.export import RECORD_COLUMNS
+        from metrics_core.export_table import RECORD_COLUMNS
 
         return pa.table({name: pa.array([], pa.string()) for name in RECORD_COLUMNS})
     schema = pa.schema([(name, common_type(kinds)) for name, kinds in types.items()])
