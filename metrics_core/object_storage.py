@@ -66,7 +66,7 @@ import hashlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -139,6 +139,7 @@ class ObjectSlice:
     data: bytes
     size: int
     version: int
+    opened: object = field(default=None, compare=False, repr=False)  # a client's handle on that version, if any
 
     @property
     def end(self) -> int:
@@ -152,10 +153,15 @@ class ObjectReads(Protocol):
     def head(self, location: BucketPath) -> ObjectSlice | None:
         """The object's size and version, no bytes."""
 
-    def get(self, location: BucketPath, start: int, count: int, *, unless: int | None = None) -> ObjectSlice | None:
+    def get(
+        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        through: ObjectSlice | None = None,
+    ) -> ObjectSlice | None:  # fmt: skip
         """Bytes ``[start, start + count)`` of the object, fewer at its end (none when it ends at
         or before ``start``), with its size and version as the same answer gave them; none either
-        when its version is still ``unless`` (the one the caller holds), if that saves a request."""
+        when its version is still ``unless`` (the one the caller holds), if that saves a request.
+        ``through``: an earlier answer whose ``opened`` handle may read the bytes of the version it
+        found, if that saves a request (they may be a later version's: the next look says so)."""
 
 
 class BotocoreReads:
@@ -172,7 +178,10 @@ class BotocoreReads:
             return None
         return ObjectSlice(answer["ContentLength"], b"", answer["ContentLength"], _version(answer))
 
-    def get(self, location: BucketPath, start: int, count: int, *, unless: int | None = None) -> ObjectSlice | None:
+    def get(
+        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        through: ObjectSlice | None = None,
+    ) -> ObjectSlice | None:  # fmt: skip
         try:
             answer = self._call(location, "get_object", Range=f"bytes={start}-{start + count - 1}")
         except _NothingThere:  # the object holds no byte at start (shrank below it, or is empty)
@@ -226,30 +235,32 @@ def _version(answer: dict) -> int:
 
 class ArrowReads:
     """``ObjectReads`` through a ``pyarrow.fs`` client, which opens an object with a HEAD: a HEAD
-    and a GET per read.  The fallback without botocore, and the reads of a filesystem configured
-    otherwise than from the environment."""
+    and a GET per read (a read of what a HEAD found goes through that HEAD's handle, ``through``).
+    The fallback without botocore, and the reads of a filesystem configured otherwise than from
+    the environment."""
 
     def __init__(self, filesystem: pafs.FileSystem) -> None:
         self.filesystem = filesystem
 
     def head(self, location: BucketPath) -> ObjectSlice | None:
-        opened = self._open(location)
-        return None if opened is None else ObjectSlice(opened[1].size, b"", opened[1].size, opened[1].version)
+        return self._open(location)
 
-    def get(self, location: BucketPath, start: int, count: int, *, unless: int | None = None) -> ObjectSlice | None:
-        opened = self._open(location)
-        if opened is None:
+    def get(
+        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        through: ObjectSlice | None = None,
+    ) -> ObjectSlice | None:  # fmt: skip
+        found = through if through is not None and through.opened is not None else self._open(location)
+        if found is None:
             return None
-        handle, found = opened
         count = min(count, found.size - start)
         if count <= 0 or found.version == unless:  # the HEAD said all there is to know
-            return ObjectSlice(start, b"", found.size, found.version)
+            return ObjectSlice(start, b"", found.size, found.version, found.opened)
         try:
-            return ObjectSlice(start, handle.read_at(count, start), found.size, found.version)
+            return ObjectSlice(start, found.opened.read_at(count, start), found.size, found.version, found.opened)
         except OSError as exc:
             raise _read_failure(self.filesystem, location, exc) from exc
 
-    def _open(self, location: BucketPath) -> tuple[pafs.NativeFile, ObjectSlice] | None:
+    def _open(self, location: BucketPath) -> ObjectSlice | None:
         """The object opened (one HEAD, ``pyarrow``'s only way: ``open_input_file`` takes a path,
         never the size a listing gave); None when nothing is there."""
         try:
@@ -260,7 +271,7 @@ class ArrowReads:
             raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
         meta = handle.metadata()
         version = _digest(meta.get("ETag", b""), meta.get("Last-Modified", b""))
-        return handle, ObjectSlice(handle.size(), b"", handle.size(), version)
+        return ObjectSlice(handle.size(), b"", handle.size(), version, handle)
 
 
 def s3_reads() -> ObjectReads:
@@ -364,7 +375,7 @@ class ObjectFile(_InBucket):
         known = self._tail
         if known is None or not known.start <= offset <= offset + count <= known.end:
             wanted = size - offset if offset > 0 and count <= SMALL_READ and size - offset <= READ_CHUNK else count
-            known = self.reads.get(self.location, offset, wanted)
+            known = self.reads.get(self.location, offset, wanted, through=self._found)
             if known is None:
                 raise RunFileError(self.location.url, "vanished while being read (deleted after it was listed)")
             if known.version != self._found.version:  # replaced since the stat: the next stat says so
@@ -378,6 +389,7 @@ class ObjectFile(_InBucket):
 
     def close(self) -> None:
         self._opened = False
+        self._head = b""  # a follower closes to start again: what it compares then is fetched anew
 
 
 def _from_last_line(found: ObjectSlice) -> ObjectSlice:
