@@ -1,4 +1,5 @@
-"""A runs root in an S3-compatible bucket (``s3://bucket/prefix``), with a bounded request cost.
+"""A runs root in a bucket (``s3://bucket/prefix``, S3-compatible; ``gs://bucket/prefix``, Google
+Cloud Storage), with a bounded request cost.
 
 The same ``roots.RunsRoot`` as a local directory, so the dashboard's store serves it unchanged;
 run names are the keys under the prefix, as directories are under a local root.  Optional: needs
@@ -16,7 +17,8 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
   the object's size and version, the line the follower compares to notice a rewrite, and the new
   bytes (``object_storage``'s docstring says what a rewrite that keeps that line does).  A run
   ``sync`` uploads as parts: one listing of its parts, and a GET of a new part when there is one.
-  Without botocore, pyarrow's client adds a HEAD before each GET (``object_storage.ArrowReads``).
+  Without botocore, and on ``gs://`` (pyarrow's Cloud Storage client), a look asks for the
+  object's size first: a HEAD (a metadata request), plus a GET when it grew (``ArrowReads``).
 * Any other run (ended, or older than the stall rule: its status cannot change with no new
   record, as no writer lock crosses a bucket) costs nothing once read, until a listing shows its
   object changed.  A run whose reading failed costs nothing either until then.
@@ -50,10 +52,10 @@ from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
 from metrics_core.object_storage import (
     BucketRun,
     ObjectReads,
+    bucket_filesystem,
     discover_bucket_runs,
     object_reads,
     parse_bucket_url,
-    s3_filesystem,
 )
 from metrics_core.reader import RunReader
 from metrics_core.roots import LIST_INTERVAL_S
@@ -73,7 +75,7 @@ def open_run_file(filesystem: pafs.FileSystem, run: BucketRun, reads: ObjectRead
 
 
 class BucketRoot:
-    """The runs under ``s3://bucket/prefix``; see the module docstring."""
+    """The runs under ``s3://bucket/prefix`` or ``gs://bucket/prefix``; see the module docstring."""
 
     mode = "listing"
 
@@ -86,11 +88,12 @@ class BucketRoot:
         reads: ObjectReads | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.location = parse_bucket_url(url).url
+        address = parse_bucket_url(url)
+        self.location = address.url
         self.list_interval = list_interval
         self.mode_reason = f"the bucket is listed at most every {list_interval:g} s, live runs at each refresh"
-        self._filesystem = filesystem if filesystem is not None else s3_filesystem()
-        self._reads = object_reads(filesystem, reads)
+        self._filesystem = filesystem if filesystem is not None else bucket_filesystem(address)
+        self._reads = object_reads(address, filesystem, reads)
         self._clock = clock
         self._lock = threading.Lock()
         self._runs: dict[str, BucketRun] = {}

@@ -1,5 +1,5 @@
-"""Runs in an S3-compatible bucket: a ``RunFile`` for one object or for a run uploaded in parts,
-and run discovery under a prefix.
+"""Runs in a bucket (S3-compatible, or Google Cloud Storage): a ``RunFile`` for one object or for
+a run uploaded in parts, and run discovery under a prefix.
 
 Optional: needs ``pyarrow`` (the ``s3`` extra; the head node's ``app`` extra has it already), and
 ``import metrics_core`` never loads this module.  ``pyarrow.fs`` lists and uploads, because the
@@ -10,7 +10,10 @@ takes a path, never the size a listing gave, and so sends a HEAD before each GET
 
 Credentials come the way AWS's own tools take them (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles); ``AWS_ENDPOINT_URL`` names an
-S3-compatible server (MinIO, moto) and is passed on explicitly.
+S3-compatible server (MinIO, moto) and is passed on explicitly.  A ``gs://`` address is Google
+Cloud Storage through ``pyarrow.fs.GcsFileSystem`` (Google's default credentials;
+``STORAGE_EMULATOR_HOST`` names an emulator), read with ``ArrowReads``: the same files, a
+metadata request before each GET.
 
 ``ObjectFile`` keeps the ``RunFile`` contract (``metrics_core.storage``) with an object's terms:
 
@@ -67,6 +70,7 @@ import os
 import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -78,23 +82,26 @@ from metrics_core.lines import READ_CHUNK
 from metrics_core.storage import FileStat
 from metrics_core.writer import METRICS_FILENAME
 
-SCHEME = "s3"
+SCHEMES = ("s3", "gs")  # S3 and S3-compatible servers; Google Cloud Storage
 PARTS_DIRNAME = METRICS_FILENAME + ".parts"
 _PART_NAME = re.compile(r"(\d{16})\.jsonl")
 SMALL_READ = 4096  # a read this short is a follower's look at a line (``lines.LineFollower``'s checks)
+_GCS_RETRY_S = 30.0
 _PARALLEL_GETS = 8  # parts fetched at once by a read that covers several: a GET's latency, not its bytes, is the cost
 
 
 @dataclass(frozen=True, slots=True)
 class BucketPath:
-    """An ``s3://bucket/key`` address, split; ``key`` has no leading or trailing ``/``."""
+    """An ``s3://bucket/key`` (or ``gs://bucket/key``) address, split; ``key`` has no leading or
+    trailing ``/``."""
 
     bucket: str
     key: str
+    scheme: str = "s3"
 
     @property
     def url(self) -> str:
-        return f"{SCHEME}://{self.bucket}/{self.key}".rstrip("/")
+        return f"{self.scheme}://{self.bucket}/{self.key}".rstrip("/")
 
     @property
     def fs_path(self) -> str:
@@ -102,18 +109,19 @@ class BucketPath:
         return f"{self.bucket}/{self.key}".rstrip("/")
 
     def child(self, name: str) -> BucketPath:
-        return BucketPath(self.bucket, f"{self.key}/{name}".strip("/"))
+        return BucketPath(self.bucket, f"{self.key}/{name}".strip("/"), self.scheme)
 
 
 def parse_bucket_url(url: str) -> BucketPath:
-    """``s3://bucket/prefix`` split into bucket and key, or ``RunPathError`` saying why not."""
+    """``s3://bucket/prefix`` or ``gs://bucket/prefix`` split into bucket and key, or
+    ``RunPathError`` saying why not."""
     parts = urlsplit(url)
-    if parts.scheme != SCHEME or not parts.netloc:
-        raise RunPathError(f"{url}: not a bucket address (expected {SCHEME}://bucket/prefix)")
+    if parts.scheme not in SCHEMES or not parts.netloc:
+        raise RunPathError(f"{url}: not a bucket address (expected s3://bucket/prefix or gs://bucket/prefix)")
     key = parts.path.strip("/")
     if ".." in key.split("/") or parts.query or parts.fragment:
         raise RunPathError(f"{url}: a bucket prefix is a plain key path, without '..', '?' or '#'")
-    return BucketPath(parts.netloc, key)
+    return BucketPath(parts.netloc, key, parts.scheme)
 
 
 def s3_filesystem() -> pafs.S3FileSystem:
@@ -124,6 +132,25 @@ def s3_filesystem() -> pafs.S3FileSystem:
         return pafs.S3FileSystem()
     parts = urlsplit(endpoint)
     return pafs.S3FileSystem(endpoint_override=parts.netloc or parts.path, scheme=parts.scheme or "https")
+
+
+def gcs_filesystem() -> pafs.GcsFileSystem:
+    """A Google Cloud Storage client with Google's default credentials; ``STORAGE_EMULATOR_HOST``
+    (``http://host:port``, the variable Google's own clients read) names an emulator instead, reached
+    without credentials.  Transient errors are retried for at most ``_GCS_RETRY_S``, not the
+    client's quarter of an hour: nothing waits forever."""
+    retry = timedelta(seconds=_GCS_RETRY_S)
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not emulator:
+        return pafs.GcsFileSystem(retry_time_limit=retry)
+    parts = urlsplit(emulator if "//" in emulator else f"http://{emulator}")
+    return pafs.GcsFileSystem(anonymous=True, endpoint_override=parts.netloc, scheme=parts.scheme,
+                              retry_time_limit=retry)  # fmt: skip
+
+
+def bucket_filesystem(location: BucketPath) -> pafs.FileSystem:
+    """The client of ``location``'s kind of bucket, configured from the environment."""
+    return gcs_filesystem() if location.scheme == "gs" else s3_filesystem()
 
 
 def _digest(*parts: bytes) -> int:
@@ -269,8 +296,8 @@ class ArrowReads:
             return None
         except OSError as exc:
             raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
-        meta = handle.metadata()
-        version = _digest(meta.get("ETag", b""), meta.get("Last-Modified", b""))
+        # S3 says ETag and Last-Modified, Cloud Storage etag, generation and updated: any change is a new version
+        version = _digest(*(f"{key}={value!r}".encode() for key, value in sorted(handle.metadata().items())))
         return ObjectSlice(handle.size(), b"", handle.size(), version, handle)
 
 
@@ -292,12 +319,17 @@ def s3_reads() -> ObjectReads:
     return BotocoreReads(botocore.session.get_session().create_client("s3", endpoint_url=endpoint, config=config))
 
 
-def object_reads(filesystem: pafs.FileSystem | None, reads: ObjectReads | None = None) -> ObjectReads:
+def object_reads(
+    location: BucketPath, filesystem: pafs.FileSystem | None = None, reads: ObjectReads | None = None
+) -> ObjectReads:
     """``reads`` if given, else the reads of ``filesystem`` (``ArrowReads``: botocore would not
-    share its configuration), else those of the environment (``s3_reads``)."""
+    share its configuration), else those of the environment for ``location``'s kind of bucket
+    (``s3_reads``; Google Cloud Storage's through ``pyarrow``: a HEAD before each GET)."""
     if reads is not None:
         return reads
-    return ArrowReads(filesystem) if filesystem is not None else s3_reads()
+    if filesystem is not None or location.scheme == "gs":
+        return ArrowReads(filesystem if filesystem is not None else bucket_filesystem(location))
+    return s3_reads()
 
 
 class _InBucket:
@@ -318,7 +350,7 @@ class _InBucket:
         """The address (appends keep it; the cache's fingerprints catch a rewrite)."""
         if not self._opened:
             return None
-        return f"s3-{_digest(self.location.url.encode()):016x}"
+        return f"{self.location.scheme}-{_digest(self.location.url.encode()):016x}"
 
 
 class ObjectFile(_InBucket):
@@ -329,7 +361,7 @@ class ObjectFile(_InBucket):
     ) -> None:
         self.location = url if isinstance(url, BucketPath) else parse_bucket_url(url)
         self.path = Path(self.location.fs_path)
-        self.reads = object_reads(filesystem, reads)
+        self.reads = object_reads(self.location, filesystem, reads)
         self._found: ObjectSlice | None = None  # the object as the last stat() found it
         self._tail: ObjectSlice | None = None  # its bytes from the last complete line read to its end
         self._head = b""  # its first bytes as read, or carried over from the version before (stat)
@@ -471,8 +503,8 @@ class PartsFile(_InBucket):
         run = run if isinstance(run, BucketPath) else parse_bucket_url(run)
         self.location = run.child(PARTS_DIRNAME)
         self.path = Path(self.location.fs_path)
-        self.reads = object_reads(filesystem, reads)
-        self.filesystem = filesystem if filesystem is not None else s3_filesystem()
+        self.reads = object_reads(self.location, filesystem, reads)
+        self.filesystem = filesystem if filesystem is not None else bucket_filesystem(self.location)
         self._parts: list[Part] = []  # as the last listing found them
         self._starts: list[int] = []
         self._size = 0
@@ -576,7 +608,8 @@ class BucketRun:
     def file(
         self, filesystem: pafs.FileSystem | None = None, *, reads: ObjectReads | None = None
     ) -> ObjectFile | PartsFile:
-        return open_bucket_run(filesystem if filesystem is not None else s3_filesystem(), self, reads=reads)
+        return open_bucket_run(filesystem if filesystem is not None else bucket_filesystem(self.location), self,
+                               reads=reads)  # fmt: skip
 
 
 def open_bucket_run(
@@ -617,11 +650,13 @@ def discover_bucket_runs(
     missing bucket or a refused listing is ``RunNotFoundError`` naming the root.
     """
     location = parse_bucket_url(root)
-    filesystem = filesystem if filesystem is not None else s3_filesystem()
+    filesystem = filesystem if filesystem is not None else bucket_filesystem(location)
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(location.fs_path, recursive=True))
-    except FileNotFoundError:
-        return []  # nothing under the prefix (a missing bucket is another error: no such bucket)
+    except FileNotFoundError:  # nothing under the prefix (S3 says a missing bucket otherwise; Cloud Storage not)
+        if location.scheme == "gs" and _no_bucket(filesystem, location):
+            raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such bucket") from None
+        return []
     except OSError as exc:
         raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
     base = len(location.fs_path) + 1
@@ -645,6 +680,14 @@ def discover_bucket_runs(
         name = path or "."
         runs[name] = BucketRun(name, location.child(path), in_parts, size, mtime_ns)  # parts come last: they win
     return sorted(runs.values(), key=lambda run: run.name)
+
+
+def _no_bucket(filesystem: pafs.FileSystem, location: BucketPath) -> bool:
+    """Whether ``location``'s bucket is missing (one request); ``RunNotFoundError`` when it cannot be told."""
+    try:
+        return filesystem.get_file_info(location.bucket).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
 
 
 def _read_failure(filesystem: pafs.FileSystem, location: BucketPath, exc: OSError) -> RunFileError:

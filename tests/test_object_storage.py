@@ -115,7 +115,7 @@ def test_bad_bucket_addresses_are_refused_in_one_line(bucket: pafs.S3FileSystem)
     with pytest.raises(RunNotFoundError, match=r"^s3://no-such-bucket/p: the runs root cannot be listed: .*") as info:
         discover_bucket_runs("s3://no-such-bucket/p", filesystem=bucket)
     assert "\n" not in str(info.value)
-    for bad in ("gs://b/p", "s3:///p", "s3://b/../p"):
+    for bad in ("gcs://b/p", "s3:///p", "gs:///p", "s3://b/../p"):
         with pytest.raises(RunPathError, match=r"^" + bad):
             parse_bucket_url(bad)
     assert issubclass(RunPathError, MetricsError)
