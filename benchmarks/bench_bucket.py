@@ -1,6 +1,7 @@
 """Requests and bytes per minute of a dashboard on a runs root in a bucket, ours beside TensorBoard's pattern.
 
 Run: python benchmarks/bench_bucket.py [--runs 1000] [--live 5] [--records 200] [--refresh 5] [--minutes 3]
+     [--reads botocore|pyarrow]
 
 A moto S3 server in a subprocess, behind ``tests.support.CountingProxy``, holds ``--runs`` runs
 under ``s3://runs/exp`` (``--live`` of them live: dated now, a longer copy uploaded at every
@@ -10,7 +11,8 @@ proxy, so what a bucket would bill:
 * ours: a ``RunStore`` on a ``BucketRoot`` (``--list-interval``), as the dashboard runs it at
   ``--refresh``: every refresh an ``overview()`` (the runs page) and a ``view()`` of a live run (a
   run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
-  the first read of every run, printed apart);
+  the first read of every run, printed apart); ``--reads pyarrow``: as where botocore is not
+  installed (``object_storage.ArrowReads``: a HEAD before each GET);
 * TensorBoard's pattern: each reload (every ``--refresh`` s, its default is 5 s) lists every
   object and reads each run's file again (a HEAD and a GET per object), whatever ended long ago;
   emulated here with the same client (``pyarrow.fs``), two reloads measured, scaled to a minute.
@@ -36,7 +38,7 @@ from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.dashboard.store import RunStore
-from metrics_core.object_storage import discover_bucket_runs, s3_filesystem
+from metrics_core.object_storage import ArrowReads, discover_bucket_runs, s3_filesystem, s3_reads
 from tests.live_server import free_port, wait_for_http
 from tests.support import BUCKET, CountingProxy, base_record, bucket_run, line, put_object
 
@@ -64,6 +66,7 @@ def main() -> None:
     parser.add_argument("--refresh", type=float, default=5.0)
     parser.add_argument("--list-interval", type=float, default=60.0)
     parser.add_argument("--minutes", type=float, default=3.0)
+    parser.add_argument("--reads", choices=("botocore", "pyarrow"), default="botocore")
     args = parser.parse_args()
 
     port = free_port()
@@ -85,7 +88,8 @@ def main() -> None:
               f"refresh every {args.refresh:g} s, listing every {args.list_interval:g} s")  # fmt: skip
 
         clock = [0.0]
-        root = BucketRoot(f"s3://{BUCKET}/exp", list_interval=args.list_interval, clock=lambda: clock[0])
+        reads = s3_reads() if args.reads == "botocore" else ArrowReads(s3_filesystem())
+        root = BucketRoot(f"s3://{BUCKET}/exp", list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
         store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
         try:
             store.overview()

@@ -1,4 +1,5 @@
-"""A runs root in an S3-compatible bucket (``s3://bucket/prefix``), with a bounded request cost.
+"""A runs root in a bucket (``s3://bucket/prefix``, S3-compatible; ``gs://bucket/prefix``, Google
+Cloud Storage), with a bounded request cost.
 
 The same ``roots.RunsRoot`` as a local directory, so the dashboard's store serves it unchanged;
 run names are the keys under the prefix, as directories are under a local root.  Optional: needs
@@ -11,10 +12,13 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
   keys), lazily, by whichever call needs it first.  The listing gives each object's size and
   modification time for free: an object whose pair differs from the previous listing's is a
   changed run (``take_changed``), the only thing that makes a run that is not live due again.
-* A live run (``polls``) is looked at once per safety interval: one HEAD (``ObjectFile.stat``);
-  when it grew, one ranged GET from the last line read to the end (``TailRead``: the follower's
-  check that the object was not rewritten and the new bytes in one request) and one of the
-  object's first bytes (the same check at the start).
+* A live run (``polls``) is looked at once per safety interval, in one request whether it grew or
+  not: a ranged GET from the last complete line read on (``ObjectFile.stat``), whose answer gives
+  the object's size and version, the line the follower compares to notice a rewrite, and the new
+  bytes (``object_storage``'s docstring says what a rewrite that keeps that line does).  A run
+  ``sync`` uploads as parts: one listing of its parts, and a GET of a new part when there is one.
+  Without botocore, and on ``gs://`` (pyarrow's Cloud Storage client), a look asks for the
+  object's size first: a HEAD (a metadata request), plus a GET when it grew (``ArrowReads``).
 * Any other run (ended, or older than the stall rule: its status cannot change with no new
   record, as no writer lock crosses a bucket) costs nothing once read, until a listing shows its
   object changed.  A run whose reading failed costs nothing either until then.
@@ -22,16 +26,16 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
   and the tail).
 
 So at a refresh every ``r`` seconds the steady cost per minute is ``60 / list_interval`` listings
-plus at most ``3 × 60 / r`` requests per live run (``60 / r`` when it did not grow), whatever the
-number of finished runs.
+plus ``60 / r`` requests per live run (the same for a run in parts, plus a GET per new part),
+whatever the number of finished runs.
 
 Status: ``ObjectFile.writer_alive()`` is None, so ``runs.run_status`` falls back to the record-age
 rule (``live`` while the last record is recent, then ``stalled``; never ``crashed`` from a lock).
 
 Failures are one line naming the root or the object: a bucket that does not exist or refuses the
 credentials is a ``RunNotFoundError`` from ``discover`` (and ``resolve``), retried no more often
-than every ``RETRY_S``; an object deleted between a HEAD and its GET is the reader's
-``RunFileError``; an object gone at the next listing is a run gone.
+than every ``RETRY_S``; an object deleted between the request that sized it and a GET of its
+bytes is the reader's ``RunFileError``; an object gone at the next listing is a run gone.
 """
 
 from __future__ import annotations
@@ -45,8 +49,14 @@ from typing import TYPE_CHECKING
 from pyarrow import fs as pafs
 
 from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
-from metrics_core.lines import READ_CHUNK
-from metrics_core.object_storage import BucketRun, discover_bucket_runs, parse_bucket_url, s3_filesystem
+from metrics_core.object_storage import (
+    BucketRun,
+    ObjectReads,
+    bucket_filesystem,
+    discover_bucket_runs,
+    object_reads,
+    parse_bucket_url,
+)
 from metrics_core.reader import RunReader
 from metrics_core.roots import LIST_INTERVAL_S
 from metrics_core.runs import RunInfo, RunListing
@@ -54,69 +64,18 @@ from metrics_core.writer import METRICS_FILENAME
 
 if TYPE_CHECKING:
     from metrics_core.cache import CachePolicy
-    from metrics_core.storage import FileStat, RunFile
+    from metrics_core.storage import RunFile
 
 RETRY_S = 10.0  # a listing that failed (no such bucket, refused credentials) is tried again this often at most
 
 
-SMALL_READ = 4096  # a read this short past the start is a look at a line (``lines.LineFollower``'s checks)
-
-
-def open_run_file(filesystem: pafs.FileSystem, run: BucketRun) -> RunFile:
+def open_run_file(filesystem: pafs.FileSystem, run: BucketRun, reads: ObjectReads) -> RunFile:
     """The one place a bucket run's ``RunFile`` is made."""
-    return TailRead(run.file(filesystem))
-
-
-class TailRead:
-    """A bucket run's ``RunFile`` whose short look at a line past the start also fetches the rest
-    of the object (as the last HEAD found it, up to ``lines.READ_CHUNK``): when a live run grew,
-    the follower's look at the last line it read and its read of the new bytes after that line
-    are one ranged GET, not two.  The look at the first bytes stays a GET of its own (fetching
-    from the start would read the whole run again).  Anything else passes through."""
-
-    def __init__(self, file: RunFile) -> None:
-        self.file = file
-        self.path = file.path
-        self._tail: tuple[int, bytes] | None = None  # (offset, the bytes from there to the end)
-
-    def stat(self) -> FileStat | None:
-        self._tail = None  # the next reads are of the object this HEAD finds
-        return self.file.stat()
-
-    def open(self) -> None:
-        self._tail = None
-        self.file.open()
-
-    @property
-    def opened_version(self) -> int | None:
-        return self.file.opened_version
-
-    def size(self) -> int:
-        return self.file.size()
-
-    def read(self, offset: int, count: int) -> bytes:
-        if self._tail is not None and self._tail[0] <= offset:  # it runs to the end of the object
-            start, data = self._tail
-            return data[offset - start : offset - start + count]
-        rest = self.file.size() - offset
-        if offset > 0 and count <= SMALL_READ and count < rest <= READ_CHUNK:
-            self._tail = (offset, self.file.read(offset, rest))
-            return self._tail[1][:count]
-        return self.file.read(offset, count)
-
-    def writer_alive(self) -> bool | None:
-        return self.file.writer_alive()
-
-    def cache_key(self) -> str | None:
-        return self.file.cache_key()
-
-    def close(self) -> None:
-        self._tail = None
-        self.file.close()
+    return run.file(filesystem, reads=reads)
 
 
 class BucketRoot:
-    """The runs under ``s3://bucket/prefix``; see the module docstring."""
+    """The runs under ``s3://bucket/prefix`` or ``gs://bucket/prefix``; see the module docstring."""
 
     mode = "listing"
 
@@ -126,12 +85,15 @@ class BucketRoot:
         *,
         list_interval: float = LIST_INTERVAL_S,
         filesystem: pafs.FileSystem | None = None,
+        reads: ObjectReads | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.location = parse_bucket_url(url).url
+        address = parse_bucket_url(url)
+        self.location = address.url
         self.list_interval = list_interval
         self.mode_reason = f"the bucket is listed at most every {list_interval:g} s, live runs at each refresh"
-        self._filesystem = filesystem if filesystem is not None else s3_filesystem()
+        self._filesystem = filesystem if filesystem is not None else bucket_filesystem(address)
+        self._reads = object_reads(address, filesystem, reads)
         self._clock = clock
         self._lock = threading.Lock()
         self._runs: dict[str, BucketRun] = {}
@@ -203,7 +165,7 @@ class BucketRoot:
             run = self._runs.get(info.name)
         if run is None:
             raise RunNotFoundError(f"{info.name!r}: no run there (gone at the last listing)")
-        file = open_run_file(self._filesystem, run)
+        file = open_run_file(self._filesystem, run, self._reads)
         return RunReader(file.path, file=file, cache=cache)
 
     def size(self, info: RunInfo) -> int:

@@ -1,25 +1,43 @@
-"""Runs in an S3-compatible bucket: a ``RunFile`` for one object or for a run uploaded in parts,
-and run discovery under a prefix.
+"""Runs in a bucket (S3-compatible, or Google Cloud Storage): a ``RunFile`` for one object or for
+a run uploaded in parts, and run discovery under a prefix.
 
 Optional: needs ``pyarrow`` (the ``s3`` extra; the head node's ``app`` extra has it already), and
-``import metrics_core`` never loads this module.  ``pyarrow.fs`` is the client because the read
-side already depends on it: no second HTTP stack for the dashboard to install.
+``import metrics_core`` never loads this module.  ``pyarrow.fs`` lists and uploads, because the
+read side already depends on it.  Bytes are fetched through ``ObjectReads``: botocore where it is
+installed (the ``s3`` extra brings it), one request a read, because a ranged GET's answer carries
+the object's size, ETag and Last-Modified with the bytes; else pyarrow, whose ``open_input_file``
+takes a path, never the size a listing gave, and so sends a HEAD before each GET (``ArrowReads``).
 
 Credentials come the way AWS's own tools take them (``AWS_ACCESS_KEY_ID``,
 ``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles); ``AWS_ENDPOINT_URL`` names an
-S3-compatible server (MinIO, moto) and is passed on explicitly.
+S3-compatible server (MinIO, moto) and is passed on explicitly.  A ``gs://`` address is Google
+Cloud Storage through ``pyarrow.fs.GcsFileSystem`` (Google's default credentials;
+``STORAGE_EMULATOR_HOST`` names an emulator), read with ``ArrowReads``: the same files, a
+metadata request before each GET.
 
 ``ObjectFile`` keeps the ``RunFile`` contract (``metrics_core.storage``) with an object's terms:
 
-* ``stat()`` is one HEAD request.  ``identity`` is the object's ETag, size and Last-Modified, so
-  any new upload (``aws s3 cp`` of a longer copy, or of another file) is a change; ``version`` is
-  the key, which names the same run whatever is uploaded there.  Whether a change is growth or a
-  rewrite is decided as for a file copied over in place: ``lines.LineFollower`` compares the first
-  line and the last line it handed out, so a longer object with the same prefix is read from the
-  old offset, and a shorter or different one restarts the run from its start.
-* ``read(offset, count)`` is one ranged GET of the object as the last HEAD found it (never past
-  that size).  An object has no open handle to pin: bytes uploaded between that HEAD and the GET
-  are the new object's, and the next ``stat()`` sees the new ETag and the fingerprints decide.
+* ``stat()`` is one request.  Before anything was read to the object's end it is a HEAD; after,
+  it is a ranged GET from the start of the last complete line read (the overlap) on, up to
+  ``lines.READ_CHUNK``: its answer gives the object's size and version, and holds both the bytes
+  ``lines.LineFollower`` looks at to check a rewrite (that last line) and the new bytes after it,
+  so a live run costs one request a refresh whether it grew or not (a start past the end, HTTP
+  416: the object shrank below it, answered by a HEAD).  ``identity`` is the object's ETag and
+  Last-Modified and its size, so any new upload (``aws s3 cp`` of a longer copy, or of another
+  file) is a change; ``version`` is the key, which names the same run whatever is uploaded there.
+* Whether a change is growth or a rewrite is decided as for a file copied over in place:
+  ``LineFollower`` compares the last line it handed out and the first line, so a longer object
+  with the same prefix is read from the old offset, and a shorter or different one restarts the
+  run from its start.  The first line is not fetched again for that: when the new version holds
+  the last complete line read, byte for byte at its offset, the first bytes read before are taken
+  as its own.  So a copy that keeps that line but changed earlier bytes is read as an append: the
+  records read before stay as they were read (a local file's follower would also compare the
+  first line; either misses a change between the two lines).  A copy whose last line read
+  changed, or that ends before it, fetches its first bytes again and is read from its start.
+* ``read(offset, count)`` is answered from the bytes ``stat`` fetched when it can, else one ranged
+  GET of the object as the last ``stat`` found it (never past that size).  An object has no open
+  handle to pin: bytes uploaded between that ``stat`` and the GET are the new object's, and the
+  next ``stat()`` sees the new version.
 * ``writer_alive()`` is None: no lock crosses a bucket, so status falls back to record ages.
 
 A run uploaded as it grows (``python -m metrics_core sync``, ``metrics_core.sync``) is a prefix of
@@ -30,8 +48,11 @@ holds complete lines only, and the parts in name order concatenate to the file's
 
 * ``stat()`` is one listing of the parts prefix; ``identity`` is the list of parts (names, sizes,
   Last-Modified), so a new part is a change and ``LineFollower`` reads on from its offset.
-* ``read(offset, count)`` is a ranged GET of each part the range covers (a HEAD the first time a
-  part is read: the client's price for opening an object), in parallel when it covers several.
+* ``read(offset, count)`` is a ranged GET of each part the range covers, in parallel when it
+  covers several, except for what is kept of parts already read: a part is immutable, so the
+  first part's first bytes and the last line of the last part read, which the follower looks at
+  again at each change, hold while the listing shows the part alike.  A refresh that finds no
+  new part is one listing; one that finds a part adds its GET (with ``ArrowReads``, a HEAD too).
 * A part missing from the middle (a gap between one part's end and the next part's name) or two
   parts overlapping is a ``RunFileError`` naming the offset: the bytes after it are not the file's.
 * A part that ends mid-line is torn (whoever uploaded it cut a line): the file ends with it, like
@@ -48,33 +69,39 @@ import hashlib
 import os
 import re
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
+from typing import Protocol
 from urllib.parse import urlsplit
 
 from pyarrow import fs as pafs
 
 from metrics_core.errors import RunFileError, RunNotFoundError, RunPathError
+from metrics_core.lines import READ_CHUNK
 from metrics_core.storage import FileStat
 from metrics_core.writer import METRICS_FILENAME
 
-SCHEME = "s3"
+SCHEMES = ("s3", "gs")  # S3 and S3-compatible servers; Google Cloud Storage
 PARTS_DIRNAME = METRICS_FILENAME + ".parts"
 _PART_NAME = re.compile(r"(\d{16})\.jsonl")
-_KEPT_HANDLES = 8  # opened parts kept from one listing to the next besides the first: the newest
+SMALL_READ = 4096  # a read this short is a follower's look at a line (``lines.LineFollower``'s checks)
+_GCS_RETRY_S = 30.0
 _PARALLEL_GETS = 8  # parts fetched at once by a read that covers several: a GET's latency, not its bytes, is the cost
 
 
 @dataclass(frozen=True, slots=True)
 class BucketPath:
-    """An ``s3://bucket/key`` address, split; ``key`` has no leading or trailing ``/``."""
+    """An ``s3://bucket/key`` (or ``gs://bucket/key``) address, split; ``key`` has no leading or
+    trailing ``/``."""
 
     bucket: str
     key: str
+    scheme: str = "s3"
 
     @property
     def url(self) -> str:
-        return f"{SCHEME}://{self.bucket}/{self.key}".rstrip("/")
+        return f"{self.scheme}://{self.bucket}/{self.key}".rstrip("/")
 
     @property
     def fs_path(self) -> str:
@@ -82,18 +109,19 @@ class BucketPath:
         return f"{self.bucket}/{self.key}".rstrip("/")
 
     def child(self, name: str) -> BucketPath:
-        return BucketPath(self.bucket, f"{self.key}/{name}".strip("/"))
+        return BucketPath(self.bucket, f"{self.key}/{name}".strip("/"), self.scheme)
 
 
 def parse_bucket_url(url: str) -> BucketPath:
-    """``s3://bucket/prefix`` split into bucket and key, or ``RunPathError`` saying why not."""
+    """``s3://bucket/prefix`` or ``gs://bucket/prefix`` split into bucket and key, or
+    ``RunPathError`` saying why not."""
     parts = urlsplit(url)
-    if parts.scheme != SCHEME or not parts.netloc:
-        raise RunPathError(f"{url}: not a bucket address (expected {SCHEME}://bucket/prefix)")
+    if parts.scheme not in SCHEMES or not parts.netloc:
+        raise RunPathError(f"{url}: not a bucket address (expected s3://bucket/prefix or gs://bucket/prefix)")
     key = parts.path.strip("/")
     if ".." in key.split("/") or parts.query or parts.fragment:
         raise RunPathError(f"{url}: a bucket prefix is a plain key path, without '..', '?' or '#'")
-    return BucketPath(parts.netloc, key)
+    return BucketPath(parts.netloc, key, parts.scheme)
 
 
 def s3_filesystem() -> pafs.S3FileSystem:
@@ -106,8 +134,202 @@ def s3_filesystem() -> pafs.S3FileSystem:
     return pafs.S3FileSystem(endpoint_override=parts.netloc or parts.path, scheme=parts.scheme or "https")
 
 
+def gcs_filesystem() -> pafs.GcsFileSystem:
+    """A Google Cloud Storage client with Google's default credentials; ``STORAGE_EMULATOR_HOST``
+    (``http://host:port``, the variable Google's own clients read) names an emulator instead, reached
+    without credentials.  Transient errors are retried for at most ``_GCS_RETRY_S``, not the
+    client's quarter of an hour: nothing waits forever."""
+    retry = timedelta(seconds=_GCS_RETRY_S)
+    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+    if not emulator:
+        return pafs.GcsFileSystem(retry_time_limit=retry)
+    parts = urlsplit(emulator if "//" in emulator else f"http://{emulator}")
+    return pafs.GcsFileSystem(anonymous=True, endpoint_override=parts.netloc, scheme=parts.scheme,
+                              retry_time_limit=retry)  # fmt: skip
+
+
+def bucket_filesystem(location: BucketPath) -> pafs.FileSystem:
+    """The client of ``location``'s kind of bucket, configured from the environment."""
+    return gcs_filesystem() if location.scheme == "gs" else s3_filesystem()
+
+
 def _digest(*parts: bytes) -> int:
     return int.from_bytes(hashlib.blake2b(b"\0".join(parts), digest_size=8).digest(), "big")
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectSlice:
+    """What one request found of an object: its bytes from ``start`` (none for a HEAD), and the
+    object's size and version (a digest of its ETag and Last-Modified) at that moment."""
+
+    start: int
+    data: bytes
+    size: int
+    version: int
+    opened: object = field(default=None, compare=False, repr=False)  # a client's handle on that version, if any
+
+    @property
+    def end(self) -> int:
+        return self.start + len(self.data)
+
+
+class ObjectReads(Protocol):
+    """How a ``RunFile`` in a bucket fetches an object: None when no object is there, else a
+    ``RunFileError`` naming it when the server refuses (no such bucket, access denied)."""
+
+    def head(self, location: BucketPath) -> ObjectSlice | None:
+        """The object's size and version, no bytes."""
+
+    def get(
+        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        through: ObjectSlice | None = None,
+    ) -> ObjectSlice | None:  # fmt: skip
+        """Bytes ``[start, start + count)`` of the object, fewer at its end (none when it ends at
+        or before ``start``), with its size and version as the same answer gave them; none either
+        when its version is still ``unless`` (the one the caller holds), if that saves a request.
+        ``through``: an earlier answer whose ``opened`` handle may read the bytes of the version it
+        found, if that saves a request (they may be a later version's: the next look says so)."""
+
+
+class BotocoreReads:
+    """``ObjectReads`` in one request each: a ranged GET's answer carries the object's size
+    (``Content-Range``), ETag and Last-Modified with the bytes, so a look at a live run that may
+    have grown is one request, where pyarrow's client needs a HEAD before every GET (``ArrowReads``)."""
+
+    def __init__(self, client: object) -> None:
+        self.client = client
+
+    def head(self, location: BucketPath) -> ObjectSlice | None:
+        answer = self._call(location, "head_object")
+        if answer is None:
+            return None
+        return ObjectSlice(answer["ContentLength"], b"", answer["ContentLength"], _version(answer))
+
+    def get(
+        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        through: ObjectSlice | None = None,
+    ) -> ObjectSlice | None:  # fmt: skip
+        try:
+            answer = self._call(location, "get_object", Range=f"bytes={start}-{start + count - 1}")
+        except _NothingThere:  # the object holds no byte at start (shrank below it, or is empty)
+            found = self.head(location)
+            return None if found is None else ObjectSlice(start, b"", found.size, found.version)
+        if answer is None:
+            return None
+        with answer["Body"] as body:
+            data = self._body(location, body)
+        ranged = _CONTENT_RANGE.fullmatch(answer.get("ContentRange") or "")
+        if ranged is None:  # the whole object (a server that ignores ranges)
+            return ObjectSlice(start, data[start : start + count], len(data), _version(answer))
+        return ObjectSlice(int(ranged[1]), data, int(ranged[2]), _version(answer))
+
+    def _call(self, location: BucketPath, operation: str, **options: str) -> dict | None:
+        from botocore.exceptions import BotoCoreError, ClientError
+
+        try:
+            return getattr(self.client, operation)(Bucket=location.bucket, Key=location.key, **options)
+        except ClientError as exc:
+            code = exc.response.get("Error", {}).get("Code")
+            if code in ("NoSuchKey", "404"):
+                return None
+            if code == "InvalidRange":
+                raise _NothingThere from exc
+            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
+        except BotoCoreError as exc:
+            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
+
+    @staticmethod
+    def _body(location: BucketPath, body: object) -> bytes:
+        from botocore.exceptions import BotoCoreError
+
+        try:
+            return body.read()
+        except BotoCoreError as exc:
+            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
+
+
+class _NothingThere(Exception):
+    """A ranged GET that starts at or past the object's end (HTTP 416)."""
+
+
+_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(\d+)")
+
+
+def _version(answer: dict) -> int:
+    headers = answer["ResponseMetadata"]["HTTPHeaders"]
+    return _digest(headers.get("etag", "").encode(), headers.get("last-modified", "").encode())
+
+
+class ArrowReads:
+    """``ObjectReads`` through a ``pyarrow.fs`` client, which opens an object with a HEAD: a HEAD
+    and a GET per read (a read of what a HEAD found goes through that HEAD's handle, ``through``).
+    The fallback without botocore, and the reads of a filesystem configured otherwise than from
+    the environment."""
+
+    def __init__(self, filesystem: pafs.FileSystem) -> None:
+        self.filesystem = filesystem
+
+    def head(self, location: BucketPath) -> ObjectSlice | None:
+        return self._open(location)
+
+    def get(
+        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        through: ObjectSlice | None = None,
+    ) -> ObjectSlice | None:  # fmt: skip
+        found = through if through is not None and through.opened is not None else self._open(location)
+        if found is None:
+            return None
+        count = min(count, found.size - start)
+        if count <= 0 or found.version == unless:  # the HEAD said all there is to know
+            return ObjectSlice(start, b"", found.size, found.version, found.opened)
+        try:
+            return ObjectSlice(start, found.opened.read_at(count, start), found.size, found.version, found.opened)
+        except OSError as exc:
+            raise _read_failure(self.filesystem, location, exc) from exc
+
+    def _open(self, location: BucketPath) -> ObjectSlice | None:
+        """The object opened (one HEAD, ``pyarrow``'s only way: ``open_input_file`` takes a path,
+        never the size a listing gave); None when nothing is there."""
+        try:
+            handle = self.filesystem.open_input_file(location.fs_path)
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
+        # S3 says ETag and Last-Modified, Cloud Storage etag, generation and updated: any change is a new version
+        version = _digest(*(f"{key}={value!r}".encode() for key, value in sorted(handle.metadata().items())))
+        return ObjectSlice(handle.size(), b"", handle.size(), version, handle)
+
+
+def s3_reads() -> ObjectReads:
+    """How a runs root reads its objects: one request a read through botocore, configured from the
+    same environment as ``s3_filesystem`` (``AWS_ENDPOINT_URL`` with path-style addresses, as
+    ``pyarrow`` uses them; AWS's own chain for credentials and region), or ``ArrowReads`` on
+    ``s3_filesystem()`` where botocore is not installed."""
+    try:
+        import botocore.config
+        import botocore.session
+    except ImportError:
+        return ArrowReads(s3_filesystem())
+    endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
+    config = botocore.config.Config(
+        connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
+        max_pool_connections=2 * _PARALLEL_GETS, s3={"addressing_style": "path"} if endpoint else None,
+    )  # fmt: skip
+    return BotocoreReads(botocore.session.get_session().create_client("s3", endpoint_url=endpoint, config=config))
+
+
+def object_reads(
+    location: BucketPath, filesystem: pafs.FileSystem | None = None, reads: ObjectReads | None = None
+) -> ObjectReads:
+    """``reads`` if given, else the reads of ``filesystem`` (``ArrowReads``: botocore would not
+    share its configuration), else those of the environment for ``location``'s kind of bucket
+    (``s3_reads``; Google Cloud Storage's through ``pyarrow``: a HEAD before each GET)."""
+    if reads is not None:
+        return reads
+    if filesystem is not None or location.scheme == "gs":
+        return ArrowReads(filesystem if filesystem is not None else bucket_filesystem(location))
+    return s3_reads()
 
 
 class _InBucket:
@@ -128,60 +350,85 @@ class _InBucket:
         """The address (appends keep it; the cache's fingerprints catch a rewrite)."""
         if not self._opened:
             return None
-        return f"s3-{_digest(self.location.url.encode()):016x}"
+        return f"{self.location.scheme}-{_digest(self.location.url.encode()):016x}"
 
 
 class ObjectFile(_InBucket):
     """A ``RunFile`` for one object in a bucket; see the module docstring."""
 
-    def __init__(self, url: str | BucketPath, filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(
+        self, url: str | BucketPath, filesystem: pafs.FileSystem | None = None, *, reads: ObjectReads | None = None
+    ) -> None:
         self.location = url if isinstance(url, BucketPath) else parse_bucket_url(url)
         self.path = Path(self.location.fs_path)
-        self.filesystem = filesystem if filesystem is not None else s3_filesystem()
-        self._latest: pafs.NativeFile | None = None  # the object as the last HEAD found it
+        self.reads = object_reads(self.location, filesystem, reads)
+        self._found: ObjectSlice | None = None  # the object as the last stat() found it
+        self._tail: ObjectSlice | None = None  # its bytes from the last complete line read to its end
+        self._head = b""  # its first bytes as read, or carried over from the version before (stat)
         self._opened = False
 
-    def _head(self) -> pafs.NativeFile | None:
-        """One HEAD request: the object now, None when nothing is there; ``RunFileError`` naming
-        the object when the server refuses (no such bucket, access denied)."""
-        try:
-            return self.filesystem.open_input_file(self.location.fs_path)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise RunFileError(self.location.url, f"cannot be read: {_first_line(exc)}") from exc
-
     def stat(self) -> FileStat | None:
-        head = self._head()
-        if head is None:
+        """A HEAD while nothing was read to the object's end; then a GET from the last complete line
+        read (the overlap) on, which answers the size and version too: see the module docstring."""
+        tail = self._tail if self._found is not None and self._tail is not None else None
+        if tail is None:
+            found = self.reads.head(self.location)
+        else:
+            found = self.reads.get(self.location, tail.start, READ_CHUNK, unless=self._found.version)
+        if found is None:
             return None
-        self._latest = head
-        meta = head.metadata()
-        identity = _digest(meta.get("ETag", b""), meta.get("Last-Modified", b""))
-        return FileStat((identity, head.size()), 0, head.size())
+        if self._found is None or found.version != self._found.version:
+            seen = b"" if tail is None else tail.data[: tail.data.rfind(b"\n") + 1]
+            if not seen or not found.data.startswith(seen):
+                self._head = b""  # not known to extend what was read: its first bytes are read again
+            self._found, self._tail = found, found if found.data else None
+        return FileStat((found.version, found.size), 0, found.size)
 
     def open(self) -> None:
-        if self._latest is None:
-            self._latest = self._head()
-        if self._latest is None:
+        if self._found is None:
+            self._found = self.reads.head(self.location)
+        if self._found is None:
             raise RunFileError(self.location.url, "no such object")
         self._opened = True
 
     def size(self) -> int:
-        return self._latest.size()
+        return self._found.size
 
     def read(self, offset: int, count: int) -> bytes:
-        count = min(count, self._latest.size() - offset)
+        """Bytes of the object as the last ``stat`` found it, from what was fetched when they are
+        there, else by one GET; a short look at a line past the start fetches the rest of the
+        object with it (when a run grew, the follower's look at its last line and the new bytes)."""
+        size = self._found.size
+        count = min(count, size - offset)
         if count <= 0:
             return b""
-        try:
-            return self._latest.read_at(count, offset)
-        except OSError as exc:
-            raise _read_failure(self.filesystem, self.location, exc) from exc
+        if offset == 0 and count <= len(self._head):
+            return self._head[:count]
+        known = self._tail
+        if known is None or not known.start <= offset <= offset + count <= known.end:
+            wanted = size - offset if offset > 0 and count <= SMALL_READ and size - offset <= READ_CHUNK else count
+            known = self.reads.get(self.location, offset, wanted, through=self._found)
+            if known is None:
+                raise RunFileError(self.location.url, "vanished while being read (deleted after it was listed)")
+            if known.version != self._found.version:  # replaced since the stat: the next stat says so
+                return known.data[:count]
+        data = known.data[offset - known.start : offset - known.start + count]
+        if offset == 0:
+            self._head = data[:SMALL_READ]
+        if offset + count == known.end == size:
+            self._tail = _from_last_line(known)
+        return data
 
     def close(self) -> None:
         self._opened = False
-        self._latest = None
+        self._head = b""  # a follower closes to start again: what it compares then is fetched anew
+
+
+def _from_last_line(found: ObjectSlice) -> ObjectSlice:
+    """``found`` from the start of its last complete line on (whole when it holds none): the bytes a
+    follower looks at again, and the overlap of the next ``ObjectFile.stat``."""
+    start = found.data.rfind(b"\n", 0, max(found.data.rfind(b"\n"), 0)) + 1
+    return ObjectSlice(found.start + start, found.data[start:], found.size, found.version)
 
 
 def part_name(offset: int) -> str:
@@ -250,16 +497,20 @@ def upload_part(filesystem: pafs.FileSystem, parts: BucketPath, offset: int, dat
 class PartsFile(_InBucket):
     """A ``RunFile`` for a run uploaded in parts under ``run`` (its prefix); see the module docstring."""
 
-    def __init__(self, run: str | BucketPath, filesystem: pafs.FileSystem | None = None) -> None:
+    def __init__(
+        self, run: str | BucketPath, filesystem: pafs.FileSystem | None = None, *, reads: ObjectReads | None = None
+    ) -> None:
         run = run if isinstance(run, BucketPath) else parse_bucket_url(run)
         self.location = run.child(PARTS_DIRNAME)
         self.path = Path(self.location.fs_path)
-        self.filesystem = filesystem if filesystem is not None else s3_filesystem()
+        self.reads = object_reads(self.location, filesystem, reads)
+        self.filesystem = filesystem if filesystem is not None else bucket_filesystem(self.location)
         self._parts: list[Part] = []  # as the last listing found them
         self._starts: list[int] = []
         self._size = 0
         self._torn: Part | None = None  # a part found to end mid-line: the file ends with it
-        self._handles: dict[Part, pafs.NativeFile] = {}  # opened parts (a HEAD each), immutable: kept a while
+        self._first: tuple[Part, int, bytes] | None = None  # the first part's first bytes (part, at, bytes)
+        self._last: tuple[Part, int, bytes] | None = None  # of the last part read to its end, its last line on
         self._opened = False
 
     def stat(self) -> FileStat | None:
@@ -267,8 +518,9 @@ class PartsFile(_InBucket):
         if not parts:
             return None
         self._parts, self._starts = parts, [part.start for part in parts]
-        kept = {parts[0], *parts[-_KEPT_HANDLES:]}  # where the follower's fingerprints are read again
-        self._handles = {part: handle for part, handle in self._handles.items() if part in kept}
+        listed = set(parts)  # a part is immutable: what was read of it holds while it is listed alike
+        self._first = self._first if self._first is not None and self._first[0] in listed else None
+        self._last = self._last if self._last is not None and self._last[0] in listed else None
         if self._torn not in parts:
             self._torn = None  # replaced or deleted: read on
         self._size = self._torn.end if self._torn is not None else parts[-1].end
@@ -306,20 +558,27 @@ class PartsFile(_InBucket):
         else:
             chunks = [self._read_part(*piece) for piece in pieces]
         for number, ((part, at, take), chunk) in enumerate(zip(pieces, chunks, strict=True)):
-            if at + take == part.size and part is not self._parts[-1] and not chunk.endswith(b"\n"):
-                self._torn, self._size = part, part.end
-                return b"".join(chunks[: number + 1])
+            if at == 0 and part == self._parts[0]:
+                self._first = part, 0, chunk[:SMALL_READ]
+            if at + take == part.size:
+                line = chunk.rfind(b"\n", 0, max(len(chunk) - 1, 0)) + 1
+                self._last = part, at + line, chunk[line:]
+                if part is not self._parts[-1] and not chunk.endswith(b"\n"):
+                    self._torn, self._size = part, part.end
+                    return b"".join(chunks[: number + 1])
         return b"".join(chunks)
 
     def _read_part(self, part: Part, at: int, count: int) -> bytes:
+        """Bytes of one part: from what was kept of it (the follower's looks at the first bytes and
+        at the last line read cost nothing), else one GET."""
+        for kept in (self._first, self._last):
+            if kept is not None and kept[0] == part and kept[1] <= at and at + count <= kept[1] + len(kept[2]):
+                return kept[2][at - kept[1] : at - kept[1] + count]
         location = self.location.child(part_name(part.start))
-        try:
-            handle = self._handles.get(part)
-            if handle is None:
-                handle = self._handles[part] = self.filesystem.open_input_file(location.fs_path)
-            data = handle.read_at(count, at)
-        except OSError as exc:
-            raise _read_failure(self.filesystem, location, exc) from exc
+        found = self.reads.get(location, at, count)
+        if found is None:
+            raise RunFileError(location.url, "vanished while being read (deleted after it was listed)")
+        data = found.data
         if len(data) != count:
             raise RunFileError(location.url, f"was replaced while being read: {len(data):,} bytes at offset "
                                              f"{at:,} where the listing promised {count:,}")  # fmt: skip
@@ -327,7 +586,6 @@ class PartsFile(_InBucket):
 
     def close(self) -> None:
         self._opened = False
-        self._handles = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -347,11 +605,16 @@ class BucketRun:
     def metrics_url(self) -> str:
         return self.location.child(PARTS_DIRNAME if self.parts else METRICS_FILENAME).url
 
-    def file(self, filesystem: pafs.FileSystem | None = None) -> ObjectFile | PartsFile:
-        return open_bucket_run(filesystem if filesystem is not None else s3_filesystem(), self)
+    def file(
+        self, filesystem: pafs.FileSystem | None = None, *, reads: ObjectReads | None = None
+    ) -> ObjectFile | PartsFile:
+        return open_bucket_run(filesystem if filesystem is not None else bucket_filesystem(self.location), self,
+                               reads=reads)  # fmt: skip
 
 
-def open_bucket_run(filesystem: pafs.FileSystem, run: BucketRun | BucketPath | str) -> ObjectFile | PartsFile:
+def open_bucket_run(
+    filesystem: pafs.FileSystem, run: BucketRun | BucketPath | str, *, reads: ObjectReads | None = None
+) -> ObjectFile | PartsFile:
     """The ``RunFile`` of the run at ``run`` (its prefix, ``s3://bucket/prefix/RUN``): a
     ``PartsFile`` when it holds ``metrics.jsonl.parts/`` (what ``sync`` uploads; it wins over a
     ``metrics.jsonl`` beside it, a whole copy that stopped growing), else an ``ObjectFile`` of its
@@ -370,8 +633,8 @@ def open_bucket_run(filesystem: pafs.FileSystem, run: BucketRun | BucketPath | s
             raise RunNotFoundError(f"{location.url}: the run cannot be listed: {_first_line(exc)}") from exc
         parts = any(info.base_name == PARTS_DIRNAME and info.type == pafs.FileType.Directory for info in infos)
     if parts:
-        return PartsFile(location, filesystem)
-    return ObjectFile(location.child(METRICS_FILENAME), filesystem)
+        return PartsFile(location, filesystem, reads=reads)
+    return ObjectFile(location.child(METRICS_FILENAME), filesystem, reads=reads)
 
 
 def discover_bucket_runs(
@@ -387,11 +650,13 @@ def discover_bucket_runs(
     missing bucket or a refused listing is ``RunNotFoundError`` naming the root.
     """
     location = parse_bucket_url(root)
-    filesystem = filesystem if filesystem is not None else s3_filesystem()
+    filesystem = filesystem if filesystem is not None else bucket_filesystem(location)
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(location.fs_path, recursive=True))
-    except FileNotFoundError:
-        return []  # nothing under the prefix (a missing bucket is another error: no such bucket)
+    except FileNotFoundError:  # nothing under the prefix (S3 says a missing bucket otherwise; Cloud Storage not)
+        if location.scheme == "gs" and _no_bucket(filesystem, location):
+            raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such bucket") from None
+        return []
     except OSError as exc:
         raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
     base = len(location.fs_path) + 1
@@ -415,6 +680,14 @@ def discover_bucket_runs(
         name = path or "."
         runs[name] = BucketRun(name, location.child(path), in_parts, size, mtime_ns)  # parts come last: they win
     return sorted(runs.values(), key=lambda run: run.name)
+
+
+def _no_bucket(filesystem: pafs.FileSystem, location: BucketPath) -> bool:
+    """Whether ``location``'s bucket is missing (one request); ``RunNotFoundError`` when it cannot be told."""
+    try:
+        return filesystem.get_file_info(location.bucket).type == pafs.FileType.NotFound
+    except OSError as exc:
+        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
 
 
 def _read_failure(filesystem: pafs.FileSystem, location: BucketPath, exc: OSError) -> RunFileError:

@@ -36,7 +36,7 @@ from metrics_core.watch import RunsWatcher
 if TYPE_CHECKING:
     from metrics_core.cache import CachePolicy
 
-BUCKET_SCHEME = "s3://"
+BUCKET_SCHEMES = ("s3://", "gs://")
 LIST_INTERVAL_S = 60.0  # a bucket root is listed at most this often (a listing costs a request per 1,000 keys)
 
 
@@ -99,14 +99,15 @@ class RunsRoot(Protocol):
 
 
 def is_bucket_url(location: str | os.PathLike[str]) -> bool:
-    return isinstance(location, str) and location.startswith(BUCKET_SCHEME)
+    return isinstance(location, str) and location.startswith(BUCKET_SCHEMES)
 
 
 def open_root(
     location: str | os.PathLike[str], *, force_polling: bool = False, list_interval: float = LIST_INTERVAL_S
 ) -> RunsRoot:
-    """The root at ``location``: ``s3://bucket/prefix`` is a bucket (its module imported only then),
-    anything else a directory; ``RunNotFoundError`` when a directory is not there."""
+    """The root at ``location``: ``s3://bucket/prefix`` or ``gs://bucket/prefix`` is a bucket (its
+    module imported only then), anything else a directory; ``RunNotFoundError`` when a directory is
+    not there."""
     if is_bucket_url(location):
         from metrics_core.bucket_root import BucketRoot
 

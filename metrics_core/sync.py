@@ -53,8 +53,8 @@ from metrics_core.object_storage import (
     PARTS_DIRNAME,
     BucketPath,
     PartsFile,
+    bucket_filesystem,
     parse_bucket_url,
-    s3_filesystem,
     upload_part,
 )
 from metrics_core.records import check_record
@@ -213,7 +213,8 @@ def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: Text
         out.flush()
 
     try:
-        sync = RunSync(parse_bucket_url(args.destination), s3_filesystem())
+        destination = parse_bucket_url(args.destination)
+        sync = RunSync(destination, bucket_filesystem(destination))
         sync.resume()
         with _stop_on_signals() as stop:
             if not args.follow:

@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,8 +22,9 @@ from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunNotFoundError
 from metrics_core.failure_note import FAILURE_NOTE_FILENAME
-from metrics_core.object_storage import parse_bucket_url, s3_filesystem
+from metrics_core.object_storage import gcs_filesystem, parse_bucket_url, s3_filesystem
 from metrics_core.reader import RunReader
+from metrics_core.roots import open_root
 from metrics_core.runs import StatusRecord, write_failure
 from metrics_core.sync import RunSync
 from tests.live_server import free_port, wait_for_http
@@ -63,12 +64,13 @@ def statuses(store: RunStore) -> dict[str, str]:
     return dict(zip(*(store.overview()[column] for column in ("run", "status")), strict=True))
 
 
-def test_a_refresh_costs_one_head_per_live_run_and_finished_runs_cost_nothing(
+def test_a_refresh_costs_one_request_per_live_run_and_finished_runs_cost_nothing(
     bucket: pafs.S3FileSystem, proxy: CountingProxy
 ) -> None:
     """20 finished runs and 2 live ones, a page on a live run and one on a finished run, two minutes
-    of refreshes every 5 s: a listing per minute, a HEAD per live run per refresh, a GET only for
-    new bytes, and not one request for a finished run, viewed or not, until a listing shows it changed."""
+    of refreshes every 5 s: a listing per minute, one GET per live run per refresh (its new bytes
+    come with it), and not one request for a finished run, viewed or not, until a listing shows it
+    changed."""
     for number in range(20):
         put_object(bucket, f"exp/done{number:02d}/metrics.jsonl", bucket_run(live=False))
     live = bucket_run(live=True)
@@ -82,6 +84,10 @@ def test_a_refresh_costs_one_head_per_live_run_and_finished_runs_cost_nothing(
         cold, _ = proxy.snapshot()
         assert cold["list"] == 1 and cold["head"] >= 22 and cold["get"] >= 22
         proxy.reset()
+
+        def requests_for(key: str) -> dict[str, int]:
+            return {kind: n for (kind, at), n in proxy.keys.items() if at == key}
+
         for refresh in range(1, 25):
             clock[0] += REFRESH_S
             if refresh == 7:  # a longer copy of a live run uploaded, as `aws s3 cp` does
@@ -94,10 +100,9 @@ def test_a_refresh_costs_one_head_per_live_run_and_finished_runs_cost_nothing(
                 assert store.view("live0").records == 6  # seen at the refresh after the upload
         counts, _ = proxy.snapshot()
         assert counts["list"] == 2  # at 60 s and 120 s
-        assert counts["head"] == 2 * 24, proxy.keys  # one per live run per refresh, whatever the tabs
-        # The one upload: a GET of its first bytes and one from the last line read to the end (the
-        # rewrite check of lines.LineFollower looks at both lines; the new bytes come with the second).
-        assert counts["get"] == 2
+        # One per live run per refresh, whatever the tabs: a GET from the last line read on, which
+        # says the size and version, holds the follower's look at that line and the new bytes.
+        assert counts == {"list": 2, "get": 2 * 24}, proxy.keys
         finished = {key: n for (kind, key), n in proxy.keys.items() if key.startswith("exp/done")}
         assert finished == {}
 
@@ -106,13 +111,117 @@ def test_a_refresh_costs_one_head_per_live_run_and_finished_runs_cost_nothing(
         proxy.reset()
         clock[0] += REFRESH_S
         store.overview()
-        assert proxy.keys["head", "exp/done05/metrics.jsonl"] == 0
+        assert requests_for("exp/done05/metrics.jsonl") == {}
         clock[0] += 60.0
         assert store.overview().set_index("run").loc["done05", "last step"] == 70
-        assert proxy.keys["head", "exp/done05/metrics.jsonl"] == 1
+        assert requests_for("exp/done05/metrics.jsonl") == {"head": 1, "get": 1}  # as at its first read
         assert proxy.snapshot()[0]["list"] == 1
     finally:
         store.close()
+
+
+def live_uploads(path: Path) -> list[bytes | None]:
+    """What a live run's writer adds between refreshes: nothing, records, half a line, its rest."""
+    now = datetime.now(timezone.utc).isoformat()
+    torn = line(base_record(80, train_loss=0.2, time=now))
+    return [None, line(base_record(60, train_loss=0.3, time=now)), None,
+            line(base_record(70, train_loss=0.25, time=now)) + torn[:-9], None, torn[-9:], None]  # fmt: skip
+
+
+def follow_live_run(
+    bucket: pafs.S3FileSystem, proxy: CountingProxy, path: Path, *, parts: bool, requests: Callable[[bool], dict]
+) -> None:
+    """A live run written to ``path`` and uploaded as it grows (``live_uploads``): whole over its
+    object (as ``aws s3 cp`` does), or as parts (``sync``; the torn half of a line stays local).
+    A root's reader of it is refreshed at each step: the same story as the local reader, no restart,
+    and requests of the run alone, ``requests(grown)`` of each kind."""
+    sync = RunSync(parse_bucket_url(f"s3://{BUCKET}/exp/live"), bucket)  # straight to the server, not counted
+
+    def upload() -> None:
+        if parts:
+            sync.step(path)
+        else:
+            put_object(bucket, "exp/live/metrics.jsonl", path.read_bytes())
+
+    path.write_bytes(bucket_run(live=True))
+    upload()
+    root = BucketRoot(f"s3://{BUCKET}/exp")
+    remote, local = root.reader(root.resolve("live"), cache=None), RunReader(path)
+    assert remote.refresh() == local.refresh() == 5
+    for added in live_uploads(path):
+        if added is not None:
+            append_bytes(path, added)
+            upload()
+        proxy.reset()
+        assert remote.refresh() == local.refresh()
+        assert proxy.counts == requests(added is not None and (not parts or b"\n" in added)), proxy.keys
+        assert all(kind == "list" or key.startswith("exp/live/") for kind, key in proxy.keys)
+        pending = 0 if parts else local.pending_bytes  # parts hold complete lines only
+        assert (remote.records, remote.pending_bytes, remote.resets) == (local.records, pending, 0)
+    assert snapshot(remote) == snapshot(local) and remote.records == 8
+
+
+def test_a_live_object_costs_one_request_per_refresh_whether_it_grew_or_not(
+    bucket: pafs.S3FileSystem, proxy: CountingProxy, tmp_path: Path
+) -> None:
+    """A live run's object replaced by a longer copy at some refreshes and not at others, with a torn
+    line completed later: each refresh is one GET of it, from the last line read on (its answer
+    gives the size and version, the follower's look at that line and the new bytes)."""
+    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=False, requests=lambda grown: {"get": 1})
+
+
+def test_without_botocore_a_refresh_is_a_head_and_a_get_when_it_grew(
+    bucket: pafs.S3FileSystem, proxy: CountingProxy, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where botocore is not installed, pyarrow's client reads: a HEAD per refresh, and one GET from
+    the last line read on when the object grew.  pyarrow opens an object with a HEAD because its
+    ``open_input_file`` takes a path, never a ``FileInfo`` with the size: if that changes, this fails
+    and ``object_storage.ArrowReads`` can be one request a read too."""
+    for module in ("botocore", "botocore.config", "botocore.session"):
+        monkeypatch.setitem(sys.modules, module, None)
+    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=False,
+                    requests=lambda grown: {"head": 1, "get": 1} if grown else {"head": 1})  # fmt: skip
+    try:
+        bucket.open_input_file(pafs.FileInfo(f"{BUCKET}/exp/live/metrics.jsonl", size=1 << 20))
+    except TypeError:
+        pass
+    else:
+        pytest.fail("pyarrow now opens an object from a FileInfo, without a HEAD: ArrowReads can be one GET a read")
+
+
+def test_a_live_run_in_parts_costs_a_listing_per_refresh_and_a_get_per_new_part(
+    bucket: pafs.S3FileSystem, proxy: CountingProxy, tmp_path: Path
+) -> None:
+    """A live run that ``sync`` uploads as parts: a refresh that finds no new part is one listing of
+    the run's parts; one that finds a part adds its GET alone (the follower's looks at the first and
+    at the last line read are answered from the immutable parts already read)."""
+    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=True,
+                    requests=lambda grown: {"list": 1, "get": 1} if grown else {"list": 1})  # fmt: skip
+
+
+def test_a_copy_that_keeps_the_last_line_read_is_read_on_and_one_that_changed_it_again(
+    bucket: pafs.S3FileSystem,
+) -> None:
+    """The one-request rule of a live object: a longer copy whose last line read is unchanged at its
+    offset is read on from there, even if it changed an earlier line (the records read stay as they
+    were read; a local file's follower compares the first line too); a copy whose last line read
+    changed, or that ends before it, is read again from its start."""
+    data = bucket_run(live=True)
+    put_object(bucket, "exp/a/metrics.jsonl", data)
+    root = BucketRoot(f"s3://{BUCKET}/exp")
+    reader = root.reader(root.resolve("a"), cache=None)
+    assert reader.refresh() == 5
+    extra = line(base_record(60, train_loss=0.1, time=datetime.now(timezone.utc).isoformat()))
+    first_changed = data.replace(b'"train_loss":1.0', b'"train_loss":9.0', 1)
+    assert first_changed != data and len(first_changed) == len(data)
+    put_object(bucket, "exp/a/metrics.jsonl", first_changed + extra)
+    assert reader.refresh() == 1 and reader.records == 6 and not reader.resets
+    assert reader.column("train", "train_loss").numbers()[0] == 1.0  # as first read
+    put_object(bucket, "exp/a/metrics.jsonl", (first_changed + extra).replace(b'"s1"', b'"s2"'))
+    assert reader.refresh() == 6 and reader.resets == 1 and "rewritten" in reader.reset_reasons[0]
+    put_object(bucket, "exp/a/metrics.jsonl", data[: len(data) // 2])
+    reader.refresh()
+    assert reader.resets == 2 and "shrank" in reader.reset_reasons[1]
 
 
 def test_a_bucket_that_does_not_exist_is_one_line_and_retried_sparingly(proxy: CountingProxy) -> None:
@@ -230,7 +339,7 @@ def test_a_bucket_address_is_the_runs_root_of_every_command(tmp_path: Path) -> N
 def test_a_bucket_run_read_through_its_root_tells_the_local_copys_story(
     bucket: pafs.S3FileSystem, tmp_path: Path
 ) -> None:
-    """The root's reader (``TailRead`` over ``ObjectFile``, whose look at the last line read also
+    """The root's reader (``ObjectFile``, whose one GET a refresh from the last line read on also
     fetches the new bytes) reads what a reader of the local file uploaded each time reads: a torn
     tail completed and records appended, then a rewrite of the same length, then a shorter run."""
     path = tmp_path / "metrics.jsonl"
@@ -310,3 +419,54 @@ def test_a_local_file_at_the_bucket_keys_path_is_never_looked_at(
     assert not remote.on_disk and write_failure(remote) is None
     released = StatusRecord.of(remote, identity=None)
     assert write_failure(released) is None and released.writer_alive() is None
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
+    """A Cloud Storage emulator (``gcp-storage-emulator``, installed by .ci/run) on a free port,
+    holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``."""
+    pytest.importorskip("gcp_storage_emulator")
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                                   "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
+                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", server, log, what="the Cloud Storage emulator")
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+            yield gcs_filesystem()
+        finally:
+            server.kill()
+            server.wait()
+
+
+def test_a_gs_root_lists_and_follows_its_runs_as_an_s3_one(gcs: pafs.GcsFileSystem, tmp_path: Path) -> None:
+    """``--runs gs://bucket/prefix``: pyarrow's Cloud Storage client at the emulator
+    ``STORAGE_EMULATOR_HOST`` names lists a finished run, a live one and one ``sync`` uploads as
+    parts; a longer copy of the live run is read on from its old size, another run uploaded over it
+    is read again from its start; a bucket that does not exist is one line naming the root."""
+    put_object(gcs, "exp/done/metrics.jsonl", bucket_run(live=False))
+    data = bucket_run(live=True)
+    put_object(gcs, "exp/live/metrics.jsonl", data)
+    path = tmp_path / "metrics.jsonl"
+    three_session_run(path)
+    RunSync(parse_bucket_url(f"gs://{BUCKET}/exp/synced"), gcs_filesystem()).step(path)
+    root = open_root(f"gs://{BUCKET}/exp")
+    assert isinstance(root, BucketRoot) and root.location == f"gs://{BUCKET}/exp"
+    assert [run.name for run in root.discover().runs] == ["done", "live", "synced"]
+    local = RunReader(path)
+    local.refresh()
+    synced = root.reader(root.resolve("synced"), cache=None)
+    assert synced.refresh() == local.records and snapshot(synced) == snapshot(local)
+
+    live = root.reader(root.resolve("live"), cache=None)
+    assert live.refresh() == 5
+    put_object(gcs, "exp/live/metrics.jsonl", data + line(base_record(60, train_loss=0.1)))
+    assert live.refresh() == 1 and live.records == 6 and not live.resets
+    assert live.refresh() == 0
+    put_object(gcs, "exp/live/metrics.jsonl", data.replace(b'"s1"', b'"s2"'))
+    assert live.refresh() == 5 and live.resets == 1 and {s.session_id for s in live.sessions} == {"s2"}
+
+    with pytest.raises(RunNotFoundError, match=r"^gs://no-such-bucket/exp: the runs root cannot be listed: ") as info:
+        BucketRoot("gs://no-such-bucket/exp").discover()
+    assert "\n" not in str(info.value)

@@ -20,6 +20,7 @@ from metrics_core.cache import CachePolicy
 from metrics_core.digest import RunDigest
 from metrics_core.errors import RunFileError
 from metrics_core.object_storage import (
+    ArrowReads,
     ObjectFile,
     Part,
     PartsFile,
@@ -28,6 +29,7 @@ from metrics_core.object_storage import (
     open_bucket_run,
     parse_bucket_url,
     part_name,
+    s3_reads,
 )
 from metrics_core.reader import RunReader
 from metrics_core.sync import RunSync
@@ -260,11 +262,13 @@ def test_a_part_missing_from_the_middle_is_a_one_line_error(bucket: pafs.S3FileS
     assert len(refused.stderr.splitlines()) == 1 and f"part {part_name(middle.start)} is missing" in refused.stderr
 
 
-def test_a_torn_part_is_not_read_past_until_a_complete_one_replaces_it(bucket: pafs.S3FileSystem) -> None:
+@pytest.mark.parametrize("client", ["botocore", "pyarrow"])
+def test_a_torn_part_is_not_read_past_until_a_complete_one_replaces_it(bucket: pafs.S3FileSystem, client: str) -> None:
     first, second, third = (line(base_record(s, train_loss=1.0)) for s in (1, 2, 3))
     upload(bucket, f"torn/metrics.jsonl.parts/{part_name(0)}", first)
     upload(bucket, f"torn/metrics.jsonl.parts/{part_name(len(first))}", second[:30])
-    reader = RunReader(Path("torn"), file=PartsFile(f"s3://{BUCKET}/torn", bucket))
+    reads = s3_reads() if client == "botocore" else ArrowReads(bucket)
+    reader = RunReader(Path("torn"), file=PartsFile(f"s3://{BUCKET}/torn", bucket, reads=reads))
     assert reader.refresh() == 1 and reader.pending_bytes == 30  # the torn last part: a torn tail
 
     # A part after the torn one: still nothing past it (a part never continues another's line).
@@ -280,11 +284,13 @@ def test_a_torn_part_is_not_read_past_until_a_complete_one_replaces_it(bucket: p
     assert reader.refresh() == 2 and reader.records == 3 and reader.pending_bytes == 0 and not reader.resets
 
 
-def test_an_object_or_part_that_vanishes_mid_read_is_a_one_line_error(bucket: pafs.S3FileSystem) -> None:
+@pytest.mark.parametrize("client", ["botocore", "pyarrow"])
+def test_an_object_or_part_that_vanishes_mid_read_is_a_one_line_error(bucket: pafs.S3FileSystem, client: str) -> None:
     upload(bucket, "v/a/metrics.jsonl", line(base_record(1)))
     upload(bucket, f"v/b/metrics.jsonl.parts/{part_name(0)}", line(base_record(1)))
-    objects = (ObjectFile(f"s3://{BUCKET}/v/a/metrics.jsonl", bucket), "v/a/metrics.jsonl")
-    parts_run = (PartsFile(f"s3://{BUCKET}/v/b", bucket), f"v/b/metrics.jsonl.parts/{part_name(0)}")
+    reads = s3_reads() if client == "botocore" else ArrowReads(bucket)
+    objects = (ObjectFile(f"s3://{BUCKET}/v/a/metrics.jsonl", reads=reads), "v/a/metrics.jsonl")
+    parts_run = (PartsFile(f"s3://{BUCKET}/v/b", bucket, reads=reads), f"v/b/metrics.jsonl.parts/{part_name(0)}")
     for file, key in (objects, parts_run):
         assert file.stat() is not None
         file.open()
