@@ -6,10 +6,12 @@ Run: python benchmarks/bench_viewers.py [--viewers 1 5 20] [--appends 15] [--ref
 Each viewer is a websocket session speaking Streamlit's own protocol, as a browser tab does: it
 asks for ``/run?run=live``, and reruns the live fragment every time the server's ``auto_rerun``
 message says to (the browser's timer) or, where the page mounts ``live_push``'s watch instead, as
-its script does: a long poll of the URL the watch element carries, and a rerun of the fragment
-(the element's trigger) when the answer names a newer snapshot.  Nothing is drawn on the client,
+its script does: a long poll of the URL the watch element carries, with the figure each chart
+holds where the page is fed by the route (``live_feed``); an answer that carries the charts'
+payloads is applied as they are (each chart then holds the payload's figure), any other answer
+that names a newer snapshot reruns the fragment (the element's trigger).  Nothing is drawn on the client,
 so the machine's cores go to the server.  A real ``MetricsWriter`` appends a record every 1.3 s, out of phase with the
-refresh; a record is visible to a viewer when a message it received carries the record's step
+refresh; a record is visible to a viewer when a message or an answer it received carries the record's step
 (steps are nine-digit numbers no other text on the page holds).  Server CPU is utime + stime of
 the ``streamlit run`` process from ``/proc``, as a share of one core, over the appends; "refreshes"
 counts the fragment runs each viewer got per second (a server that falls behind drops them).
@@ -35,7 +37,7 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, urlencode, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -45,12 +47,13 @@ from tests.live_server import REPO, streamlit_app
 
 FIRST_STEP = 10**8  # nine digits: a step's text appears in a message only where the record is drawn
 WATCH_COMPONENT = "metrics_live_watch"  # live_push's element, where the page has it
+CHART_COMPONENT = "metrics_live_chart"  # live_chart's element: its payload's seq is the figure the chart holds
 _LONG_POLLS = ThreadPoolExecutor(64)  # one waiting request per viewer
 
 
-def _get_json(url: str) -> dict:
+def _get(url: str) -> bytes:
     with urllib.request.urlopen(url, timeout=60) as answer:
-        return json.loads(answer.read())
+        return answer.read()
 
 
 async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: asyncio.Event) -> None:
@@ -76,32 +79,54 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
                 await ws.send(BackMsg(rerun_script=state).SerializeToString())
 
         watch: dict = {}  # the watch element's url, id, fragment and retry period, as last drawn
+        held: dict[str, int] = {}  # chart element key -> the figure it holds
+
+        async def rerun(serial: int, current: str) -> None:
+            """The watch element's trigger: rerun the fragment, saying what each chart holds; wait as
+            the script does, until the rerun mounts the next URL, at most STALL_MS."""
+            payload = json.dumps([{"event": "changed", "value": {"serial": serial, "held": held}}])
+            trigger = WidgetState(id=_make_trigger_id(watch["id"], "events"), json_trigger_value=payload)
+            state = ClientState(query_string="run=live", page_script_hash=page_hash, fragment_id=watch["fragment"],
+                                widget_states=WidgetStates(widgets=[trigger]))  # fmt: skip
+            await ws.send(BackMsg(rerun_script=state).SerializeToString())
+            for _ in range(600):
+                if watch["url"] != current or stop.is_set():
+                    break
+                await asyncio.sleep(0.05)
 
         async def follow() -> None:
-            """What live_watch.js does: long-poll the drawn snapshot's URL; rerun the fragment when newer."""
+            """What live_watch.js does: long-poll the drawn snapshot's URL (with what each chart holds,
+            where the page is fed); apply the charts' payloads, or rerun the fragment when newer."""
             loop = asyncio.get_running_loop()
+            seen_serial, current = 0, None
             while not stop.is_set():
-                current = watch["url"]
+                if watch["url"] != current:
+                    current = watch["url"]
+                    seen_serial = int(parse_qs(urlsplit(current).query)["seen"][0])
+                query = parse_qs(urlsplit(current).query) | {"seen": [str(seen_serial)]}
+                fed = "sig" in query
+                if fed:
+                    query["held"] = [json.dumps(held)]
+                asked = f"{urlsplit(current).path}?{urlencode(query, doseq=True)}"
                 try:
-                    answer = await loop.run_in_executor(_LONG_POLLS, _get_json, url + current)
+                    body = await loop.run_in_executor(_LONG_POLLS, _get, url + asked)
                 except OSError:
-                    answer = {}
+                    body = b""
+                answer = json.loads(body) if body else {}
                 if watch["url"] != current:
                     continue  # a rerun drew a newer snapshot meanwhile
-                if answer.get("serial", 0) > int(parse_qs(urlsplit(current).query)["seen"][0]):
-                    payload = json.dumps([{"event": "changed", "value": answer["serial"]}])
-                    trigger = WidgetState(id=_make_trigger_id(watch["id"], "events"), json_trigger_value=payload)
-                    state = ClientState(
-                        query_string="run=live",
-                        page_script_hash=page_hash,
-                        fragment_id=watch["fragment"],
-                        widget_states=WidgetStates(widgets=[trigger]),
-                    )
-                    await ws.send(BackMsg(rerun_script=state).SerializeToString())
-                    for _ in range(600):  # as the script: until the rerun mounts the next URL, at most STALL_MS
-                        if watch["url"] != current or stop.is_set():
-                            break
-                        await asyncio.sleep(0.05)
+                now = time.time() * 1000
+                fresh = answer.get("serial", 0) > seen_serial
+                if fresh and fed and "charts" in answer:
+                    for step in _steps_in(body):
+                        seen.setdefault(step, now)
+                    held.update({key: payload["seq"] for key, payload in answer["charts"].items()})
+                    seen_serial = answer["serial"]
+                    details_due = time.monotonic() - watch["drawn_at"] > watch["details_s"]
+                    if answer.get("details") != watch["details"] and details_due:
+                        await rerun(answer["serial"], current)
+                elif fresh:
+                    await rerun(answer["serial"], current)
                 elif not answer:
                     await asyncio.sleep(watch["retry"])
 
@@ -127,10 +152,21 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
                 ):
                     element = message.delta.new_element.bidi_component
                     data = json.loads(element.json)
+                    if data["url"] != watch.get("url"):
+                        watch["drawn_at"] = time.monotonic()
                     watch.update(url=data["url"], id=element.id, fragment=message.delta.fragment_id,
-                                 retry=data["retry_ms"] / 1000)  # fmt: skip
+                                 retry=data["retry_ms"] / 1000, details=data.get("details"),
+                                 details_s=data.get("details_ms", 0) / 1000)  # fmt: skip
                     if not timers:
                         timers.append(asyncio.create_task(follow()))
+                elif kind == "delta" and message.delta.new_element.bidi_component.component_name.endswith(
+                    CHART_COMPONENT
+                ):
+                    data = json.loads(message.delta.new_element.bidi_component.json)
+                    if "key" in data:
+                        held[data["key"]] = data["seq"]
+                    for step in _steps_in(frame):
+                        seen.setdefault(step, now)
                 elif kind == "delta" and b"1000" in frame:
                     for step in _steps_in(frame):
                         seen.setdefault(step, now)

@@ -5,15 +5,15 @@ from dataclasses import replace
 
 import streamlit as st
 
-from metrics_core.dashboard.alerting import show_run_alerts
-from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_panels, run_status_line
+from metrics_core.dashboard.alerting import run_alerts, show_run_alerts
+from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_panels, status_caption
 from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live_chart import load_plotly
 from metrics_core.dashboard.live_push import live_watch
 from metrics_core.dashboard.server_routes import routes_served
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick
+from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick, stopped_panel
 
 config = settings()
 store = get_store(config)
@@ -29,7 +29,7 @@ compare_link.page_link("pages/compare.py", label="Compare with other runs", icon
 options, paused = chart_controls()
 
 
-pushed = routes_served()  # the server says when the run changed: no rerun per refresh period
+pushed = routes_served() and not paused  # the server says when the run changed, and what: no rerun per period
 
 
 @st.fragment(run_every=None if paused or pushed else config.refresh)
@@ -38,18 +38,23 @@ def charts() -> None:
     if view is not None:
         with refresh_slot():
             draw_charts(view)
-    if pushed and not paused:
-        live_watch(name, view, refresh=config.refresh)
+    elif pushed:
+        live_watch(name, None, refresh=config.refresh, options=options)
 
 
 def draw_charts(view: RunView) -> None:
     # Above the charts: the status line, why the run stopped and its firing alerts (only when there
     # are), the health and config buttons, the session key.  Details open on demand.
-    run_status_line(view)
-    show_run_alerts(alerter, name)
-    run_panels(view)
     # The theme is read here: the browser reports it with each rerun, not always the first.
-    chart_grid(view, replace(options, theme=page_theme()))
+    drawn, alerts = replace(options, theme=page_theme()), run_alerts(alerter, name)
+    if pushed:  # the status line, kept current with the charts by the server's answers
+        live_watch(name, view, refresh=config.refresh, options=drawn, alerts=alerts)
+    else:
+        status_caption(view)
+    stopped_panel(view)
+    show_run_alerts(alerts)
+    run_panels(view)
+    chart_grid(view, drawn)
 
 
 charts()

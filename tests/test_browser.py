@@ -241,20 +241,32 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, serv
     assert [y for _, y in points] == pytest.approx([5.0 / s for s in steps], rel=1e-6)
 
 
-def test_an_idle_tab_gets_nothing_until_its_run_changes(page: object, server: str, served_root: Path) -> None:
+def test_an_idle_tab_gets_nothing_and_an_append_arrives_without_a_rerun(
+    page: object, server: str, served_root: Path
+) -> None:
     """With nothing appended the run page is not rerun every refresh period (it receives nothing:
-    the server says when the run changed); an appended record is then drawn."""
+    the server says when the run changed).  An appended record then reaches the charts and the
+    status line from the server's answer alone: still no websocket message, so no script run for
+    this tab.  A new session changes more than the charts: that one is a rerun, and draws its key."""
     path = served_root / "idle" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
     received: list[int] = []
     page.on("websocket", lambda ws: ws.on("framereceived", lambda frame: received.append(len(frame))))
     open_run(page, server, "idle", 50)
+    status = page.locator(".metrics-status")
+    assert "1 session(s) · 5 records" in status.inner_text()
     page.wait_for_timeout(1500)  # the first run's last messages
     received.clear()
     page.wait_for_timeout(3000)  # three refresh periods
     assert received == []
     append_records(path, base_record(60, train_loss=0.5))
     assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5))
+    assert wait_until(page, lambda: "6 records" in status.inner_text())
+    page.wait_for_timeout(1000)
+    assert received == []
+    append_records(path, base_record(55, event="session_start", session="again"), base_record(60, session="again"))
+    assert wait_until(page, lambda: "S2" in page.locator(".st-key-session_key").inner_text())
+    assert received
 
 
 def test_a_chart_drawn_again_after_navigating_away_gets_the_whole_figure(

@@ -207,7 +207,7 @@ def test_poisoned_run_draws_its_valid_records_and_names_the_bad_line(page: objec
     points = loss_steps(page)
     assert [x for x, _ in points] == [10, 20, 30, 40]
     assert [y for _, y in points] == pytest.approx([1 / 10, 1 / 20, 1 / 30, 1 / 40], rel=1e-6)
-    assert "1 bad lines" in page.locator("[data-testid='stCaptionContainer']").first.inner_text()
+    assert "1 bad lines" in page.locator(".metrics-status").inner_text()
     health = popover_text(page, "Health")
     assert re.search(r"line 3: \S", health), health
     assert_nothing_injected(page)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import random
 from pathlib import Path
@@ -15,6 +16,7 @@ from metrics_core.dashboard.figures import Figure, figure_of
 from metrics_core.dashboard.live_chart import (
     PLOTLY_COMPONENT,
     encode,
+    encoded_by_token,
     extension,
     next_payload,
     plotly_source,
@@ -41,32 +43,40 @@ def test_appended_points_are_an_extension_and_anything_else_a_full_figure() -> N
 
 def test_payload_sequence_extends_resends_and_resyncs() -> None:
     """First a full figure; then an extend naming its base; the same data again is a few bytes saying so;
-    a page that asked for a resync gets the whole figure."""
-    first = next_payload(None, encode(line([1.0])), resync=False)
-    assert first.payload["op"] == "full" and first.seq == 1
-    second = next_payload(first, encode(line([1.0, 2.0])), resync=False)
-    assert second.payload == {"op": "extend", "seq": 2, "base": 1, "steps": [
+    a page that asked for a resync holding nothing gets the whole figure.  Payloads name figures by token."""
+    one, two = encode(line([1.0])), encode(line([1.0, 2.0]))
+    first = next_payload(None, one, resync=False)
+    assert first.payload["op"] == "full" and first.payload["seq"] == one.token and first.shown is one
+    second = next_payload(first, two, resync=False)
+    assert second.payload == {"op": "extend", "seq": two.token, "base": one.token, "steps": [
         {"indices": [0], "update": {"x": [[2.0]], "y": [[4.0]]}}]}  # fmt: skip
-    assert next_payload(second, encode(line([1.0, 2.0])), resync=False).payload == {"op": "same", "seq": 2}
+    same = next_payload(second, encode(line([1.0, 2.0])), resync=False)
+    assert same.payload == {"op": "same", "seq": two.token} and same.shown is two
     relaid = next_payload(second, encode(line([1.0, 2.0, 3.0], title="fitted")), resync=False)
     assert relaid.payload["op"] == "extend" and '"fitted"' in relaid.payload["layout"]
     again = next_payload(second, encode(line([1.0, 2.0])), resync=True)
-    assert again.payload["op"] == "full" and again.seq == 3
+    assert again.payload["op"] == "full"
 
 
 def test_a_page_that_missed_updates_is_extended_from_what_it_holds() -> None:
-    """Seq 2 and 3 were sent but the page drew only seq 1: its resync is answered with the points
-    since seq 1, not the whole figure; a page holding a state no longer kept gets the figure."""
-    sent = next_payload(None, encode(line([1.0])), resync=False)
-    for xs in ([1.0, 2.0], [1.0, 2.0, 3.0]):
-        sent = next_payload(sent, encode(line(xs)), resync=False)
-    caught = next_payload(sent, sent.encoded, resync=True, held=1)
-    assert caught.payload == {"op": "extend", "seq": 4, "base": 1, "steps": [
+    """Three figures were sent but the page drew only the first: its resync is answered with the points
+    since that one, not the whole figure.  A page that holds a figure this session never sent (the
+    route's payloads brought it there) is extended from it too; one holding a figure nothing keeps
+    any more gets the whole figure."""
+    figures = [encode(line(xs)) for xs in ([1.0], [1.0, 2.0], [1.0, 2.0, 3.0])]
+    sent = None
+    for figure in figures:
+        sent = next_payload(sent, figure, resync=False)
+    caught = next_payload(sent, figures[2], resync=True, held=encoded_by_token(figures[0].token))
+    assert caught.payload == {"op": "extend", "seq": figures[2].token, "base": figures[0].token, "steps": [
         {"indices": [0], "update": {"x": [[2.0, 3.0]], "y": [[4.0, 6.0]]}}]}  # fmt: skip
-    for xs in ([1.0, 2.0, 3.0, 4.0], [1.0, 2.0, 3.0, 4.0, 5.0], [1.0, 2.0, 3.0, 4.0, 5.0, 6.0]):
-        caught = next_payload(caught, encode(line(xs)), resync=False)
-    assert next_payload(caught, caught.encoded, resync=True, held=1).payload["op"] == "full"
-    assert next_payload(caught, caught.encoded, resync=True, held=5).payload["op"] == "extend"
+    ahead = encode(line([1.0, 2.0, 3.0, 4.0]))  # drawn from the route, never by this session
+    latest = encode(line([1.0, 2.0, 3.0, 4.0, 5.0]))
+    fed = next_payload(caught, latest, resync=True, held=encoded_by_token(ahead.token))
+    assert fed.payload["base"] == ahead.token and fed.payload["steps"][0]["update"]["x"] == [[5.0]]
+    forgotten = encode(line([7.0])).token  # no snapshot, session or tab keeps it
+    gc.collect()
+    assert next_payload(fed, latest, resync=True, held=encoded_by_token(forgotten)).payload["op"] == "full"
 
 
 def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> None:
@@ -94,7 +104,7 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
 def test_two_tabs_on_one_run_share_its_snapshot_charts_and_update(tmp_path: Path) -> None:
     """Two tabs on one live run, each with its own payload history: after an append they get the
     same snapshot and figures (built once) and the very same appended points (compared and converted
-    once), and each its own sequence number."""
+    once), naming the same figure."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1_001, 10)))
     store = RunStore(tmp_path, safety_interval=0.0)
@@ -112,7 +122,7 @@ def test_two_tabs_on_one_run_share_its_snapshot_charts_and_update(tmp_path: Path
         store.close()
     assert tabs[0] is tabs[1] and views == 2  # the first snapshot and this one: one per version
     assert [sent.payload["op"] for sent in updated] == ["extend", "extend"]
-    assert [sent.seq for sent in updated] == [2, 3]
+    assert updated[0].payload["seq"] == updated[1].payload["seq"] == encode(view_charts(tabs[0], options)["loss"]).token
     assert updated[0].payload["steps"] is updated[1].payload["steps"]
 
 

@@ -1,5 +1,6 @@
 """The run page's live refresh without a browser: the changes route that tells a tab its run
-changed (``live_push``), and the one drawing slot every tab's refresh takes (``widgets.refresh_slot``)."""
+changed and brings its charts the new points (``live_push``, ``live_feed``), and the one drawing
+slot every tab's refresh takes (``widgets.refresh_slot``)."""
 
 from __future__ import annotations
 
@@ -13,16 +14,24 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.routing import Route
 
-from metrics_core.dashboard.live_push import changes_route, snapshot_serial
+from metrics_core.dashboard.live_chart import encode
+from metrics_core.dashboard.live_feed import drawn_charts, page_signature
+from metrics_core.dashboard.live_push import changes_route, options_query, snapshot_serial
 from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.views import ChartOptions
 from metrics_core.dashboard.widgets import refresh_slot
 from tests.support import append_records, base_record
 
 
-async def ask(route: Route, run: str, seen: int) -> int:
+async def answer(route: Route, **query: object) -> tuple[int, dict]:
     scope = {"type": "http", "method": "GET", "path": "/api/changes", "headers": [],
-             "query_string": urlencode({"run": run, "seen": seen}).encode()}  # fmt: skip
-    return json.loads((await route.endpoint(Request(scope))).body)["serial"]
+             "query_string": urlencode(query).encode()}  # fmt: skip
+    response = await route.endpoint(Request(scope))
+    return response.status_code, json.loads(response.body)
+
+
+async def ask(route: Route, run: str, seen: int) -> int:
+    return (await answer(route, run=run, seen=seen))[1]["serial"]
 
 
 def test_the_changes_route_answers_a_tab_once_its_run_has_a_newer_snapshot(tmp_path: Path) -> None:
@@ -52,6 +61,49 @@ def test_the_changes_route_answers_a_tab_once_its_run_has_a_newer_snapshot(tmp_p
         assert newer > drawn and newer == snapshot_serial(store.view("r"))
     finally:
         store.close()
+
+
+def test_tabs_in_step_get_the_appended_points_from_one_answer_and_a_changed_page_a_rerun(tmp_path: Path) -> None:
+    """Twenty tabs that drew the same snapshot with the same options, holding the same figures, get
+    one answer computed once: the status line and every chart's appended point as an extend of the
+    figure it holds.  A tab whose page differs (it drew another layout) is told to rerun; a query
+    the route cannot read is refused."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s, lr=3e-4) for s in range(10, 51, 10)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    computed: list[str] = []
+
+    def alerts(run: str) -> tuple[str, ...]:  # asked once per answer computed
+        computed.append(run)
+        return ()
+
+    try:
+        view, options = store.view("r"), ChartOptions(smoothing=0.6)
+        held = {key: encode(figure).token for key, figure in drawn_charts(view, options).items()}
+        query = {"run": "r", "seen": snapshot_serial(view), "sig": page_signature(view, options, ()).layout,
+                 "opts": options_query(options), "held": json.dumps(held)}  # fmt: skip
+        route = changes_route(lambda: store, lambda: 0.05, alerts, long_poll_s=30.0)
+
+        async def scenario() -> tuple[list[tuple[int, dict]], int, tuple[int, dict], tuple[int, dict]]:
+            tabs = [asyncio.create_task(answer(route, **query)) for _ in range(20)]
+            await asyncio.sleep(0.2)
+            append_records(path, base_record(60, train_loss=0.5, lr=3e-4))
+            answers = await asyncio.gather(*tabs)
+            computations = len(computed)
+            stale = await answer(route, **(query | {"sig": "drawn-elsewhere"}))
+            return answers, computations, stale, await answer(route, **(query | {"opts": '{"x": 1}'}))
+
+        answers, computations, stale, refused = asyncio.run(scenario())
+    finally:
+        store.close()
+    assert computations == 1 and all(found == answers[0] for found in answers)
+    status, body = answers[0]
+    assert status == 200 and body["status"] == "crashed" and "6 records" in body["counts"]
+    loss = body["charts"]["chart_loss"]
+    assert loss["op"] == "extend" and loss["base"] == held["chart_loss"]
+    assert [60] in [xs for step in loss["steps"] for xs in step["update"]["x"]]
+    assert stale == (200, {"serial": body["serial"], "rerun": True})
+    assert refused[0] == 400 and "opts" in refused[1]["error"]
 
 
 def test_refresh_slot_lets_one_live_fragment_draw_at_a_time() -> None:

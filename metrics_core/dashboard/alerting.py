@@ -142,8 +142,12 @@ def show_notice(notice: AlertsNotice | None) -> AlertsNotice | None:
     return notice
 
 
-def show_run_alerts(alerter: ServerAlerter | None, run: str) -> None:
-    """The alerts firing for ``run``, one line each, in the run page's status rows."""
-    lines = () if alerter is None else run_alert_lines(alerter.firing(), run)
+def run_alerts(alerter: ServerAlerter | None, run: str) -> tuple[str, ...]:
+    """The alerts firing for ``run`` now (none when alerts are off), as ``run_alert_lines``."""
+    return () if alerter is None else run_alert_lines(alerter.firing(), run)
+
+
+def show_run_alerts(lines: Sequence[str]) -> None:
+    """A run's firing alerts (``run_alerts``), one line each, in the run page's status rows."""
     if lines:
         st.warning("  \n".join(md_text(line) for line in lines), icon=":material/notifications_active:")

@@ -1,5 +1,5 @@
 """The run page's charts as Streamlit draws them: the sidebar controls that choose them
-(``chart_controls``), the status lines above them (``run_header``), and the grid of live charts
+(``chart_controls``), the status line where no live watch shows it (``status_caption``), and the grid of live charts
 under their group headings, each with its CSV (``chart_grid``).
 
 What is drawn comes from ``live_views`` (memoised per snapshot, shared by tabs); this module only
@@ -15,6 +15,7 @@ from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.downloads import csv_file_name, csv_link
 from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart
+from metrics_core.dashboard.live_feed import status_line
 from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
@@ -31,7 +32,6 @@ from metrics_core.dashboard.widgets import (
     csv_button,
     health_panel,
     session_key_panel,
-    stopped_panel,
 )
 
 
@@ -52,12 +52,11 @@ def chart_controls() -> tuple[ChartOptions, bool]:
     return ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, only=only), paused
 
 
-def run_status_line(view: RunView) -> None:
-    """The run's status and counts in one line, then why it stopped when it did (``stopped_panel``)."""
-    status = (f"**{view.status}** · {len(view.sessions)} session(s) · {view.records} records · "
-              f"{view.ingest.bad_lines} bad lines · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
-    st.caption(status, wrap=False)
-    stopped_panel(view)
+def status_caption(view: RunView) -> None:
+    """The run's status and counts in one line (``live_feed.status_line``) where no live watch shows
+    them (paused, or no server routes)."""
+    status, counts = status_line(view)
+    st.caption(f"**{status}**{counts}", wrap=False)
 
 
 def run_panels(view: RunView) -> None:

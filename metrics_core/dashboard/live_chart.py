@@ -12,10 +12,12 @@ figure's "head" (layout and every trace's non-array properties, hashed) and each
 per-point arrays (``POINT_ARRAYS``).  When the head is unchanged and every new array starts with
 what was sent, the payload is only the appended points (``Plotly.extendTraces`` in the page, plus
 the layout when it changed); an idle refresh sends "same"; anything else (a new session trace, a
-moved downsampling bucket, new options) sends the whole figure.  Payloads carry a sequence number
-and the one they extend: the page applies each once, and a page that does not hold the base says
-which one it holds, which reruns the fragment; the answer extends that state if it is one of the
-last ``HISTORY`` sent, else it is the whole figure.  A draw that fails in the page is said in the
+moved downsampling bucket, new options) sends the whole figure.  A payload names the figure it
+draws and the one it extends by ``Encoded.token``, a number per figure in this server process: the
+page applies each once, and a page that does not hold the base says which one it holds, which
+reruns the fragment; the answer extends that figure while it is kept, else it is the whole figure.
+The same payloads reach a page without a rerun, from the server's route (``live_feed``), and the
+page then says what it holds at its next rerun (``pages_hold``).  A draw that fails in the page is said in the
 chart's place as text, never a chart silently frozen on old data.  Cost per update: O(points
 drawn) to compare prefixes, bytes O(new points).
 
@@ -36,11 +38,12 @@ inline in the loader element, once per page load.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import logging
 import threading
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache, cached_property, partial
 from pathlib import Path
 from typing import Any
@@ -60,7 +63,7 @@ LOADER_KEY = "metrics_plotly_loader"  # the element that loads plotly.js; draws 
 _LOG = logging.getLogger(__name__)
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
 _SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
-_RESYNC = "_metrics_live_chart_resync"  # chart key -> the seq its page holds (None: nothing), having missed one
+_RESYNC = "_metrics_live_chart_resync"  # chart key -> the figure its page holds (None: none kept), having missed one
 HISTORY = 4  # payload states kept per chart and session, for a page that missed the newest ones
 _ZOOM = "_metrics_live_chart_zoom"  # chart key -> the x-range the user zoomed to, or None
 
@@ -138,6 +141,9 @@ class Encoded:
     def __init__(self, figure: Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
         self._figure, self.head, self.arrays, self.layout = figure, head, arrays, layout
         self._lock = threading.Lock()
+        with _token_lock:
+            self.token = next(_tokens)  # what a page holds once it drew this figure
+            _by_token[self.token] = self
         # Weak keys: a figure no tab holds any more is forgotten with its steps.
         self._steps: weakref.WeakKeyDictionary[Encoded, list[dict[str, Any]] | None] = weakref.WeakKeyDictionary()
 
@@ -157,12 +163,24 @@ class Encoded:
             return self._steps.setdefault(old, steps)
 
 
+_tokens = itertools.count(1)
+_token_lock = threading.Lock()
+_by_token: weakref.WeakValueDictionary[int, Encoded] = weakref.WeakValueDictionary()
+
+
+def encoded_by_token(token: object) -> Encoded | None:
+    """The figure a page says it holds (``Encoded.token``), while any tab or memo still keeps it."""
+    return _by_token.get(token) if isinstance(token, int) else None
+
+
 @dataclass(frozen=True, slots=True)
 class _Sent:
-    seq: int
-    encoded: Encoded
+    """What this session last showed of one chart (the page holds ``shown`` once it applied
+    ``payload``), and the figures shown before, newest first, for a page that missed the newest."""
+
+    shown: Encoded
     payload: dict[str, Any]
-    earlier: tuple[tuple[int, Encoded], ...] = ()  # states sent before ``seq``, newest first
+    earlier: tuple[Encoded, ...] = ()
 
 
 def encode(figure: Figure) -> Encoded:
@@ -243,30 +261,46 @@ def _plain(value: Any) -> Any:
     return value.item() if isinstance(value, np.generic) else value
 
 
-def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held: int | None = None) -> _Sent:
+def chart_payload(encoded: Encoded, held: Encoded | None) -> dict[str, Any]:
+    """The payload that brings a page holding ``held`` (None: nothing it can extend) to ``encoded``:
+    ``same`` (naming what it holds) when ``encoded`` adds nothing, the appended points with the
+    layout when it changed, or the whole figure.  Every payload names figures by ``Encoded.token``,
+    so one sent by a rerun and one fetched from the server's route (``live_feed``) mean the same."""
+    if held is None:
+        return {"op": "full", "seq": encoded.token, "figure": encoded.json}
+    steps = [] if held is encoded else encoded.steps_from(held)
+    if steps == [] and encoded.layout == held.layout:
+        return {"op": "same", "seq": held.token}
+    if steps is None:
+        return {"op": "full", "seq": encoded.token, "figure": encoded.json}
+    payload = {"op": "extend", "seq": encoded.token, "base": held.token, "steps": steps}
+    if encoded.layout != held.layout:  # e.g. a y-range fitted to the data: small, sent whole
+        payload["layout"] = encoded.layout
+    return payload
+
+
+def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held: Encoded | None = None) -> _Sent:
     """What to send for ``encoded`` after ``previous`` (None: nothing sent yet in this session).
 
-    ``resync``: the page missed a payload and holds state ``held`` (None: none it can extend).  A
-    page misses payloads when it is busy: Streamlit then renders a component with only the latest
-    of several updates.  While ``held`` is one of the last ``HISTORY`` states, the answer extends
-    it (a few points) instead of resending the whole figure.
+    ``resync``: the page does not hold what this session last sent; it holds figure ``held`` (None:
+    none still kept).  A page misses payloads when it is busy (Streamlit then renders a component
+    with only the latest of several updates), and moves ahead of this session when it applies the
+    route's payloads (``live_feed``).  The answer extends ``held`` instead of resending the whole figure.
     """
-    if previous is None:
-        return _Sent(1, encoded, {"op": "full", "seq": 1, "figure": encoded.json})
-    if previous.encoded is encoded and not resync:
-        return replace(previous, payload={"op": "same", "seq": previous.seq})  # an idle refresh: a few bytes
-    base = held if resync else previous.seq
-    old = dict(((previous.seq, previous.encoded), *previous.earlier)).get(base)
-    steps = None if old is None else encoded.steps_from(old)
-    if not resync and steps == [] and encoded.layout == previous.encoded.layout:
-        return _Sent(previous.seq, encoded, {"op": "same", "seq": previous.seq}, previous.earlier)
-    seq, earlier = previous.seq + 1, ((previous.seq, previous.encoded), *previous.earlier[: HISTORY - 2])
-    if steps is None:
-        return _Sent(seq, encoded, {"op": "full", "seq": seq, "figure": encoded.json}, earlier)
-    payload = {"op": "extend", "seq": seq, "base": base, "steps": steps}
-    if encoded.layout != old.layout:  # e.g. a y-range fitted to the data: small, sent whole
-        payload["layout"] = encoded.layout
-    return _Sent(seq, encoded, payload, earlier)
+    base = held if resync else None if previous is None else previous.shown
+    payload = chart_payload(encoded, base)
+    shown = base if payload["op"] == "same" else encoded
+    kept = () if previous is None else (previous.shown, *previous.earlier)
+    return _Sent(shown, payload, tuple(old for old in kept if old is not shown)[: HISTORY - 1])
+
+
+def pages_hold(held: dict[str, object]) -> None:
+    """The page says which figure each chart holds (element key -> ``Encoded.token``): it applied
+    the route's payloads since this session last drew it, so this rerun extends those.  Call it
+    before this run builds its charts: a figure of the previous snapshot is kept until then."""
+    asked = st.session_state.setdefault(_RESYNC, {})
+    for key, token in held.items():
+        asked[key] = encoded_by_token(token)
 
 
 def _ask_again(key: str) -> None:
@@ -275,7 +309,7 @@ def _ask_again(key: str) -> None:
     state = st.session_state.get(key)
     asked = state.get("resync") if hasattr(state, "get") else None
     held = asked.get("held") if isinstance(asked, dict) else None
-    st.session_state.setdefault(_RESYNC, {})[key] = held if isinstance(held, int) else None
+    st.session_state.setdefault(_RESYNC, {})[key] = encoded_by_token(held)
 
 
 def _note_zoom(key: str) -> None:
@@ -306,9 +340,9 @@ def live_chart(
     if xrange is not None and zoom is not None:
         figure = zoom(xrange) or figure
     sent: dict[str, _Sent] = st.session_state.setdefault(_SENT, {})
-    asked: dict[str, int | None] = st.session_state.setdefault(_RESYNC, {})
+    asked: dict[str, Encoded | None] = st.session_state.setdefault(_RESYNC, {})
     current = next_payload(sent.get(key), encode(figure), resync=key in asked, held=asked.get(key))
-    data = current.payload if csv is None else {**current.payload, "csv": csv}
+    data = {**current.payload, "key": key} if csv is None else {**current.payload, "key": key, "csv": csv}
     _chart()(key=key, data=data, height="content", default={"xrange": None},
              on_resync_change=partial(_ask_again, key), on_xrange_change=partial(_note_zoom, key))  # fmt: skip
     # Only now: Streamlit interrupts a rerun (a newer one was asked for) inside an element call,

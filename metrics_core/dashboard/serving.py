@@ -67,6 +67,7 @@ from starlette.middleware import Middleware
 from streamlit import config
 from streamlit.runtime.pages_manager import PagesManager
 
+from metrics_core.dashboard.alerting import run_alerts
 from metrics_core.dashboard.asgi_gzip import (
     ASGIApp,
     GzipCopies,
@@ -86,7 +87,8 @@ from metrics_core.dashboard.downloads import csv_route
 from metrics_core.dashboard.live_chart import PLOTLY_ASSETS, plotly_file, plotly_url
 from metrics_core.dashboard.live_push import changes_route
 from metrics_core.dashboard.server_routes import serving_routes
-from metrics_core.dashboard.settings import open_store, settings
+from metrics_core.dashboard.settings import open_alerter, open_store, settings
+from metrics_core.errors import MetricsError
 
 # A chunk's static imports, as Streamlit's bundler writes them: `from"./x.js"` or `import"./x.js"` (not
 # `import("./x.js")`, which loads lazily).
@@ -437,6 +439,14 @@ def app_options(script: str | Path, *, shutdown: Callable[[], None], environ: Ma
         ],
         "routes": [
             csv_route(lambda: open_store(settings()), base_url=base_url),
-            changes_route(lambda: open_store(settings()), lambda: settings().refresh, base_url=base_url),
+            changes_route(lambda: open_store(settings()), lambda: settings().refresh, _run_alerts, base_url=base_url),
         ],
     }
+
+
+def _run_alerts(run: str) -> tuple[str, ...]:
+    """The alerts firing for ``run``, as its page shows them (none when alerts are off)."""
+    try:
+        return run_alerts(open_alerter(settings()), run)
+    except MetricsError:
+        return ()

@@ -149,16 +149,20 @@ def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> Ser
     return alerter
 
 
+def open_alerter(config: Settings) -> ServerAlerter | None:
+    """The one alerter of this server process on its runs root, shared by every browser tab and the
+    server's own routes; None when the root is a bucket (alerts read a local root); ``MetricsError``
+    when ``--alerts-config`` or ``--webhook`` cannot be used."""
+    return None if is_bucket_url(config.runs) else _alerter(config.runs, config.webhook, config.alerts_config)
+
+
 def get_alerter(config: Settings) -> ServerAlerter | None:
-    """The one alerter of this server process on its runs root, shared by every browser tab; None,
-    after saying why on the page, when ``--alerts-config`` or ``--webhook`` cannot be used (the rest
-    of the page works), or when the root is a bucket (alerts read a local root)."""
-    if is_bucket_url(config.runs):
-        if config.webhook or config.alerts_config:
-            st.error(md_text(f"Alerts are off: they read a local runs root, not {config.runs}"))
-        return None
+    """``open_alerter`` for a page: None, after saying why on the page, when alerts are off (the rest
+    of the page works)."""
+    if is_bucket_url(config.runs) and (config.webhook or config.alerts_config):
+        st.error(md_text(f"Alerts are off: they read a local runs root, not {config.runs}"))
     try:
-        return _alerter(config.runs, config.webhook, config.alerts_config)
+        return open_alerter(config)
     except MetricsError as exc:
         st.error(md_text(f"Alerts are off: {exc}"))
         return None

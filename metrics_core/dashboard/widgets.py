@@ -33,7 +33,6 @@ from metrics_core.dashboard.display_text import (
 )
 from metrics_core.dashboard.figures import THEMES, session_colour, session_key
 from metrics_core.dashboard.live_chart import LOADER_KEY
-from metrics_core.dashboard.live_push import WATCH_KEY
 from metrics_core.dashboard.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
@@ -71,7 +70,7 @@ SESSION_KEY_KEY = "session_key"  # the run page's session key
 CALM_CSS = f"""<style>
 [data-stale="true"] {{ opacity: 1 !important; transition: none !important; }}
 [data-testid="stStatusWidget"]:has([data-testid="stStatusWidgetRunningIcon"]) {{ visibility: hidden; }}
-.st-key-{LOADER_KEY}, .st-key-{WATCH_KEY} {{ display: none; }}
+.st-key-{LOADER_KEY} {{ display: none; }}
 .st-key-{SAME_TAB_KEY} {{ display: none; }}
 .st-key-{PANELS_KEY}, .st-key-{SESSION_KEY_KEY} p {{ overflow-x: auto; scrollbar-width: none; }}
 .st-key-{SESSION_KEY_KEY} p {{ white-space: nowrap; }}

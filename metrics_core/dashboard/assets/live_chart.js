@@ -5,7 +5,9 @@
 // with the new layout on the data already drawn when one is sent; each seq is applied
 // once, and a chart that does not hold `base` (it missed an update, or was remounted) asks Python
 // again, saying which seq it holds.
-// {op: "same", seq} says nothing changed since `seq` (an idle refresh: a few bytes).
+// {op: "same", seq} says nothing changed since `seq` (an idle refresh: a few bytes).  A seq names a
+// figure across the server (live_chart.py's Encoded.token): payloads come from reruns and, on a
+// live run page, from the server's route without a rerun (window.__metricsLive, live_watch.js).
 // This runtime is the "metrics_plotly_loader" component, whose element is sent once per browser
 // session with the URL of plotly.js (data.src); each chart element only carries a stub calling
 // window.__metricsChart, since every element carries its component's JS on every rerun.
@@ -115,6 +117,9 @@ const CONFIG = {
   modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d"],
 };
 
+// The charts on the page by element key, for the route's payloads (live_watch.js, live_feed.py).
+const charts = new Map();
+
 function drawChart(component) {
   const { data, parentElement, setTriggerValue, setStateValue } = component;
   let graph = parentElement.querySelector(".metrics-chart");
@@ -124,9 +129,45 @@ function drawChart(component) {
     graph.style.width = "100%";
     parentElement.appendChild(graph);
   }
-  graph.__metricsTrigger = setTriggerValue; // the latest component instance's, for a failed draw to call
+  // The latest component instance's: for a failed draw, a missed base and a zoom to call.
+  graph.__metricsTrigger = setTriggerValue;
+  graph.__metricsSetState = setStateValue;
+  if (data.key) charts.set(data.key, { parentElement, graph });
   csvLink(parentElement, data.csv);
-  if (graph.dataset.seq === String(data.seq)) return; // already drawn (a rerun with nothing new)
+  apply(parentElement, graph, data);
+}
+
+// What each chart holds (element key -> figure token) and whether every chart can take the route's
+// payloads: none zoomed to raw points (its figure is the zoom's, drawn by a rerun), failed or still
+// without a figure.  Charts no longer on the page are forgotten.
+function held() {
+  const holding = {};
+  let complete = true;
+  for (const [key, { graph }] of charts) {
+    if (!graph.isConnected) {
+      charts.delete(key);
+      continue;
+    }
+    const zoomed = graph.dataset.zoom && graph.dataset.zoom !== "null";
+    if (graph.dataset.wanted && !graph.dataset.failed) holding[key] = Number(graph.dataset.wanted);
+    if (zoomed || !graph.dataset.wanted || graph.dataset.failed) complete = false;
+  }
+  return { held: holding, complete };
+}
+
+window.__metricsLive = {
+  held,
+  apply(key, payload) {
+    const chart = charts.get(key);
+    if (chart) apply(chart.parentElement, chart.graph, payload);
+  },
+};
+
+// A payload from a rerun (drawChart) or from the route: each seq applied once, an extend only on
+// the figure it extends.
+function apply(parentElement, graph, data) {
+  // Already drawn or being drawn (a rerun with nothing new, or one the route's payloads got ahead of).
+  if (graph.dataset.seq === String(data.seq) || graph.dataset.wanted === String(data.seq)) return;
   if (graph.dataset.failed && data.op !== "full") return; // waits for a whole figure (see the catch below)
   const base = data.op === "extend" ? data.base : data.op === "same" ? data.seq : null;
   if (base !== null && graph.dataset.wanted !== String(base)) {
@@ -136,7 +177,7 @@ function drawChart(component) {
     if (graph.dataset.asked !== String(data.seq)) {
       graph.dataset.asked = String(data.seq);
       const held = graph.dataset.wanted ? Number(graph.dataset.wanted) : null;
-      setTriggerValue("resync", { seq: data.seq, held });
+      graph.__metricsTrigger("resync", { seq: data.seq, held });
     }
     return;
   }
@@ -159,7 +200,6 @@ function drawChart(component) {
     // Zoom to raw points: tell Python the visible x-range; it answers with that range at full
     // resolution (or the whole run again after a zoom out).  One listener per div, calling the
     // latest component instance.
-    graph.__metricsSetState = setStateValue;
     if (!graph.__metricsListening) {
       graph.__metricsListening = true;
       graph.on("plotly_relayout", (event) => {
