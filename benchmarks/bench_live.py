@@ -48,6 +48,7 @@ WATCH_JS = """() => {
     for (const trace of graph.data) {
       if (!trace.name.startsWith('train') || !trace.x || !trace.x.length) continue;
       const last = trace.x[trace.x.length - 1];
+      if (last === null) continue;  // a legend entry's one null point, drawn nowhere
       if (!(last in window.__seen)) window.__seen[last] = Date.now();
     }
   }, 10);
