@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import base64
 import json
 import statistics
 import subprocess
@@ -40,6 +41,8 @@ from pathlib import Path
 from urllib.parse import parse_qs, urlencode, urlsplit
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import numpy as np
 
 from benchmarks.bench_live import cpu_seconds, live_run, server_pid
 from metrics_core import MetricsWriter, TrainingState
@@ -118,7 +121,8 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
                 now = time.time() * 1000
                 fresh = answer.get("serial", 0) > seen_serial
                 if fresh and fed and "charts" in answer:
-                    for step in _steps_in(body):
+                    packed = [step for payload in answer["charts"].values() for step in _packed_steps(payload)]
+                    for step in [*_steps_in(body), *packed]:
                         seen.setdefault(step, now)
                     held.update({key: payload["seq"] for key, payload in answer["charts"].items()})
                     seen_serial = answer["serial"]
@@ -165,7 +169,7 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
                     data = json.loads(message.delta.new_element.bidi_component.json)
                     if "key" in data:
                         held[data["key"]] = data["seq"]
-                    for step in _steps_in(frame):
+                    for step in [*_steps_in(frame), *_packed_steps(data)]:
                         seen.setdefault(step, now)
                 elif kind == "delta" and b"1000" in frame:
                     for step in _steps_in(frame):
@@ -185,6 +189,25 @@ def _steps_in(frame: bytes) -> list[int]:
         if digits.isdigit() and not frame[at + 9 : at + 10].isdigit() and not frame[at - 1 : at].isdigit():
             found.append(int(digits))
     return found
+
+
+def _packed_steps(payload: dict) -> list[int]:
+    """The steps from ``FIRST_STEP`` on that a whole figure's x arrays hold: plotly.py's packing
+    (base64 of the array's bytes, ``figures.typed_array``) hides them from ``_steps_in``."""
+    if payload.get("op") != "full":
+        return []
+    steps = []
+    for trace in json.loads(payload["figure"])["data"]:
+        x = trace.get("x")
+        if isinstance(x, dict) and x.get("dtype") in _DTYPES:
+            values = np.frombuffer(base64.b64decode(x["bdata"]), dtype=_DTYPES[x["dtype"]])
+            steps.extend(int(v) for v in values if v >= FIRST_STEP and float(v).is_integer())
+        elif isinstance(x, list):
+            steps.extend(int(v) for v in x if isinstance(v, (int, float)) and v >= FIRST_STEP)
+    return steps
+
+
+_DTYPES = {"i4": np.int32, "u4": np.uint32, "f8": np.float64, "f4": np.float32}
 
 
 def logged(step: int, keys: int) -> dict[str, float]:
