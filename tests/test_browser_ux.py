@@ -41,10 +41,11 @@ def test_no_request_goes_to_another_host(page: object, server: str) -> None:
     page.on("request", lambda request: requests.append(request.url))
     for path in PAGES:
         page.goto(server + path)
-        page.wait_for_load_state("networkidle")
+        # Not "networkidle": a run page's live watch keeps a long poll open from its first moments.
+        page.wait_for_selector("[data-testid=stMainBlockContainer] [data-testid=stElementContainer]", state="attached")
         if "run=" in path:
             wait_until(page, lambda: live_charts_drawn(page), timeout=30)
-        page.wait_for_timeout(1000)
+        page.wait_for_timeout(1500)
     hosts = {urlsplit(url).hostname for url in requests if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
     assert hosts == {"127.0.0.1"}, sorted(url for url in requests if urlsplit(url).hostname != "127.0.0.1")
     assert page.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")

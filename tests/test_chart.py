@@ -156,7 +156,8 @@ class LiveRun:
 
 def test_every_live_update_of_a_long_run_is_an_extension(tmp_path: Path) -> None:
     """Twelve appends to a 30k- and a 300k-record run: every chart's payload extends what the page holds
-    (or is the same), never a full figure.  What an append costs is measured in benchmarks/."""
+    (or is the same), never a full figure, and a legend entry keeps its one null point (an
+    extension grows lines, not the legend).  What an append costs is measured in benchmarks/."""
     small, big = LiveRun(tmp_path / "small", 30_000), LiveRun(tmp_path / "big", 300_000)
     try:
         for _ in range(12):
@@ -164,6 +165,11 @@ def test_every_live_update_of_a_long_run_is_an_extension(tmp_path: Path) -> None
                 run.append()
         for run in (small, big):
             assert {sent.payload["op"] for sent in run.sent.values()} <= {"extend", "same"}
+            figures = view_charts(run.store.view("live"), run.options).values()
+            entries = [
+                list(t["x"]) for f in figures for t in f["data"] if t.get("showlegend") and t.get("hoverinfo") == "skip"
+            ]
+            assert entries and all(x == [None] for x in entries), entries
     finally:
         small.store.close()
         big.store.close()

@@ -88,7 +88,7 @@ def feed_answer(
     if signature.layout != drawn:
         return {"rerun": True}
     figures = drawn_charts(view, options)
-    if not held.keys() <= figures.keys():
+    if held.keys() != figures.keys():  # the tab holds other charts than the page draws
         return {"rerun": True}
     charts = {}
     for key, base in bases.items():

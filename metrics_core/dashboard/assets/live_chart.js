@@ -143,7 +143,7 @@ function drawChart(component) {
 function held() {
   const holding = {};
   let complete = true;
-  for (const [key, { graph }] of charts) {
+  for (const [key, { graph }] of [...charts].sort(([a], [b]) => (a < b ? -1 : 1))) { // one order: answers are shared
     if (!graph.isConnected) {
       charts.delete(key);
       continue;

@@ -7,7 +7,9 @@
 // drawn), it reruns the live fragment (a trigger) saying which figure each chart holds; so it does
 // after applying an answer whose findings' messages changed (answer.details), at most once per
 // data.details_ms.  That rerun
-// mounts this element again with the new snapshot's URL, which starts a new poll.  A trigger is
+// mounts this element again with the new snapshot's URL, which starts a new poll.  An answer to a
+// question about charts that were drawn since it was asked (the first one, asked while they were
+// being drawn) is not used: the question is asked again for what they hold now.  A trigger is
 // repeated only if none came within STALL_MS (a busy server queues many tabs' reruns: asking again
 // sooner would only queue more of them).  A server that cannot be reached is asked again after a
 // refresh period.  Every text is set as text, never markup.
@@ -53,6 +55,8 @@ export default function (component) {
         else url.searchParams.delete("held");
         const answer = await fetch(url, { signal: stop.signal, cache: "no-store" });
         const body = answer.ok ? await answer.json() : {};
+        const now = feeds && window.__metricsLive ? window.__metricsLive.held() : charts;
+        if (JSON.stringify(now) !== JSON.stringify(charts)) continue; // drawn meanwhile: ask for what it holds now
         if (body.serial > seen && charts.complete && body.charts) {
           for (const [key, payload] of Object.entries(body.charts)) window.__metricsLive.apply(key, payload);
           show(parentElement, body.status, body.counts);
