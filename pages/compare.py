@@ -7,10 +7,11 @@ import streamlit as st
 from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.panels import config_diff_panel
 from metrics_core.dashboard.runs_table import filter_runs
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.views import compare_chart, compare_metrics
-from metrics_core.dashboard.widgets import config_diff_panel, name_text, page_theme, run_names_or_stop, views_or_warn
+from metrics_core.dashboard.widgets import name_text, page_theme, run_names_or_stop, views_or_warn
 
 DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]
 config = settings()

@@ -4,7 +4,7 @@ health, chosen config keys.  A click on a run (or a tick on its row) opens it in
 Every column comes from ``RunStore.overview()`` (O(runs), from per-run summaries); no run is
 snapshotted here.  The table is drawn by the page, not by the live fragment: the fragment only
 looks for a change and reruns the page when the page it would draw differs from the one drawn
-(``widgets.RunsPage``), so a table that did not change is never redrawn (a click on a row is not
+(``runs_table_view.RunsPage``), so a table that did not change is never redrawn (a click on a row is not
 lost to a redraw, the view does not flicker).  Looking costs O(1) when nothing happened: the
 store's ``overview_generation()`` did not move and no age shown ("18 s ago") is due to read
 differently; else one page is built and compared (~a few ms for 1,000 runs).  So while the store's
@@ -23,9 +23,10 @@ import streamlit as st
 from metrics_core.dashboard.alerting import notice_of, show_notice
 from metrics_core.dashboard.config import config_keys
 from metrics_core.dashboard.display_text import md_text
+from metrics_core.dashboard.runs_table_view import runs_page_view, runs_table_view
 from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
-from metrics_core.dashboard.widgets import overview_or_stop, runs_page_view, runs_table_view
+from metrics_core.dashboard.widgets import overview_or_stop
 
 config = settings()
 store = get_store(config)

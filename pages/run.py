@@ -10,10 +10,11 @@ from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_pa
 from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live_chart import load_plotly
 from metrics_core.dashboard.live_push import live_watch
+from metrics_core.dashboard.panels import stopped_panel
 from metrics_core.dashboard.server_routes import routes_served
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick, stopped_panel
+from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick
 
 config = settings()
 store = get_store(config)

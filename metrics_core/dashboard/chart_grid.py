@@ -17,6 +17,7 @@ from metrics_core.dashboard.figures import X_MODES
 from metrics_core.dashboard.live_chart import live_chart
 from metrics_core.dashboard.live_feed import status_line
 from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
+from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
 from metrics_core.dashboard.store import RunView
 from metrics_core.dashboard.views import (
     HISTORY_MODES,
@@ -26,13 +27,7 @@ from metrics_core.dashboard.views import (
     chart_filter_error,
     chart_key,
 )
-from metrics_core.dashboard.widgets import (
-    PANELS_KEY,
-    config_panel,
-    csv_button,
-    health_panel,
-    session_key_panel,
-)
+from metrics_core.dashboard.widgets import csv_button
 
 
 def chart_controls() -> tuple[ChartOptions, bool]:

@@ -64,7 +64,7 @@ STATUS_COLOURS = {"live": "#21c354", "stalled": "#d4a000", "finished": "#1c83e1"
 
 def status_pills(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` with each status badge as a one-item list: the cell of a read-only multiselect
-    column (``widgets.RUNS_COLUMNS``), which colours each badge by ``STATUS_COLOURS`` in the browser
+    column (``runs_table_view.RUNS_COLUMNS``), which colours each badge by ``STATUS_COLOURS`` in the browser
     (a pandas Styler would colour them on the server and send the styles with every drawn table)."""
     return table.assign(status=table["status"].map(lambda badge: [badge]))
 
