@@ -421,25 +421,6 @@ def test_a_local_file_at_the_bucket_keys_path_is_never_looked_at(
     assert write_failure(released) is None and released.writer_alive() is None
 
 
-@pytest.fixture
-def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
-    """A Cloud Storage emulator (``gcp-storage-emulator``, installed by .ci/run) on a free port,
-    holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``."""
-    pytest.importorskip("gcp_storage_emulator")
-    port = free_port()
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-                                   "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
-                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", server, log, what="the Cloud Storage emulator")
-            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-            yield gcs_filesystem()
-        finally:
-            server.kill()
-            server.wait()
-
-
 def test_a_gs_root_lists_and_follows_its_runs_as_an_s3_one(gcs: pafs.GcsFileSystem, tmp_path: Path) -> None:
     """``--runs gs://bucket/prefix``: pyarrow's Cloud Storage client at the emulator
     ``STORAGE_EMULATOR_HOST`` names lists a finished run, a live one and one ``sync`` uploads as
