@@ -341,8 +341,8 @@ _HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-leng
 
 
 class CountingProxy:
-    """A plain HTTP proxy on 127.0.0.1 in front of an S3-compatible server (``upstream``,
-    ``http://host:port``), for a client whose ``AWS_ENDPOINT_URL`` is ``url``: forwards every
+    """A plain HTTP proxy on 127.0.0.1 in front of an S3-compatible server or Azurite (``upstream``,
+    ``http://host:port``), for a client whose ``AWS_ENDPOINT_URL`` (``BlobEndpoint``) is ``url``: forwards every
     request as it came and counts it by kind (``list``: a bucket's listing; ``head`` / ``get``: of
     an object; else the method), with the response bytes.  ``before(kind, key)``, if given, runs
     before a request is forwarded (a test deletes an object between a HEAD and its GET there).
@@ -400,10 +400,12 @@ class CountingProxy:
 
     @staticmethod
     def kind(method: str, target: str) -> tuple[str, str]:
-        """What a request is (path-style addressing: ``/bucket/key?query``) and the key it names."""
+        """What a request is (path-style addressing: ``/bucket/key?query``; Azure's is
+        ``/account/container/key``, so its keys start with the container) and the key it names."""
         parts = urlsplit(target)
         _, _, key = parts.path.lstrip("/").partition("/")
-        if not key and method == "GET" and "list-type" in parse_qs(parts.query):
+        query = parse_qs(parts.query)
+        if method == "GET" and ((not key and "list-type" in query) or query.get("comp") == ["list"]):
             return "list", ""
         return method.lower(), key
 
