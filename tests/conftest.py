@@ -10,6 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -95,30 +96,28 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server of its own, stopped after the test session; waits at most 30 s for it to listen."""
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    try:
-        wait_listening(server, port, "the moto server")
+    with listening([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, "the moto server"):
         yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def listening(command: list[str], port: int, what: str) -> Iterator[None]:
+    """``command`` running until the block ends, once it accepts connections on ``port`` (at most 30 s)."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, f"{what} exited at start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"{what} did not listen within 30 s"
+                time.sleep(0.1)
+        yield
     finally:
         server.kill()
         server.wait()
-
-
-def wait_listening(server: subprocess.Popen, port: int, what: str) -> None:
-    """Until ``server`` accepts connections on ``port``, at most 30 s."""
-    deadline = time.monotonic() + 30
-    while True:
-        assert server.poll() is None, f"{what} exited at start"
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            return
-        except OSError:
-            assert time.monotonic() < deadline, f"{what} did not listen within 30 s"
-            time.sleep(0.1)
 
 
 @pytest.fixture
@@ -192,15 +191,10 @@ def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         pytest.skip("azurite-blob is not installed (npm install -g azurite)")
     port = free_port()
     data = tmp_path_factory.mktemp("azurite")
-    server = subprocess.Popen([binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data),
-                               "--silent", "--disableTelemetry", "--skipApiVersionCheck"],
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)  # fmt: skip
-    try:
-        wait_listening(server, port, "Azurite")
+    command = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data), "--silent",
+               "--disableTelemetry", "--skipApiVersionCheck"]  # fmt: skip
+    with listening(command, port, "Azurite"):
         yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
-    finally:
-        server.kill()
-        server.wait()
 
 
 def azure_connection_string(endpoint: str) -> str:

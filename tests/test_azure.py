@@ -1,12 +1,13 @@
 """Runs roots in Azure Blob Storage (``az://container/prefix``, through ``pyarrow.fs.AzureFileSystem``)
-against Azurite, configured as Azure's own tools are (``AZURE_STORAGE_CONNECTION_STRING``, or
-``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY``): listing, reading, a live run followed at a
+against Azurite, configured as Azure's own tools are (``AZURE_STORAGE_CONNECTION_STRING``, whose
+``BlobEndpoint`` names the emulator): listing, reading, a live run followed at a
 counted request cost, ``sync`` into a container, export and query; each failure one line."""
 
 from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -26,11 +27,11 @@ from tests.support import (
     CountingProxy,
     append_records,
     base_record,
-    bucket_run,
-    line,
+    follow_bucket_runs,
     put_object,
     small_run,
     snapshot,
+    three_bucket_runs,
     three_session_run,
 )
 
@@ -38,48 +39,30 @@ from tests.support import (
 def test_an_az_root_lists_reads_and_follows_its_runs_at_a_head_per_refresh(
     azure: pafs.FileSystem, azurite_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """``--runs az://container/prefix`` with ``AZURE_STORAGE_ACCOUNT`` and ``AZURE_STORAGE_KEY``: a
-    finished run, a live one and one ``sync`` uploaded are listed and read as the local copies; the
-    live run, followed, costs a HEAD (Get Blob Properties) per refresh and a GET when it grew."""
-    put_object(azure, "exp/done/metrics.jsonl", bucket_run(live=False))
-    data = bucket_run(live=True)
-    put_object(azure, "exp/live/metrics.jsonl", data)
+    """``--runs az://container/prefix``: a finished run, a live one and one ``sync`` uploaded are
+    listed and read as the local copies, through a counting proxy: a listing is a request per
+    directory, and the live run, followed, costs a HEAD (Get Blob Properties) per refresh and a GET
+    when it grew.  A connection string whose ``BlobEndpoint`` cannot be used is one line."""
     path = tmp_path / "metrics.jsonl"
-    three_session_run(path)
-    RunSync(parse_bucket_url(f"az://{BUCKET}/exp/synced"), azure).step(path)
-
+    data = three_bucket_runs(azure, "az", path)
     proxy = CountingProxy(azurite_endpoint.rpartition("/")[0])
     try:
-        monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING")
-        monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", AZURITE_ACCOUNT)
-        monkeypatch.setenv("AZURE_STORAGE_KEY", AZURITE_KEY)
-        with pytest.raises(MetricsError, match=r"^az://runs/exp: BlobEndpoint "):  # an endpoint only the string has
-            monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"AccountName=x;BlobEndpoint={proxy.url}/y/z")
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", f"AccountName=x;BlobEndpoint={proxy.url}/y/z")
+        with pytest.raises(MetricsError, match=rf"^az://{BUCKET}/exp: BlobEndpoint {proxy.url}/y/z names neither "):
             open_root(f"az://{BUCKET}/exp")
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_connection_string(f"{proxy.url}/{AZURITE_ACCOUNT}"))
-        root = open_root(f"az://{BUCKET}/exp")
-        assert isinstance(root, BucketRoot) and root.location == f"az://{BUCKET}/exp"
-        assert [run.name for run in root.discover().runs] == ["done", "live", "synced"]
+        assert len(BucketRoot(f"az://{BUCKET}/exp").discover().runs) == 3
         # pyarrow's Azure client lists one directory a request (exp, its three runs, synced's parts),
         # after a look at the container; S3's recursive listing is one request a 1,000 keys.
         assert proxy.snapshot()[0] == {"list": 5, "head": 1}, proxy.keys
-        local = RunReader(path)
-        local.refresh()
-        synced = root.reader(root.resolve("synced"), cache=None)
-        assert synced.refresh() == local.records and snapshot(synced) == snapshot(local)
 
-        live = root.reader(root.resolve("live"), cache=None)
-        assert live.refresh() == 5
-        for grown in (False, True, False):
-            if grown:
-                now = datetime.now(timezone.utc).isoformat()
-                put_object(azure, "exp/live/metrics.jsonl", data + line(base_record(60, train_loss=0.1, time=now)))
+        def look(refresh: Callable[[], int], grown: bool) -> int:
             proxy.reset()
-            assert live.refresh() == int(grown)
+            added = refresh()
             assert proxy.snapshot()[0] == ({"head": 1, "get": 1} if grown else {"head": 1}), proxy.keys
-        assert live.records == 6 and not live.resets
-        put_object(azure, "exp/live/metrics.jsonl", data.replace(b'"s1"', b'"s2"'))
-        assert live.refresh() == 5 and live.resets == 1 and {s.session_id for s in live.sessions} == {"s2"}
+            return added
+
+        follow_bucket_runs(azure, "az", path, data, look=look)
     finally:
         proxy.close()
 
