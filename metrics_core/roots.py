@@ -122,15 +122,15 @@ def open_root(
 
 
 class LocalRoot:
-    """A directory of runs, watched; see the module docstring."""
+    """A directory of runs, watched unless read once (``watch=False``: the dashboard's hints about
+    ``--runs`` are not the command's then); see the module docstring."""
 
     def __init__(self, root: str | os.PathLike[str], *, force_polling: bool = False, watch: bool = True) -> None:
         self.location = Path(root)
         if not self.location.is_dir():
-            raise RunNotFoundError(
-                f"{self.location}: the runs root does not exist or is not a directory (point --runs or "
-                "METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a demo run)"
-            )
+            hint = (" (point --runs or METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a "
+                    "demo run)") if watch else ""  # fmt: skip
+            raise RunNotFoundError(f"{self.location}: the runs root does not exist or is not a directory{hint}")
         self.watcher = None
         self.mode, self.mode_reason = "once", "read once, not watched"
         if watch:
