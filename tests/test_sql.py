@@ -392,3 +392,21 @@ def test_export_from_one_bucket_to_another_and_a_query_over_the_bucket_export(
     assert answers(f"gs://{BUCKET}/exp", tmp_path / "cache") == local
     inside = cli("export", f"gs://{BUCKET}/exp", f"gs://{BUCKET}/exp/export", *cache)
     assert inside.returncode == 2 and inside.stderr.count("\n") == 1 and "inside the runs root" in inside.stderr
+
+
+def test_the_runs_pages_query_box_reads_a_bucket_root(
+    tmp_path: Path, bucket: object, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--runs s3://bucket/prefix`: the runs page's SQL box answers from the runs in the bucket, read
+    through the root, exported into the server's cache directory."""
+    from tests.support import open_page
+
+    upload_root(bucket, small_root(tmp_path / "runs"), "exp")
+    monkeypatch.setenv("METRICS_RUNS_DIR", f"s3://{BUCKET}/exp")
+    monkeypatch.setenv("METRICS_CACHE_DIR", str(tmp_path / "cache"))
+    app = open_page("overview")
+    app.text_area(key="sql_text").input("SELECT run, records FROM runs ORDER BY run")
+    next(button for button in app.button if button.label == "Run query").click().run()
+    assert not app.exception and not app.error, [*app.exception, *app.error]
+    frame = next(frame.value for frame in app.dataframe if list(frame.value.columns) == ["run", "records"])
+    assert frame.to_dict("list") == {"run": ["odd", "resumed", "team/plain"], "records": [3, 36, 50]}
