@@ -226,13 +226,13 @@ def root_name(root: str | os.PathLike[str]) -> str:
 
 
 def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None) -> ExportReport:
-    name = root_name(root.location)
-    if destination.inside(name):
+    root_id = root_name(root.location)
+    if destination.inside(root_id):
         raise RunPathError(f"{destination.url}: inside the runs root {root.location}: an export must live elsewhere")
     listing = root.discover()
     with destination.turn():
         manifest = destination.read_manifest() or {}
-        if manifest and manifest.get("root") != name:
+        if manifest and manifest.get("root") != root_id:
             raise ExportError(f"{destination.url}: holds the export of another runs root, {manifest.get('root')}")
         before: Mapping[str, dict[str, Any]] = manifest.get("runs", {})
         present = destination.listing()
@@ -253,7 +253,7 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
                     plan.entries[run.name] = entry  # kept as last exported: nothing already exported is lost
         removed = sorted(set(before) - set(plan.entries))
         if plan.written or removed or not manifest:
-            document = {"format": FORMAT, "root": name, "runs": plan.entries}
+            document = {"format": FORMAT, "root": root_id, "runs": plan.entries}
             destination.write(MANIFEST, lambda stream: stream.write(json.dumps(document).encode()))
         for name in removed:
             if before[name]["file"] not in {entry["file"] for entry in plan.entries.values()}:
