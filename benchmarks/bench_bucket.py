@@ -1,7 +1,7 @@
 """Requests and bytes per minute of a dashboard on a runs root in a bucket, ours beside TensorBoard's pattern.
 
 Run: python benchmarks/bench_bucket.py [--runs 1000] [--live 5] [--records 200] [--refresh 5] [--minutes 3]
-     [--reads botocore|pyarrow]
+     [--reads botocore|pyarrow] [--scheme s3|az]
 
 A moto S3 server in a subprocess, behind ``tests.support.CountingProxy``, holds ``--runs`` runs
 under ``s3://runs/exp`` (``--live`` of them live: dated now, a longer copy uploaded at every
@@ -17,6 +17,9 @@ proxy, so what a bucket would bill:
   object and reads each run's file again (a HEAD and a GET per object), whatever ended long ago;
   emulated here with the same client (``pyarrow.fs``), two reloads measured, scaled to a minute.
 
+``--scheme az``: the same against Azurite (``azurite-blob`` on the PATH) under
+``az://runs/exp``, reached through ``AZURE_STORAGE_CONNECTION_STRING``; reads are pyarrow's.
+
 The clock is simulated so that the count does not depend on how fast this machine is; the
 requests are real.
 """
@@ -25,9 +28,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from datetime import datetime, timezone
 from pathlib import Path
@@ -38,7 +43,14 @@ from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.dashboard.store import RunStore
-from metrics_core.object_storage import ArrowReads, discover_bucket_runs, s3_filesystem, s3_reads
+from metrics_core.object_storage import (
+    ArrowReads,
+    azure_filesystem,
+    bucket_filesystem,
+    discover_bucket_runs,
+    parse_bucket_url,
+    s3_reads,
+)
 from tests.live_server import free_port, wait_for_http
 from tests.support import BUCKET, CountingProxy, base_record, bucket_run, line, put_object
 
@@ -49,6 +61,33 @@ def moto(port: int) -> subprocess.Popen:
     with tempfile.TemporaryFile() as log:
         wait_for_http(f"http://127.0.0.1:{port}/moto-api/", server, log, what="moto")
     return server
+
+
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+def azurite(port: int, data: str) -> subprocess.Popen:
+    """Azurite's blob service on ``port``, returned once it has made the container."""
+    command = [shutil.which("azurite-blob") or "azurite-blob", "--blobHost", "127.0.0.1", "--blobPort", str(port),
+               "--location", data, "--silent", "--disableTelemetry", "--skipApiVersionCheck"]  # fmt: skip
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    use_azure(f"http://127.0.0.1:{port}")
+    for _ in range(300):
+        try:
+            azure_filesystem(parse_bucket_url(f"az://{BUCKET}")).create_dir(BUCKET)
+            return server
+        except OSError:
+            if server.poll() is not None:
+                break
+            time.sleep(0.1)
+    raise RuntimeError("Azurite did not start")
+
+
+def use_azure(endpoint: str) -> None:
+    """Clients made after this reach the account ``devstoreaccount1`` at ``endpoint``."""
+    os.environ["AZURE_STORAGE_CONNECTION_STRING"] = (
+        f"AccountName=devstoreaccount1;AccountKey={AZURITE_KEY};BlobEndpoint={endpoint}/devstoreaccount1;"
+    )
 
 
 def per_minute(counts: Counter, sent: int, minutes: float) -> str:
@@ -67,16 +106,23 @@ def main() -> None:
     parser.add_argument("--list-interval", type=float, default=60.0)
     parser.add_argument("--minutes", type=float, default=3.0)
     parser.add_argument("--reads", choices=("botocore", "pyarrow"), default="botocore")
+    parser.add_argument("--scheme", choices=("s3", "az"), default="s3")
     args = parser.parse_args()
 
     port = free_port()
-    server = moto(port)
-    os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
-    direct = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+    url = f"{args.scheme}://{BUCKET}/exp"
+    if args.scheme == "az":
+        server = azurite(port, tempfile.mkdtemp(prefix="bench-azurite-"))
+        direct = azure_filesystem(parse_bucket_url(url))
+    else:
+        server = moto(port)
+        os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
+        direct = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
+        direct.create_dir(BUCKET)
     proxy = CountingProxy(f"http://127.0.0.1:{port}")
     os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    use_azure(proxy.url)
     try:
-        direct.create_dir(BUCKET)
         finished = bucket_run(live=False, steps=args.records)
         for number in range(args.runs - args.live):
             put_object(direct, f"exp/done{number:04d}/metrics.jsonl", finished)
@@ -88,8 +134,9 @@ def main() -> None:
               f"refresh every {args.refresh:g} s, listing every {args.list_interval:g} s")  # fmt: skip
 
         clock = [0.0]
-        reads = s3_reads() if args.reads == "botocore" else ArrowReads(s3_filesystem())
-        root = BucketRoot(f"s3://{BUCKET}/exp", list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
+        reads = s3_reads() if args.reads == "botocore" and args.scheme == "s3" else ArrowReads(bucket_filesystem(
+            parse_bucket_url(url)))  # fmt: skip
+        root = BucketRoot(url, list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
         store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
         try:
             store.overview()
@@ -113,10 +160,10 @@ def main() -> None:
             store.close()
 
         proxy.reset()
-        filesystem = s3_filesystem()
+        filesystem = bucket_filesystem(parse_bucket_url(url))
         reloads = 2
         for _ in range(reloads):  # TensorBoard's reload: list everything, read everything again
-            for run in discover_bucket_runs(f"s3://{BUCKET}/exp", filesystem=filesystem):
+            for run in discover_bucket_runs(url, filesystem=filesystem):
                 with filesystem.open_input_file(f"{run.location.fs_path}/metrics.jsonl") as file:
                     file.read()
         counts, sent = proxy.snapshot()

@@ -1,5 +1,5 @@
 """A runs root in a bucket (``s3://bucket/prefix``, S3-compatible; ``gs://bucket/prefix``, Google
-Cloud Storage), with a bounded request cost.
+Cloud Storage; ``az://container/prefix``, Azure Blob Storage), with a bounded request cost.
 
 The same ``roots.RunsRoot`` as a local directory, so the dashboard's store serves it unchanged;
 run names are the keys under the prefix, as directories are under a local root.  Optional: needs
@@ -17,8 +17,13 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
   the object's size and version, the line the follower compares to notice a rewrite, and the new
   bytes (``object_storage``'s docstring says what a rewrite that keeps that line does).  A run
   ``sync`` uploads as parts: one listing of its parts, and a GET of a new part when there is one.
-  Without botocore, and on ``gs://`` (pyarrow's Cloud Storage client), a look asks for the
-  object's size first: a HEAD (a metadata request), plus a GET when it grew (``ArrowReads``).
+  Without botocore, and on ``gs://`` and ``az://`` (pyarrow's clients), a look asks for the
+  object's size first: a HEAD (a metadata request; Get Blob Properties on Azure), plus a GET when
+  it grew (``ArrowReads``): pyarrow opens an object by path only, never from a size it was given.
+* On ``az://`` a listing is not one request per 5,000 blobs, as Azure's List Blobs allows, but one
+  per directory under the prefix (pyarrow's Azure client lists by hierarchy): a request per run,
+  one more for a run in parts, plus one look at the container.  A run in parts is still one
+  listing per refresh (its parts directory).
 * Any other run (ended, or older than the stall rule: its status cannot change with no new
   record, as no writer lock crosses a bucket) costs nothing once read, until a listing shows its
   object changed.  A run whose reading failed costs nothing either until then.
@@ -27,7 +32,8 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
 
 So at a refresh every ``r`` seconds the steady cost per minute is ``60 / list_interval`` listings
 plus ``60 / r`` requests per live run (the same for a run in parts, plus a GET per new part),
-whatever the number of finished runs.
+whatever the number of finished runs; on ``gs://`` and ``az://`` a live run that grew costs a GET
+more, and on ``az://`` each listing costs about a request per run.
 
 Status: ``ObjectFile.writer_alive()`` is None, so ``runs.run_status`` falls back to the record-age
 rule (``live`` while the last record is recent, then ``stalled``; never ``crashed`` from a lock).
@@ -75,7 +81,8 @@ def open_run_file(filesystem: pafs.FileSystem, run: BucketRun, reads: ObjectRead
 
 
 class BucketRoot:
-    """The runs under ``s3://bucket/prefix`` or ``gs://bucket/prefix``; see the module docstring."""
+    """The runs under ``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``az://container/prefix``;
+    see the module docstring."""
 
     mode = "listing"
 

@@ -3,8 +3,10 @@
 Optional: needs pyarrow and the read side (numpy, pandas); ``import metrics_core`` never loads it.
 Parquet is the format DuckDB, Spark, Trino, Polars and pandas read at any scale.
 
-An export directory ``OUT`` (a local directory, or ``s3://bucket/prefix`` through
-``object_storage.s3_filesystem``) holds:
+The runs are read through ``roots.open_root``, the seam the dashboard reads them through: a local
+directory, or a bucket prefix (``s3://``, ``gs://``, ``az://``; ``metrics_core.bucket_root``), whose
+one listing tells which runs changed at no request per run.  An export directory ``OUT`` (a local
+directory, or a bucket prefix through ``object_storage.bucket_filesystem``) holds:
 
 * ``OUT/<name>-<hash>.parquet``, one per run: every record of every session, replayed ones
   included, one row per record, as ``export_table.run_table`` makes it (its docstring lists the
@@ -16,15 +18,17 @@ An export directory ``OUT`` (a local directory, or ``s3://bucket/prefix`` throug
 
 Promises
 --------
-* Incremental: a run whose metrics file still has the identity the manifest recorded, and whose
-  Parquet file is still there at the recorded size, is neither read nor written; an export that
+* Incremental: a run whose metrics file still has the stamp the manifest recorded
+  (``RunsRoot.stamp``: a file's identity, an object's listed size and time), and whose Parquet
+  file is still there at the recorded size, is neither read nor written; an export that
   finds nothing changed writes nothing at all (not even the manifest).  A run that changed is read
   again (through the columnar cache of ``metrics_core.cache`` when given one: then only its
   appended bytes are parsed) and its one file rewritten.  A run gone from the root loses its file.
 * Never a torn file: a local file is written under a temporary name and renamed; an object is one
   upload.  The manifest is written last, so a crash before it leaves files it does not vouch for,
   which the next export rewrites.  Two exports into one local directory take turns (a lock file).
-* Reads only from the runs root; the export directory may not lie inside it.
+* Reads only from the runs root; the export directory may not lie inside it (a local one, or a
+  bucket one under the root's prefix).
 """
 
 from __future__ import annotations
@@ -49,9 +53,8 @@ from pyarrow import fs as pafs
 from metrics_core.cache import CachePolicy
 from metrics_core.errors import MetricsError, RunPathError
 from metrics_core.export_table import run_facts, run_table
-from metrics_core.reader import RunReader
-from metrics_core.runs import UnreadableEntry, discover_runs
-from metrics_core.storage import file_stat
+from metrics_core.roots import RunsRoot, is_bucket_url, open_root
+from metrics_core.runs import RunInfo, UnreadableEntry
 
 FORMAT = 1  # bump when the file layout or the manifest changes: every run is exported again
 MANIFEST = "_manifest.json"
@@ -95,16 +98,22 @@ class Destination:
     @classmethod
     def of(cls, out: str | os.PathLike[str], filesystem: pafs.FileSystem | None = None) -> Destination:
         text = os.fspath(out)
-        if text.startswith("s3://"):
-            from metrics_core.object_storage import parse_bucket_url, s3_filesystem
+        if is_bucket_url(text):
+            from metrics_core.object_storage import bucket_filesystem, parse_bucket_url
 
             location = parse_bucket_url(text)
-            return cls(filesystem or s3_filesystem(), location.fs_path, location.url, local=False)
+            return cls(filesystem or bucket_filesystem(location), location.fs_path, location.url, local=False)
         path = Path(text).resolve()
         return cls(pafs.LocalFileSystem(), str(path), text, local=True)
 
     def path(self, name: str) -> str:
         return f"{self.base}/{name}"
+
+    def inside(self, root: str) -> bool:
+        """Whether this directory lies in the runs root ``root`` (``root_name``)."""
+        if is_bucket_url(root):
+            return not self.local and f"{self.url}/".startswith(f"{root}/")
+        return self.local and Path(self.base).is_relative_to(root)
 
     def listing(self) -> dict[str, int]:
         """The export's files and their sizes (one listing request for a bucket)."""
@@ -190,32 +199,51 @@ def export_root(
     cache: CachePolicy | None = None,
     filesystem: pafs.FileSystem | None = None,
 ) -> ExportReport:
-    """Export every run under the local runs ``root`` into ``out`` (module docstring).
+    """Export every run under the runs ``root`` (a directory or a bucket prefix) into ``out``
+    (module docstring).
 
     ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
-    is parsed from where its cached parse ended.  ``filesystem``: the bucket's client (default
-    from the AWS variables).  Raises ``ExportError`` when ``out`` cannot be listed or written and
-    ``RunPathError`` when it lies inside ``root``; a run that cannot be read is reported, not raised.
+    is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
+    (default from the environment).  Raises ``ExportError`` when ``out`` cannot be listed or
+    written, ``RunPathError`` when it lies inside ``root``, ``RunNotFoundError`` when ``root``
+    cannot be listed; a run that cannot be read is reported, not raised.
     """
-    real_root = Path(root).resolve()
     destination = Destination.of(out, filesystem)
-    if destination.local and Path(destination.base).is_relative_to(real_root):
-        raise RunPathError(f"{destination.url}: inside the runs root {root}: an export must live elsewhere")
-    listing = discover_runs(root)
+    runs = open_root(root, watch=False)
+    try:
+        return _export(runs, destination, cache)
+    finally:
+        runs.close()
+
+
+def root_name(root: str | os.PathLike[str]) -> str:
+    """What names a runs root in a manifest and a cache key: a directory's real path, a bucket's address."""
+    if is_bucket_url(root):
+        from metrics_core.object_storage import parse_bucket_url
+
+        return parse_bucket_url(os.fspath(root)).url
+    return str(Path(root).resolve())
+
+
+def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None) -> ExportReport:
+    root_id = root_name(root.location)
+    if destination.inside(root_id):
+        raise RunPathError(f"{destination.url}: inside the runs root {root.location}: an export must live elsewhere")
+    listing = root.discover()
     with destination.turn():
         manifest = destination.read_manifest() or {}
-        if manifest and manifest.get("root") != str(real_root):
+        if manifest and manifest.get("root") != root_id:
             raise ExportError(f"{destination.url}: holds the export of another runs root, {manifest.get('root')}")
         before: Mapping[str, dict[str, Any]] = manifest.get("runs", {})
         present = destination.listing()
         plan = _Plan()
         for run in listing.runs:
-            entry = before.get(run.name)
-            if entry is not None and _unchanged(entry, run.metrics_path, present):
+            entry, stamp = before.get(run.name), root.stamp(run)
+            if entry is not None and _unchanged(entry, stamp, present):
                 plan.entries[run.name] = entry
                 continue
             try:
-                plan.entries[run.name] = _export_run(run.name, run.metrics_path, destination, cache)
+                plan.entries[run.name] = _export_run(root, run, stamp, destination, cache)
                 plan.written.append(run.name)
             except (MetricsError, OSError) as exc:
                 if isinstance(exc, ExportError):
@@ -225,7 +253,7 @@ def export_root(
                     plan.entries[run.name] = entry  # kept as last exported: nothing already exported is lost
         removed = sorted(set(before) - set(plan.entries))
         if plan.written or removed or not manifest:
-            document = {"format": FORMAT, "root": str(real_root), "runs": plan.entries}
+            document = {"format": FORMAT, "root": root_id, "runs": plan.entries}
             destination.write(MANIFEST, lambda stream: stream.write(json.dumps(document).encode()))
         for name in removed:
             if before[name]["file"] not in {entry["file"] for entry in plan.entries.values()}:
@@ -234,29 +262,30 @@ def export_root(
                         tuple(removed), tuple(plan.failed), listing.unreadable)  # fmt: skip
 
 
-def _unchanged(entry: Mapping[str, Any], path: Path, present: Mapping[str, int]) -> bool:
-    try:
-        identity = list(file_stat(os.stat(path)).identity)
-    except OSError:
+def _unchanged(entry: Mapping[str, Any], stamp: tuple[int, ...] | None, present: Mapping[str, int]) -> bool:
+    if stamp is None:
         return False
-    return entry.get("source") == identity and present.get(entry.get("file")) == entry.get("bytes")
+    return entry.get("source") == list(stamp) and present.get(entry.get("file")) == entry.get("bytes")
 
 
-def _export_run(name: str, path: Path, destination: Destination, cache: CachePolicy | None) -> dict[str, Any]:
-    """Read the run (from its cached parse when there is one), write its file; its manifest entry."""
-    reader = RunReader(path, cache=cache)
+def _export_run(
+    root: RunsRoot, run: RunInfo, stamp: tuple[int, ...] | None, destination: Destination, cache: CachePolicy | None
+) -> dict[str, Any]:
+    """Read the run (from its cached parse when there is one), write its file; its manifest entry.
+    ``stamp``: the run's file as the root said it was before this read (a write since makes the
+    next export read it again)."""
+    reader = root.reader(run, cache=cache)
     try:
         reader.refresh()
-        table = run_table(reader, name)
+        table = run_table(reader, run.name)
         facts = run_facts(reader)
-        identity = reader.read_identity
     finally:
         reader.close()
-    target = file_name(name)
+    target = file_name(run.name)
     destination.write(target, lambda stream: pq.write_table(table, stream, compression="zstd"))
     size = destination.filesystem.get_file_info(destination.path(target)).size
     schema = base64.b64encode(table.schema.serialize().to_pybytes()).decode()
-    return {"file": target, "bytes": size, "rows": table.num_rows, "source": list(identity or ()),
+    return {"file": target, "bytes": size, "rows": table.num_rows, "source": list(stamp or ()),
             "schema": schema, **facts}  # fmt: skip
 
 

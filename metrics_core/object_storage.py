@@ -1,5 +1,5 @@
-"""Runs in a bucket (S3-compatible, or Google Cloud Storage): a ``RunFile`` for one object or for
-a run uploaded in parts, and run discovery under a prefix.
+"""Runs in a bucket (S3-compatible, Google Cloud Storage, or an Azure Blob Storage container): a
+``RunFile`` for one object or for a run uploaded in parts, and run discovery under a prefix.
 
 Optional: needs ``pyarrow`` (the ``s3`` extra; the head node's ``app`` extra has it already), and
 ``import metrics_core`` never loads this module.  ``pyarrow.fs`` lists and uploads, because the
@@ -13,7 +13,9 @@ Credentials come the way AWS's own tools take them (``AWS_ACCESS_KEY_ID``,
 S3-compatible server (MinIO, moto) and is passed on explicitly.  A ``gs://`` address is Google
 Cloud Storage through ``pyarrow.fs.GcsFileSystem`` (Google's default credentials;
 ``STORAGE_EMULATOR_HOST`` names an emulator), read with ``ArrowReads``: the same files, a
-metadata request before each GET.
+metadata request before each GET.  An ``az://container/prefix`` address is a container of the
+storage account the Azure CLI's variables name, through ``pyarrow.fs.AzureFileSystem``
+(``azure_filesystem``), read with ``ArrowReads`` too (Get Blob Properties before each GET).
 
 ``ObjectFile`` keeps the ``RunFile`` contract (``metrics_core.storage``) with an object's terms:
 
@@ -68,6 +70,7 @@ import bisect
 import hashlib
 import os
 import re
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -82,7 +85,7 @@ from metrics_core.lines import READ_CHUNK
 from metrics_core.storage import FileStat
 from metrics_core.writer import METRICS_FILENAME
 
-SCHEMES = ("s3", "gs")  # S3 and S3-compatible servers; Google Cloud Storage
+SCHEMES = ("s3", "gs", "az")  # S3 and S3-compatible servers; Google Cloud Storage; Azure Blob Storage
 PARTS_DIRNAME = METRICS_FILENAME + ".parts"
 _PART_NAME = re.compile(r"(\d{16})\.jsonl")
 SMALL_READ = 4096  # a read this short is a follower's look at a line (``lines.LineFollower``'s checks)
@@ -92,8 +95,8 @@ _PARALLEL_GETS = 8  # parts fetched at once by a read that covers several: a GET
 
 @dataclass(frozen=True, slots=True)
 class BucketPath:
-    """An ``s3://bucket/key`` (or ``gs://bucket/key``) address, split; ``key`` has no leading or
-    trailing ``/``."""
+    """An ``s3://bucket/key`` (``gs://bucket/key``, ``az://container/key``) address, split; ``key``
+    has no leading or trailing ``/``."""
 
     bucket: str
     key: str
@@ -113,11 +116,12 @@ class BucketPath:
 
 
 def parse_bucket_url(url: str) -> BucketPath:
-    """``s3://bucket/prefix`` or ``gs://bucket/prefix`` split into bucket and key, or
-    ``RunPathError`` saying why not."""
+    """``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``az://container/prefix`` split into bucket
+    and key, or ``RunPathError`` saying why not."""
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES or not parts.netloc:
-        raise RunPathError(f"{url}: not a bucket address (expected s3://bucket/prefix or gs://bucket/prefix)")
+        raise RunPathError(f"{url}: not a bucket address (expected s3://bucket/prefix, gs://bucket/prefix or "
+                           "az://container/prefix)")  # fmt: skip
     key = parts.path.strip("/")
     if ".." in key.split("/") or parts.query or parts.fragment:
         raise RunPathError(f"{url}: a bucket prefix is a plain key path, without '..', '?' or '#'")
@@ -148,8 +152,57 @@ def gcs_filesystem() -> pafs.GcsFileSystem:
                               retry_time_limit=retry)  # fmt: skip
 
 
+def azure_filesystem(location: BucketPath, environ: Mapping[str, str] = os.environ) -> pafs.FileSystem:
+    """A client of the storage account the Azure CLI would use: ``AZURE_STORAGE_CONNECTION_STRING``
+    (``AccountName``, ``AccountKey`` or ``SharedAccessSignature``, and ``BlobEndpoint`` or
+    ``DefaultEndpointsProtocol``/``EndpointSuffix``: an emulator's endpoint is ``BlobEndpoint``),
+    else ``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``, else
+    that account with Azure's default credential chain (``AZURE_CLIENT_ID``…, a managed identity,
+    ``az login``).  ``RunPathError`` naming ``location`` when no account is named or the
+    connection string cannot be used."""
+    if getattr(pafs, "AzureFileSystem", None) is None:
+        raise RunPathError(f"{location.url}: this pyarrow has no Azure Blob Storage client (pyarrow >= 16 has one)")
+    fields = dict(part.split("=", 1) for part in environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
+                  if "=" in part)  # fmt: skip
+    account = fields.get("AccountName") or environ.get("AZURE_STORAGE_ACCOUNT")
+    if not account:
+        raise RunPathError(f"{location.url}: no storage account named: set AZURE_STORAGE_ACCOUNT (with AZURE_STORAGE_"
+                           "KEY or AZURE_STORAGE_SAS_TOKEN), or AZURE_STORAGE_CONNECTION_STRING")  # fmt: skip
+    options: dict[str, str] = {}
+    if fields:
+        key, sas = fields.get("AccountKey"), fields.get("SharedAccessSignature")
+    else:
+        key, sas = environ.get("AZURE_STORAGE_KEY"), environ.get("AZURE_STORAGE_SAS_TOKEN")
+    if key:
+        options["account_key"] = key
+    elif sas:
+        options["sas_token"] = sas
+    endpoint = fields.get("BlobEndpoint")
+    if endpoint:
+        parts = urlsplit(endpoint)
+        path = parts.path.strip("/")
+        if path == account:  # path-style, an emulator's: http://127.0.0.1:10000/devstoreaccount1
+            authority = parts.netloc
+        elif not path and parts.netloc.startswith(account + "."):  # https://account.blob.core.windows.net
+            authority = parts.netloc[len(account) :]
+        else:
+            raise RunPathError(f"{location.url}: BlobEndpoint {endpoint} names neither http(s)://HOST/{account} "
+                               f"nor https://{account}.HOST")  # fmt: skip
+        scheme = parts.scheme or "https"
+    else:
+        authority = ".blob." + fields.get("EndpointSuffix", "core.windows.net")
+        scheme = fields.get("DefaultEndpointsProtocol", "https")
+    # The Data Lake endpoint is asked whether the account has a hierarchical namespace: the same
+    # authority as the blobs' for an emulator (Azurite answers it), the account's own otherwise.
+    dfs = authority.replace(".blob.", ".dfs.", 1) if authority.startswith(".") else authority
+    return pafs.AzureFileSystem(account, blob_storage_authority=authority, blob_storage_scheme=scheme,
+                                dfs_storage_authority=dfs, dfs_storage_scheme=scheme, **options)  # fmt: skip
+
+
 def bucket_filesystem(location: BucketPath) -> pafs.FileSystem:
     """The client of ``location``'s kind of bucket, configured from the environment."""
+    if location.scheme == "az":
+        return azure_filesystem(location)
     return gcs_filesystem() if location.scheme == "gs" else s3_filesystem()
 
 
@@ -324,10 +377,10 @@ def object_reads(
 ) -> ObjectReads:
     """``reads`` if given, else the reads of ``filesystem`` (``ArrowReads``: botocore would not
     share its configuration), else those of the environment for ``location``'s kind of bucket
-    (``s3_reads``; Google Cloud Storage's through ``pyarrow``: a HEAD before each GET)."""
+    (``s3_reads``; Google Cloud Storage's and Azure's through ``pyarrow``: a HEAD before each GET)."""
     if reads is not None:
         return reads
-    if filesystem is not None or location.scheme == "gs":
+    if filesystem is not None or location.scheme != "s3":
         return ArrowReads(filesystem if filesystem is not None else bucket_filesystem(location))
     return s3_reads()
 
@@ -451,7 +504,9 @@ class Part:
 
 def list_parts(filesystem: pafs.FileSystem, parts: BucketPath) -> list[Part]:
     """The parts under ``parts`` (a run's ``metrics.jsonl.parts``) in offset order, in one listing;
-    other names there are not parts and are ignored.  ``RunFileError`` naming the prefix when the
+    other names there are not parts and are ignored, and so is an empty part: it holds no byte, and
+    it is what an upload to Azure that did not complete leaves (pyarrow's Azure client creates the
+    blob empty when it opens it, and commits its bytes when it closes).  ``RunFileError`` naming the prefix when the
     listing is refused (no such bucket, wrong credentials), a part is missing from the middle, or
     two parts overlap."""
     try:  # recursive: a missing bucket is then an error, where a flat listing reports nothing
@@ -464,7 +519,7 @@ def list_parts(filesystem: pafs.FileSystem, parts: BucketPath) -> list[Part]:
     found = []
     for info in infos:
         match = _PART_NAME.fullmatch(info.base_name)
-        if match and info.type == pafs.FileType.File and info.path.count("/") == depth:
+        if match and info.type == pafs.FileType.File and info.size and info.path.count("/") == depth:
             found.append(Part(int(match[1]), info.size, info.mtime_ns or 0))
     found.sort(key=lambda part: part.start)
     end = 0
@@ -653,9 +708,10 @@ def discover_bucket_runs(
     filesystem = filesystem if filesystem is not None else bucket_filesystem(location)
     try:
         infos = filesystem.get_file_info(pafs.FileSelector(location.fs_path, recursive=True))
-    except FileNotFoundError:  # nothing under the prefix (S3 says a missing bucket otherwise; Cloud Storage not)
-        if location.scheme == "gs" and _no_bucket(filesystem, location):
-            raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such bucket") from None
+    except FileNotFoundError:  # nothing under the prefix (S3 says a missing bucket otherwise; GCS and Azure not)
+        if location.scheme != "s3" and _no_bucket(filesystem, location):
+            kind = "container" if location.scheme == "az" else "bucket"
+            raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such {kind}") from None
         return []
     except OSError as exc:
         raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc

@@ -1,5 +1,6 @@
 """Where a runs root lives, behind the one interface the dashboard's store talks to: a local
-directory (``LocalRoot``) or a prefix of an S3-compatible bucket (``bucket_root.BucketRoot``), so
+directory (``LocalRoot``) or a prefix of a bucket (S3-compatible, Cloud Storage or Azure Blob
+Storage: ``bucket_root.BucketRoot``), so
 that the store and its pages never know which.
 
 A root answers, each at a stated cost:
@@ -18,7 +19,8 @@ whatever the hints say (a lost inotify event, a network file system never mean s
 ``BucketRoot`` has no watcher: its hints come from a listing made at most once per interval, and
 only a live run is looked at without one (module ``metrics_core.bucket_root``).
 
-``import metrics_core`` loads none of this (it imports watchdog and the readers).
+``import metrics_core`` loads none of this (it imports the readers, and watchdog for a watched
+directory).
 """
 
 from __future__ import annotations
@@ -31,12 +33,11 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.reader import RunReader
 from metrics_core.runs import RunInfo, RunListing, discover_runs, resolve_run
 from metrics_core.storage import LocalFile
-from metrics_core.watch import RunsWatcher
 
 if TYPE_CHECKING:
     from metrics_core.cache import CachePolicy
 
-BUCKET_SCHEMES = ("s3://", "gs://")
+BUCKET_SCHEMES = ("s3://", "gs://", "az://")
 LIST_INTERVAL_S = 60.0  # a bucket root is listed at most this often (a listing costs a request per 1,000 keys)
 
 
@@ -44,7 +45,7 @@ class RunsRoot(Protocol):
     """A runs root wherever it lives; see the module docstring.  Thread-safe."""
 
     location: Path | str  # as the user named it: a directory, or ``s3://bucket/prefix``
-    mode: str  # how changes are found: "inotify", "polling", "listing"
+    mode: str  # how changes are found: "inotify", "polling", "listing", "once" (not watched)
     mode_reason: str  # why, in a few words
 
     @property
@@ -103,34 +104,44 @@ def is_bucket_url(location: str | os.PathLike[str]) -> bool:
 
 
 def open_root(
-    location: str | os.PathLike[str], *, force_polling: bool = False, list_interval: float = LIST_INTERVAL_S
+    location: str | os.PathLike[str],
+    *,
+    force_polling: bool = False,
+    list_interval: float = LIST_INTERVAL_S,
+    watch: bool = True,
 ) -> RunsRoot:
-    """The root at ``location``: ``s3://bucket/prefix`` or ``gs://bucket/prefix`` is a bucket (its
-    module imported only then), anything else a directory; ``RunNotFoundError`` when a directory is
-    not there."""
+    """The root at ``location``: ``s3://bucket/prefix``, ``gs://bucket/prefix`` or
+    ``az://container/prefix`` is a bucket (its module imported only then), anything else a
+    directory; ``RunNotFoundError`` when a directory is not there.  ``watch=False``: a root read
+    once (``export``), so a directory gets no watcher (no thread, no inotify watches, no watchdog)."""
     if is_bucket_url(location):
         from metrics_core.bucket_root import BucketRoot
 
         return BucketRoot(str(location), list_interval=list_interval)
-    return LocalRoot(location, force_polling=force_polling)
+    return LocalRoot(location, force_polling=force_polling, watch=watch)
 
 
 class LocalRoot:
-    """A directory of runs, watched; see the module docstring."""
+    """A directory of runs, watched unless read once (``watch=False``: the dashboard's hints about
+    ``--runs`` are not the command's then); see the module docstring."""
 
-    def __init__(self, root: str | os.PathLike[str], *, force_polling: bool = False) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, force_polling: bool = False, watch: bool = True) -> None:
         self.location = Path(root)
         if not self.location.is_dir():
-            raise RunNotFoundError(
-                f"{self.location}: the runs root does not exist or is not a directory (point --runs or "
-                "METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a demo run)"
-            )
-        self.watcher = RunsWatcher(self.location, force_polling=force_polling).start()
-        self.mode, self.mode_reason = self.watcher.mode, self.watcher.mode_reason
+            hint = (" (point --runs or METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a "
+                    "demo run)") if watch else ""  # fmt: skip
+            raise RunNotFoundError(f"{self.location}: the runs root does not exist or is not a directory{hint}")
+        self.watcher = None
+        self.mode, self.mode_reason = "once", "read once, not watched"
+        if watch:
+            from metrics_core.watch import RunsWatcher
+
+            self.watcher = RunsWatcher(self.location, force_polling=force_polling).start()
+            self.mode, self.mode_reason = self.watcher.mode, self.watcher.mode_reason
 
     @property
     def structure_generation(self) -> int:
-        return self.watcher.structure_generation
+        return 0 if self.watcher is None else self.watcher.structure_generation
 
     def discover(self) -> RunListing:
         return discover_runs(self.location)
@@ -141,7 +152,7 @@ class LocalRoot:
     def take_changed(self) -> set[str]:
         """The watcher's changed run directories, named as discovery names them."""
         names = set()
-        for directory in self.watcher.take_dirty():
+        for directory in () if self.watcher is None else self.watcher.take_dirty():
             if directory.is_relative_to(self.location):
                 names.add(directory.relative_to(self.location).as_posix())
         return names
@@ -178,4 +189,5 @@ class LocalRoot:
         return os.path.relpath(path, self.location)
 
     def close(self) -> None:
-        self.watcher.stop()
+        if self.watcher is not None:
+            self.watcher.stop()

@@ -1,9 +1,10 @@
 """SQL over every run: ``python -m metrics_core export|query`` and the overview page's query box.
 
 ``query`` runs one read-only statement through DuckDB (the optional ``sql`` extra) over an export
-made by ``metrics_core.export``: an export directory as it is, or a runs root, which is first
-exported incrementally into a directory of the cache (``cache.default_directory``, never the runs
-root: ``<cache>/sql/<hash of the root's path>``).  The views (``VIEWS``) are ``records`` (the
+made by ``metrics_core.export``: an export directory as it is (local or in a bucket), or a runs
+root (a directory, or a bucket prefix read through ``roots.open_root`` as the dashboard reads it),
+which is first exported incrementally into a directory of the cache (``cache.default_directory``,
+never the runs root: ``<cache>/sql/<hash of the root's path or address>``).  The views (``VIEWS``) are ``records`` (the
 Parquet files, one row per record), ``runs`` and ``sessions`` (from the export's manifest; a run's
 status is decided when the query runs, by ``runs.run_status``, since the clock and the writer's
 lock move it).
@@ -42,7 +43,7 @@ if TYPE_CHECKING:
     import duckdb
     import pyarrow as pa
 
-    from metrics_core.export import ExportReport
+    from metrics_core.export import Destination, ExportReport
 
 ALLOWED_STATEMENTS = ("SELECT", "EXPLAIN")
 BATCH_ROWS = 65_536
@@ -133,13 +134,16 @@ def _one_line(exc: BaseException) -> str:
 # -- the connection ----------------------------------------------------------------------------
 
 
-def connect(export: Path, *, now: datetime, threads: int = 2, memory_limit: str = "1GB") -> duckdb.DuckDBPyConnection:
-    """A locked-down DuckDB connection with the views over the local export directory ``export``
-    (module docstring).  ``now``: the time the runs' statuses are decided at."""
+def connect(
+    export: Path | str, *, now: datetime, threads: int = 2, memory_limit: str = "1GB"
+) -> duckdb.DuckDBPyConnection:
+    """A locked-down DuckDB connection with the views over the export directory ``export``, local
+    or a bucket prefix (module docstring).  ``now``: the time the runs' statuses are decided at."""
     duckdb = _duckdb()
     from metrics_core.export import Destination
 
-    manifest = Destination.of(export).read_manifest()
+    destination = Destination.of(export)
+    manifest = destination.read_manifest()
     if manifest is None:
         raise QueryError(f"{export}: no export there (no usable manifest; `python -m metrics_core export` makes one)")
     entries = manifest["runs"]
@@ -147,7 +151,7 @@ def connect(export: Path, *, now: datetime, threads: int = 2, memory_limit: str 
               "autoload_known_extensions": False}  # fmt: skip
     connection = duckdb.connect(":memory:", config=config)
     try:
-        connection.register("records", _records(export, entries))
+        connection.register("records", _records(destination, entries))
         connection.register("runs", _runs(entries, now))
         connection.register("sessions", _sessions(entries))
         for setting in ("python_enable_replacements = false", "enable_external_access = false",
@@ -159,9 +163,10 @@ def connect(export: Path, *, now: datetime, threads: int = 2, memory_limit: str 
     return connection
 
 
-def _records(export: Path, entries: Mapping[str, Mapping[str, Any]]) -> Any:
+def _records(export: Destination, entries: Mapping[str, Mapping[str, Any]]) -> Any:
     """The records as one Arrow dataset over every run's file, with the columns of all of them
-    (a column a file lacks reads as nulls; types joined by ``export_table.common_type``)."""
+    (a column a file lacks reads as nulls; types joined by ``export_table.common_type``), read by
+    pyarrow from the export's file system (DuckDB's own file access stays off)."""
     import pyarrow as pa
     import pyarrow.dataset as ds
 
@@ -177,8 +182,8 @@ def _records(export: Path, entries: Mapping[str, Mapping[str, Any]]) -> Any:
 
         return pa.table({name: pa.array([], pa.string()) for name in RECORD_COLUMNS})
     schema = pa.schema([(name, common_type(kinds)) for name, kinds in types.items()])
-    files = [str(export / entry["file"]) for entry in entries.values()]
-    return ds.dataset(files, schema=schema, format="parquet")
+    files = [export.path(entry["file"]) for entry in entries.values()]
+    return ds.dataset(files, schema=schema, format="parquet", filesystem=export.filesystem)
 
 
 def _time(text: str | None) -> datetime | None:
@@ -283,22 +288,29 @@ def run_query(
     return QueryResult(pa.Table.from_batches(kept, schema=schema), truncated)
 
 
-def export_for_query(root: Path, cache_home: Path) -> tuple[Path, ExportReport]:
-    """Bring the export of the runs ``root`` in ``cache_home`` up to date; its directory and what
-    the export did.  The cache may not lie inside the root (nothing is written there)."""
+def export_for_query(root: Path | str, cache_home: Path) -> tuple[Path, ExportReport]:
+    """Bring the export of the runs ``root`` (a directory or a bucket prefix) in ``cache_home`` up
+    to date; its directory and what the export did.  The cache may not lie inside the root
+    (nothing is written there)."""
     from metrics_core.cache import CachePolicy
-    from metrics_core.export import export_root
+    from metrics_core.export import export_root, root_name
 
-    real_root, home = root.resolve(), cache_home.resolve()
-    if home.is_relative_to(real_root):
+    check_cache_outside(root, cache_home)
+    key = hashlib.blake2b(root_name(root).encode(), digest_size=8).hexdigest()
+    directory = cache_home.resolve() / "sql" / key
+    return directory, export_root(root, directory, cache=CachePolicy(cache_home.resolve()))
+
+
+def check_cache_outside(root: Path | str, cache_home: Path) -> None:
+    """``RunPathError`` when the cache directory lies inside the local runs ``root``."""
+    from metrics_core.roots import is_bucket_url
+
+    if not is_bucket_url(root) and cache_home.resolve().is_relative_to(Path(root).resolve()):
         raise RunPathError(f"{cache_home}: the cache directory is inside the runs root {root}: it must live elsewhere")
-    key = hashlib.blake2b(str(real_root).encode(), digest_size=8).hexdigest()
-    directory = home / "sql" / key
-    return directory, export_root(root, directory, cache=CachePolicy(home))
 
 
 def query_root(
-    root: Path,
+    root: Path | str,
     sql: str,
     *,
     cache_home: Path,
@@ -317,11 +329,18 @@ def query_root(
         connection.close()
 
 
-def is_export(path: Path) -> bool:
-    """Whether ``path`` is an export directory (it holds the manifest) rather than a runs root."""
+def is_export(path: Path | str) -> bool:
+    """Whether ``path`` is an export directory (it holds the manifest) rather than a runs root; for
+    a bucket prefix, one GET of the manifest."""
+    from metrics_core.roots import is_bucket_url
+
+    if is_bucket_url(path):
+        from metrics_core.export import Destination
+
+        return Destination.of(path).read_manifest() is not None
     from metrics_core.export import MANIFEST
 
-    return (path / MANIFEST).is_file()
+    return (Path(path) / MANIFEST).is_file()
 
 
 # -- the command line --------------------------------------------------------------------------
@@ -330,8 +349,8 @@ def is_export(path: Path) -> bool:
 def add_commands(commands: Any) -> None:
     """``export`` and ``query``, as subcommands of ``python -m metrics_core``."""
     export = commands.add_parser("export", help="every run's records as Parquet, one file per run, incrementally")
-    export.add_argument("root", help="the runs root")
-    export.add_argument("out", help="the export directory: a local directory or s3://bucket/prefix")
+    export.add_argument("root", help="the runs root: a directory, or s3://bucket/prefix, gs://… or az://container/…")
+    export.add_argument("out", help="the export directory: a local directory, or a bucket prefix (s3://, gs://, az://)")
     _cache_options(export)
     query = commands.add_parser(
         "query", help="one read-only SQL query over every run (DuckDB; needs metrics-core[sql])",
@@ -339,7 +358,7 @@ def add_commands(commands: Any) -> None:
         "first, incrementally, into the cache directory) or an export directory.",
         epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
-    query.add_argument("root", help="a runs root, or an export directory made by `export`")
+    query.add_argument("root", help="a runs root (a directory or a bucket prefix), or an export made by `export`")
     query.add_argument("sql", help='the query, e.g. "SELECT run, status, min_train_loss FROM runs"')
     query.add_argument("--format", choices=("table", "csv"), default="table", help="table (default) or csv")
     query.add_argument("--max-rows", type=int, default=None, help="print at most this many rows")
@@ -367,12 +386,11 @@ def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         if args.command == "export":
             from metrics_core.export import export_root
 
-            if cache_home.resolve().is_relative_to(Path(args.root).resolve()):
-                raise RunPathError(f"{cache_home}: the cache directory is inside the runs root {args.root}")
+            check_cache_outside(args.root, cache_home)
             report = export_root(args.root, args.out, cache=CachePolicy(cache_home))
             out.write("".join(clean(line) + "\n" for line in report.lines()))
             return 1 if report.failed else 0
-        root = Path(args.root)
+        root = args.root
         if is_export(root):
             export = root
         else:

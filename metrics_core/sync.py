@@ -188,7 +188,7 @@ def _parser() -> argparse.ArgumentParser:
         "Upload a run's complete lines to a bucket as they are written, each byte once, as parts "
         "that the dashboard and RunReader read as one file."))  # fmt: skip
     parser.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
-    parser.add_argument("destination", metavar="s3://BUCKET/PREFIX/RUN",
+    parser.add_argument("destination", metavar="s3://BUCKET/PREFIX/RUN (or gs://, az://CONTAINER/…)",
                         help=f"the run's place in the bucket: parts go to RUN/{PARTS_DIRNAME}/")  # fmt: skip
     parser.add_argument("--follow", "-f", action="store_true", help=(
         "keep uploading as the run grows, until its session is over and everything is uploaded, "

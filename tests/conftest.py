@@ -3,18 +3,21 @@
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
 
 from metrics_core import RunContext
-from tests.live_server import free_port
+from tests.live_server import free_port, wait_for_http
 from tests.support import BUCKET
 
 if TYPE_CHECKING:
@@ -93,22 +96,25 @@ def runs_root(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def s3_endpoint() -> Iterator[str]:
     """A moto S3 server of its own, stopped after the test session; waits at most 30 s for it to listen."""
     port = free_port()
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
+    with listening([sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)], port, "the moto server"):
+        yield f"http://127.0.0.1:{port}"
+
+
+@contextmanager
+def listening(command: list[str], port: int, what: str) -> Iterator[None]:
+    """``command`` running until the block ends, once it accepts connections on ``port`` (at most 30 s)."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
-            assert server.poll() is None, "the moto server exited at start"
+            assert server.poll() is None, f"{what} exited at start"
             try:
                 socket.create_connection(("127.0.0.1", port), timeout=1).close()
                 break
             except OSError:
-                assert time.monotonic() < deadline, "the moto server did not listen within 30 s"
+                assert time.monotonic() < deadline, f"{what} did not listen within 30 s"
                 time.sleep(0.1)
-        yield f"http://127.0.0.1:{port}"
+        yield
     finally:
         server.kill()
         server.wait()
@@ -148,3 +154,63 @@ def refusing_credentials(bucket: pafs.S3FileSystem, s3_endpoint: str) -> Iterato
         yield
     finally:
         check_after("inf")
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
+    """A Cloud Storage emulator (``gcp-storage-emulator``, installed by .ci/run) on a free port,
+    holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``."""
+    pytest.importorskip("gcp_storage_emulator")
+    from metrics_core.object_storage import gcs_filesystem
+
+    port = free_port()
+    with tempfile.TemporaryFile() as log:
+        server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
+                                   "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
+                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        try:
+            wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", server, log, what="the Cloud Storage emulator")
+            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
+            yield gcs_filesystem()
+        finally:
+            server.kill()
+            server.wait()
+
+
+AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known account and key (Azure's documentation)
+AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
+
+
+@pytest.fixture(scope="session")
+def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """Azurite's blob service (npm's ``azurite``, installed by .ci/run) on a free port, its data in a
+    temporary directory, for the test session: its blob endpoint, ``http://127.0.0.1:PORT/ACCOUNT``.
+    Skipped only where ``azurite-blob`` is not installed."""
+    binary = shutil.which("azurite-blob")
+    if binary is None:
+        pytest.skip("azurite-blob is not installed (npm install -g azurite)")
+    port = free_port()
+    data = tmp_path_factory.mktemp("azurite")
+    command = [binary, "--blobHost", "127.0.0.1", "--blobPort", str(port), "--location", str(data), "--silent",
+               "--disableTelemetry", "--skipApiVersionCheck"]  # fmt: skip
+    with listening(command, port, "Azurite"):
+        yield f"http://127.0.0.1:{port}/{AZURITE_ACCOUNT}"
+
+
+def azure_connection_string(endpoint: str) -> str:
+    """A connection string as Azure's portal gives one, for the emulator at ``endpoint``."""
+    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
+            f"BlobEndpoint={endpoint};")  # fmt: skip
+
+
+@pytest.fixture
+def azure(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.FileSystem:
+    """The container ``runs`` (``tests.support.BUCKET``), emptied, reached the way Azure's own tools
+    are configured: ``AZURE_STORAGE_CONNECTION_STRING`` holding the emulator's ``BlobEndpoint``."""
+    from metrics_core.object_storage import azure_filesystem, parse_bucket_url
+
+    monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_connection_string(azurite_endpoint))
+    filesystem = azure_filesystem(parse_bucket_url(f"az://{BUCKET}"))
+    filesystem.create_dir(BUCKET)
+    filesystem.delete_dir_contents(BUCKET, missing_dir_ok=True)  # an empty container reads as missing
+    return filesystem

@@ -256,6 +256,55 @@ def put_object(filesystem: object, key: str, data: bytes) -> None:
         out.write(data)
 
 
+def three_bucket_runs(filesystem: pafs.FileSystem, scheme: str, path: Path) -> bytes:
+    """Under ``exp/`` of the test bucket: a finished run ``done``, a live one ``live`` and
+    ``synced``, the three-session run written to ``path`` and uploaded by ``sync``; the live run's bytes."""
+    from metrics_core.object_storage import parse_bucket_url
+    from metrics_core.sync import RunSync
+
+    put_object(filesystem, "exp/done/metrics.jsonl", bucket_run(live=False))
+    data = bucket_run(live=True)
+    put_object(filesystem, "exp/live/metrics.jsonl", data)
+    three_session_run(path)
+    RunSync(parse_bucket_url(f"{scheme}://{BUCKET}/exp/synced"), filesystem).step(path)
+    return data
+
+
+def follow_bucket_runs(
+    filesystem: pafs.FileSystem,
+    scheme: str,
+    path: Path,
+    data: bytes,
+    *,
+    look: Callable[[Callable[[], int], bool], int] = lambda refresh, grown: refresh(),
+) -> None:
+    """The runs ``three_bucket_runs`` uploaded, through ``open_root`` of ``scheme://runs/exp``: listed,
+    the synced run read as the local file, the live run read on from its old size when a longer copy
+    is uploaded and read again from its start when another run is.  ``look(refresh, grown)`` makes
+    each refresh of the live run at the refreshes between uploads (a test counts its requests there)."""
+    from metrics_core.bucket_root import BucketRoot
+    from metrics_core.reader import RunReader
+    from metrics_core.roots import open_root
+
+    root = open_root(f"{scheme}://{BUCKET}/exp")
+    assert isinstance(root, BucketRoot) and root.location == f"{scheme}://{BUCKET}/exp"
+    assert [run.name for run in root.discover().runs] == ["done", "live", "synced"]
+    local = RunReader(path)
+    local.refresh()
+    synced = root.reader(root.resolve("synced"), cache=None)
+    assert synced.refresh() == local.records and snapshot(synced) == snapshot(local)
+    live = root.reader(root.resolve("live"), cache=None)
+    assert live.refresh() == 5
+    for grown in (False, True, False):
+        if grown:
+            now = datetime.now(timezone.utc).isoformat()
+            put_object(filesystem, "exp/live/metrics.jsonl", data + line(base_record(60, train_loss=0.1, time=now)))
+        assert look(live.refresh, grown) == int(grown)
+    assert live.records == 6 and not live.resets
+    put_object(filesystem, "exp/live/metrics.jsonl", data.replace(b'"s1"', b'"s2"'))
+    assert live.refresh() == 5 and live.resets == 1 and {s.session_id for s in live.sessions} == {"s2"}
+
+
 def bucket_run(*, live: bool, steps: int = 5, session: str = "s1") -> bytes:
     """A run's metrics as bytes: ``steps`` train records, ended by a ``session_end`` unless ``live``
     (then the records are dated now, so the record-age rule reads it as live)."""
@@ -341,8 +390,8 @@ _HOP = frozenset(("connection", "keep-alive", "transfer-encoding", "content-leng
 
 
 class CountingProxy:
-    """A plain HTTP proxy on 127.0.0.1 in front of an S3-compatible server (``upstream``,
-    ``http://host:port``), for a client whose ``AWS_ENDPOINT_URL`` is ``url``: forwards every
+    """A plain HTTP proxy on 127.0.0.1 in front of an S3-compatible server or Azurite (``upstream``,
+    ``http://host:port``), for a client whose ``AWS_ENDPOINT_URL`` (``BlobEndpoint``) is ``url``: forwards every
     request as it came and counts it by kind (``list``: a bucket's listing; ``head`` / ``get``: of
     an object; else the method), with the response bytes.  ``before(kind, key)``, if given, runs
     before a request is forwarded (a test deletes an object between a HEAD and its GET there).
@@ -400,10 +449,12 @@ class CountingProxy:
 
     @staticmethod
     def kind(method: str, target: str) -> tuple[str, str]:
-        """What a request is (path-style addressing: ``/bucket/key?query``) and the key it names."""
+        """What a request is (path-style addressing: ``/bucket/key?query``; Azure's is
+        ``/account/container/key``, so its keys start with the container) and the key it names."""
         parts = urlsplit(target)
         _, _, key = parts.path.lstrip("/").partition("/")
-        if not key and method == "GET" and "list-type" in parse_qs(parts.query):
+        query = parse_qs(parts.query)
+        if method == "GET" and ((not key and "list-type" in query) or query.get("comp") == ["list"]):
             return "list", ""
         return method.lower(), key
 

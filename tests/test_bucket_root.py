@@ -22,9 +22,8 @@ from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunNotFoundError
 from metrics_core.failure_note import FAILURE_NOTE_FILENAME
-from metrics_core.object_storage import gcs_filesystem, parse_bucket_url, s3_filesystem
+from metrics_core.object_storage import parse_bucket_url, s3_filesystem
 from metrics_core.reader import RunReader
-from metrics_core.roots import open_root
 from metrics_core.runs import StatusRecord, write_failure
 from metrics_core.sync import RunSync
 from tests.live_server import free_port, wait_for_http
@@ -35,10 +34,12 @@ from tests.support import (
     append_records,
     base_record,
     bucket_run,
+    follow_bucket_runs,
     line,
     open_page,
     put_object,
     snapshot,
+    three_bucket_runs,
     three_session_run,
 )
 
@@ -421,51 +422,13 @@ def test_a_local_file_at_the_bucket_keys_path_is_never_looked_at(
     assert write_failure(released) is None and released.writer_alive() is None
 
 
-@pytest.fixture
-def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
-    """A Cloud Storage emulator (``gcp-storage-emulator``, installed by .ci/run) on a free port,
-    holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``."""
-    pytest.importorskip("gcp_storage_emulator")
-    port = free_port()
-    with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-                                   "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
-                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
-        try:
-            wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", server, log, what="the Cloud Storage emulator")
-            monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
-            yield gcs_filesystem()
-        finally:
-            server.kill()
-            server.wait()
-
-
 def test_a_gs_root_lists_and_follows_its_runs_as_an_s3_one(gcs: pafs.GcsFileSystem, tmp_path: Path) -> None:
     """``--runs gs://bucket/prefix``: pyarrow's Cloud Storage client at the emulator
     ``STORAGE_EMULATOR_HOST`` names lists a finished run, a live one and one ``sync`` uploads as
     parts; a longer copy of the live run is read on from its old size, another run uploaded over it
     is read again from its start; a bucket that does not exist is one line naming the root."""
-    put_object(gcs, "exp/done/metrics.jsonl", bucket_run(live=False))
-    data = bucket_run(live=True)
-    put_object(gcs, "exp/live/metrics.jsonl", data)
     path = tmp_path / "metrics.jsonl"
-    three_session_run(path)
-    RunSync(parse_bucket_url(f"gs://{BUCKET}/exp/synced"), gcs_filesystem()).step(path)
-    root = open_root(f"gs://{BUCKET}/exp")
-    assert isinstance(root, BucketRoot) and root.location == f"gs://{BUCKET}/exp"
-    assert [run.name for run in root.discover().runs] == ["done", "live", "synced"]
-    local = RunReader(path)
-    local.refresh()
-    synced = root.reader(root.resolve("synced"), cache=None)
-    assert synced.refresh() == local.records and snapshot(synced) == snapshot(local)
-
-    live = root.reader(root.resolve("live"), cache=None)
-    assert live.refresh() == 5
-    put_object(gcs, "exp/live/metrics.jsonl", data + line(base_record(60, train_loss=0.1)))
-    assert live.refresh() == 1 and live.records == 6 and not live.resets
-    assert live.refresh() == 0
-    put_object(gcs, "exp/live/metrics.jsonl", data.replace(b'"s1"', b'"s2"'))
-    assert live.refresh() == 5 and live.resets == 1 and {s.session_id for s in live.sessions} == {"s2"}
+    follow_bucket_runs(gcs, "gs", path, three_bucket_runs(gcs, "gs", path))
 
     with pytest.raises(RunNotFoundError, match=r"^gs://no-such-bucket/exp: the runs root cannot be listed: ") as info:
         BucketRoot("gs://no-such-bucket/exp").discover()

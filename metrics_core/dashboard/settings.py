@@ -51,7 +51,7 @@ def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
     parser.add_argument("--runs", type=runs_root, default=runs_root(environ.get("METRICS_RUNS_DIR", "runs")),
                         help="the runs root: every directory under it holding a metrics.jsonl is a run; "
-                        "s3://bucket/prefix or gs://bucket/prefix reads a bucket (README)")  # fmt: skip
+                        "s3://bucket/prefix, gs://… or az://container/prefix reads a bucket (README)")  # fmt: skip
     parser.add_argument("--list-interval", type=float,
                         default=float(environ.get("METRICS_LIST_INTERVAL", str(LIST_INTERVAL_S))),
                         help="seconds between listings of a bucket root (its live runs: each refresh)")  # fmt: skip
