@@ -79,8 +79,9 @@ class RunFeed(FollowedLog):
         self.log = SessionLog()
         self.rules = RunRules(config)
 
-    def refresh(self) -> tuple[int, int]:
-        """Read what was appended since the last call: (bytes read, records)."""
+    def refresh(self, pace: Callable[[], None] | None = None) -> tuple[int, int]:
+        """Read what was appended since the last call: (bytes read, records).  ``pace`` is called
+        after each block read (``lines.READ_CHUNK`` bytes at most)."""
         start, records = self._follower.offset, 0
         for batch in batches(self._follower):
             if batch.reset is not None:  # rewritten or replaced: everything is read again
@@ -89,6 +90,8 @@ class RunFeed(FollowedLog):
             self.log.add(batch.records)
             self.rules.add(batch.records)
             records += len(batch.records)
+            if pace is not None:
+                pace()
         return self._follower.offset - start, records
 
     @property
@@ -118,12 +121,16 @@ class AlertEvaluator:
 
     def __init__(self, root: str | Path, config: AlertConfig | None = None, *, rediscover_s: float = REDISCOVER_S,
                  clock: Callable[[], float] = time.monotonic,
-                 firing: Mapping[str, Iterable[str]] | None = None) -> None:  # fmt: skip
+                 firing: Mapping[str, Iterable[str]] | None = None,
+                 pace: Callable[[], None] | None = None) -> None:  # fmt: skip
         """``rediscover_s``: how often the root is walked for runs that appeared or went (the walk,
         a ``scandir`` per directory, is most of an idle pass over a big root).  ``firing``: per
         run, the conditions an earlier process already alerted on (``alerts --state``): they
-        count as firing, and alert again only after they have cleared."""
+        count as firing, and alert again only after they have cleared.  ``pace``: called after
+        each block of a run read (``RunFeed.refresh``), where a pass may wait: a dashboard
+        server's alerter shares its process, and Python's lock, with the pages."""
         self.root = Path(root)
+        self.pace = pace
         self.config = config or AlertConfig()
         self.rediscover_s = rediscover_s
         self._clock = clock
@@ -207,7 +214,7 @@ class AlertEvaluator:
             run.feed, run.stamp = RunFeed(run.path, self.config), None
             self.stats["runs_read"] += 1
         feed = run.feed
-        read, records = feed.refresh()
+        read, records = feed.refresh(self.pace)
         self.stats["bytes_read"] += read
         self.stats["records"] += records
         status = run_status(feed, now=now)
@@ -264,9 +271,11 @@ class Alerter:
 
     def __init__(self, root: str | Path, config: AlertConfig | None = None, *, webhook: str | None = None,
                  report: Callable[[str], None] | None = None,
-                 firing: Mapping[str, Iterable[str]] | None = None) -> None:  # fmt: skip
+                 firing: Mapping[str, Iterable[str]] | None = None,
+                 pace: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """``pace``: as ``AlertEvaluator``'s."""
         self.config = config or AlertConfig()
-        self.evaluator = AlertEvaluator(root, self.config, firing=firing)
+        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace)
         url = webhook or self.config.webhook
         self.delivery = None if url is None else Delivery(url, root=str(root), report=report)
 

@@ -509,3 +509,26 @@ def test_a_root_gone_for_a_while_keeps_its_runs_and_alerts(tmp_path: Path) -> No
     clock[0] = 120.0
     assert evaluator.evaluate(now=datetime.now(timezone.utc)) == [] and evaluator.stats["walks"] == 2
     evaluator.close()
+
+
+def test_a_paced_pass_is_paced_after_each_block_read_and_finds_what_an_unpaced_one_finds(tmp_path: Path) -> None:
+    """A server's alerter waits between the blocks it reads (``pace``): called once per block of
+    new bytes, never for a run with nothing new, and the alerts are those of an unpaced pass."""
+    root = tmp_path / "runs"
+    write_run(root / "nan", [2.0, 1.9, math.nan])
+    write_run(root / "ok", healthy(12, 1))
+    calls: list[int] = []
+    paced = AlertEvaluator(root, pace=lambda: calls.append(1))
+    unpaced = AlertEvaluator(root)
+    now = datetime.now(timezone.utc)
+    found = paced.evaluate(now=now)
+    assert (
+        [(a.run, a.condition, a.state) for a in found]
+        == [(a.run, a.condition, a.state) for a in unpaced.evaluate(now=now)]
+        == [("nan", "nonfinite_loss", "firing")]
+    )
+    assert len(calls) == 2  # one block per run
+    paced.evaluate(now=now)
+    assert len(calls) == 2  # both runs ended: a stat each, nothing read
+    paced.close()
+    unpaced.close()

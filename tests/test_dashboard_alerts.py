@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.alert_rules import AlertConfig
-from metrics_core.dashboard.alerting import ServerAlerter, alerts_notice, firing_lines, run_alert_lines
+from metrics_core.dashboard.alerting import Pacer, ServerAlerter, alerts_notice, firing_lines, run_alert_lines
 from metrics_core.session import training_session
 from metrics_core.webhooks import Alert
 from tests.support import Receiver, open_page, read_records
@@ -88,6 +88,41 @@ def test_the_server_alerter_evaluates_in_its_thread_until_closed(tmp_path: Path)
     finally:
         alerter.close()
     assert not any(thread.name == f"alerts {tmp_path}" for thread in threading.enumerate())
+
+
+class Waits:
+    """A stop event that records the waits asked of it and lets the clock run through them."""
+
+    def __init__(self, clock: list[float]) -> None:
+        self.clock, self.asked = clock, []
+
+    def wait(self, timeout: float) -> bool:
+        self.asked.append(timeout)
+        self.clock[0] += timeout
+        return False
+
+
+def test_the_server_alerter_reads_at_most_its_share_of_a_core() -> None:
+    """After each block read, the alerter's thread waits until its CPU time since the last block
+    is ``share`` of the wall time since: a block that took a second of CPU, and as long on the
+    wall clock, is followed by three seconds' wait at a quarter of a core; a block read long after
+    the last (an append, the next pass) by none."""
+    cpu, wall = [0.0], [0.0]
+    stop = Waits(wall)
+    pacer = Pacer(stop, share=0.25, cpu=lambda: cpu[0], wall=lambda: wall[0])  # type: ignore[arg-type]
+    pacer()  # the first block: nothing to pace it against
+    cpu[0] += 1.0
+    wall[0] += 1.0
+    pacer()
+    assert stop.asked == [3.0]
+    cpu[0] += 0.5
+    wall[0] += 1.5  # waited for the lock: wall time the pages had
+    pacer()
+    assert stop.asked == [3.0, 0.5]
+    cpu[0] += 0.01
+    wall[0] += 10.0
+    pacer()
+    assert stop.asked == [3.0, 0.5]
 
 
 @pytest.fixture

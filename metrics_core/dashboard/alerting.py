@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +28,40 @@ from metrics_core.webhooks import Alert
 
 FIRING_SHOWN = 50  # firing alerts listed on the overview; more are counted, not listed
 CLEARED_SHOWN = 20  # recently cleared alerts listed behind the expander
+READ_SHARE = 0.25  # of a core, at most, for the server alerter's reading (``Pacer``)
 _log = logging.getLogger(__name__)
+
+
+class Pacer:
+    """Called by the alerter's thread after each block it read: waits until that thread's CPU time
+    since the last call is at most ``share`` of the wall time since.
+
+    The alerter parses in pure Python, holding the interpreter lock the pages' threads need; a
+    first pass over a run of a million records is tens of seconds of it, and unpaced it makes
+    every answer a live page waits for meanwhile several times slower (each time a page's thread
+    lets the lock go, in numpy or I/O, it waits for the parser's next switch interval to get it
+    back).  Paced, the pages get the lock free most of the time; a pass that reads little (an
+    append) never waits, as the wall time since the last pass covers its CPU time.
+    ``stop`` ends a wait early; ``cpu`` and ``wall`` are the thread's CPU clock and the wall clock."""
+
+    def __init__(
+        self,
+        stop: threading.Event,
+        *,
+        share: float = READ_SHARE,
+        cpu: Callable[[], float] = time.thread_time,
+        wall: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.share, self._stop, self._cpu, self._wall = share, stop, cpu, wall
+        self._since: tuple[float, float] | None = None  # (CPU, wall) clocks at the last call
+
+    def __call__(self) -> None:
+        if self._since is not None:
+            cpu, wall = self._since
+            wait = (self._cpu() - cpu) / self.share - (self._wall() - wall)
+            if wait > 0:
+                self._stop.wait(wait)
+        self._since = (self._cpu(), self._wall())
 
 
 class ServerAlerter:
@@ -35,9 +69,9 @@ class ServerAlerter:
     Thread-safe: ``firing`` and ``recent`` are the evaluator's locked copies."""
 
     def __init__(self, root: Path, config: AlertConfig, *, webhook: str | None, interval: float = INTERVAL_S) -> None:
-        self.alerter = Alerter(root, config, webhook=webhook, report=_log.warning)
-        self.interval = interval
         self._stop = threading.Event()
+        self.alerter = Alerter(root, config, webhook=webhook, report=_log.warning, pace=Pacer(self._stop))
+        self.interval = interval
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"alerts {root}", daemon=True)
         self._thread.start()
