@@ -12,7 +12,7 @@ proxy, so what a bucket would bill:
   ``--refresh``: every refresh an ``overview()`` (the runs page) and a ``view()`` of a live run (a
   run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
   the first read of every run, printed apart); ``--reads pyarrow``: as where botocore is not
-  installed (``object_storage.ArrowReads``: a HEAD before each GET);
+  installed (``object_reads.ArrowReads``: a HEAD before each GET);
 * TensorBoard's pattern: each reload (every ``--refresh`` s, its default is 5 s) lists every
   object and reads each run's file again (a HEAD and a GET per object), whatever ended long ago;
   emulated here with the same client (``pyarrow.fs``), two reloads measured, scaled to a minute.
@@ -42,15 +42,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
+from metrics_core.buckets import azure_filesystem, bucket_filesystem, parse_bucket_url
 from metrics_core.dashboard.store import RunStore
-from metrics_core.object_storage import (
-    ArrowReads,
-    azure_filesystem,
-    bucket_filesystem,
-    discover_bucket_runs,
-    parse_bucket_url,
-    s3_reads,
-)
+from metrics_core.object_reads import ArrowReads, s3_reads
+from metrics_core.object_storage import discover_bucket_runs
 from tests.live_server import free_port, wait_for_http
 from tests.support import BUCKET, CountingProxy, base_record, bucket_run, line, put_object
 

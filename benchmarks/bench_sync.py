@@ -30,7 +30,8 @@ from pyarrow import fs as pafs
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrics_core import object_storage
-from metrics_core.object_storage import ObjectFile, PartsFile, parse_bucket_url, s3_filesystem, upload_part
+from metrics_core.buckets import parse_bucket_url, s3_filesystem
+from metrics_core.object_storage import ObjectFile, PartsFile, upload_part
 from metrics_core.reader import RunReader
 from metrics_core.sync import RunSync
 
@@ -108,7 +109,7 @@ def cold_read(filesystem: pafs.FileSystem, parts: int) -> None:
 
     whole_s, records = read(ObjectFile(f"s3://{BUCKET}/cold-whole/metrics.jsonl", filesystem))
     parallel_s, _ = read(PartsFile(run, filesystem))
-    object_storage._PARALLEL_GETS = 1
+    object_storage.PARALLEL_GETS = 1  # the name PartsFile.read looks up
     serial_s, _ = read(PartsFile(run, filesystem))
     print(f"cold read of {records:,} records ({len(data):,} B):")
     print(f"  one object {whole_s:.2f} s; {parts:,} parts: {parallel_s:.2f} s fetched 8 at a time, "

@@ -54,15 +54,10 @@ from typing import TYPE_CHECKING
 
 from pyarrow import fs as pafs
 
+from metrics_core.buckets import bucket_filesystem, parse_bucket_url
 from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
-from metrics_core.object_storage import (
-    BucketRun,
-    ObjectReads,
-    bucket_filesystem,
-    discover_bucket_runs,
-    object_reads,
-    parse_bucket_url,
-)
+from metrics_core.object_reads import ObjectReads, object_reads
+from metrics_core.object_storage import BucketRun, discover_bucket_runs
 from metrics_core.reader import RunReader
 from metrics_core.roots import LIST_INTERVAL_S
 from metrics_core.runs import RunInfo, RunListing

@@ -6,7 +6,7 @@ Parquet is the format DuckDB, Spark, Trino, Polars and pandas read at any scale.
 The runs are read through ``roots.open_root``, the seam the dashboard reads them through: a local
 directory, or a bucket prefix (``s3://``, ``gs://``, ``az://``; ``metrics_core.bucket_root``), whose
 one listing tells which runs changed at no request per run.  An export directory ``OUT`` (a local
-directory, or a bucket prefix through ``object_storage.bucket_filesystem``) holds:
+directory, or a bucket prefix through ``buckets.bucket_filesystem``) holds:
 
 * ``OUT/<name>-<hash>.parquet``, one per run: every record of every session, replayed ones
   included, one row per record, as ``export_table.run_table`` makes it (its docstring lists the
@@ -99,7 +99,7 @@ class Destination:
     def of(cls, out: str | os.PathLike[str], filesystem: pafs.FileSystem | None = None) -> Destination:
         text = os.fspath(out)
         if is_bucket_url(text):
-            from metrics_core.object_storage import bucket_filesystem, parse_bucket_url
+            from metrics_core.buckets import bucket_filesystem, parse_bucket_url
 
             location = parse_bucket_url(text)
             return cls(filesystem or bucket_filesystem(location), location.fs_path, location.url, local=False)
@@ -219,7 +219,7 @@ def export_root(
 def root_name(root: str | os.PathLike[str]) -> str:
     """What names a runs root in a manifest and a cache key: a directory's real path, a bucket's address."""
     if is_bucket_url(root):
-        from metrics_core.object_storage import parse_bucket_url
+        from metrics_core.buckets import parse_bucket_url
 
         return parse_bucket_url(os.fspath(root)).url
     return str(Path(root).resolve())

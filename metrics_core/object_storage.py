@@ -1,21 +1,9 @@
 """Runs in a bucket (S3-compatible, Google Cloud Storage, or an Azure Blob Storage container): a
 ``RunFile`` for one object or for a run uploaded in parts, and run discovery under a prefix.
 
-Optional: needs ``pyarrow`` (the ``s3`` extra; the head node's ``app`` extra has it already), and
-``import metrics_core`` never loads this module.  ``pyarrow.fs`` lists and uploads, because the
-read side already depends on it.  Bytes are fetched through ``ObjectReads``: botocore where it is
-installed (the ``s3`` extra brings it), one request a read, because a ranged GET's answer carries
-the object's size, ETag and Last-Modified with the bytes; else pyarrow, whose ``open_input_file``
-takes a path, never the size a listing gave, and so sends a HEAD before each GET (``ArrowReads``).
-
-Credentials come the way AWS's own tools take them (``AWS_ACCESS_KEY_ID``,
-``AWS_SECRET_ACCESS_KEY``, ``AWS_DEFAULT_REGION``, profiles); ``AWS_ENDPOINT_URL`` names an
-S3-compatible server (MinIO, moto) and is passed on explicitly.  A ``gs://`` address is Google
-Cloud Storage through ``pyarrow.fs.GcsFileSystem`` (Google's default credentials;
-``STORAGE_EMULATOR_HOST`` names an emulator), read with ``ArrowReads``: the same files, a
-metadata request before each GET.  An ``az://container/prefix`` address is a container of the
-storage account the Azure CLI's variables name, through ``pyarrow.fs.AzureFileSystem``
-(``azure_filesystem``), read with ``ArrowReads`` too (Get Blob Properties before each GET).
+Optional, as ``buckets``: ``import metrics_core`` never loads this module.  ``pyarrow.fs`` lists
+and uploads, because the read side already depends on it; bytes are fetched through
+``object_reads.ObjectReads``.
 
 ``ObjectFile`` keeps the ``RunFile`` contract (``metrics_core.storage``) with an object's terms:
 
@@ -67,322 +55,24 @@ holds complete lines only, and the parts in name order concatenate to the file's
 from __future__ import annotations
 
 import bisect
-import hashlib
-import os
 import re
-from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
-from datetime import timedelta
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
-from urllib.parse import urlsplit
 
 from pyarrow import fs as pafs
 
-from metrics_core.errors import RunFileError, RunNotFoundError, RunPathError
+from metrics_core.buckets import BucketPath, bucket_filesystem, error_line, parse_bucket_url
+from metrics_core.buckets import s3_filesystem as s3_filesystem  # README's example imports it from here
+from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.lines import READ_CHUNK
+from metrics_core.object_reads import PARALLEL_GETS, ObjectReads, ObjectSlice, object_reads, short_digest
 from metrics_core.storage import FileStat
 from metrics_core.writer import METRICS_FILENAME
 
-SCHEMES = ("s3", "gs", "az")  # S3 and S3-compatible servers; Google Cloud Storage; Azure Blob Storage
 PARTS_DIRNAME = METRICS_FILENAME + ".parts"
 _PART_NAME = re.compile(r"(\d{16})\.jsonl")
 SMALL_READ = 4096  # a read this short is a follower's look at a line (``lines.LineFollower``'s checks)
-_GCS_RETRY_S = 30.0
-_PARALLEL_GETS = 8  # parts fetched at once by a read that covers several: a GET's latency, not its bytes, is the cost
-
-
-@dataclass(frozen=True, slots=True)
-class BucketPath:
-    """An ``s3://bucket/key`` (``gs://bucket/key``, ``az://container/key``) address, split; ``key``
-    has no leading or trailing ``/``."""
-
-    bucket: str
-    key: str
-    scheme: str = "s3"
-
-    @property
-    def url(self) -> str:
-        return f"{self.scheme}://{self.bucket}/{self.key}".rstrip("/")
-
-    @property
-    def fs_path(self) -> str:
-        """The path ``pyarrow.fs`` takes: ``bucket/key``."""
-        return f"{self.bucket}/{self.key}".rstrip("/")
-
-    def child(self, name: str) -> BucketPath:
-        return BucketPath(self.bucket, f"{self.key}/{name}".strip("/"), self.scheme)
-
-
-def parse_bucket_url(url: str) -> BucketPath:
-    """``s3://bucket/prefix``, ``gs://bucket/prefix`` or ``az://container/prefix`` split into bucket
-    and key, or ``RunPathError`` saying why not."""
-    parts = urlsplit(url)
-    if parts.scheme not in SCHEMES or not parts.netloc:
-        raise RunPathError(f"{url}: not a bucket address (expected s3://bucket/prefix, gs://bucket/prefix or "
-                           "az://container/prefix)")  # fmt: skip
-    key = parts.path.strip("/")
-    if ".." in key.split("/") or parts.query or parts.fragment:
-        raise RunPathError(f"{url}: a bucket prefix is a plain key path, without '..', '?' or '#'")
-    return BucketPath(parts.netloc, key, parts.scheme)
-
-
-def s3_filesystem() -> pafs.S3FileSystem:
-    """A client configured from the standard AWS variables; ``AWS_ENDPOINT_URL`` (an S3-compatible
-    server) is read here because the client would otherwise go to AWS itself."""
-    endpoint = os.environ.get("AWS_ENDPOINT_URL")
-    if not endpoint:
-        return pafs.S3FileSystem()
-    parts = urlsplit(endpoint)
-    return pafs.S3FileSystem(endpoint_override=parts.netloc or parts.path, scheme=parts.scheme or "https")
-
-
-def gcs_filesystem() -> pafs.GcsFileSystem:
-    """A Google Cloud Storage client with Google's default credentials; ``STORAGE_EMULATOR_HOST``
-    (``http://host:port``, the variable Google's own clients read) names an emulator instead, reached
-    without credentials.  Transient errors are retried for at most ``_GCS_RETRY_S``, not the
-    client's quarter of an hour: nothing waits forever."""
-    retry = timedelta(seconds=_GCS_RETRY_S)
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
-    if not emulator:
-        return pafs.GcsFileSystem(retry_time_limit=retry)
-    parts = urlsplit(emulator if "//" in emulator else f"http://{emulator}")
-    return pafs.GcsFileSystem(anonymous=True, endpoint_override=parts.netloc, scheme=parts.scheme,
-                              retry_time_limit=retry)  # fmt: skip
-
-
-def azure_filesystem(location: BucketPath, environ: Mapping[str, str] = os.environ) -> pafs.FileSystem:
-    """A client of the storage account the Azure CLI would use: ``AZURE_STORAGE_CONNECTION_STRING``
-    (``AccountName``, ``AccountKey`` or ``SharedAccessSignature``, and ``BlobEndpoint`` or
-    ``DefaultEndpointsProtocol``/``EndpointSuffix``: an emulator's endpoint is ``BlobEndpoint``),
-    else ``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``, else
-    that account with Azure's default credential chain (``AZURE_CLIENT_ID``…, a managed identity,
-    ``az login``).  ``RunPathError`` naming ``location`` when no account is named or the
-    connection string cannot be used."""
-    if getattr(pafs, "AzureFileSystem", None) is None:
-        raise RunPathError(f"{location.url}: this pyarrow has no Azure Blob Storage client (pyarrow >= 16 has one)")
-    fields = dict(part.split("=", 1) for part in environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
-                  if "=" in part)  # fmt: skip
-    account = fields.get("AccountName") or environ.get("AZURE_STORAGE_ACCOUNT")
-    if not account:
-        raise RunPathError(f"{location.url}: no storage account named: set AZURE_STORAGE_ACCOUNT (with AZURE_STORAGE_"
-                           "KEY or AZURE_STORAGE_SAS_TOKEN), or AZURE_STORAGE_CONNECTION_STRING")  # fmt: skip
-    options: dict[str, str] = {}
-    if fields:
-        key, sas = fields.get("AccountKey"), fields.get("SharedAccessSignature")
-    else:
-        key, sas = environ.get("AZURE_STORAGE_KEY"), environ.get("AZURE_STORAGE_SAS_TOKEN")
-    if key:
-        options["account_key"] = key
-    elif sas:
-        options["sas_token"] = sas
-    endpoint = fields.get("BlobEndpoint")
-    if endpoint:
-        parts = urlsplit(endpoint)
-        path = parts.path.strip("/")
-        if path == account:  # path-style, an emulator's: http://127.0.0.1:10000/devstoreaccount1
-            authority = parts.netloc
-        elif not path and parts.netloc.startswith(account + "."):  # https://account.blob.core.windows.net
-            authority = parts.netloc[len(account) :]
-        else:
-            raise RunPathError(f"{location.url}: BlobEndpoint {endpoint} names neither http(s)://HOST/{account} "
-                               f"nor https://{account}.HOST")  # fmt: skip
-        scheme = parts.scheme or "https"
-    else:
-        authority = ".blob." + fields.get("EndpointSuffix", "core.windows.net")
-        scheme = fields.get("DefaultEndpointsProtocol", "https")
-    # The Data Lake endpoint is asked whether the account has a hierarchical namespace: the same
-    # authority as the blobs' for an emulator (Azurite answers it), the account's own otherwise.
-    dfs = authority.replace(".blob.", ".dfs.", 1) if authority.startswith(".") else authority
-    return pafs.AzureFileSystem(account, blob_storage_authority=authority, blob_storage_scheme=scheme,
-                                dfs_storage_authority=dfs, dfs_storage_scheme=scheme, **options)  # fmt: skip
-
-
-def bucket_filesystem(location: BucketPath) -> pafs.FileSystem:
-    """The client of ``location``'s kind of bucket, configured from the environment."""
-    if location.scheme == "az":
-        return azure_filesystem(location)
-    return gcs_filesystem() if location.scheme == "gs" else s3_filesystem()
-
-
-def _digest(*parts: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(b"\0".join(parts), digest_size=8).digest(), "big")
-
-
-@dataclass(frozen=True, slots=True)
-class ObjectSlice:
-    """What one request found of an object: its bytes from ``start`` (none for a HEAD), and the
-    object's size and version (a digest of its ETag and Last-Modified) at that moment."""
-
-    start: int
-    data: bytes
-    size: int
-    version: int
-    opened: object = field(default=None, compare=False, repr=False)  # a client's handle on that version, if any
-
-    @property
-    def end(self) -> int:
-        return self.start + len(self.data)
-
-
-class ObjectReads(Protocol):
-    """How a ``RunFile`` in a bucket fetches an object: None when no object is there, else a
-    ``RunFileError`` naming it when the server refuses (no such bucket, access denied)."""
-
-    def head(self, location: BucketPath) -> ObjectSlice | None:
-        """The object's size and version, no bytes."""
-
-    def get(
-        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
-        through: ObjectSlice | None = None,
-    ) -> ObjectSlice | None:  # fmt: skip
-        """Bytes ``[start, start + count)`` of the object, fewer at its end (none when it ends at
-        or before ``start``), with its size and version as the same answer gave them; none either
-        when its version is still ``unless`` (the one the caller holds), if that saves a request.
-        ``through``: an earlier answer whose ``opened`` handle may read the bytes of the version it
-        found, if that saves a request (they may be a later version's: the next look says so)."""
-
-
-class BotocoreReads:
-    """``ObjectReads`` in one request each: a ranged GET's answer carries the object's size
-    (``Content-Range``), ETag and Last-Modified with the bytes, so a look at a live run that may
-    have grown is one request, where pyarrow's client needs a HEAD before every GET (``ArrowReads``)."""
-
-    def __init__(self, client: object) -> None:
-        self.client = client
-
-    def head(self, location: BucketPath) -> ObjectSlice | None:
-        answer = self._call(location, "head_object")
-        if answer is None:
-            return None
-        return ObjectSlice(answer["ContentLength"], b"", answer["ContentLength"], _version(answer))
-
-    def get(
-        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
-        through: ObjectSlice | None = None,
-    ) -> ObjectSlice | None:  # fmt: skip
-        try:
-            answer = self._call(location, "get_object", Range=f"bytes={start}-{start + count - 1}")
-        except _NothingThere:  # the object holds no byte at start (shrank below it, or is empty)
-            found = self.head(location)
-            return None if found is None else ObjectSlice(start, b"", found.size, found.version)
-        if answer is None:
-            return None
-        with answer["Body"] as body:
-            data = self._body(location, body)
-        ranged = _CONTENT_RANGE.fullmatch(answer.get("ContentRange") or "")
-        if ranged is None:  # the whole object (a server that ignores ranges)
-            return ObjectSlice(start, data[start : start + count], len(data), _version(answer))
-        return ObjectSlice(int(ranged[1]), data, int(ranged[2]), _version(answer))
-
-    def _call(self, location: BucketPath, operation: str, **options: str) -> dict | None:
-        from botocore.exceptions import BotoCoreError, ClientError
-
-        try:
-            return getattr(self.client, operation)(Bucket=location.bucket, Key=location.key, **options)
-        except ClientError as exc:
-            code = exc.response.get("Error", {}).get("Code")
-            if code in ("NoSuchKey", "404"):
-                return None
-            if code == "InvalidRange":
-                raise _NothingThere from exc
-            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
-        except BotoCoreError as exc:
-            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
-
-    @staticmethod
-    def _body(location: BucketPath, body: object) -> bytes:
-        from botocore.exceptions import BotoCoreError
-
-        try:
-            return body.read()
-        except BotoCoreError as exc:
-            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
-
-
-class _NothingThere(Exception):
-    """A ranged GET that starts at or past the object's end (HTTP 416)."""
-
-
-_CONTENT_RANGE = re.compile(r"bytes (\d+)-\d+/(\d+)")
-
-
-def _version(answer: dict) -> int:
-    headers = answer["ResponseMetadata"]["HTTPHeaders"]
-    return _digest(headers.get("etag", "").encode(), headers.get("last-modified", "").encode())
-
-
-class ArrowReads:
-    """``ObjectReads`` through a ``pyarrow.fs`` client, which opens an object with a HEAD: a HEAD
-    and a GET per read (a read of what a HEAD found goes through that HEAD's handle, ``through``).
-    The fallback without botocore, and the reads of a filesystem configured otherwise than from
-    the environment."""
-
-    def __init__(self, filesystem: pafs.FileSystem) -> None:
-        self.filesystem = filesystem
-
-    def head(self, location: BucketPath) -> ObjectSlice | None:
-        return self._open(location)
-
-    def get(
-        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
-        through: ObjectSlice | None = None,
-    ) -> ObjectSlice | None:  # fmt: skip
-        found = through if through is not None and through.opened is not None else self._open(location)
-        if found is None:
-            return None
-        count = min(count, found.size - start)
-        if count <= 0 or found.version == unless:  # the HEAD said all there is to know
-            return ObjectSlice(start, b"", found.size, found.version, found.opened)
-        try:
-            return ObjectSlice(start, found.opened.read_at(count, start), found.size, found.version, found.opened)
-        except OSError as exc:
-            raise _read_failure(self.filesystem, location, exc) from exc
-
-    def _open(self, location: BucketPath) -> ObjectSlice | None:
-        """The object opened (one HEAD, ``pyarrow``'s only way: ``open_input_file`` takes a path,
-        never the size a listing gave); None when nothing is there."""
-        try:
-            handle = self.filesystem.open_input_file(location.fs_path)
-        except FileNotFoundError:
-            return None
-        except OSError as exc:
-            raise RunFileError(location.url, f"cannot be read: {_first_line(exc)}") from exc
-        # S3 says ETag and Last-Modified, Cloud Storage etag, generation and updated: any change is a new version
-        version = _digest(*(f"{key}={value!r}".encode() for key, value in sorted(handle.metadata().items())))
-        return ObjectSlice(handle.size(), b"", handle.size(), version, handle)
-
-
-def s3_reads() -> ObjectReads:
-    """How a runs root reads its objects: one request a read through botocore, configured from the
-    same environment as ``s3_filesystem`` (``AWS_ENDPOINT_URL`` with path-style addresses, as
-    ``pyarrow`` uses them; AWS's own chain for credentials and region), or ``ArrowReads`` on
-    ``s3_filesystem()`` where botocore is not installed."""
-    try:
-        import botocore.config
-        import botocore.session
-    except ImportError:
-        return ArrowReads(s3_filesystem())
-    endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
-    config = botocore.config.Config(
-        connect_timeout=10, read_timeout=60, retries={"max_attempts": 3, "mode": "standard"},
-        max_pool_connections=2 * _PARALLEL_GETS, s3={"addressing_style": "path"} if endpoint else None,
-    )  # fmt: skip
-    return BotocoreReads(botocore.session.get_session().create_client("s3", endpoint_url=endpoint, config=config))
-
-
-def object_reads(
-    location: BucketPath, filesystem: pafs.FileSystem | None = None, reads: ObjectReads | None = None
-) -> ObjectReads:
-    """``reads`` if given, else the reads of ``filesystem`` (``ArrowReads``: botocore would not
-    share its configuration), else those of the environment for ``location``'s kind of bucket
-    (``s3_reads``; Google Cloud Storage's and Azure's through ``pyarrow``: a HEAD before each GET)."""
-    if reads is not None:
-        return reads
-    if filesystem is not None or location.scheme != "s3":
-        return ArrowReads(filesystem if filesystem is not None else bucket_filesystem(location))
-    return s3_reads()
 
 
 class _InBucket:
@@ -403,7 +93,7 @@ class _InBucket:
         """The address (appends keep it; the cache's fingerprints catch a rewrite)."""
         if not self._opened:
             return None
-        return f"{self.location.scheme}-{_digest(self.location.url.encode()):016x}"
+        return f"{self.location.scheme}-{short_digest(self.location.url.encode()):016x}"
 
 
 class ObjectFile(_InBucket):
@@ -514,7 +204,7 @@ def list_parts(filesystem: pafs.FileSystem, parts: BucketPath) -> list[Part]:
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise RunFileError(parts.url, f"cannot be listed: {_first_line(exc)}") from exc
+        raise RunFileError(parts.url, f"cannot be listed: {error_line(exc)}") from exc
     depth = parts.fs_path.count("/") + 1
     found = []
     for info in infos:
@@ -545,7 +235,7 @@ def upload_part(filesystem: pafs.FileSystem, parts: BucketPath, offset: int, dat
         with filesystem.open_output_stream(location.fs_path) as out:
             out.write(data)
     except OSError as exc:
-        raise RunFileError(location.url, f"cannot be uploaded: {_first_line(exc)}") from exc
+        raise RunFileError(location.url, f"cannot be uploaded: {error_line(exc)}") from exc
     return location
 
 
@@ -579,7 +269,7 @@ class PartsFile(_InBucket):
         if self._torn not in parts:
             self._torn = None  # replaced or deleted: read on
         self._size = self._torn.end if self._torn is not None else parts[-1].end
-        identity = _digest(*(f"{part.start}:{part.size}:{part.modified_ns}".encode() for part in parts))
+        identity = short_digest(*(f"{part.start}:{part.size}:{part.modified_ns}".encode() for part in parts))
         return FileStat((identity, self._size), 0, self._size)
 
     def open(self) -> None:
@@ -608,7 +298,7 @@ class PartsFile(_InBucket):
             offset += take
             index += 1
         if len(pieces) > 1:
-            with ThreadPoolExecutor(min(len(pieces), _PARALLEL_GETS)) as pool:
+            with ThreadPoolExecutor(min(len(pieces), PARALLEL_GETS)) as pool:
                 chunks = list(pool.map(lambda piece: self._read_part(*piece), pieces))
         else:
             chunks = [self._read_part(*piece) for piece in pieces]
@@ -685,7 +375,7 @@ def open_bucket_run(
         except FileNotFoundError:
             infos = []
         except OSError as exc:
-            raise RunNotFoundError(f"{location.url}: the run cannot be listed: {_first_line(exc)}") from exc
+            raise RunNotFoundError(f"{location.url}: the run cannot be listed: {error_line(exc)}") from exc
         parts = any(info.base_name == PARTS_DIRNAME and info.type == pafs.FileType.Directory for info in infos)
     if parts:
         return PartsFile(location, filesystem, reads=reads)
@@ -714,7 +404,7 @@ def discover_bucket_runs(
             raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such {kind}") from None
         return []
     except OSError as exc:
-        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
+        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {error_line(exc)}") from exc
     base = len(location.fs_path) + 1
     found: dict[tuple[str, bool], tuple[int, int]] = {}  # (name, in parts) -> (size, newest mtime)
     for info in infos:
@@ -743,28 +433,4 @@ def _no_bucket(filesystem: pafs.FileSystem, location: BucketPath) -> bool:
     try:
         return filesystem.get_file_info(location.bucket).type == pafs.FileType.NotFound
     except OSError as exc:
-        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {_first_line(exc)}") from exc
-
-
-def _read_failure(filesystem: pafs.FileSystem, location: BucketPath, exc: OSError) -> RunFileError:
-    """Why an object that was there could not be read: deleted since (the client's own error for a
-    missing object names no object), or the server's refusal."""
-    try:
-        gone = (
-            isinstance(exc, FileNotFoundError)
-            or filesystem.get_file_info(location.fs_path).type == pafs.FileType.NotFound
-        )
-    except OSError:
-        gone = False
-    if gone:
-        return RunFileError(location.url, "vanished while being read (deleted after it was listed)")
-    return RunFileError(location.url, f"cannot be read: {_first_line(exc)}")
-
-
-_NOISE = re.compile(r"<!\[CDATA\[|\]\]>| \(Request ID: [^)]*\)")  # XML quoting and request ids of S3 errors
-
-
-def _first_line(exc: BaseException) -> str:
-    """The first line of a client error, without the server's XML quoting: the refusal stays one line."""
-    text = _NOISE.sub("", str(exc)).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {error_line(exc)}") from exc

@@ -47,16 +47,10 @@ from typing import TextIO
 
 from pyarrow import fs as pafs
 
+from metrics_core.buckets import BucketPath, bucket_filesystem, parse_bucket_url
 from metrics_core.cli import interval_arg
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
-from metrics_core.object_storage import (
-    PARTS_DIRNAME,
-    BucketPath,
-    PartsFile,
-    bucket_filesystem,
-    parse_bucket_url,
-    upload_part,
-)
+from metrics_core.object_storage import PARTS_DIRNAME, PartsFile, upload_part
 from metrics_core.records import check_record
 from metrics_core.storage import LocalFile, metrics_path, run_file_path
 from metrics_core.text import clean

@@ -259,7 +259,7 @@ def put_object(filesystem: object, key: str, data: bytes) -> None:
 def three_bucket_runs(filesystem: pafs.FileSystem, scheme: str, path: Path) -> bytes:
     """Under ``exp/`` of the test bucket: a finished run ``done``, a live one ``live`` and
     ``synced``, the three-session run written to ``path`` and uploaded by ``sync``; the live run's bytes."""
-    from metrics_core.object_storage import parse_bucket_url
+    from metrics_core.buckets import parse_bucket_url
     from metrics_core.sync import RunSync
 
     put_object(filesystem, "exp/done/metrics.jsonl", bucket_run(live=False))

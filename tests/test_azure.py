@@ -15,8 +15,8 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
+from metrics_core.buckets import azure_filesystem, parse_bucket_url
 from metrics_core.errors import MetricsError, RunNotFoundError
-from metrics_core.object_storage import azure_filesystem, parse_bucket_url
 from metrics_core.reader import RunReader
 from metrics_core.roots import open_root
 from metrics_core.sync import RunSync

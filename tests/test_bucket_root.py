@@ -17,12 +17,12 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
+from metrics_core.buckets import parse_bucket_url, s3_filesystem
 from metrics_core.dashboard.launch import streamlit_arguments
 from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store import RunStore, RunViewError
 from metrics_core.errors import RunNotFoundError
 from metrics_core.failure_note import FAILURE_NOTE_FILENAME
-from metrics_core.object_storage import parse_bucket_url, s3_filesystem
 from metrics_core.reader import RunReader
 from metrics_core.runs import StatusRecord, write_failure
 from metrics_core.sync import RunSync
@@ -177,7 +177,7 @@ def test_without_botocore_a_refresh_is_a_head_and_a_get_when_it_grew(
     """Where botocore is not installed, pyarrow's client reads: a HEAD per refresh, and one GET from
     the last line read on when the object grew.  pyarrow opens an object with a HEAD because its
     ``open_input_file`` takes a path, never a ``FileInfo`` with the size: if that changes, this fails
-    and ``object_storage.ArrowReads`` can be one request a read too."""
+    and ``object_reads.ArrowReads`` can be one request a read too."""
     for module in ("botocore", "botocore.config", "botocore.session"):
         monkeypatch.setitem(sys.modules, module, None)
     follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=False,

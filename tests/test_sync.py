@@ -16,20 +16,19 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core import sync as sync_module
+from metrics_core.buckets import parse_bucket_url
 from metrics_core.cache import CachePolicy
 from metrics_core.digest import RunDigest
 from metrics_core.errors import RunFileError
+from metrics_core.object_reads import ArrowReads, s3_reads
 from metrics_core.object_storage import (
-    ArrowReads,
     ObjectFile,
     Part,
     PartsFile,
     discover_bucket_runs,
     list_parts,
     open_bucket_run,
-    parse_bucket_url,
     part_name,
-    s3_reads,
 )
 from metrics_core.reader import RunReader
 from metrics_core.sync import RunSync
