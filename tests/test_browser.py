@@ -25,6 +25,20 @@ def train_points(graph: dict) -> list[tuple[float, float]]:
     return sorted((x, y) for t in raw for x, y in zip(t["x"], t["y"], strict=True) if x is not None)
 
 
+def last_point(page: object) -> tuple[float, float] | None:
+    """The loss chart's last train point; None while the page has no loss chart drawn (a rerun that
+    inserts a panel above the charts may mount them again)."""
+    graph = loss(page)
+    points = train_points(graph) if graph else []
+    return points[-1] if points else None
+
+
+def last_step(page: object) -> float | None:
+    """The step of ``last_point``."""
+    point = last_point(page)
+    return None if point is None else point[0]
+
+
 def open_run(page: object, server: str, name: str, expect_last_step: int) -> dict:
     page.goto(f"{server}/run?run={name}")
     return wait_until(
@@ -123,13 +137,13 @@ def test_appended_record_appears_and_torn_tail_waits_for_its_newline(
     with MetricsWriter(RunContext(run.directory, "live", "s1")) as writer:
         state.step = 60
         writer.write("train", state, train_loss=0.5)
-        assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5))
+        assert wait_until(page, lambda: last_point(page) == (60, 0.5))
     line = orjson.dumps(base_record(70, session="s1", train_loss=0.25)) + b"\n"
     append_bytes(run.directory / "metrics.jsonl", line[:40])
     page.wait_for_timeout(3000)  # three refresh periods
-    assert train_points(loss(page))[-1][0] == 60
+    assert wait_until(page, lambda: last_step(page)) == 60
     append_bytes(run.directory / "metrics.jsonl", line[40:])
-    assert wait_until(page, lambda: train_points(loss(page))[-1] == (70, 0.25))
+    assert wait_until(page, lambda: last_point(page) == (70, 0.25))
 
 
 def test_zoom_survives_live_updates(page: object, server: str, served_root: Path) -> None:
@@ -147,7 +161,7 @@ def test_zoom_survives_live_updates(page: object, server: str, served_root: Path
     zoomed = wait_until(page, lambda: loss(page)["xrange"] if loss(page)["autorange"] is False else None)
     assert 200 < zoomed[0] < zoomed[1] < 700
     append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(1010, 1101, 10)))
-    wait_until(page, lambda: train_points(loss(page))[-1][0] == 1100)
+    wait_until(page, lambda: last_step(page) == 1100)
     after = loss(page)
     assert after["xrange"] == pytest.approx(zoomed)
     assert after["autorange"] is False
@@ -233,7 +247,7 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, serv
     answered = len(page.evaluate(ANSWERS_JS))
     appended = range(40_010, 40_101, 10)  # steps 10..10,000 travel as int16
     append_records(path, *map(record, appended))
-    wait_until(page, lambda: train_points(loss(page))[-1][0] == 40_100)
+    wait_until(page, lambda: last_step(page) == 40_100)
     page.wait_for_timeout(1500)  # the update's remaining messages
     # The update travels as the route's answer (six extends and the status line, a few KB), or as
     # a rerun's messages where the page changed otherwise (the health panel). A whole figure of
@@ -241,7 +255,7 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, serv
     messages = received + page.evaluate(ANSWERS_JS)[answered:]
     assert messages and max(messages) < 8_000, messages
     assert sum(messages) < 60_000, messages
-    points = train_points(loss(page))
+    points = train_points(wait_until(page, lambda: loss(page)))
     steps = [*range(10, 10_001, 10), *appended]
     assert [x for x, _ in points] == steps
     assert [y for _, y in points] == pytest.approx([5.0 / s for s in steps], rel=1e-6)
@@ -266,7 +280,7 @@ def test_an_idle_tab_gets_nothing_and_an_append_arrives_without_a_rerun(
     page.wait_for_timeout(3000)  # three refresh periods
     assert received == []
     append_records(path, base_record(60, train_loss=0.5))
-    assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5))
+    assert wait_until(page, lambda: last_point(page) == (60, 0.5))
     assert wait_until(page, lambda: "6 records" in status.inner_text())
     page.wait_for_timeout(1000)
     assert received == []
@@ -311,7 +325,7 @@ def test_zooming_in_draws_every_raw_record_in_range_and_zooming_out_the_whole_ru
     assert in_range(zoomed) == list(range(100_010, 110_001, 10))
     assert zoomed["xrange"] == pytest.approx([100_005, 110_000])
     append_records(path, base_record(300_010, train_loss=2.0))
-    wait_until(page, lambda: train_points(loss(page))[-1][0] == 300_010, timeout=30)
+    wait_until(page, lambda: last_step(page) == 300_010, timeout=30)
     assert loss(page)["xrange"] == pytest.approx([100_005, 110_000]) and len(in_range(loss(page))) == 1000
     page.evaluate(relayout, {"xaxis.autorange": True})
     wait_until(page, lambda: len(in_range(loss(page))) < 500, timeout=30)
@@ -362,13 +376,13 @@ def test_a_live_update_that_fails_to_draw_is_said_and_drawn_again_in_full(
     open_run(page, server, "failing", 50)
     page.evaluate("window.__failExtend = true")
     append_records(path, base_record(60, train_loss=0.5))
-    assert wait_until(page, lambda: train_points(loss(page))[-1] == (60, 0.5), timeout=30)
+    assert wait_until(page, lambda: last_point(page) == (60, 0.5), timeout=30)
     assert page.evaluate("window.__failExtend") is False  # the failure did happen
     notes = page.evaluate("window.__notes")
     assert notes and "could not be updated (injected extend failure)" in notes[0], notes
     wait_until(page, lambda: page.evaluate("!document.querySelector('.metrics-chart-note')"), timeout=10)
     append_records(path, base_record(70, train_loss=0.25))  # and it goes on updating
-    assert wait_until(page, lambda: train_points(loss(page))[-1] == (70, 0.25), timeout=30)
+    assert wait_until(page, lambda: last_point(page) == (70, 0.25), timeout=30)
 
 
 def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server: str, served_root: Path) -> None:
