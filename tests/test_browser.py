@@ -261,6 +261,48 @@ def test_a_live_update_sends_only_the_new_points(page: object, server: str, serv
     assert [y for _, y in points] == pytest.approx([5.0 / s for s in steps], rel=1e-6)
 
 
+CHART_JS = "(title) => [...document.querySelectorAll('.metrics-chart')].find(g => g.layout?.title.text === title)"
+
+BELOW_FOLD_JS = """() => {
+  const graphs = [...document.querySelectorAll('.metrics-chart')];
+  const below = graphs.filter(g => g.getBoundingClientRect().top > innerHeight);
+  return below.length && below.at(-1).layout ? below.at(-1).layout.title.text : null;
+}"""
+
+LAST_X_JS = f"""(title) => {{
+  const graph = ({CHART_JS})(title);
+  const last = (values) => Math.max(...Array.from(values || []).filter(Number.isFinite), -1);
+  return {{
+    data: Math.max(...graph.data.map(trace => last(trace.x))),
+    drawn: Math.max(...graph.calcdata.map(points => last(points.map(point => point.x)))),
+    top: graph.getBoundingClientRect().top,
+  }};
+}}"""
+
+
+def test_a_chart_out_of_view_takes_an_update_and_draws_it_when_scrolled_to(
+    page: object, server: str, served_root: Path
+) -> None:
+    """An append redraws the charts in view; a chart below the fold takes the new points into its
+    data at once (what it holds stays what the server extends) but is drawn only when it comes
+    into view, then with the new point."""
+    path = served_root / "fold" / "metrics.jsonl"
+    extra = lambda s: {"extra/a": s, "extra/b": -s}  # noqa: E731
+    record = lambda s: base_record(s, train_loss=1.0 / s, grad_norm_avg=1.0, lr=1e-4, **extra(s))  # noqa: E731
+    append_records(path, *map(record, range(10, 51, 10)))
+    open_run(page, server, "fold", 50)
+    title = wait_until(page, lambda: page.evaluate(BELOW_FOLD_JS))
+    assert wait_until(page, lambda: page.evaluate(LAST_X_JS, title)["drawn"] == 50)
+    append_records(path, record(60))
+    assert wait_until(page, lambda: last_step(page) == 60)
+    assert wait_until(page, lambda: page.evaluate(LAST_X_JS, title)["data"] == 60)
+    page.wait_for_timeout(500)
+    below = page.evaluate(LAST_X_JS, title)
+    assert below["top"] > 1100 and below["drawn"] == 50, below
+    page.evaluate(f"(title) => ({CHART_JS})(title).scrollIntoView()", title)
+    assert wait_until(page, lambda: page.evaluate(LAST_X_JS, title)["drawn"] == 60)
+
+
 def test_an_idle_tab_gets_nothing_and_an_append_arrives_without_a_rerun(
     page: object, server: str, served_root: Path
 ) -> None:

@@ -97,6 +97,56 @@ function extend(Plotly, graph, steps) {
   }
 }
 
+// The same points appended to graph.data without drawing them, for a chart out of view.
+function extendData(graph, steps) {
+  for (const step of steps) {
+    for (const [name, tails] of Object.entries(step.update)) {
+      step.indices.forEach((index, i) => {
+        const trace = graph.data[index];
+        const target = widen(trace, name);
+        const tail = like(target, tails[i]);
+        if (!ArrayBuffer.isView(target)) trace[name] = (target || []).concat(tail);
+        else {
+          const joined = new target.constructor(target.length + tail.length);
+          joined.set(target);
+          joined.set(tail, target.length);
+          trace[name] = joined;
+        }
+      });
+    }
+  }
+}
+
+// Charts out of view are not redrawn per update: an append to a long run costs the page a redraw
+// of every point a chart holds, and most of a page's charts are below the fold.  Such a chart
+// takes the new points into graph.data (so it still holds what it says it holds, and answers
+// what it shows when read) and is drawn once when it comes into view (plotly then recomputes from
+// graph.data: Plotly.react sees new arrays).  Without IntersectionObserver every chart is in view.
+const outOfView = new WeakSet();
+let viewWatch = null;
+
+function watchView(graph) {
+  if (!("IntersectionObserver" in window)) return;
+  viewWatch = viewWatch || new IntersectionObserver((entries) => {
+    for (const entry of entries) {
+      if (entry.isIntersecting) {
+        outOfView.delete(entry.target);
+        if (entry.target.__metricsStale) redrawStale(entry.target);
+      } else outOfView.add(entry.target);
+    }
+  });
+  viewWatch.observe(graph);
+}
+
+function redrawStale(graph) {
+  graph.__metricsDrawn = (graph.__metricsDrawn || Promise.resolve()).then(() => window.__metricsPlotly).then((Plotly) => {
+    const stale = graph.__metricsStale;
+    if (!stale || graph.dataset.failed) return;
+    delete graph.__metricsStale;
+    return Plotly.react(graph, graph.data, stale.layout || graph.layout, CONFIG);
+  }).catch((error) => failed(graph.__metricsParent, graph, "extend", graph.dataset.wanted, error));
+}
+
 // The x-range of a relayout event in data units (a date axis reports strings: epoch ms here),
 // null when the user zoomed back out, undefined when the event did not touch the x-axis.
 function xrangeOf(event) {
@@ -132,6 +182,11 @@ function drawChart(component) {
   // The latest component instance's: for a failed draw, a missed base and a zoom to call.
   graph.__metricsTrigger = setTriggerValue;
   graph.__metricsSetState = setStateValue;
+  graph.__metricsParent = parentElement;
+  if (!graph.__metricsWatched) {
+    graph.__metricsWatched = true;
+    watchView(graph);
+  }
   if (data.key) charts.set(data.key, { parentElement, graph });
   csvLink(parentElement, data.csv);
   apply(parentElement, graph, data);
@@ -146,6 +201,7 @@ function held() {
   for (const [key, { graph }] of [...charts].sort(([a], [b]) => (a < b ? -1 : 1))) { // one order: answers are shared
     if (!graph.isConnected) {
       charts.delete(key);
+      if (viewWatch) viewWatch.unobserve(graph);
       continue;
     }
     const zoomed = graph.dataset.zoom && graph.dataset.zoom !== "null";
@@ -189,7 +245,16 @@ function apply(parentElement, graph, data) {
     if (graph.dataset.failed && data.op !== "full") return; // queued before an earlier draw failed
     if (data.op === "full") {
       const figure = unpack(JSON.parse(data.figure));
+      delete graph.__metricsStale;
       Plotly.react(graph, figure.data, figure.layout, CONFIG);
+    } else if (outOfView.has(graph) || graph.__metricsStale) { // out of view, or came into view while this waited
+      extendData(graph, data.steps);
+      const layout = data.layout ? JSON.parse(data.layout) : graph.__metricsStale && graph.__metricsStale.layout;
+      if (outOfView.has(graph)) graph.__metricsStale = { layout };
+      else {
+        delete graph.__metricsStale;
+        Plotly.react(graph, graph.data, layout || graph.layout, CONFIG);
+      }
     } else {
       extend(Plotly, graph, data.steps);
       if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), CONFIG);
@@ -212,22 +277,25 @@ function apply(parentElement, graph, data) {
       });
     }
   });
-  // A draw that failed leaves the chart holding nothing it can extend: it says so in its place (never
-  // a chart silently frozen on old data) and, if it was extending, asks for the whole figure, once;
-  // a whole figure that failed waits for the next one (another would fail the same way).
-  graph.__metricsDrawn = drawn.catch((error) => {
-    console.error("metrics_core: chart not drawn", error);
-    delete graph.dataset.seq;
-    delete graph.dataset.wanted;
-    graph.dataset.failed = String(data.seq);
-    const reason = error && error.message ? error.message : String(error);
-    if (data.op === "full") note(parentElement, `This chart could not be drawn (${reason}). Reload the page to try again.`);
-    else {
-      note(parentElement, `This chart could not be updated (${reason}); it is being drawn again in full.`);
-      graph.__metricsTrigger("resync", { seq: data.seq, held: null });
-    }
-  });
+  graph.__metricsDrawn = drawn.catch((error) => failed(parentElement, graph, data.op, data.seq, error));
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
+}
+
+// A draw that failed leaves the chart holding nothing it can extend: it says so in its place (never
+// a chart silently frozen on old data) and, if it was extending, asks for the whole figure, once;
+// a whole figure that failed waits for the next one (another would fail the same way).
+function failed(parentElement, graph, op, seq, error) {
+  console.error("metrics_core: chart not drawn", error);
+  delete graph.dataset.seq;
+  delete graph.dataset.wanted;
+  delete graph.__metricsStale;
+  graph.dataset.failed = String(seq);
+  const reason = error && error.message ? error.message : String(error);
+  if (op === "full") note(parentElement, `This chart could not be drawn (${reason}). Reload the page to try again.`);
+  else {
+    note(parentElement, `This chart could not be updated (${reason}); it is being drawn again in full.`);
+    graph.__metricsTrigger("resync", { seq, held: null });
+  }
 }
 
 // Linked x: a zoom, pan or reset of one chart moves every other chart of the page on the same
