@@ -33,7 +33,8 @@ CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
 
 def live_charts_drawn(page: object, count: int = 1) -> bool:
     """Whether Streamlit's page in ``page`` has drawn at least ``count`` live charts."""
-    return page.evaluate("document.querySelectorAll('.js-plotly-plot .main-svg').length") >= count
+    drawn = "[...document.querySelectorAll('.js-plotly-plot')].filter(g => g.querySelector('.main-svg')).length"
+    return page.evaluate(drawn) >= count
 
 
 # In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs).

@@ -57,7 +57,7 @@ def test_charts_are_drawn_with_the_right_data_and_session_markers(page: object, 
     # The first request to this server is this deep link: it must still get app.py's navigation.
     assert "Training metrics" in page.title()
     assert page.locator("[data-testid='stSidebarNav']").count() == 0
-    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 6
+    assert wait_until(page, lambda: page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 6)
     assert page.evaluate("document.querySelectorAll('iframe .js-plotly-plot').length") == 0
     expected = [(s, 10.0 / s) for s in range(10, 61, 10)] + [(s, 20.0 / s) for s in range(70, 151, 10)]
     assert [x for x, _ in train_points(graph)] == [x for x, _ in expected]
@@ -211,7 +211,7 @@ def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, serve
     assert band["rank step time, fastest–slowest · S2"]["x"] == list(range(70, 151, 10))
     assert band["fastest rank · S2"]["y"] == pytest.approx([0.1] * 9)
     assert band["ranks out of lockstep"]["x"] == [50]
-    assert page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 7
+    assert wait_until(page, lambda: page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 7)
     hover = page.evaluate(f"""() => [...document.querySelectorAll('.js-plotly-plot')]
         .find(g => g.layout.title.text === {STRAGGLER_TITLE!r}).data[4].customdata[0][0]""")
     assert hover == "1"  # the slowest rank of S2's windows, shown as "slowest: rank 1"

@@ -14,7 +14,7 @@ import plotly.graph_objects as go
 import pytest
 
 from metrics_core.dashboard.figures import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
-from metrics_core.dashboard.metric_figures import Series, ema_smooth, metric_figure
+from metrics_core.dashboard.metric_figures import MARKED_POINTS, Series, ema_smooth, metric_figure
 from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, out_of_lockstep, rank_time_ratio, straggler_figure
 from metrics_core.dashboard.store import RunStore
 from metrics_core.dashboard.views import (
@@ -112,6 +112,21 @@ def test_missing_values_are_gaps_with_markers(tmp_path: Path) -> None:
     assert math.isnan(line.y[2]) and line.connectgaps is False
     (markers,) = traces(figure, "no successful update")
     assert list(markers.x) == [30] and markers.yaxis == "y3"
+
+
+@pytest.mark.parametrize(("evaluations", "mode"), [(MARKED_POINTS, "lines+markers"), (MARKED_POINTS + 1, "lines")])
+def test_a_sparse_series_keeps_its_markers_until_they_would_run_together(
+    tmp_path: Path, evaluations: int, mode: str
+) -> None:
+    """Validation points get markers while they stay apart; a trace of more draws the line alone."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, event="validation", val_loss=1.0 / s) for s in range(1, evaluations + 1)))
+    reader = RunReader(path)
+    reader.refresh()
+    figure = metric_figure([Series(reader.frame("validation"), "val_loss", "validation", markers=True)],
+                           title="v", sessions=reader.sessions)  # fmt: skip
+    (line,) = traces(figure, "validation · S1")
+    assert line.mode == mode and len(line.x) == evaluations
 
 
 def test_x_axis_modes(reader: RunReader) -> None:

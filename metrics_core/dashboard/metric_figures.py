@@ -11,7 +11,9 @@
 * its y axes (titles, formats, count axes, the robust default range and the off-scale markers
   beside it) follow ``metric_axes``, the one place for those rules;
 * a sparse series (validation every N steps, ``markers=True``) is drawn raw with markers, never
-  smoothed like the dense series beside it;
+  smoothed like the dense series beside it; the markers go once a trace holds more than
+  ``MARKED_POINTS`` (they would run into a thick line, and each is an element the browser redraws
+  on every live update), as plotly.js itself drops them from a dense trace by default;
 * a chart of more than one line has a legend: a session-split chart lists its series once (not
   once per session) in a neutral colour, then each session in its colour; a smoothed chart has one
   entry for the faint raw lines behind the smoothed ones.  Entries that stand for lines drawn
@@ -57,6 +59,7 @@ KEY_COLOUR = "#808495"  # legend entries that stand for lines of every session: 
 RAW_NAME = "raw (unsmoothed)"
 EVENT_COLUMNS = frozenset({"skipped_updates_in_window"})  # counts that are mostly 0: markers where they are not
 HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
+MARKED_POINTS = 100  # a sparse line's points keep their markers while they stay apart on a desktop chart
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,7 +238,8 @@ def _add_series(
             budget = int(min(TRACE_POINTS, max(MIN_TRACE_POINTS, points_per_row * len(rows))))
             keep = minmax_indices(raw, budget)
             drawn.append(raw[keep])
-            mode = "markers" if events else "lines+markers" if item.markers else "lines"
+            marked = item.markers and len(keep) <= MARKED_POINTS
+            mode = "markers" if events else "lines+markers" if marked else "lines"
             at_step = "" if steps is None else " · step %{customdata:,}"
             hover = f"{where}: %{{y:{style.hoverformat}}}{at_step}<extra></extra>"
             traces.append(

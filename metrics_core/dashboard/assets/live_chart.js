@@ -4,7 +4,8 @@
 // appends only the new points (Plotly.extendTraces) to the figure drawn at `base`, and redraws
 // with the new layout on the data already drawn when one is sent; each seq is applied
 // once, and a chart that does not hold `base` (it missed an update, or was remounted) asks Python
-// again, saying which seq it holds.
+// again, saying which seq it holds.  Charts are drawn one per task, in page order, and a chart out of
+// view is drawn only once it comes into view (inTurn, outOfView below).
 // {op: "same", seq} says nothing changed since `seq` (an idle refresh: a few bytes).  A seq names a
 // figure across the server (live_chart.py's Encoded.token): payloads come from reruns and, on a
 // live run page, from the server's route without a rerun (window.__metricsLive, live_watch.js).
@@ -211,13 +212,38 @@ function held() {
   return { held: holding, complete };
 }
 
-window.__metricsLive = {
-  held,
-  apply(key, payload) {
-    const chart = charts.get(key);
-    if (chart) apply(chart.parentElement, chart.graph, payload);
-  },
-};
+// The route's payloads (element key -> payload), applied in the order a reader looks at the page:
+// the charts in view first, top to bottom, left to right; then those out of view.
+function applyAll(payloads) {
+  const place = ({ graph }) => {
+    const box = graph.getBoundingClientRect();
+    return [outOfView.has(graph) ? 1 : 0, Math.round(box.top), box.left];
+  };
+  const given = Object.entries(payloads).filter(([key]) => charts.has(key))
+    .map(([key, payload]) => ({ ...charts.get(key), payload, at: place(charts.get(key)) }));
+  given.sort((a, b) => a.at[0] - b.at[0] || a.at[1] - b.at[1] || a.at[2] - b.at[2]);
+  for (const { parentElement, graph, payload } of given) apply(parentElement, graph, payload);
+}
+
+window.__metricsLive = { held, apply: applyAll };
+
+// One chart drawn per task, in the order they were given (page order: live_watch.js), each after
+// the page had its turn: a long run's chart takes a while to draw, and the browser paints the
+// charts drawn so far and answers the user between them, instead of after all of them.  A
+// MessageChannel's messages, unlike timers, are not throttled in a background tab.
+const turns = new MessageChannel();
+const waiting = [];
+turns.port1.onmessage = () => waiting.shift()();
+let lastTurn = Promise.resolve();
+
+function inTurn(work) {
+  const done = lastTurn.then(() => new Promise((resolve) => {
+    waiting.push(resolve);
+    turns.port2.postMessage(null);
+  })).then(work);
+  lastTurn = done.catch(() => {});
+  return done;
+}
 
 // A payload from a rerun (drawChart) or from the route: each seq applied once, an extend only on
 // the figure it extends.
@@ -241,44 +267,46 @@ function apply(parentElement, graph, data) {
   graph.dataset.wanted = String(data.seq);
   // Plotly calls are chained so that an extend never runs before the figure it extends is drawn.
   const previous = graph.__metricsDrawn || Promise.resolve();
-  const drawn = previous.then(() => window.__metricsPlotly).then((Plotly) => {
-    if (graph.dataset.failed && data.op !== "full") return; // queued before an earlier draw failed
-    if (data.op === "full") {
-      const figure = unpack(JSON.parse(data.figure));
-      delete graph.__metricsStale;
-      Plotly.react(graph, figure.data, figure.layout, CONFIG);
-    } else if (outOfView.has(graph) || graph.__metricsStale) { // out of view, or came into view while this waited
-      extendData(graph, data.steps);
-      const layout = data.layout ? JSON.parse(data.layout) : graph.__metricsStale && graph.__metricsStale.layout;
-      if (outOfView.has(graph)) graph.__metricsStale = { layout };
-      else {
-        delete graph.__metricsStale;
-        Plotly.react(graph, graph.data, layout || graph.layout, CONFIG);
-      }
-    } else {
-      extend(Plotly, graph, data.steps);
-      if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), CONFIG);
-    }
-    graph.dataset.seq = String(data.seq);
-    delete graph.dataset.failed;
-    note(parentElement, null);
-    // Zoom to raw points: tell Python the visible x-range; it answers with that range at full
-    // resolution (or the whole run again after a zoom out).  One listener per div, calling the
-    // latest component instance.
-    if (!graph.__metricsListening) {
-      graph.__metricsListening = true;
-      graph.on("plotly_relayout", (event) => {
-        const range = xrangeOf(event);
-        if (range !== undefined && (range === null || range.every(Number.isFinite))) {
-          graph.dataset.zoom = JSON.stringify(range);
-          graph.__metricsSetState("xrange", range);
-          if (!graph.__metricsFollowing) linkX(graph, event);
-        }
-      });
-    }
-  });
+  const drawn = previous.then(() => window.__metricsPlotly).then((Plotly) => inTurn(() => draw(Plotly, parentElement, graph, data)));
   graph.__metricsDrawn = drawn.catch((error) => failed(parentElement, graph, data.op, data.seq, error));
   // No cleanup: the div survives re-renders, which is what keeps zoom state between updates.
+}
+
+function draw(Plotly, parentElement, graph, data) {
+  if (graph.dataset.failed && data.op !== "full") return; // queued before an earlier draw failed
+  if (data.op === "full") {
+    const figure = unpack(JSON.parse(data.figure));
+    delete graph.__metricsStale;
+    Plotly.react(graph, figure.data, figure.layout, CONFIG);
+  } else if (outOfView.has(graph) || graph.__metricsStale) { // out of view, or came into view while this waited
+    extendData(graph, data.steps);
+    const layout = data.layout ? JSON.parse(data.layout) : graph.__metricsStale && graph.__metricsStale.layout;
+    if (outOfView.has(graph)) graph.__metricsStale = { layout };
+    else {
+      delete graph.__metricsStale;
+      Plotly.react(graph, graph.data, layout || graph.layout, CONFIG);
+    }
+  } else {
+    extend(Plotly, graph, data.steps);
+    if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), CONFIG);
+  }
+  graph.dataset.seq = String(data.seq);
+  delete graph.dataset.failed;
+  note(parentElement, null);
+  // Zoom to raw points: tell Python the visible x-range; it answers with that range at full
+  // resolution (or the whole run again after a zoom out).  One listener per div, calling the
+  // latest component instance.
+  if (!graph.__metricsListening) {
+    graph.__metricsListening = true;
+    graph.on("plotly_relayout", (event) => {
+      const range = xrangeOf(event);
+      if (range !== undefined && (range === null || range.every(Number.isFinite))) {
+        graph.dataset.zoom = JSON.stringify(range);
+        graph.__metricsSetState("xrange", range);
+        if (!graph.__metricsFollowing) linkX(graph, event);
+      }
+    });
+  }
 }
 
 // A draw that failed leaves the chart holding nothing it can extend: it says so in its place (never

@@ -58,7 +58,7 @@ export default function (component) {
         const now = feeds && window.__metricsLive ? window.__metricsLive.held() : charts;
         if (JSON.stringify(now) !== JSON.stringify(charts)) continue; // drawn meanwhile: ask for what it holds now
         if (body.serial > seen && charts.complete && body.charts) {
-          for (const [key, payload] of Object.entries(body.charts)) window.__metricsLive.apply(key, payload);
+          window.__metricsLive.apply(body.charts);
           show(parentElement, body.status, body.counts);
           seen = body.serial;
           if (body.details !== data.details && Date.now() - drawnAt > data.details_ms) {
