@@ -201,10 +201,10 @@ def environ(changes: dict[str, str]) -> Iterator[None]:
 
 class Ours:
     """Our dashboard at one refresh period; ``serve`` yields (page URL, server pid, append one record).
-    ``plain``: served as plain Streamlit serves it (the "before" of app.py's serving layer)."""
+    ``plain``: served as plain Streamlit serves it (app.py without its serving layer)."""
 
     def __init__(self, refresh: float, *, plain: bool = False) -> None:
-        self.name = f"ours {refresh:g} s" + (" before" if plain else "")
+        self.name = f"ours {refresh:g} s" + (", plain serving" if plain else "")
         self.refresh, self.drawn_js, self.env = refresh, DRAWN_JS["ours"], PLAIN_STREAMLIT if plain else {}
 
     @contextmanager
