@@ -114,7 +114,7 @@ class BucketRoot:
             self._listed_at = self._clock()
             self.listings += 1
             try:
-                found = discover_bucket_runs(self.location, filesystem=self._filesystem)
+                found = discover_bucket_runs(self.location, filesystem=self._filesystem, reads=self._reads)
             except MetricsError as exc:
                 self._failure = exc
             else:
