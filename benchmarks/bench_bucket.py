@@ -32,6 +32,7 @@ requests are real.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -40,6 +41,7 @@ import tempfile
 import time
 from collections import Counter
 from datetime import datetime, timezone
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -99,6 +101,39 @@ def use_azure(endpoint: str) -> None:
     )
 
 
+class ProxyProcess:
+    """``CountingProxy`` in a process of its own, asked for its counts over a pipe: pyarrow's Cloud
+    Storage client holds the GIL while it waits for some answers, so a proxy thread in this
+    process could never give them."""
+
+    def __init__(self, upstream: str) -> None:
+        self._pipe, child = multiprocessing.Pipe()
+        self._process = multiprocessing.get_context("fork").Process(target=self._serve, args=(upstream, child),
+                                                                   daemon=True)  # fmt: skip
+        self._process.start()
+        self.url = self._pipe.recv()
+
+    @staticmethod
+    def _serve(upstream: str, pipe: Connection) -> None:
+        proxy = CountingProxy(upstream)
+        pipe.send(proxy.url)
+        while (command := pipe.recv()) != "close":
+            pipe.send(proxy.snapshot() if command == "snapshot" else proxy.reset())
+        proxy.close()
+
+    def snapshot(self) -> tuple[Counter, int]:
+        self._pipe.send("snapshot")
+        return self._pipe.recv()
+
+    def reset(self) -> None:
+        self._pipe.send("reset")
+        self._pipe.recv()
+
+    def close(self) -> None:
+        self._pipe.send("close")
+        self._process.join(timeout=10)
+
+
 def per_minute(counts: Counter, sent: int, minutes: float) -> str:
     kinds = ("list", "head", "get")
     total = sum(counts.values())
@@ -132,7 +167,7 @@ def main() -> None:
         os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
         direct = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
         direct.create_dir(BUCKET)
-    proxy = CountingProxy(f"http://127.0.0.1:{port}")
+    proxy = ProxyProcess(f"http://127.0.0.1:{port}")
     os.environ["AWS_ENDPOINT_URL"] = os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
     use_azure(proxy.url)
     try:
