@@ -18,6 +18,7 @@ from pyarrow import fs as pafs
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.buckets import azure_filesystem, parse_bucket_url
 from metrics_core.errors import MetricsError, RunNotFoundError
+from metrics_core.object_reads import ArrowReads, object_reads
 from metrics_core.reader import RunReader
 from metrics_core.roots import open_root
 from metrics_core.sync import RunSync
@@ -169,3 +170,17 @@ def test_export_to_a_container_and_a_query_over_an_az_root(azure: pafs.FileSyste
                         cache_home=tmp_path / "cache", now=datetime.now(timezone.utc))  # fmt: skip
     assert result.table.to_pylist() == [{"run": "a", "records": 50, "last_step": 500},
                                         {"run": "b", "records": 36, "last_step": 200}]  # fmt: skip
+
+
+def test_an_account_named_without_key_or_token_needs_azure_identity_else_pyarrow_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An account named with neither key nor SAS token is read with Azure's default credential
+    chain: azure-identity's for azure-storage-blob, so where azure-identity is not installed,
+    pyarrow's client (which has the chain of its own) reads it instead."""
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_KEY", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "someaccount")
+    monkeypatch.setitem(sys.modules, "azure.identity", None)
+    assert isinstance(object_reads(parse_bucket_url(f"az://{BUCKET}/exp")), ArrowReads)
