@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Protocol, TypeVar, runtime_checkable
@@ -90,19 +91,20 @@ class ObjectReads(Protocol):
         found, if that saves a request (they may be a later version's: the next look says so)."""
 
 
-class OneRequestReads:
+class OneRequestReads(ABC):
     """``ObjectReads`` in one request each, the shape every cloud's own client shares: a ranged
     GET's answer carries the object's total size (``Content-Range``) and version with the bytes,
     so a look at a live run that may have grown is one request, where pyarrow's client needs a HEAD
     before every GET (``ArrowReads``).  A start at or past the object's end (HTTP 416: it shrank
     below it, or is empty) is answered by a HEAD.  A client says how to make both requests."""
 
+    @abstractmethod
     def head(self, location: BucketPath) -> ObjectSlice | None:
-        raise NotImplementedError
+        """The object's size and version, no bytes (``ObjectReads.head``)."""
 
+    @abstractmethod
     def _ranged(self, location: BucketPath, start: int, count: int) -> ObjectSlice | None:
         """One GET of bytes ``[start, start + count)``; ``_NothingThere`` when none is there."""
-        raise NotImplementedError
 
     def get(
         self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
