@@ -57,6 +57,8 @@ def test_an_az_root_lists_reads_and_follows_its_runs_at_a_counted_cost(
     ``BlobEndpoint`` cannot be used is one line."""
     if client == "pyarrow":
         without_azure_storage_blob(monkeypatch)
+    else:
+        pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
     path = tmp_path / "metrics.jsonl"
     data = three_bucket_runs(azure, "az", path)
     proxy = CountingProxy(azurite_endpoint.rpartition("/")[0])
@@ -92,6 +94,7 @@ def test_a_live_blob_costs_one_get_per_refresh_and_a_torn_tail_waits_for_its_new
     ending in half a line: through azure-storage-blob each refresh is one ranged Get Blob from the
     last line read on, the appended records are read as the local reader reads them, and the torn
     half is not taken until its newline is uploaded."""
+    pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
     proxy = CountingProxy(azurite_endpoint.rpartition("/")[0])
     try:
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_connection_string(f"{proxy.url}/{AZURITE_ACCOUNT}"))
@@ -178,6 +181,7 @@ def test_an_account_named_without_key_or_token_needs_azure_identity_else_pyarrow
     """An account named with neither key nor SAS token is read with Azure's default credential
     chain: azure-identity's for azure-storage-blob, so where azure-identity is not installed,
     pyarrow's client (which has the chain of its own) reads it instead."""
+    pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
     monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_KEY", raising=False)
     monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)

@@ -55,6 +55,7 @@ def test_a_gs_root_is_one_listing_and_one_get_per_look_through_google_auth(
     and read as the local copies; the live run, followed, is one ranged media GET per refresh
     whether it grew or not: its answer states the size (``Content-Range``) and the generation with
     the bytes, so a copy of the same size with other bytes is still read as a rewrite."""
+    pytest.importorskip("google.auth", reason="the gcs extra is not installed")
     path = tmp_path / "metrics.jsonl"
     data = three_bucket_runs(gcs_stating_generation, "gs", path)
     proxy = proxy_in_front()
@@ -70,6 +71,7 @@ def test_a_live_gs_object_costs_one_get_per_refresh_and_a_torn_tail_waits_for_it
     """A live run's object replaced by a longer copy at some refreshes and not at others, one copy
     ending in half a line: each refresh is one ranged GET from the last line read on, the appended
     records are read as the local reader reads them, and the torn half waits for its newline."""
+    pytest.importorskip("google.auth", reason="the gcs extra is not installed")
     proxy = proxy_in_front()
     follow_live_run(gcs_stating_generation, proxy, tmp_path / "metrics.jsonl", "gs", parts=False,
                     requests=lambda grown: {"get": 1})  # fmt: skip
@@ -82,6 +84,7 @@ def test_a_server_that_states_no_generation_costs_a_head_per_look_and_misses_no_
     taken as the version a HEAD found: each look is a HEAD (the object's metadata), and when it grew
     three GETs (the follower's looks at the first bytes and at the last line read, and the new
     bytes); a copy of the same size with other bytes is still a rewrite."""
+    pytest.importorskip("google.auth", reason="the gcs extra is not installed")
     path = tmp_path / "metrics.jsonl"
     data = three_bucket_runs(gcs, "gs", path)
     proxy = proxy_in_front()
