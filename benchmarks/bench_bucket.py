@@ -1,7 +1,7 @@
 """Requests and bytes per minute of a dashboard on a runs root in a bucket, ours beside TensorBoard's pattern.
 
 Run: python benchmarks/bench_bucket.py [--runs 1000] [--live 5] [--records 200] [--refresh 5] [--minutes 3]
-     [--reads botocore|pyarrow] [--scheme s3|az]
+     [--reads client|pyarrow] [--scheme s3|gs|az]
 
 A moto S3 server in a subprocess, behind ``tests.support.CountingProxy``, holds ``--runs`` runs
 under ``s3://runs/exp`` (``--live`` of them live: dated now, a longer copy uploaded at every
@@ -11,14 +11,19 @@ proxy, so what a bucket would bill:
 * ours: a ``RunStore`` on a ``BucketRoot`` (``--list-interval``), as the dashboard runs it at
   ``--refresh``: every refresh an ``overview()`` (the runs page) and a ``view()`` of a live run (a
   run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
-  the first read of every run, printed apart); ``--reads pyarrow``: as where botocore is not
-  installed (``object_reads.ArrowReads``: a HEAD before each GET);
+  the first read of every run, printed apart), reading through the bucket's own client
+  (``object_reads.object_reads``: botocore, google-auth, azure-storage-blob); ``--reads pyarrow``:
+  as where that client is not installed (``object_reads.ArrowReads``: a HEAD before each GET, and
+  pyarrow's listing);
 * TensorBoard's pattern: each reload (every ``--refresh`` s, its default is 5 s) lists every
   object and reads each run's file again (a HEAD and a GET per object), whatever ended long ago;
   emulated here with the same client (``pyarrow.fs``), two reloads measured, scaled to a minute.
 
 ``--scheme az``: the same against Azurite (``azurite-blob`` on the PATH) under
-``az://runs/exp``, reached through ``AZURE_STORAGE_CONNECTION_STRING``; reads are pyarrow's.
+``az://runs/exp``, reached through ``AZURE_STORAGE_CONNECTION_STRING``.  ``--scheme gs``: against
+``gcp-storage-emulator`` under ``gs://runs/exp``, reached through ``STORAGE_EMULATOR_HOST``, its
+downloads stating the object's generation as Cloud Storage's do
+(``tests.support.gcs_emulator_command``).
 
 The clock is simulated so that the count does not depend on how fast this machine is; the
 requests are real.
@@ -27,6 +32,7 @@ requests are real.
 from __future__ import annotations
 
 import argparse
+import multiprocessing
 import os
 import shutil
 import subprocess
@@ -35,6 +41,7 @@ import tempfile
 import time
 from collections import Counter
 from datetime import datetime, timezone
+from multiprocessing.connection import Connection
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -42,12 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
-from metrics_core.buckets import azure_filesystem, bucket_filesystem, parse_bucket_url
+from metrics_core.buckets import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
 from metrics_core.dashboard.store import RunStore
-from metrics_core.object_reads import ArrowReads, s3_reads
+from metrics_core.object_reads import ArrowReads, object_reads
 from metrics_core.object_storage import discover_bucket_runs
 from tests.live_server import free_port, wait_for_http
-from tests.support import BUCKET, CountingProxy, base_record, bucket_run, line, put_object
+from tests.support import BUCKET, CountingProxy, base_record, bucket_run, gcs_emulator_command, line, put_object
 
 
 def moto(port: int) -> subprocess.Popen:
@@ -55,6 +62,15 @@ def moto(port: int) -> subprocess.Popen:
                               stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)  # fmt: skip
     with tempfile.TemporaryFile() as log:
         wait_for_http(f"http://127.0.0.1:{port}/moto-api/", server, log, what="moto")
+    return server
+
+
+def gcs_emulator(port: int) -> subprocess.Popen:
+    """The Cloud Storage emulator on ``port``, returned once it answers."""
+    server = subprocess.Popen(gcs_emulator_command(port, stating_generation=True), stdout=subprocess.DEVNULL,
+                              stderr=subprocess.STDOUT)  # fmt: skip
+    with tempfile.TemporaryFile() as log:
+        wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", server, log, what="the Cloud Storage emulator")
     return server
 
 
@@ -85,6 +101,39 @@ def use_azure(endpoint: str) -> None:
     )
 
 
+class ProxyProcess:
+    """``CountingProxy`` in a process of its own, asked for its counts over a pipe: pyarrow's Cloud
+    Storage client holds the GIL while it waits for some answers, so a proxy thread in this
+    process could never give them."""
+
+    def __init__(self, upstream: str) -> None:
+        self._pipe, child = multiprocessing.Pipe()
+        self._process = multiprocessing.get_context("fork").Process(target=self._serve, args=(upstream, child),
+                                                                   daemon=True)  # fmt: skip
+        self._process.start()
+        self.url = self._pipe.recv()
+
+    @staticmethod
+    def _serve(upstream: str, pipe: Connection) -> None:
+        proxy = CountingProxy(upstream)
+        pipe.send(proxy.url)
+        while (command := pipe.recv()) != "close":
+            pipe.send(proxy.snapshot() if command == "snapshot" else proxy.reset())
+        proxy.close()
+
+    def snapshot(self) -> tuple[Counter, int]:
+        self._pipe.send("snapshot")
+        return self._pipe.recv()
+
+    def reset(self) -> None:
+        self._pipe.send("reset")
+        self._pipe.recv()
+
+    def close(self) -> None:
+        self._pipe.send("close")
+        self._process.join(timeout=10)
+
+
 def per_minute(counts: Counter, sent: int, minutes: float) -> str:
     kinds = ("list", "head", "get")
     total = sum(counts.values())
@@ -100,8 +149,8 @@ def main() -> None:
     parser.add_argument("--refresh", type=float, default=5.0)
     parser.add_argument("--list-interval", type=float, default=60.0)
     parser.add_argument("--minutes", type=float, default=3.0)
-    parser.add_argument("--reads", choices=("botocore", "pyarrow"), default="botocore")
-    parser.add_argument("--scheme", choices=("s3", "az"), default="s3")
+    parser.add_argument("--reads", choices=("client", "pyarrow"), default="client")
+    parser.add_argument("--scheme", choices=("s3", "gs", "az"), default="s3")
     args = parser.parse_args()
 
     port = free_port()
@@ -109,13 +158,17 @@ def main() -> None:
     if args.scheme == "az":
         server = azurite(port, tempfile.mkdtemp(prefix="bench-azurite-"))
         direct = azure_filesystem(parse_bucket_url(url))
+    elif args.scheme == "gs":
+        server = gcs_emulator(port)
+        os.environ["STORAGE_EMULATOR_HOST"] = f"http://127.0.0.1:{port}"
+        direct = gcs_filesystem()
     else:
         server = moto(port)
         os.environ.update(AWS_ACCESS_KEY_ID="bench", AWS_SECRET_ACCESS_KEY="bench", AWS_DEFAULT_REGION="us-east-1")
         direct = pafs.S3FileSystem(endpoint_override=f"127.0.0.1:{port}", scheme="http", allow_bucket_creation=True)
         direct.create_dir(BUCKET)
-    proxy = CountingProxy(f"http://127.0.0.1:{port}")
-    os.environ["AWS_ENDPOINT_URL"] = proxy.url
+    proxy = ProxyProcess(f"http://127.0.0.1:{port}")
+    os.environ["AWS_ENDPOINT_URL"] = os.environ["STORAGE_EMULATOR_HOST"] = proxy.url
     use_azure(proxy.url)
     try:
         finished = bucket_run(live=False, steps=args.records)
@@ -129,8 +182,9 @@ def main() -> None:
               f"refresh every {args.refresh:g} s, listing every {args.list_interval:g} s")  # fmt: skip
 
         clock = [0.0]
-        reads = s3_reads() if args.reads == "botocore" and args.scheme == "s3" else ArrowReads(bucket_filesystem(
-            parse_bucket_url(url)))  # fmt: skip
+        address = parse_bucket_url(url)
+        reads = object_reads(address) if args.reads == "client" else ArrowReads(bucket_filesystem(address))
+        print(f"reads: {type(reads).__name__}")
         root = BucketRoot(url, list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
         store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
         try:
@@ -160,7 +214,7 @@ def main() -> None:
         for _ in range(reloads):  # TensorBoard's reload: list everything, read everything again
             for run in discover_bucket_runs(url, filesystem=filesystem):
                 with filesystem.open_input_file(f"{run.location.fs_path}/metrics.jsonl") as file:
-                    file.read()
+                    file.read_at(file.size(), 0)
         counts, sent = proxy.snapshot()
         print(f"TensorBoard's pattern:  {per_minute(counts, sent, reloads * args.refresh / 60)}")
     finally:

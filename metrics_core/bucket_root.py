@@ -8,22 +8,23 @@ run names are the keys under the prefix, as directories are under a local root. 
 Request cost, which is what a bucket charges for (TensorBoard lists and re-reads every object each
 cycle, so its cost grows with the runs kept, not with the runs alive):
 
-* The root is listed at most once per ``list_interval`` (one ListObjectsV2 request per 1,000
-  keys), lazily, by whichever call needs it first.  The listing gives each object's size and
-  modification time for free: an object whose pair differs from the previous listing's is a
-  changed run (``take_changed``), the only thing that makes a run that is not live due again.
+* The root is listed at most once per ``list_interval``, lazily, by whichever call needs it
+  first, flat (``object_storage.discover_bucket_runs``): one ListObjectsV2 request per 1,000 keys
+  on S3, one objects.list request per 1,000 objects on Cloud Storage, one List Blobs request per
+  5,000 blobs on Azure (azure-storage-blob's; pyarrow's Azure client lists by hierarchy, a
+  request per directory, so per run, and is used only where azure-storage-blob is not installed).
+  The listing gives each object's size and modification time for free: an object whose pair
+  differs from the previous listing's is a changed run (``take_changed``), the only thing that
+  makes a run that is not live due again.
 * A live run (``polls``) is looked at once per safety interval, in one request whether it grew or
   not: a ranged GET from the last complete line read on (``ObjectFile.stat``), whose answer gives
   the object's size and version, the line the follower compares to notice a rewrite, and the new
-  bytes (``object_storage``'s docstring says what a rewrite that keeps that line does).  A run
+  bytes (``object_storage``'s docstring says what a rewrite that keeps that line does).  That
+  GET is each cloud's own client's (``object_reads.OneRequestReads``: botocore, google-auth,
+  azure-storage-blob); where it is not installed, pyarrow's asks for the object's size first: a
+  HEAD (a metadata request; Get Blob Properties on Azure), plus a GET when it grew
+  (``ArrowReads``): pyarrow opens an object by path only, never from a size it was given.  A run
   ``sync`` uploads as parts: one listing of its parts, and a GET of a new part when there is one.
-  Without botocore, and on ``gs://`` and ``az://`` (pyarrow's clients), a look asks for the
-  object's size first: a HEAD (a metadata request; Get Blob Properties on Azure), plus a GET when
-  it grew (``ArrowReads``): pyarrow opens an object by path only, never from a size it was given.
-* On ``az://`` a listing is not one request per 5,000 blobs, as Azure's List Blobs allows, but one
-  per directory under the prefix (pyarrow's Azure client lists by hierarchy): a request per run,
-  one more for a run in parts, plus one look at the container.  A run in parts is still one
-  listing per refresh (its parts directory).
 * Any other run (ended, or older than the stall rule: its status cannot change with no new
   record, as no writer lock crosses a bucket) costs nothing once read, until a listing shows its
   object changed.  A run whose reading failed costs nothing either until then.
@@ -32,8 +33,8 @@ cycle, so its cost grows with the runs kept, not with the runs alive):
 
 So at a refresh every ``r`` seconds the steady cost per minute is ``60 / list_interval`` listings
 plus ``60 / r`` requests per live run (the same for a run in parts, plus a GET per new part),
-whatever the number of finished runs; on ``gs://`` and ``az://`` a live run that grew costs a GET
-more, and on ``az://`` each listing costs about a request per run.
+whatever the number of finished runs.  Without the cloud's own client a live run that grew costs a
+GET more, and on ``az://`` each listing costs about a request per run.
 
 Status: ``ObjectFile.writer_alive()`` is None, so ``runs.run_status`` falls back to the record-age
 rule (``live`` while the last record is recent, then ``stalled``; never ``crashed`` from a lock).
@@ -114,7 +115,7 @@ class BucketRoot:
             self._listed_at = self._clock()
             self.listings += 1
             try:
-                found = discover_bucket_runs(self.location, filesystem=self._filesystem)
+                found = discover_bucket_runs(self.location, filesystem=self._filesystem, reads=self._reads)
             except MetricsError as exc:
                 self._failure = exc
             else:

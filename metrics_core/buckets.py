@@ -1,7 +1,8 @@
 """Bucket addresses and their clients: ``s3://bucket/key``, ``gs://bucket/key`` and
 ``az://container/key`` split into a ``BucketPath``, and the ``pyarrow.fs`` client of each kind of
 bucket configured from the environment, so that every module that lists, reads or uploads
-objects reaches them the same way.
+objects reaches them the same way (``object_reads`` configures each cloud's own client from the
+same variables: ``gcs_emulator``, ``azure_account``).
 
 Optional: needs ``pyarrow`` (the ``s3`` extra; the head node's ``app`` extra has it already), and
 ``import metrics_core`` never loads this module.
@@ -77,65 +78,101 @@ def s3_filesystem() -> pafs.S3FileSystem:
     return pafs.S3FileSystem(endpoint_override=parts.netloc or parts.path, scheme=parts.scheme or "https")
 
 
-def gcs_filesystem() -> pafs.GcsFileSystem:
-    """A Google Cloud Storage client with Google's default credentials; ``STORAGE_EMULATOR_HOST``
-    (``http://host:port``, the variable Google's own clients read) names an emulator instead, reached
-    without credentials.  Transient errors are retried for at most ``_GCS_RETRY_S``, not the
-    client's quarter of an hour: nothing waits forever."""
-    retry = timedelta(seconds=_GCS_RETRY_S)
-    emulator = os.environ.get("STORAGE_EMULATOR_HOST")
+def gcs_emulator(environ: Mapping[str, str] = os.environ) -> str | None:
+    """The emulator ``STORAGE_EMULATOR_HOST`` names (the variable Google's own clients read), as
+    ``scheme://host:port``; None when it names none (Google Cloud Storage itself)."""
+    emulator = environ.get("STORAGE_EMULATOR_HOST")
     if not emulator:
-        return pafs.GcsFileSystem(retry_time_limit=retry)
+        return None
     parts = urlsplit(emulator if "//" in emulator else f"http://{emulator}")
+    return f"{parts.scheme}://{parts.netloc}"
+
+
+def gcs_filesystem() -> pafs.GcsFileSystem:
+    """A Google Cloud Storage client with Google's default credentials, or the emulator
+    ``gcs_emulator`` names, reached without credentials.  Transient errors are retried for at most
+    ``_GCS_RETRY_S``, not the client's quarter of an hour: nothing waits forever."""
+    retry = timedelta(seconds=_GCS_RETRY_S)
+    emulator = gcs_emulator()
+    if emulator is None:
+        return pafs.GcsFileSystem(retry_time_limit=retry)
+    parts = urlsplit(emulator)
     return pafs.GcsFileSystem(anonymous=True, endpoint_override=parts.netloc, scheme=parts.scheme,
                               retry_time_limit=retry)  # fmt: skip
 
 
-def azure_filesystem(location: BucketPath, environ: Mapping[str, str] = os.environ) -> pafs.FileSystem:
-    """A client of the storage account the Azure CLI would use: ``AZURE_STORAGE_CONNECTION_STRING``
+@dataclass(frozen=True, slots=True)
+class AzureAccount:
+    """A storage account as the environment names it: its name, its key or SAS token (neither: Azure's
+    default credential chain), and the endpoint of its blobs, ``scheme://authority`` where an
+    ``authority`` starting with ``.`` follows the account's name (``.blob.core.windows.net``) and any
+    other is a path-style host that the name follows (an emulator's ``127.0.0.1:10000``)."""
+
+    name: str
+    key: str | None
+    sas: str | None
+    scheme: str
+    authority: str
+
+    @property
+    def url(self) -> str:
+        """The account's blob endpoint, as Azure's own clients take it."""
+        if self.authority.startswith("."):
+            return f"{self.scheme}://{self.name}{self.authority}"
+        return f"{self.scheme}://{self.authority}/{self.name}"
+
+
+def azure_account(location: BucketPath, environ: Mapping[str, str] = os.environ) -> AzureAccount:
+    """The storage account the Azure CLI would use: ``AZURE_STORAGE_CONNECTION_STRING``
     (``AccountName``, ``AccountKey`` or ``SharedAccessSignature``, and ``BlobEndpoint`` or
     ``DefaultEndpointsProtocol``/``EndpointSuffix``: an emulator's endpoint is ``BlobEndpoint``),
     else ``AZURE_STORAGE_ACCOUNT`` with ``AZURE_STORAGE_KEY`` or ``AZURE_STORAGE_SAS_TOKEN``, else
     that account with Azure's default credential chain (``AZURE_CLIENT_ID``…, a managed identity,
     ``az login``).  ``RunPathError`` naming ``location`` when no account is named or the
     connection string cannot be used."""
-    if getattr(pafs, "AzureFileSystem", None) is None:
-        raise RunPathError(f"{location.url}: this pyarrow has no Azure Blob Storage client (pyarrow >= 16 has one)")
     fields = dict(part.split("=", 1) for part in environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
                   if "=" in part)  # fmt: skip
     account = fields.get("AccountName") or environ.get("AZURE_STORAGE_ACCOUNT")
     if not account:
         raise RunPathError(f"{location.url}: no storage account named: set AZURE_STORAGE_ACCOUNT (with AZURE_STORAGE_"
                            "KEY or AZURE_STORAGE_SAS_TOKEN), or AZURE_STORAGE_CONNECTION_STRING")  # fmt: skip
-    options: dict[str, str] = {}
     if fields:
         key, sas = fields.get("AccountKey"), fields.get("SharedAccessSignature")
     else:
         key, sas = environ.get("AZURE_STORAGE_KEY"), environ.get("AZURE_STORAGE_SAS_TOKEN")
-    if key:
-        options["account_key"] = key
-    elif sas:
-        options["sas_token"] = sas
     endpoint = fields.get("BlobEndpoint")
-    if endpoint:
-        parts = urlsplit(endpoint)
-        path = parts.path.strip("/")
-        if path == account:  # path-style, an emulator's: http://127.0.0.1:10000/devstoreaccount1
-            authority = parts.netloc
-        elif not path and parts.netloc.startswith(account + "."):  # https://account.blob.core.windows.net
-            authority = parts.netloc[len(account) :]
-        else:
-            raise RunPathError(f"{location.url}: BlobEndpoint {endpoint} names neither http(s)://HOST/{account} "
-                               f"nor https://{account}.HOST")  # fmt: skip
-        scheme = parts.scheme or "https"
+    if not endpoint:
+        suffix = fields.get("EndpointSuffix", "core.windows.net")
+        return AzureAccount(account, key or None, sas or None, fields.get("DefaultEndpointsProtocol", "https"),
+                            ".blob." + suffix)  # fmt: skip
+    parts = urlsplit(endpoint)
+    path = parts.path.strip("/")
+    if path == account:  # path-style, an emulator's: http://127.0.0.1:10000/devstoreaccount1
+        authority = parts.netloc
+    elif not path and parts.netloc.startswith(account + "."):  # https://account.blob.core.windows.net
+        authority = parts.netloc[len(account) :]
     else:
-        authority = ".blob." + fields.get("EndpointSuffix", "core.windows.net")
-        scheme = fields.get("DefaultEndpointsProtocol", "https")
+        raise RunPathError(f"{location.url}: BlobEndpoint {endpoint} names neither http(s)://HOST/{account} "
+                           f"nor https://{account}.HOST")  # fmt: skip
+    return AzureAccount(account, key or None, sas or None, parts.scheme or "https", authority)
+
+
+def azure_filesystem(location: BucketPath, environ: Mapping[str, str] = os.environ) -> pafs.FileSystem:
+    """A ``pyarrow`` client of the storage account ``azure_account`` names."""
+    if getattr(pafs, "AzureFileSystem", None) is None:
+        raise RunPathError(f"{location.url}: this pyarrow has no Azure Blob Storage client (pyarrow >= 16 has one)")
+    account = azure_account(location, environ)
+    options: dict[str, str] = {}
+    if account.key:
+        options["account_key"] = account.key
+    elif account.sas:
+        options["sas_token"] = account.sas
     # The Data Lake endpoint is asked whether the account has a hierarchical namespace: the same
     # authority as the blobs' for an emulator (Azurite answers it), the account's own otherwise.
+    authority = account.authority
     dfs = authority.replace(".blob.", ".dfs.", 1) if authority.startswith(".") else authority
-    return pafs.AzureFileSystem(account, blob_storage_authority=authority, blob_storage_scheme=scheme,
-                                dfs_storage_authority=dfs, dfs_storage_scheme=scheme, **options)  # fmt: skip
+    return pafs.AzureFileSystem(account.name, blob_storage_authority=authority, blob_storage_scheme=account.scheme,
+                                dfs_storage_authority=dfs, dfs_storage_scheme=account.scheme, **options)  # fmt: skip
 
 
 def bucket_filesystem(location: BucketPath) -> pafs.FileSystem:

@@ -66,7 +66,15 @@ from metrics_core.buckets import BucketPath, bucket_filesystem, error_line, pars
 from metrics_core.buckets import s3_filesystem as s3_filesystem  # README's example imports it from here
 from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.lines import READ_CHUNK
-from metrics_core.object_reads import PARALLEL_GETS, ObjectReads, ObjectSlice, object_reads, short_digest
+from metrics_core.object_reads import (
+    PARALLEL_GETS,
+    FlatListing,
+    Listed,
+    ObjectReads,
+    ObjectSlice,
+    object_reads,
+    short_digest,
+)
 from metrics_core.storage import FileStat
 from metrics_core.writer import METRICS_FILENAME
 
@@ -383,35 +391,34 @@ def open_bucket_run(
 
 
 def discover_bucket_runs(
-    root: str, *, filesystem: pafs.FileSystem | None = None, max_depth: int = 6
+    root: str, *, filesystem: pafs.FileSystem | None = None, reads: ObjectReads | None = None, max_depth: int = 6
 ) -> list[BucketRun]:
     """Every ``<prefix>/<run>/metrics.jsonl`` or ``<prefix>/<run>/metrics.jsonl.parts/`` under
     ``root`` (``s3://bucket/prefix``), named by the run's key relative to the prefix, as
     ``runs.discover_runs`` names directories: hidden path parts (``.git``, ``.cache``) are
     skipped, and nothing deeper than ``max_depth``.
 
-    Cost: one recursive listing (ListObjectsV2, a request per 1,000 keys: a run's parts count), no
-    request per run.  An empty prefix is a root with no runs (a bucket has no directories); a
-    missing bucket or a refused listing is ``RunNotFoundError`` naming the root.
+    Cost: one flat listing, no request per run: ``reads``' own when it lists (``FlatListing``:
+    Azure's List Blobs, a request per 5,000 blobs), else pyarrow's recursive one (ListObjectsV2 on
+    S3 and Cloud Storage's objects.list, a request per 1,000 keys: a run's parts count; on Azure a
+    request per directory).  An empty prefix is a root with no runs (a bucket has no directories);
+    a missing bucket or a refused listing is ``RunNotFoundError`` naming the root.
     """
     location = parse_bucket_url(root)
-    filesystem = filesystem if filesystem is not None else bucket_filesystem(location)
     try:
-        infos = filesystem.get_file_info(pafs.FileSelector(location.fs_path, recursive=True))
-    except FileNotFoundError:  # nothing under the prefix (S3 says a missing bucket otherwise; GCS and Azure not)
-        if location.scheme != "s3" and _no_bucket(filesystem, location):
-            kind = "container" if location.scheme == "az" else "bucket"
-            raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such {kind}") from None
-        return []
+        if isinstance(reads, FlatListing):
+            listed = reads.listing(location)
+        else:
+            listed = _arrow_listing(filesystem if filesystem is not None else bucket_filesystem(location), location)
+    except FileNotFoundError:
+        kind = "container" if location.scheme == "az" else "bucket"
+        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: no such {kind}") from None
     except OSError as exc:
         raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {error_line(exc)}") from exc
-    base = len(location.fs_path) + 1
     found: dict[tuple[str, bool], tuple[int, int]] = {}  # (name, in parts) -> (size, newest mtime)
-    for info in infos:
-        key = info.path[base:].split("/")
-        if info.type != pafs.FileType.File:
-            continue
-        if info.base_name == METRICS_FILENAME:
+    for item in listed:
+        key = item.key.split("/")
+        if key[-1] == METRICS_FILENAME:
             parts, in_parts = key[:-1], False
         elif len(key) >= 2 and key[-2] == PARTS_DIRNAME:
             parts, in_parts = key[:-2], True
@@ -420,7 +427,7 @@ def discover_bucket_runs(
         if len(parts) > max_depth or any(part.startswith(".") for part in parts):
             continue
         size, mtime_ns = found.get(("/".join(parts), in_parts), (0, 0))
-        found["/".join(parts), in_parts] = (size + (info.size or 0), max(mtime_ns, info.mtime_ns or 0))
+        found["/".join(parts), in_parts] = (size + item.size, max(mtime_ns, item.mtime_ns))
     runs: dict[str, BucketRun] = {}
     for (path, in_parts), (size, mtime_ns) in sorted(found.items(), key=lambda item: item[0][1]):
         name = path or "."
@@ -428,9 +435,16 @@ def discover_bucket_runs(
     return sorted(runs.values(), key=lambda run: run.name)
 
 
-def _no_bucket(filesystem: pafs.FileSystem, location: BucketPath) -> bool:
-    """Whether ``location``'s bucket is missing (one request); ``RunNotFoundError`` when it cannot be told."""
+def _arrow_listing(filesystem: pafs.FileSystem, location: BucketPath) -> list[Listed]:
+    """The objects under ``location`` through pyarrow's recursive listing; ``FileNotFoundError``
+    when the bucket is missing (S3 says so; Cloud Storage and Azure list a missing bucket as an
+    empty prefix, so one more request asks)."""
     try:
-        return filesystem.get_file_info(location.bucket).type == pafs.FileType.NotFound
-    except OSError as exc:
-        raise RunNotFoundError(f"{location.url}: the runs root cannot be listed: {error_line(exc)}") from exc
+        infos = filesystem.get_file_info(pafs.FileSelector(location.fs_path, recursive=True))
+    except FileNotFoundError:
+        if location.scheme != "s3" and filesystem.get_file_info(location.bucket).type == pafs.FileType.NotFound:
+            raise
+        return []
+    base = len(location.fs_path) + 1
+    return [Listed(info.path[base:], info.size or 0, info.mtime_ns or 0)
+            for info in infos if info.type == pafs.FileType.File]  # fmt: skip

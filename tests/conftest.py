@@ -18,7 +18,7 @@ import pytest
 
 from metrics_core import RunContext
 from tests.live_server import free_port, wait_for_http
-from tests.support import BUCKET
+from tests.support import BUCKET, gcs_emulator_command
 
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
@@ -156,18 +156,18 @@ def refusing_credentials(bucket: pafs.S3FileSystem, s3_endpoint: str) -> Iterato
         check_after("inf")
 
 
-@pytest.fixture
-def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
+@contextmanager
+def gcs_emulator(monkeypatch: pytest.MonkeyPatch, *, stating_generation: bool) -> Iterator[pafs.GcsFileSystem]:
     """A Cloud Storage emulator (``gcp-storage-emulator``, installed by .ci/run) on a free port,
-    holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``."""
+    holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``
+    (``tests.support.gcs_emulator_command``)."""
     pytest.importorskip("gcp_storage_emulator")
     from metrics_core.buckets import gcs_filesystem
 
     port = free_port()
     with tempfile.TemporaryFile() as log:
-        server = subprocess.Popen([sys.executable, "-m", "gcp_storage_emulator", "start", "--host", "127.0.0.1",
-                                   "--port", str(port), "--in-memory", "--default-bucket", BUCKET],
-                                  stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+        server = subprocess.Popen(gcs_emulator_command(port, stating_generation=stating_generation), stdout=log,
+                                  stderr=subprocess.STDOUT)  # fmt: skip
         try:
             wait_for_http(f"http://127.0.0.1:{port}/storage/v1/b", server, log, what="the Cloud Storage emulator")
             monkeypatch.setenv("STORAGE_EMULATOR_HOST", f"http://127.0.0.1:{port}")
@@ -175,6 +175,20 @@ def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
         finally:
             server.kill()
             server.wait()
+
+
+@pytest.fixture
+def gcs(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
+    """The emulator as it is: its downloads state no generation."""
+    with gcs_emulator(monkeypatch, stating_generation=False) as filesystem:
+        yield filesystem
+
+
+@pytest.fixture
+def gcs_stating_generation(monkeypatch: pytest.MonkeyPatch) -> Iterator[pafs.GcsFileSystem]:
+    """The emulator with downloads that state the object's generation, as Cloud Storage's do."""
+    with gcs_emulator(monkeypatch, stating_generation=True) as filesystem:
+        yield filesystem
 
 
 AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known account and key (Azure's documentation)

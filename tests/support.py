@@ -11,6 +11,7 @@ import http.client
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -21,7 +22,7 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import parse_qs, urlsplit
+from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
@@ -250,6 +251,38 @@ HOSTILE = {
 }
 
 
+_GCS_STATING_GENERATION = """
+import runpy, sys
+from gcp_storage_emulator.handlers import objects
+
+plain = objects.download
+
+def download(request, response, storage, *args, **kwargs):
+    plain(request, response, storage, *args, **kwargs)
+    if response.status.value in (200, 206):
+        found = storage.get_file_obj(request.params["bucket_name"], request.params["object_id"])
+        response["x-goog-generation"] = found["generation"]
+        response["x-goog-metageneration"] = found["metageneration"]
+
+objects.download = download
+sys.argv[0] = "gcp_storage_emulator"
+runpy.run_module("gcp_storage_emulator", run_name="__main__", alter_sys=True)
+"""
+
+
+def gcs_emulator_command(port: int, *, stating_generation: bool) -> list[str]:
+    """``gcp-storage-emulator`` on ``port`` holding the bucket ``BUCKET``, in memory.
+
+    ``stating_generation``: its media downloads state the object's generation and metageneration
+    (``x-goog-generation``, ``x-goog-metageneration``), as Cloud Storage's do (google-cloud-storage
+    reads them from a download's answer: ``Blob._extract_headers_from_download``) and the emulator's
+    own omit; its handler is wrapped to add them from the object's metadata, and nothing else changes."""
+    options = ["start", "--host", "127.0.0.1", "--port", str(port), "--in-memory", "--default-bucket", BUCKET]
+    if stating_generation:
+        return [sys.executable, "-c", _GCS_STATING_GENERATION, *options]
+    return [sys.executable, "-m", "gcp_storage_emulator", *options]
+
+
 def put_object(filesystem: object, key: str, data: bytes) -> None:
     """Replace the object ``key`` of the test bucket with ``data`` as a whole, as ``aws s3 cp`` does."""
     with filesystem.open_output_stream(f"{BUCKET}/{key}") as out:
@@ -303,6 +336,54 @@ def follow_bucket_runs(
     assert live.records == 6 and not live.resets
     put_object(filesystem, "exp/live/metrics.jsonl", data.replace(b'"s1"', b'"s2"'))
     assert live.refresh() == 5 and live.resets == 1 and {s.session_id for s in live.sessions} == {"s2"}
+
+
+def live_uploads(path: Path) -> list[bytes | None]:
+    """What a live run's writer adds between refreshes: nothing, records, half a line, its rest."""
+    now = datetime.now(timezone.utc).isoformat()
+    torn = line(base_record(80, train_loss=0.2, time=now))
+    return [None, line(base_record(60, train_loss=0.3, time=now)), None,
+            line(base_record(70, train_loss=0.25, time=now)) + torn[:-9], None, torn[-9:], None]  # fmt: skip
+
+
+def follow_live_run(
+    bucket: pafs.FileSystem, proxy: CountingProxy, path: Path, scheme: str, *, parts: bool,
+    requests: Callable[[bool], dict],
+) -> None:  # fmt: skip
+    """A live run written to ``path`` and uploaded as it grows (``live_uploads``): whole over its
+    object (as ``aws s3 cp`` does), or as parts (``sync``; the torn half of a line stays local).
+    A root's reader of it (``scheme://runs/exp/live``, made after the test pointed the clients at
+    ``proxy``) is refreshed at each step: the same story as the local reader, no restart,
+    and requests of the run alone, ``requests(grown)`` of each kind."""
+    from metrics_core.bucket_root import BucketRoot
+    from metrics_core.buckets import parse_bucket_url
+    from metrics_core.reader import RunReader
+    from metrics_core.sync import RunSync
+
+    sync = RunSync(parse_bucket_url(f"{scheme}://{BUCKET}/exp/live"), bucket)  # straight to the server, not counted
+
+    def upload() -> None:
+        if parts:
+            sync.step(path)
+        else:
+            put_object(bucket, "exp/live/metrics.jsonl", path.read_bytes())
+
+    path.write_bytes(bucket_run(live=True))
+    upload()
+    root = BucketRoot(f"{scheme}://{BUCKET}/exp")
+    remote, local = root.reader(root.resolve("live"), cache=None), RunReader(path)
+    assert remote.refresh() == local.refresh() == 5
+    for added in live_uploads(path):
+        if added is not None:
+            append_bytes(path, added)
+            upload()
+        proxy.reset()
+        assert remote.refresh() == local.refresh()
+        assert proxy.counts == requests(added is not None and (not parts or b"\n" in added)), proxy.keys
+        assert all(kind == "list" or key.removeprefix(f"{BUCKET}/").startswith("exp/live/") for kind, key in proxy.keys)
+        pending = 0 if parts else local.pending_bytes  # parts hold complete lines only
+        assert (remote.records, remote.pending_bytes, remote.resets) == (local.records, pending, 0)
+    assert snapshot(remote) == snapshot(local) and remote.records == 8
 
 
 def bucket_run(*, live: bool, steps: int = 5, session: str = "s1") -> bytes:
@@ -450,10 +531,17 @@ class CountingProxy:
     @staticmethod
     def kind(method: str, target: str) -> tuple[str, str]:
         """What a request is (path-style addressing: ``/bucket/key?query``; Azure's is
-        ``/account/container/key``, so its keys start with the container) and the key it names."""
+        ``/account/container/key``, so its keys start with the container; Cloud Storage's JSON API
+        is ``/storage/v1/b/bucket/o[/key]``, ``alt=media`` for the bytes, else the metadata: a
+        ``head``) and the key it names."""
         parts = urlsplit(target)
-        _, _, key = parts.path.lstrip("/").partition("/")
         query = parse_qs(parts.query)
+        gcs = re.fullmatch(r"/(?:download/)?storage/v1/b/[^/]+/o(?:/(.+))?", parts.path)
+        if method == "GET" and gcs is not None:
+            if gcs[1] is None:
+                return "list", ""
+            return ("get" if query.get("alt") == ["media"] else "head"), unquote(gcs[1])
+        _, _, key = parts.path.lstrip("/").partition("/")
         if method == "GET" and ((not key and "list-type" in query) or query.get("comp") == ["list"]):
             return "list", ""
         return method.lower(), key

@@ -1,7 +1,8 @@
-"""Runs roots in Azure Blob Storage (``az://container/prefix``, through ``pyarrow.fs.AzureFileSystem``)
-against Azurite, configured as Azure's own tools are (``AZURE_STORAGE_CONNECTION_STRING``, whose
-``BlobEndpoint`` names the emulator): listing, reading, a live run followed at a
-counted request cost, ``sync`` into a container, export and query; each failure one line."""
+"""Runs roots in Azure Blob Storage (``az://container/prefix``: read and listed through
+azure-storage-blob where it is installed, else ``pyarrow.fs.AzureFileSystem``) against Azurite,
+configured as Azure's own tools are (``AZURE_STORAGE_CONNECTION_STRING``, whose ``BlobEndpoint``
+names the emulator): listing, reading, a live run followed at a counted request cost, ``sync``
+into a container, export and query; each failure one line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pyarrow import fs as pafs
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.buckets import azure_filesystem, parse_bucket_url
 from metrics_core.errors import MetricsError, RunNotFoundError
+from metrics_core.object_reads import ArrowReads, object_reads
 from metrics_core.reader import RunReader
 from metrics_core.roots import open_root
 from metrics_core.sync import RunSync
@@ -28,6 +30,7 @@ from tests.support import (
     append_records,
     base_record,
     follow_bucket_runs,
+    follow_live_run,
     put_object,
     small_run,
     snapshot,
@@ -36,13 +39,26 @@ from tests.support import (
 )
 
 
-def test_an_az_root_lists_reads_and_follows_its_runs_at_a_head_per_refresh(
-    azure: pafs.FileSystem, azurite_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def without_azure_storage_blob(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From here on, clients are made as where azure-storage-blob is not installed."""
+    monkeypatch.setitem(sys.modules, "azure.storage.blob", None)
+
+
+@pytest.mark.parametrize("client", ["azure-storage-blob", "pyarrow"])
+def test_an_az_root_lists_reads_and_follows_its_runs_at_a_counted_cost(
+    azure: pafs.FileSystem, azurite_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, client: str
 ) -> None:
     """``--runs az://container/prefix``: a finished run, a live one and one ``sync`` uploaded are
-    listed and read as the local copies, through a counting proxy: a listing is a request per
-    directory, and the live run, followed, costs a HEAD (Get Blob Properties) per refresh and a GET
-    when it grew.  A connection string whose ``BlobEndpoint`` cannot be used is one line."""
+    listed and read as the local copies, through a counting proxy.  Through azure-storage-blob a
+    listing is one flat List Blobs, and the live run, followed, one ranged Get Blob per refresh
+    whether it grew or not (a copy of the same size with other bytes is still a rewrite); through
+    pyarrow (where azure-storage-blob is not installed) a listing is a request per directory and a
+    refresh a HEAD (Get Blob Properties), plus a GET when it grew.  A connection string whose
+    ``BlobEndpoint`` cannot be used is one line."""
+    if client == "pyarrow":
+        without_azure_storage_blob(monkeypatch)
+    else:
+        pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
     path = tmp_path / "metrics.jsonl"
     data = three_bucket_runs(azure, "az", path)
     proxy = CountingProxy(azurite_endpoint.rpartition("/")[0])
@@ -53,16 +69,36 @@ def test_an_az_root_lists_reads_and_follows_its_runs_at_a_head_per_refresh(
         monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_connection_string(f"{proxy.url}/{AZURITE_ACCOUNT}"))
         assert len(BucketRoot(f"az://{BUCKET}/exp").discover().runs) == 3
         # pyarrow's Azure client lists one directory a request (exp, its three runs, synced's parts),
-        # after a look at the container; S3's recursive listing is one request a 1,000 keys.
-        assert proxy.snapshot()[0] == {"list": 5, "head": 1}, proxy.keys
+        # after a look at the container; List Blobs flat is one request a 5,000 blobs.
+        listing = {"list": 1} if client == "azure-storage-blob" else {"list": 5, "head": 1}
+        assert proxy.snapshot()[0] == listing, proxy.keys
 
         def look(refresh: Callable[[], int], grown: bool) -> int:
             proxy.reset()
             added = refresh()
-            assert proxy.snapshot()[0] == ({"head": 1, "get": 1} if grown else {"head": 1}), proxy.keys
+            if client == "azure-storage-blob":
+                assert proxy.snapshot()[0] == {"get": 1}, proxy.keys
+            else:
+                assert proxy.snapshot()[0] == ({"head": 1, "get": 1} if grown else {"head": 1}), proxy.keys
             return added
 
         follow_bucket_runs(azure, "az", path, data, look=look)
+    finally:
+        proxy.close()
+
+
+def test_a_live_blob_costs_one_get_per_refresh_and_a_torn_tail_waits_for_its_newline(
+    azure: pafs.FileSystem, azurite_endpoint: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A live run's blob replaced by a longer copy at some refreshes and not at others, one copy
+    ending in half a line: through azure-storage-blob each refresh is one ranged Get Blob from the
+    last line read on, the appended records are read as the local reader reads them, and the torn
+    half is not taken until its newline is uploaded."""
+    pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
+    proxy = CountingProxy(azurite_endpoint.rpartition("/")[0])
+    try:
+        monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_connection_string(f"{proxy.url}/{AZURITE_ACCOUNT}"))
+        follow_live_run(azure, proxy, tmp_path / "metrics.jsonl", "az", parts=False, requests=lambda grown: {"get": 1})
     finally:
         proxy.close()
 
@@ -137,3 +173,18 @@ def test_export_to_a_container_and_a_query_over_an_az_root(azure: pafs.FileSyste
                         cache_home=tmp_path / "cache", now=datetime.now(timezone.utc))  # fmt: skip
     assert result.table.to_pylist() == [{"run": "a", "records": 50, "last_step": 500},
                                         {"run": "b", "records": 36, "last_step": 200}]  # fmt: skip
+
+
+def test_an_account_named_without_key_or_token_needs_azure_identity_else_pyarrow_reads_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An account named with neither key nor SAS token is read with Azure's default credential
+    chain: azure-identity's for azure-storage-blob, so where azure-identity is not installed,
+    pyarrow's client (which has the chain of its own) reads it instead."""
+    pytest.importorskip("azure.storage.blob", reason="the azure extra is not installed")
+    monkeypatch.delenv("AZURE_STORAGE_CONNECTION_STRING", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_KEY", raising=False)
+    monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
+    monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "someaccount")
+    monkeypatch.setitem(sys.modules, "azure.identity", None)
+    assert isinstance(object_reads(parse_bucket_url(f"az://{BUCKET}/exp")), ArrowReads)

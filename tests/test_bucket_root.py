@@ -8,7 +8,7 @@ import re
 import subprocess
 import sys
 import tempfile
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -35,6 +35,7 @@ from tests.support import (
     base_record,
     bucket_run,
     follow_bucket_runs,
+    follow_live_run,
     line,
     open_page,
     put_object,
@@ -121,54 +122,13 @@ def test_a_refresh_costs_one_request_per_live_run_and_finished_runs_cost_nothing
         store.close()
 
 
-def live_uploads(path: Path) -> list[bytes | None]:
-    """What a live run's writer adds between refreshes: nothing, records, half a line, its rest."""
-    now = datetime.now(timezone.utc).isoformat()
-    torn = line(base_record(80, train_loss=0.2, time=now))
-    return [None, line(base_record(60, train_loss=0.3, time=now)), None,
-            line(base_record(70, train_loss=0.25, time=now)) + torn[:-9], None, torn[-9:], None]  # fmt: skip
-
-
-def follow_live_run(
-    bucket: pafs.S3FileSystem, proxy: CountingProxy, path: Path, *, parts: bool, requests: Callable[[bool], dict]
-) -> None:
-    """A live run written to ``path`` and uploaded as it grows (``live_uploads``): whole over its
-    object (as ``aws s3 cp`` does), or as parts (``sync``; the torn half of a line stays local).
-    A root's reader of it is refreshed at each step: the same story as the local reader, no restart,
-    and requests of the run alone, ``requests(grown)`` of each kind."""
-    sync = RunSync(parse_bucket_url(f"s3://{BUCKET}/exp/live"), bucket)  # straight to the server, not counted
-
-    def upload() -> None:
-        if parts:
-            sync.step(path)
-        else:
-            put_object(bucket, "exp/live/metrics.jsonl", path.read_bytes())
-
-    path.write_bytes(bucket_run(live=True))
-    upload()
-    root = BucketRoot(f"s3://{BUCKET}/exp")
-    remote, local = root.reader(root.resolve("live"), cache=None), RunReader(path)
-    assert remote.refresh() == local.refresh() == 5
-    for added in live_uploads(path):
-        if added is not None:
-            append_bytes(path, added)
-            upload()
-        proxy.reset()
-        assert remote.refresh() == local.refresh()
-        assert proxy.counts == requests(added is not None and (not parts or b"\n" in added)), proxy.keys
-        assert all(kind == "list" or key.startswith("exp/live/") for kind, key in proxy.keys)
-        pending = 0 if parts else local.pending_bytes  # parts hold complete lines only
-        assert (remote.records, remote.pending_bytes, remote.resets) == (local.records, pending, 0)
-    assert snapshot(remote) == snapshot(local) and remote.records == 8
-
-
 def test_a_live_object_costs_one_request_per_refresh_whether_it_grew_or_not(
     bucket: pafs.S3FileSystem, proxy: CountingProxy, tmp_path: Path
 ) -> None:
     """A live run's object replaced by a longer copy at some refreshes and not at others, with a torn
     line completed later: each refresh is one GET of it, from the last line read on (its answer
     gives the size and version, the follower's look at that line and the new bytes)."""
-    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=False, requests=lambda grown: {"get": 1})
+    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", "s3", parts=False, requests=lambda grown: {"get": 1})
 
 
 def test_without_botocore_a_refresh_is_a_head_and_a_get_when_it_grew(
@@ -180,7 +140,7 @@ def test_without_botocore_a_refresh_is_a_head_and_a_get_when_it_grew(
     and ``object_reads.ArrowReads`` can be one request a read too."""
     for module in ("botocore", "botocore.config", "botocore.session"):
         monkeypatch.setitem(sys.modules, module, None)
-    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=False,
+    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", "s3", parts=False,
                     requests=lambda grown: {"head": 1, "get": 1} if grown else {"head": 1})  # fmt: skip
     try:
         bucket.open_input_file(pafs.FileInfo(f"{BUCKET}/exp/live/metrics.jsonl", size=1 << 20))
@@ -196,7 +156,7 @@ def test_a_live_run_in_parts_costs_a_listing_per_refresh_and_a_get_per_new_part(
     """A live run that ``sync`` uploads as parts: a refresh that finds no new part is one listing of
     the run's parts; one that finds a part adds its GET alone (the follower's looks at the first and
     at the last line read are answered from the immutable parts already read)."""
-    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", parts=True,
+    follow_live_run(bucket, proxy, tmp_path / "metrics.jsonl", "s3", parts=True,
                     requests=lambda grown: {"list": 1, "get": 1} if grown else {"list": 1})  # fmt: skip
 
 
@@ -423,9 +383,10 @@ def test_a_local_file_at_the_bucket_keys_path_is_never_looked_at(
 
 
 def test_a_gs_root_lists_and_follows_its_runs_as_an_s3_one(gcs: pafs.GcsFileSystem, tmp_path: Path) -> None:
-    """``--runs gs://bucket/prefix``: pyarrow's Cloud Storage client at the emulator
-    ``STORAGE_EMULATOR_HOST`` names lists a finished run, a live one and one ``sync`` uploads as
-    parts; a longer copy of the live run is read on from its old size, another run uploaded over it
+    """``--runs gs://bucket/prefix``: the emulator ``STORAGE_EMULATOR_HOST`` names, listed by
+    pyarrow's Cloud Storage client and read through the gcs extra's where it is installed
+    (tests/test_gcs.py counts its requests), holds a finished run, a live one and one ``sync``
+    uploads as parts; a longer copy of the live run is read on from its old size, another run uploaded over it
     is read again from its start; a bucket that does not exist is one line naming the root."""
     path = tmp_path / "metrics.jsonl"
     follow_bucket_runs(gcs, "gs", path, three_bucket_runs(gcs, "gs", path))
