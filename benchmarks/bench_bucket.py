@@ -12,7 +12,7 @@ proxy, so what a bucket would bill:
   ``--refresh``: every refresh an ``overview()`` (the runs page) and a ``view()`` of a live run (a
   run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
   the first read of every run, printed apart), reading through the bucket's own client
-  (``object_reads.object_reads``: botocore, google-auth, azure-storage-blob); ``--reads pyarrow``:
+  (``cloud_reads.object_reads``: botocore, google-auth, azure-storage-blob); ``--reads pyarrow``:
   as where that client is not installed (``object_reads.ArrowReads``: a HEAD before each GET, and
   pyarrow's listing);
 * TensorBoard's pattern: each reload (every ``--refresh`` s, its default is 5 s) lists every
@@ -50,8 +50,9 @@ from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.buckets import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
+from metrics_core.cloud_reads import object_reads
 from metrics_core.dashboard.store import RunStore
-from metrics_core.object_reads import ArrowReads, object_reads
+from metrics_core.object_reads import ArrowReads
 from metrics_core.object_storage import discover_bucket_runs
 from tests.live_server import free_port, wait_for_http
 from tests.support import BUCKET, CountingProxy, base_record, bucket_run, gcs_emulator_command, line, put_object

@@ -56,8 +56,9 @@ from typing import TYPE_CHECKING
 from pyarrow import fs as pafs
 
 from metrics_core.buckets import bucket_filesystem, parse_bucket_url
+from metrics_core.cloud_reads import object_reads
 from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
-from metrics_core.object_reads import ObjectReads, object_reads
+from metrics_core.object_reads import ObjectReads
 from metrics_core.object_storage import BucketRun, discover_bucket_runs
 from metrics_core.reader import RunReader
 from metrics_core.roots import LIST_INTERVAL_S

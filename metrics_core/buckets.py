@@ -1,7 +1,7 @@
 """Bucket addresses and their clients: ``s3://bucket/key``, ``gs://bucket/key`` and
 ``az://container/key`` split into a ``BucketPath``, and the ``pyarrow.fs`` client of each kind of
 bucket configured from the environment, so that every module that lists, reads or uploads
-objects reaches them the same way (``object_reads`` configures each cloud's own client from the
+objects reaches them the same way (``cloud_reads`` configures each cloud's own client from the
 same variables: ``gcs_emulator``, ``azure_account``).
 
 Optional: needs ``pyarrow`` (the ``s3`` extra; the head node's ``app`` extra has it already), and

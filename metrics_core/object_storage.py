@@ -64,17 +64,10 @@ from pyarrow import fs as pafs
 
 from metrics_core.buckets import BucketPath, bucket_filesystem, error_line, parse_bucket_url
 from metrics_core.buckets import s3_filesystem as s3_filesystem  # README's example imports it from here
+from metrics_core.cloud_reads import object_reads
 from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.lines import READ_CHUNK
-from metrics_core.object_reads import (
-    PARALLEL_GETS,
-    FlatListing,
-    Listed,
-    ObjectReads,
-    ObjectSlice,
-    object_reads,
-    short_digest,
-)
+from metrics_core.object_reads import PARALLEL_GETS, FlatListing, Listed, ObjectReads, ObjectSlice, short_digest
 from metrics_core.storage import FileStat
 from metrics_core.writer import METRICS_FILENAME
 

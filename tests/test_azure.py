@@ -17,8 +17,9 @@ from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.buckets import azure_filesystem, parse_bucket_url
+from metrics_core.cloud_reads import object_reads
 from metrics_core.errors import MetricsError, RunNotFoundError
-from metrics_core.object_reads import ArrowReads, object_reads
+from metrics_core.object_reads import ArrowReads
 from metrics_core.reader import RunReader
 from metrics_core.roots import open_root
 from metrics_core.sync import RunSync

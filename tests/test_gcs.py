@@ -14,7 +14,8 @@ from pyarrow import fs as pafs
 
 from metrics_core.bucket_root import BucketRoot
 from metrics_core.buckets import parse_bucket_url
-from metrics_core.object_reads import ArrowReads, GcsReads, object_reads
+from metrics_core.cloud_reads import GcsReads, object_reads
+from metrics_core.object_reads import ArrowReads
 from tests.support import CountingProxy, follow_bucket_runs, follow_live_run, three_bucket_runs
 
 

@@ -18,9 +18,10 @@ from pyarrow import fs as pafs
 from metrics_core import sync as sync_module
 from metrics_core.buckets import parse_bucket_url
 from metrics_core.cache import CachePolicy
+from metrics_core.cloud_reads import s3_reads
 from metrics_core.digest import RunDigest
 from metrics_core.errors import RunFileError
-from metrics_core.object_reads import ArrowReads, s3_reads
+from metrics_core.object_reads import ArrowReads
 from metrics_core.object_storage import (
     ObjectFile,
     Part,
