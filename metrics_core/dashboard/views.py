@@ -129,22 +129,27 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
     own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
     keys: dict[str, tuple[str, ...]] = {}
     for event in CHARTED_EVENTS:
-        # from dtypes, not frame[column]: a Series per column is a cost per key per snapshot
-        for column, dtype in view.frames[event].dtypes.items():
-            if column in WRITER_FIELDS or not pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
-                continue
-            keys[column] = (*keys.get(column, ()), event)
+        columns = view.columns[event]
+        for column in columns.names:
+            # integers and floats: booleans, categories, times and mixed values are no chart's numbers
+            if column not in WRITER_FIELDS and columns.array(column).dtype.kind in "iuf":
+                keys[column] = (*keys.get(column, ()), event)
     return keys
 
 
 def logged_charts(view: RunView) -> list[Chart]:
-    """A chart per logged key (``logged_keys``), grouped by the part of the key before its first
-    "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event that logs it;
-    sorted by group, then key.  Keys that differ only in a last ``/rank<N>`` part (the per-rank
-    ``sys/<field>/rank<N>`` of ``metrics_core.system``) share one chart, a line per rank."""
+    """A chart per logged key (``logged_keys``): ``key_charts`` of them."""
+    return key_charts(logged_keys(view))
+
+
+def key_charts(keys: Mapping[str, tuple[str, ...]]) -> list[Chart]:
+    """A chart per key of ``keys`` (key -> the events logging it), grouped by the part of the key
+    before its first "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event
+    that logs it; sorted by group, then key.  Keys that differ only in a last ``/rank<N>`` part (the
+    per-rank ``sys/<field>/rank<N>`` of ``metrics_core.system``) share one chart, a line per rank."""
     per_rank: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
     charts = []
-    for column, events in logged_keys(view).items():
+    for column, events in keys.items():
         ranked = RANK_KEY.fullmatch(column)
         if ranked is not None:
             per_rank.setdefault(ranked["base"], []).append((int(ranked["rank"]), column, events))
@@ -162,9 +167,10 @@ def _logged_chart(column: str, events: tuple[str, ...], lines: tuple[Line, ...])
     return Chart(f"key:{column}", column, lines, smoothed=events[0] == "train", loggable=True, group=group)
 
 
-def charts_of(view: RunView) -> list[Chart]:
-    """Every chart of the run page, the defaults first."""
-    return [*DEFAULT_CHARTS, *logged_charts(view)]
+def charts_of(view: RunView, keys: Mapping[str, tuple[str, ...]] | None = None) -> list[Chart]:
+    """Every chart of the run page, the defaults first; ``keys``: ``logged_keys(view)``, where the
+    caller has it."""
+    return [*DEFAULT_CHARTS, *key_charts(logged_keys(view) if keys is None else keys)]
 
 
 def chart_filter_error(pattern: str) -> str | None:
@@ -212,11 +218,18 @@ def _with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame
 
 
-def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.ndarray | None]:
+def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
+    """The fields a frame must hold to draw ``charts``: the writer's own (the x axes, the sessions,
+    what derived columns, the straggler chart and the replay windows read) and the charts' lines'.
+    A run's other keys stay out of the frame: each column a frame holds costs a check per snapshot."""
+    return WRITER_FIELDS.union(line.column for chart in charts for line in chart.lines)
+
+
+def _rows(view: RunView, event: str, history: str, fields: frozenset[str]) -> tuple[pd.DataFrame, np.ndarray | None]:
     """The rows a history mode draws, and which of them to dim."""
     if history == "effective":
-        return view.effective(event), None
-    return view.frames[event], view.superseded[event] if history == "all" else None
+        return view.effective(event, fields), None
+    return view.frame(event, fields), view.superseded[event] if history == "all" else None
 
 
 def chart_specs(
@@ -225,11 +238,12 @@ def chart_specs(
     """The charts ``only`` keeps (``pick_charts``) of ``charts`` (default ``charts_of(view)``),
     keyed by chart key, with their rows for ``history``; and for a data-parallel run
     (``world_size`` > 1), the ranks' step-time spread."""
-    rows = {event: _rows(view, event, history) for event in CHARTED_EVENTS}
-    spec = partial(_spec, rows)
     picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
+    fields = chart_fields(picked)
+    rows = {event: _rows(view, event, history, fields) for event in CHARTED_EVENTS}
+    spec = partial(_spec, rows)
     specs = {chart.key: spec(chart) for chart in picked if not chart.group}
-    if is_distributed(view.frames["train"]):
+    if is_distributed(view.frame("train", fields)):
         train, dim = rows["train"]
         ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
         specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
@@ -243,7 +257,7 @@ def chart_specs(
 
 def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
     """``chart`` with its rows for ``history``."""
-    return _spec({event: _rows(view, event, history) for event in CHARTED_EVENTS}, chart)
+    return _spec({event: _rows(view, event, history, chart_fields([chart])) for event in CHARTED_EVENTS}, chart)
 
 
 def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
@@ -255,7 +269,7 @@ def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Cha
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
-    train = view.frames["train"]
+    train = view.frame("train", WRITER_FIELDS)
     origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
     result = []
     for window in replay_windows(train, view.sessions, view.replaced):
@@ -397,7 +411,7 @@ def compare_chart(
     event, label = compare_metrics(views).get(metric, ("train", metric))
     series = []
     for number, (name, view) in enumerate(views.items()):
-        frame = _with_derived(view.effective(event), metric)
+        frame = _with_derived(view.effective(event, WRITER_FIELDS | {metric}), metric)
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(Series(frame, metric, name, markers=event == "validation",
                              colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
