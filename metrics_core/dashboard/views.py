@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -104,6 +103,8 @@ WRITER_FIELDS = frozenset({
 })  # fmt: skip
 CHARTED_EVENTS = ("train", "validation")
 RANK_KEY = re.compile(r"(?P<base>.+)/rank(?P<rank>\d+)")
+# What ``metric_figure`` reads of a line's frame besides the line's column: its x axes and sessions.
+LINE_FIELDS = frozenset({"session_id", "step", "tokens_seen", "time"})
 # Columns computed from others for a chart, never logged as such.
 DERIVED = {"tokens_per_s": tokens_per_second}
 
@@ -219,17 +220,21 @@ def _with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
-    """The fields a frame must hold to draw ``charts``: the writer's own (the x axes, the sessions,
-    what derived columns, the straggler chart and the replay windows read) and the charts' lines'.
-    A run's other keys stay out of the frame: each column a frame holds costs a check per snapshot."""
-    return WRITER_FIELDS.union(line.column for chart in charts for line in chart.lines)
+    """The fields a frame must hold to draw ``charts``: for the defaults the writer's own (the
+    straggler chart, derived columns and the diagnostics read them too, from the same frame), for
+    logged keys' charts what a line is drawn from (``LINE_FIELDS``) and their keys.  A run's other
+    keys stay out: each column a frame holds costs a check per snapshot."""
+    if all(not chart.group for chart in charts):
+        return WRITER_FIELDS
+    return LINE_FIELDS.union(line.column for chart in charts for line in chart.lines)
 
 
-def _rows(view: RunView, event: str, history: str, fields: frozenset[str]) -> tuple[pd.DataFrame, np.ndarray | None]:
-    """The rows a history mode draws, and which of them to dim."""
+def _rows_of(view: RunView, history: str, fields: frozenset[str]) -> dict[str, tuple[pd.DataFrame, np.ndarray | None]]:
+    """Per charted event, the rows a history mode draws (their ``fields``), and which of them to dim."""
     if history == "effective":
-        return view.effective(event, fields), None
-    return view.frame(event, fields), view.superseded[event] if history == "all" else None
+        return {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
+    return {event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
+            for event in CHARTED_EVENTS}  # fmt: skip
 
 
 def chart_specs(
@@ -239,11 +244,10 @@ def chart_specs(
     keyed by chart key, with their rows for ``history``; and for a data-parallel run
     (``world_size`` > 1), the ranks' step-time spread."""
     picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
-    fields = chart_fields(picked)
-    rows = {event: _rows(view, event, history, fields) for event in CHARTED_EVENTS}
-    spec = partial(_spec, rows)
-    specs = {chart.key: spec(chart) for chart in picked if not chart.group}
-    if is_distributed(view.frame("train", fields)):
+    defaults, logged = [chart for chart in picked if not chart.group], [chart for chart in picked if chart.group]
+    rows = _rows_of(view, history, chart_fields(defaults))
+    specs = {chart.key: _spec(rows, chart) for chart in defaults}
+    if is_distributed(view.frame("train", WRITER_FIELDS)):
         train, dim = rows["train"]
         ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
         specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
@@ -252,12 +256,13 @@ def chart_specs(
             Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
             Series(ranks, "slowest_rank", "slowest rank", dim),
             Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
-    return specs | {chart.key: spec(chart) for chart in picked if chart.group}
+    rows = _rows_of(view, history, chart_fields(logged))
+    return specs | {chart.key: _spec(rows, chart) for chart in logged}
 
 
 def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
     """``chart`` with its rows for ``history``."""
-    return _spec({event: _rows(view, event, history, chart_fields([chart])) for event in CHARTED_EVENTS}, chart)
+    return _spec(_rows_of(view, history, chart_fields([chart])), chart)
 
 
 def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
