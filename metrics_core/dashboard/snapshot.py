@@ -128,7 +128,7 @@ class RunView:
     name: str
     records: int
     sessions: list[Session]
-    columns: dict[str, EventColumns]
+    columns: dict[str, EventColumns]  # per event; ``frame`` and ``frames`` build frames of them
     superseded: dict[str, np.ndarray]
     replaced: dict[int, np.ndarray]  # per session index: the train rows it redid
     ingest: IngestHealth
