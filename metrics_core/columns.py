@@ -39,6 +39,7 @@ from metrics_core.session_log import EventRows
 _NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
 _MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}
 _UTC = pd.DatetimeTZDtype("ns", "UTC")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
 class Chunk:
@@ -80,7 +81,7 @@ def chunk_from_pylist(values: list[Any]) -> Chunk:
 class Column:
     """A growable typed buffer; see the module docstring for the kinds."""
 
-    __slots__ = ("_buffer", "_derived", "_index", "categories", "kind", "size")
+    __slots__ = ("_buffer", "_derived", "_index", "_types", "categories", "kind", "size")
 
     def __init__(self, kind: str = "null", size: int = 0) -> None:
         self.kind = kind
@@ -89,6 +90,7 @@ class Column:
         self._index: dict[str, int] = {}
         self._buffer: np.ndarray | None = None if kind == "null" else np.empty(0, _NUMPY_DTYPES[kind])
         self._derived: dict[str, tuple[Any, Derived]] = {}  # name -> (what it was made for, rows)
+        self._types = CategoryTypes()
 
     @classmethod
     def restore(cls, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> Column:
@@ -131,6 +133,19 @@ class Column:
         self._reserve(count)
         self._buffer[self.size : self.size + count] = values
         self.size += count
+
+    def put(self, value: Any) -> bool:
+        """Append ``value`` if it is a float and this a ``float`` column, or an int64 and this an
+        ``int`` one, as ``extend`` with its one-row chunk would; else append nothing and say so."""
+        if not (
+            (type(value) is float and self.kind == "float")
+            or (type(value) is int and self.kind == "int" and _INT64_MIN <= value <= _INT64_MAX)
+        ):
+            return False
+        self._reserve(1)
+        self._buffer[self.size] = value
+        self.size += 1
+        return True
 
     def _widen(self, incoming: str) -> str:
         """Retype this column so that it can take ``incoming`` values; return the common kind."""
@@ -196,7 +211,7 @@ class Column:
         booleans come from conversions kept per column (``Derived``).
         """
         if self.kind == "cat":
-            return pd.Categorical.from_codes(self.codes(), categories=list(self.categories), validate=False)
+            return pd.Categorical.from_codes(self.codes(), dtype=self._types.of(self.categories), validate=False)
         if self.kind == "bool":
             values = self._converted("bool", partial(np.empty, dtype=bool), lambda rows: rows > 0)
             missing = self._converted("missing", partial(np.empty, dtype=bool), lambda rows: rows < 0)
@@ -230,6 +245,24 @@ class Column:
             derived = Derived(empty)
             self._derived[name] = (made_for, derived)
         return derived.extend(self.view(), convert, capacity=len(self._buffer))
+
+
+class CategoryTypes:
+    """The ``CategoricalDtype`` of a list of categories that only ever grows, made again only when
+    it grew: pandas checks the categories of each one it is given (an index built and checked for
+    repeats), which for every categorical column of every frame was most of a live append's frame."""
+
+    __slots__ = ("_count", "_dtype")
+
+    def __init__(self) -> None:
+        self._count = -1
+        self._dtype: pd.CategoricalDtype | None = None
+
+    def of(self, categories: Sequence[str]) -> pd.CategoricalDtype:
+        """The dtype of ``categories``: the list this was last asked for, grown or not."""
+        if len(categories) != self._count:
+            self._dtype, self._count = pd.CategoricalDtype(list(categories)), len(categories)
+        return self._dtype
 
 
 class Derived:
@@ -312,14 +345,32 @@ class Table:
     def extend(self, chunks: dict[str, Chunk], count: int) -> None:
         """Append ``count`` rows; a column absent from ``chunks`` gets missing values."""
         for name, chunk in chunks.items():
-            column = self.columns.get(name)
-            if column is None:
-                if chunk.kind == "null":
-                    continue  # never held a value: not a column yet (module docstring)
-                column = self.columns[name] = Column("null", self.size)
-            column.extend(chunk, count)
+            self._extend_column(name, chunk, count)
+        self._end_rows(count)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """``extend`` by one record (its ``event`` left out), each float or int that fits its
+        column's kind stored as it is (``Column.put``): a live append of a record of hundreds of keys
+        made a typed chunk, a numpy array, per key."""
+        columns = self.columns
+        for name, value in row.items():
+            column = columns.get(name)
+            if name != "event" and (column is None or not column.put(value)):
+                self._extend_column(name, chunk_from_pylist([value]), 1)
+        self._end_rows(1)
+
+    def _extend_column(self, name: str, chunk: Chunk, count: int) -> None:
+        column = self.columns.get(name)
+        if column is None:
+            if chunk.kind == "null":
+                return  # never held a value: not a column yet (module docstring)
+            column = self.columns[name] = Column("null", self.size)
+        column.extend(chunk, count)
+
+    def _end_rows(self, count: int) -> None:
+        """Give the columns the rows just added left out missing values, and count the rows."""
         for column in self.columns.values():
-            if column.size == self.size:  # absent from ``chunks``
+            if column.size == self.size:  # absent from what was added
                 column.extend(Chunk("null", None), count)
         self.size += count
 

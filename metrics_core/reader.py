@@ -44,7 +44,7 @@ import pandas as pd
 from metrics_core import cache
 from metrics_core.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.cache import CachePolicy
-from metrics_core.columns import Column, Table, chunks_of, event_rows
+from metrics_core.columns import CategoryTypes, Column, Table, chunks_of, event_rows
 from metrics_core.errors import RunNotFoundError
 from metrics_core.health import IngestHealth
 from metrics_core.lines import LineFollower, Lines, LongLine, Restart
@@ -99,6 +99,8 @@ class RunReader(FollowedLog):
         self._tables: dict[str, Table] = {}
         self._pending: dict[str, list[dict[str, Any]]] = {}
         self._pending_rows = 0
+        self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
+        self._event_types: dict[str, pd.CategoricalDtype] = {}
 
     # -- what the layers below know ------------------------------------------------------------
 
@@ -226,7 +228,11 @@ class RunReader(FollowedLog):
     def _flush(self) -> None:
         """Columnarise rows the per-line parser left as dicts (called before any query)."""
         for event, rows in self._pending.items():
-            self._tables.setdefault(event, Table()).extend(chunks_of(rows), len(rows))
+            table = self._tables.setdefault(event, Table())
+            if len(rows) == 1:  # a live append
+                table.append(rows[0])
+            else:
+                table.extend(chunks_of(rows), len(rows))
         self._pending.clear()
         self._pending_rows = 0
 
@@ -323,26 +329,38 @@ class RunReader(FollowedLog):
         per row and kept (``columns.Derived``).  Rows are never modified once handed out, so an
         earlier frame stays as it was; do not modify a frame in place.
         """
+        return pd.DataFrame(self.frame_columns(event), copy=False)
+
+    def frame_columns(self, event: str) -> dict[str, Any]:
+        """What ``frame(event)`` holds, field by field in its order, without the frame.
+
+        Same cost and promises as ``frame``, minus building it: pandas checks every column a frame
+        is given, which on a run logging hundreds of keys is most of a frame's cost, so a caller
+        that needs a few fields builds a frame of those alone.
+        """
         self._flush()
         table = self._tables.get(event)
         if table is None:
-            return pd.DataFrame({name: pd.Series(dtype=object) for name in BASE_FIELD_ORDER})
+            return {name: np.empty(0, dtype=object) for name in BASE_FIELD_ORDER}
         data: dict[str, Any] = {}
         for name in BASE_FIELD_ORDER:
             if name == "event":  # zeros from calloc: pages are mapped when read, not per call
                 codes = np.zeros(table.size, np.int8)
-                data[name] = pd.Categorical.from_codes(codes, categories=[event], validate=False)
+                dtype = self._event_types.get(event)
+                if dtype is None:
+                    dtype = self._event_types[event] = pd.CategoricalDtype([event])
+                data[name] = pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
             elif name == "time":
                 data[name] = table.columns["time"].times()
             elif name == "session_id":
-                data[name] = pd.Categorical.from_codes(self._global_sessions(table), categories=self.log.session_ids(),
-                                                       validate=False)  # fmt: skip
+                dtype = self._session_types.of(self.log.session_ids())
+                data[name] = pd.Categorical.from_codes(self._global_sessions(table), dtype=dtype, validate=False)
             else:
                 data[name] = table.columns[name].series()
         for name, column in table.columns.items():
             if name not in data:
                 data[name] = column.series()
-        return pd.DataFrame(data, copy=False)
+        return data
 
     def effective(self, event: str) -> pd.DataFrame:
         """Records of ``event`` that no later session redid: the run as if it had never crashed."""

@@ -510,11 +510,18 @@ def _oracle_appends() -> list[bytes | None]:
         lines(base_record(30, event="validation", session="s2", val_loss=0.4)),  # at its first step: s1's 30 redone
         lines(base_record(60, event="checkpoint", session="s2", path="/ckpt/60")),  # a new event
         lines(train(70, "s2", tokens="many", ok=True), train(80, "s2", train_loss=2)),  # values change type
+        # one record per append (``Table.append``): a value of its column's kind, or not
+        lines(train(81, "s2", train_loss=3, count=1)),  # an int into a float column; a new int column
+        lines(train(82, "s2", count=2, tokens=5)),  # an int into an int column, and into one of objects
+        lines(train(83, "s2", count=None)),  # a missing value: the int column becomes float
+        lines(train(85, "s2", count=True, flag=1)),  # a bool into a float column
+        lines(train(86, "s2", flag=True, nested={"a": 1})),  # a bool into an int column; not a scalar
         lines(train(65, "s1", phase="late")),  # an earlier session reappears (two writers): still exact
         *many,
         lines(train(75, "s1")),  # and again once s2's replay is final: it redid this one too
         None,
         lines(base_record(0, event="session_start", session="r1"), train(10, "r1", phase="new")),
+        lines(train(20, "r1", tokens=987654321)).replace(b"987654321", b"%d" % (1 << 63)),  # beyond int64: a float
     ]
 
 

@@ -16,12 +16,14 @@ import pytest
 from metrics_core import roots as roots_module
 from metrics_core.dashboard import run_entry
 from metrics_core.dashboard import store as store_module
+from metrics_core.dashboard import views as views_module
 from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.live_views import view_charts
+from metrics_core.dashboard.figures import figure_json
+from metrics_core.dashboard.live_views import view_chart_groups, view_charts, view_charts_of, view_findings
 from metrics_core.dashboard.runs_table import trend
 from metrics_core.dashboard.snapshot import EVENTS, RunView, build_view
 from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import ChartOptions
+from metrics_core.dashboard.views import MAX_LOGGED_CHARTS, WRITER_FIELDS, ChartOptions, chart_specs, run_charts
 from metrics_core.errors import RunNotFoundError
 from metrics_core.reader import RunReader
 from metrics_core.runs import CRASH_REASON
@@ -301,7 +303,7 @@ def overview_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dic
     for number in range(runs):
         append_records(root / f"run{number:04d}" / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / s) for s in range(10, 60, 10)))  # fmt: skip
-    frames = count_calls(monkeypatch, RunReader, "frame")
+    frames = count_calls(monkeypatch, RunReader, "frame_columns")
     resolves = count_calls(monkeypatch, roots_module, "resolve_run")  # the local root resolves names
     store = RunStore(root, safety_interval=3600.0, load_budget_s=3600.0)
     try:
@@ -332,6 +334,39 @@ def test_overview_work_grows_linearly_with_runs_and_an_append_touches_one_row(
                      "append_summaries": 1, "frames": 0, "resolves": 0}  # fmt: skip
     assert large == {**small, "cold_summaries": 200}
     assert large["cold_summaries"] <= 10 * small["cold_summaries"]
+
+
+def test_live_appends_to_a_run_logging_200_keys_build_only_what_the_page_draws(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Live appends to a run whose records log 200 keys: no frame of every field is built (the
+    charts draw from frames of the writer's fields and the drawn keys), the keys' charts are made
+    once while the keys stay the same and again when one is added, and the carried charts equal a
+    full build."""
+    logged = lambda step: {f"k/{n:03}": float(step % 7 + n) for n in range(200)}  # noqa: E731
+    path = tmp_path / "run" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s, **logged(s)) for s in range(10, 40, 10)))
+    options = ChartOptions()
+    store = RunStore(tmp_path, safety_interval=0)
+    try:
+        page = lambda view: (view_chart_groups(view, options), view_findings(view))  # noqa: E731
+        page(store.view("run"))
+        frames = count_calls(monkeypatch, RunReader, "frame")
+        made = count_calls(monkeypatch, views_module, "_logged_chart")
+        for step in range(40, 70, 10):
+            append_records(path, base_record(step, train_loss=1.0 / step, **logged(step)))
+            view = store.view("run")
+            page(view)
+        specs = chart_specs(view, options.history, charts=view_charts_of(view))
+        assert (len(frames), len(made)) == (0, 0)
+        assert max(len(series.frame.columns) for spec in specs.values() for series in spec.series) <= len(
+            WRITER_FIELDS) + MAX_LOGGED_CHARTS  # fmt: skip
+        append_records(path, base_record(70, train_loss=0.5, **logged(70), extra=1.5))
+        view = store.view("run")
+        assert "key:extra" in {chart.key for chart in view_charts_of(view)} and len(made) == 201
+        assert figure_json(view_charts(view, options)) == figure_json(run_charts(view, options))
+    finally:
+        store.close()
 
 
 def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path: Path) -> None:

@@ -29,7 +29,16 @@ import pandas as pd
 from metrics_core.dashboard.figures import Figure, x_values
 from metrics_core.dashboard.metric_axes import OFF_SCALE
 from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.views import Chart, ChartOptions, charts_of, grouped_figures, run_charts, warmup_rows
+from metrics_core.dashboard.views import (
+    WRITER_FIELDS,
+    Chart,
+    ChartOptions,
+    charts_of,
+    grouped_figures,
+    logged_keys,
+    run_charts,
+    warmup_rows,
+)
 from metrics_core.diagnostics import Finding, diagnose
 
 _log = logging.getLogger(__name__)
@@ -70,13 +79,24 @@ def view_chart_groups(view: RunView, options: ChartOptions) -> tuple[dict[str, d
 
 
 def view_charts_of(view: RunView) -> list[Chart]:
-    """``views.charts_of``, once per snapshot: finding the logged keys walks every column of the
-    run's frames, and the charts, their groups and their CSVs all ask for it."""
-    return view.memo("charts_of", lambda: charts_of(view))
+    """``views.charts_of``, once per snapshot, and the same list while the logged keys stay the
+    same: the charts, their groups and their CSVs all ask for it, and making a chart per key of a
+    run that logs hundreds of them is most of its cost."""
+    return view.memo("charts_of", lambda: _carried_charts_of(view))
+
+
+def _carried_charts_of(view: RunView) -> list[Chart]:
+    keys = logged_keys(view)
+
+    def update(previous: tuple[dict[str, tuple[str, ...]], list[Chart]] | None) -> tuple[dict, list[Chart]]:
+        return previous if previous is not None and previous[0] == keys else (keys, charts_of(view, keys))
+
+    return view.lineage.carry("charts_of", update)[1]
 
 
 def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
     stale: list[bool] = []
+    charts = view_charts_of(view)  # not under the lineage's lock, which it takes itself
 
     def update(previous: _Charts | None) -> _Charts | None:
         if previous is not None and view.records < previous.view.records:
@@ -84,30 +104,31 @@ def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
             return previous
         if previous is not None and previous.view is view:
             return previous
-        extended = _extend_charts(previous, view, options) if previous is not None else None
+        extended = _extend_charts(previous, view, options, charts) if previous is not None else None
         if extended is not None:
             return extended
         start = time.perf_counter()
-        figures = run_charts(view, options, charts=view_charts_of(view))
+        figures = run_charts(view, options, charts=charts)
         return _Charts(view, figures, view, time.monotonic(), time.perf_counter() - start)
 
     carried = view.lineage.carry(("charts", options), update)
     return run_charts(view, options) if stale else carried.figures
 
 
-def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _Charts | None:
-    """``previous`` plus ``view``'s appended records, or None when only a full build will do."""
+def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions, charts: list[Chart]) -> _Charts | None:
+    """``previous`` plus ``view``'s appended records (of ``charts``, ``view_charts_of(view)``), or
+    None when only a full build will do."""
     base = previous.base
-    rows = {event: len(base.frames[event]) for event in TAIL_EVENTS}
+    rows = {event: base.rows(event) for event in TAIL_EVENTS}
     if (
         options.history == "sessions"  # replay shading follows the data
         or max(rows.values()) < INCREMENTAL_FROM_ROWS
         or len(view.sessions) != len(base.sessions)
         or view.ingest.resets != base.ingest.resets
-        or any(len(view.frames[event]) < rows[event] for event in TAIL_EVENTS)
+        or any(view.rows(event) < rows[event] for event in TAIL_EVENTS)
     ):
         return None
-    appended = sum(len(view.frames[event]) - rows[event] for event in TAIL_EVENTS)
+    appended = sum(view.rows(event) - rows[event] for event in TAIL_EVENTS)
     age = time.monotonic() - previous.built_at
     if appended > TAIL_REBUILD_ROWS or age > max(TAIL_REBUILD_S, previous.cost_s / REBUILD_CPU_SHARE):
         return None
@@ -116,10 +137,10 @@ def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _
             return None
     warmup = warmup_rows(options)
     # From the previous snapshot on, not the base: each update pays for its own records only.
-    starts = {event: max(0, min(len(previous.view.frames[event]), len(view.frames[event])) - warmup)
+    starts = {event: max(0, min(previous.view.rows(event), view.rows(event)) - warmup)
               for event in TAIL_EVENTS}  # fmt: skip
     tail = _tail_view(view, starts)
-    tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS), charts=view_charts_of(view))
+    tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS), charts=charts)
     if tail_figures.keys() - previous.figures.keys():
         return None  # a key logged for the first time: its chart joins at a full build
     figures = {}
@@ -133,13 +154,13 @@ def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions) -> _
 
 def _tail_view(view: RunView, starts: Mapping[str, int]) -> RunView:
     """``view`` with only the rows of ``starts``' events from those positions on (the others whole)."""
-    frames, superseded = dict(view.frames), dict(view.superseded)
+    columns, superseded = dict(view.columns), dict(view.superseded)
     for event, start in starts.items():
-        frames[event] = view.frames[event].iloc[start:].reset_index(drop=True)
+        columns[event] = view.columns[event].picked(slice(start, None))
         superseded[event] = view.superseded[event][start:]
     start = starts["train"]
     replaced = {index: rows[start:] for index, rows in view.replaced.items()}
-    return replace(view, frames=frames, superseded=superseded, replaced=replaced, lineage=view.lineage)
+    return replace(view, columns=columns, superseded=superseded, replaced=replaced, lineage=view.lineage)
 
 
 def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
@@ -188,7 +209,7 @@ def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, l
     warmup = warmup_rows(options)
     keep = {}
     for event in TAIL_EVENTS:
-        frame = view.frames[event]
+        frame = view.frame(event, (options.x, "time"))
         if not len(frame) or options.x not in (*frame.columns, "time", "relative"):
             keep[event] = np.zeros(len(frame), dtype=bool)
             continue
@@ -199,13 +220,13 @@ def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, l
             inside[max(0, rows[0] - warmup) : rows[0]] = True
             inside[rows[-1] : rows[-1] + 2] = True
         keep[event] = inside
-    frames, superseded = dict(view.frames), dict(view.superseded)
+    columns, superseded = dict(view.columns), dict(view.superseded)
     for event, inside in keep.items():
-        frames[event] = view.frames[event][inside].reset_index(drop=True)
+        columns[event] = view.columns[event].picked(inside)
         superseded[event] = view.superseded[event][inside]
     replaced = {index: rows[keep["train"]] if len(rows) == len(keep["train"]) else rows
                 for index, rows in view.replaced.items()}  # fmt: skip
-    window = replace(view, frames=frames, superseded=superseded, replaced=replaced, lineage=view.lineage)
+    window = replace(view, columns=columns, superseded=superseded, replaced=replaced, lineage=view.lineage)
     raw = run_charts(window, options).get(key)
     return whole if raw is None else _splice(whole, raw, low, high)
 
@@ -269,8 +290,8 @@ def _carried_findings(view: RunView) -> list[Finding]:
 
 def _diagnose(view: RunView, since: list[Finding] | None) -> list[Finding]:
     try:
-        return diagnose(train=view.frames["train"], sessions=view.sessions, replaced=view.replaced, ingest=view.ingest,
-                        since=since)  # fmt: skip
+        return diagnose(train=view.frame("train", WRITER_FIELDS), sessions=view.sessions, replaced=view.replaced,
+                        ingest=view.ingest, since=since)  # fmt: skip
     except Exception as exc:
         _log.warning("diagnostics of run %r failed", view.name, exc_info=True)
         return [Finding("error", "diagnostics", f"the checks could not run on this data: {type(exc).__name__}: {exc}")]

@@ -1,17 +1,21 @@
 """A run's snapshot for the pages: ``RunView``, immutable, built from a reader and shared by every tab.
 
-``build_view`` takes what a reader holds at one refresh (frames per event, supersession and
+``build_view`` takes what a reader holds at one refresh (each event's columns, supersession and
 replay masks, sessions, ingest health, lost work); given the previous snapshot of the same reader,
 it extends what a live append left unchanged instead of recomputing it: the events that got no
-record keep their frames and masks, those that did get the reader's new frame (O(columns + new
-rows)) and masks extended in buffers the ``Lineage`` keeps.  Anything else (a new session, a
-reset) is built from scratch.
+record keep their columns (and the frames built from them) and masks, those that did get the
+reader's new columns (O(columns + new rows)) and masks extended in buffers the ``Lineage`` keeps.
+Anything else (a new session, a reset) is built from scratch.
+
+A frame is built only when asked for, of only the fields asked for (``EventColumns``): a page
+draws a few of the keys a run logs, and a frame of all of them per snapshot costs O(fields)
+however few are drawn.
 """
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -46,6 +50,72 @@ class Lineage:
             return value
 
 
+class EventColumns:
+    """One event's records as of one snapshot: an array per field, in the reader's order, each as
+    a frame's column holds it (``RunReader.frame_columns``), and frames of any set of the fields,
+    each built when first asked for and kept.
+
+    pandas checks every column a frame is given: a frame of every field of a run logging hundreds
+    of keys costs that many checks per snapshot, however few of them a page draws.  The columns of
+    an event that got no record are the previous snapshot's object, frames included.  Immutable
+    once built; thread-safe (two threads asking at once may both build a frame, and both get the
+    one kept first).
+    """
+
+    __slots__ = ("_arrays", "_frames", "_parent", "_picked", "names", "rows")
+
+    def __init__(self, arrays: Mapping[str, Any], rows: int) -> None:
+        self.names = tuple(arrays)
+        self.rows = rows
+        self._arrays = dict(arrays)
+        self._frames: dict[tuple[str, ...], pd.DataFrame] = {}
+        self._parent: EventColumns | None = None
+        self._picked: slice | np.ndarray | None = None
+
+    def picked(self, rows: slice | np.ndarray) -> EventColumns:
+        """The rows ``rows`` picks (a slice, or a boolean mask of ``self.rows``), in order; each
+        field is taken from this one when first asked for: O(fields asked for)."""
+        count = len(range(self.rows)[rows]) if isinstance(rows, slice) else int(np.count_nonzero(rows))
+        taken = EventColumns({}, count)
+        taken.names, taken._parent, taken._picked = self.names, self, rows
+        return taken
+
+    def array(self, name: str) -> Any:
+        """Field ``name``'s values (a numpy array or a pandas extension array); KeyError if none."""
+        found = self._arrays.get(name)
+        if found is None:
+            if self._parent is None:
+                raise KeyError(name)
+            found = self._arrays.setdefault(name, self._parent.array(name)[self._picked])
+        return found
+
+    def frame(self, fields: Collection[str] | None = None) -> pd.DataFrame:
+        """A frame of the fields among ``fields`` (every field: None), in the reader's order; the
+        same object for the same fields.  Do not modify it: every tab shares it."""
+        names = self.names if fields is None else tuple(name for name in self.names if name in fields)
+        found = self._frames.get(names)
+        if found is None:
+            built = pd.DataFrame({name: self.array(name) for name in names}, index=pd.RangeIndex(self.rows), copy=False)
+            found = self._frames.setdefault(names, built)
+        return found
+
+
+class _Frames(Mapping[str, pd.DataFrame]):
+    """``RunView.frames``: each event's frame of every field, built when first asked for."""
+
+    def __init__(self, view: RunView) -> None:
+        self._view = view
+
+    def __getitem__(self, event: str) -> pd.DataFrame:
+        return self._view.frame(event)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._view.columns)
+
+    def __len__(self) -> int:
+        return len(self._view.columns)
+
+
 @dataclass(frozen=True, eq=False)
 class RunView:
     """Everything a page shows about one run, as of one refresh.
@@ -58,7 +128,7 @@ class RunView:
     name: str
     records: int
     sessions: list[Session]
-    frames: dict[str, pd.DataFrame]
+    columns: dict[str, EventColumns]  # per event; ``frame`` and ``frames`` build frames of them
     superseded: dict[str, np.ndarray]
     replaced: dict[int, np.ndarray]  # per session index: the train rows it redid
     ingest: IngestHealth
@@ -91,41 +161,56 @@ class RunView:
                 self._key_locks.pop(key, None)
             return value
 
-    def effective(self, event: str) -> pd.DataFrame:
-        """``event`` records no later session redid: the frame itself when none was redone (a
-        run that never resumed), not an O(rows × columns) copy per snapshot."""
-        frame, superseded = self.frames[event], self.superseded[event]
+    @property
+    def frames(self) -> Mapping[str, pd.DataFrame]:
+        """Each event's frame of every field (``frame(event)``)."""
+        return _Frames(self)
+
+    def rows(self, event: str) -> int:
+        """How many ``event`` records there are."""
+        return self.columns[event].rows
+
+    def frame(self, event: str, fields: Collection[str] | None = None) -> pd.DataFrame:
+        """``event``'s records, with the fields among ``fields`` (every field: None); O(those
+        fields) the first time, then kept (``EventColumns.frame``)."""
+        return self.columns[event].frame(fields)
+
+    def effective(self, event: str, fields: Collection[str] | None = None) -> pd.DataFrame:
+        """``frame(event, fields)`` of the records no later session redid: the frame itself when
+        none was redone (a run that never resumed), not an O(rows × fields) copy per snapshot."""
+        superseded = self.superseded[event]
         if not superseded.any():
-            return frame
-        return frame[~superseded].reset_index(drop=True)
+            return self.frame(event, fields)
+        return self.memo(("effective", event), lambda: self.columns[event].picked(~superseded)).frame(fields)
 
 
-def _numeric_where_numbers(frame: pd.DataFrame) -> pd.DataFrame:
-    """``frame`` with every mixed-type column that holds numbers made numeric.
+def _numeric_where_numbers(arrays: dict[str, Any]) -> dict[str, Any]:
+    """``arrays`` with every mixed-type field that holds numbers made numeric.
 
     The reader keeps a field whose type changed between records (a string logged under
     ``train_loss`` once) as Python objects; every chart and check expects numbers there, and one
     string would break the loss-replay arithmetic.  As in ``Column.numbers``, only a number is a
     number: strings and booleans become missing values, drawn as gaps and counted by the
-    diagnostics.  Only object columns pay; a well-formed run has none.
+    diagnostics.  Only object fields pay; a well-formed run has none.
     """
-    # from dtypes, not frame[column]: a Series per column per live append is a cost per refresh
-    mixed = [column for column, dtype in frame.dtypes.items() if pd.api.types.is_object_dtype(dtype)]
-    if not mixed:
-        return frame
-    numbers = {column: _numbers(frame[column]) for column in mixed}
-    return frame.assign(**{column: values for column, values in numbers.items() if not np.isnan(values).all()})
+    for name, values in arrays.items():
+        if isinstance(values, np.ndarray) and values.dtype == object:
+            numbers = _numbers(values)
+            if not np.isnan(numbers).all():
+                arrays[name] = numbers
+    return arrays
 
 
-def _numbers(values: pd.Series) -> np.ndarray:
-    """An object column's numbers as float64 (in the reader's object columns every number is a float)."""
+def _numbers(values: np.ndarray) -> np.ndarray:
+    """An object field's numbers as float64 (in the reader's object columns every number is a float)."""
     return np.array([value if type(value) is float else np.nan for value in values.tolist()], dtype=np.float64)
 
 
-def _view_frame(reader: RunReader, event: str) -> pd.DataFrame:
-    frame = reader.frame(event)
+def _view_columns(reader: RunReader, event: str) -> EventColumns:
+    arrays = reader.frame_columns(event)
+    rows = len(next(iter(arrays.values())))
     # config records hold the nested "config" object: kept as written, never made numeric
-    return frame if event == "config" else _numeric_where_numbers(frame)
+    return EventColumns(arrays if event == "config" else _numeric_where_numbers(arrays), rows)
 
 
 def build_view(
@@ -141,7 +226,7 @@ def build_view(
     not change is taken from it instead of recomputed.
 
     Only the last session grew (a live run's append): the events that got no record keep their
-    frames and masks; those that did get a new frame (the reader's: O(columns + new rows)) and
+    columns and masks; those that did get new columns (the reader's: O(columns + new rows)) and
     their masks extended with False (``grown_in_last_session``) in buffers the lineage keeps
     (``_MaskBuffer``): no O(rows) supersession or replay pass, no O(rows) copy.  Anything else (a
     new session, a reset) is built from scratch.  Every mask is read-only: an extended one shares
@@ -152,16 +237,16 @@ def build_view(
     sessions = reader.sessions
     if previous is not None and (previous.ingest.resets != reader.resets or len(previous.sessions) != len(sessions)):
         previous = None
-    frames: dict[str, pd.DataFrame] = {}
+    columns: dict[str, EventColumns] = {}
     superseded: dict[str, np.ndarray] = {}
     grown: dict[str, bool] = {}  # per event: extended from ``previous`` (True) or built anew (False)
     for event in EVENTS:
         rows = event_rows(reader, event)
-        before = -1 if previous is None else len(previous.frames[event])
+        before = -1 if previous is None else previous.rows(event)
         if rows == before:
-            frames[event], superseded[event] = previous.frames[event], previous.superseded[event]
+            columns[event], superseded[event] = previous.columns[event], previous.superseded[event]
             continue
-        frames[event] = _view_frame(reader, event)
+        columns[event] = _view_columns(reader, event)
         grown[event] = 0 < before < rows and grown_in_last_session(reader, event, before, sessions[-1].session_id)
         if grown[event]:
             superseded[event] = _extended(lineage, ("superseded", event), previous.superseded[event], rows)
@@ -170,7 +255,7 @@ def build_view(
     if "train" not in grown:
         replaced = previous.replaced
     elif grown["train"]:
-        replaced = {index: _extended(lineage, ("replaced", index), rows, len(frames["train"]))
+        replaced = {index: _extended(lineage, ("replaced", index), rows, columns["train"].rows)
                     for index, rows in previous.replaced.items()}  # fmt: skip
     else:
         replaced = {s.index: _read_only(reader.replaced_by(s.index, "train")) for s in sessions}
@@ -178,7 +263,7 @@ def build_view(
         name=name,
         records=reader.records,
         sessions=sessions,
-        frames=frames,
+        columns=columns,
         superseded=superseded,
         replaced=replaced,
         ingest=reader.ingest_health(),

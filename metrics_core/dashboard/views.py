@@ -14,7 +14,6 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -104,6 +103,8 @@ WRITER_FIELDS = frozenset({
 })  # fmt: skip
 CHARTED_EVENTS = ("train", "validation")
 RANK_KEY = re.compile(r"(?P<base>.+)/rank(?P<rank>\d+)")
+# What ``metric_figure`` reads of a line's frame besides the line's column: its x axes and sessions.
+LINE_FIELDS = frozenset({"session_id", "step", "tokens_seen", "time"})
 # Columns computed from others for a chart, never logged as such.
 DERIVED = {"tokens_per_s": tokens_per_second}
 
@@ -129,22 +130,27 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
     own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
     keys: dict[str, tuple[str, ...]] = {}
     for event in CHARTED_EVENTS:
-        # from dtypes, not frame[column]: a Series per column is a cost per key per snapshot
-        for column, dtype in view.frames[event].dtypes.items():
-            if column in WRITER_FIELDS or not pd.api.types.is_numeric_dtype(dtype) or pd.api.types.is_bool_dtype(dtype):
-                continue
-            keys[column] = (*keys.get(column, ()), event)
+        columns = view.columns[event]
+        for column in columns.names:
+            # integers and floats: booleans, categories, times and mixed values are no chart's numbers
+            if column not in WRITER_FIELDS and columns.array(column).dtype.kind in "iuf":
+                keys[column] = (*keys.get(column, ()), event)
     return keys
 
 
 def logged_charts(view: RunView) -> list[Chart]:
-    """A chart per logged key (``logged_keys``), grouped by the part of the key before its first
-    "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event that logs it;
-    sorted by group, then key.  Keys that differ only in a last ``/rank<N>`` part (the per-rank
-    ``sys/<field>/rank<N>`` of ``metrics_core.system``) share one chart, a line per rank."""
+    """A chart per logged key (``logged_keys``): ``key_charts`` of them."""
+    return key_charts(logged_keys(view))
+
+
+def key_charts(keys: Mapping[str, tuple[str, ...]]) -> list[Chart]:
+    """A chart per key of ``keys`` (key -> the events logging it), grouped by the part of the key
+    before its first "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event
+    that logs it; sorted by group, then key.  Keys that differ only in a last ``/rank<N>`` part (the
+    per-rank ``sys/<field>/rank<N>`` of ``metrics_core.system``) share one chart, a line per rank."""
     per_rank: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
     charts = []
-    for column, events in logged_keys(view).items():
+    for column, events in keys.items():
         ranked = RANK_KEY.fullmatch(column)
         if ranked is not None:
             per_rank.setdefault(ranked["base"], []).append((int(ranked["rank"]), column, events))
@@ -162,9 +168,10 @@ def _logged_chart(column: str, events: tuple[str, ...], lines: tuple[Line, ...])
     return Chart(f"key:{column}", column, lines, smoothed=events[0] == "train", loggable=True, group=group)
 
 
-def charts_of(view: RunView) -> list[Chart]:
-    """Every chart of the run page, the defaults first."""
-    return [*DEFAULT_CHARTS, *logged_charts(view)]
+def charts_of(view: RunView, keys: Mapping[str, tuple[str, ...]] | None = None) -> list[Chart]:
+    """Every chart of the run page, the defaults first; ``keys``: ``logged_keys(view)``, where the
+    caller has it."""
+    return [*DEFAULT_CHARTS, *key_charts(logged_keys(view) if keys is None else keys)]
 
 
 def chart_filter_error(pattern: str) -> str | None:
@@ -212,11 +219,22 @@ def _with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     return frame
 
 
-def _rows(view: RunView, event: str, history: str) -> tuple[pd.DataFrame, np.ndarray | None]:
-    """The rows a history mode draws, and which of them to dim."""
+def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
+    """The fields a frame must hold to draw ``charts``: for the defaults the writer's own (the
+    straggler chart, derived columns and the diagnostics read them too, from the same frame), for
+    logged keys' charts what a line is drawn from (``LINE_FIELDS``) and their keys.  A run's other
+    keys stay out: each column a frame holds costs a check per snapshot."""
+    if all(not chart.group for chart in charts):
+        return WRITER_FIELDS
+    return LINE_FIELDS.union(line.column for chart in charts for line in chart.lines)
+
+
+def _rows_of(view: RunView, history: str, fields: frozenset[str]) -> dict[str, tuple[pd.DataFrame, np.ndarray | None]]:
+    """Per charted event, the rows a history mode draws (their ``fields``), and which of them to dim."""
     if history == "effective":
-        return view.effective(event), None
-    return view.frames[event], view.superseded[event] if history == "all" else None
+        return {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
+    return {event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
+            for event in CHARTED_EVENTS}  # fmt: skip
 
 
 def chart_specs(
@@ -225,11 +243,11 @@ def chart_specs(
     """The charts ``only`` keeps (``pick_charts``) of ``charts`` (default ``charts_of(view)``),
     keyed by chart key, with their rows for ``history``; and for a data-parallel run
     (``world_size`` > 1), the ranks' step-time spread."""
-    rows = {event: _rows(view, event, history) for event in CHARTED_EVENTS}
-    spec = partial(_spec, rows)
     picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
-    specs = {chart.key: spec(chart) for chart in picked if not chart.group}
-    if is_distributed(view.frames["train"]):
+    defaults, logged = [chart for chart in picked if not chart.group], [chart for chart in picked if chart.group]
+    rows = _rows_of(view, history, chart_fields(defaults))
+    specs = {chart.key: _spec(rows, chart) for chart in defaults}
+    if is_distributed(view.frame("train", WRITER_FIELDS)):
         train, dim = rows["train"]
         ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
         specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
@@ -238,12 +256,13 @@ def chart_specs(
             Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
             Series(ranks, "slowest_rank", "slowest rank", dim),
             Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
-    return specs | {chart.key: spec(chart) for chart in picked if chart.group}
+    rows = _rows_of(view, history, chart_fields(logged))
+    return specs | {chart.key: _spec(rows, chart) for chart in logged}
 
 
 def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
     """``chart`` with its rows for ``history``."""
-    return _spec({event: _rows(view, event, history) for event in CHARTED_EVENTS}, chart)
+    return _spec(_rows_of(view, history, chart_fields([chart])), chart)
 
 
 def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
@@ -255,7 +274,7 @@ def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Cha
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
-    train = view.frames["train"]
+    train = view.frame("train", WRITER_FIELDS)
     origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
     result = []
     for window in replay_windows(train, view.sessions, view.replaced):
@@ -397,7 +416,7 @@ def compare_chart(
     event, label = compare_metrics(views).get(metric, ("train", metric))
     series = []
     for number, (name, view) in enumerate(views.items()):
-        frame = _with_derived(view.effective(event), metric)
+        frame = _with_derived(view.effective(event, WRITER_FIELDS | {metric}), metric)
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(Series(frame, metric, name, markers=event == "validation",
                              colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
