@@ -7,7 +7,7 @@ An installed package serves this same file (``metrics-dashboard --runs DIR``, ``
 Everything here is navigation; pages live in pages/, logic in metrics_core.
 
 This file is read twice.  ``streamlit run`` imports it as the module ``app`` and serves the
-``st.App`` below, with what ``metrics_core.dashboard.serving`` adds (``METRICS_SERVE_PLAIN=1`` serves
+``st.App`` below, with what ``metrics_core.dashboard.server.serving`` adds (``METRICS_SERVE_PLAIN=1`` serves
 exactly what Streamlit serves).  Each page view then runs it as Streamlit's script, under the name
 ``__main__``, which draws the navigation.
 
@@ -37,7 +37,7 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
     ).run()
 else:  # `streamlit run app.py` imports this module to serve it
     from metrics_core.dashboard.launch import package_origin
-    from metrics_core.dashboard.serving import app_options
+    from metrics_core.dashboard.server.serving import app_options
     from metrics_core.dashboard.settings import close_server
 
     print(package_origin(__file__), flush=True)  # which copy of the code this server runs

@@ -24,8 +24,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate_root import make_root
-from metrics_core.alerts import REDISCOVER_S, AlertEvaluator
-from metrics_core.runs import find_runs
+from metrics_core.alerts.evaluator import REDISCOVER_S, AlertEvaluator
+from metrics_core.roots.discovery import find_runs
 
 
 def cpu_ms(work: object) -> float:

@@ -27,7 +27,7 @@ from benchmarks.generate import write_run
 
 READER = """
 import sys, time
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
 start = time.perf_counter()
 reader = RunReader(sys.argv[1])
 reader.refresh()
@@ -41,10 +41,10 @@ def rss():
     for line in open("/proc/self/status"):
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
-from metrics_core.dashboard.live_chart import encode
-from metrics_core.dashboard.live_views import view_charts, view_findings
-from metrics_core.dashboard.views import ChartOptions
-from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.live.chart_component import encode
+from metrics_core.dashboard.views.memo import view_charts, view_findings
+from metrics_core.dashboard.views.chart_specs import ChartOptions
+from metrics_core.dashboard.store.run_store import RunStore
 before = rss()
 start = time.perf_counter()
 store = RunStore(Path(sys.argv[1]))

@@ -48,12 +48,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyarrow import fs as pafs
 
-from metrics_core.bucket_root import BucketRoot
-from metrics_core.buckets import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
-from metrics_core.cloud_reads import object_reads
-from metrics_core.dashboard.store import RunStore
-from metrics_core.object_reads import ArrowReads
-from metrics_core.object_storage import discover_bucket_runs
+from metrics_core.buckets.addresses import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
+from metrics_core.buckets.bucket_files import discover_bucket_runs
+from metrics_core.buckets.cloud_reads import object_reads
+from metrics_core.buckets.object_reads import ArrowReads
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.roots.bucket_root import BucketRoot
 from tests.live_server import free_port, wait_for_http
 from tests.support import BUCKET, CountingProxy, base_record, bucket_run, gcs_emulator_command, line, put_object
 

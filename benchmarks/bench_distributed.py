@@ -30,7 +30,7 @@ def child(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
     from metrics_core import TrainingWindow
-    from metrics_core.distributed import DistributedWindow
+    from metrics_core.write.distributed import DistributedWindow
 
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world,
                             timeout=timedelta(seconds=60))  # fmt: skip

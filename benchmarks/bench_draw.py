@@ -24,11 +24,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.figures import figure_json
-from metrics_core.dashboard.live_chart import plotly_source
-from metrics_core.dashboard.live_feed import drawn_charts
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import ChartOptions
+from metrics_core.dashboard.figures.layout import figure_json
+from metrics_core.dashboard.live.chart_component import plotly_source
+from metrics_core.dashboard.live.feed import drawn_charts
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import ChartOptions
 from tests.live_server import chromium
 
 ASSETS = Path(__file__).resolve().parents[1] / "metrics_core" / "dashboard" / "assets" / "live_chart.js"

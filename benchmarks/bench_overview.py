@@ -22,7 +22,7 @@ fresh process per measurement, a store lists ROOT until no row reads ``loading``
 every run); printed: the time to list and to fill, the process's RSS and peak RSS (``/proc``), the
 records its readers hold, the time of a first ``view()`` of a big run, and of an ``overview()``
 once filled.  ``--against FILE`` measures a ``store.py`` saved from another commit (``git show
-REV:metrics_core/dashboard/store.py > FILE``) in alternating rounds, same root, same machine.
+REV:metrics_core/dashboard/store/run_store.py > FILE``) in alternating rounds, same root, same machine.
 ``--cache``: each store gets a fresh cache directory (the dashboard's default has one).
 """
 
@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_live import cpu_seconds, server_pid
 from benchmarks.generate_root import LIVE, make_root, small_run
-from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.store.run_store import RunStore
 
 
 class LiveWriter(threading.Thread):
@@ -141,8 +141,8 @@ def memory_child(root: Path, store_file: Path | None, cache: bool) -> dict[str, 
         spec = importlib.util.spec_from_file_location("metrics_core.dashboard._bench_store", store_file)
         module = sys.modules[spec.name] = importlib.util.module_from_spec(spec)  # dataclasses look it up
         spec.loader.exec_module(module)
-    from metrics_core.cache import CachePolicy
-    from metrics_core.dashboard import store as store_module
+    from metrics_core.dashboard.store import run_store as store_module
+    from metrics_core.read.column_cache import CachePolicy
 
     run_store = (module or store_module).RunStore
     cache_dir = Path(tempfile.mkdtemp(prefix="metrics_bench_cache_")) if cache else None

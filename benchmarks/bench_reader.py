@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
 
 COLD = """
 import resource, sys, time
@@ -41,8 +41,8 @@ mode, path, cache_dir, baseline = sys.argv[1:5]
 if mode.startswith("baseline"):
     sys.path.insert(0, baseline)  # that version's metrics_core, not this one
 import pandas as pd
-from metrics_core.cache import CachePolicy
-from metrics_core.reader import RunReader
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_reader import RunReader
 import pyarrow.json, pyarrow.ipc  # imported up front by all so import time is not counted
 policy = CachePolicy(Path(cache_dir), min_records=1)
 def rss():
@@ -185,7 +185,7 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
     count = write_run(cold, records)
     size = cold.stat().st_size
     print(f"cold file: {count:,} records, {size / 1e6:.0f} MB, {size / count:.0f} B/line")
-    from metrics_core.cache import CachePolicy
+    from metrics_core.read.column_cache import CachePolicy
 
     writer = RunReader(cold, cache=CachePolicy(cache_dir, min_records=1))
     writer.refresh()
@@ -194,7 +194,7 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
     baseline_cache = root / f"cache{records}-baseline"
     if baseline is not None:  # the baseline's own cache file, in its own format
         build = (f"import sys; sys.path.insert(0, {str(baseline)!r}); from pathlib import Path\n"
-                 "from metrics_core.cache import CachePolicy; from metrics_core.reader import RunReader\n"
+                 "from metrics_core.read.column_cache import CachePolicy; from metrics_core.read.run_reader import RunReader\n"
                  f"r = RunReader({str(cold)!r}, cache=CachePolicy(Path({str(baseline_cache)!r}), min_records=1))\n"
                  "r.refresh(); r.close()")  # fmt: skip
         subprocess.run([sys.executable, "-c", build], check=True)

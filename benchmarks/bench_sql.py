@@ -13,7 +13,7 @@ Measured, each in a subprocess of its own so that its time and memory are its ow
   (a root holding a hard link of its file);
 * a second export of the unchanged root (files written: none), then one after 100 records were
   appended to the huge run, with the parse cache the first export saved (one file rewritten);
-* query latency over the export (the locked-down connection: ``metrics_core.sql.connect``), median
+* query latency over the export (the locked-down connection: ``metrics_core.sql.query.connect``), median
   of ``--repeats``, with DuckDB's own Parquet reader over the same files for reference.
 """
 
@@ -48,10 +48,10 @@ QUERIES = {
 CHILD = """
 import json, resource, sys, time
 sys.path.insert(0, {repo!r})
-from metrics_core.cache import CachePolicy
-from metrics_core.export import export_root
-from metrics_core.reader import RunReader
-from metrics_core.runs import find_runs
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.sql.export import export_root
+from metrics_core.read.run_reader import RunReader
+from metrics_core.roots.discovery import find_runs
 what, args = sys.argv[1], json.loads(sys.argv[2])
 start = time.perf_counter()
 if what == "parse":
@@ -85,7 +85,7 @@ def query_latency(out: Path, repeats: int) -> None:
 
     import duckdb
 
-    from metrics_core.sql import connect, run_query
+    from metrics_core.sql.query import connect, run_query
 
     files = f"{out}/*.parquet"
     for name, sql in QUERIES.items():

@@ -29,11 +29,11 @@ from pyarrow import fs as pafs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metrics_core import object_storage
-from metrics_core.buckets import parse_bucket_url, s3_filesystem
-from metrics_core.object_storage import ObjectFile, PartsFile, upload_part
-from metrics_core.reader import RunReader
-from metrics_core.sync import RunSync
+from metrics_core.buckets import bucket_files as object_storage
+from metrics_core.buckets.addresses import parse_bucket_url, s3_filesystem
+from metrics_core.buckets.bucket_files import ObjectFile, PartsFile, upload_part
+from metrics_core.buckets.sync import RunSync
+from metrics_core.read.run_reader import RunReader
 
 BUCKET = "bench"
 

@@ -22,8 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metrics_core.session import training_session
-from metrics_core.system import DEFAULT_INTERVAL_S, start_sampler
+from metrics_core.write.system_sampler import DEFAULT_INTERVAL_S, start_sampler
+from metrics_core.write.training_session import training_session
 
 STEP_MS = 100.0
 
@@ -61,7 +61,7 @@ def distributed_ms(windows: int) -> tuple[float, float] | None:
         import torch.distributed as dist
     except ImportError:
         return None
-    from metrics_core.distributed import DistributedWindow
+    from metrics_core.write.distributed import DistributedWindow
 
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

@@ -1,8 +1,8 @@
 """metrics_core: crash-safe training metrics, written on GPU nodes and read by the dashboard.
 
 Importing this package loads only the write side (``orjson`` and the standard library), so it
-is safe and cheap inside a training process.  The read side lives in ``metrics_core.reader``,
-``metrics_core.runs`` and ``metrics_core.watch`` and is imported explicitly by the dashboard.
+is safe and cheap inside a training process.  The read side lives in ``metrics_core.read.run_reader``,
+``metrics_core.roots.discovery`` and ``metrics_core.roots.watcher`` and is imported explicitly by the dashboard.
 """
 
 from metrics_core.errors import (
@@ -15,8 +15,8 @@ from metrics_core.errors import (
     WriterLockedError,
     WriterStateError,
 )
-from metrics_core.window import TrainingWindow
-from metrics_core.writer import METRICS_FILENAME, SCHEMA_VERSION, MetricsWriter, RunContext, TrainingState
+from metrics_core.write.window import TrainingWindow
+from metrics_core.write.writer import METRICS_FILENAME, SCHEMA_VERSION, MetricsWriter, RunContext, TrainingState
 
 __all__ = [
     "METRICS_FILENAME",

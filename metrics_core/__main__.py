@@ -1,7 +1,7 @@
-"""``python -m metrics_core``: see ``metrics_core.cli``."""
+"""``python -m metrics_core``: see ``metrics_core.cli.main``."""
 
 import sys
 
-from metrics_core.cli import main
+from metrics_core.cli.main import main
 
 sys.exit(main())

@@ -4,13 +4,13 @@ config keys that differ between them; controls in the sidebar, the URL is sharea
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.display_text import md_text, shorten
-from metrics_core.dashboard.live_chart import live_chart, load_plotly
+from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import config_diff_panel
-from metrics_core.dashboard.runs_table import filter_runs
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views import compare_chart, compare_metrics
+from metrics_core.dashboard.views.chart_specs import compare_chart, compare_metrics
+from metrics_core.dashboard.views.config_tables import view_config
+from metrics_core.dashboard.views.runs_table import filter_runs
 from metrics_core.dashboard.widgets import name_text, page_theme, run_names_or_stop, views_or_warn
 
 DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]

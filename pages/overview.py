@@ -21,11 +21,11 @@ from pathlib import Path
 import streamlit as st
 
 from metrics_core.dashboard.alerting import notice_of, show_notice
-from metrics_core.dashboard.config import config_keys
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.runs_table_view import runs_page_view, runs_table_view
 from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
+from metrics_core.dashboard.views.config_tables import config_keys
 from metrics_core.dashboard.widgets import overview_or_stop
 
 config = settings()

@@ -8,12 +8,12 @@ import streamlit as st
 from metrics_core.dashboard.alerting import run_alerts, show_run_alerts
 from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_panels, status_caption
 from metrics_core.dashboard.display_text import md_text, shorten
-from metrics_core.dashboard.live_chart import load_plotly
-from metrics_core.dashboard.live_push import live_watch
+from metrics_core.dashboard.live.chart_component import load_plotly
+from metrics_core.dashboard.live.push import live_watch
 from metrics_core.dashboard.panels import stopped_panel
-from metrics_core.dashboard.server_routes import routes_served
+from metrics_core.dashboard.server.routes import routes_served
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
-from metrics_core.dashboard.store import RunView
+from metrics_core.dashboard.store.run_store import RunView
 from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick
 
 config = settings()

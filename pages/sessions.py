@@ -3,13 +3,13 @@ Opened from the top bar with no run named, it offers a picker of the runs."""
 
 import streamlit as st
 
-from metrics_core.analysis import session_table
+from metrics_core.analysis.derived import session_table
 from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, shorten
-from metrics_core.dashboard.live_chart import live_chart, load_plotly
-from metrics_core.dashboard.live_views import view_findings
+from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import finding_text, sessions_table, stopped_panel
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views import DEFAULT_CHARTS, charts_of, session_overlay
+from metrics_core.dashboard.views.chart_specs import DEFAULT_CHARTS, charts_of, session_overlay
+from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.widgets import csv_button, live_view, page_theme, run_or_pick
 
 config = settings()

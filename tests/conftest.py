@@ -125,7 +125,7 @@ def bucket(s3_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.S3FileSyst
     """The bucket, emptied, reached the way a user configures it: the standard AWS variables."""
     from pyarrow import fs as pafs
 
-    from metrics_core.buckets import s3_filesystem
+    from metrics_core.buckets.addresses import s3_filesystem
 
     for name, value in {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
                         "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": s3_endpoint}.items():  # fmt: skip
@@ -162,7 +162,7 @@ def gcs_emulator(monkeypatch: pytest.MonkeyPatch, *, stating_generation: bool) -
     holding the bucket, reached as a user names one: ``STORAGE_EMULATOR_HOST``
     (``tests.support.gcs_emulator_command``)."""
     pytest.importorskip("gcp_storage_emulator")
-    from metrics_core.buckets import gcs_filesystem
+    from metrics_core.buckets.addresses import gcs_filesystem
 
     port = free_port()
     with tempfile.TemporaryFile() as log:
@@ -221,7 +221,7 @@ def azure_connection_string(endpoint: str) -> str:
 def azure(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.FileSystem:
     """The container ``runs`` (``tests.support.BUCKET``), emptied, reached the way Azure's own tools
     are configured: ``AZURE_STORAGE_CONNECTION_STRING`` holding the emulator's ``BlobEndpoint``."""
-    from metrics_core.buckets import azure_filesystem, parse_bucket_url
+    from metrics_core.buckets.addresses import azure_filesystem, parse_bucket_url
 
     monkeypatch.setenv("AZURE_STORAGE_CONNECTION_STRING", azure_connection_string(azurite_endpoint))
     filesystem = azure_filesystem(parse_bucket_url(f"az://{BUCKET}"))

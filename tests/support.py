@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from pyarrow import fs as pafs
     from streamlit.testing.v1 import AppTest
 
-    from metrics_core.digest import RunDigest
-    from metrics_core.reader import RunReader
+    from metrics_core.read.run_digest import RunDigest
+    from metrics_core.read.run_reader import RunReader
 
 REPO = Path(__file__).resolve().parents[1]
 APP = str(REPO / "app.py")
@@ -292,8 +292,8 @@ def put_object(filesystem: object, key: str, data: bytes) -> None:
 def three_bucket_runs(filesystem: pafs.FileSystem, scheme: str, path: Path) -> bytes:
     """Under ``exp/`` of the test bucket: a finished run ``done``, a live one ``live`` and
     ``synced``, the three-session run written to ``path`` and uploaded by ``sync``; the live run's bytes."""
-    from metrics_core.buckets import parse_bucket_url
-    from metrics_core.sync import RunSync
+    from metrics_core.buckets.addresses import parse_bucket_url
+    from metrics_core.buckets.sync import RunSync
 
     put_object(filesystem, "exp/done/metrics.jsonl", bucket_run(live=False))
     data = bucket_run(live=True)
@@ -315,9 +315,9 @@ def follow_bucket_runs(
     the synced run read as the local file, the live run read on from its old size when a longer copy
     is uploaded and read again from its start when another run is.  ``look(refresh, grown)`` makes
     each refresh of the live run at the refreshes between uploads (a test counts its requests there)."""
-    from metrics_core.bucket_root import BucketRoot
-    from metrics_core.reader import RunReader
-    from metrics_core.roots import open_root
+    from metrics_core.read.run_reader import RunReader
+    from metrics_core.roots.bucket_root import BucketRoot
+    from metrics_core.roots.runs_root import open_root
 
     root = open_root(f"{scheme}://{BUCKET}/exp")
     assert isinstance(root, BucketRoot) and root.location == f"{scheme}://{BUCKET}/exp"
@@ -355,10 +355,10 @@ def follow_live_run(
     A root's reader of it (``scheme://runs/exp/live``, made after the test pointed the clients at
     ``proxy``) is refreshed at each step: the same story as the local reader, no restart,
     and requests of the run alone, ``requests(grown)`` of each kind."""
-    from metrics_core.bucket_root import BucketRoot
-    from metrics_core.buckets import parse_bucket_url
-    from metrics_core.reader import RunReader
-    from metrics_core.sync import RunSync
+    from metrics_core.buckets.addresses import parse_bucket_url
+    from metrics_core.buckets.sync import RunSync
+    from metrics_core.read.run_reader import RunReader
+    from metrics_core.roots.bucket_root import BucketRoot
 
     sync = RunSync(parse_bucket_url(f"{scheme}://{BUCKET}/exp/live"), bucket)  # straight to the server, not counted
 

@@ -20,11 +20,11 @@ import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
-from metrics_core.alert_rules import AlertConfig, RunRules, Threshold, load_config
-from metrics_core.alerts import Alerter, AlertEvaluator
+from metrics_core.alerts.evaluator import Alerter, AlertEvaluator
+from metrics_core.alerts.rules import AlertConfig, RunRules, Threshold, load_config
+from metrics_core.alerts.webhooks import Alert, Delivery, webhook_body
 from metrics_core.errors import AlertConfigError
-from metrics_core.session import training_session
-from metrics_core.webhooks import Alert, Delivery, webhook_body
+from metrics_core.write.training_session import training_session
 from tests.support import Receiver, spawn_python
 
 LATER = timedelta(seconds=600)  # past the stall threshold of a run logging every few ms
@@ -62,7 +62,7 @@ def healthy(count: int, seed: int) -> list[float]:
 
 WRITER = """
 import sys, time
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 with training_session(sys.argv[1], handle_sigterm=False) as session:
     for _ in range(20):
         session.window.add(2.0, 100, 0.5, False, 1.0)
@@ -488,7 +488,7 @@ def test_webhook_bodies_by_host_keep_run_text_as_text() -> None:
 
 def test_the_terminal_tools_do_not_load_the_network_code() -> None:
     """``tail`` and ``summary`` share cli.py with ``alerts``: http.client and urllib.request load only to post."""
-    code = "import sys, metrics_core.cli; print(sorted({'http.client', 'urllib.request', 'ssl'} & set(sys.modules)))"
+    code = "import sys, metrics_core.cli.main; print(sorted({'http.client', 'urllib.request', 'ssl'} & set(sys.modules)))"
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "[]", done.stderr
 

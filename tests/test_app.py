@@ -11,7 +11,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from metrics_core.dashboard.display_text import md_text
-from metrics_core.dashboard.figures import SESSION_COLOURS
+from metrics_core.dashboard.figures.layout import SESSION_COLOURS
 from tests.support import append_records, base_record, distributed_run, open_page, popovers, three_session_run
 
 APP = str(Path(__file__).resolve().parents[1] / "app.py")

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from metrics_core.bucket_root import BucketRoot
-from metrics_core.buckets import azure_filesystem, parse_bucket_url
-from metrics_core.cloud_reads import object_reads
+from metrics_core.buckets.addresses import azure_filesystem, parse_bucket_url
+from metrics_core.buckets.cloud_reads import object_reads
+from metrics_core.buckets.object_reads import ArrowReads
+from metrics_core.buckets.sync import RunSync
 from metrics_core.errors import MetricsError, RunNotFoundError
-from metrics_core.object_reads import ArrowReads
-from metrics_core.reader import RunReader
-from metrics_core.roots import open_root
-from metrics_core.sync import RunSync
+from metrics_core.read.run_reader import RunReader
+from metrics_core.roots.bucket_root import BucketRoot
+from metrics_core.roots.runs_root import open_root
 from tests.conftest import AZURITE_ACCOUNT, AZURITE_KEY, azure_connection_string
 from tests.support import (
     BUCKET,
@@ -156,8 +156,8 @@ def test_sync_into_a_container_resumes_over_an_upload_that_did_not_complete(
 def test_export_to_a_container_and_a_query_over_an_az_root(azure: pafs.FileSystem, tmp_path: Path) -> None:
     """`export az://… az://…` writes every run's file and the manifest, a second time nothing; `query`
     over the az:// root answers from the runs read through the root."""
-    from metrics_core.export import export_root
-    from metrics_core.sql import connect, query_root, run_query
+    from metrics_core.sql.export import export_root
+    from metrics_core.sql.query import connect, query_root, run_query
 
     small_run(tmp_path / "a" / "metrics.jsonl")
     three_session_run(tmp_path / "b" / "metrics.jsonl")

@@ -16,8 +16,8 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote
 
-from metrics_core.cache import CachePolicy
-from metrics_core.storage import LocalFile
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_file import LocalFile
 from tests.live_server import free_port, wait_for_http, wait_until
 from tests.support import REPO, small_run
 

@@ -16,16 +16,16 @@ import orjson
 import pytest
 from pyarrow import fs as pafs
 
-from metrics_core.bucket_root import BucketRoot
-from metrics_core.buckets import parse_bucket_url, s3_filesystem
+from metrics_core.buckets.addresses import parse_bucket_url, s3_filesystem
+from metrics_core.buckets.sync import RunSync
 from metrics_core.dashboard.launch import streamlit_arguments
 from metrics_core.dashboard.settings import parse_settings
-from metrics_core.dashboard.store import RunStore, RunViewError
+from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.errors import RunNotFoundError
-from metrics_core.failure_note import FAILURE_NOTE_FILENAME
-from metrics_core.reader import RunReader
-from metrics_core.runs import StatusRecord, write_failure
-from metrics_core.sync import RunSync
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import StatusRecord, write_failure
+from metrics_core.roots.bucket_root import BucketRoot
+from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME
 from tests.live_server import free_port, wait_for_http
 from tests.support import (
     BUCKET,

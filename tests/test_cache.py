@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-import metrics_core.reader as reader_module
-from metrics_core.cache import CachePolicy
-from metrics_core.reader import RunReader
-from metrics_core.records import check_lines
+import metrics_core.read.run_reader as reader_module
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.records import check_lines
+from metrics_core.read.run_reader import RunReader
 from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 import pandas as pd
 import plotly
 
-import metrics_core.dashboard.live_chart as chart_module
+import metrics_core.dashboard.live.chart_component as chart_module
 from benchmarks.generate import record, train_values, write_run
-from metrics_core.dashboard.figures import Figure, figure_of
-from metrics_core.dashboard.live_chart import (
+from metrics_core.dashboard.figures.layout import Figure, figure_of
+from metrics_core.dashboard.live.chart_component import (
     PLOTLY_COMPONENT,
     encode,
     encoded_by_token,
@@ -21,9 +21,15 @@ from metrics_core.dashboard.live_chart import (
     next_payload,
     plotly_source,
 )
-from metrics_core.dashboard.live_views import view_charts
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import COMPARE_METRICS, ChartOptions, compare_chart, run_charts, session_overlay
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import (
+    COMPARE_METRICS,
+    ChartOptions,
+    compare_chart,
+    run_charts,
+    session_overlay,
+)
+from metrics_core.dashboard.views.memo import view_charts
 from tests.support import append_records, base_record
 
 

@@ -23,7 +23,7 @@ import orjson
 import pytest
 
 from benchmarks.generate import write_run
-from metrics_core.failure_note import FAILURE_NOTE_FILENAME
+from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME
 from tests.support import REPO, append_bytes, append_records, base_record, three_session_run
 
 ESCAPE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
@@ -270,7 +270,7 @@ def test_sync_where_pyarrow_is_missing_says_what_to_install(tmp_path: Path, ligh
 def _modules_after(command: str, run: Path) -> list[str]:
     """Heavy top-level modules loaded by a fresh interpreter after running one command's main()."""
     code = (
-        "import io, json, sys\nfrom metrics_core.cli import main\n"
+        "import io, json, sys\nfrom metrics_core.cli.main import main\n"
         f"main([{command!r}, {str(run)!r}], out=io.StringIO())\n"
         "print(json.dumps(sorted({m.split('.')[0] for m in sys.modules} & {'numpy', 'pandas', 'pyarrow'})))"
     )

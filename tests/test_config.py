@@ -9,7 +9,8 @@ import pandas as pd
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.config import (
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.config_tables import (
     MAX_KEYS,
     NOT_SET,
     ROOT_KEY,
@@ -25,8 +26,7 @@ from metrics_core.dashboard.config import (
     view_config,
     with_config_columns,
 )
-from metrics_core.dashboard.store import RunStore
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
 from tests.support import append_records, base_record
 
 CONFIG = {"optim": {"lr": 3e-4, "betas": [0.9, 0.95], "sched": {"warmup": 100}}, "model": "gpt2", "fp16": True,
@@ -222,6 +222,6 @@ def test_config_never_imports_the_store() -> None:
 
     source = (Path(__file__).resolve().parents[1] / "metrics_core" / "dashboard" / "config.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
-    assert "metrics_core.dashboard.store" not in imported
-    code = "import sys, metrics_core.dashboard.config; print('metrics_core.dashboard.store' in sys.modules)"
+    assert "metrics_core.dashboard.store.run_store" not in imported
+    code = "import sys, metrics_core.dashboard.views.config_tables; print('metrics_core.dashboard.store.run_store' in sys.modules)"
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

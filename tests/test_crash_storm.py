@@ -25,15 +25,15 @@ from pathlib import Path
 
 import orjson
 
-from metrics_core.crash_safety import tail_start
-from metrics_core.reader import RunReader
-from metrics_core.session import training_session
+from metrics_core.read.run_reader import RunReader
+from metrics_core.write.crash_safety import tail_start
+from metrics_core.write.training_session import training_session
 
 CYCLES = int(os.environ.get("METRICS_SOAK", "200"))
 
 LAUNCHER = r"""
 import os, signal, sys, time
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 
 directory = sys.argv[1]
 BIG = "b" * 16384

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.alert_rules import AlertConfig
+from metrics_core.alerts.rules import AlertConfig
+from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard.alerting import Pacer, ServerAlerter, alerts_notice, firing_lines, run_alert_lines
-from metrics_core.session import training_session
-from metrics_core.webhooks import Alert
+from metrics_core.write.training_session import training_session
 from tests.support import Receiver, open_page, read_records
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)

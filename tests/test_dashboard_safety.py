@@ -12,7 +12,6 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from metrics_core.dashboard import store as store_module
 from metrics_core.dashboard.display_text import (
     ELLIPSIS,
     file_stem,
@@ -22,12 +21,13 @@ from metrics_core.dashboard.display_text import (
     shorten_words,
     under_root,
 )
-from metrics_core.dashboard.figures import Highlight
-from metrics_core.dashboard.metric_figures import Series, metric_figure
-from metrics_core.dashboard.runs_table import newest_first, run_link, run_links
-from metrics_core.dashboard.store import RunStore, RunViewError
+from metrics_core.dashboard.figures.layout import Highlight
+from metrics_core.dashboard.figures.metric_figures import Series, metric_figure
+from metrics_core.dashboard.store import run_store as store_module
+from metrics_core.dashboard.store.run_store import RunStore, RunViewError
+from metrics_core.dashboard.views.runs_table import newest_first, run_link, run_links
 from metrics_core.dashboard.widgets import table_text
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
 from metrics_core.text import fit_middle
 from tests.support import REPO, append_records, base_record, open_page, popovers, without_permission_override
 
@@ -240,7 +240,7 @@ def test_overview_lists_the_runs_beside_entries_it_cannot_look_into(tmp_path: Pa
 
 OVERVIEW_SCRIPT = """
 import json, sys
-from metrics_core.dashboard.store import RunStore
+from metrics_core.dashboard.store.run_store import RunStore
 store = RunStore(sys.argv[1], safety_interval=0.0)
 try:
     rows = store.overview()
@@ -314,7 +314,7 @@ def test_a_string_among_loss_values_is_a_gap_in_the_view_not_a_failure(tmp_path:
 
 def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A bug in the advisory checks is one error finding with the cause, not a page that fails."""
-    from metrics_core.dashboard import live_views
+    from metrics_core.dashboard.views import memo as live_views
 
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
     monkeypatch.setattr(live_views, "diagnose", lambda **_: 1 / 0)

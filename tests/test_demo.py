@@ -11,9 +11,10 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from metrics_core.digest import RunDigest
-from metrics_core.reader import RunReader
-from metrics_core.runs import find_runs, run_status
+from metrics_core.read.run_digest import RunDigest
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import run_status
+from metrics_core.roots.discovery import find_runs
 from tests.support import spawn_python
 
 

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
-from metrics_core.analysis import replay_windows, session_table
-from metrics_core.diagnostics import diagnose, diagnose_reader
-from metrics_core.health import Finding
-from metrics_core.loss_checks import diagnose_from_scratch
-from metrics_core.reader import RunReader
+from metrics_core.analysis.derived import replay_windows, session_table
+from metrics_core.analysis.diagnostics import diagnose, diagnose_reader
+from metrics_core.analysis.loss_checks import diagnose_from_scratch
+from metrics_core.read.health import Finding
+from metrics_core.read.run_reader import RunReader
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
 

@@ -1,4 +1,4 @@
-"""metrics_core.digest, the orjson-only read behind the terminal tools, against RunReader on real files."""
+"""metrics_core.read.run_digest, the orjson-only read behind the terminal tools, against RunReader on real files."""
 
 from __future__ import annotations
 
@@ -13,12 +13,12 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generate import write_run
-from metrics_core.cli import summary_lines
-from metrics_core.digest import RunDigest, batches, follow_file, last_records
-from metrics_core.reader import RunReader
-from metrics_core.runs import run_status
-from metrics_core.sessions import Session
-from metrics_core.summary import summarise
+from metrics_core.cli.main import summary_lines
+from metrics_core.read.run_digest import RunDigest, batches, follow_file, last_records
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import run_status
+from metrics_core.read.run_summary import summarise
+from metrics_core.read.session_model import Session
 from metrics_core.text import clean, fit, fit_middle, width
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
@@ -278,7 +278,7 @@ def test_follower_reads_each_byte_about_once_across_blocks(tmp_path: Path, monke
     """Small blocks ending mid-line, and an over-long line longer than several blocks: the records a
     single read gives, with each byte read about once (the cut line's tail is read again, not the
     whole next block)."""
-    import metrics_core.lines as lines_module
+    import metrics_core.read.line_follower as lines_module
 
     path = tmp_path / "metrics.jsonl"
     pieces = [orjson.dumps(base_record(step, note="n" * (step % 97))) + b"\n" for step in range(1, 1201)]

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from metrics_core import RecordValueError, TrainingState
-from metrics_core.distributed import SilentWriter, rank_health
-from metrics_core.session import training_session
-from metrics_core.writer import RunContext
+from metrics_core.write.distributed import SilentWriter, rank_health
+from metrics_core.write.training_session import training_session
+from metrics_core.write.writer import RunContext
 from tests.support import REPO, read_records
 
 WORLD = 4
@@ -69,7 +69,7 @@ for name in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", 
         calls.append(_name)
         return _real(*args, **kwargs)
     setattr(dist, name, spy)
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 """.replace("GROUP_TIMEOUT_S", str(GROUP_TIMEOUT_S))
 
 WINDOWS = """
@@ -278,7 +278,7 @@ def test_killed_rank_fails_rank_0_within_the_group_timeout(tmp_path: Path) -> No
 TORCHRUN_SCRIPT = """
 import sys, time
 import torch.distributed as dist
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -295,8 +295,8 @@ with training_session(sys.argv[1]) as session:
 
 def test_a_rank_that_raises_under_torchrun_is_named_in_the_session_end(tmp_path: Path) -> None:
     """torchrun, rank 2 raises: the run ends failed with rank 2's exception, not the survivors' SIGTERM/gloo error."""
-    from metrics_core.digest import RunDigest
-    from metrics_core.runs import run_status
+    from metrics_core.read.run_digest import RunDigest
+    from metrics_core.read.run_status import run_status
 
     script, run_dir = tmp_path / "train.py", tmp_path / "run"
     script.write_text(TORCHRUN_SCRIPT)
@@ -322,8 +322,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 import torch.distributed as dist
 from metrics_core import RecordValueError
-from metrics_core.distributed import RankFailure, leave_rank_failure
-from metrics_core.session import training_session
+from metrics_core.write.distributed import RankFailure, leave_rank_failure
+from metrics_core.write.training_session import training_session
 
 dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{sys.argv[2]}", rank=0, world_size=1)
 run = Path(sys.argv[1])
@@ -357,7 +357,7 @@ def test_rank_0_ignores_a_previous_jobs_rank_failure(tmp_path: Path) -> None:
     """A note older than rank 0's process is a previous job's: rank 0's own SIGTERM is what ended this one."""
     from datetime import datetime, timedelta, timezone
 
-    from metrics_core.distributed import RankFailure, leave_rank_failure, process_start_time, rank_failures
+    from metrics_core.write.distributed import RankFailure, leave_rank_failure, process_start_time, rank_failures
 
     started = process_start_time()
     assert started is not None and started <= datetime.now(timezone.utc)
@@ -402,6 +402,6 @@ def test_without_a_process_group_the_session_is_single_process(tmp_path: Path) -
 
 def test_importing_the_distributed_code_does_not_import_torch() -> None:
     """metrics_core, its session and distributed modules load without torch."""
-    code = "import sys, metrics_core, metrics_core.session, metrics_core.distributed; print('torch' in sys.modules)"
+    code = "import sys, metrics_core, metrics_core.write.training_session, metrics_core.write.distributed; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import numpy as np
 
-from metrics_core.diagnostics import diagnose_reader
-from metrics_core.reader import RunReader
-from metrics_core.runs import run_status
+from metrics_core.analysis.diagnostics import diagnose_reader
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import run_status
 from tests.support import REPO
 
 EXAMPLE = str(REPO / "examples" / "train_torch.py")

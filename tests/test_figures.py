@@ -13,11 +13,17 @@ import pandas as pd
 import plotly.graph_objects as go
 import pytest
 
-from metrics_core.dashboard.figures import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
-from metrics_core.dashboard.metric_figures import MARKED_POINTS, Series, ema_smooth, metric_figure
-from metrics_core.dashboard.rank_figures import STRAGGLER_TITLE, out_of_lockstep, rank_time_ratio, straggler_figure
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import (
+from metrics_core.analysis.downsample import minmax_indices
+from metrics_core.dashboard.figures.layout import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
+from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, Series, ema_smooth, metric_figure
+from metrics_core.dashboard.figures.rank_figures import (
+    STRAGGLER_TITLE,
+    out_of_lockstep,
+    rank_time_ratio,
+    straggler_figure,
+)
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
     ChartOptions,
@@ -31,8 +37,7 @@ from metrics_core.dashboard.views import (
     pick_charts,
     run_charts,
 )
-from metrics_core.downsample import minmax_indices
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
 from tests.support import append_records, base_record, distributed_run, rank_window, small_run, three_session_run
 
 
@@ -348,7 +353,7 @@ def test_hover_names_the_full_series_its_session_and_the_step(tmp_path: Path) ->
 def test_resume_labels_never_overlap(tmp_path: Path, sessions: int) -> None:
     """Sessions resumed 20 steps apart on a 2k-step run: placed labels never overlap at the narrowest width,
     and every boundary keeps its full label in a hover marker."""
-    from metrics_core.dashboard.figures import LABEL_CHAR_PX, MIN_PLOT_PX
+    from metrics_core.dashboard.figures.layout import LABEL_CHAR_PX, MIN_PLOT_PX
 
     path = tmp_path / "r" / "metrics.jsonl"
     resumed_run(path, sessions)
@@ -369,7 +374,7 @@ def test_resume_labels_never_overlap(tmp_path: Path, sessions: int) -> None:
 
 def test_resume_label_layout_prefers_full_then_short_then_hover_only() -> None:
     """Far apart: full labels in one row; close: a second row, then "S3", then nothing (hover only)."""
-    from metrics_core.dashboard.figures import resume_labels
+    from metrics_core.dashboard.figures.layout import resume_labels
 
     far = resume_labels([(100, "S2 · resume @ 100", "S2"), (900, "S3 · resume @ 900", "S3")], span=1000)
     assert far == [("S2 · resume @ 100", 0), ("S3 · resume @ 900", 0)]
@@ -407,7 +412,7 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
     """No outliers: no range is imposed (plotly's own autorange), no note."""
-    from metrics_core.dashboard.metric_axes import robust_range
+    from metrics_core.dashboard.figures.metric_axes import robust_range
 
     assert robust_range([np.linspace(3.0, 2.0, 500)]) is None
     assert robust_range([np.array([1.0, 2.0])]) is None  # too few points to judge
@@ -448,7 +453,7 @@ def test_sparse_series_are_drawn_raw_with_markers_beside_smoothed_dense_ones(rea
 def test_one_legend_entry_per_series_and_per_session(reader: RunReader) -> None:
     """Three sessions, two series: the legend lists "train" and "validation" once each, then each
     session in its colour with what it did (the same key the page shows above the charts)."""
-    from metrics_core.dashboard.figures import session_key
+    from metrics_core.dashboard.figures.layout import session_key
 
     figure = metric_figure([Series(reader.effective("train"), "train_loss", "train"),
                             Series(reader.effective("validation"), "val_loss", "validation", markers=True)],
@@ -478,9 +483,9 @@ def test_one_legend_entry_per_series_and_per_session(reader: RunReader) -> None:
 def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
     """Run page, zoom, sessions overlay and compare charts come out dark when asked, with no
     recolouring by the page; the light and dark run charts are separate memo entries."""
-    from metrics_core.dashboard.figures import THEMES
-    from metrics_core.dashboard.live_views import view_charts, zoom_chart
-    from metrics_core.dashboard.views import compare_chart, session_overlay
+    from metrics_core.dashboard.figures.layout import THEMES
+    from metrics_core.dashboard.views.chart_specs import compare_chart, session_overlay
+    from metrics_core.dashboard.views.memo import view_charts, zoom_chart
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -502,7 +507,7 @@ def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None
 
 def test_compare_draws_validation_loss_raw_with_markers(tmp_path: Path) -> None:
     """val_loss on the compare page is a sparse series: markers, no smoothed trace, like the run page."""
-    from metrics_core.dashboard.views import compare_chart
+    from metrics_core.dashboard.views.chart_specs import compare_chart
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -545,8 +550,8 @@ def test_figures_and_charts_import_no_plotly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import metrics_core.dashboard.views, metrics_core.dashboard.metric_figures, "
-            "metrics_core.dashboard.rank_figures; "
+    code = ("import sys; import metrics_core.dashboard.views.chart_specs, metrics_core.dashboard.figures.metric_figures, "
+            "metrics_core.dashboard.figures.rank_figures; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))")  # fmt: skip
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                            cwd=Path(__file__).resolve().parents[1]).stdout.strip()  # fmt: skip

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from metrics_core.bucket_root import BucketRoot
-from metrics_core.buckets import parse_bucket_url
-from metrics_core.cloud_reads import GcsReads, object_reads
-from metrics_core.object_reads import ArrowReads
+from metrics_core.buckets.addresses import parse_bucket_url
+from metrics_core.buckets.cloud_reads import GcsReads, object_reads
+from metrics_core.buckets.object_reads import ArrowReads
+from metrics_core.roots.bucket_root import BucketRoot
 from tests.support import CountingProxy, follow_bucket_runs, follow_live_run, three_bucket_runs
 
 

@@ -19,8 +19,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metrics_core.reader import RunReader
-from metrics_core.records import check_lines, check_record
+from metrics_core.read.records import check_lines, check_record
+from metrics_core.read.run_reader import RunReader
 from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
 
 PER_LINE, BULK = 1 << 40, 0
@@ -326,7 +326,7 @@ def test_the_writer_time_shortcut_accepts_only_what_the_time_regex_accepts() -> 
 
     import pyarrow as pa
 
-    from metrics_core.arrow_records import _ARROW_TIME, _writer_times
+    from metrics_core.read.arrow_records import _ARROW_TIME, _writer_times
 
     writer_time = "2026-11-29T23:59:59.123456+00:00"
     assert _writer_times(pa.chunked_array([[writer_time] * 3, [writer_time]]))
@@ -343,7 +343,7 @@ def test_blocks_parsed_on_worker_threads_are_stored_in_file_order(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Many small blocks in flight at once, bad and over-long lines among them: the same answer as line by line."""
-    import metrics_core.lines as lines_module
+    import metrics_core.read.line_follower as lines_module
 
     monkeypatch.setattr(lines_module, "READ_CHUNK", 48 << 10)
     pieces = []

@@ -18,8 +18,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from metrics_core.diagnostics import diagnose_reader
-from metrics_core.reader import RunReader
+from metrics_core.analysis.diagnostics import diagnose_reader
+from metrics_core.read.run_reader import RunReader
 from tests.support import REPO, read_records, readme_python
 
 # The child: trains a 2-layer GPT-2 for 40 optimizer steps (batch 4, 2 accumulation steps), logs

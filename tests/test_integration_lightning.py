@@ -16,9 +16,9 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from metrics_core.diagnostics import diagnose_reader
+from metrics_core.analysis.diagnostics import diagnose_reader
 from metrics_core.integrations.lightning import MetricsLogger
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
 from tests.support import read_records, readme_python
 
 VOCAB = 32

@@ -63,9 +63,9 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_import_graph_is_read_from_the_package() -> None:
     """The graph sees the read layers in their order (so an empty cycle list means something)."""
     graph = import_graph()
-    assert "metrics_core.lines" in graph["metrics_core.reader"]
-    assert "metrics_core.storage" in graph["metrics_core.lines"]
-    assert "metrics_core.sessions" in graph["metrics_core.digest"]
+    assert "metrics_core.read.line_follower" in graph["metrics_core.read.run_reader"]
+    assert "metrics_core.read.run_file" in graph["metrics_core.read.line_follower"]
+    assert "metrics_core.read.session_model" in graph["metrics_core.read.run_digest"]
 
 
 def test_no_module_imports_one_that_imports_it_back() -> None:

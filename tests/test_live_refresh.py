@@ -14,11 +14,11 @@ from urllib.parse import urlencode
 from starlette.requests import Request
 from starlette.routing import Route
 
-from metrics_core.dashboard.live_chart import encode
-from metrics_core.dashboard.live_feed import drawn_charts, page_signature
-from metrics_core.dashboard.live_push import changes_route, options_query, snapshot_serial
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import ChartOptions
+from metrics_core.dashboard.live.chart_component import encode
+from metrics_core.dashboard.live.feed import drawn_charts, page_signature
+from metrics_core.dashboard.live.push import changes_route, options_query, snapshot_serial
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.widgets import refresh_slot
 from tests.support import append_records, base_record
 

@@ -10,8 +10,8 @@ import numpy as np
 import torch
 
 from metrics_core import MetricsWriter, RunContext
-from metrics_core.logging_bridge import capture_logger
-from metrics_core.reader import RunReader
+from metrics_core.read.run_reader import RunReader
+from metrics_core.write.logging_bridge import capture_logger
 
 
 def test_speculators_style_metrics_are_captured(tmp_path: Path) -> None:

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from metrics_core.buckets import parse_bucket_url
-from metrics_core.cloud_reads import s3_reads
-from metrics_core.digest import RunDigest
+from metrics_core.buckets.addresses import parse_bucket_url
+from metrics_core.buckets.bucket_files import ObjectFile, discover_bucket_runs
+from metrics_core.buckets.cloud_reads import s3_reads
+from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError, RunPathError
-from metrics_core.object_reads import ArrowReads
-from metrics_core.object_storage import ObjectFile, discover_bucket_runs
-from metrics_core.reader import RunReader
+from metrics_core.read.run_digest import RunDigest
+from metrics_core.read.run_reader import RunReader
 from tests.support import (
     BUCKET,
     append_bytes,

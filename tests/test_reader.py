@@ -11,9 +11,9 @@ import pandas as pd
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
-from metrics_core.reader import RunReader
-from metrics_core.records import check_lines
-from metrics_core.storage import LocalFile
+from metrics_core.read.records import check_lines
+from metrics_core.read.run_file import LocalFile
+from metrics_core.read.run_reader import RunReader
 from tests.support import append_bytes, append_records, base_record, three_session_run
 
 
@@ -389,7 +389,7 @@ def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Scaled-down refresh-cost scenario: bytes read and lines parsed do not grow with the run (counts)."""
-    import metrics_core.reader as reader_module
+    import metrics_core.read.run_reader as reader_module
     from benchmarks.generate import record, write_run
 
     parsed = [0]
@@ -420,8 +420,8 @@ def test_a_cold_load_reads_each_byte_once_and_a_small_refresh_starts_no_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Blocks of a cold load are read once (a block's torn last line is read with the next), threads only for bulk."""
-    import metrics_core.arrow_records as arrow_module
-    import metrics_core.lines as lines_module
+    import metrics_core.read.arrow_records as arrow_module
+    import metrics_core.read.line_follower as lines_module
     from benchmarks.generate import record, write_run
 
     monkeypatch.setattr(lines_module, "READ_CHUNK", 2 << 20)  # five blocks, each for pyarrow

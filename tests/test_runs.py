@@ -13,8 +13,9 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
 from metrics_core.errors import RunPathError
-from metrics_core.reader import RunReader
-from metrics_core.runs import UnreadableEntry, discover_runs, find_runs, resolve_run, run_status
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import run_status
+from metrics_core.roots.discovery import UnreadableEntry, discover_runs, find_runs, resolve_run
 from tests.support import REPO, append_bytes, append_records, base_record, without_permission_override
 
 
@@ -93,7 +94,7 @@ def test_symlink_loops_and_links_through_a_file_are_named_and_every_run_is_liste
 
 LISTING_SCRIPT = """
 import json, sys
-from metrics_core.runs import discover_runs, find_runs
+from metrics_core.roots.discovery import discover_runs, find_runs
 listing = discover_runs(sys.argv[1])
 print(json.dumps({"runs": [run.name for run in listing.runs], "found": [run.name for run in find_runs(sys.argv[1])],
                   "unreadable": [str(entry) for entry in listing.unreadable]}))

@@ -1,4 +1,4 @@
-"""The dashboard served as an ``st.App`` (app.py) with ``metrics_core.dashboard.serving`` in front
+"""The dashboard served as an ``st.App`` (app.py) with ``metrics_core.dashboard.server.serving`` in front
 (first load): Streamlit's static files go out gzip-compressed and decode to Streamlit's
 own bytes, a client that refuses gzip gets identity bytes, and the server still honours
 .streamlit/config.toml, ``server.baseUrlPath`` and Ctrl-C as ``streamlit run`` did before."""
@@ -26,10 +26,10 @@ import pytest
 from streamlit import file_util
 from streamlit.runtime.pages_manager import PagesManager
 
-from metrics_core.dashboard import asgi_gzip, serving
-from metrics_core.dashboard.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
-from metrics_core.dashboard.live_chart import base_path
-from metrics_core.dashboard.serving import (
+from metrics_core.dashboard.live.chart_component import base_path
+from metrics_core.dashboard.server import asgi_gzip, serving
+from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
+from metrics_core.dashboard.server.serving import (
     BASE_URL_SCRIPT,
     PreloadHints,
     chunk_preloads,
@@ -276,7 +276,7 @@ def test_warm_first_script_run_does_streamlits_once_per_process_work() -> None:
 import sys
 from streamlit import delta_generator
 assert "streamlit.emojis" not in sys.modules and not delta_generator._use_warning_has_been_displayed
-from metrics_core.dashboard.serving import warm_first_script_run
+from metrics_core.dashboard.server.serving import warm_first_script_run
 warm_first_script_run()
 assert "streamlit.emojis" in sys.modules and delta_generator._use_warning_has_been_displayed
 print("warm")

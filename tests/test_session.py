@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from metrics_core import RecordValueError, TrainingState
-from metrics_core.reader import RunReader
-from metrics_core.runs import run_status
-from metrics_core.session import new_session_id, training_session
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import run_status
+from metrics_core.write.training_session import new_session_id, training_session
 from tests.support import append_bytes, read_records, spawn_python
 
 
@@ -76,7 +76,7 @@ def test_session_ids_are_unique_and_sort_by_start_time() -> None:
 
 SIGTERMED = """
 import sys, time
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 with training_session(sys.argv[1]) as session:
     session.log("heartbeat")
     print("running", flush=True)

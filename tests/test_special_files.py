@@ -23,16 +23,17 @@ import orjson
 import pytest
 
 from metrics_core import RunContext
-from metrics_core.cache import CachePolicy, load
-from metrics_core.dashboard.rows import peek_row
-from metrics_core.dashboard.store import RunStore, RunViewError
-from metrics_core.digest import RunDigest, last_records
+from metrics_core.dashboard.store.rows import peek_row
+from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.errors import MetricsError, RunFileError, WriterLockedError
-from metrics_core.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES
-from metrics_core.reader import RunReader
-from metrics_core.runs import StatusRecord, find_runs, resolve_run, run_status, write_failure
-from metrics_core.storage import LocalFile
-from metrics_core.writer import MetricsWriter, TrainingState
+from metrics_core.read.column_cache import CachePolicy, load
+from metrics_core.read.run_digest import RunDigest, last_records
+from metrics_core.read.run_file import LocalFile
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import StatusRecord, run_status, write_failure
+from metrics_core.roots.discovery import find_runs, resolve_run
+from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES
+from metrics_core.write.writer import MetricsWriter, TrainingState
 from tests.support import read_records, small_run
 
 KINDS = {"fifo": "is a FIFO (named pipe), not a regular file", "directory": "is a directory, not a regular file"}

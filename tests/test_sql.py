@@ -16,10 +16,10 @@ import orjson
 import pandas as pd
 import pytest
 
-from metrics_core.export import MANIFEST, export_root, file_name
-from metrics_core.reader import RunReader
-from metrics_core.runs import find_runs
-from metrics_core.sql import QueryError, connect, run_query
+from metrics_core.read.run_reader import RunReader
+from metrics_core.roots.discovery import find_runs
+from metrics_core.sql.export import MANIFEST, export_root, file_name
+from metrics_core.sql.query import QueryError, connect, run_query
 from tests.support import BUCKET, REPO, append_records, base_record, put_object, small_run, three_session_run
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
@@ -276,7 +276,7 @@ def test_a_query_past_its_time_is_interrupted(exported: tuple[Path, Path]) -> No
 def test_importing_the_package_and_the_cli_loads_no_duckdb_or_pyarrow() -> None:
     """The training side stays light with the sql commands in the command line."""
     code = (
-        "import sys, metrics_core, metrics_core.cli, metrics_core.sql\n"
+        "import sys, metrics_core, metrics_core.cli.main, metrics_core.sql.query\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'duckdb', 'pyarrow', 'pandas', 'numpy'}))"
     )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "[]\n"
@@ -327,7 +327,7 @@ def small_root(root: Path) -> Path:
 
 
 def answers(root: str | Path, cache: Path) -> list[list[tuple]]:
-    from metrics_core.sql import query_root
+    from metrics_core.sql.query import query_root
 
     return [query_root(root, sql, cache_home=cache, now=NOW).table.to_pylist() for sql in COMPARED]
 
@@ -381,7 +381,7 @@ def test_export_from_one_bucket_to_another_and_a_query_over_the_bucket_export(
     second = cli("export", f"s3://{BUCKET}/exp", f"gs://{BUCKET}/exports", *cache)
     assert second.stdout == "exported 0 run(s), 3 unchanged, 0 removed\n" and objects() == uploaded
     local = answers(root, tmp_path / "cache")
-    from metrics_core.sql import connect
+    from metrics_core.sql.query import connect
 
     for sql, expected in zip(COMPARED, local, strict=True):
         connection = connect(f"gs://{BUCKET}/exports", now=NOW)

@@ -13,21 +13,27 @@ import orjson
 import pandas as pd
 import pytest
 
-from metrics_core import roots as roots_module
-from metrics_core.dashboard import run_entry
-from metrics_core.dashboard import store as store_module
-from metrics_core.dashboard import views as views_module
-from metrics_core.dashboard.config import view_config
-from metrics_core.dashboard.figures import figure_json
-from metrics_core.dashboard.live_views import view_chart_groups, view_charts, view_charts_of, view_findings
-from metrics_core.dashboard.runs_table import trend
-from metrics_core.dashboard.snapshot import EVENTS, RunView, build_view
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import MAX_LOGGED_CHARTS, WRITER_FIELDS, ChartOptions, chart_specs, run_charts
+from metrics_core.dashboard.figures.layout import figure_json
+from metrics_core.dashboard.store import run_entry
+from metrics_core.dashboard.store import run_store as store_module
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.snapshot import EVENTS, RunView, build_view
+from metrics_core.dashboard.views import chart_specs as views_module
+from metrics_core.dashboard.views.chart_specs import (
+    MAX_LOGGED_CHARTS,
+    WRITER_FIELDS,
+    ChartOptions,
+    chart_specs,
+    run_charts,
+)
+from metrics_core.dashboard.views.config_tables import view_config
+from metrics_core.dashboard.views.memo import view_chart_groups, view_charts, view_charts_of, view_findings
+from metrics_core.dashboard.views.runs_table import trend
 from metrics_core.errors import RunNotFoundError
-from metrics_core.reader import RunReader
-from metrics_core.runs import CRASH_REASON
-from metrics_core.summary import LastValue, RunSummary
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import CRASH_REASON
+from metrics_core.read.run_summary import LastValue, RunSummary
+from metrics_core.roots import runs_root as roots_module
 from tests.support import append_bytes, append_records, base_record, spawn_python
 
 
@@ -696,7 +702,7 @@ def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writ
     lock probe): a released run that did not change costs a stat and that probe."""
     import os
 
-    from metrics_core.crash_safety import lock_exclusive
+    from metrics_core.write.crash_safety import lock_exclusive
 
     memory_root(tmp_path, 2)
     clock = [0.0]
@@ -721,7 +727,7 @@ def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writ
 
 def test_a_released_run_is_reopened_from_the_cache_when_the_store_has_one(tmp_path: Path) -> None:
     """Closing a released reader saves its cache; the reopen after an append reads only the new bytes."""
-    from metrics_core.cache import CachePolicy
+    from metrics_core.read.column_cache import CachePolicy
 
     runs = tmp_path / "runs"
     memory_root(runs, 1)
@@ -756,7 +762,7 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
     """After the first build of a 30k-record run, ten appended records are drawn raw and exactly
     (smoothed too, to 1e-6) on top of the unchanged drawn prefix, from a tail of O(warm-up + 10)
     rows, not the 30k; a new session means a full build."""
-    from metrics_core.dashboard import live_views
+    from metrics_core.dashboard.views import memo as live_views
 
     path = tmp_path / "r" / "metrics.jsonl"
     long_run(path, range(10, 300_001, 10))
@@ -797,7 +803,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Snapshots within cost / REBUILD_CPU_SHARE seconds of the last check reuse its findings."""
-    from metrics_core.dashboard import live_views
+    from metrics_core.dashboard.views import memo as live_views
 
     calls: list[int] = []
     monkeypatch.setattr(live_views, "diagnose", lambda **kw: calls.append(len(kw["train"])) or [])
@@ -821,7 +827,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
 def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tmp_path: Path) -> None:
     """Zoomed into 1,000 of 30,000 records: all 1,000 raw in range (the whole-run chart holds far fewer
     there), the same downsampled points outside it."""
-    from metrics_core.dashboard.live_views import zoom_chart
+    from metrics_core.dashboard.views.memo import zoom_chart
 
     long_run(tmp_path / "r" / "metrics.jsonl", range(10, 300_001, 10))
     store = RunStore(tmp_path)
@@ -841,7 +847,7 @@ def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tm
 
 def test_a_restarted_store_reopens_a_big_run_from_its_own_cache_dir(tmp_path: Path) -> None:
     """The cache lives in the dashboard's directory, not the runs root; a second store reads only new bytes."""
-    from metrics_core.cache import CachePolicy
+    from metrics_core.read.column_cache import CachePolicy
 
     runs, cache = tmp_path / "runs", tmp_path / "cache"
     path = runs / "r" / "metrics.jsonl"
@@ -868,7 +874,7 @@ def test_a_restarted_store_reopens_a_big_run_from_its_own_cache_dir(tmp_path: Pa
 def test_closing_a_store_while_its_loader_reads_leaves_a_whole_cache(tmp_path: Path) -> None:
     """close() right after the loader started on big runs: no reader is closed (and its cache saved)
     mid-read, and a store reopening them from the cache shows exactly what a cold read does."""
-    from metrics_core.cache import CachePolicy
+    from metrics_core.read.column_cache import CachePolicy
 
     runs, policy = tmp_path / "runs", CachePolicy(tmp_path / "cache", min_records=1)
     records = store_module.CALLER_READ_BYTES // 150 + 1

@@ -15,14 +15,9 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from metrics_core import sync as sync_module
-from metrics_core.buckets import parse_bucket_url
-from metrics_core.cache import CachePolicy
-from metrics_core.cloud_reads import s3_reads
-from metrics_core.digest import RunDigest
-from metrics_core.errors import RunFileError
-from metrics_core.object_reads import ArrowReads
-from metrics_core.object_storage import (
+from metrics_core.buckets import sync as sync_module
+from metrics_core.buckets.addresses import parse_bucket_url
+from metrics_core.buckets.bucket_files import (
     ObjectFile,
     Part,
     PartsFile,
@@ -31,9 +26,14 @@ from metrics_core.object_storage import (
     open_bucket_run,
     part_name,
 )
-from metrics_core.reader import RunReader
-from metrics_core.sync import RunSync
-from metrics_core.writer import MetricsWriter, RunContext, TrainingState
+from metrics_core.buckets.cloud_reads import s3_reads
+from metrics_core.buckets.object_reads import ArrowReads
+from metrics_core.buckets.sync import RunSync
+from metrics_core.errors import RunFileError
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_digest import RunDigest
+from metrics_core.read.run_reader import RunReader
+from metrics_core.write.writer import MetricsWriter, RunContext, TrainingState
 from tests.support import (
     BUCKET,
     REPO,

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import ChartOptions, logged_charts, run_charts
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import ChartOptions, logged_charts, run_charts
 from metrics_core.integrations._common import RunSession
-from metrics_core.session import training_session
-from metrics_core.system import FIELDS, GIB, start_sampler
+from metrics_core.write.system_sampler import FIELDS, GIB, start_sampler
+from metrics_core.write.training_session import training_session
 from tests.support import REPO, append_records, base_record, read_records
 
 psutil = pytest.importorskip("psutil", reason="the system extra (psutil) is not installed")
@@ -105,7 +105,7 @@ except ImportError:
     pass
 else:
     raise SystemExit("psutil is not hidden")
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 with training_session(sys.argv[1]) as session:
     session.window.add(1.0, 10)
     session.log_window(0.1)
@@ -116,7 +116,7 @@ print("ok")
 def test_importing_the_training_side_imports_neither_psutil_nor_nvml() -> None:
     """The sampler imports its extras when a session starts one, never at import time."""
     code = (
-        "import sys, metrics_core, metrics_core.session, metrics_core.system, metrics_core.integrations._common\n"
+        "import sys, metrics_core, metrics_core.write.training_session, metrics_core.write.system_sampler, metrics_core.integrations._common\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'psutil', 'pynvml'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
@@ -156,7 +156,7 @@ for name in ("all_reduce", "broadcast", "all_gather", "all_gather_into_tensor", 
         calls.append(_name)
         return _real(*args, **kwargs)
     setattr(dist, name, spy)
-from metrics_core.session import training_session
+from metrics_core.write.training_session import training_session
 windows = []
 with training_session(run_dir) as session:
     for window in range(2):

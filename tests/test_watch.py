@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.watch import RunsWatcher, filesystem_type
+from metrics_core.roots.watcher import RunsWatcher, filesystem_type
 from tests.support import append_records, base_record
 
 

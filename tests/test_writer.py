@@ -30,10 +30,10 @@ from metrics_core import (
     WriterStateError,
 )
 from metrics_core.errors import WriteFailedError
-from metrics_core.reader import RunReader
-from metrics_core.runs import run_status, write_failure
-from metrics_core.session import training_session
-from metrics_core.writer import MAX_CONFIG_BYTES
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import run_status, write_failure
+from metrics_core.write.training_session import training_session
+from metrics_core.write.writer import MAX_CONFIG_BYTES
 from tests.support import read_records, spawn_python
 
 
@@ -724,7 +724,7 @@ def test_training_session_on_a_full_disk_propagates_the_original_exception(tiny_
 def test_importing_metrics_core_stays_light() -> None:
     """The training side must not pull in the UI or data stack."""
     code = (
-        "import sys, metrics_core, metrics_core.writer, metrics_core.window\n"
+        "import sys, metrics_core, metrics_core.write.writer, metrics_core.write.window\n"
         "heavy = {'streamlit', 'plotly', 'pandas', 'numpy', 'watchdog', 'torch', 'pyarrow'}\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & heavy))"
     )

@@ -20,11 +20,11 @@ from pathlib import Path
 
 import streamlit as st
 
-from metrics_core.alert_rules import AlertConfig
-from metrics_core.alerts import INTERVAL_S, Alerter
+from metrics_core.alerts.evaluator import INTERVAL_S, Alerter
+from metrics_core.alerts.rules import AlertConfig
+from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard.display_text import md_text, shorten_words
 from metrics_core.text import clean
-from metrics_core.webhooks import Alert
 
 FIRING_SHOWN = 50  # firing alerts listed on the overview; more are counted, not listed
 CLEARED_SHOWN = 20  # recently cleared alerts listed behind the expander

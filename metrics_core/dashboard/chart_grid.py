@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import streamlit as st
 
-from metrics_core.dashboard.config import view_config
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.downloads import csv_file_name, csv_link
-from metrics_core.dashboard.figures import X_MODES
-from metrics_core.dashboard.live_chart import live_chart
-from metrics_core.dashboard.live_feed import status_line
-from metrics_core.dashboard.live_views import view_chart_groups, view_findings, zoom_chart
+from metrics_core.dashboard.figures.layout import X_MODES
+from metrics_core.dashboard.live.chart_component import live_chart
+from metrics_core.dashboard.live.feed import status_line
 from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
-from metrics_core.dashboard.store import RunView
-from metrics_core.dashboard.views import (
+from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
     ChartOptions,
@@ -27,6 +25,8 @@ from metrics_core.dashboard.views import (
     chart_filter_error,
     chart_key,
 )
+from metrics_core.dashboard.views.config_tables import view_config
+from metrics_core.dashboard.views.memo import view_chart_groups, view_findings, zoom_chart
 from metrics_core.dashboard.widgets import csv_button
 
 

@@ -24,10 +24,10 @@ from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
 from metrics_core.dashboard.display_text import file_stem
-from metrics_core.dashboard.live_chart import base_path
-from metrics_core.dashboard.server_routes import route_url, routes_served
-from metrics_core.dashboard.store import RunStore
-from metrics_core.dashboard.views import HISTORY_MODES, ChartOptions, chart_csv_of, chart_filter_error
+from metrics_core.dashboard.live.chart_component import base_path
+from metrics_core.dashboard.server.routes import route_url, routes_served
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, ChartOptions, chart_csv_of, chart_filter_error
 from metrics_core.errors import MetricsError
 
 CSV_PATH = "/api/csv"  # outside Streamlit's reserved prefixes (/_stcore/, /media/, /component/, /static/)

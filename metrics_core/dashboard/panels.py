@@ -14,11 +14,11 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.config import RunConfig, changes_table, config_diff, config_table
+from metrics_core.analysis.diagnostics import Finding
 from metrics_core.dashboard.display_text import WORD_CHARS, clock_text, human_count, md_text, shorten, shorten_words
-from metrics_core.dashboard.figures import session_colour, session_key
-from metrics_core.dashboard.store import RunView
-from metrics_core.diagnostics import Finding
+from metrics_core.dashboard.figures.layout import session_colour, session_key
+from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.dashboard.views.config_tables import RunConfig, changes_table, config_diff, config_table
 from metrics_core.text import fit_middle
 
 SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.config import runs_table
 from metrics_core.dashboard.display_text import md_text, next_age_change
-from metrics_core.dashboard.runs_table import (
+from metrics_core.dashboard.views.config_tables import runs_table
+from metrics_core.dashboard.views.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
     STATUS_COLOURS,

@@ -13,15 +13,15 @@ from pathlib import Path
 
 import streamlit as st
 
-from metrics_core.alert_rules import AlertConfig, load_config
-from metrics_core.cache import CachePolicy, default_directory
+from metrics_core.alerts.rules import AlertConfig, load_config
 from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
-from metrics_core.dashboard.store import RECENT_S, RunStore
+from metrics_core.dashboard.store.run_store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
-from metrics_core.roots import LIST_INTERVAL_S, is_bucket_url
-from metrics_core.runs import find_runs
+from metrics_core.read.column_cache import CachePolicy, default_directory
+from metrics_core.roots.discovery import find_runs
+from metrics_core.roots.runs_root import LIST_INTERVAL_S, is_bucket_url
 
 # A refresh that finds nothing new costs a dict lookup in the store and a few bytes per chart, and
 # an update costs O(new records), so pages poll twice a second (write -> visible:

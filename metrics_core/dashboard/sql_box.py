@@ -1,4 +1,4 @@
-"""The runs page's SQL box: one read-only DuckDB query over every run (``metrics_core.sql``),
+"""The runs page's SQL box: one read-only DuckDB query over every run (``metrics_core.sql.query``),
 its answer as a data grid with a CSV download.  Kept apart from ``widgets`` because it owns a
 job of its own: a scratch export directory, a time limit, an answer kept across reruns."""
 
@@ -26,14 +26,14 @@ def _sql_scratch() -> Path:
 
 
 def query_box(root: Path, cache: Path | None) -> None:
-    """A read-only SQL query over every run (``metrics_core.sql``), under the runs table.
+    """A read-only SQL query over every run (``metrics_core.sql.query``), under the runs table.
 
     The statement is refused unless it only reads, and interrupted after ``SQL_TIMEOUT_S``; the
     answer is kept in this session's state, so the page's live reruns keep showing it.  Rows are
     a data grid (text stays text) with a CSV download; a refused or failed query is one escaped
     line of error, and the rest of the page is untouched.
     """
-    from metrics_core.sql import VIEWS, query_root
+    from metrics_core.sql.query import VIEWS, query_root
 
     st.subheader("SQL over every run")
     views = ", ".join(f"`{name}`" for name in VIEWS)

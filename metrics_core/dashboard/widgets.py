@@ -19,10 +19,10 @@ import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.display_text import TITLE_CHARS, WORD_CHARS, md_text, shorten, shorten_words, under_root
-from metrics_core.dashboard.figures import THEMES
-from metrics_core.dashboard.live_chart import LOADER_KEY
+from metrics_core.dashboard.figures.layout import THEMES
+from metrics_core.dashboard.live.chart_component import LOADER_KEY
 from metrics_core.dashboard.panels import PANELS_KEY, SESSION_KEY_KEY
-from metrics_core.dashboard.store import RunStore, RunView
+from metrics_core.dashboard.store.run_store import RunStore, RunView
 from metrics_core.errors import MetricsError, RunPathError
 
 _THEME_READ = "_metrics_theme_read"  # st.session_state: a script run of this session has read the theme

@@ -18,10 +18,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from metrics_core.distributed import process_group_rank
-from metrics_core.session import SIGTERM_EXIT, new_session_id
-from metrics_core.system import SystemSampler, start_sampler, system_keys
-from metrics_core.writer import BASE_FIELDS, MetricsWriter, RunContext, TrainingState
+from metrics_core.write.distributed import process_group_rank
+from metrics_core.write.system_sampler import SystemSampler, start_sampler, system_keys
+from metrics_core.write.training_session import SIGTERM_EXIT, new_session_id
+from metrics_core.write.writer import BASE_FIELDS, MetricsWriter, RunContext, TrainingState
 
 __all__ = ["SIGTERM_EXIT", "RunSession", "Terminated", "end_status", "plain_config", "scalars", "sigterm_raises"]
 

@@ -89,7 +89,7 @@ from metrics_core.integrations._common import (
     scalars,
     sigterm_raises,
 )
-from metrics_core.window import TrainingWindow
+from metrics_core.write.window import TrainingWindow
 
 IGNORE_INDEX = -100  # transformers' label for "no loss here" (padding, prompt tokens)
 

@@ -72,7 +72,7 @@ from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
 from metrics_core.integrations._common import RunSession, Terminated, scalars
-from metrics_core.window import TrainingWindow
+from metrics_core.write.window import TrainingWindow
 
 Number = torch.Tensor | int | float
 

@@ -1,0 +1,1 @@
+"""Alerts: rules as running state, webhook delivery, the evaluator over a root."""

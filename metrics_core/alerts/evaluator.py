@@ -1,0 +1,409 @@
+"""Alerts on a runs root: rules over what the read path knows, sent once to a webhook.
+
+A run that goes NaN at night, hangs in a collective or dies on a node is otherwise found only by
+someone who opens the page.  ``AlertEvaluator`` watches every run under one root and says when a
+condition starts (``firing``) and when it stops (``cleared``); ``Delivery`` posts each alert to a
+webhook; ``Alerter`` ties the two and is what ``python -m metrics_core alerts`` runs headless and
+what a dashboard server runs once per root (never once per viewer).
+
+Rules are in ``alert_rules``, the webhook bodies and their delivery in ``webhooks``.
+
+Promises:
+
+* **One alert per condition per run until it clears**: a condition that stays true sends nothing
+  more, whatever its message says meanwhile; conditions are functions of the run's current state,
+  so re-reading a run from its start (after a rewrite, or a reopen) re-derives them and sends
+  nothing twice.  Runs whose last record is older than ``ignore_after_h`` raise no new alert: an
+  alerter started on a root of old crashed runs pages no one.
+* **Incremental**: a pass reads only the bytes appended since the last one (``stats["bytes_read"]``
+  counts them); a run with nothing new costs one ``stat``, and a run that ended (finished, failed,
+  interrupted, crashed) holds no open file and no parsed state beyond its active conditions until
+  its file changes, when it is read again from its start.  Memory per followed run is its
+  sessions and ``spike_windows`` floats, not its records.  The root is walked for runs that
+  appeared or went once per ``rediscover_s`` (a minute by default: the walk is most of an idle
+  pass over a big root, and a stall takes a minute to show anyway).  No numpy or pandas: the
+  headless command runs on a training node with ``metrics_core`` alone.
+* **Delivery** is at least once per firing alert, in order (``webhooks``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import math
+import os
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import TextIO
+
+import orjson
+
+from metrics_core.alerts.rules import AlertConfig, Condition, RunRules, load_config
+from metrics_core.alerts.webhooks import Alert, Delivery
+from metrics_core.errors import AlertConfigError, MetricsError
+from metrics_core.read.line_follower import LineFollower
+from metrics_core.read.records import MAX_RECORD_BYTES
+from metrics_core.read.run_digest import batches
+from metrics_core.read.run_file import LocalFile
+from metrics_core.read.run_status import END_STATUSES, run_status, write_failure
+from metrics_core.read.run_summary import FollowedLog
+from metrics_core.read.session_accounting import SessionLog
+from metrics_core.roots.discovery import find_runs
+from metrics_core.text import clean, utf8
+
+SETTLED = (*END_STATUSES, "crashed")  # statuses only a write can change: the run's file is let go
+REDISCOVER_S = 60.0  # a new run is noticed within a minute: alerts wait at least that long for a stall
+RECENT_ALERTS = 1000  # transitions kept for a page to show
+INTERVAL_S = 10.0  # between passes: an idle pass over 1,000 runs is a stat each (docs/PERFORMANCE.md)
+ONCE_DELIVERY_S = 60.0  # how long ``alerts --once`` keeps retrying a receiver that is down
+_log = logging.getLogger(__name__)
+
+
+# -- one run, followed -------------------------------------------------------------------------
+
+
+class RunFeed(FollowedLog):
+    """One run's file followed for the rules: the read layers up to ``SessionLog`` (what
+    ``run_status`` reads) and a ``RunRules``, nothing per record (unlike ``digest.RunDigest``,
+    which keeps each record's step for replay accounting the rules do not need)."""
+
+    def __init__(self, path: Path, config: AlertConfig, *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+        self.path = path
+        self.file = LocalFile(path)
+        self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes)
+        self.config = config
+        self.log = SessionLog()
+        self.rules = RunRules(config)
+
+    def refresh(self, pace: Callable[[], None] | None = None) -> tuple[int, int]:
+        """Read what was appended since the last call: (bytes read, records).  ``pace`` is called
+        after each block read (``lines.READ_CHUNK`` bytes at most)."""
+        start, records = self._follower.offset, 0
+        for batch in batches(self._follower):
+            if batch.reset is not None:  # rewritten or replaced: everything is read again
+                start, records = 0, 0
+                self.log, self.rules = SessionLog(), RunRules(self.config)
+            self.log.add(batch.records)
+            self.rules.add(batch.records)
+            records += len(batch.records)
+            if pace is not None:
+                pace()
+        return self._follower.offset - start, records
+
+    @property
+    def read_identity(self) -> tuple[int, ...] | None:
+        return self._follower.read_identity
+
+    def close(self) -> None:
+        self._follower.close()
+
+
+# -- the evaluator of a root ---------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Run:
+    path: Path  # its metrics file
+    feed: RunFeed | None = None  # None: not read yet, or settled and let go (``stamp`` says as of when)
+    stamp: tuple[int, ...] | None = None
+    active: dict[str, Alert] = field(default_factory=dict)
+
+
+class AlertEvaluator:
+    """Every run under ``root``, evaluated incrementally; see the module docstring.  Thread-safe:
+    a server's pages may read ``firing``/``recent`` while its alert thread evaluates, and are not
+    held up by a pass (a first pass over a big root takes as long as reading it): each run's
+    alerts are published as its evaluation ends."""
+
+    def __init__(self, root: str | Path, config: AlertConfig | None = None, *, rediscover_s: float = REDISCOVER_S,
+                 clock: Callable[[], float] = time.monotonic,
+                 firing: Mapping[str, Iterable[str]] | None = None,
+                 pace: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """``rediscover_s``: how often the root is walked for runs that appeared or went (the walk,
+        a ``scandir`` per directory, is most of an idle pass over a big root).  ``firing``: per
+        run, the conditions an earlier process already alerted on (``alerts --state``): they
+        count as firing, and alert again only after they have cleared.  ``pace``: called after
+        each block of a run read (``RunFeed.refresh``), where a pass may wait: a dashboard
+        server's alerter shares its process, and Python's lock, with the pages."""
+        self.root = Path(root)
+        self.pace = pace
+        self.config = config or AlertConfig()
+        self.rediscover_s = rediscover_s
+        self._clock = clock
+        self._found_at = -math.inf
+        self._runs: dict[str, _Run] = {}
+        self._earlier = {name: list(conditions) for name, conditions in (firing or {}).items()}
+        self._pass = threading.Lock()  # one pass at a time: guards ``_runs`` and ``stats``
+        self._lock = threading.Lock()  # guards what is published: ``_firing`` and ``_recent``
+        self._firing: dict[str, tuple[Alert, ...]] = {}
+        self._recent: deque[Alert] = deque(maxlen=RECENT_ALERTS)
+        # Work counters, read by the tests that bound a pass's cost (work is counted, not timed).
+        self.stats = {"passes": 0, "walks": 0, "bytes_read": 0, "records": 0, "runs_read": 0, "errors": 0}
+
+    def evaluate(self, *, now: datetime) -> list[Alert]:
+        """One pass over the root: the alerts that started or stopped holding since the last pass."""
+        with self._pass:
+            self.stats["passes"] += 1
+            alerts = []
+            if self._clock() - self._found_at >= self.rediscover_s:
+                try:
+                    alerts = self._rediscover(now)
+                except (OSError, MetricsError):  # the root is gone for now (an NFS hiccup): keep its runs
+                    _log.warning("alerts: the runs root %s could not be walked", self.root, exc_info=True)
+                    self.stats["errors"] += 1
+            for name, run in self._runs.items():
+                try:
+                    found = self._conditions(run, now)
+                except Exception:  # one unreadable run must not stop the alerts of the others
+                    _log.warning("alerts: run %r could not be read", name, exc_info=True)
+                    self.stats["errors"] += 1
+                    if run.feed is not None:
+                        run.feed.close()
+                    run.feed = run.stamp = None
+                    continue
+                if found is not None:
+                    alerts += self._publish(name, run, self._transitions(name, run, *found, now))
+            return alerts
+
+    def _publish(self, name: str, run: _Run | None, alerts: list[Alert]) -> list[Alert]:
+        """Make ``alerts`` of run ``name`` (None: gone) visible to ``firing`` and ``recent``."""
+        if alerts:
+            with self._lock:
+                self._recent.extend(alerts)
+                self._firing.pop(name, None)
+                if run is not None and run.active:
+                    self._firing[name] = tuple(run.active.values())
+        return alerts
+
+    def _rediscover(self, now: datetime) -> list[Alert]:
+        """Walk the root: follow the runs that appeared, forget those that went (their alerts clear)."""
+        infos = find_runs(self.root)
+        self._found_at = self._clock()
+        self.stats["walks"] += 1
+        names = {info.name: info for info in infos}
+        alerts = []
+        for name in [name for name in self._runs if name not in names]:
+            run = self._runs.pop(name)
+            if run.feed is not None:
+                run.feed.close()
+            alerts += self._publish(name, None, [Alert(name, key, "cleared", "the run is gone", now)
+                                                 for key in run.active])  # fmt: skip
+        for name, info in names.items():
+            if name not in self._runs:
+                run = self._runs[name] = _Run(info.metrics_path)
+                for key in self._earlier.pop(name, ()):
+                    run.active[key] = Alert(name, key, "firing", "alerted on by an earlier alerter", now)
+                if run.active:
+                    with self._lock:
+                        self._firing[name] = tuple(run.active.values())
+        return alerts
+
+    def _conditions(self, run: _Run, now: datetime) -> tuple[list[Condition], float | None] | None:
+        """What holds for the run now and the age of its last record; None when it is settled
+        and its file unchanged or gone for now (its active conditions stand).  Cost: one
+        ``stat`` when nothing was appended; else the appended bytes."""
+        if run.feed is None:
+            if run.stamp is not None:
+                stat = LocalFile(run.path).stat()
+                if stat is None or stat.identity == run.stamp:
+                    return None
+            run.feed, run.stamp = RunFeed(run.path, self.config), None
+            self.stats["runs_read"] += 1
+        feed = run.feed
+        read, records = feed.refresh(self.pace)
+        self.stats["bytes_read"] += read
+        self.stats["records"] += records
+        status = run_status(feed, now=now)
+        last = feed.last_record_time
+        age = None if last is None else (now - last).total_seconds()
+        failure = write_failure(feed) if status == "failed" else None
+        found = feed.rules.conditions(status, age_s=age, failure=None if failure is None else failure.error)
+        if status in SETTLED:
+            run.stamp, run.feed = feed.read_identity, None
+            feed.close()
+        return found, age
+
+    def _transitions(self, name: str, run: _Run, found: list[Condition], age: float | None,
+                     now: datetime) -> list[Alert]:  # fmt: skip
+        horizon = self.config.ignore_after_h * 3600.0
+        fresh = not horizon or age is None or age <= horizon
+        alerts = []
+        holding = {condition.name for condition in found}
+        for key in [key for key in run.active if key not in holding]:
+            del run.active[key]
+            alerts.append(Alert(name, key, "cleared", "no longer holds", now))
+        for condition in found:
+            if condition.name not in run.active and fresh:
+                alert = Alert(name, condition.name, "firing", condition.message, now, condition.step)
+                run.active[condition.name] = alert
+                alerts.append(alert)
+        return alerts
+
+    def firing(self) -> dict[str, list[Alert]]:
+        """The alerts firing now, per run (for the overview and a run's page)."""
+        with self._lock:
+            return {name: list(alerts) for name, alerts in self._firing.items()}
+
+    def recent(self) -> list[Alert]:
+        """The last ``RECENT_ALERTS`` firing and cleared alerts, oldest first."""
+        with self._lock:
+            return list(self._recent)
+
+    def close(self) -> None:
+        with self._pass:
+            for run in self._runs.values():
+                if run.feed is not None:
+                    run.feed.close()
+                run.feed = None
+
+
+# -- the alerter: evaluation and delivery, headless or in a server --------------------------------
+
+
+class Alerter:
+    """An ``AlertEvaluator`` and, with a webhook, its ``Delivery``: ``tick`` is one pass and the
+    due deliveries, ``run`` repeats it until ``stop`` is set.  A dashboard server runs one per
+    root in a thread and shows ``evaluator.firing()`` and ``evaluator.recent()``."""
+
+    def __init__(self, root: str | Path, config: AlertConfig | None = None, *, webhook: str | None = None,
+                 report: Callable[[str], None] | None = None,
+                 firing: Mapping[str, Iterable[str]] | None = None,
+                 pace: Callable[[], None] | None = None) -> None:  # fmt: skip
+        """``pace``: as ``AlertEvaluator``'s."""
+        self.config = config or AlertConfig()
+        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace)
+        url = webhook or self.config.webhook
+        self.delivery = None if url is None else Delivery(url, root=str(root), report=report)
+
+    def tick(self, *, now: datetime | None = None) -> list[Alert]:
+        """One pass; firing alerts (and cleared ones with ``notify_cleared``) are queued and the
+        due ones posted.  Returns the pass's alerts."""
+        alerts = self.evaluator.evaluate(now=now or datetime.now(timezone.utc))
+        if self.delivery is not None:
+            for alert in alerts:
+                if alert.state == "firing" or self.config.notify_cleared:
+                    self.delivery.put(alert)
+            self.delivery.pump()
+        return alerts
+
+    def run(self, *, interval: float, stop: threading.Event, on_alert: Callable[[Alert], None]) -> None:
+        """``tick`` every ``interval`` seconds until ``stop`` is set, retrying deliveries between."""
+        while not stop.is_set():
+            deadline = time.monotonic() + interval
+            for alert in self.tick():
+                on_alert(alert)
+            while not stop.is_set() and (left := deadline - time.monotonic()) > 0:
+                due = self.delivery.pump() if self.delivery is not None else None
+                stop.wait(left if due is None else min(left, max(due, 0.05)))
+
+    def drain(self, *, within: float) -> bool:
+        """Retry the queued deliveries for up to ``within`` seconds; True when none is left."""
+        deadline = time.monotonic() + within
+        while self.delivery is not None and (due := self.delivery.pump()) is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            time.sleep(min(left, max(due, 0.05)))
+        return True
+
+    def close(self) -> None:
+        self.evaluator.close()
+
+
+# -- the command -----------------------------------------------------------------------------------
+
+
+def add_command(commands: argparse._SubParsersAction) -> None:
+    """``alerts ROOT --webhook URL [--config FILE] [--interval S] [--once]`` on ``cli``'s parser."""
+    command = commands.add_parser("alerts", help="watch a runs root and post alerts to a webhook (NaN loss, "
+                                  "loss spike, stalled, crashed, failed, thresholds)")  # fmt: skip
+    command.add_argument("root", help="the runs root: every directory under it holding a metrics.jsonl")
+    command.add_argument("--webhook", help="URL to POST alerts to (Slack and Discord URLs get their bodies); "
+                         "else the config's webhook; without either, alerts are only printed")  # fmt: skip
+    command.add_argument("--config", help="a TOML file of rules (README, 'Alerts')")
+    interval = f"seconds between passes (default {INTERVAL_S:g})"
+    command.add_argument("--interval", type=float, default=INTERVAL_S, help=interval)
+    once = f"one pass, then deliver (retrying for up to {ONCE_DELIVERY_S:.0f} s) and exit"
+    command.add_argument("--once", action="store_true", help=once)
+    state = (
+        "a JSON file of what was alerted on, read at start and kept up to date: with --once from cron, a "
+        "condition is posted once, not once per call"
+    )
+    command.add_argument("--state", help=state)
+
+
+def load_state(path: Path) -> dict[str, list[str]]:
+    """The conditions alerted on per run, as ``save_state`` left them ({} when there is no file)."""
+    try:
+        data = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        return {}
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise AlertConfigError(f"{path}: cannot read the alerts state ({exc})") from exc
+    firing = data.get("firing") if isinstance(data, dict) else None
+    if not (isinstance(firing, dict) and all(isinstance(v, list) and all(isinstance(c, str) for c in v)
+                                             for v in firing.values())):  # fmt: skip
+        raise AlertConfigError(f'{path}: not an alerts state file (expected {{"firing": {{run: [condition, ...]}}}})')
+    return firing
+
+
+def save_state(path: Path, alerter: Alerter) -> None:
+    """What is firing and was delivered (an undelivered alert is posted again by the next call),
+    written whole or not at all (a temporary file renamed over the old one)."""
+    undelivered = {(a.run, a.condition) for a in alerter.delivery.queued()} if alerter.delivery else set()
+    firing = {utf8(name): [a.condition for a in alerts if (name, a.condition) not in undelivered]
+              for name, alerts in alerter.evaluator.firing().items()}  # fmt: skip
+    temporary = path.with_name(path.name + ".tmp")
+    temporary.write_bytes(orjson.dumps({"firing": firing}))
+    os.replace(temporary, path)
+
+
+def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Run ``alerts``: 0 when done (or Ctrl-C), 1 when ``--once`` could not deliver everything,
+    2 for a bad root, config or webhook."""
+
+    def report(message: str) -> None:
+        err.write(clean(message) + "\n")
+        err.flush()
+
+    def show(alert: Alert) -> None:
+        out.write(alert.line() + "\n")
+        out.flush()
+
+    try:
+        if not (math.isfinite(args.interval) and args.interval > 0):
+            raise AlertConfigError(f"--interval {args.interval!r}: expected a positive number of seconds")
+        config = load_config(args.config) if args.config else AlertConfig()
+        state = Path(args.state) if args.state else None
+        firing = load_state(state) if state is not None else None
+        alerter = Alerter(args.root, config, webhook=args.webhook, report=report, firing=firing)
+        find_runs(args.root)  # a root that is not there is an error now, not at the first pass
+
+        def save() -> None:
+            if state is not None:
+                save_state(state, alerter)
+
+        try:
+            if args.once:
+                for alert in alerter.tick():
+                    show(alert)
+                delivered = alerter.drain(within=ONCE_DELIVERY_S)
+                save()
+                if delivered:
+                    return 0
+                report(f"alerts: {alerter.delivery.pending} alert(s) not delivered")
+                return 1
+            alerter.run(interval=args.interval, stop=threading.Event(), on_alert=lambda alert: (show(alert), save()))
+        finally:
+            alerter.close()
+    except MetricsError as exc:
+        report(f"error: {exc}")
+        return 2
+    except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C; or `| head` went away
+        return 0
+    return 0

@@ -1,0 +1,1 @@
+"""Quantities and checks derived from what the readers hand out (pandas)."""

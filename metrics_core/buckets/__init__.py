@@ -1,0 +1,1 @@
+"""Runs in object storage: bucket addresses, how an object's bytes are fetched, runs as parts, sync."""

@@ -1,0 +1,1 @@
+"""Figures as plotly's JSON structure in plain dicts: pure functions, no plotly import."""

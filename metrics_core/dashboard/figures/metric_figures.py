@@ -1,0 +1,308 @@
+"""A metric's line chart (``metric_figure``): frames and sessions in, a ``Figure`` out.
+
+* one trace per session in the session's colour (or one per series in a colour of its own, to
+  compare runs), on ``figures.chart_layout``;
+* superseded records (work a later session redid) are drawn dimmed, never hidden;
+* smoothing is TensorBoard's debiased EMA (``ema_smooth``), with the raw line kept faint behind it;
+* a missing value (a window with no successful update) breaks the line and gets a marker on the
+  chart's floor: never interpolated over;
+* every trace is downsampled by ``minmax_indices`` (spikes and the last point survive), within the
+  chart's budget of points;
+* its y axes (titles, formats, count axes, the robust default range and the off-scale markers
+  beside it) follow ``metric_axes``, the one place for those rules;
+* a sparse series (validation every N steps, ``markers=True``) is drawn raw with markers, never
+  smoothed like the dense series beside it; the markers go once a trace holds more than
+  ``MARKED_POINTS`` (they would run into a thick line, and each is an element the browser redraws
+  on every live update), as plotly.js itself drops them from a dense trace by default;
+* a chart of more than one line has a legend: a session-split chart lists its series once (not
+  once per session) in a neutral colour, then each session in its colour; a smoothed chart has one
+  entry for the faint raw lines behind the smoothed ones.  Entries that stand for lines drawn
+  elsewhere are ``legend_entry`` traces: one null point, never drawn (plotly.js hides a trace with
+  no points from the legend too).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.analysis.downsample import minmax_indices
+from metrics_core.dashboard.display_text import plotly_text, shorten
+from metrics_core.dashboard.figures.layout import (
+    CHART_POINTS,
+    MIN_TRACE_POINTS,
+    SUPERSEDED_OPACITY,
+    TRACE_POINTS,
+    X_MODES,
+    Axis,
+    Figure,
+    Highlight,
+    chart_height,
+    chart_layout,
+    compact,
+    figure_of,
+    session_colour,
+    session_key,
+    x_values,
+)
+from metrics_core.dashboard.figures.metric_axes import axis_of, off_scale_markers, y_axes
+from metrics_core.read.run_reader import Session
+
+DASHES = ("solid", "dot", "dash", "dashdot")
+RAW_OPACITY = 0.25
+LABEL_CHARS = 40  # a legend entry (a run name on the compare chart)
+KEY_COLOUR = "#808495"  # legend entries that stand for lines of every session: neutral, sessions have colours
+RAW_NAME = "raw (unsmoothed)"
+EVENT_COLUMNS = frozenset({"skipped_updates_in_window"})  # counts that are mostly 0: markers where they are not
+HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
+MARKED_POINTS = 100  # a sparse line's points keep their markers while they stay apart on a desktop chart
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One quantity to draw: ``column`` of ``frame``, called ``label``.
+
+    ``superseded`` marks rows a later session redid (drawn dimmed); ``None`` means none are.
+    ``gap_markers`` marks rows where the value is missing (e.g. no successful update).
+    ``colour`` set: one trace in that colour named ``label`` (comparing runs), instead of one
+    trace per session in the session's colour.
+    """
+
+    frame: pd.DataFrame
+    column: str
+    label: str
+    superseded: np.ndarray | None = None
+    secondary_y: bool = False
+    gap_markers: bool = False
+    markers: bool = False
+    colour: str | None = None
+
+
+def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
+    """TensorBoard's debiased EMA: ``last = w·last + (1−w)·y`` from 0, shown as ``last / (1 − wⁿ)``.
+
+    ``n`` counts finite points; non-finite points stay NaN and do not advance the average.
+    Vectorised in blocks short enough that ``w⁻ᵏ`` stays finite (a Python loop per point is the
+    cost this avoids on a long run).
+    """
+    y = np.asarray(values, dtype=np.float64)
+    if weight <= 0:
+        return y.copy()
+    out = np.full_like(y, np.nan)
+    finite = np.isfinite(y)
+    v = y[finite]
+    if not len(v):
+        return out
+    block = max(1, int(500 / -np.log(weight)))
+    smoothed = np.empty_like(v)
+    last = 0.0
+    for start in range(0, len(v), block):
+        chunk = v[start : start + block]
+        powers = weight ** np.arange(1, len(chunk) + 1)
+        # last_k = w^k·last + (1−w)·Σ_{j≤k} w^{k−j}·v_j, written with cumulative sums.
+        acc = last * powers + (1 - weight) * powers / weight * np.cumsum(chunk * weight / powers)
+        smoothed[start : start + len(chunk)] = acc
+        last = acc[-1]
+    out[finite] = smoothed / (1 - weight ** np.arange(1, len(v) + 1))
+    return out
+
+
+def axis_for(series: Sequence[Series], *, secondary: bool) -> Axis | None:
+    """The axis of the first series drawn on that side (``metric_axes.axis_of``), or None."""
+    for item in series:
+        if item.secondary_y == secondary:
+            return axis_of(item.column, item.frame)
+    return None
+
+
+def metric_figure(
+    series: Sequence[Series],
+    *,
+    title: str,
+    sessions: Sequence[Session],
+    x: str = "step",
+    smoothing: float = 0.0,
+    log_y: bool = False,
+    max_points: int = CHART_POINTS,
+    revision: str = "",
+    highlights: Sequence[Highlight] = (),
+    theme: str = "light",
+) -> Figure:
+    """A line chart of ``series`` split by session, with session boundaries marked.
+
+    ``max_points`` is the chart's budget of drawn points, shared among its traces in proportion
+    to their rows (at most ``TRACE_POINTS`` each), which bounds any chart's JSON however long the
+    run.  ``revision`` becomes ``layout.uirevision``: while it stays the same,
+    a redraw with new data keeps the user's zoom and pan.
+    """
+    if x not in X_MODES:
+        raise ValueError(f"x must be one of {sorted(X_MODES)}, got {x!r}")
+    origin = pd.Timestamp(sessions[0].start_time) if sessions else None
+    traces: list[dict[str, Any]] = []
+    drawn_rows = sum(len(item.frame) for item in series if item.column in item.frame.columns)
+    traces_per_row = 2 if smoothing > 0 else 1
+    drawn: dict[bool, list[np.ndarray]] = {False: [], True: []}  # per axis, for the robust range
+    spans: list[float] = []
+    smoothed = smoothing > 0 and any(_smoothed(item) for item in series)
+    legend = len({item.label for item in series}) > 1 or smoothed
+    for number, item in enumerate(series):
+        added = _add_series(traces, item, number, x=x, origin=origin, smoothing=smoothing, legend=legend,
+                            points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
+        drawn[item.secondary_y] += added[0]
+        spans += added[1]
+    lines = any(map(len, drawn.values()))  # no entry that tells lines apart on a chart of nothing logged
+    if smoothed and lines:
+        traces.append(legend_entry(RAW_NAME, group="raw", line={"color": KEY_COLOUR, "width": 1.5},
+                                   opacity=RAW_OPACITY))  # fmt: skip
+    if len(sessions) > 1 and any(item.colour is None for item in series) and lines:
+        traces += session_legend(sessions)
+    if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
+        traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
+    layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
+                     highlights=highlights, theme=theme, spans=spans)  # fmt: skip
+    sides = {secondary: axis_for(series, secondary=secondary) for secondary in (False, True)}
+    robust = y_axes(layout, sides, drawn, log_y=log_y, theme=theme)
+    layout["height"] = chart_height(traces, layout["margin"]["r"])  # a right axis narrows the legend
+    if robust is not None:
+        traces += off_scale_markers(traces, robust, log=log_y, theme=theme)
+    return figure_of(traces, layout)
+
+
+def session_legend(sessions: Sequence[Session]) -> list[dict[str, Any]]:
+    """A legend entry per session in its colour ("S2 · resume @ 60"): every chart whose lines are
+    split by session says which is which, on every page and at phone width."""
+    return [legend_entry(f"{label} · {what}", group="sessions", line={"color": colour, "width": 3})
+            for label, colour, what in session_key(sessions)]  # fmt: skip
+
+
+def legend_entry(name: str, *, group: str, mode: str = "lines", **style: Any) -> dict[str, Any]:
+    """A legend entry for lines drawn by other traces: one null point, so plotly.js keeps it in
+    the legend (a trace of no points is hidden, from the legend too) and draws nothing for it."""
+    return dict(x=[None], y=[None], name=name, legendgroup=group, mode=mode, showlegend=True, hoverinfo="skip",
+                **style)  # fmt: skip
+
+
+def _smoothed(item: Series) -> bool:
+    """Whether smoothing applies to ``item``: sparse series and event counts are drawn raw."""
+    return not item.markers and item.column not in EVENT_COLUMNS
+
+
+def _add_series(
+    traces: list[dict[str, Any]], item: Series, number: int, *, x: str, origin: pd.Timestamp | None, smoothing: float,
+    points_per_row: float, legend: bool = True,
+) -> tuple[list[np.ndarray], list[float]]:  # fmt: skip
+    """Append ``item``'s traces to ``traces``; return the y values drawn (for the axis range) and the x extent."""
+    frame = item.frame
+    if item.column not in frame.columns or frame.empty:
+        return [], []
+    xs = x_values(frame, x, origin)
+    values = frame[item.column]
+    if isinstance(values.dtype, np.dtype) and values.dtype.kind in "iuf":  # pd.to_numeric costs more than the rest
+        ys = values.to_numpy(dtype=np.float64)
+    else:
+        ys = pd.to_numeric(values, errors="coerce").to_numpy(dtype=np.float64)
+    steps = frame["step"].to_numpy() if x != "step" and "step" in frame.columns else None
+    session_codes = frame["session_id"].cat.codes.to_numpy() if item.colour is None else np.zeros(len(frame), int)
+    superseded = item.superseded if item.superseded is not None else np.zeros(len(frame), dtype=bool)
+    dash = DASHES[number % len(DASHES)]
+    label = plotly_text(shorten(item.label, LABEL_CHARS))
+    full = plotly_text(shorten(item.label, HOVER_CHARS))
+    axis = "y2" if item.secondary_y else "y"
+    events = item.column in EVENT_COLUMNS
+    if events:
+        ys = np.where(ys > 0, ys, np.nan)
+    smoothing = smoothing if _smoothed(item) else 0.0
+    style = axis_of(item.column, frame)
+    per_session = item.colour is None
+    group = f"{number}:{label}"
+    drawn: list[np.ndarray] = []
+    finite_x = xs[np.isfinite(xs)] if xs.dtype.kind == "f" else xs
+    extent = [float(np.min(finite_x)), float(np.max(finite_x))] if len(finite_x) else []
+    if per_session and legend:  # one legend entry per series, in a neutral colour: sessions have theirs
+        traces.append(legend_entry(
+            label, group=group, mode="markers" if events or item.markers else "lines", yaxis=axis,
+            line={"color": KEY_COLOUR, "dash": dash, "width": 2 if smoothing > 0 else 1.5},
+            marker={"color": KEY_COLOUR, "size": 6},
+        ))  # fmt: skip
+    for code in np.unique(session_codes):
+        for dimmed in (False, True):
+            rows = np.flatnonzero((session_codes == code) & (superseded == dimmed))
+            if not len(rows):
+                continue
+            suffix = "" if item.colour else f" · S{code + 1}"
+            name = label + suffix + (" (superseded)" if dimmed else "")
+            where = full + suffix + (" (superseded)" if dimmed else "")
+            colour = item.colour or session_colour(int(code))
+            opacity = SUPERSEDED_OPACITY if dimmed else 1.0
+            raw, smooth = ys[rows], ema_smooth(ys[rows], smoothing) if smoothing > 0 else None
+            budget = int(min(TRACE_POINTS, max(MIN_TRACE_POINTS, points_per_row * len(rows))))
+            keep = minmax_indices(raw, budget)
+            drawn.append(raw[keep])
+            marked = item.markers and len(keep) <= MARKED_POINTS
+            mode = "markers" if events else "lines+markers" if marked else "lines"
+            at_step = "" if steps is None else " · step %{customdata:,}"
+            hover = f"{where}: %{{y:{style.hoverformat}}}{at_step}<extra></extra>"
+            traces.append(
+                dict(
+                    x=xs[rows][keep],
+                    y=compact(raw[keep]),
+                    name=name,
+                    legendgroup=group,  # unique per series even when shortened labels collide
+                    mode=mode,
+                    yaxis=axis,
+                    opacity=opacity * (RAW_OPACITY if smooth is not None else 1.0),
+                    line={"color": colour, "dash": dash, "width": 1.5, "shape": "hv" if item.secondary_y
+                          and item.column == "skipped_updates" else "linear"},
+                    marker={"size": 7 if events else 4},
+                    showlegend=not per_session and smooth is None,
+                    connectgaps=False,
+                    customdata=None if steps is None else steps[rows][keep],
+                    hovertemplate=hover,
+                )
+            )  # fmt: skip
+            if smooth is not None:
+                keep = minmax_indices(smooth, budget)
+                traces.append(
+                    dict(
+                        x=xs[rows][keep],
+                        y=compact(smooth[keep]),
+                        name=f"{name} (smoothed)",
+                        legendgroup=group,
+                        mode="lines",
+                        yaxis=axis,
+                        opacity=opacity,
+                        line={"color": colour, "dash": dash, "width": 2},
+                        connectgaps=False,
+                        showlegend=not per_session,
+                        customdata=None if steps is None else steps[rows][keep],
+                        hovertemplate=f"{where} (smoothed): %{{y:{style.hoverformat}}}{at_step}<extra></extra>",
+                    )
+                )
+            missing = rows[~np.isfinite(raw)]
+            if len(missing) > budget:  # markers only point at gaps: an even sample keeps the JSON bounded
+                missing = np.unique(missing[np.linspace(0, len(missing) - 1, budget).astype(np.int64)])
+            if item.gap_markers and len(missing):
+                first_gap = not any(trace.get("legendgroup") == "gaps" for trace in traces)
+                traces.append(
+                    dict(
+                        x=xs[missing],
+                        y=np.full(len(missing), 0.03),
+                        yaxis="y3",
+                        mode="markers",
+                        name=f"no successful update · S{code + 1}",
+                        legendgroup="gaps",
+                        showlegend=first_gap,
+                        marker={
+                            "symbol": "x-thin",
+                            "size": 8,
+                            "color": colour,
+                            "line": {"width": 2, "color": colour},
+                        },
+                        hovertemplate=f"no successful update · S{code + 1}<extra></extra>",
+                    )
+                )
+    return drawn, extent

@@ -1,0 +1,240 @@
+"""A live run page follows its run without rerunning: the server says when the run changed, and
+what changed.
+
+A fragment with ``run_every`` reruns in every tab every refresh period, whether or not the run
+changed: a script run, every element built, sent and compressed, per tab, twice a second, for a
+run that appends a record a minute.  Where the server serves ``changes_route`` (``server_routes``),
+the run page's live fragment has no ``run_every``; it mounts ``live_watch`` instead, the element
+that shows the run's status line and asks the route, "has the run changed since the snapshot this
+tab drew?" (a long poll: the answer comes when it has, or after ``LONG_POLL_S`` to ask again).  The
+answer carries what the tab needs of the new snapshot (``live_feed.feed_answer``: the status line
+and each chart's appended points, which the page applies itself), or says that something else on
+the page changed, and the tab reruns the fragment (a component trigger, Streamlit's public way),
+saying which figure each chart holds (``live_chart.pages_hold``).
+
+Which snapshot a tab drew is its serial (``snapshot_serial``): a number per ``RunView`` object,
+increasing with each new one (``RunStore.view`` returns the same object while nothing changed).
+Per run, one ``_Ticker`` asks the store for the run's view ``POLLS_PER_REFRESH`` times per refresh
+period while any tab waits, and wakes every waiting tab when it gets a newer one: twenty idle tabs
+cost those few ``store.view`` calls between them (a ``stat`` at most, when nothing changed), and
+nothing per tab; a record waits a quarter of a period on average to be noticed, not half of one.
+Tabs in step (same snapshot, options and figures) get one answer, computed once (``_Answers``).
+A run the store cannot show gets a new serial at each poll, so its tabs rerun every period (the
+watch pauses a period after each trigger), as they did, and say why.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import itertools
+import json
+import logging
+import threading
+import weakref
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from functools import cache
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import streamlit as st
+from anyio import to_thread
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from metrics_core.dashboard.live.chart_component import base_path, pages_hold
+from metrics_core.dashboard.live.feed import DETAILS_S, feed_answer, page_signature, status_line
+from metrics_core.dashboard.server.routes import route_url
+from metrics_core.dashboard.store.run_store import RunStore, RunView
+from metrics_core.dashboard.views.chart_specs import ChartOptions
+from metrics_core.errors import MetricsError
+
+CHANGES_PATH = "/api/changes"  # outside Streamlit's reserved prefixes
+WATCH_KEY = "metrics_live_watch"  # the element that shows the run's status line
+POLLS_PER_REFRESH = 2
+LONG_POLL_S = 20.0  # an unchanged run is answered after this long; the page asks again
+ANSWERS_KEPT = 64  # answers kept for tabs still to ask: one per (snapshot, options, figures held)
+_LOG = logging.getLogger(__name__)
+_ASSETS = Path(__file__).parent.parent / "assets"
+
+_serials: weakref.WeakKeyDictionary[RunView, int] = weakref.WeakKeyDictionary()
+_serial_lock = threading.Lock()
+_counter = itertools.count(1)
+
+
+def snapshot_serial(view: RunView) -> int:
+    """``view``'s serial: the same for the same snapshot object, larger for every later one."""
+    with _serial_lock:
+        serial = _serials.get(view)
+        if serial is None:
+            serial = _serials[view] = next(_counter)
+        return serial
+
+
+class _Ticker:
+    """One run's serial as the store has it now, polled ``POLLS_PER_REFRESH`` times every
+    ``refresh`` seconds while any tab waits (on the server's event loop; ``store.view`` runs in a worker thread)."""
+
+    def __init__(self, store: Callable[[], RunStore], name: str, refresh: float) -> None:
+        self._store, self._name, self._refresh = store, name, refresh
+        self.serial = 0
+        self.view: RunView | None = None  # the snapshot of ``serial`` (None: the run cannot be shown)
+        self._newer = asyncio.Event()
+        self._waiting = 0
+        self._task: asyncio.Task[None] | None = None
+
+    async def newer_than(self, seen: int, timeout: float) -> int:
+        """The run's serial once it is larger than ``seen``, or the current one after ``timeout``."""
+        self._waiting += 1
+        if self._task is None:
+            self._task = asyncio.create_task(self._poll())
+        try:
+            async with asyncio.timeout(timeout):
+                while self.serial <= seen:
+                    await self._newer.wait()
+        except TimeoutError:
+            pass
+        finally:
+            self._waiting -= 1
+        return self.serial
+
+    async def _poll(self) -> None:
+        try:
+            while self._waiting:
+                try:
+                    view = await to_thread.run_sync(self._store().view, self._name)
+                    serial = snapshot_serial(view)
+                except (MetricsError, OSError):
+                    view, serial = None, next(_counter)  # the page says why, and tries again next period
+                if serial > self.serial:
+                    self.serial, self.view = serial, view
+                    self._newer.set()
+                    self._newer = asyncio.Event()
+                await asyncio.sleep(self._refresh / POLLS_PER_REFRESH)
+        finally:
+            self._task = None
+
+
+def options_query(options: ChartOptions) -> str:
+    """``options`` as the route's ``opts`` parameter (``parse_options`` reads it back)."""
+    return json.dumps(dataclasses.asdict(options), separators=(",", ":"))
+
+
+def parse_options(text: str) -> ChartOptions:
+    """The ``ChartOptions`` of an ``opts`` parameter; ``ValueError`` naming what is wrong with it."""
+    fields = json.loads(text)
+    defaults = dataclasses.asdict(ChartOptions())
+    if not isinstance(fields, dict) or fields.keys() != defaults.keys():
+        raise ValueError(f"opts must name exactly {sorted(defaults)}")
+    for name, value in fields.items():
+        kind = float if isinstance(defaults[name], float) else type(defaults[name])
+        if not isinstance(value, kind) and not (kind is float and type(value) is int):
+            raise ValueError(f"opts: {name} is not a {kind.__name__}")
+    return ChartOptions(**fields)
+
+
+def _held(text: str) -> dict[str, int]:
+    held = json.loads(text)
+    if not isinstance(held, dict) or not all(type(token) is int for token in held.values()):
+        raise ValueError("held must map chart keys to numbers")
+    return held
+
+
+class _Answers:
+    """The route's answers for tabs in step, computed once: the first tab to ask for one computes it
+    (in a worker thread), the others await the same result; the last ``ANSWERS_KEPT`` are kept."""
+
+    def __init__(self) -> None:
+        self._kept: OrderedDict[tuple[Any, ...], asyncio.Future[dict[str, Any]]] = OrderedDict()
+
+    async def get(self, key: tuple[Any, ...], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+        future = self._kept.get(key)
+        if future is None:
+            future = self._kept[key] = asyncio.ensure_future(to_thread.run_sync(compute))
+            while len(self._kept) > ANSWERS_KEPT:
+                self._kept.popitem(last=False)
+        return await asyncio.shield(future)
+
+
+def changes_route(
+    store: Callable[[], RunStore],
+    refresh: Callable[[], float],
+    alerts: Callable[[str], Sequence[str]] = lambda run: (),
+    *,
+    base_url: str = "",
+    long_poll_s: float = LONG_POLL_S,
+) -> Route:
+    """``GET /api/changes?run=<name>&seen=<serial>``: ``{"serial": n}`` once the run's serial is
+    larger than ``seen``, or after ``long_poll_s`` (``n`` then is not larger).
+
+    With ``sig`` (the page signature the tab drew), ``opts`` (its ``options_query``) and ``held`` (a
+    JSON object: chart element key -> the figure token it holds), a newer serial's answer also
+    carries ``live_feed.feed_answer`` for them; ``alerts(run)`` are the run's firing alerts."""
+    tickers: dict[str, _Ticker] = {}
+    answers = _Answers()
+
+    async def answer(request: Request) -> Response:
+        query = request.query_params
+        name = query.get("run", "")
+        try:
+            seen = int(query.get("seen", "0"))
+            feed = (query["sig"], parse_options(query["opts"]), _held(query["held"])) if "held" in query else None
+        except (ValueError, KeyError) as exc:
+            return JSONResponse({"error": f"bad query: {exc}"}, status_code=400)
+        ticker = tickers.get(name)
+        if ticker is None:
+            if len(tickers) > 1000:  # names asked for once: keep the ones being watched
+                for stale in [key for key, value in tickers.items() if not value._waiting]:
+                    del tickers[stale]
+            ticker = tickers[name] = _Ticker(store, name, refresh())
+        serial = await ticker.newer_than(seen, long_poll_s)
+        view = ticker.view  # no await since: the snapshot of ``serial``
+        body: dict[str, Any] = {"serial": serial}
+        if serial > seen and feed is not None:
+            if view is None:
+                body["rerun"] = True  # the run cannot be shown: the page says why
+            else:
+                drawn, options, held = feed
+                key = (serial, drawn, query["opts"], tuple(sorted(held.items())))
+                body.update(await answers.get(key, lambda: _feed(view, options, alerts(name), drawn, held)))
+        return JSONResponse(body)
+
+    return Route(f"{base_path(base_url)}{CHANGES_PATH}", answer, methods=["GET"])
+
+
+def _feed(view: RunView, options: ChartOptions, alerts: Sequence[str], drawn: str, held: dict[str, int]) -> dict:
+    try:
+        return feed_answer(view, options, alerts, drawn, held)
+    except Exception:  # the rerun draws the page, and says what went wrong there
+        _LOG.exception("live feed of %s", view.name)
+        return {"rerun": True}
+
+
+@cache
+def _watch() -> object:
+    return st.components.v2.component("metrics_live_watch", js=(_ASSETS / "live_watch.js").read_text(encoding="utf-8"))
+
+
+def live_watch(
+    name: str, view: RunView | None, *, refresh: float, options: ChartOptions, alerts: Sequence[str] = ()
+) -> None:
+    """In a live fragment without ``run_every``: show ``view``'s status line (none when None: the run
+    could not be shown, and the page says why) and keep the page on run ``name``'s newest snapshot,
+    the charts drawn with ``options`` and the run's firing ``alerts``: through the route's answers,
+    or a rerun of the fragment when anything else changed (None: every ``refresh`` seconds)."""
+    state = st.session_state.get(WATCH_KEY)
+    changed = state.get("changed") if hasattr(state, "get") else None
+    if isinstance(changed, dict) and isinstance(changed.get("held"), dict):
+        pages_hold(changed["held"])  # before the charts: they extend what the page holds
+    query = {"run": name, "seen": 0 if view is None else snapshot_serial(view)}
+    data: dict[str, Any] = {"retry_ms": round(refresh * 1000)}
+    if view is not None:
+        signature = page_signature(view, options, alerts)
+        query.update(sig=signature.layout, opts=options_query(options))
+        data.update(details=signature.details, details_ms=round(DETAILS_S * 1000))
+        data["status"], data["counts"] = status_line(view)
+    data["url"] = f"{route_url(CHANGES_PATH)}?{urlencode(query)}"
+    _watch()(key=WATCH_KEY, data=data, height="content")

@@ -1,0 +1,189 @@
+"""A run's row of the runs table, kept as cheaply as what was read allows.
+
+``RunStore`` owns the rows; this module computes them, from nothing but a reader or a file:
+
+* ``overview_row``: a read run's row, from its ``summary.RunSummary`` (the tails of its reader's
+  columns, O(1) per value) and its loss trend (``LossTrend``: O(appended rows) while only the
+  last session grows), never from a frame of the whole run;
+* ``peek_row``: a big run's row before it is read, from the last ``PEEK_BYTES`` of its file;
+* ``error_row``: a run that cannot be shown; ``unreadable_row``: an entry of the root that cannot be
+  looked into (``runs.UnreadableEntry``).
+
+``grown_in_last_session`` is the test both this module and the store's snapshots use to extend
+what they computed instead of recomputing it: rows appended by the last session change nothing
+decided about earlier rows.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.dashboard.views.runs_table import TREND_POINTS
+from metrics_core.read.records import check_lines
+from metrics_core.read.run_file import open_regular
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_summary import RunSummary
+from metrics_core.roots.discovery import UnreadableEntry
+
+PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
+
+
+class LossTrend:
+    """``overview.trend`` of a run's effective, finite train losses, kept from one summary to the
+    next: the rows it picks from are remembered, so an append made by the last session (the live
+    case) costs O(appended rows); anything else (a new session, a reset, a loss logged as a
+    string) recomputes them, O(rows) in numpy."""
+
+    def __init__(self) -> None:
+        self._basis: tuple[int, int, int, str] | None = None  # (resets, sessions, train rows, last session id)
+        self._kept = np.empty(0, dtype=np.int64)  # rows that count, in a buffer grown by doubling
+        self._count = 0
+
+    def update(self, reader: RunReader, sessions: int) -> tuple[float, ...]:
+        column = reader.column("train", "train_loss")
+        if column is None or column.size == 0:
+            self._basis = None
+            return ()
+        if column.kind not in ("int", "float"):  # a writer that mixed types: rare, so the O(n) way
+            self._basis = None
+            values = pd.to_numeric(pd.Series(column.series(), dtype=object), errors="coerce").to_numpy(dtype=float)
+            return _picked(values[~reader.superseded("train") & np.isfinite(values)])
+        values, rows, basis = column.view(), column.size, self._basis
+        if (
+            basis is not None
+            and basis[:2] == (reader.resets, sessions)  # same sessions: the last one is still basis[3]
+            and grown_in_last_session(reader, "train", basis[2], basis[3])
+        ):
+            fresh = values[basis[2] : rows].astype(np.float64, copy=False)
+            self._keep(basis[2] + np.flatnonzero(np.isfinite(fresh)))
+            last = basis[3]
+        else:
+            self._count = 0
+            self._keep(np.flatnonzero(~reader.superseded("train") & np.isfinite(values.astype(np.float64, copy=False))))
+            last = reader.sessions[-1].session_id  # O(rows), like the line above
+        self._basis = (reader.resets, sessions, rows, last)
+        kept = self._kept[: self._count]
+        if len(kept) > TREND_POINTS:
+            kept = kept[_trend_positions(len(kept))]
+        return tuple(float(value) for value in values[kept])
+
+    def _keep(self, rows: np.ndarray) -> None:
+        needed = self._count + len(rows)
+        if needed > len(self._kept):
+            grown = np.empty(max(needed, 2 * len(self._kept), 64), dtype=np.int64)
+            grown[: self._count] = self._kept[: self._count]
+            self._kept = grown
+        self._kept[self._count : needed] = rows
+        self._count = needed
+
+
+def _trend_positions(count: int) -> np.ndarray:
+    return np.round(np.arange(TREND_POINTS) * (count - 1) / (TREND_POINTS - 1)).astype(np.int64)
+
+
+def _picked(values: np.ndarray) -> tuple[float, ...]:
+    if len(values) > TREND_POINTS:
+        values = values[_trend_positions(len(values))]
+    return tuple(float(value) for value in values)
+
+
+def grown_in_last_session(reader: RunReader, event: str, before: int, last: str) -> bool:
+    """Whether ``event``'s rows from ``before - 1`` on all belong to session ``last``, the reader's last.
+
+    Then nothing decided about the first ``before`` rows changes: their session's thresholds
+    move only when a session begins or logs ``event`` for the first time, and the last session
+    had logged it (row ``before - 1``).  And none of the new rows is superseded or redid
+    anything: no session follows theirs.  The caller checks that no session began and the
+    reader did not reset.  O(new rows).
+    """
+    column = reader.column(event, "session_id")
+    if before == 0 or column is None or column.kind != "cat" or column.size < before:
+        return False
+    codes = np.unique(column.view()[before - 1 :]).tolist()
+    return -1 not in codes and all(column.categories[code] == last for code in codes)
+
+
+def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
+    """A run's row of the runs table (ages are filled in per call by ``RunStore.overview``)."""
+    return {
+        "run": name,
+        "status": summary.status,
+        "reason": summary.reason,
+        "sessions": summary.sessions,
+        "last step": summary.last_step,
+        "tokens seen": summary.tokens_seen,
+        "train loss": None if summary.train_loss is None else summary.train_loss.value,
+        "val loss": None if summary.val_loss is None else summary.val_loss.value,
+        "skipped updates": summary.skipped_updates,
+        "last record age (s)": None,
+        "bad lines": summary.bad_lines,
+        "error": None,
+        "config": summary.config,
+        "started": summary.started,
+        "duration (s)": (summary.last_record_time - summary.started).total_seconds()
+        if summary.started and summary.last_record_time
+        else None,
+        "loss trend": list(summary.loss_trend),
+    }
+
+
+def peek_row(name: str, path: Path) -> tuple[dict[str, Any], datetime] | None:
+    """A big run's row before it is read, and its last record time: status ``loading`` with the
+    last step, tokens seen and losses found in the last ``PEEK_BYTES`` of its file (valid records
+    by ``records.check_lines``, the readers' own rule); the rest stays missing until the run is
+    read.  One ``pread``, so a root of big runs shows where each one is within a second, while
+    parsing them takes minutes.  None if the tail holds no record or cannot be read."""
+    try:
+        with open(open_regular(path), "rb") as file:
+            size = os.fstat(file.fileno()).st_size
+            start = max(0, size - PEEK_BYTES)
+            block = os.pread(file.fileno(), size - start, start)
+    except OSError:
+        return None
+    first = block.find(b"\n") + 1 if start else 0  # a cut first line is no record
+    records, _, _ = check_lines(block[first : block.rfind(b"\n") + 1], 1)
+    if not records:
+        return None
+    last = records[-1]
+    row = {"run": name, "status": "loading", "last step": last["step"], "tokens seen": last["tokens_seen"],
+           "train loss": _latest(records, "train", "train_loss"),
+           "val loss": _latest(records, "validation", "val_loss")}  # fmt: skip
+    return row, datetime.fromtimestamp(last["time"] / 1e9, timezone.utc)
+
+
+def _latest(records: list[dict[str, Any]], event: str, name: str) -> float | None:
+    """The last finite number logged as ``name`` by an ``event`` record (a bool is no loss)."""
+    for record in reversed(records):
+        value = record.get(name)
+        if record["event"] == event and type(value) in (int, float) and math.isfinite(value):
+            return float(value)
+    return None
+
+
+def error_row(name: str, reason: str) -> dict[str, Any]:
+    return {"run": name, "status": "error", "error": reason}
+
+
+def unreadable_row(entry: UnreadableEntry) -> dict[str, Any]:
+    """An entry of the runs root that discovery could not look into: named, with the reason."""
+    return {"run": entry.name, "status": "unreadable", "error": entry.reason}
+
+
+def last_value(frame: pd.DataFrame, column: str) -> float | None:
+    if column not in frame.columns:
+        return None
+    # A trainer may have logged a string under a numeric name: it is no value to show.
+    values = pd.to_numeric(frame[column], errors="coerce").dropna()
+    return float(values.iloc[-1]) if len(values) else None
+
+
+def event_rows(reader: RunReader, event: str) -> int:
+    column = reader.column(event, "step")  # every record has a step
+    return 0 if column is None else column.size

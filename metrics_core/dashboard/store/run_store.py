@@ -1,0 +1,327 @@
+"""Parsed run data held once per server process and shared by every browser tab.
+
+Streamlit's ``st.cache_resource`` hands the same ``RunStore`` to every session and script thread,
+so all of it is thread-safe: one lock guards the run table, one lock per run guards its entry.
+Pages never touch a reader: they get an immutable ``RunView`` snapshot, rebuilt only when the
+run's file changed, so ten open tabs cost one parse and one set of frames.
+
+This module is the server-wide registry: which runs there are, the root's hints, which runs are
+viewed and the memory budget over them, the cold loader, and the runs table.  Each run is a
+``run_entry.RunEntry``, which owns everything about that one run: its reader, the refresh policy
+(when it is re-read), its status and row, its snapshot, and failure containment (whatever reading
+or showing a run raises becomes that run's ``RunViewError`` and its ``error`` row; ``overview()``
+lists every other run).  An entry of the root that cannot be looked into (a directory the OS
+refuses to list, a symlink loop) is a row with status ``unreadable`` and the reason
+(``runs.discover_runs``).
+
+Where the runs live is the root's business (``metrics_core.roots.runs_root``: a local directory, or a
+bucket prefix in ``metrics_core.roots.bucket_root``); the store asks it which runs there are, which
+changed, and for a run's reader, and never knows which kind it has.  Reading the runs of a cold
+root in the background is ``cold_loader.ColdLoader``'s.
+
+Cost model (a root of 1,000 runs, runs of millions of records, live):
+
+* ``overview()`` costs O(runs) per call and touches no record: each run's row comes from a
+  ``RunSummary`` that the refresh which read new bytes updates from the tail of the reader's
+  columns (O(new records), never a frame of the whole run), and the table is rebuilt only when a
+  row changed; otherwise only the ages column is recomputed.  A run's status is re-evaluated
+  when its file is stat'ed (every ``safety_interval`` or on a watcher hint), and never again
+  once it ended (``session_end``) until the file changes.
+* Cold loading never holds up a page: the first ``overview()`` reads runs never read yet,
+  smallest file first, until ``load_budget_s`` is spent or the next file is bigger than
+  ``CALLER_READ_BYTES`` (a small root is complete at once, a big run never parsed on a page's
+  time); the rest are listed with status ``loading`` and read by one background loader thread,
+  in the same order, while pages keep getting the table as it stands (O(runs), no wait).  So a root of
+  1,000 runs is listed about as fast as a root of one, and filled at the speed of reading it, not
+  of the page's refreshes.  A run being read by the loader (or snapshotted by another tab) is not
+  waited for by ``overview()``: its row is the one it had.
+* ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
+  the root: a page showing one run does not pay for the 999 others.
+
+Memory (a hundred runs of a million records each would not fit if all were held): O(runs) plus
+the records of the runs that are live or open in a page, not O(all records).  A run's reader (its
+columns) is kept only while the run is ``live`` or its file changed in the last ``idle_s`` seconds
+(it will change again soon: a writer whose clock lags ours by minutes reads ``stalled`` while it
+appends, and must not cost a re-read per append), or it was shown by ``view()`` in the last
+``idle_s`` seconds (a page is on it) and the runs so viewed hold at most ``view_budget_records``
+records (least recently viewed released first), except that a run viewed in the last ``recent_s``
+seconds is never released for the budget: the runs pages are refreshing may exceed it, as two tabs
+on two big runs would otherwise release each other's run at every refresh, each reopen costing a
+cache read or a parse and the charts' and diagnostics' lineage.  A run's first read is no change: a
+cold root is released run by run.  Any other run keeps its ``RunSummary`` and row and what
+``run_status`` needs (``runs.StatusRecord``: the last event, record time and cadence, the file's identity as
+it was read), and its reader is closed once its row is computed: the loader holds one cold run at a
+time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
+ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
+reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
+
+The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
+once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.dashboard.store.cold_loader import ColdLoader
+from metrics_core.dashboard.store.rows import unreadable_row
+from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
+from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.roots.discovery import RunInfo, UnreadableEntry
+from metrics_core.roots.runs_root import LIST_INTERVAL_S, RunsRoot, open_root
+
+__all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
+
+CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
+REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
+IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
+RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
+VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
+OVERVIEW_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
+                    "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
+                    "duration (s)", "loss trend")  # fmt: skip
+
+
+class RunStore:
+    """Readers, per-run summaries and views of every run under ``root``; see the module docstring."""
+
+    def __init__(
+        self,
+        root: str | Path | RunsRoot,
+        *,
+        force_polling: bool = False,
+        list_interval: float = LIST_INTERVAL_S,
+        safety_interval: float = 2.0,
+        load_budget_s: float = 0.1,
+        loader_delay_s: float = 1.0,
+        cache: CachePolicy | None = None,
+        idle_s: float = IDLE_S,
+        recent_s: float = RECENT_S,
+        view_budget_records: int = VIEW_BUDGET_RECORDS,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        """``root``: a directory, ``s3://bucket/prefix``, or a ``RunsRoot`` (``roots.open_root``
+        opens the first two, with ``force_polling`` for a directory's watcher and ``list_interval``
+        for a bucket's listing).  ``cache``: where readers keep a columnar copy of big runs, so that a restarted server
+        reopens them at a few percent of a cold parse (``metrics_core.read.column_cache``); never in ``root``.
+        ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
+        it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
+        ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
+        "Memory")."""
+        self.source = open_root(root, force_polling=force_polling, list_interval=list_interval) if isinstance(
+            root, (str, Path)) else root  # fmt: skip
+        self.root = self.source.location
+        self.idle_s = idle_s
+        self.recent_s = recent_s
+        self.view_budget_records = view_budget_records
+        self.safety_interval = safety_interval
+        self.load_budget_s = load_budget_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._entries: dict[str, RunEntry] = {}
+        self._runs: list[RunInfo] = []
+        self._unreadable: tuple[UnreadableEntry, ...] = ()  # entries of the root the last walk could not look into
+        self._runs_key: tuple[int, float] | None = None
+        self._rows_generation = 0  # bumped whenever any run's row changes
+        # (overview generation, table, last record time per row in s since epoch): replaced as one
+        # value, as several threads (tabs, the loader's rows) may rebuild it at once
+        self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
+        self._runs_generation = 0
+        self._viewed: OrderedDict[str, RunEntry] = OrderedDict()  # viewed runs, least recently viewed first
+        self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
+        # Work counters, read by the complexity tests (work is counted, not timed).
+        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
+                      "releases": 0, "reopens": 0, "resolves": 0}  # fmt: skip
+        self._context = EntryContext(source=self.source, cache=cache, safety_interval=safety_interval, idle_s=idle_s,
+                                     clock=clock, stats=self.stats, row_changed=self._row_changed)  # fmt: skip
+        self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
+            size=self.source.size, read=lambda entry, info: entry.read_cold(info, datetime.now(timezone.utc)),
+            peek=RunEntry.peek, big=CALLER_READ_BYTES, delay_s=loader_delay_s, stats=self.stats)  # fmt: skip
+
+    def close(self) -> None:
+        """Stop the loader (after the run it is reading) and the root (its watcher), and close every reader,
+        each under its run's lock: a reader saves its cache on close, and must not while another
+        thread is reading into it."""
+        self.loader.close()
+        self.source.close()
+        with self._lock:
+            entries = list(self._entries.values())
+        for entry in entries:
+            with entry.lock:
+                if entry.reader is not None:
+                    entry.reader.close()
+
+    def held_records(self) -> int:
+        """Records held in readers' columns right now (~115 B each): what the memory bound is about."""
+        with self._lock:
+            entries = list(self._entries.values())
+        return sum(entry.held for entry in entries)
+
+    def runs(self) -> list[RunInfo]:
+        """The runs under the root, rediscovered when the root says runs may have come or gone."""
+        with self._lock:
+            key = (self.source.structure_generation, self._clock() // REDISCOVER_S)
+            if key != self._runs_key:
+                found = self.source.discover()
+                runs = list(found.runs)
+                if (runs, found.unreadable) != (self._runs, self._unreadable):  # a rediscovery alone is no change
+                    self._runs, self._unreadable = runs, found.unreadable
+                    self._runs_generation += 1
+                self._runs_key = key
+                self.stats["find_runs"] += 1
+            self._take_hints()
+            return list(self._runs)
+
+    def _take_hints(self) -> None:
+        """Mark the runs the root saw change as due; O(changed runs).  Caller holds ``_lock``."""
+        for name in self.source.take_changed():
+            entry = self._entries.get(name)
+            if entry is not None:
+                entry.refreshed_at, entry.hinted = float("-inf"), True
+
+    def _entry(self, info: RunInfo) -> RunEntry:
+        with self._lock:
+            entry = self._entries.get(info.name)
+            if entry is None:
+                entry = self._entries[info.name] = RunEntry(info.name, self._context)
+            return entry
+
+    def view(self, name: str, *, now: datetime | None = None) -> RunView:
+        """A fresh snapshot of run ``name``.
+
+        Raises RunPathError / RunNotFoundError for bad names (OSError for one the OS refuses,
+        e.g. too long), and RunViewError when the run exists but cannot be read or shown.
+        """
+        info = self._resolve(name)
+        with self._lock:
+            self._take_hints()
+        entry = self._entry(info)
+        with self._lock:
+            entry.viewed_at = self._clock()
+            self._viewed[info.name] = entry
+            self._viewed.move_to_end(info.name)
+        try:
+            return entry.snapshot(info, now or datetime.now(timezone.utc))
+        finally:
+            self._trim_viewed(keep=entry)
+
+    def _resolve(self, name: str) -> RunInfo:
+        """The root's ``resolve(name)``, reused for up to ``safety_interval`` while the root saw no run
+        or directory appear or go: a local root's realpath checks (a few ``lstat`` per path component)
+        are most of what a refresh that finds nothing new costs each tab.  Refusals are not reused."""
+        if self.safety_interval <= 0:
+            self.stats["resolves"] += 1
+            return self.source.resolve(name)
+        key = (self.source.structure_generation, self._clock() // self.safety_interval)
+        with self._lock:
+            found = self._resolved.get(name)
+        if found is not None and found[0] == key:
+            return found[1]
+        info = self.source.resolve(name)
+        self.stats["resolves"] += 1
+        with self._lock:
+            if len(self._resolved) > len(self._entries) + 64:  # names that never became runs
+                self._resolved.clear()
+            self._resolved[name] = (key, info)
+        return info
+
+    def _trim_viewed(self, *, keep: RunEntry) -> None:
+        """Forget viewed runs not viewed for ``idle_s``, and, least recently viewed first, those not
+        viewed for ``recent_s`` while the viewed runs hold more than ``view_budget_records``
+        (``keep``, just viewed, stays even if its snapshot took longer than ``recent_s``), and
+        release their readers unless they are live or changed lately (a busy or re-viewed one stays
+        viewed: ``_unview``).  O(viewed runs)."""
+        with self._lock:
+            now = self._clock()  # under the lock: a view after it sets viewed_at >= now, too recent to pick
+            viewed = [(entry, entry.viewed_at) for entry in self._viewed.values()]
+        held = sum(entry.held for entry, _ in viewed)
+        for entry, viewed_at in viewed:
+            age = now - viewed_at
+            if entry is keep or age < self.recent_s or (age < self.idle_s and held <= self.view_budget_records):
+                continue
+            held -= self._unview(entry, viewed_at)
+
+    def _unview(self, entry: RunEntry, viewed_at: float) -> int:
+        """Forget ``entry`` as viewed and release its reader if idle, unless it was viewed again
+        since ``viewed_at`` (a page is on it: the next overview must not release it) or another
+        thread holds its lock (it stays viewed, and the next ``_trim_viewed`` tries again: forgotten
+        unreleased, nothing would ever release it while no overview runs).  Returns the records
+        it held if it was forgotten, else 0."""
+        if not entry.lock.acquire(blocking=False):
+            return 0
+        try:
+            with self._lock:
+                if entry.viewed_at != viewed_at:
+                    return 0
+                entry.viewed_at = float("-inf")
+                del self._viewed[entry.name]
+            held = entry.held
+            entry.release_if_idle()
+            return held
+        finally:
+            entry.lock.release()
+
+    def _row_changed(self) -> None:
+        with self._lock:
+            self._rows_generation += 1
+
+    def overview_generation(self) -> tuple[int, int]:
+        """Moves whenever a run appears or vanishes or a row of ``overview()`` changes (ages aside,
+        which are per call): O(1), so a live page tells "nothing changed" without comparing rows.
+        Rows change only in the store's calls (``overview()``, ``view()``): call one first."""
+        with self._lock:
+            return (self._runs_generation, self._rows_generation)
+
+    def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
+        """One row per run with what the runs table shows; a run that cannot be shown is a row
+        with status ``error`` and the reason in ``error``, never an exception, and so is an entry
+        of the root that cannot be looked into, with status ``unreadable``.  A run not read
+        yet is a row with status ``loading``: this call reads cold runs for ``load_budget_s``
+        unless the background loader is already at it, and leaves the rest to the loader."""
+        now = now or datetime.now(timezone.utc)
+        infos = self.runs()
+        entries = [self._entry(info) for info in infos]
+        cold = [(entry, info) for entry, info in zip(entries, infos, strict=True)
+                if entry.summary is None and entry.failure is None and not entry.queued]  # fmt: skip
+        if self.loader.queue(cold):
+            deadline = self._clock() + self.load_budget_s
+            while self._clock() < deadline and (job := self.loader.take(up_to=CALLER_READ_BYTES)) is not None:
+                job[0].read_cold(job[1], now)
+            self.loader.start()
+        for info, entry in zip(infos, entries, strict=True):
+            if entry.queued and entry.summary is None and entry.failure is None:  # the loader's: not waited for
+                if entry.row is None:
+                    entry.set_row({"run": info.name, "status": "loading"})
+            else:
+                entry.refresh_row(info, now, wait=False)
+        return self._overview_table(entries, self._unreadable, now)
+
+    def _overview_table(
+        self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
+    ) -> pd.DataFrame:
+        """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
+        key, cached = self.overview_generation(), self._table
+        if cached is None or cached[0] != key:
+            rows = [entry.row for entry in entries] + [unreadable_row(bad) for bad in unreadable]
+            table = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
+            times = np.array(
+                [_epoch_s(entry.row_time) for entry in entries] + [np.nan] * len(unreadable), dtype=np.float64
+            )
+            self._table = cached = (key, table, times)
+            self.stats["table_builds"] += 1
+        _, table, times = cached
+        ages = now.timestamp() - times
+        return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
+
+
+def _epoch_s(when: datetime | None) -> float:
+    return np.nan if when is None else when.timestamp()

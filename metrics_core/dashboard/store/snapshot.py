@@ -1,0 +1,314 @@
+"""A run's snapshot for the pages: ``RunView``, immutable, built from a reader and shared by every tab.
+
+``build_view`` takes what a reader holds at one refresh (each event's columns, supersession and
+replay masks, sessions, ingest health, lost work); given the previous snapshot of the same reader,
+it extends what a live append left unchanged instead of recomputing it: the events that got no
+record keep their columns (and the frames built from them) and masks, those that did get the
+reader's new columns (O(columns + new rows)) and masks extended in buffers the ``Lineage`` keeps.
+Anything else (a new session, a reset) is built from scratch.
+
+A frame is built only when asked for, of only the fields asked for (``EventColumns``): a page
+draws a few of the keys a run logs, and a frame of all of them per snapshot costs O(fields)
+however few are drawn.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.dashboard.store.rows import event_rows, grown_in_last_session
+from metrics_core.read.health import IngestHealth
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.session_model import LostWork, Session
+
+EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
+
+
+class Lineage:
+    """State carried from one snapshot of a run to the next (incremental charts, throttled checks).
+
+    Shared by every snapshot built from one reader, so a live update can extend what the previous
+    snapshot computed instead of recomputing the run; a new reader (a reset after a failure)
+    starts a new lineage.  ``carry`` is thread-safe: one lock per lineage.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._state: dict[Hashable, Any] = {}
+
+    def carry(self, key: Hashable, update: Callable[[Any], Any]) -> Any:
+        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically."""
+        with self._lock:
+            self._state[key] = value = update(self._state.get(key))
+            return value
+
+
+class EventColumns:
+    """One event's records as of one snapshot: an array per field, in the reader's order, each as
+    a frame's column holds it (``RunReader.frame_columns``), and frames of any set of the fields,
+    each built when first asked for and kept.
+
+    pandas checks every column a frame is given: a frame of every field of a run logging hundreds
+    of keys costs that many checks per snapshot, however few of them a page draws.  The columns of
+    an event that got no record are the previous snapshot's object, frames included.  Immutable
+    once built; thread-safe (two threads asking at once may both build a frame, and both get the
+    one kept first).
+    """
+
+    __slots__ = ("_arrays", "_frames", "_parent", "_picked", "names", "rows")
+
+    def __init__(self, arrays: Mapping[str, Any], rows: int) -> None:
+        self.names = tuple(arrays)
+        self.rows = rows
+        self._arrays = dict(arrays)
+        self._frames: dict[tuple[str, ...], pd.DataFrame] = {}
+        self._parent: EventColumns | None = None
+        self._picked: slice | np.ndarray | None = None
+
+    def picked(self, rows: slice | np.ndarray) -> EventColumns:
+        """The rows ``rows`` picks (a slice, or a boolean mask of ``self.rows``), in order; each
+        field is taken from this one when first asked for: O(fields asked for)."""
+        count = len(range(self.rows)[rows]) if isinstance(rows, slice) else int(np.count_nonzero(rows))
+        taken = EventColumns({}, count)
+        taken.names, taken._parent, taken._picked = self.names, self, rows
+        return taken
+
+    def array(self, name: str) -> Any:
+        """Field ``name``'s values (a numpy array or a pandas extension array); KeyError if none."""
+        found = self._arrays.get(name)
+        if found is None:
+            if self._parent is None:
+                raise KeyError(name)
+            found = self._arrays.setdefault(name, self._parent.array(name)[self._picked])
+        return found
+
+    def frame(self, fields: Collection[str] | None = None) -> pd.DataFrame:
+        """A frame of the fields among ``fields`` (every field: None), in the reader's order; the
+        same object for the same fields.  Do not modify it: every tab shares it."""
+        names = self.names if fields is None else tuple(name for name in self.names if name in fields)
+        found = self._frames.get(names)
+        if found is None:
+            built = pd.DataFrame({name: self.array(name) for name in names}, index=pd.RangeIndex(self.rows), copy=False)
+            found = self._frames.setdefault(names, built)
+        return found
+
+
+class _Frames(Mapping[str, pd.DataFrame]):
+    """``RunView.frames``: each event's frame of every field, built when first asked for."""
+
+    def __init__(self, view: RunView) -> None:
+        self._view = view
+
+    def __getitem__(self, event: str) -> pd.DataFrame:
+        return self._view.frame(event)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._view.columns)
+
+    def __len__(self) -> int:
+        return len(self._view.columns)
+
+
+@dataclass(frozen=True, eq=False)
+class RunView:
+    """Everything a page shows about one run, as of one refresh.
+
+    Immutable, so anything derived from it (figures, diagnostics) is computed once per snapshot
+    with ``memo`` and shared by every tab: on a long run the charts and the diagnostics take far
+    too long to build to redo per tab per refresh.
+    """
+
+    name: str
+    records: int
+    sessions: list[Session]
+    columns: dict[str, EventColumns]  # per event; ``frame`` and ``frames`` build frames of them
+    superseded: dict[str, np.ndarray]
+    replaced: dict[int, np.ndarray]  # per session index: the train rows it redid
+    ingest: IngestHealth
+    last_record_time: datetime | None
+    status: str
+    lost_work: LostWork
+    lineage: Lineage = field(default_factory=Lineage, repr=False)
+    reason: str | None = None  # why the run stopped (``runs.stop_reason``)
+    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
+    _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+    _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
+
+    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per snapshot and ``key``, whichever thread asks first.
+
+        One lock per key: a computation may ask for another key (a zoomed chart needs the whole
+        run's), and two tabs asking for different keys do not wait for each other.
+        """
+        with self._memo_lock:
+            if key in self._memo:
+                return self._memo[key]
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._memo_lock:
+                if key in self._memo:
+                    return self._memo[key]
+            value = compute()
+            with self._memo_lock:
+                self._memo[key] = value
+                self._key_locks.pop(key, None)
+            return value
+
+    @property
+    def frames(self) -> Mapping[str, pd.DataFrame]:
+        """Each event's frame of every field (``frame(event)``)."""
+        return _Frames(self)
+
+    def rows(self, event: str) -> int:
+        """How many ``event`` records there are."""
+        return self.columns[event].rows
+
+    def frame(self, event: str, fields: Collection[str] | None = None) -> pd.DataFrame:
+        """``event``'s records, with the fields among ``fields`` (every field: None); O(those
+        fields) the first time, then kept (``EventColumns.frame``)."""
+        return self.columns[event].frame(fields)
+
+    def effective(self, event: str, fields: Collection[str] | None = None) -> pd.DataFrame:
+        """``frame(event, fields)`` of the records no later session redid: the frame itself when
+        none was redone (a run that never resumed), not an O(rows × fields) copy per snapshot."""
+        superseded = self.superseded[event]
+        if not superseded.any():
+            return self.frame(event, fields)
+        return self.memo(("effective", event), lambda: self.columns[event].picked(~superseded)).frame(fields)
+
+
+def _numeric_where_numbers(arrays: dict[str, Any]) -> dict[str, Any]:
+    """``arrays`` with every mixed-type field that holds numbers made numeric.
+
+    The reader keeps a field whose type changed between records (a string logged under
+    ``train_loss`` once) as Python objects; every chart and check expects numbers there, and one
+    string would break the loss-replay arithmetic.  As in ``Column.numbers``, only a number is a
+    number: strings and booleans become missing values, drawn as gaps and counted by the
+    diagnostics.  Only object fields pay; a well-formed run has none.
+    """
+    for name, values in arrays.items():
+        if isinstance(values, np.ndarray) and values.dtype == object:
+            numbers = _numbers(values)
+            if not np.isnan(numbers).all():
+                arrays[name] = numbers
+    return arrays
+
+
+def _numbers(values: np.ndarray) -> np.ndarray:
+    """An object field's numbers as float64 (in the reader's object columns every number is a float)."""
+    return np.array([value if type(value) is float else np.nan for value in values.tolist()], dtype=np.float64)
+
+
+def _view_columns(reader: RunReader, event: str) -> EventColumns:
+    arrays = reader.frame_columns(event)
+    rows = len(next(iter(arrays.values())))
+    # config records hold the nested "config" object: kept as written, never made numeric
+    return EventColumns(arrays if event == "config" else _numeric_where_numbers(arrays), rows)
+
+
+def build_view(
+    name: str,
+    reader: RunReader,
+    status: str,
+    lineage: Lineage | None = None,
+    *,
+    previous: RunView | None = None,
+    reason: str | None = None,
+) -> RunView:
+    """A snapshot of ``reader``; with ``previous``, the last snapshot of the same reader, what did
+    not change is taken from it instead of recomputed.
+
+    Only the last session grew (a live run's append): the events that got no record keep their
+    columns and masks; those that did get new columns (the reader's: O(columns + new rows)) and
+    their masks extended with False (``grown_in_last_session``) in buffers the lineage keeps
+    (``_MaskBuffer``): no O(rows) supersession or replay pass, no O(rows) copy.  Anything else (a
+    new session, a reset) is built from scratch.  Every mask is read-only: an extended one shares
+    its buffer with the snapshots before it.  Not thread-safe per lineage: ``RunStore.view``
+    builds a run's snapshots under its run's lock.
+    """
+    lineage = lineage or Lineage()
+    sessions = reader.sessions
+    if previous is not None and (previous.ingest.resets != reader.resets or len(previous.sessions) != len(sessions)):
+        previous = None
+    columns: dict[str, EventColumns] = {}
+    superseded: dict[str, np.ndarray] = {}
+    grown: dict[str, bool] = {}  # per event: extended from ``previous`` (True) or built anew (False)
+    for event in EVENTS:
+        rows = event_rows(reader, event)
+        before = -1 if previous is None else previous.rows(event)
+        if rows == before:
+            columns[event], superseded[event] = previous.columns[event], previous.superseded[event]
+            continue
+        columns[event] = _view_columns(reader, event)
+        grown[event] = 0 < before < rows and grown_in_last_session(reader, event, before, sessions[-1].session_id)
+        if grown[event]:
+            superseded[event] = _extended(lineage, ("superseded", event), previous.superseded[event], rows)
+        else:
+            superseded[event] = _read_only(reader.superseded(event))
+    if "train" not in grown:
+        replaced = previous.replaced
+    elif grown["train"]:
+        replaced = {index: _extended(lineage, ("replaced", index), rows, columns["train"].rows)
+                    for index, rows in previous.replaced.items()}  # fmt: skip
+    else:
+        replaced = {s.index: _read_only(reader.replaced_by(s.index, "train")) for s in sessions}
+    return RunView(
+        name=name,
+        records=reader.records,
+        sessions=sessions,
+        columns=columns,
+        superseded=superseded,
+        replaced=replaced,
+        ingest=reader.ingest_health(),
+        last_record_time=reader.last_record_time,
+        status=status,
+        lost_work=reader.lost_work(),
+        lineage=lineage,
+        reason=reason,
+    )
+
+
+class _MaskBuffer:
+    """A snapshot mask extended with False in place: a bool buffer with slack (a quarter more
+    than its rows) whose prefixes are handed out read-only.
+
+    A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
+    Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
+    its mask change, as ``columns.Derived`` keeps conversions.
+    """
+
+    __slots__ = ("_buffer", "_size")
+
+    def __init__(self) -> None:
+        self._buffer = np.zeros(0, dtype=bool)
+        self._size = 0
+
+    def extended(self, mask: np.ndarray, rows: int) -> np.ndarray:
+        """``mask`` with False for the rows after it: O(new rows) when ``mask`` is the last prefix
+        this buffer handed out; else (a mask built from scratch, a full buffer) one copy into a
+        new buffer, which earlier prefixes do not share."""
+        if mask.base is not self._buffer or len(mask) != self._size or rows > len(self._buffer):
+            grown = np.zeros(rows + rows // 4 + 64, dtype=bool)
+            grown[: len(mask)] = mask
+            self._buffer = grown
+        else:
+            self._buffer[self._size : rows] = False
+        self._size = rows
+        return _read_only(self._buffer[:rows])
+
+
+def _extended(lineage: Lineage, key: Hashable, mask: np.ndarray, rows: int) -> np.ndarray:
+    """``mask`` with False for the rows after it, from the buffer ``lineage`` keeps under ``key``."""
+    return lineage.carry(key, lambda buffer: buffer if buffer is not None else _MaskBuffer()).extended(mask, rows)
+
+
+def _read_only(mask: np.ndarray) -> np.ndarray:
+    mask.flags.writeable = False
+    return mask

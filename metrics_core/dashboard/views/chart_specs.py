@@ -1,0 +1,431 @@
+"""What the pages chart: pure functions of ``RunView`` snapshots and page options.
+
+``chart_specs`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
+key the run logged), the rows and columns it draws (per history mode:
+the effective history, every session with superseded records dimmed, or sessions overlaid with
+their replays shaded); ``run_charts`` draws them (``metric_figures``, ``rank_figures``) in one
+pass over the specs; ``chart_csv`` gives exactly the rows a chart draws.  ``session_overlay`` and
+``compare_chart`` are the sessions and compare pages' charts.  Nothing here memoises: what a live
+page recomputes per snapshot is ``live_views``'s.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.analysis.derived import replay_windows, tokens_per_second
+from metrics_core.dashboard.figures.layout import CHART_POINTS, Figure, Highlight, session_colour, x_values
+from metrics_core.dashboard.figures.metric_figures import Series, metric_figure
+from metrics_core.dashboard.figures.rank_figures import (
+    STRAGGLER_TITLE,
+    is_distributed,
+    rank_time_ratio,
+    straggler_figure,
+)
+from metrics_core.dashboard.store.run_store import RunView
+
+HISTORY_MODES = {
+    "effective": "effective history",
+    "all": "all sessions (superseded dimmed)",
+    "sessions": "sessions overlaid, replays shaded",
+}
+RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
+MAX_LOGGED_CHARTS = 8  # charts of logged keys drawn at once: a narrower filter shows the others
+
+
+@dataclass(frozen=True)
+class ChartOptions:
+    """What the run page's controls choose, and the browser's theme ("light"/"dark", ``THEMES``).
+
+    ``only`` is the chart filter, a regular expression matched against chart titles and keys
+    (``pick_charts``): the charts it leaves out are not built, and cost nothing per update.
+    The theme is part of every memo and lineage key the options are, so a dark tab and a light
+    tab each get their own figures, built coloured (no recoloured copy per snapshot).
+    """
+
+    x: str = "step"
+    smoothing: float = 0.0
+    log_y: bool = False
+    history: str = "effective"
+    theme: str = "light"
+    only: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Line:
+    """One line of a chart: ``column`` of ``event``'s records, called ``label``; the rest as ``Series``."""
+
+    event: str
+    column: str
+    label: str
+    markers: bool = False
+    gap_markers: bool = False
+    secondary_y: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Chart:
+    """A chart the run page may draw: what it shows, and whether smoothing and a log scale apply.
+
+    ``group`` is the heading it is shown under ("" for the charts every run opens with).
+    """
+
+    key: str
+    title: str
+    lines: tuple[Line, ...]
+    smoothed: bool
+    loggable: bool
+    group: str = ""
+
+
+# The charts every run opens with, in this order; every other logged number joins them below
+# (``logged_charts``).
+DEFAULT_CHARTS = (
+    Chart("loss", "Loss", (Line("train", "train_loss", "train"),
+                           Line("validation", "val_loss", "validation", markers=True)), True, True),
+    Chart("clipped", "Clipped fraction", (Line("train", "clipped_fraction", "clipped", gap_markers=True),),
+          False, False),
+    Chart("skipped", "Skipped updates", (Line("train", "skipped_updates_in_window", "per window"),
+                                         Line("train", "skipped_updates", "cumulative", secondary_y=True)),
+          False, False),
+    Chart("grad_norm", "Gradient norm (pre-clip)", (Line("train", "grad_norm_avg", "avg", gap_markers=True),
+                                                    Line("train", "grad_norm_max", "max")), True, True),
+    Chart("lr", "Learning rate", (Line("train", "lr", "lr"),), False, True),
+    Chart("throughput", "Throughput (tokens/s)", (Line("train", "tokens_per_s", "tokens/s"),), True, False),
+)  # fmt: skip
+# The writer's own fields: the defaults chart what they mean; a key outside this set is the user's.
+WRITER_FIELDS = frozenset({
+    "schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates",
+    "train_loss", "lr", "tokens", "attempted_updates", "updates", "skipped_updates_in_window",
+    "grad_norm_avg", "grad_norm_max", "clipped_fraction", "nonfinite_grad_norms", "nonfinite_loss",
+    "val_loss", "val_tokens", "world_size", "slowest_rank", "ranks_in_lockstep",
+    "rank_step_time_min_s", "rank_step_time_max_s", "rank_tokens_per_s_min", "rank_tokens_per_s_max",
+})  # fmt: skip
+CHARTED_EVENTS = ("train", "validation")
+RANK_KEY = re.compile(r"(?P<base>.+)/rank(?P<rank>\d+)")
+# What ``metric_figure`` reads of a line's frame besides the line's column: its x axes and sessions.
+LINE_FIELDS = frozenset({"session_id", "step", "tokens_seen", "time"})
+# Columns computed from others for a chart, never logged as such.
+DERIVED = {"tokens_per_s": tokens_per_second}
+
+
+@dataclass(frozen=True)
+class ChartSpec:
+    """One chart: its series, and whether smoothing and a log scale apply to it.
+
+    ``kind`` "lines" is drawn by ``metric_figure``; "straggler" by ``straggler_figure`` from the
+    first series' frame (the other series are what its CSV holds).
+    """
+
+    title: str
+    series: list[Series]
+    smoothed: bool
+    loggable: bool
+    kind: str = "lines"
+    group: str = ""
+
+
+def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
+    """Every numeric key of the run's train and validation records that is not one of the writer's
+    own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
+    keys: dict[str, tuple[str, ...]] = {}
+    for event in CHARTED_EVENTS:
+        columns = view.columns[event]
+        for column in columns.names:
+            # integers and floats: booleans, categories, times and mixed values are no chart's numbers
+            if column not in WRITER_FIELDS and columns.array(column).dtype.kind in "iuf":
+                keys[column] = (*keys.get(column, ()), event)
+    return keys
+
+
+def logged_charts(view: RunView) -> list[Chart]:
+    """A chart per logged key (``logged_keys``): ``key_charts`` of them."""
+    return key_charts(logged_keys(view))
+
+
+def key_charts(keys: Mapping[str, tuple[str, ...]]) -> list[Chart]:
+    """A chart per key of ``keys`` (key -> the events logging it), grouped by the part of the key
+    before its first "/" (``val/acc`` under "val", as TensorBoard groups tags), else by the event
+    that logs it; sorted by group, then key.  Keys that differ only in a last ``/rank<N>`` part (the
+    per-rank ``sys/<field>/rank<N>`` of ``metrics_core.write.system_sampler``) share one chart, a line per rank."""
+    per_rank: dict[str, list[tuple[int, str, tuple[str, ...]]]] = {}
+    charts = []
+    for column, events in keys.items():
+        ranked = RANK_KEY.fullmatch(column)
+        if ranked is not None:
+            per_rank.setdefault(ranked["base"], []).append((int(ranked["rank"]), column, events))
+            continue
+        lines = tuple(Line(event, column, event, markers=event == "validation") for event in events)
+        charts.append(_logged_chart(column, events, lines))
+    for base, ranks in per_rank.items():
+        lines = tuple(Line(events[0], column, f"rank {rank}") for rank, column, events in sorted(ranks))
+        charts.append(_logged_chart(base, ranks[0][2], lines))
+    return sorted(charts, key=lambda chart: (chart.group, chart.title))
+
+
+def _logged_chart(column: str, events: tuple[str, ...], lines: tuple[Line, ...]) -> Chart:
+    group = column.split("/", 1)[0] if "/" in column.strip("/") else events[0]
+    return Chart(f"key:{column}", column, lines, smoothed=events[0] == "train", loggable=True, group=group)
+
+
+def charts_of(view: RunView, keys: Mapping[str, tuple[str, ...]] | None = None) -> list[Chart]:
+    """Every chart of the run page, the defaults first; ``keys``: ``logged_keys(view)``, where the
+    caller has it."""
+    return [*DEFAULT_CHARTS, *key_charts(logged_keys(view) if keys is None else keys)]
+
+
+def chart_filter_error(pattern: str) -> str | None:
+    """Why ``pattern`` is not a usable chart filter, or None when it is."""
+    try:
+        re.compile(pattern)
+    except re.error as exc:
+        return f"Not a regular expression: {exc}"
+    return None
+
+
+def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int]:
+    """The charts ``pattern`` keeps (searched in title and key, case-insensitively; an invalid
+    pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how many of
+    the logged keys' charts matched in all."""
+    try:
+        matcher = re.compile(pattern, re.IGNORECASE) if pattern else None
+    except re.error:
+        matcher = None
+    kept = [chart for chart in charts if matcher is None or matcher.search(chart.title) or matcher.search(chart.key)]
+    defaults = [chart for chart in kept if not chart.group]
+    logged = [chart for chart in kept if chart.group]
+    return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
+
+
+def grouped_figures(
+    view: RunView, options: ChartOptions, figures: Mapping[str, Figure], *, charts: Sequence[Chart] | None = None
+) -> tuple[dict[str, dict[str, Figure]], int]:
+    """``figures`` (``run_charts``'s, in its order) under their headings ("" first: the defaults
+    and the straggler chart), and how many logged keys' charts the filter matched in all.
+    ``charts``: ``charts_of(view)``, where the caller has it."""
+    picked, logged = pick_charts(charts_of(view) if charts is None else charts, options.only)
+    group = {chart.key: chart.group for chart in picked}
+    groups: dict[str, dict[str, Figure]] = {}
+    for key, figure in figures.items():
+        groups.setdefault(group.get(key, ""), {})[key] = figure
+    return groups, logged
+
+
+def _with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+    if column in DERIVED and column not in frame.columns and len(frame):
+        # concat, not assign: a run logging hundreds of keys has a frame of as many blocks, which
+        # assign would copy whole (pandas warns of it) to add one column.
+        return pd.concat([frame, pd.Series(DERIVED[column](frame), index=frame.index, name=column)], axis=1)
+    return frame
+
+
+def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
+    """The fields a frame must hold to draw ``charts``: for the defaults the writer's own (the
+    straggler chart, derived columns and the diagnostics read them too, from the same frame), for
+    logged keys' charts what a line is drawn from (``LINE_FIELDS``) and their keys.  A run's other
+    keys stay out: each column a frame holds costs a check per snapshot."""
+    if all(not chart.group for chart in charts):
+        return WRITER_FIELDS
+    return LINE_FIELDS.union(line.column for chart in charts for line in chart.lines)
+
+
+def _rows_of(view: RunView, history: str, fields: frozenset[str]) -> dict[str, tuple[pd.DataFrame, np.ndarray | None]]:
+    """Per charted event, the rows a history mode draws (their ``fields``), and which of them to dim."""
+    if history == "effective":
+        return {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
+    return {event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
+            for event in CHARTED_EVENTS}  # fmt: skip
+
+
+def chart_specs(
+    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None
+) -> dict[str, ChartSpec]:
+    """The charts ``only`` keeps (``pick_charts``) of ``charts`` (default ``charts_of(view)``),
+    keyed by chart key, with their rows for ``history``; and for a data-parallel run
+    (``world_size`` > 1), the ranks' step-time spread."""
+    picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
+    defaults, logged = [chart for chart in picked if not chart.group], [chart for chart in picked if chart.group]
+    rows = _rows_of(view, history, chart_fields(defaults))
+    specs = {chart.key: _spec(rows, chart) for chart in defaults}
+    if is_distributed(view.frame("train", WRITER_FIELDS)):
+        train, dim = rows["train"]
+        ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
+        specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
+            Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
+            Series(ranks, "rank_step_time_max_s", "slowest rank's time", dim),
+            Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
+            Series(ranks, "slowest_rank", "slowest rank", dim),
+            Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
+    rows = _rows_of(view, history, chart_fields(logged))
+    return specs | {chart.key: _spec(rows, chart) for chart in logged}
+
+
+def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
+    """``chart`` with its rows for ``history``."""
+    return _spec(_rows_of(view, history, chart_fields([chart])), chart)
+
+
+def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
+    series = [Series(_with_derived(rows[line.event][0], line.column), line.column, line.label, rows[line.event][1],
+                     secondary_y=line.secondary_y, gap_markers=line.gap_markers, markers=line.markers)
+              for line in chart.lines]  # fmt: skip
+    return ChartSpec(chart.title, series, chart.smoothed, chart.loggable, group=chart.group)
+
+
+def replay_highlights(view: RunView, x: str) -> list[Highlight]:
+    """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
+    train = view.frame("train", WRITER_FIELDS)
+    origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
+    result = []
+    for window in replay_windows(train, view.sessions, view.replaced):
+        session = view.sessions[window.session]
+        rows = view.replaced[window.session] | (
+            (train["session_id"] == session.session_id)
+            & (train["step"] >= window.first_step) & (train["step"] <= window.last_step)
+        ).to_numpy()  # fmt: skip
+        if x in ("step", "tokens_seen"):
+            xs = x_values(train[rows], x, origin)
+            x0 = session.first_step if x == "step" else session.first_tokens_seen
+            delta = "" if window.loss_delta is None else f" · Δloss {window.loss_delta:+.3g}"
+            label = f"replay S{window.session}→S{window.session + 1}{delta}"
+            result.append(Highlight(float(x0), float(np.max(xs)), label, session_colour(window.session)))
+    return result
+
+
+def run_charts(
+    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
+) -> dict[str, Figure]:
+    """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
+    with a budget of ``max_points`` drawn points."""
+    highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
+    specs = chart_specs(view, options.history, only=options.only, charts=charts)
+    return {key: _spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
+
+
+def _spec_figure(
+    view: RunView, key: str, spec: ChartSpec, options: ChartOptions, highlights: Sequence[Highlight], max_points: int
+) -> Figure:
+    """``spec`` drawn; ``layout.uirevision`` names what keeps the user's zoom (run, chart, axes, history)."""
+    if spec.kind == "straggler":
+        first = spec.series[0]
+        return straggler_figure(
+            first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
+            revision=f"{view.name}:{key}:{options.x}:{options.history}", max_points=max_points, theme=options.theme,
+        )  # fmt: skip
+    log_y = options.log_y and spec.loggable
+    return metric_figure(
+        spec.series,
+        title=spec.title,
+        sessions=view.sessions,
+        x=options.x,
+        smoothing=options.smoothing if spec.smoothed else 0.0,
+        log_y=log_y,
+        revision=f"{view.name}:{key}:{options.x}:{log_y}:{options.history}",
+        highlights=highlights,
+        max_points=max_points,
+        theme=options.theme,
+    )
+
+
+def chart_key(key: str) -> str:
+    """The Streamlit key of the run page's live chart ``key`` (its element carries the class
+    ``st-key-<that>``)."""
+    return f"chart_{key}"
+
+
+EMA_FORGET = 1e-7  # the smoothing's warm-up: rows until the start's weight falls below this
+
+
+def warmup_rows(options: ChartOptions) -> int:
+    """Rows before the first new one that a chart of a tail needs: the smoothing's memory, and one
+    row for the throughput's difference."""
+    if options.smoothing <= 0:
+        return 2
+    return int(np.ceil(np.log(EMA_FORGET) / np.log(options.smoothing))) + 2
+
+
+def chart_csv(spec: ChartSpec) -> str:
+    """Exactly the rows a chart draws (raw, not downsampled, not smoothed), as CSV."""
+    parts = []
+    for item in spec.series:
+        if item.column not in item.frame.columns:
+            continue
+        part = item.frame[["session_id", "step", "tokens_seen", "time", item.column]].rename(
+            columns={item.column: "value"}
+        )
+        part.insert(0, "series", item.label)
+        part.insert(1, "metric", item.column)
+        part["superseded"] = item.superseded if item.superseded is not None else False
+        parts.append(part)
+    return pd.concat(parts).to_csv(index=False) if parts else ""
+
+
+def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
+    """``chart_csv`` of the run page's chart ``key`` as ``options`` draw it."""
+    return chart_csv(chart_specs(view, options.history, only=options.only)[key])
+
+
+def session_overlay(
+    view: RunView, *, x: str, smoothing: float, theme: str = "light", chart: Chart = DEFAULT_CHARTS[0]
+) -> Figure:
+    """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
+    replay windows shaded."""
+    spec = chart_spec(view, chart, "sessions")
+    return metric_figure(
+        spec.series, title=f"{spec.title} by session", sessions=view.sessions, x=x,
+        smoothing=smoothing if spec.smoothed else 0.0, revision=f"{view.name}:sessions:{chart.key}:{x}",
+        highlights=replay_highlights(view, x), theme=theme,
+    )  # fmt: skip
+
+
+# The mission's metrics on the compare page: metric -> (event, label); ``compare_metrics`` adds
+# every key the compared runs logged.
+COMPARE_METRICS = {
+    "train_loss": ("train", "train loss"),
+    "val_loss": ("validation", "validation loss"),
+    "grad_norm_avg": ("train", "grad norm avg"),
+    "clipped_fraction": ("train", "clipped fraction"),
+    "skipped_updates": ("train", "skipped updates (cumulative)"),
+    "lr": ("train", "learning rate"),
+    "tokens_per_s": ("train", "tokens/s"),
+}
+
+
+def compare_metrics(views: Mapping[str, RunView]) -> dict[str, tuple[str, str]]:
+    """What the compare page can chart for ``views``: the mission's metrics, then every key any of
+    the runs logged (``logged_keys``), sorted, each named by itself."""
+    logged: dict[str, str] = {}
+    for view in views.values():
+        for column, events in logged_keys(view).items():
+            logged.setdefault(column, events[0])
+    return COMPARE_METRICS | {column: (logged[column], column) for column in sorted(logged)}
+
+
+def compare_chart(
+    views: Mapping[str, RunView],
+    metric: str,
+    *,
+    x: str,
+    smoothing: float,
+    log_y: bool,
+    theme: str = "light",
+) -> Figure:
+    """One metric of several runs (effective histories), each run a colour and named by its path
+    in the chart's legend (every chart has its own: on a phone the charts are far apart).
+    A metric none of the runs logged is an empty chart titled by its name."""
+    event, label = compare_metrics(views).get(metric, ("train", metric))
+    series = []
+    for number, (name, view) in enumerate(views.items()):
+        frame = _with_derived(view.effective(event, WRITER_FIELDS | {metric}), metric)
+        # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
+        series.append(Series(frame, metric, name, markers=event == "validation",
+                             colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
+    return metric_figure(
+        series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
+        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
+    )  # fmt: skip

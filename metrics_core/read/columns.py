@@ -1,0 +1,423 @@
+"""Compact, append-only columnar storage for the records of one event of one run.
+
+Why not a list of dicts or a growing DataFrame: a dict per record costs an order of magnitude more memory and
+``pd.concat`` per refresh is O(history).  Here each field is one typed numpy buffer that grows
+geometrically (amortised O(1) appends), so a refresh costs O(new records) and a record costs
+about 8 bytes per numeric field.
+
+Column kinds, chosen from the values seen and widened when a later value needs it:
+
+* ``int``   — int64; becomes ``float`` the first time a value is missing, fractional or beyond
+  the int64 range;
+* ``float`` — float64, NaN = missing (JSON has no NaN, so NaN is never a real value here);
+* ``bool``  — int8, -1 = missing;
+* ``cat``   — int32 codes into a list of strings, -1 = missing (run/session ids, statuses);
+* ``object``— Python objects, for a field whose type changes between records (a buggy writer);
+  its numbers are floats, whichever order the types arrived in (an ``int`` column with a gap is
+  already ``float`` when a string turns it into ``object``: one rule gives one answer);
+* ``null``  — only missing values so far; takes the kind of the first real value.
+
+A field that never held a value (absent, or ``null`` in every record so far) is not a column:
+``null`` and absent are one thing in JSON lines, and pyarrow cannot tell them apart.
+
+Rows are only ever appended, never changed, so a slice handed out by ``view`` stays valid, and so
+does every conversion of a row: ``series``, ``times`` and ``codes`` convert each row for pandas once
+and keep the result (``Derived``), so a frame after an append costs O(appended rows), not O(rows).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from functools import partial
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.read.session_accounting import EventRows
+
+_NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
+_MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}
+_UTC = pd.DatetimeTZDtype("ns", "UTC")
+_INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
+
+
+class Chunk:
+    """One batch of values for one column, already typed (the unit both parsers produce)."""
+
+    __slots__ = ("categories", "kind", "values")
+
+    def __init__(self, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> None:
+        self.kind = kind
+        self.values = values  # None for kind "null"
+        self.categories = categories
+
+
+def chunk_from_pylist(values: list[Any]) -> Chunk:
+    """Type a list of JSON scalars (None = missing) as the narrowest column kind that holds it."""
+    kinds = set(map(type, values))
+    has_missing = type(None) in kinds
+    kinds.discard(type(None))
+    if not kinds:
+        return Chunk("null", None)
+    if kinds == {int} and not has_missing:
+        try:
+            return Chunk("int", np.array(values, dtype=np.int64))
+        except OverflowError:
+            pass  # beyond int64: read as the nearest floats, as pyarrow reads such a column
+    if kinds <= {int, float}:
+        return Chunk("float", np.array([np.nan if v is None else v for v in values], dtype=np.float64))
+    if kinds == {bool}:
+        return Chunk("bool", np.array([-1 if v is None else v for v in values], dtype=np.int8))
+    if kinds == {str}:
+        categories: dict[str, int] = {}
+        codes = [-1 if v is None else categories.setdefault(v, len(categories)) for v in values]
+        return Chunk("cat", np.array(codes, dtype=np.int32), list(categories))
+    array = np.empty(len(values), dtype=object)
+    array[:] = [float(v) if type(v) is int else v for v in values]
+    return Chunk("object", array)
+
+
+class Column:
+    """A growable typed buffer; see the module docstring for the kinds."""
+
+    __slots__ = ("_buffer", "_derived", "_index", "_types", "categories", "kind", "size")
+
+    def __init__(self, kind: str = "null", size: int = 0) -> None:
+        self.kind = kind
+        self.size = size
+        self.categories: list[str] = []
+        self._index: dict[str, int] = {}
+        self._buffer: np.ndarray | None = None if kind == "null" else np.empty(0, _NUMPY_DTYPES[kind])
+        self._derived: dict[str, tuple[Any, Derived]] = {}  # name -> (what it was made for, rows)
+        self._types = CategoryTypes()
+
+    @classmethod
+    def restore(cls, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> Column:
+        """A column holding ``values`` (of the kind's dtype), as a cache saved it.
+
+        ``values`` may be a view of a larger buffer (the cache file's table, read once): rows are
+        never written once held, and the first append grows the column into a buffer of its own.
+        """
+        column = cls(kind, 0 if values is None else len(values))
+        if values is not None:
+            column._buffer = values
+            column.categories = list(categories)
+        return column
+
+    def view(self) -> np.ndarray | None:
+        """The filled part of the buffer (a view: rows are never modified once written)."""
+        return None if self._buffer is None else self._buffer[: self.size]
+
+    def nbytes(self) -> int:
+        return 0 if self._buffer is None else self.size * self._buffer.itemsize
+
+    def extend(self, chunk: Chunk, count: int) -> None:
+        """Append ``count`` rows from ``chunk`` (kind ``null`` = ``count`` missing values)."""
+        kind = chunk.kind
+        if kind == "null":
+            if self.kind == "int":
+                self._retype("float")
+            if self.kind != "null":
+                self._reserve(count)
+                self._buffer[self.size : self.size + count] = _MISSING[self.kind]
+            self.size += count
+            return
+        if self.kind != kind:
+            kind = self._widen(kind)
+            if kind != chunk.kind:
+                chunk = _convert(chunk, kind)
+        values = chunk.values
+        if kind == "cat":
+            values = self._recode(chunk)
+        self._reserve(count)
+        self._buffer[self.size : self.size + count] = values
+        self.size += count
+
+    def put(self, value: Any) -> bool:
+        """Append ``value`` if it is a float and this a ``float`` column, or an int64 and this an
+        ``int`` one, as ``extend`` with its one-row chunk would; else append nothing and say so."""
+        if not (
+            (type(value) is float and self.kind == "float")
+            or (type(value) is int and self.kind == "int" and _INT64_MIN <= value <= _INT64_MAX)
+        ):
+            return False
+        self._reserve(1)
+        self._buffer[self.size] = value
+        self.size += 1
+        return True
+
+    def _widen(self, incoming: str) -> str:
+        """Retype this column so that it can take ``incoming`` values; return the common kind."""
+        if self.kind == "null":
+            self._buffer = np.empty(0, _NUMPY_DTYPES[incoming])
+            self.kind = incoming
+            if self.size:
+                missing = self.size
+                self.size = 0
+                self.extend(Chunk("null", None), missing)
+            return incoming
+        if self.kind == "object":
+            return "object"
+        if {self.kind, incoming} == {"int", "float"}:
+            self._retype("float")
+            return "float"
+        self._retype("object")
+        return "object"
+
+    def _retype(self, kind: str) -> None:
+        old = self.view()
+        if kind == "object":
+            new = np.empty(self.size, dtype=object)
+            new[:] = as_python(self.kind, old, self.categories)
+            self.categories, self._index = [], {}
+        else:
+            new = old.astype(_NUMPY_DTYPES[kind])
+        self.kind, self._buffer = kind, new
+        self._derived.clear()  # conversions of the old kind: never read again
+
+    def _recode(self, chunk: Chunk) -> np.ndarray:
+        if len(self._index) != len(self.categories):  # restored from a cache: indexed when first needed
+            self._index = {category: code for code, category in enumerate(self.categories)}
+        codes = []
+        for category in chunk.categories:
+            code = self._index.get(category)
+            if code is None:
+                code = self._index[category] = len(self.categories)
+                self.categories.append(category)
+            codes.append(code)
+        mapping = np.array([*codes, -1], dtype=np.int32)
+        return mapping[chunk.values]  # code -1 indexes the trailing -1: missing stays missing
+
+    def _reserve(self, extra: int) -> None:
+        needed = self.size + extra
+        if needed > len(self._buffer):
+            grown = np.empty(max(needed, len(self._buffer) * 3 // 2, 64), dtype=self._buffer.dtype)
+            grown[: self.size] = self._buffer[: self.size]
+            self._buffer = grown
+
+    def numbers(self) -> np.ndarray:
+        """The column as float64: NaN where a value is missing or not a number (a string, a bool)."""
+        if self.kind in ("int", "float"):
+            return self.view().astype(np.float64, copy=False)
+        if self.kind == "object":
+            return np.array([v if type(v) is float else np.nan for v in self.view().tolist()], dtype=np.float64)
+        return np.full(self.size, np.nan)
+
+    def series(self) -> np.ndarray | pd.api.extensions.ExtensionArray:
+        """The column as what a DataFrame should hold: numeric, boolean, categorical or object.
+
+        O(rows converted since the last call): numbers and objects are views, categories and
+        booleans come from conversions kept per column (``Derived``).
+        """
+        if self.kind == "cat":
+            return pd.Categorical.from_codes(self.codes(), dtype=self._types.of(self.categories), validate=False)
+        if self.kind == "bool":
+            values = self._converted("bool", partial(np.empty, dtype=bool), lambda rows: rows > 0)
+            missing = self._converted("missing", partial(np.empty, dtype=bool), lambda rows: rows < 0)
+            return pd.arrays.BooleanArray(values, missing, copy=False)
+        return np.full(self.size, np.nan) if self.kind == "null" else self.view()
+
+    def codes(self, mapping: np.ndarray | None = None, categories: int | None = None) -> np.ndarray:
+        """This ``cat`` column's codes, -1 = missing, in the integer type pandas keeps for
+        ``categories`` categories (default: this column's), so that a ``Categorical`` takes them
+        without a copy; through ``mapping`` (this column's code -> another code) when given.
+
+        Each row is converted once: between calls ``mapping`` may gain entries, never change one.
+        """
+        dtype = _code_dtype(len(self.categories) if categories is None else categories)
+        empty = partial(np.empty, dtype=dtype)
+        if mapping is None:
+            return self._converted("codes", empty, lambda rows: rows.astype(dtype), made_for=dtype)
+        through = np.append(mapping, -1).astype(dtype)  # code -1 indexes the trailing -1: missing stays missing
+        return self._converted("mapped", empty, through.__getitem__, made_for=dtype)
+
+    def times(self) -> pd.api.extensions.ExtensionArray:
+        """This ``int`` column of nanoseconds since the epoch as UTC datetimes (each row converted once)."""
+        return self._converted("times", _empty_times, _utc_times)
+
+    def _converted(self, name: str, empty: Callable[[int], Any], convert: Callable[[np.ndarray], Any],
+                   made_for: Any = None) -> Any:  # fmt: skip
+        """``convert`` of every row, from the kept conversion ``name`` extended with the new rows;
+        a new one when the kept one was ``made_for`` something else (a narrower dtype)."""
+        made, derived = self._derived.get(name, (None, None))
+        if derived is None or made != made_for:
+            derived = Derived(empty)
+            self._derived[name] = (made_for, derived)
+        return derived.extend(self.view(), convert, capacity=len(self._buffer))
+
+
+class CategoryTypes:
+    """The ``CategoricalDtype`` of a list of categories that only ever grows, made again only when
+    it grew: pandas checks the categories of each one it is given (an index built and checked for
+    repeats), which for every categorical column of every frame was most of a live append's frame."""
+
+    __slots__ = ("_count", "_dtype")
+
+    def __init__(self) -> None:
+        self._count = -1
+        self._dtype: pd.CategoricalDtype | None = None
+
+    def of(self, categories: Sequence[str]) -> pd.CategoricalDtype:
+        """The dtype of ``categories``: the list this was last asked for, grown or not."""
+        if len(categories) != self._count:
+            self._dtype, self._count = pd.CategoricalDtype(list(categories)), len(categories)
+        return self._dtype
+
+
+class Derived:
+    """An array computed row by row from an append-only column, extended with the new rows only.
+
+    pandas wants categorical codes in the narrowest integer type, booleans with a mask, times
+    tz-aware: converting a whole column per frame made each live append cost O(rows).  Rows of
+    the source never change, so neither do rows already converted, and a slice handed out stays
+    valid while later rows are written after it (or into a grown copy).  The buffer is anything
+    ``empty(n)`` makes that supports slice assignment and slicing as a view: a numpy array, or a
+    pandas ``DatetimeArray``.
+    """
+
+    __slots__ = ("_buffer", "_empty", "filled")
+
+    def __init__(self, empty: Callable[[int], Any]) -> None:
+        self._empty = empty
+        self._buffer: Any = None
+        self.filled = 0
+
+    def extend(self, source: np.ndarray, convert: Callable[[np.ndarray], Any], *, capacity: int) -> Any:
+        """``convert(source)`` as a view, converting only the rows added since the last call
+        (``source`` must be the previous one with rows appended).  A full buffer grows to
+        ``capacity``, the source's own (it grows with its source, with the same slack)."""
+        size = len(source)
+        if size > self.filled:
+            if self._buffer is None or size > len(self._buffer):
+                grown = self._empty(max(size, capacity))
+                if self.filled:
+                    grown[: self.filled] = self._buffer[: self.filled]
+                self._buffer = grown
+            self._buffer[self.filled : size] = convert(source[self.filled : size])
+            self.filled = size
+        return self._buffer[:size]
+
+
+def _code_dtype(categories: int) -> type[np.signedinteger]:
+    """The integer type ``pandas.Categorical`` keeps codes in for this many categories
+    (``coerce_indexer_dtype``): codes of any other type are copied into it."""
+    for dtype in (np.int8, np.int16, np.int32):
+        if categories < np.iinfo(dtype).max:
+            return dtype
+    return np.int64
+
+
+def _empty_times(size: int) -> Any:
+    return pd.array(np.zeros(size, dtype="M8[ns]"), dtype=_UTC)
+
+
+def _utc_times(rows: np.ndarray) -> Any:
+    return pd.array(rows.view("M8[ns]"), dtype=_UTC)
+
+
+def _convert(chunk: Chunk, kind: str) -> Chunk:
+    if kind == "float":
+        return Chunk("float", chunk.values.astype(np.float64))
+    array = np.empty(len(chunk.values), dtype=object)
+    array[:] = as_python(chunk.kind, chunk.values, chunk.categories)
+    return Chunk("object", array)
+
+
+def as_python(kind: str, values: np.ndarray, categories: Sequence[str]) -> list[Any]:
+    """Values of a typed column as the Python objects an ``object`` column holds."""
+    if kind in ("int", "float"):
+        return [None if v != v else float(v) for v in values.tolist()]
+    if kind == "bool":
+        return [None if v < 0 else bool(v) for v in values.tolist()]
+    if kind == "cat":
+        return [None if c < 0 else categories[c] for c in values.tolist()]
+    return values.tolist()
+
+
+class Table:
+    """The records of one event: equal-length columns in order of first appearance."""
+
+    def __init__(self) -> None:
+        self.size = 0
+        self.columns: dict[str, Column] = {}
+
+    def extend(self, chunks: dict[str, Chunk], count: int) -> None:
+        """Append ``count`` rows; a column absent from ``chunks`` gets missing values."""
+        for name, chunk in chunks.items():
+            self._extend_column(name, chunk, count)
+        self._end_rows(count)
+
+    def append(self, row: dict[str, Any]) -> None:
+        """``extend`` by one record (its ``event`` left out), each float or int that fits its
+        column's kind stored as it is (``Column.put``): a live append of a record of hundreds of keys
+        made a typed chunk, a numpy array, per key."""
+        columns = self.columns
+        for name, value in row.items():
+            column = columns.get(name)
+            if name != "event" and (column is None or not column.put(value)):
+                self._extend_column(name, chunk_from_pylist([value]), 1)
+        self._end_rows(1)
+
+    def _extend_column(self, name: str, chunk: Chunk, count: int) -> None:
+        column = self.columns.get(name)
+        if column is None:
+            if chunk.kind == "null":
+                return  # never held a value: not a column yet (module docstring)
+            column = self.columns[name] = Column("null", self.size)
+        column.extend(chunk, count)
+
+    def _end_rows(self, count: int) -> None:
+        """Give the columns the rows just added left out missing values, and count the rows."""
+        for column in self.columns.values():
+            if column.size == self.size:  # absent from what was added
+                column.extend(Chunk("null", None), count)
+        self.size += count
+
+    def nbytes(self) -> int:
+        return sum(column.nbytes() for column in self.columns.values())
+
+
+def event_rows(table: Table, sessions: np.ndarray, count: int, *, train: bool) -> dict[int, EventRows]:
+    """``EventRows`` of every session but the last (whose records no one redid yet)."""
+    steps = table.columns["step"].view()
+    if len(sessions) > 1 and (np.diff(sessions) < 0).any():
+        order = np.argsort(sessions, kind="stable")  # a second writer interleaved sessions
+        sessions, steps = sessions[order], steps[order]
+    else:
+        order = None
+    bounds = np.searchsorted(sessions, np.arange(count + 1))
+    tokens = times = seen = None
+    if train:
+        column = table.columns.get("tokens")
+        tokens = np.zeros(len(steps)) if column is None else column.numbers()
+        times, seen = table.columns["time"].view(), table.columns["tokens_seen"].view()
+        if order is not None:
+            tokens, times, seen = tokens[order], times[order], seen[order]
+    result = {}
+    for index in range(count - 1):
+        start, stop = int(bounds[index]), int(bounds[index + 1])
+        if start == stop:
+            continue
+        mine = steps[start:stop]
+        held = EventRows(mine, bool((np.diff(mine) >= 0).all()))
+        if train:
+            window = np.diff(times[start:stop]) / 1e9
+            held = EventRows(mine, held.ordered, _running_sum(tokens[start:stop]),
+                             _running_sum(np.concatenate(([0.0], window))), seen[start:stop])  # fmt: skip
+        result[index] = held
+    return result
+
+
+def _running_sum(values: np.ndarray) -> np.ndarray:
+    """Running sums with a leading 0, a missing value (NaN) counted as 0."""
+    return np.concatenate(([0.0], np.cumsum(np.where(np.isnan(values), 0.0, values))))
+
+
+def chunks_of(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
+    """Typed chunks, one per key seen in any of ``rows`` (absent = missing)."""
+    keys: dict[str, None] = {}
+    for row in rows:
+        keys.update(dict.fromkeys(row))
+    del keys["event"]
+    return {key: chunk_from_pylist([row.get(key) for row in rows]) for key in keys}

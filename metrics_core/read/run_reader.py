@@ -1,0 +1,441 @@
+"""Incremental reader of one run's ``metrics.jsonl``, held as columns for the dashboard and notebooks.
+
+``RunReader`` stacks the read layers, each its own module and tested alone:
+
+    storage.RunFile  ->  lines.LineFollower  ->  records / arrow_records  ->  session_log.SessionLog
+    (bytes by range)     (complete lines)        (one record rule)            (sessions, replay)
+                                                  -> columns.Table per event (numpy; frames)
+
+Promises
+--------
+* ``refresh()`` reads only what was appended since the last call and hands out only **new,
+  complete** records: bytes after the last ``\\n`` are ``pending_bytes`` until their newline
+  arrives (``metrics_core.read.line_follower``).
+* A complete line that is not a record (``metrics_core.read.records``) is skipped and counted in
+  ``bad_lines``, with the line number and reason of the first few in ``bad_line_samples``; it is
+  never fatal.  ``schema_version`` above 1 is read and reported.
+* A file that shrank, was replaced or was rewritten before the consumed offset is re-read from
+  the start; ``resets`` counts that and ``reset_reasons`` says why.
+* Records are held column-wise (``metrics_core.read.columns``): ~8 bytes per numeric field, strings
+  as categories.  Every numeric field of an event is a series by its name (``column``, ``frame``).
+
+Cost: a refresh that finds nothing new is one ``stat``.  After an append, ``frame()`` and
+``sessions`` cost O(appended records), not O(run): each row is converted for pandas once
+(``columns.Derived``), and the replay accounting is recomputed only when a session starts, logs
+an event for the first time, or an earlier one gains records.  New bytes are parsed line by line
+for small appends and by pyarrow for large blocks (a cold load), on worker threads.
+
+Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
+are contiguous and an earlier session's records never change once a later session has begun.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.errors import RunNotFoundError
+from metrics_core.read import column_cache as cache
+from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, event_rows
+from metrics_core.read.health import IngestHealth
+from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
+from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
+from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
+from metrics_core.read.run_summary import FollowedLog, LastValue
+from metrics_core.read.session_accounting import EventRows
+from metrics_core.read.session_model import LostWork, Progress, Session
+from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
+
+__all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
+
+FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
+
+
+class RunReader(FollowedLog):
+    """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        bulk_threshold: int = ARROW_MIN_BLOCK,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+        cache: CachePolicy | None = None,
+        file: RunFile | None = None,
+    ) -> None:
+        """``bulk_threshold``: new bytes from which pyarrow parses instead of the per-line loop.
+        ``max_record_bytes``: longer lines are bad lines, found by their length, never parsed.
+        ``cache``: where and when to keep a columnar copy of the parsed run (``metrics_core.read.column_cache``),
+        so that a reader opened later, in this process or another, parses only appended bytes.
+        ``file``: where the bytes come from (``metrics_core.read.run_file``; a local file by default)."""
+        given, path = Path(path), run_file_path(path)
+        if path == given and file is None and not path.exists():  # a run directory may await its file
+            raise RunNotFoundError(
+                f"{path}: no such run directory or metrics file (expected a directory holding {METRICS_FILENAME})"
+            )
+        self.path = path
+        self.file = file if file is not None else LocalFile(path)
+        self.bulk_threshold = bulk_threshold
+        self.max_record_bytes = max_record_bytes
+        self.cache = cache
+        self._cache_saved_at: float | None = None  # clock of the last save or load, None: never
+        self._cache_lines = 0  # lines the cache file holds
+        self.served_from_cache = False  # the last (re)open restored the parse from the cache
+        self._restored: tuple[int, int] | None = None  # (records, lines) a refresh's open restored
+        self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes, on_open=self._load_cache)
+        self._clear()
+
+    def _clear(self) -> None:
+        super()._clear()
+        self._tables: dict[str, Table] = {}
+        self._pending: dict[str, list[dict[str, Any]]] = {}
+        self._pending_rows = 0
+        self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
+        self._event_types: dict[str, pd.CategoricalDtype] = {}
+
+    # -- what the layers below know ------------------------------------------------------------
+
+    @property
+    def read_identity(self) -> tuple[int, ...] | None:
+        """The file's identity as the last ``refresh()`` found it, before reading (a write after
+        that changes it); None before the first."""
+        return self._follower.read_identity
+
+    def close(self) -> None:
+        """Save the cache if it is behind, and release the file (the parsed data stays)."""
+        if self._follower.opened and self._cache_saved_at is not None and self._lines() != self._cache_lines:
+            self.save_cache()
+        self._follower.close()
+
+    # -- reading -------------------------------------------------------------------------------
+
+    def refresh(self) -> int:
+        """Parse whatever complete lines were appended since the last call; return how many records.
+
+        Never raises for what the file holds: bad lines are counted, not thrown.
+        """
+        before, lines = self.records, self._lines()
+        parses = BulkParses(self.bulk_threshold, self.max_record_bytes)
+        bulk = False
+        try:
+            for item in self._follower.follow():
+                if isinstance(item, Lines):
+                    parses.add(item)
+                    bulk |= self._store(parses, keep=PARSE_DEPTH)
+                elif isinstance(item, LongLine):
+                    bulk |= self._store(parses, keep=0)  # the lines before it are counted first
+                    self._note_bad([item.bad])
+                elif isinstance(item, Restart):
+                    self._clear()
+                    self._cache_saved_at = None
+                    before = lines = 0
+            bulk |= self._store(parses, keep=0)
+        finally:
+            parses.close()
+        if self._restored is not None:  # what the cache held is not news, nor worth saving again
+            before, lines = self._restored
+            self._restored = None
+        if bulk:
+            _return_memory_to_os()
+        if self.cache is not None and self._lines() != lines:
+            self._maybe_save_cache(self._lines() - lines)
+        return self.records - before
+
+    def _lines(self) -> int:
+        return self._follower.position().lines
+
+    def _store(self, parses: BulkParses, *, keep: int) -> bool:
+        """Store queued blocks, oldest first, until ``keep`` remain; True if pyarrow parsed any."""
+        bulk = False
+        while len(parses.queue) > keep:
+            block, parts = parses.take()
+            line = block.first_line
+            for start, stop, batch in parts:
+                if batch is None:
+                    rows, bad, count = check_lines(block.data[start:stop], line, max_bytes=self.max_record_bytes)
+                    self._ingest_rows(rows, bad)
+                else:
+                    self._ingest(batch)
+                    bulk, count = True, batch.lines
+                line += count
+        return bulk
+
+    def _ingest_rows(self, rows: list[dict[str, Any]], bad: list[BadLine]) -> None:
+        """Store what the per-line parser found: the rows stay dicts until ``_flush``.
+
+        For a refresh of a few records, creating the small arrays a vectorised form needs cost
+        more than parsing the lines.
+        """
+        self._note_bad(bad)
+        if not rows:
+            return
+        versions, pending = self.schema_versions, self._pending
+        for row in rows:
+            version = row["schema_version"]
+            versions[version] = versions.get(version, 0) + 1
+            per_event = pending.get(row["event"])
+            if per_event is None:
+                per_event = pending[row["event"]] = []
+            per_event.append(row)
+        self.log.add(rows)
+        self._pending_rows += len(rows)
+        if self._pending_rows >= FLUSH_ROWS:
+            self._flush()
+
+    def _ingest(self, batch: Batch) -> None:
+        """Store one pyarrow batch: counts, sessions, markers, columns."""
+        self._note_bad(batch.bad)
+        if not batch.count:
+            return
+        for version, count in batch.schema_versions.items():
+            self.schema_versions[version] = self.schema_versions.get(version, 0) + count
+        log = self.log
+        to_global = np.array([log.session(sid) for sid in batch.session_ids], dtype=np.int32)
+        sessions = to_global[batch.session_codes]
+        runs = np.flatnonzero(np.diff(sessions)) + 1  # sessions are contiguous: a few runs per block
+        for index in dict.fromkeys(sessions[np.concatenate(([0], runs))].tolist()):
+            rows = np.flatnonzero(sessions == index)
+            first, last = rows[0], rows[-1]
+            starts = (int(batch.steps[first]), int(batch.times[first]), int(batch.tokens_seen[first]))
+            ends = (
+                int(batch.steps[last]),
+                int(batch.times[last]),
+                int(batch.tokens_seen[last]),
+                int(batch.skipped[last]),
+            )
+            log.add_run(index, len(rows), starts, ends)
+        pairs = batch.event_codes.astype(np.int64) * len(log) + sessions
+        unique, first_rows = np.unique(pairs, return_index=True)
+        for pair, row in zip(unique.tolist(), first_rows.tolist(), strict=True):
+            log.note_first_step(batch.event_names[pair // len(log)], pair % len(log), int(batch.steps[row]))
+        for marker in batch.markers:
+            log.note_marker(marker)
+        log.note_times(batch.event_names[batch.event_codes[-1]], batch.times[-64:].tolist())
+        if batch.chunks:
+            self._flush()  # rows parsed earlier come first in every table
+            for event, (chunks, count) in batch.chunks.items():
+                self._tables.setdefault(event, Table()).extend(chunks, count)
+
+    def _flush(self) -> None:
+        """Columnarise rows the per-line parser left as dicts (called before any query)."""
+        for event, rows in self._pending.items():
+            table = self._tables.setdefault(event, Table())
+            if len(rows) == 1:  # a live append
+                table.append(rows[0])
+            else:
+                table.extend(chunks_of(rows), len(rows))
+        self._pending.clear()
+        self._pending_rows = 0
+
+    # -- columnar cache (metrics_core.read.column_cache holds the format and the rules) ---------------------
+
+    def _load_cache(self) -> None:
+        """On opening the file: continue from a cached parse of it, when one matches it."""
+        self.served_from_cache = False
+        key = self.file.cache_key() if self.cache is not None else None
+        found = None if key is None else cache.load(self.cache, key, max_record_bytes=self.max_record_bytes)
+        if found is None or not self._follower.matches(found.position):
+            return
+        self._clear()
+        self.log, self._tables = found.log, found.tables
+        self.bad_lines, self.bad_line_samples = found.bad_lines, list(found.bad_line_samples)
+        self.schema_versions = found.schema_versions
+        self._follower.resume(found.position)
+        self._cache_saved_at, self._cache_lines = self.cache.clock(), found.position.lines
+        self.served_from_cache = True
+        self._restored = (self.records, found.position.lines)
+
+    def _maybe_save_cache(self, parsed_lines: int) -> None:
+        """Save after a parse of ``min_records`` lines, else at most every ``interval_s`` once cached."""
+        policy = self.cache
+        if parsed_lines >= policy.min_records or (
+            self._cache_saved_at is not None and policy.clock() - self._cache_saved_at >= policy.interval_s
+        ):
+            self.save_cache()
+
+    def save_cache(self) -> bool:
+        """Write the parse so far to the cache now; False (no exception) when there is no cache,
+        the file is not open, or the cache cannot be written."""
+        key = None if self.cache is None else self.file.cache_key()
+        if key is None:
+            return False
+        self._flush()
+        position = self._follower.position()
+        parse = cache.CachedParse(position, self.max_record_bytes, self.log, self.bad_lines,
+                                  tuple(self.bad_line_samples), dict(self.schema_versions), self._tables)  # fmt: skip
+        if not cache.save(self.cache, key, parse):
+            return False
+        self._cache_saved_at, self._cache_lines = self.cache.clock(), position.lines
+        return True
+
+    # -- queries -------------------------------------------------------------------------------
+
+    @property
+    def events(self) -> list[str]:
+        """Event names seen so far."""
+        self._flush()
+        return list(self._tables)
+
+    def fields(self, event: str) -> list[str]:
+        """The fields of ``event`` records that held a value, in order of first appearance."""
+        self._flush()
+        table = self._tables.get(event)
+        return [] if table is None else list(table.columns)
+
+    def column(self, event: str, name: str) -> Column | None:
+        """Field ``name`` of ``event`` as the reader holds it, or None.
+
+        O(1): the latest values of a field without building the run's frame (``frame()`` is
+        O(records)).  Rows are only ever appended, so a view of it stays valid; do not modify it.
+        """
+        self._flush()
+        table = self._tables.get(event)
+        return None if table is None else table.columns.get(name)
+
+    def last_number(self, event: str, name: str) -> LastValue | None:
+        """The last number logged as ``name`` by an ``event`` record, and its record's step, or None.
+
+        Read from the column's end backwards in doubling blocks: the cost grows with the trailing
+        run of missing values, not with the run.  A string or a bool is no number.
+        """
+        column = self.column(event, name)
+        if column is None or column.size == 0 or column.kind not in ("int", "float", "object"):
+            return None
+        values = column.view() if column.kind != "object" else column.numbers()  # object: rare, O(rows)
+        end, block = column.size, 64
+        while end > 0:
+            chunk = values[max(0, end - block) : end].astype(np.float64, copy=False)
+            found = np.flatnonzero(~np.isnan(chunk))
+            if len(found):
+                row = max(0, end - block) + int(found[-1])
+                return LastValue(float(chunk[found[-1]]), int(self.column(event, "step").view()[row]))
+            end, block = end - block, block * 2
+        return None
+
+    def frame(self, event: str) -> pd.DataFrame:
+        """All records of ``event`` in file order, one column per field seen in any of them.
+
+        A new frame per call, costing O(columns + rows appended since the last call): numbers
+        are views of the reader's columns, and times, categories and booleans are converted once
+        per row and kept (``columns.Derived``).  Rows are never modified once handed out, so an
+        earlier frame stays as it was; do not modify a frame in place.
+        """
+        return pd.DataFrame(self.frame_columns(event), copy=False)
+
+    def frame_columns(self, event: str) -> dict[str, Any]:
+        """What ``frame(event)`` holds, field by field in its order, without the frame.
+
+        Same cost and promises as ``frame``, minus building it: pandas checks every column a frame
+        is given, which on a run logging hundreds of keys is most of a frame's cost, so a caller
+        that needs a few fields builds a frame of those alone.
+        """
+        self._flush()
+        table = self._tables.get(event)
+        if table is None:
+            return {name: np.empty(0, dtype=object) for name in BASE_FIELD_ORDER}
+        data: dict[str, Any] = {}
+        for name in BASE_FIELD_ORDER:
+            if name == "event":  # zeros from calloc: pages are mapped when read, not per call
+                codes = np.zeros(table.size, np.int8)
+                dtype = self._event_types.get(event)
+                if dtype is None:
+                    dtype = self._event_types[event] = pd.CategoricalDtype([event])
+                data[name] = pd.Categorical.from_codes(codes, dtype=dtype, validate=False)
+            elif name == "time":
+                data[name] = table.columns["time"].times()
+            elif name == "session_id":
+                dtype = self._session_types.of(self.log.session_ids())
+                data[name] = pd.Categorical.from_codes(self._global_sessions(table), dtype=dtype, validate=False)
+            else:
+                data[name] = table.columns[name].series()
+        for name, column in table.columns.items():
+            if name not in data:
+                data[name] = column.series()
+        return data
+
+    def effective(self, event: str) -> pd.DataFrame:
+        """Records of ``event`` that no later session redid: the run as if it had never crashed."""
+        return self.frame(event)[~self.superseded(event)].reset_index(drop=True)
+
+    def superseded(self, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, whether a later session redid that work (the rule is
+        ``SessionLog.thresholds``'s)."""
+        self._flush()
+        table = self._tables.get(event)
+        if table is None:
+            return np.zeros(0, dtype=bool)
+        thresholds = np.array(self.log.thresholds(event), dtype=np.float64)
+        later_min = np.minimum.accumulate(thresholds[::-1])[::-1]  # min over sessions >= i
+        cutoffs = np.append(later_min[1:], math.inf)  # min over sessions > i
+        return table.columns["step"].view() >= cutoffs[self._global_sessions(table)]
+
+    def replaced_by(self, index: int, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, whether session ``index`` is the one that redid it.
+
+        Rows of earlier sessions that were still effective when session ``index`` began and
+        that it superseded: together with its own records at the same steps, its replay window.
+        """
+        self._flush()
+        table = self._tables.get(event)
+        if table is None or index == 0:
+            return np.zeros(0 if table is None else table.size, dtype=bool)
+        thresholds = np.array(self.log.thresholds(event)[: index + 1], dtype=np.float64)
+        # upper[i]: records of session i at or above it were superseded before session `index` began.
+        upper = np.append(np.minimum.accumulate(thresholds[index - 1 : 0 : -1])[::-1], math.inf)
+        sessions = self._global_sessions(table)
+        steps = table.columns["step"].view()
+        earlier = sessions < index
+        return earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+
+    def session_indices(self, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, the index of its session in ``sessions`` (a view; do not
+        modify it)."""
+        self._flush()
+        table = self._tables.get(event)
+        return np.zeros(0, dtype=np.int64) if table is None else self._global_sessions(table)
+
+    @property
+    def sessions(self) -> list[Session]:
+        """Sessions in order of first appearance, with downtime and replay accounting."""
+        return self.log.sessions(self.log.replayed(self._event_rows))
+
+    def lost_work(self) -> LostWork:
+        """What the run's crashes cost: downtime, replayed work, superseded training time."""
+        return self.log.lost_work(self.log.replayed(self._event_rows))
+
+    def resident_bytes(self) -> int:
+        """Bytes held by the parsed columns (the data a dashboard keeps per run)."""
+        self._flush()
+        return sum(table.nbytes() for table in self._tables.values())
+
+    def _global_sessions(self, table: Table) -> np.ndarray:
+        """Per row of ``table``, the index of its session in the log, in the integer type a
+        ``Categorical`` of the sessions keeps (O(sessions + new rows): kept per column)."""
+        column = table.columns["session_id"]
+        mapping = np.array([self.log.session(sid) for sid in column.categories], dtype=np.int64)
+        return column.codes(mapping, len(self.log))
+
+    def _event_rows(self) -> dict[str, dict[int, EventRows]]:
+        """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
+        self._flush()
+        return {event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
+                for event, table in self._tables.items()}  # fmt: skip
+
+
+def _return_memory_to_os() -> None:
+    """Give back the parse buffers of a bulk load: pyarrow's pool and glibc both keep freed
+    memory for reuse, which after a cold load of a large run is several times the data kept."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)

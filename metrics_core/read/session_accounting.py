@@ -1,0 +1,412 @@
+"""Records to sessions: ``SessionLog``, the running state the session model is computed from,
+and the supersession and replay accounting (``replay``).
+
+``SessionLog`` keeps, per session, what its records say (first and last step, time, tokens, the
+markers of its ``session_start`` and ``session_end``) as running state that each new record or
+block of records extends, and the run-level facts the status rule reads (last event, recent
+cadence); it answers with the values of ``sessions`` (``Session``, ``Progress``, ``LostWork``).
+``RunReader`` (columns, for the dashboard) and ``RunDigest`` (the terminal tools, no numpy) both
+feed it, so both tell the same story.
+
+Supersession and replay (docs/FORMAT.md) are decided here and nowhere else: a session whose
+first record is at step S supersedes earlier sessions' records with step > S, and those at
+exactly S when it logged the same event at S itself (``SessionLog.thresholds``).  ``replay`` turns
+that rule into what each resume cost: the steps, tokens and records of earlier sessions' work it
+redid, and the training time that produced superseded train windows.
+
+A train window logged at step W covers the updates since the previous train record, so a resume
+step S inside it (previous < S < W) splits it: only its tokens after S were redone.  They are
+counted exactly from ``tokens_seen``: the resumed session's first record holds the counter at S,
+restored from the checkpoint, and the window's own record holds it at W.  When the resumed
+counter does not lie within the window's (a trainer that does not restore ``tokens_seen``), the
+records do not say where S fell, and the whole window is counted: the figure is then an upper
+bound, and says so (``tokens_replayed_is_upper_bound``).
+
+Assumed: one writer at a time (``MetricsWriter`` enforces it), so a session's records are
+contiguous and an earlier session's records never change once a later one has begun.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from bisect import bisect_left
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from itertools import pairwise
+from typing import Any
+
+from metrics_core.read.session_model import MARKER_EVENTS, LostWork, Progress, Session, as_datetime
+
+RECENT_TIMES = 64  # the usual gap between records comes from the last few
+
+
+def int_or_none(value: Any) -> int | None:
+    """A marker's ``discarded_bytes`` / ``resumed_from_step`` as an int, or None if it is none."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return int(value) if math.isfinite(value) else None
+
+
+@dataclass(frozen=True, slots=True)
+class EventRows:
+    """What ``replay`` needs of one event's records of one session, in file order.
+
+    ``tokens_cum`` / ``window_cum`` (train only): running sums with a leading 0, one more than
+    ``steps``, of the window's tokens and of the wall time since the session's previous train
+    record (a missing value counts 0); ``tokens_seen`` (train only) each record's counter.  Any
+    sequence type: ``array`` for the terminal tools, numpy for the reader.  ``ordered``: steps
+    never go down, so the rows a later session redid are one range, found by bisection.
+    """
+
+    steps: Sequence[int]
+    ordered: bool
+    tokens_cum: Sequence[float] | None = None
+    window_cum: Sequence[float] | None = None
+    tokens_seen: Sequence[int] | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """Per session: earlier work it redid (steps, tokens, records); and the training time of all
+    superseded train windows."""
+
+    steps: list[int]
+    tokens: list[int]
+    tokens_bound: list[bool]  # per session: its tokens are an upper bound (module docstring)
+    records: list[int]
+    superseded_time_s: float
+
+
+def replay(
+    first_steps: Sequence[int],
+    thresholds: Mapping[str, Sequence[float]],
+    rows: Mapping[str, Mapping[int, EventRows]],
+    *,
+    first_tokens: Sequence[int],
+) -> Replay:
+    """What each session's resume redid, from every earlier session's ``EventRows``.
+
+    ``first_tokens``: each session's ``tokens_seen`` at its first record, where it resumed.
+
+    Each earlier record is redone by at most one session: the first later one whose threshold is
+    at or below its step.  Per earlier session, the later sessions that can be that first one
+    have strictly falling thresholds; on ordered steps each one's share is a range, so the cost
+    is O(sessions² × log records) plus, for unordered steps, one bisection per record.
+    """
+    count = len(first_steps)
+    frontier = list(first_steps)
+    tokens = [0.0] * count
+    bound = [False] * count
+    records = [0] * count
+    wasted = 0.0
+    for event, by_session in rows.items():
+        limits = thresholds[event]
+        for index, held in by_session.items():
+            later: list[int] = []
+            bounds: list[float] = []  # their thresholds, strictly falling
+            for other in range(index + 1, count):
+                if not bounds or limits[other] < bounds[-1]:
+                    later.append(other)
+                    bounds.append(limits[other])
+            if not later or not len(held.steps):
+                continue
+            for redoer, start, stop in _shares(held, later, bounds):
+                records[redoer] += stop - start
+                frontier[redoer] = max(frontier[redoer], int(held.steps[stop - 1]))  # the range's highest step
+                if held.tokens_cum is not None:
+                    before = _before_resume(held, start, first_steps[index], first_steps[redoer], first_tokens[redoer])
+                    bound[redoer] = bound[redoer] or before is None
+                    redone = float(held.tokens_cum[stop]) - float(held.tokens_cum[start]) - (before or 0.0)
+                    tokens[redoer] += redone
+                    wasted += float(held.window_cum[stop]) - float(held.window_cum[start])
+    return Replay(
+        steps=[frontier[index] - first_steps[index] for index in range(count)],
+        tokens=[int(total) if math.isfinite(total) else 0 for total in tokens],  # a garbage count is not work
+        tokens_bound=bound,
+        records=records,
+        superseded_time_s=wasted,
+    )
+
+
+def _before_resume(held: EventRows, row: int, session_step: int, resume_step: int, resume_tokens: int) -> float | None:
+    """Tokens of train window ``row`` that came before the resume step, so were not redone.
+
+    0 unless the window straddles the step (it starts after the previous train record, or the
+    session's first record); None when it does and the resumed counter does not lie within the
+    window's, so the records cannot tell how many (module docstring).  Only a range's first row
+    can straddle: every later one starts where the one before it ended.
+    """
+    window_start = int(held.steps[row - 1]) if row else session_step
+    if not window_start < resume_step < int(held.steps[row]):
+        return 0.0
+    end = float(held.tokens_seen[row])
+    start = end - (float(held.tokens_cum[row + 1]) - float(held.tokens_cum[row]))
+    return resume_tokens - start if start <= resume_tokens <= end else None
+
+
+def _shares(held: EventRows, later: list[int], bounds: list[float]) -> Iterable[tuple[int, int, int]]:
+    """``(redoer, start, stop)``: the rows of ``held`` each later session redid, as row ranges."""
+    steps = held.steps
+    if held.ordered:
+        stop = len(steps)
+        for redoer, bound in zip(later, bounds, strict=True):
+            start = bisect_left(steps, bound, 0, stop)
+            if start < stop:
+                yield redoer, start, stop
+            stop = start
+        return
+    negated = [-bound for bound in bounds]  # rising, for bisect
+    for row, step in enumerate(steps):
+        position = bisect_left(negated, -int(step))  # the first bound <= step
+        if position < len(later):
+            yield later[position], row, row + 1
+
+
+class _SessionAcc:
+    """Running aggregates of one session."""
+
+    __slots__ = (
+        "discarded_bytes", "end_error", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
+        "last_step", "last_tokens", "records", "resumed_from_step", "session_id", "start_ns",
+    )  # fmt: skip
+
+    def __init__(self, session_id: str) -> None:
+        self.session_id = session_id
+        self.records = 0
+        self.first_step = self.last_step = 0
+        self.first_tokens = self.last_tokens = self.last_skipped = 0
+        self.start_ns = self.end_ns = 0
+        self.discarded_bytes: int | None = None
+        self.resumed_from_step: int | None = None
+        self.end_status: str | None = None
+        self.end_error: str | None = None
+
+
+class SessionLog:
+    """Sessions of one run as running state; see the module docstring.
+
+    Fed in file order, by records (``add``) or, by a columnar parser, by contiguous runs of one
+    session's records (``add_run``, ``note_first_step``, ``note_marker``, ``note_times``).
+    """
+
+    def __init__(self) -> None:
+        self.records = 0
+        self.last_event: str | None = None
+        self._sessions: list[_SessionAcc] = []
+        self._index: dict[str, int] = {}
+        self._first_step_in_event: dict[str, dict[int, int]] = {}
+        self._recent_times: deque[int] = deque(maxlen=RECENT_TIMES)
+        self._replayed: tuple[tuple[int, int, int], Replay] | None = None
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    # -- feeding ---------------------------------------------------------------------------
+
+    def session(self, session_id: str) -> int:
+        """The index of ``session_id``, a new session's if it was not seen yet."""
+        index = self._index.get(session_id)
+        if index is None:
+            index = self._index[session_id] = len(self._sessions)
+            self._sessions.append(_SessionAcc(session_id))
+        return index
+
+    def add(self, rows: Sequence[dict[str, Any]]) -> list[int]:
+        """Records in file order (``time`` in ns); returns each one's session index."""
+        firsts = self._first_step_in_event
+        session_id, acc, index = None, None, -1
+        indices = []
+        for row in rows:
+            if row["session_id"] != session_id:
+                session_id = row["session_id"]
+                index = self.session(session_id)
+                acc = self._sessions[index]
+            if acc.records == 0:
+                acc.first_step, acc.start_ns, acc.first_tokens = row["step"], row["time"], row["tokens_seen"]
+            acc.records += 1
+            acc.last_step, acc.end_ns = row["step"], row["time"]
+            acc.last_tokens, acc.last_skipped = row["tokens_seen"], row["skipped_updates"]
+            event = row["event"]
+            by_session = firsts.get(event)
+            if by_session is None:
+                by_session = firsts[event] = {}
+            if index not in by_session:
+                by_session[index] = row["step"]
+            if event in MARKER_EVENTS:
+                self.note_marker(row)
+            indices.append(index)
+        if rows:
+            self.records += len(rows)
+            self.last_event = rows[-1]["event"]
+            self._recent_times.extend([row["time"] for row in rows[-RECENT_TIMES:]])
+        return indices
+
+    def add_run(self, index: int, count: int, first: tuple[int, int, int], last: tuple[int, int, int, int]) -> None:
+        """``count`` contiguous records of session ``index``: the first's (step, time, tokens_seen),
+        the last's (step, time, tokens_seen, skipped_updates)."""
+        acc = self._sessions[index]
+        if acc.records == 0:
+            acc.first_step, acc.start_ns, acc.first_tokens = first
+        acc.records += count
+        acc.last_step, acc.end_ns, acc.last_tokens, acc.last_skipped = last
+        self.records += count
+
+    def note_first_step(self, event: str, index: int, step: int) -> None:
+        """Session ``index`` logged ``event`` at ``step`` (kept if it is its first ``event``)."""
+        self._first_step_in_event.setdefault(event, {}).setdefault(index, step)
+
+    def note_marker(self, record: Mapping[str, Any]) -> None:
+        """Keep what a ``session_start`` / ``session_end`` says about its session."""
+        acc = self._sessions[self._index[record["session_id"]]]
+        if record["event"] == "session_end":
+            status, error = record.get("status"), record.get("error")
+            acc.end_status = status if isinstance(status, str) else None
+            acc.end_error = error if isinstance(error, str) else None
+        elif acc.discarded_bytes is None and acc.resumed_from_step is None:
+            acc.discarded_bytes = int_or_none(record.get("discarded_bytes"))
+            acc.resumed_from_step = int_or_none(record.get("resumed_from_step"))
+
+    def note_times(self, last_event: str, times: Sequence[int]) -> None:
+        """The last event and the times (ns) of the last records of a block fed by ``add_run``."""
+        self.last_event = last_event
+        self._recent_times.extend(times[-RECENT_TIMES:])
+
+    # -- queries ---------------------------------------------------------------------------
+
+    def session_ids(self) -> list[str]:
+        return [acc.session_id for acc in self._sessions]
+
+    def first_steps(self) -> list[int]:
+        return [acc.first_step for acc in self._sessions]
+
+    def first_tokens(self) -> list[int]:
+        return [acc.first_tokens for acc in self._sessions]
+
+    def thresholds(self, event: str) -> list[float]:
+        """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
+        logged = self._first_step_in_event.get(event, {})
+        return [float(acc.first_step + (logged.get(index) != acc.first_step)) for index, acc in
+                enumerate(self._sessions)]  # fmt: skip
+
+    def replayed(self, rows: Callable[[], Mapping[str, Mapping[int, EventRows]]]) -> Replay:
+        """``replay`` of these sessions over ``rows()``, each event's ``EventRows`` per session.
+
+        Kept until what it depends on changes: the sessions, the records of all but the last
+        (the last one's records are nobody's earlier work), and the first step of each event in
+        each session (the thresholds); only then is ``rows`` called again.
+        """
+        last = self._sessions[-1].records if self._sessions else 0
+        firsts = sum(len(by_session) for by_session in self._first_step_in_event.values())
+        key = (len(self._sessions), self.records - last, firsts)
+        if self._replayed is None or self._replayed[0] != key:
+            held = rows()
+            thresholds = {event: self.thresholds(event) for event in held}
+            self._replayed = (key, replay(self.first_steps(), thresholds, held, first_tokens=self.first_tokens()))
+        return self._replayed[1]
+
+    @property
+    def last_record_time(self) -> datetime | None:
+        """Time of the last complete record, or None before any."""
+        return as_datetime(self._recent_times[-1]) if self._recent_times else None
+
+    def typical_gap_s(self) -> float | None:
+        """Median gap between the last few records (the run's usual logging cadence)."""
+        if len(self._recent_times) < 2:
+            return None
+        return float(statistics.median(b - a for a, b in pairwise(self._recent_times))) / 1e9
+
+    @property
+    def last_end_status(self) -> str | None:
+        """The ``status`` of the last record when it is a ``session_end``, else None."""
+        if self.last_event != "session_end" or not self._sessions:
+            return None
+        return self._sessions[-1].end_status
+
+    @property
+    def last_end_error(self) -> str | None:
+        """The ``error`` of the last record when it is a ``session_end`` (the exception, the signal,
+        the failing rank), else None."""
+        if self.last_event != "session_end" or not self._sessions:
+            return None
+        return self._sessions[-1].end_error
+
+    def progress(self) -> Progress:
+        """Session count, start, last step and tokens, from the running accumulators."""
+        if not self._sessions:
+            return Progress(0, None, None, None)
+        first, last = self._sessions[0], self._sessions[-1]
+        return Progress(len(self._sessions), as_datetime(first.start_ns), last.last_step, last.last_tokens)
+
+    def sessions(self, redone: Replay) -> list[Session]:
+        """Sessions in order of first appearance, with downtime and ``redone``'s replay accounting."""
+        result = []
+        previous_end: int | None = None
+        for index, acc in enumerate(self._sessions):
+            result.append(
+                Session(
+                    session_id=acc.session_id,
+                    index=index,
+                    first_step=acc.first_step,
+                    last_step=acc.last_step,
+                    start_time=as_datetime(acc.start_ns),
+                    end_time=as_datetime(acc.end_ns),
+                    records=acc.records,
+                    first_tokens_seen=acc.first_tokens,
+                    last_tokens_seen=acc.last_tokens,
+                    skipped_updates=acc.last_skipped,
+                    downtime_s=None if previous_end is None else (acc.start_ns - previous_end) / 1e9,
+                    steps_replayed=redone.steps[index],
+                    tokens_replayed=redone.tokens[index],
+                    tokens_replayed_is_upper_bound=redone.tokens_bound[index],
+                    records_superseded=redone.records[index],
+                    discarded_bytes=acc.discarded_bytes,
+                    resumed_from_step=acc.resumed_from_step,
+                    end_status=acc.end_status,
+                    end_error=acc.end_error,
+                )
+            )
+            previous_end = acc.end_ns
+        return result
+
+    def lost_work(self, redone: Replay) -> LostWork:
+        """Downtime, replayed work and the training time that produced superseded train windows."""
+        sessions = self.sessions(redone)
+        return LostWork(
+            downtime_s=sum(s.downtime_s or 0.0 for s in sessions),
+            steps_replayed=sum(redone.steps),
+            tokens_replayed=sum(redone.tokens),
+            tokens_replayed_is_upper_bound=any(redone.tokens_bound),
+            superseded_time_s=redone.superseded_time_s,
+            training_time_s=sum((acc.end_ns - acc.start_ns) / 1e9 for acc in self._sessions),
+        )
+
+    # -- persistence (the columnar cache) ------------------------------------------------------
+
+    def state(self) -> dict[str, Any]:
+        """Everything this log holds, as JSON values."""
+        return {
+            "records": self.records,
+            "last_event": self.last_event,
+            "sessions": [[getattr(acc, name) for name in _SessionAcc.__slots__] for acc in self._sessions],
+            "first_steps": [[event, list(firsts.items())] for event, firsts in self._first_step_in_event.items()],
+            "recent_times": list(self._recent_times),
+        }
+
+    @classmethod
+    def restore(cls, state: Mapping[str, Any]) -> SessionLog:
+        log = cls()
+        log.records, log.last_event = int(state["records"]), state["last_event"]
+        for values in state["sessions"]:
+            acc = _SessionAcc("")
+            for name, value in zip(_SessionAcc.__slots__, values, strict=True):
+                setattr(acc, name, value)
+            log._index[acc.session_id] = len(log._sessions)
+            log._sessions.append(acc)
+        log._first_step_in_event = {
+            event: {int(session): int(step) for session, step in firsts} for event, firsts in state["first_steps"]
+        }
+        log._recent_times.extend(int(value) for value in state["recent_times"])
+        return log

@@ -1,0 +1,166 @@
+"""One filesystem watcher per process over the runs root: which runs changed, and when runs appear.
+
+Contract
+--------
+* The watchdog handler thread only bumps counters under a lock: a per-run-directory change
+  count and a structure generation (runs or directories created, moved or deleted).  Readers
+  are refreshed by their owners, when ``take_dirty`` says their run changed.
+* The reader's own ``open``/``close`` of a metrics file generates inotify events too; those
+  (``opened``, ``closed_no_write``) are ignored, or every read would trigger the next one.
+* inotify does not see writes made by other hosts to a network filesystem (NFS, Lustre, GPFS,
+  CIFS ...).  The root's filesystem type is read from ``/proc/mounts``; on a network filesystem,
+  when inotify limits are exhausted, or when asked (``force_polling``), a polling observer that
+  stats the tree every ``poll_interval`` seconds is used instead, and ``mode_reason`` says why.
+* A watcher is a hint, not the source of truth: owners of open readers should still refresh them
+  every few seconds (a no-change refresh is one ``stat``), so a lost event never means stale data.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import threading
+from pathlib import Path
+
+from watchdog.events import (
+    EVENT_TYPE_CLOSED_NO_WRITE,
+    EVENT_TYPE_OPENED,
+    FileSystemEvent,
+    FileSystemEventHandler,
+)
+from watchdog.observers import Observer
+from watchdog.observers.api import BaseObserver
+from watchdog.observers.polling import PollingObserver
+
+from metrics_core.write.writer import METRICS_FILENAME
+
+NETWORK_FILESYSTEMS = frozenset(
+    (
+        "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "fuse.ceph", "glusterfs",
+        "fuse.glusterfs", "beegfs", "9p", "afs", "panfs", "wekafs", "fuse.sshfs", "fuse.s3fs",
+        "fuse.gcsfuse", "fuse.juicefs",
+    )
+)  # fmt: skip
+_IGNORED = (EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE)
+
+
+def filesystem_type(path: Path, *, mounts_file: str | os.PathLike[str] = "/proc/mounts") -> str | None:
+    """The type of the filesystem holding ``path`` (longest matching mount point), or None."""
+    real = str(Path(path).resolve())
+    best, kind = "", None
+    try:
+        with open(mounts_file, encoding="utf-8", errors="replace") as mounts:
+            for line in mounts:
+                fields = line.split()
+                if len(fields) < 3:
+                    continue
+                point = fields[1].replace("\\040", " ")
+                inside = real == point or real.startswith(point.rstrip("/") + "/")
+                if inside and len(point) >= len(best):
+                    best, kind = point, fields[2]
+    except OSError:
+        return None
+    return kind
+
+
+class _Counters(FileSystemEventHandler):
+    """Runs on watchdog's thread: counts, nothing else."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.changes: dict[Path, int] = {}
+        self.structure = 0
+
+    def on_any_event(self, event: FileSystemEvent) -> None:
+        if event.event_type in _IGNORED:
+            return
+        paths = [event.src_path, getattr(event, "dest_path", "")]
+        with self.lock:
+            if event.is_directory:
+                if event.event_type != "modified":
+                    self.structure += 1
+                return
+            for raw in paths:
+                path = Path(os.fsdecode(raw)) if raw else None
+                if path is not None and path.name == METRICS_FILENAME:
+                    self.changes[path.parent] = self.changes.get(path.parent, 0) + 1
+                    if event.event_type != "modified" and event.event_type != "closed":
+                        self.structure += 1
+
+
+class RunsWatcher:
+    """Watches ``root`` recursively; see the module docstring.  Use as a context manager."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        force_polling: bool = False,
+        poll_interval: float = 1.0,
+        mounts_file: str | os.PathLike[str] = "/proc/mounts",
+    ) -> None:
+        self.root = Path(root)
+        self.poll_interval = poll_interval
+        self._counters = _Counters()
+        self._taken: dict[Path, int] = {}
+        self._observer: BaseObserver | None = None
+        fs_type = filesystem_type(self.root, mounts_file=mounts_file)
+        if force_polling:
+            self.mode, self.mode_reason = "polling", "polling forced"
+        elif fs_type in NETWORK_FILESYSTEMS:
+            self.mode, self.mode_reason = (
+                "polling",
+                f"{fs_type} does not report other hosts' writes to inotify",
+            )
+        else:
+            self.mode, self.mode_reason = "inotify", f"local filesystem ({fs_type or 'unknown'})"
+
+    def start(self) -> RunsWatcher:
+        """Start watching; falls back to polling when inotify cannot be set up."""
+        if self.mode == "inotify":
+            try:
+                self._observer = self._start(Observer())
+                return self
+            except OSError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.ENOMEM):
+                    raise
+                self.mode = "polling"
+                self.mode_reason = f"inotify limit reached ({errno.errorcode.get(exc.errno, exc.errno)})"
+        self._observer = self._start(PollingObserver(timeout=self.poll_interval))
+        return self
+
+    def _start(self, observer: BaseObserver) -> BaseObserver:
+        observer.schedule(self._counters, str(self.root), recursive=True)
+        observer.daemon = True
+        try:
+            observer.start()
+        except BaseException:
+            observer.stop()
+            raise
+        return observer
+
+    def stop(self) -> None:
+        if self._observer is not None:
+            self._observer.stop()
+            self._observer.join(timeout=5)
+            self._observer = None
+
+    def __enter__(self) -> RunsWatcher:
+        return self.start()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.stop()
+
+    @property
+    def structure_generation(self) -> int:
+        """Bumped whenever a run or directory may have appeared or gone: time to rediscover."""
+        with self._counters.lock:
+            return self._counters.structure
+
+    def take_dirty(self) -> set[Path]:
+        """Run directories whose metrics file changed since the previous call."""
+        with self._counters.lock:
+            changes = dict(self._counters.changes)
+        dirty = {path for path, count in changes.items() if self._taken.get(path) != count}
+        self._taken = changes
+        return dirty

@@ -1,0 +1,1 @@
+"""SQL over every run: the Parquet export and DuckDB over it."""

@@ -1,0 +1,294 @@
+"""Every run's records as Parquet, one file per run, kept up to date incrementally.
+
+Optional: needs pyarrow and the read side (numpy, pandas); ``import metrics_core`` never loads it.
+Parquet is the format DuckDB, Spark, Trino, Polars and pandas read at any scale.
+
+The runs are read through ``roots.open_root``, the seam the dashboard reads them through: a local
+directory, or a bucket prefix (``s3://``, ``gs://``, ``az://``; ``metrics_core.roots.bucket_root``), whose
+one listing tells which runs changed at no request per run.  An export directory ``OUT`` (a local
+directory, or a bucket prefix through ``buckets.bucket_filesystem``) holds:
+
+* ``OUT/<name>-<hash>.parquet``, one per run: every record of every session, replayed ones
+  included, one row per record, as ``export_table.run_table`` makes it (its docstring lists the
+  columns and how a field's name and type are chosen).
+* ``OUT/_manifest.json``: which file holds which run, the identity of the metrics file it was
+  made from (``storage.FileStat``), and what ``metrics_core.sql.query``'s ``runs`` and ``sessions``
+  views show of it (``export_table.run_facts``).
+  Engines that read a directory of Parquet skip names starting with ``_`` (Spark, Hive, Trino).
+
+Promises
+--------
+* Incremental: a run whose metrics file still has the stamp the manifest recorded
+  (``RunsRoot.stamp``: a file's identity, an object's listed size and time), and whose Parquet
+  file is still there at the recorded size, is neither read nor written; an export that
+  finds nothing changed writes nothing at all (not even the manifest).  A run that changed is read
+  again (through the columnar cache of ``metrics_core.read.column_cache`` when given one: then only its
+  appended bytes are parsed) and its one file rewritten.  A run gone from the root loses its file.
+* Never a torn file: a local file is written under a temporary name and renamed; an object is one
+  upload.  The manifest is written last, so a crash before it leaves files it does not vouch for,
+  which the next export rewrites.  Two exports into one local directory take turns (a lock file).
+* Reads only from the runs root; the export directory may not lie inside it (a local one, or a
+  bucket one under the root's prefix).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+from pyarrow import fs as pafs
+
+from metrics_core.errors import MetricsError, RunPathError
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.roots.discovery import RunInfo, UnreadableEntry
+from metrics_core.roots.runs_root import RunsRoot, is_bucket_url, open_root
+from metrics_core.sql.export_table import run_facts, run_table
+
+FORMAT = 1  # bump when the file layout or the manifest changes: every run is exported again
+MANIFEST = "_manifest.json"
+LOCK = ".export.lock"
+
+
+class ExportError(MetricsError, OSError):
+    """An export directory that cannot be used: where it is and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ExportReport:
+    """What one export did: the runs it wrote, kept and removed, and what it could not read."""
+
+    written: tuple[str, ...]
+    unchanged: int
+    removed: tuple[str, ...]
+    failed: tuple[tuple[str, str], ...]  # (run, why)
+    unreadable: tuple[UnreadableEntry, ...]
+
+    def lines(self) -> list[str]:
+        """The report in plain lines (run names are data: the caller cleans them for a terminal)."""
+        head = (f"exported {len(self.written):,} run(s), {self.unchanged:,} unchanged, "
+                f"{len(self.removed):,} removed")  # fmt: skip
+        return [head, *(f"could not export {name}: {why}" for name, why in self.failed),
+                *(f"could not look into {entry}" for entry in self.unreadable)]  # fmt: skip
+
+
+# -- where the export goes -------------------------------------------------------------------------
+
+
+@dataclass
+class Destination:
+    """An export directory on a ``pyarrow.fs`` file system: local, or a bucket prefix."""
+
+    filesystem: pafs.FileSystem
+    base: str  # the directory's path on ``filesystem``
+    url: str  # as the user named it, for messages
+    local: bool
+
+    @classmethod
+    def of(cls, out: str | os.PathLike[str], filesystem: pafs.FileSystem | None = None) -> Destination:
+        text = os.fspath(out)
+        if is_bucket_url(text):
+            from metrics_core.buckets.addresses import bucket_filesystem, parse_bucket_url
+
+            location = parse_bucket_url(text)
+            return cls(filesystem or bucket_filesystem(location), location.fs_path, location.url, local=False)
+        path = Path(text).resolve()
+        return cls(pafs.LocalFileSystem(), str(path), text, local=True)
+
+    def path(self, name: str) -> str:
+        return f"{self.base}/{name}"
+
+    def inside(self, root: str) -> bool:
+        """Whether this directory lies in the runs root ``root`` (``root_name``)."""
+        if is_bucket_url(root):
+            return not self.local and f"{self.url}/".startswith(f"{root}/")
+        return self.local and Path(self.base).is_relative_to(root)
+
+    def listing(self) -> dict[str, int]:
+        """The export's files and their sizes (one listing request for a bucket)."""
+        try:
+            infos = self.filesystem.get_file_info(pafs.FileSelector(self.base, allow_not_found=True))
+        except OSError as exc:
+            raise ExportError(f"{self.url}: cannot be listed: {_first_line(exc)}") from exc
+        return {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        """The manifest, or None when there is none or it is unusable (then every run is exported)."""
+        try:
+            with self.filesystem.open_input_stream(self.path(MANIFEST)) as stream:
+                manifest = json.loads(stream.read())
+        except (OSError, ValueError):
+            return None
+        if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
+            return None
+        return manifest
+
+    def write(self, name: str, write: Any) -> None:
+        """``write(stream)`` as the file ``name``, whole or not at all (module docstring)."""
+        target = self.path(name)
+        temporary = self.path(f".{name}.{uuid.uuid4().hex}.partial") if self.local else target
+        try:
+            if self.local:
+                Path(self.base).mkdir(parents=True, exist_ok=True)
+            with self.filesystem.open_output_stream(temporary) as stream:
+                write(stream)
+            if self.local:
+                self.filesystem.move(temporary, target)
+        except OSError as exc:
+            if self.local:
+                with contextlib.suppress(OSError):
+                    self.filesystem.delete_file(temporary)
+            raise ExportError(f"{self.url}: cannot write {name}: {_first_line(exc)}") from exc
+
+    def delete(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self.filesystem.delete_file(self.path(name))
+
+    @contextlib.contextmanager
+    def turn(self) -> Iterator[None]:
+        """Exclusive use of a local export directory while one export writes it (a bucket has no
+        lock: one exporter per prefix)."""
+        if not self.local:
+            yield
+            return
+        Path(self.base).mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path(LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            yield
+        finally:
+            os.close(fd)
+
+
+def file_name(run: str) -> str:
+    """The Parquet file of ``run``: readable, safe on any file system and in any glob, and unique
+    (the hash of the whole name)."""
+    slug = re.sub(r"[^A-Za-z0-9_.-]+", "_", run).strip("._")[:60] or "run"
+    return f"{slug}-{hashlib.blake2b(run.encode(), digest_size=6).hexdigest()}.parquet"
+
+
+def _first_line(exc: BaseException) -> str:
+    return str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+
+
+# -- the export ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Plan:
+    entries: dict[str, dict[str, Any]] = field(default_factory=dict)
+    written: list[str] = field(default_factory=list)
+    failed: list[tuple[str, str]] = field(default_factory=list)
+
+
+def export_root(
+    root: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    cache: CachePolicy | None = None,
+    filesystem: pafs.FileSystem | None = None,
+) -> ExportReport:
+    """Export every run under the runs ``root`` (a directory or a bucket prefix) into ``out``
+    (module docstring).
+
+    ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
+    is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
+    (default from the environment).  Raises ``ExportError`` when ``out`` cannot be listed or
+    written, ``RunPathError`` when it lies inside ``root``, ``RunNotFoundError`` when ``root``
+    cannot be listed; a run that cannot be read is reported, not raised.
+    """
+    destination = Destination.of(out, filesystem)
+    runs = open_root(root, watch=False)
+    try:
+        return _export(runs, destination, cache)
+    finally:
+        runs.close()
+
+
+def root_name(root: str | os.PathLike[str]) -> str:
+    """What names a runs root in a manifest and a cache key: a directory's real path, a bucket's address."""
+    if is_bucket_url(root):
+        from metrics_core.buckets.addresses import parse_bucket_url
+
+        return parse_bucket_url(os.fspath(root)).url
+    return str(Path(root).resolve())
+
+
+def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None) -> ExportReport:
+    root_id = root_name(root.location)
+    if destination.inside(root_id):
+        raise RunPathError(f"{destination.url}: inside the runs root {root.location}: an export must live elsewhere")
+    listing = root.discover()
+    with destination.turn():
+        manifest = destination.read_manifest() or {}
+        if manifest and manifest.get("root") != root_id:
+            raise ExportError(f"{destination.url}: holds the export of another runs root, {manifest.get('root')}")
+        before: Mapping[str, dict[str, Any]] = manifest.get("runs", {})
+        present = destination.listing()
+        plan = _Plan()
+        for run in listing.runs:
+            entry, stamp = before.get(run.name), root.stamp(run)
+            if entry is not None and _unchanged(entry, stamp, present):
+                plan.entries[run.name] = entry
+                continue
+            try:
+                plan.entries[run.name] = _export_run(root, run, stamp, destination, cache)
+                plan.written.append(run.name)
+            except (MetricsError, OSError) as exc:
+                if isinstance(exc, ExportError):
+                    raise
+                plan.failed.append((run.name, _first_line(exc)))
+                if entry is not None:
+                    plan.entries[run.name] = entry  # kept as last exported: nothing already exported is lost
+        removed = sorted(set(before) - set(plan.entries))
+        if plan.written or removed or not manifest:
+            document = {"format": FORMAT, "root": root_id, "runs": plan.entries}
+            destination.write(MANIFEST, lambda stream: stream.write(json.dumps(document).encode()))
+        for name in removed:
+            if before[name]["file"] not in {entry["file"] for entry in plan.entries.values()}:
+                destination.delete(before[name]["file"])
+    return ExportReport(tuple(plan.written), len(listing.runs) - len(plan.written) - len(plan.failed),
+                        tuple(removed), tuple(plan.failed), listing.unreadable)  # fmt: skip
+
+
+def _unchanged(entry: Mapping[str, Any], stamp: tuple[int, ...] | None, present: Mapping[str, int]) -> bool:
+    if stamp is None:
+        return False
+    return entry.get("source") == list(stamp) and present.get(entry.get("file")) == entry.get("bytes")
+
+
+def _export_run(
+    root: RunsRoot, run: RunInfo, stamp: tuple[int, ...] | None, destination: Destination, cache: CachePolicy | None
+) -> dict[str, Any]:
+    """Read the run (from its cached parse when there is one), write its file; its manifest entry.
+    ``stamp``: the run's file as the root said it was before this read (a write since makes the
+    next export read it again)."""
+    reader = root.reader(run, cache=cache)
+    try:
+        reader.refresh()
+        table = run_table(reader, run.name)
+        facts = run_facts(reader)
+    finally:
+        reader.close()
+    target = file_name(run.name)
+    destination.write(target, lambda stream: pq.write_table(table, stream, compression="zstd"))
+    size = destination.filesystem.get_file_info(destination.path(target)).size
+    schema = base64.b64encode(table.schema.serialize().to_pybytes()).decode()
+    return {"file": target, "bytes": size, "rows": table.num_rows, "source": list(stamp or ()),
+            "schema": schema, **facts}  # fmt: skip
+
+
+def read_schema(entry: Mapping[str, Any]) -> pa.Schema:
+    """The Arrow schema of a run's file, as its manifest entry keeps it (no read of the file)."""
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(entry["schema"])))
