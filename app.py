@@ -28,7 +28,7 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
     maybe_start_demo(settings())
     st.navigation(
         [
-            st.Page("pages/overview.py", title="Runs", icon=":material/table_rows:", default=True),
+            st.Page("pages/runs.py", title="Runs", icon=":material/table_rows:", default=True),
             st.Page("pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
             st.Page("pages/sessions.py", title="Sessions", icon=":material/restart_alt:", url_path="sessions"),
             st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),

@@ -7,7 +7,7 @@ On ``generate_root``'s root (990 small runs, 9 of 100k records, one live run), o
 
 * first pass: wall and CPU time (``time.process_time``) of the pass that reads every run;
 * idle pass: CPU time of a pass that finds nothing appended (median of ``--passes``), the
-  figure to hold against the overview's goal for an idle ``overview()`` (docs/PERFORMANCE.md),
+  figure to hold against the runs page's goal for an idle ``runs_table()`` (docs/PERFORMANCE.md),
   and the bytes it read (0 expected);
 * the root's walk (``find_runs``), which a pass adds once per ``REDISCOVER_S``.
 """

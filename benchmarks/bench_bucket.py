@@ -9,7 +9,7 @@ refresh, as a job syncing its run with ``aws s3 cp`` does; the rest finished).  
 proxy, so what a bucket would bill:
 
 * ours: a ``RunStore`` on a ``BucketRoot`` (``--list-interval``), as the dashboard runs it at
-  ``--refresh``: every refresh an ``overview()`` (the runs page) and a ``view()`` of a live run (a
+  ``--refresh``: every refresh an ``runs_table()`` (the runs page) and a ``view()`` of a live run (a
   run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
   the first read of every run, printed apart), reading through the bucket's own client
   (``cloud_reads.object_reads``: botocore, google-auth, azure-storage-blob); ``--reads pyarrow``:
@@ -189,7 +189,7 @@ def main() -> None:
         root = BucketRoot(url, list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
         store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
         try:
-            store.overview()
+            store.runs_table()
             counts, sent = proxy.snapshot()
             print(f"ours, cold load (once):     {sum(counts.values()):9,} requests, {sent / 1e6:8.2f} MB")
             proxy.reset()
@@ -202,7 +202,7 @@ def main() -> None:
                     live[key] += line(base_record(step, train_loss=0.1, time=now))
                     put_object(direct, key, live[key])
                 step += 10
-                store.overview()
+                store.runs_table()
                 store.view("live0")
             counts, sent = proxy.snapshot()
             print(f"ours, steady:           {per_minute(counts, sent, args.minutes)}")

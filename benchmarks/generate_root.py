@@ -1,4 +1,4 @@
-"""A cluster head's runs root for the overview benchmark: 990 small runs, 9 of 100k
+"""A cluster head's runs root for the runs page benchmark: 990 small runs, 9 of 100k
 records and one live run.
 
 Small runs hold 100 train records and end with a ``session_end`` (every 10th is left without one:

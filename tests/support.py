@@ -450,14 +450,14 @@ def in_background(work: Callable[[threading.Event], None]) -> Iterator[None]:
 
 
 def open_page(page: str, **query: str | list[str]) -> AppTest:
-    """The app with ``query`` in its URL, switched to ``pages/<page>.py`` (the overview is the default)."""
+    """The app with ``query`` in its URL, switched to ``pages/<page>.py`` (the runs page is the default)."""
     from streamlit.testing.v1 import AppTest  # here, not at the top: most tests never start the app
 
     app = AppTest.from_file(APP, default_timeout=30)
     for key, value in query.items():
         app.query_params[key] = value
     app.run()
-    if page != "overview":
+    if page != "runs":
         app.switch_page(f"pages/{page}.py").run()
     return app
 

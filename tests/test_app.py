@@ -36,7 +36,7 @@ def shown(markdown: str) -> str:
 
 def test_overview_of_an_empty_root_offers_the_demo(runs_root: Path) -> None:
     """No runs: the page says so and offers the live demo button."""
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     assert "No runs" in app.info[0].value
     assert app.button(key="start_demo")
@@ -46,7 +46,7 @@ def test_overview_lists_runs_and_filters_by_regex(runs_root: Path) -> None:
     """Every run is a row; the regex filter narrows it; a bad regex is an error, not a crash."""
     make_run(runs_root, "alpha")
     make_run(runs_root, "group/beta")
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     table = app.dataframe[0].value
     assert sorted(table["run"]) == ["run?run=alpha", "run?run=group/beta"]
@@ -60,7 +60,7 @@ def test_overview_lists_runs_and_filters_by_regex(runs_root: Path) -> None:
 
 def test_why_a_run_stopped_is_on_the_overview_the_run_page_and_the_sessions_table(runs_root: Path) -> None:
     """A session that ended failed on another rank's exception, then a resumed one that was
-    interrupted: the overview's error column, the run page (a warning above the charts) and each
+    interrupted: the runs page's error column, the run page (a warning above the charts) and each
     session's row say why, as text."""
     path = runs_root / "stopped" / "metrics.jsonl"
     append_records(path, base_record(10, session="s1", train_loss=1.0),
@@ -69,7 +69,7 @@ def test_why_a_run_stopped_is_on_the_overview_the_run_page_and_the_sessions_tabl
                    base_record(10, session="s2", train_loss=0.9),
                    base_record(20, event="session_end", session="s2", status="interrupted",
                                error="SIGTERM"))  # fmt: skip
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     assert app.dataframe[0].value.set_index("run").loc["run?run=stopped", "error"] == "SIGTERM"
     app = open_page("run", run="stopped")
@@ -167,7 +167,7 @@ def test_missing_runs_root_is_a_clear_error_and_nothing_is_created(
 ) -> None:
     """A mistyped --runs is named on the page; no directory appears out of nowhere."""
     monkeypatch.setenv("METRICS_RUNS_DIR", str(tmp_path / "typo"))
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     assert "runs root does not exist" in app.error[0].value
     assert not (tmp_path / "typo").exists()
@@ -228,7 +228,7 @@ def test_overview_config_columns_and_filter(runs_root: Path) -> None:
         make_run(runs_root, name)
         add_config(runs_root, name, {"optim": {"lr": lr}, "model": "gpt2"})
     make_run(runs_root, "plain")  # no config at all
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     assert "config" not in app.dataframe[0].value.columns
     assert app.multiselect(key="config_columns").options == ["model", "optim.lr"]
@@ -247,7 +247,7 @@ def test_overview_config_columns_and_filter(runs_root: Path) -> None:
 def test_overview_without_any_config(runs_root: Path) -> None:
     """Runs without configs: no keys to choose, and a config filter term simply matches nothing."""
     make_run(runs_root, "alpha")
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception and app.multiselect(key="config_columns").options == []
     app.text_input(key="config_filter").input("lr=1").run()
     assert not app.exception and app.dataframe[0].value.empty
@@ -309,7 +309,7 @@ def test_overview_reads_at_a_glance(runs_root: Path) -> None:
     append_records(runs_root / "newer" / "metrics.jsonl",
                    *(base_record(s, train_loss=3.0 - s / 1000, tokens=22_000)
                      for s in range(10, 1001, 10)))  # fmt: skip
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     table = app.dataframe[0].value
     assert list(table["run"]) == ["run?run=newer", "run?run=older"]

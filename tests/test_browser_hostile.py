@@ -149,7 +149,7 @@ def assert_nothing_injected(page: object) -> dict:
     return dom
 
 
-def overview_rows(page: object, pattern: str, read: int | None = None) -> dict[str, list[str]]:
+def runs_table_rows(page: object, pattern: str, read: int | None = None) -> dict[str, list[str]]:
     """The runs table's rows (by run name) after filtering by ``pattern``, read from the grid's cells;
     with ``read``, once no row's cell in that column is still "—" (the store lists a run at once and
     fills in what needs the whole file, such as its bad lines, as its loader reads it)."""
@@ -187,10 +187,10 @@ def test_overview_lists_every_run_with_its_bad_line_count(page: object, server: 
     headers = "[...document.querySelectorAll('[data-testid=stDataFrame] thead th')].map(h => h.textContent)"
     columns = wait_until(page, lambda: page.evaluate(headers), timeout=30)
     status, bad = columns.index("status"), columns.index("bad lines")
-    normal = overview_rows(page, "^normal-", read=bad)
+    normal = runs_table_rows(page, "^normal-", read=bad)
     assert sorted(normal) == list(NORMAL)
     assert all(row[bad] == "0" and row[status] != "error" for row in normal.values())
-    poisoned = overview_rows(page, "^poison-", read=bad)
+    poisoned = runs_table_rows(page, "^poison-", read=bad)
     assert sorted(poisoned) == sorted(POISONED)
     errors = {name: row[columns.index("error")] for name, row in poisoned.items() if row[status] == "error"}
     assert errors == {}, f"runs the reader could not read: {errors}"
@@ -226,7 +226,7 @@ def test_overview_names_what_it_cannot_read_beside_every_run_and_no_server_path(
     expected = [*UNREADABLE, *NORMAL, LOCKED_FILE]
 
     def table() -> dict[str, list[str]] | None:
-        rows = overview_rows(page, "^(normal-|link-|locked-)")
+        rows = runs_table_rows(page, "^(normal-|link-|locked-)")
         settled = sorted(rows) == sorted(expected) and rows[LOCKED_FILE][status] != "loading"
         return rows if settled else None
 
@@ -299,7 +299,7 @@ def test_hostile_names_on_compare_and_overview(page: object, server: str) -> Non
     assert "<img src=x onerror=alert(1)>" in legend and "**bold**" in legend and NESTED in legend
     assert_nothing_injected(page)
     page.goto(f"{server}/")
-    rows = overview_rows(page, r"bold|img|evil|hostile")
+    rows = runs_table_rows(page, r"bold|img|evil|hostile")
     assert sorted(rows) == sorted([*HOSTILE_RUNS, SESSIONS_RUN])
     assert_nothing_injected(page)
 

@@ -1,4 +1,4 @@
-"""The overview page's SQL box in a real headless Chromium against a real `streamlit run`: a SELECT
+"""the runs page's SQL box in a real headless Chromium against a real `streamlit run`: a SELECT
 shows its rows as a table with a CSV download; a statement that writes shows one line of error, and
 the runs table above it is still there."""
 

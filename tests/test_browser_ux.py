@@ -172,7 +172,7 @@ def test_dark_theme_gives_dark_charts(browser: object, served_root: Path, monkey
 
 
 def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManager[None]:
-    """A real writer appending a record to run ``name`` every ``every`` s: its overview row changes at every refresh."""
+    """A real writer appending a record to run ``name`` every ``every`` s: its runs page row changes at every refresh."""
 
     def write(stop: threading.Event) -> None:
         state = TrainingState()
@@ -188,7 +188,7 @@ def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManage
 def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
     page: object, server: str, served_root: Path
 ) -> None:
-    """The overview refreshing every second under a live run: a click on that run's link opens its page
+    """The runs page refreshing every second under a live run: a click on that run's link opens its page
     in this tab (Streamlit's link cells open a new tab: ~10 s, a new session), and so does a tick on its
     row; no other tab is ever opened, and Back returns to the runs."""
     with live_run(served_root, "clicked"):

@@ -63,7 +63,7 @@ def bucket_store(clock: list[float], **options: float) -> RunStore:
 
 
 def statuses(store: RunStore) -> dict[str, str]:
-    return dict(zip(*(store.overview()[column] for column in ("run", "status")), strict=True))
+    return dict(zip(*(store.runs_table()[column] for column in ("run", "status")), strict=True))
 
 
 def test_a_refresh_costs_one_request_per_live_run_and_finished_runs_cost_nothing(
@@ -95,7 +95,7 @@ def test_a_refresh_costs_one_request_per_live_run_and_finished_runs_cost_nothing
             if refresh == 7:  # a longer copy of a live run uploaded, as `aws s3 cp` does
                 longer = live + line(base_record(60, train_loss=0.1, time=datetime.now(timezone.utc).isoformat()))
                 put_object(bucket, "exp/live0/metrics.jsonl", longer)
-            store.overview()
+            store.runs_table()
             store.view("live0")
             store.view("done00")
             if refresh == 7:
@@ -112,10 +112,10 @@ def test_a_refresh_costs_one_request_per_live_run_and_finished_runs_cost_nothing
         put_object(bucket, "exp/done05/metrics.jsonl", bucket_run(live=False, steps=7, session="s2"))
         proxy.reset()
         clock[0] += REFRESH_S
-        store.overview()
+        store.runs_table()
         assert requests_for("exp/done05/metrics.jsonl") == {}
         clock[0] += 60.0
-        assert store.overview().set_index("run").loc["done05", "last step"] == 70
+        assert store.runs_table().set_index("run").loc["done05", "last step"] == 70
         assert requests_for("exp/done05/metrics.jsonl") == {"head": 1, "get": 1}  # as at its first read
         assert proxy.snapshot()[0]["list"] == 1
     finally:
@@ -186,7 +186,7 @@ def test_a_copy_that_keeps_the_last_line_read_is_read_on_and_one_that_changed_it
 
 
 def test_a_bucket_that_does_not_exist_is_one_line_and_retried_sparingly(proxy: CountingProxy) -> None:
-    """The root cannot be listed: the overview and a run page say so in one line naming the root;
+    """The root cannot be listed: the runs page and a run page say so in one line naming the root;
     the listing is tried again after ``RETRY_S``, not at every call."""
     clock = [0.0]
     root = BucketRoot("s3://no-such-bucket/exp", clock=lambda: clock[0])
@@ -196,14 +196,14 @@ def test_a_bucket_that_does_not_exist_is_one_line_and_retried_sparingly(proxy: C
             with pytest.raises(
                 RunNotFoundError, match=r"^s3://no-such-bucket/exp: the runs root cannot be listed: "
             ) as info:
-                store.overview()
+                store.runs_table()
             assert "\n" not in str(info.value)
         with pytest.raises(RunNotFoundError, match=r"^s3://no-such-bucket/exp: "):
             store.view("a")
         assert proxy.snapshot()[0]["list"] == 1
         clock[0] += 10.0
         with pytest.raises(RunNotFoundError):
-            store.overview()
+            store.runs_table()
         assert proxy.snapshot()[0]["list"] == 2
     finally:
         store.close()
@@ -225,7 +225,7 @@ def test_an_object_deleted_between_its_head_and_its_get_is_that_runs_error_alone
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.url)
     store = bucket_store([0.0])
     try:
-        table = store.overview().set_index("run")
+        table = store.runs_table().set_index("run")
         assert table.loc["b", "status"] == "finished"
         assert table.loc["a", "status"] == "error"
         assert table.loc["a", "error"].startswith("a/metrics.jsonl: vanished while being read ")
@@ -258,7 +258,7 @@ def test_refused_credentials_are_one_line(monkeypatch: pytest.MonkeyPatch) -> No
             with pytest.raises(
                 RunNotFoundError, match=rf"^s3://{BUCKET}/exp: the runs root cannot be listed: "
             ) as info:
-                store.overview()
+                store.runs_table()
             assert "INVALID_ACCESS_KEY_ID" in str(info.value) and "\n" not in str(info.value)
         finally:
             store.close()
@@ -273,7 +273,7 @@ def test_the_runs_page_says_a_missing_bucket_in_one_plain_line_and_stays_up(
     """``--runs s3://no-such-bucket/exp``: the runs page keeps its title and caption and shows the
     refusal as one error line, its text as data (no markdown formed from it)."""
     monkeypatch.setenv("METRICS_RUNS_DIR", "s3://no-such-bucket/exp")
-    app = open_page("overview")
+    app = open_page("runs")
     assert app.title[0].value == "Runs"
     assert plain(app.caption[0].value).startswith("Watching s3://no-such-bucket/exp (listing: ")
     (error,) = app.error

@@ -115,7 +115,7 @@ def test_a_run_without_config_records_has_no_config(tmp_path: Path) -> None:
 
 
 def test_config_written_by_the_writer_reaches_the_view_once_per_snapshot(tmp_path: Path) -> None:
-    """write_config → store view → view_config, memoised per snapshot, and the overview's config column."""
+    """write_config → store view → view_config, memoised per snapshot, and the runs page's config column."""
     state = TrainingState()
     with MetricsWriter(RunContext(tmp_path / "w", "w", "s1")) as writer:
         writer.write("session_start", state)
@@ -125,7 +125,7 @@ def test_config_written_by_the_writer_reaches_the_view_once_per_snapshot(tmp_pat
         view = store.view("w")
         assert view_config(view) is view_config(view)
         assert view_config(view).values["optim.sched.warmup"] == "100"
-        assert store.overview().set_index("run").loc["w", "config"]["model"] == "gpt2"
+        assert store.runs_table().set_index("run").loc["w", "config"]["model"] == "gpt2"
     finally:
         store.close()
 

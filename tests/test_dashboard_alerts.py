@@ -139,17 +139,17 @@ def warnings_of(app: object) -> str:
 
 
 def test_a_nan_run_shows_a_firing_alert_on_the_overview_and_its_page(runs_root: Path, stop_server_objects) -> None:
-    """The server's alerter finds the NaN the writer recorded: the overview lists it (and not the
+    """The server's alerter finds the NaN the writer recorded: the runs page lists it (and not the
     healthy run), the NaN run's page shows it in its status rows, the healthy run's page nothing."""
     nan_and_healthy_runs(runs_root)
-    app = open_page("overview")
+    app = open_page("runs")
     deadline = time.monotonic() + 30
     while "nonfinite_loss" not in warnings_of(app) and time.monotonic() < deadline:
         app.run()  # the alerter's first pass runs beside the first page view
     assert not app.exception
-    overview = warnings_of(app)
-    assert "Firing alerts" in overview and "nan · nonfinite_loss since " in overview
-    assert "train loss was NaN or infinite at step" in overview and "ok ·" not in overview
+    runs_page = warnings_of(app)
+    assert "Firing alerts" in runs_page and "nan · nonfinite_loss since " in runs_page
+    assert "train loss was NaN or infinite at step" in runs_page and "ok ·" not in runs_page
     assert not any("first time" in caption.value for caption in app.caption)
     run_page = open_page("run", run="nan")
     assert not run_page.exception
@@ -202,13 +202,13 @@ def test_the_server_takes_the_alerts_command_settings(tmp_path: Path) -> None:
 def test_unusable_alert_settings_are_said_on_the_page_and_the_runs_still_show(
     runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_server_objects, variable: str, why: str
 ) -> None:
-    """An alerts config or webhook that cannot be used: the overview says which and why (the
+    """An alerts config or webhook that cannot be used: the runs page says which and why (the
     webhook's secret path left out), and still lists the runs."""
     config = tmp_path / "alerts.toml"
     config.write_text("spike_z = -1.0\n")
     monkeypatch.setenv(variable, str(config) if variable == "METRICS_ALERTS_CONFIG" else "ftp://host/secret")
     write_losses(runs_root / "ok", [2.0, 1.9])
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     assert shown(app.error[0].value).startswith("Alerts are off: ") and why in shown(app.error[0].value)
     assert list(app.dataframe[0].value["run"]) == ["run?run=ok"]

@@ -202,7 +202,7 @@ def test_overview_lists_every_run_and_a_failing_one_as_an_error_row(tmp_path: Pa
     make_runs(tmp_path, "alpha", "poisoned", "zeta")
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
-        table = store.overview()
+        table = store.runs_table()
         assert table["run"].tolist() == ["alpha", "poisoned", "zeta"]
         rows = table.set_index("run")
         assert rows.loc["poisoned", "status"] == "error"
@@ -224,26 +224,26 @@ def test_overview_lists_the_runs_beside_entries_it_cannot_look_into(tmp_path: Pa
     clock = [0.0]
     store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
     try:
-        rows = store.overview().set_index("run")
+        rows = store.runs_table().set_index("run")
         assert sorted(rows.index) == ["alpha", "group/beta", "group/through", "loop"]
         assert rows.loc[["loop", "group/through"], "status"].tolist() == ["unreadable", "unreadable"]
         assert rows.loc[["loop", "group/through"], "error"].tolist() == ["symlink loop", "not a directory"]
         assert rows.loc["alpha", "last step"] == 20 and rows.loc["group/beta", "last step"] == 20
-        before = store.overview_generation()
+        before = store.runs_table_generation()
         (tmp_path / "loop").unlink()
         clock[0] += store_module.REDISCOVER_S
-        assert sorted(store.overview()["run"]) == ["alpha", "group/beta", "group/through"]
-        assert store.overview_generation() != before
+        assert sorted(store.runs_table()["run"]) == ["alpha", "group/beta", "group/through"]
+        assert store.runs_table_generation() != before
     finally:
         store.close()
 
 
-OVERVIEW_SCRIPT = """
+RUNS_PAGE_SCRIPT = """
 import json, sys
 from metrics_core.dashboard.store.run_store import RunStore
 store = RunStore(sys.argv[1], safety_interval=0.0)
 try:
-    rows = store.overview()
+    rows = store.runs_table()
     print(json.dumps({row.run: [row.status, row.error] for row in rows.itertuples()}))
 finally:
     store.close()
@@ -257,7 +257,7 @@ def test_what_the_os_refuses_is_named_relative_to_the_root(tmp_path: Path) -> No
     (tmp_path / "locked-dir").chmod(0)
     (tmp_path / "locked-file" / "metrics.jsonl").chmod(0)
     try:
-        done = subprocess.run([*without_permission_override(), sys.executable, "-c", OVERVIEW_SCRIPT, str(tmp_path)],
+        done = subprocess.run([*without_permission_override(), sys.executable, "-c", RUNS_PAGE_SCRIPT, str(tmp_path)],
                               capture_output=True, text=True, timeout=120, cwd=REPO)  # fmt: skip
     finally:
         (tmp_path / "locked-dir").chmod(0o755)
@@ -283,7 +283,7 @@ def test_a_failed_run_is_retried_from_scratch_only_once_its_file_changed(tmp_pat
         append_records(tmp_path / "poisoned" / "metrics.jsonl", base_record(30, train_loss=0.1))
         view = store.view("poisoned")
         assert view.records == 3 and view.frames["train"]["step"].tolist() == [10, 20, 30]
-        assert store.overview()["status"].tolist() != ["error"]
+        assert store.runs_table()["status"].tolist() != ["error"]
     finally:
         store.close()
 
@@ -294,7 +294,7 @@ def test_a_string_logged_under_a_loss_name_does_not_break_the_overview(tmp_path:
                    base_record(20, train_loss='<a href="https://evil.example">x</a>'))  # fmt: skip
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
-        row = store.overview().iloc[0]
+        row = store.runs_table().iloc[0]
         assert row["status"] != "error" and row["train loss"] == 1.0
     finally:
         store.close()
@@ -332,7 +332,7 @@ def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: py
 def test_overview_page_shows_the_error_row_and_the_other_runs(runs_root: Path, poisoned: dict) -> None:
     """The runs page survives a failing run: every run is a row, the failing one says why."""
     make_runs(runs_root, "alpha", "poisoned")
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception
     table = app.dataframe[0].value.set_index("run")
     assert list(table.index) == ["run?run=alpha", "run?run=poisoned"]
@@ -374,7 +374,7 @@ def test_the_runs_page_lists_the_runs_beside_a_symlink_loop(runs_root: Path) -> 
     """A symlink loop in the root is a row naming it and why, first; the runs are rows, no page-wide error."""
     make_runs(runs_root, "alpha", "beta")
     (runs_root / "loop").symlink_to("loop")
-    app = open_page("overview")
+    app = open_page("runs")
     assert not app.exception and not app.error
     table = app.dataframe[0].value
     assert table["run"].tolist()[0] == "run?run=loop" and sorted(table["run"][1:]) == ["run?run=alpha", "run?run=beta"]
@@ -427,7 +427,7 @@ def test_hostile_config_keys_and_values_stay_text_on_every_page(runs_root: Path)
     assert not any("](https://evil" in text or "<img" in text or "**k**" in text for text in markdown)
     app = open_page("compare", run=["a", "b"])
     assert not app.exception and app.dataframe[0].value.index.tolist() == ["n"]
-    app = open_page("overview")
+    app = open_page("runs")
     app.multiselect(key="config_columns").set_value(["<img src=x onerror=alert(1)>"]).run()
     assert not app.exception
     assert app.dataframe[0].value["<img src=x onerror=alert(1)>"].tolist() == ["<img src=x onerror=alert(1)>"] * 2

@@ -165,7 +165,7 @@ def test_the_store_lists_special_runs_as_errors_naming_the_path_and_every_other_
     store = RunStore(root, force_polling=True, load_budget_s=60.0)
     try:
         with no_waiting():
-            rows = {row["run"]: row for row in store.overview().to_dict("records")}
+            rows = {row["run"]: row for row in store.runs_table().to_dict("records")}
         assert rows["alpha"]["status"] == rows["zeta"]["status"] == "crashed"
         assert rows["alpha"]["last step"] == 500 and not isinstance(rows["zeta"]["error"], str)
         for name, kind in (("piped", "fifo"), ("nested/folder", "directory")):

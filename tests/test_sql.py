@@ -404,7 +404,7 @@ def test_the_runs_pages_query_box_reads_a_bucket_root(
     upload_root(bucket, small_root(tmp_path / "runs"), "exp")
     monkeypatch.setenv("METRICS_RUNS_DIR", f"s3://{BUCKET}/exp")
     monkeypatch.setenv("METRICS_CACHE_DIR", str(tmp_path / "cache"))
-    app = open_page("overview")
+    app = open_page("runs")
     app.text_area(key="sql_text").input("SELECT run, records FROM runs ORDER BY run")
     next(button for button in app.button if button.label == "Run query").click().run()
     assert not app.exception and not app.error, [*app.exception, *app.error]

@@ -83,7 +83,7 @@ def test_views_are_reused_until_the_file_changes(tmp_path: Path) -> None:
         append_records(tmp_path / "r" / "metrics.jsonl", base_record(20, train_loss=0.5))
         second = store.view("r")
         assert second is not first and second.records == 2
-        assert store.overview()["last step"].tolist() == [20]
+        assert store.runs_table()["last step"].tolist() == [20]
     finally:
         store.close()
 
@@ -156,7 +156,7 @@ def test_a_memo_computation_may_ask_for_another_key_without_deadlocking(tmp_path
         store.close()
 
 
-# -- the overview is O(runs), and each run's row is kept incrementally ------------------
+# -- the runs page is O(runs), and each run's row is kept incrementally ------------------
 
 
 def summary_of(store: RunStore, name: str) -> object:
@@ -178,7 +178,7 @@ def test_incremental_summary_equals_the_full_recount_after_every_append(tmp_path
     try:
         for records in appends:
             append_records(path, *records)
-            store.overview()
+            store.runs_table()
             view = store.view("r")
             assert summary_of(store, "r") == view_summary(view)
     finally:
@@ -229,7 +229,7 @@ def test_a_snapshot_extended_from_the_last_equals_one_built_from_scratch_after_e
             append_records(path, *records)
             views.append(store.view("r"))
             assert_same_view(views[-1], full_view(store, "r"))
-            store.overview()
+            store.runs_table()
             assert summary_of(store, "r") == view_summary(views[-1])
         path.write_bytes(b"".join(orjson.dumps(record) + b"\n" for record in train(range(10, 100, 10))))  # rewritten
         assert_same_view(store.view("r"), full_view(store, "r"))
@@ -304,8 +304,8 @@ def count_calls(monkeypatch: pytest.MonkeyPatch, owner: object, name: str) -> li
     return calls
 
 
-def overview_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
-    """Work of a cold overview, a no-change one and one after a single append, on ``runs`` runs."""
+def runs_table_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Work of a cold runs page, a no-change one and one after a single append, on ``runs`` runs."""
     for number in range(runs):
         append_records(root / f"run{number:04d}" / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / s) for s in range(10, 60, 10)))  # fmt: skip
@@ -313,14 +313,14 @@ def overview_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> dic
     resolves = count_calls(monkeypatch, roots_module, "resolve_run")  # the local root resolves names
     store = RunStore(root, safety_interval=3600.0, load_budget_s=3600.0)
     try:
-        assert (store.overview()["status"] != "loading").all()
+        assert (store.runs_table()["status"] != "loading").all()
         cold = dict(store.stats)
-        store.overview()
+        store.runs_table()
         idle = {key: store.stats[key] - cold[key] for key in cold}
         append_records(root / "run0000" / "metrics.jsonl", base_record(60, train_loss=0.1))
         store._entries["run0000"].refreshed_at = float("-inf")  # as the watcher's hint does
         before = dict(store.stats)
-        assert store.overview().set_index("run").loc["run0000", "last step"] == 60
+        assert store.runs_table().set_index("run").loc["run0000", "last step"] == 60
         after = {key: store.stats[key] - before[key] for key in before}
     finally:
         store.close()
@@ -334,8 +334,8 @@ def test_overview_work_grows_linearly_with_runs_and_an_append_touches_one_row(
 ) -> None:
     """20 vs 200 runs: one walk per call, one summary per run cold, none when idle, one per appended run;
     no frame of any run is built and no run name is resolved again (no O(n²) per refresh)."""
-    small = overview_work(tmp_path / "small", 20, monkeypatch)
-    large = overview_work(tmp_path / "large", 200, monkeypatch)
+    small = runs_table_work(tmp_path / "small", 20, monkeypatch)
+    large = runs_table_work(tmp_path / "large", 200, monkeypatch)
     assert small == {"cold_summaries": 20, "cold_walks": 1, "idle_summaries": 0, "idle_builds": 0,
                      "append_summaries": 1, "frames": 0, "resolves": 0}  # fmt: skip
     assert large == {**small, "cold_summaries": 200}
@@ -382,21 +382,21 @@ def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path:
         append_records(tmp_path / name / "metrics.jsonl", base_record(10, train_loss=1.0))
     store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
     try:
-        first = store.overview()
+        first = store.runs_table()
         assert first["run"].tolist() == ["a", "b", "c"]
         assert set(first["status"]) <= {"loading", "crashed"}
         deadline = time.monotonic() + 60
         while store.stats["background_reads"] < 3:
             assert time.monotonic() < deadline, "the background loader did not finish"
             time.sleep(0.01)
-        assert store.overview()["status"].tolist() == ["crashed"] * 3
+        assert store.runs_table()["status"].tolist() == ["crashed"] * 3
         assert store.stats["summaries"] == 3
     finally:
         store.close()
 
 
 def test_a_loader_that_dies_does_not_stop_later_calls_from_loading(tmp_path: Path, monkeypatch) -> None:
-    """An unforeseen error kills the loader thread while it peeks at a big run: the next overview()
+    """An unforeseen error kills the loader thread while it peeks at a big run: the next runs_table()
     starts another loader, which reads every queued run."""
     records = store_module.CALLER_READ_BYTES // 150 + 1  # too big for a page's call: the loader's
     for name in ("a", "b"):
@@ -414,13 +414,13 @@ def test_a_loader_that_dies_does_not_stop_later_calls_from_loading(tmp_path: Pat
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the dying thread's traceback
     store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
     try:
-        store.overview()
+        store.runs_table()
         deadline = time.monotonic() + 60
         while store.stats["background_reads"] < 2:
             assert time.monotonic() < deadline, f"queued runs never read after the loader died ({failures})"
-            store.overview()
+            store.runs_table()
             time.sleep(0.05)
-        assert failures and store.overview()["status"].tolist() == ["crashed", "crashed"]
+        assert failures and store.runs_table()["status"].tolist() == ["crashed", "crashed"]
     finally:
         store.close()
 
@@ -435,14 +435,14 @@ def test_a_big_cold_run_is_read_by_the_loader_never_on_a_page_call(tmp_path: Pat
     )
     store = RunStore(tmp_path, load_budget_s=3600.0, loader_delay_s=0.0)
     try:
-        first = store.overview().set_index("run")["status"]
+        first = store.runs_table().set_index("run")["status"]
         assert first["small"] == "crashed" and first["big"] in ("loading", "crashed")
         assert store.view("big").records == records
         deadline = time.monotonic() + 60
         while store.stats["background_reads"] < 1:
             assert time.monotonic() < deadline, "the background loader did not read the big run"
             time.sleep(0.01)
-        assert store.overview()["status"].tolist() == ["crashed", "crashed"]
+        assert store.runs_table()["status"].tolist() == ["crashed", "crashed"]
     finally:
         store.close()
 
@@ -462,7 +462,7 @@ def test_a_big_cold_run_shows_its_last_records_from_the_tail_until_it_is_read(tm
         [first, _] = store.runs()
         with store._entry(first).lock:  # the loader, done peeking, waits to read "a"
             deadline = time.monotonic() + 60
-            while pd.isna((row := store.overview().set_index("run").loc["big"])["last step"]):
+            while pd.isna((row := store.runs_table().set_index("run").loc["big"])["last step"]):
                 assert time.monotonic() < deadline, "the big run was never peeked at"
                 time.sleep(0.01)
             assert row["status"] == "loading" and row["last step"] == records + 1
@@ -473,7 +473,7 @@ def test_a_big_cold_run_shows_its_last_records_from_the_tail_until_it_is_read(tm
         while loaded.summary is None:
             assert time.monotonic() < deadline, "the big run was never read"
             time.sleep(0.01)
-        assert store.overview().set_index("run").loc["big", "status"] == "crashed"
+        assert store.runs_table().set_index("run").loc["big", "status"] == "crashed"
     finally:
         store.close()
 
@@ -485,17 +485,17 @@ def test_a_run_busy_in_another_thread_does_not_hold_up_the_overview(tmp_path: Pa
         append_records(tmp_path / name / "metrics.jsonl", base_record(10, train_loss=1.0))
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
-        store.overview()
+        store.runs_table()
         for name in ("a", "b"):
             append_records(tmp_path / name / "metrics.jsonl", base_record(20, train_loss=0.5))
         tables: list[object] = []
         with store._entries["a"].lock:
-            worker = threading.Thread(target=lambda: tables.append(store.overview()), daemon=True)
+            worker = threading.Thread(target=lambda: tables.append(store.runs_table()), daemon=True)
             worker.start()
             worker.join(timeout=30)
-            assert tables, "overview() waited for a busy run"
+            assert tables, "runs_table() waited for a busy run"
         assert tables[0]["last step"].tolist() == [10, 20]
-        assert store.overview()["last step"].tolist() == [20, 20]
+        assert store.runs_table()["last step"].tolist() == [20, 20]
     finally:
         store.close()
 
@@ -505,9 +505,9 @@ def test_an_idle_overview_only_recomputes_ages(tmp_path: Path) -> None:
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
     store = RunStore(tmp_path, safety_interval=3600.0)
     try:
-        first = store.overview()
+        first = store.runs_table()
         builds = store.stats["table_builds"]
-        later = store.overview(now=datetime.now(timezone.utc) + timedelta(seconds=30))
+        later = store.runs_table(now=datetime.now(timezone.utc) + timedelta(seconds=30))
         assert store.stats["table_builds"] == builds
         assert later["last record age (s)"].iloc[0] == pytest.approx(first["last record age (s)"].iloc[0] + 30, abs=1)
     finally:
@@ -520,21 +520,21 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
     clock = [0.0]
     store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
     try:
-        store.overview()
-        idle = store.overview_generation()
+        store.runs_table()
+        idle = store.runs_table_generation()
         for _ in range(3):
             clock[0] += store_module.REDISCOVER_S  # find_runs again, same runs
-            store.overview()
-        assert store.overview_generation() == idle
+            store.runs_table()
+        assert store.runs_table_generation() == idle
         append_records(tmp_path / "r" / "metrics.jsonl", base_record(20, train_loss=0.5))
         clock[0] += 1.0
-        store.overview()
-        appended = store.overview_generation()
+        store.runs_table()
+        appended = store.runs_table_generation()
         assert appended != idle
         append_records(tmp_path / "s" / "metrics.jsonl", base_record(10, train_loss=1.0))
         clock[0] += store_module.REDISCOVER_S
-        assert store.overview()["run"].tolist() == ["r", "s"]
-        assert store.overview_generation() != appended
+        assert store.runs_table()["run"].tolist() == ["r", "s"]
+        assert store.runs_table_generation() != appended
     finally:
         store.close()
 
@@ -556,9 +556,9 @@ def memory_root(root: Path, finished: int, records: int = 2000) -> None:
 
 
 def listed_store(root: Path, clock: list[float], **options: object) -> RunStore:
-    """A store that read every run of ``root`` in its first ``overview()`` (no loader, no budget)."""
+    """A store that read every run of ``root`` in its first ``runs_table()`` (no loader, no budget)."""
     store = RunStore(root, safety_interval=0.0, load_budget_s=3600.0, clock=lambda: clock[0], **options)
-    assert "loading" not in store.overview(now=MEMORY_NOW)["status"].tolist()
+    assert "loading" not in store.runs_table(now=MEMORY_NOW)["status"].tolist()
     return store
 
 
@@ -570,7 +570,7 @@ def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_numbe
         memory_root(root, finished)
         store = listed_store(root, [0.0])
         try:
-            table = store.overview(now=MEMORY_NOW).set_index("run")
+            table = store.runs_table(now=MEMORY_NOW).set_index("run")
             assert table.loc["live", "status"] == "live" and (table.drop(index="live")["status"] == "finished").all()
             assert (table["last step"] == 2000).all() and len(table) == finished + 1
             assert store.held_records() == 2000
@@ -581,7 +581,7 @@ def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_numbe
 
 def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_it_for_a_while(tmp_path: Path) -> None:
     """A run opened by a page keeps its reader (each view extends it with the appended records); neither
-    viewed nor changed for idle_s it is released at the next overview; appended to once released, its
+    viewed nor changed for idle_s it is released at the next runs page; appended to once released, its
     row shows the new records (a fresh reader), which it keeps while it changes (the next append is not
     a re-read, even with records too old to read live), and the view built then equals a cold read's."""
     memory_root(tmp_path, 4)
@@ -594,26 +594,26 @@ def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_i
             append_records(tmp_path / "run01" / "metrics.jsonl", base_record(step, session="s2", train_loss=0.5))
             clock[0] += 1.0
             assert store.view("run01").sessions[-1].last_step == step
-            store.overview(now=MEMORY_NOW)
+            store.runs_table(now=MEMORY_NOW)
             assert store.held_records() == 2000 + 2001 + step - 2000
         assert store.stats["views"] == views + 2 and store.stats["reopens"] == 1  # the first view reopened it
         clock[0] += 30.0
         later = MEMORY_NOW + timedelta(hours=1)  # no run live any more
-        assert store.overview(now=later).set_index("run").loc["run01", "last step"] == 2002
+        assert store.runs_table(now=later).set_index("run").loc["run01", "last step"] == 2002
         assert store.held_records() == 0
         run03 = tmp_path / "run03" / "metrics.jsonl"
         append_records(run03, base_record(2001, event="session_start", session="s2"))
         clock[0] += 1.0
-        assert store.overview(now=later).set_index("run").loc["run03", "sessions"] == 2
+        assert store.runs_table(now=later).set_index("run").loc["run03", "sessions"] == 2
         assert store.held_records() == 2002 and store.stats["reopens"] == 2  # read again, and kept: it changes
         append_records(run03, base_record(2010, session="s2", train_loss=0.25))
         clock[0] += 1.0
-        row = store.overview(now=later).set_index("run").loc["run03"]
+        row = store.runs_table(now=later).set_index("run").loc["run03"]
         assert (row["sessions"], row["last step"], row["train loss"]) == (2, 2010, 0.25)
         assert store.stats["reopens"] == 2 and store.held_records() == 2003
         assert_same_view(store.view("run03"), full_view(store, "run03"))
         clock[0] += 30.0
-        store.overview(now=later)
+        store.runs_table(now=later)
         assert store.held_records() == 0
     finally:
         store.close()
@@ -666,10 +666,10 @@ def test_two_tabs_on_two_runs_over_the_budget_keep_both_until_one_is_left(tmp_pa
 def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_released_later(tmp_path: Path) -> None:
     """The interleavings of two threads, in one thread: ``_trim_viewed`` picks run00 (over the budget,
     not viewed for recent_s), then a view of run00 comes before the eviction step (``_unview`` with the
-    viewed_at it saw): run00 stays viewed, so the next overview keeps its reader (it used to lose its
+    viewed_at it saw): run00 stays viewed, so the next runs page keeps its reader (it used to lose its
     fresh viewed_at and be released under a page showing it).  And a run whose lock another thread
     holds when it would be trimmed stays viewed, and the next view releases it (it used to be
-    forgotten unreleased: held for good while no overview runs)."""
+    forgotten unreleased: held for good while no runs page runs)."""
     memory_root(tmp_path, 2)
     clock = [0.0]
     store = listed_store(tmp_path, clock, view_budget_records=3000, recent_s=5.0)
@@ -681,7 +681,7 @@ def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_rel
         store.view("run00")  # ... but a tab views it first
         assert store._unview(run00, seen) == 0
         assert "run00" in store._viewed and run00.viewed_at == clock[0]
-        store.overview(now=MEMORY_NOW)
+        store.runs_table(now=MEMORY_NOW)
         assert run00.reader is not None and store.held_records() == 2000 + 2001
 
         clock[0] += 10.0
@@ -712,12 +712,12 @@ def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writ
         lock_exclusive(writer)  # a hung trainer: the lock held, nothing written
         summaries = store.stats["summaries"]
         clock[0] += 1.0
-        hung = store.overview(now=MEMORY_NOW + timedelta(hours=1)).set_index("run")
+        hung = store.runs_table(now=MEMORY_NOW + timedelta(hours=1)).set_index("run")
         assert hung.loc["live", "status"] == "stalled" and store.held_records() == 0
         os.close(writer)
         writer = None
         clock[0] += 1.0
-        assert store.overview(now=MEMORY_NOW + timedelta(hours=2)).set_index("run").loc["live", "status"] == "crashed"
+        assert store.runs_table(now=MEMORY_NOW + timedelta(hours=2)).set_index("run").loc["live", "status"] == "crashed"
         assert store.stats["summaries"] == summaries and store.stats["reopens"] == 0
     finally:
         if writer is not None:
@@ -882,7 +882,7 @@ def test_closing_a_store_while_its_loader_reads_leaves_a_whole_cache(tmp_path: P
         append_records(runs / name / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / (s + 1), pad="x" * 40) for s in range(records)))  # fmt: skip
     first = RunStore(runs, cache=policy, loader_delay_s=0.0)
-    first.overview()  # all three too big for the caller: the loader reads them
+    first.runs_table()  # all three too big for the caller: the loader reads them
     first.close()
     second = RunStore(runs, cache=policy)
     try:
@@ -918,8 +918,8 @@ with MetricsWriter(RunContext(sys.argv[1], "r", "s1")) as writer:
 
 
 def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbeat(tmp_path: Path) -> None:
-    """A real writer holding its lock is live on the overview; SIGKILLed, its run reads crashed at
-    the very next overview, though its last record is seconds old (the lock was seen held, so a
+    """A real writer holding its lock is live on the runs page; SIGKILLed, its run reads crashed at
+    the very next runs page, though its last record is seconds old (the lock was seen held, so a
     free lock is a dead writer).  A file that no writer ever locked keeps the heartbeat rule."""
     writer = spawn_python(WRITER_THEN_WAIT, str(tmp_path / "r"))
     try:
@@ -930,7 +930,7 @@ def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbe
         )
         store = RunStore(tmp_path, safety_interval=0.0)
         try:
-            status = lambda: store.overview().set_index("run")["status"].to_dict()  # noqa: E731
+            status = lambda: store.runs_table().set_index("run")["status"].to_dict()  # noqa: E731
             assert status() == {"r": "live", "plain": "live"}
             writer.send_signal(signal.SIGKILL)
             writer.wait(timeout=30)

@@ -245,7 +245,7 @@ class AlertEvaluator:
         return alerts
 
     def firing(self) -> dict[str, list[Alert]]:
-        """The alerts firing now, per run (for the overview and a run's page)."""
+        """The alerts firing now, per run (for the runs page and a run's page)."""
         with self._lock:
             return {name: list(alerts) for name, alerts in self._firing.items()}
 

@@ -14,7 +14,7 @@ knob, and its defaults need no configuration):
   ``clear_after_windows`` windows with a finite loss and no spike follow, so a NaN that the loop
   recovered from before the next pass is still reported, and one every few windows is one alert.
 * ``stalled`` / ``crashed`` / ``failed`` (``statuses``) — ``runs.run_status``, the rule the
-  overview shows; ``interrupted`` (a preemption) only when listed.
+  runs page shows; ``interrupted`` (a preemption) only when listed.
 * ``skipped_updates`` / ``clipped_fraction`` — the last window's skipped attempts over its
   attempts, or its clipped fraction, above a threshold; a session's first window is not judged
   (FP16 loss scaling skips steps while it calibrates).  Clipping is off by default: many recipes

@@ -26,7 +26,7 @@ from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard.display_text import md_text, shorten_words
 from metrics_core.text import clean
 
-FIRING_SHOWN = 50  # firing alerts listed on the overview; more are counted, not listed
+FIRING_SHOWN = 50  # firing alerts listed on the runs page; more are counted, not listed
 CLEARED_SHOWN = 20  # recently cleared alerts listed behind the expander
 READ_SHARE = 0.25  # of a core, at most, for the server alerter's reading (``Pacer``)
 _log = logging.getLogger(__name__)
@@ -118,7 +118,7 @@ class ServerAlerter:
 
 @dataclass(frozen=True, slots=True)
 class AlertsNotice:
-    """The overview's alerts as plain lines: compared with the one drawn, it says whether to redraw."""
+    """The runs page's alerts as plain lines: compared with the one drawn, it says whether to redraw."""
 
     ready: bool
     firing: tuple[str, ...]
@@ -145,7 +145,7 @@ def firing_lines(firing: Mapping[str, Sequence[Alert]], *, limit: int = FIRING_S
 def alerts_notice(
     firing: Mapping[str, Sequence[Alert]], recent: Sequence[Alert], *, ready: bool, cleared: int = CLEARED_SHOWN
 ) -> AlertsNotice:
-    """What the overview shows: the firing alerts, and the last ``cleared`` ones that cleared."""
+    """What the runs page shows: the firing alerts, and the last ``cleared`` ones that cleared."""
     gone = [alert for alert in reversed(recent) if alert.state == "cleared"][:cleared]
     return AlertsNotice(ready, firing_lines(firing), tuple(alert_line(alert) for alert in gone))
 
@@ -156,12 +156,12 @@ def run_alert_lines(firing: Mapping[str, Sequence[Alert]], run: str) -> tuple[st
 
 
 def notice_of(alerter: ServerAlerter | None) -> AlertsNotice | None:
-    """What the overview shows of ``alerter`` now (None: alerts are off)."""
+    """What the runs page shows of ``alerter`` now (None: alerts are off)."""
     return None if alerter is None else alerts_notice(alerter.firing(), alerter.recent(), ready=alerter.ready)
 
 
 def show_notice(notice: AlertsNotice | None) -> AlertsNotice | None:
-    """The overview's alerts: a warning listing the firing ones, the cleared ones behind an
+    """The runs page's alerts: a warning listing the firing ones, the cleared ones behind an
     expander.  Returns ``notice``: the page keeps what it drew to compare the next one with."""
     if notice is None:
         return None

@@ -71,7 +71,7 @@ class RunsPage:
 
 
 def runs_page_view(table: pd.DataFrame) -> RunsPage:
-    """The page of ``table`` (the store's overview) the filters, config columns and page picker of
+    """The page of ``table`` (the store's runs page) the filters, config columns and page picker of
     the runs page select, read from their session state: O(runs) to filter and sort, O(``PAGE_ROWS``)
     to format."""
     state = st.session_state

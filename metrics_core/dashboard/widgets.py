@@ -99,7 +99,7 @@ def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
         return store.view(name)
     except STORE_ERRORS as exc:
         st.error(f"Cannot show run {name_text(name)}: {reason_text(exc, store.root)}")
-        st.page_link("pages/overview.py", label="Back to all runs", icon=":material/arrow_back:")
+        st.page_link("pages/runs.py", label="Back to all runs", icon=":material/arrow_back:")
         if not isinstance(exc, RunPathError):
 
             @st.fragment(run_every=refresh)
@@ -140,7 +140,7 @@ def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
     names = run_names_or_stop(store)
     if not names:
         st.info("No runs under the root yet.")
-        st.page_link("pages/overview.py", label="All runs", icon=":material/arrow_back:")
+        st.page_link("pages/runs.py", label="All runs", icon=":material/arrow_back:")
         st.stop()
     choice = st.selectbox("Choose a run", names, index=None, format_func=shorten, key="run_picker",
                           placeholder="Choose a run")  # fmt: skip
@@ -182,10 +182,10 @@ def live_view(store: RunStore, name: str) -> RunView | None:
         return None
 
 
-def overview_or_stop(store: RunStore) -> pd.DataFrame:
+def runs_table_or_stop(store: RunStore) -> pd.DataFrame:
     """The runs table, or a plain message when the root itself cannot be listed."""
     try:
-        return store.overview()
+        return store.runs_table()
     except STORE_ERRORS as exc:
         st.error(f"Cannot list the runs: {reason_text(exc, store.root)}")
         st.stop()

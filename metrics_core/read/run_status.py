@@ -25,7 +25,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
-from metrics_core.read.run_file import open_regular
+from metrics_core.read.run_file import LocalFile, open_regular
 from metrics_core.write.crash_safety import tail_start
 from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES, parse_note
 

@@ -16,14 +16,9 @@ from __future__ import annotations
 import errno
 import os
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
-from typing import Protocol
 
 from metrics_core.errors import RunNotFoundError, RunPathError
-from metrics_core.read.run_file import LocalFile, open_regular
-from metrics_core.write.crash_safety import tail_start
-from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES, parse_note
 from metrics_core.write.writer import METRICS_FILENAME
 
 STALL_FLOOR_S = 60.0

@@ -1,4 +1,4 @@
-"""SQL over every run: ``python -m metrics_core export|query`` and the overview page's query box.
+"""SQL over every run: ``python -m metrics_core export|query`` and the runs page's query box.
 
 ``query`` runs one read-only statement through DuckDB (the optional ``sql`` extra) over an export
 made by ``metrics_core.sql.export``: an export directory as it is (local or in a bucket), or a runs

@@ -3,7 +3,7 @@ them, within its budget, the rest by one background thread, so a page never wait
 
 The store (``store.RunStore``) owns the runs and how one is read; this module owns only the queue
 and the thread: which run is read next, and that exactly one loader reads while any is queued.
-A run is queued once (its ``queued`` flag stays set until the store has read it, and the overview
+A run is queued once (its ``queued`` flag stays set until the store has read it, and the runs page
 shows it as ``loading`` meanwhile); a queued run bigger than what a page's caller may read is
 peeked at first (``peek``: its row from its file's tail), so a root of big runs shows where each
 one is long before it is parsed.
@@ -65,7 +65,7 @@ class ColdLoader(Generic[E, I]):
         sized = [(self._size(info), entry, info) for entry, info in jobs]
         with self._lock:
             for _, entry, _ in sized:
-                entry.queued = True  # until read: the overview shows it as loading meanwhile
+                entry.queued = True  # until read: the runs page shows it as loading meanwhile
             if sized:
                 self._cold.extend(sized)
                 self._cold.sort(key=lambda job: -job[0])  # popped from the end

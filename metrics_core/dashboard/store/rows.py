@@ -2,7 +2,7 @@
 
 ``RunStore`` owns the rows; this module computes them, from nothing but a reader or a file:
 
-* ``overview_row``: a read run's row, from its ``summary.RunSummary`` (the tails of its reader's
+* ``runs_table_row``: a read run's row, from its ``summary.RunSummary`` (the tails of its reader's
   columns, O(1) per value) and its loss trend (``LossTrend``: O(appended rows) while only the
   last session grows), never from a frame of the whole run;
 * ``peek_row``: a big run's row before it is read, from the last ``PEEK_BYTES`` of its file;
@@ -36,7 +36,7 @@ PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 
 
 
 class LossTrend:
-    """``overview.trend`` of a run's effective, finite train losses, kept from one summary to the
+    """``runs page.trend`` of a run's effective, finite train losses, kept from one summary to the
     next: the rows it picks from are remembered, so an append made by the last session (the live
     case) costs O(appended rows); anything else (a new session, a reset, a loss logged as a
     string) recomputes them, O(rows) in numpy."""
@@ -110,8 +110,8 @@ def grown_in_last_session(reader: RunReader, event: str, before: int, last: str)
     return -1 not in codes and all(column.categories[code] == last for code in codes)
 
 
-def overview_row(name: str, summary: RunSummary) -> dict[str, Any]:
-    """A run's row of the runs table (ages are filled in per call by ``RunStore.overview``)."""
+def runs_table_row(name: str, summary: RunSummary) -> dict[str, Any]:
+    """A run's row of the runs table (ages are filled in per call by ``RunStore.runs page``)."""
     return {
         "run": name,
         "status": summary.status,

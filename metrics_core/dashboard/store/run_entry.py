@@ -45,7 +45,7 @@ from typing import Any
 import pandas as pd
 
 from metrics_core.dashboard.display_text import under_root
-from metrics_core.dashboard.store.rows import LossTrend, error_row, event_rows, overview_row, peek_row
+from metrics_core.dashboard.store.rows import LossTrend, error_row, event_rows, peek_row, runs_table_row
 from metrics_core.dashboard.store.snapshot import Lineage, RunView, build_view
 from metrics_core.dashboard.views.config_tables import run_config
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
@@ -175,7 +175,7 @@ class RunEntry:
             if key != self.data_key or self.summary is None:
                 if self.summary is not None:
                     self.changed_at = ctx.clock()
-                self.view = None  # built on demand: the overview never needs one
+                self.view = None  # built on demand: the runs page never needs one
                 self.data_key = key
                 self._summarise(now)
             elif self.summary.status not in END_STATUSES or reader.last_event != "session_end":
@@ -250,7 +250,7 @@ class RunEntry:
 
     def _set_summary(self, summary: RunSummary) -> None:
         self.summary = summary
-        self.set_row(overview_row(self.name, summary), summary.last_record_time)
+        self.set_row(runs_table_row(self.name, summary), summary.last_record_time)
 
     def set_row(self, row: dict[str, Any], last_record_time: datetime | None = None) -> None:
         """The run's row of the runs table; the store hears of it only if it changed."""

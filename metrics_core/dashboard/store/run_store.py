@@ -9,7 +9,7 @@ This module is the server-wide registry: which runs there are, the root's hints,
 viewed and the memory budget over them, the cold loader, and the runs table.  Each run is a
 ``run_entry.RunEntry``, which owns everything about that one run: its reader, the refresh policy
 (when it is re-read), its status and row, its snapshot, and failure containment (whatever reading
-or showing a run raises becomes that run's ``RunViewError`` and its ``error`` row; ``overview()``
+or showing a run raises becomes that run's ``RunViewError`` and its ``error`` row; ``runs_table()``
 lists every other run).  An entry of the root that cannot be looked into (a directory the OS
 refuses to list, a symlink loop) is a row with status ``unreadable`` and the reason
 (``runs.discover_runs``).
@@ -21,20 +21,20 @@ root in the background is ``cold_loader.ColdLoader``'s.
 
 Cost model (a root of 1,000 runs, runs of millions of records, live):
 
-* ``overview()`` costs O(runs) per call and touches no record: each run's row comes from a
+* ``runs_table()`` costs O(runs) per call and touches no record: each run's row comes from a
   ``RunSummary`` that the refresh which read new bytes updates from the tail of the reader's
   columns (O(new records), never a frame of the whole run), and the table is rebuilt only when a
   row changed; otherwise only the ages column is recomputed.  A run's status is re-evaluated
   when its file is stat'ed (every ``safety_interval`` or on a watcher hint), and never again
   once it ended (``session_end``) until the file changes.
-* Cold loading never holds up a page: the first ``overview()`` reads runs never read yet,
+* Cold loading never holds up a page: the first ``runs_table()`` reads runs never read yet,
   smallest file first, until ``load_budget_s`` is spent or the next file is bigger than
   ``CALLER_READ_BYTES`` (a small root is complete at once, a big run never parsed on a page's
   time); the rest are listed with status ``loading`` and read by one background loader thread,
   in the same order, while pages keep getting the table as it stands (O(runs), no wait).  So a root of
   1,000 runs is listed about as fast as a root of one, and filled at the speed of reading it, not
   of the page's refreshes.  A run being read by the loader (or snapshotted by another tab) is not
-  waited for by ``overview()``: its row is the one it had.
+  waited for by ``runs_table()``: its row is the one it had.
 * ``view(name)`` costs one ``resolve_run`` and the watcher hints for that call, never a walk of
   the root: a page showing one run does not pay for the 999 others.
 
@@ -55,7 +55,7 @@ time.  A released run whose file did not change costs one ``stat`` per ``safety_
 ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
 
-The overview's ``config`` column holds each run's flattened config (``dashboard.config``), computed
+The runs page's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
 """
 
@@ -86,7 +86,7 @@ REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss 
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-OVERVIEW_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
+RUNS_TABLE_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                     "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                     "duration (s)", "loss trend")  # fmt: skip
 
@@ -132,7 +132,7 @@ class RunStore:
         self._unreadable: tuple[UnreadableEntry, ...] = ()  # entries of the root the last walk could not look into
         self._runs_key: tuple[int, float] | None = None
         self._rows_generation = 0  # bumped whenever any run's row changes
-        # (overview generation, table, last record time per row in s since epoch): replaced as one
+        # (runs page generation, table, last record time per row in s since epoch): replaced as one
         # value, as several threads (tabs, the loader's rows) may rebuild it at once
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._runs_generation = 0
@@ -252,9 +252,9 @@ class RunStore:
 
     def _unview(self, entry: RunEntry, viewed_at: float) -> int:
         """Forget ``entry`` as viewed and release its reader if idle, unless it was viewed again
-        since ``viewed_at`` (a page is on it: the next overview must not release it) or another
+        since ``viewed_at`` (a page is on it: the next runs page must not release it) or another
         thread holds its lock (it stays viewed, and the next ``_trim_viewed`` tries again: forgotten
-        unreleased, nothing would ever release it while no overview runs).  Returns the records
+        unreleased, nothing would ever release it while no runs page runs).  Returns the records
         it held if it was forgotten, else 0."""
         if not entry.lock.acquire(blocking=False):
             return 0
@@ -274,14 +274,14 @@ class RunStore:
         with self._lock:
             self._rows_generation += 1
 
-    def overview_generation(self) -> tuple[int, int]:
-        """Moves whenever a run appears or vanishes or a row of ``overview()`` changes (ages aside,
+    def runs_table_generation(self) -> tuple[int, int]:
+        """Moves whenever a run appears or vanishes or a row of ``runs_table()`` changes (ages aside,
         which are per call): O(1), so a live page tells "nothing changed" without comparing rows.
-        Rows change only in the store's calls (``overview()``, ``view()``): call one first."""
+        Rows change only in the store's calls (``runs_table()``, ``view()``): call one first."""
         with self._lock:
             return (self._runs_generation, self._rows_generation)
 
-    def overview(self, *, now: datetime | None = None) -> pd.DataFrame:
+    def runs_table(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run with what the runs table shows; a run that cannot be shown is a row
         with status ``error`` and the reason in ``error``, never an exception, and so is an entry
         of the root that cannot be looked into, with status ``unreadable``.  A run not read
@@ -309,10 +309,10 @@ class RunStore:
         self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
     ) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
-        key, cached = self.overview_generation(), self._table
+        key, cached = self.runs_table_generation(), self._table
         if cached is None or cached[0] != key:
             rows = [entry.row for entry in entries] + [unreadable_row(bad) for bad in unreadable]
-            table = pd.DataFrame(rows, columns=list(OVERVIEW_COLUMNS))
+            table = pd.DataFrame(rows, columns=list(RUNS_TABLE_COLUMNS))
             times = np.array(
                 [_epoch_s(entry.row_time) for entry in entries] + [np.nan] * len(unreadable), dtype=np.float64
             )

@@ -14,7 +14,7 @@ per session, the one record that may nest.  Here:
 * ``config_filter`` parses ``key=value`` / ``key!=value`` terms for the runs table.
 
 Keys and values come from files: they are returned as plain strings and shown only through
-dataframe cells (which render no markup) or the escaping helpers of ``overview``.  A file is
+dataframe cells (which render no markup) or the escaping helpers of ``runs_table``.  A file is
 not a writer: the ``config`` field may be a scalar or a list, a record may lack it, keys may
 contain dots or be empty; none of that raises, and a flattened config keeps at most
 ``MAX_KEYS`` keys (a hostile 1 MiB line of tiny keys must not make a 100,000-option widget).
@@ -156,7 +156,7 @@ def _union(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
 
 
 def config_keys(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
-    """Every key of any of ``configs``, sorted (the overview's choice of columns)."""
+    """Every key of any of ``configs``, sorted (the runs page's choice of columns)."""
     return sorted(_union(configs))
 
 
@@ -280,7 +280,7 @@ def with_config_columns(
 
 
 def runs_table(table: pd.DataFrame, *, keys: Sequence[str], config_filter: str) -> tuple[pd.DataFrame, str | None]:
-    """The overview's table from ``RunStore.overview()``: filtered by ``config_filter``, with the
+    """The runs page's table from ``RunStore.runs_table()``: filtered by ``config_filter``, with the
     chosen config ``keys`` as columns, and without the raw ``config`` column."""
     configs = {run: config if isinstance(config, Mapping) else None  # an error row has none
                for run, config in zip(table["run"], table["config"], strict=True)}  # fmt: skip

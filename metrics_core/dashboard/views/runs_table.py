@@ -1,6 +1,6 @@
 """The runs table as the runs page shows it: filtered, paged newest activity first, each run a
 link to its page, statuses as coloured badges, losses with a trend.  Pure functions of the store's
-overview table; every text cell goes through ``display_text``."""
+runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws
 
 
 def newest_first(table: pd.DataFrame) -> pd.DataFrame:
-    """``table`` (the store's overview) ordered by its last record's age, runs never read last;
+    """``table`` (the store's runs page) ordered by its last record's age, runs never read last;
     entries of the root that cannot be looked into first: they hide runs until someone fixes them,
     and would otherwise wait on the last page of a big root."""
     by_age = table.sort_values("last record age (s)", na_position="last", kind="stable")
@@ -119,7 +119,7 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     """The runs table as the page shows it: newest activity first, status badges, human numbers,
     ages and durations as text; the run column stays the name (the page makes it a link).
 
-    ``table`` is the store's overview, optionally with ``started`` (a datetime), ``duration (s)``
+    ``table`` is the store's runs table, optionally with ``started`` (a datetime), ``duration (s)``
     and ``loss trend`` (a list of floats) per run.
     """
     table = newest_first(table)
@@ -143,7 +143,7 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     reason = table["reason"] if "reason" in table.columns else pd.Series(None, index=table.index)
     shown["error"] = [_cell_text(error if isinstance(error, str) else why)
                       for error, why in zip(table["error"], reason, strict=True)]  # fmt: skip
-    extra = [column for column in table.columns if column not in OVERVIEW_KNOWN]
+    extra = [column for column in table.columns if column not in RUNS_TABLE_KNOWN]
     for column in extra:
         shown[column] = table[column]
     return shown.reset_index(drop=True)
@@ -153,6 +153,6 @@ def _cell_text(text: object) -> str:
     return shorten_words(text, CELL_CHARS) if isinstance(text, str) else ""
 
 
-OVERVIEW_KNOWN = frozenset({"run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
+RUNS_TABLE_KNOWN = frozenset({"run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
                             "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
                             "duration (s)", "loss trend", "last record time"})  # fmt: skip

@@ -1,16 +1,16 @@
-"""The runs overview on a cluster head's root: 1,000 runs against a root of one.
+"""The runs runs page on a cluster head's root: 1,000 runs against a root of one.
 
-Run: python benchmarks/bench_overview.py [--root DIR] [--seconds 10] [--browser]
-     python benchmarks/bench_overview.py --memory ROOT [--against OLD_STORE_PY] [--rounds 2] [--cache]
+Run: python benchmarks/bench_runs_page.py [--root DIR] [--seconds 10] [--browser]
+     python benchmarks/bench_runs_page.py --memory ROOT [--against OLD_STORE_PY] [--rounds 2] [--cache]
 
 Measured side by side in one process, on ``generate_root``'s root (990 small runs, 9 of 100k
 records, one live run appending a record per second) and on a root holding only the live run:
 
-* listed: wall time of the first ``RunStore.overview()`` of a fresh store, which lists every run
+* listed: wall time of the first ``RunStore.runs_table()`` of a fresh store, which lists every run
   (those not read within the load budget as ``loading``); filled: until no row is ``loading``
   (read by the store's background loader, which first leaves the page ``loader_delay_s`` to
-  draw; ``overview()`` polled every 50 ms as a page would);
-* idle refresh: server CPU (``time.process_time``) of one ``overview()`` call, called every
+  draw; ``runs_table()`` polled every 50 ms as a page would);
+* idle refresh: server CPU (``time.process_time``) of one ``runs_table()`` call, called every
   0.25 s for ``--seconds`` while the live run appends (so some calls see a change);
 * with ``--browser``: a real ``streamlit run`` and Chromium on each root: wall time from opening
   the page until the table is drawn listing every run; then, ``--settle`` s later, with the page
@@ -20,7 +20,7 @@ records, one live run appending a record per second) and on a root holding only 
 ``--memory ROOT`` (e.g. ``generate_root.py ROOT --small 0 --big 20 --big-records 200000``): in a
 fresh process per measurement, a store lists ROOT until no row reads ``loading`` (its loader reads
 every run); printed: the time to list and to fill, the process's RSS and peak RSS (``/proc``), the
-records its readers hold, the time of a first ``view()`` of a big run, and of an ``overview()``
+records its readers hold, the time of a first ``view()`` of a big run, and of an ``runs_table()``
 once filled.  ``--against FILE`` measures a ``store.py`` saved from another commit (``git show
 REV:metrics_core/dashboard/store/run_store.py > FILE``) in alternating rounds, same root, same machine.
 ``--cache``: each store gets a fresh cache directory (the dashboard's default has one).
@@ -72,17 +72,17 @@ def store_figures(root: Path, seconds: float) -> dict[str, float]:
     store = RunStore(root)
     try:
         start = time.perf_counter()
-        table = store.overview()
+        table = store.runs_table()
         listed = time.perf_counter() - start
         while (table["status"] == "loading").any():  # the store's loader reads them; a page polls
             time.sleep(0.05)
-            table = store.overview()
+            table = store.runs_table()
         filled = time.perf_counter() - start
         cpu = []
         deadline = time.monotonic() + seconds
         while time.monotonic() < deadline:
             before = time.process_time()
-            store.overview()
+            store.runs_table()
             cpu.append(time.process_time() - before)
             time.sleep(0.25)
     finally:
@@ -149,11 +149,11 @@ def memory_child(root: Path, store_file: Path | None, cache: bool) -> dict[str, 
     store = run_store(root, cache=CachePolicy(cache_dir) if cache_dir else None)
     try:
         start = time.perf_counter()
-        table = store.overview()
+        table = store.runs_table()
         listed = time.perf_counter() - start
         while (table["status"] == "loading").any():
             time.sleep(0.05)
-            table = store.overview()
+            table = store.runs_table()
         filled = time.perf_counter() - start
         while store.loader.busy:  # it may still be releasing the last run it read
             time.sleep(0.01)
@@ -161,7 +161,7 @@ def memory_child(root: Path, store_file: Path | None, cache: bool) -> dict[str, 
         held = (store.held_records() if hasattr(store, "held_records")
                 else sum(entry.reader.records for entry in store._entries.values()))  # fmt: skip
         before = time.process_time()
-        store.overview()
+        store.runs_table()
         idle_ms = (time.process_time() - before) * 1e3
         big = table.sort_values("last step", ascending=False)["run"].iloc[0]
         start = time.perf_counter()
@@ -189,7 +189,7 @@ def memory_rounds(root: Path, against: Path | None, rounds: int, cache: bool) ->
             print(f"round {number + 1}, {label:>7} store: {found['runs']} runs listed in "
                   f"{found['listed_s'] * 1e3:.0f} ms, filled in {found['filled_s']:.1f} s; "
                   f"RSS {found['rss_mb']:.0f} MB (peak {found['peak_mb']:.0f} MB), "
-                  f"{found['held_records']:,} records held; overview() {found['idle_overview_ms']:.1f} ms CPU; "
+                  f"{found['held_records']:,} records held; runs page() {found['idle_overview_ms']:.1f} ms CPU; "
                   f"first view of a big run {found['first_view_s']:.2f} s, then RSS {found['rss_viewed_mb']:.0f} MB",
                   flush=True)  # fmt: skip
 
@@ -223,11 +223,11 @@ def main() -> None:
         results = {"1 run": store_figures(one, args.seconds), "1,000 runs": store_figures(big, args.seconds)}
         for label, found in results.items():
             print(f"store, {label:>10}: {found['runs']} listed in {found['listed_s'] * 1e3:.0f} ms, all rows read in "
-                  f"{found['filled_s']:.2f} s; overview() every 0.25 s: median {found['idle_cpu_ms']:.2f} ms CPU, "
+                  f"{found['filled_s']:.2f} s; runs page() every 0.25 s: median {found['idle_cpu_ms']:.2f} ms CPU, "
                   f"mean {found['mean_cpu_ms']:.2f} ms")  # fmt: skip
         one_run, many = results["1 run"], results["1,000 runs"]
         print(f"ratio 1,000 runs / 1 run: listed {many['listed_s'] / one_run['listed_s']:.1f}x, "
-              f"idle overview() CPU {many['idle_cpu_ms'] / max(one_run['idle_cpu_ms'], 1e-3):.0f}x "
+              f"idle runs page() CPU {many['idle_cpu_ms'] / max(one_run['idle_cpu_ms'], 1e-3):.0f}x "
               f"(goals: listed within 2x of a 1-run root in the browser; idle refresh < 50 ms)")  # fmt: skip
         if args.browser:
             pages = {"1 run": browser_figures(one, 1, args.seconds, args.settle),

@@ -1,12 +1,12 @@
 """`/` — every run under the root, newest activity first: status, progress, losses with a trend,
 health, chosen config keys.  A click on a run (or a tick on its row) opens it in this tab.
 
-Every column comes from ``RunStore.overview()`` (O(runs), from per-run summaries); no run is
+Every column comes from ``RunStore.runs_table()`` (O(runs), from per-run summaries); no run is
 snapshotted here.  The table is drawn by the page, not by the live fragment: the fragment only
 looks for a change and reruns the page when the page it would draw differs from the one drawn
 (``runs_table_view.RunsPage``), so a table that did not change is never redrawn (a click on a row is not
 lost to a redraw, the view does not flicker).  Looking costs O(1) when nothing happened: the
-store's ``overview_generation()`` did not move and no age shown ("18 s ago") is due to read
+store's ``runs_table_generation()`` did not move and no age shown ("18 s ago") is due to read
 differently; else one page is built and compared (~a few ms for 1,000 runs).  So while the store's
 loader reads a cold root, or runs off this page append, the page stays as it is unless a row it
 shows changed.  A root of more than ``PAGE_ROWS`` runs is shown a page at a time (newest activity
@@ -26,7 +26,7 @@ from metrics_core.dashboard.runs_table_view import runs_page_view, runs_table_vi
 from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
 from metrics_core.dashboard.views.config_tables import config_keys
-from metrics_core.dashboard.widgets import overview_or_stop
+from metrics_core.dashboard.widgets import runs_table_or_stop
 
 config = settings()
 store = get_store(config)
@@ -35,12 +35,12 @@ where = config.runs.resolve() if isinstance(config.runs, Path) else config.runs 
 st.caption(md_text(f"Watching {where} ({store.source.mode}: {store.source.mode_reason})"))
 alerter = get_alerter(config)
 notice = show_notice(notice_of(alerter))
-generation = store.overview_generation()  # read first: a change during overview() is looked at, never unseen
+generation = store.runs_table_generation()  # read first: a change during runs page() is looked at, never unseen
 drawn = st.session_state.get("runs_shown", (None, None))[1]  # the page drawn before: a tick refers to its rows
 # Until this run draws a table: a run that stops before it (no runs yet, or the root cannot be
 # listed) must be redrawn as soon as there is a table, whether or not the store changed since.
 st.session_state["runs_shown"] = (None, None)
-table = overview_or_stop(store)
+table = runs_table_or_stop(store)
 
 
 @st.fragment(run_every=config.refresh)
@@ -49,8 +49,8 @@ def watch_runs() -> None:
         return  # called inline by the page run that just read the table
     if notice_of(alerter) != notice:
         st.rerun()
-    seen = store.overview_generation()
-    latest = overview_or_stop(store)  # brings the rows up to date (a stat per run when due)
+    seen = store.runs_table_generation()
+    latest = runs_table_or_stop(store)  # brings the rows up to date (a stat per run when due)
     shown_generation, drawn = st.session_state.get("runs_shown", (None, None))
     if drawn is None:  # the page drew no table (no runs yet, or they could not be listed)
         if not latest.empty:
