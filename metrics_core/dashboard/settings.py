@@ -21,7 +21,7 @@ from metrics_core.dashboard.store.run_store import RECENT_S, RunStore
 from metrics_core.errors import MetricsError
 from metrics_core.read.column_cache import CachePolicy, default_directory
 from metrics_core.roots.discovery import find_runs
-from metrics_core.roots.runs_root import LIST_INTERVAL_S, is_bucket_url
+from metrics_core.roots.locations import LIST_INTERVAL_S, is_bucket_url
 
 # A refresh that finds nothing new costs a dict lookup in the store and a few bytes per chart, and
 # an update costs O(new records), so pages poll twice a second (write -> visible:

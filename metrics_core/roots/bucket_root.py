@@ -62,7 +62,7 @@ from metrics_core.buckets.object_reads import ObjectReads
 from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
 from metrics_core.read.run_reader import RunReader
 from metrics_core.roots.discovery import RunInfo, RunListing
-from metrics_core.roots.runs_root import LIST_INTERVAL_S
+from metrics_core.roots.locations import LIST_INTERVAL_S
 from metrics_core.write.writer import METRICS_FILENAME
 
 if TYPE_CHECKING:

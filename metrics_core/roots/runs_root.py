@@ -33,12 +33,11 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read.run_file import LocalFile
 from metrics_core.read.run_reader import RunReader
 from metrics_core.roots.discovery import RunInfo, RunListing, discover_runs, resolve_run
+from metrics_core.roots.locations import LIST_INTERVAL_S, is_bucket_url
 
 if TYPE_CHECKING:
     from metrics_core.read.column_cache import CachePolicy
 
-BUCKET_SCHEMES = ("s3://", "gs://", "az://")
-LIST_INTERVAL_S = 60.0  # a bucket root is listed at most this often (a listing costs a request per 1,000 keys)
 
 
 class RunsRoot(Protocol):
@@ -97,10 +96,6 @@ class RunsRoot(Protocol):
         ...
 
     def close(self) -> None: ...
-
-
-def is_bucket_url(location: str | os.PathLike[str]) -> bool:
-    return isinstance(location, str) and location.startswith(BUCKET_SCHEMES)
 
 
 def open_root(

@@ -53,7 +53,8 @@ from pyarrow import fs as pafs
 from metrics_core.errors import MetricsError, RunPathError
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
-from metrics_core.roots.runs_root import RunsRoot, is_bucket_url, open_root
+from metrics_core.roots.locations import is_bucket_url
+from metrics_core.roots.runs_root import RunsRoot, open_root
 from metrics_core.sql.export_table import run_facts, run_table
 
 FORMAT = 1  # bump when the file layout or the manifest changes: every run is exported again

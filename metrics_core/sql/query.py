@@ -303,7 +303,7 @@ def export_for_query(root: Path | str, cache_home: Path) -> tuple[Path, ExportRe
 
 def check_cache_outside(root: Path | str, cache_home: Path) -> None:
     """``RunPathError`` when the cache directory lies inside the local runs ``root``."""
-    from metrics_core.roots.runs_root import is_bucket_url
+    from metrics_core.roots.locations import is_bucket_url
 
     if not is_bucket_url(root) and cache_home.resolve().is_relative_to(Path(root).resolve()):
         raise RunPathError(f"{cache_home}: the cache directory is inside the runs root {root}: it must live elsewhere")
@@ -332,7 +332,7 @@ def query_root(
 def is_export(path: Path | str) -> bool:
     """Whether ``path`` is an export directory (it holds the manifest) rather than a runs root; for
     a bucket prefix, one GET of the manifest."""
-    from metrics_core.roots.runs_root import is_bucket_url
+    from metrics_core.roots.locations import is_bucket_url
 
     if is_bucket_url(path):
         from metrics_core.sql.export import Destination

@@ -77,7 +77,8 @@ from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunVi
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
-from metrics_core.roots.runs_root import LIST_INTERVAL_S, RunsRoot, open_root
+from metrics_core.roots.locations import LIST_INTERVAL_S
+from metrics_core.roots.runs_root import RunsRoot, open_root
 
 __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
 
