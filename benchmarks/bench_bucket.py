@@ -49,8 +49,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from pyarrow import fs as pafs
 
 from metrics_core.buckets.addresses import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
-from metrics_core.buckets.bucket_files import discover_bucket_runs
-from metrics_core.buckets.cloud_reads import object_reads
+from metrics_core.buckets.bucket_runs import discover_bucket_runs
+from metrics_core.buckets.cloud_reads import reads_for
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.roots.bucket_root import BucketRoot
@@ -184,7 +184,7 @@ def main() -> None:
 
         clock = [0.0]
         address = parse_bucket_url(url)
-        reads = object_reads(address) if args.reads == "client" else ArrowReads(bucket_filesystem(address))
+        reads = reads_for(address) if args.reads == "client" else ArrowReads(bucket_filesystem(address))
         print(f"reads: {type(reads).__name__}")
         root = BucketRoot(url, list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
         store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])

@@ -16,7 +16,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core.buckets.addresses import azure_filesystem, parse_bucket_url
-from metrics_core.buckets.cloud_reads import object_reads
+from metrics_core.buckets.cloud_reads import reads_for
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.buckets.sync import RunSync
 from metrics_core.errors import MetricsError, RunNotFoundError
@@ -188,4 +188,4 @@ def test_an_account_named_without_key_or_token_needs_azure_identity_else_pyarrow
     monkeypatch.delenv("AZURE_STORAGE_SAS_TOKEN", raising=False)
     monkeypatch.setenv("AZURE_STORAGE_ACCOUNT", "someaccount")
     monkeypatch.setitem(sys.modules, "azure.identity", None)
-    assert isinstance(object_reads(parse_bucket_url(f"az://{BUCKET}/exp")), ArrowReads)
+    assert isinstance(reads_for(parse_bucket_url(f"az://{BUCKET}/exp")), ArrowReads)

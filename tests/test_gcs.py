@@ -13,7 +13,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core.buckets.addresses import parse_bucket_url
-from metrics_core.buckets.cloud_reads import GcsReads, object_reads
+from metrics_core.buckets.cloud_reads import GcsReads, reads_for
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.roots.bucket_root import BucketRoot
 from tests.support import CountingProxy, follow_bucket_runs, follow_live_run, three_bucket_runs
@@ -60,7 +60,7 @@ def test_a_gs_root_is_one_listing_and_one_get_per_look_through_google_auth(
     path = tmp_path / "metrics.jsonl"
     data = three_bucket_runs(gcs_stating_generation, "gs", path)
     proxy = proxy_in_front()
-    assert isinstance(object_reads(parse_bucket_url("gs://runs/exp")), GcsReads)
+    assert isinstance(reads_for(parse_bucket_url("gs://runs/exp")), GcsReads)
     assert len(BucketRoot("gs://runs/exp").discover().runs) == 3
     assert proxy.snapshot()[0] == {"list": 1}, proxy.keys
     follow_bucket_runs(gcs_stating_generation, "gs", path, data, look=counted_looks(proxy, lambda grown: {"get": 1}))
@@ -100,6 +100,6 @@ def test_without_google_auth_pyarrow_reads_a_gs_root(
     and tells the same story of the runs."""
     for module in ("google.auth", "google.auth.transport.requests"):
         monkeypatch.setitem(sys.modules, module, None)
-    assert isinstance(object_reads(parse_bucket_url("gs://runs/exp")), ArrowReads)
+    assert isinstance(reads_for(parse_bucket_url("gs://runs/exp")), ArrowReads)
     path = tmp_path / "metrics.jsonl"
     follow_bucket_runs(gcs_stating_generation, "gs", path, three_bucket_runs(gcs_stating_generation, "gs", path))

@@ -10,7 +10,8 @@ import pytest
 from pyarrow import fs as pafs
 
 from metrics_core.buckets.addresses import parse_bucket_url
-from metrics_core.buckets.bucket_files import ObjectFile, discover_bucket_runs
+from metrics_core.buckets.bucket_files import ObjectFile
+from metrics_core.buckets.bucket_runs import discover_bucket_runs
 from metrics_core.buckets.cloud_reads import s3_reads
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError, RunPathError

@@ -21,11 +21,10 @@ from metrics_core.buckets.bucket_files import (
     ObjectFile,
     Part,
     PartsFile,
-    discover_bucket_runs,
     list_parts,
-    open_bucket_run,
     part_name,
 )
+from metrics_core.buckets.bucket_runs import discover_bucket_runs, open_bucket_run
 from metrics_core.buckets.cloud_reads import s3_reads
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.buckets.sync import RunSync

@@ -79,13 +79,25 @@ class AlertConfig:
 
 
 _TOML_TYPES: dict[str, tuple[type, ...]] = {
-    "statuses": (list,), "nonfinite_loss": (bool,), "spike_z": (int, float), "spike_windows": (int,),
-    "spike_min_windows": (int,), "clear_after_windows": (int,), "skipped_fraction_above": (int, float),
-    "clipped_fraction_above": (int, float), "threshold": (list,), "ignore_after_h": (int, float),
-    "notify_cleared": (bool,), "webhook": (str,),
-}  # fmt: skip
-_THRESHOLD_TYPES: dict[str, tuple[type, ...]] = {"key": (str,), "event": (str,), "above": (int, float),
-                                                 "below": (int, float)}  # fmt: skip
+    "statuses": (list,),
+    "nonfinite_loss": (bool,),
+    "spike_z": (int, float),
+    "spike_windows": (int,),
+    "spike_min_windows": (int,),
+    "clear_after_windows": (int,),
+    "skipped_fraction_above": (int, float),
+    "clipped_fraction_above": (int, float),
+    "threshold": (list,),
+    "ignore_after_h": (int, float),
+    "notify_cleared": (bool,),
+    "webhook": (str,),
+}
+_THRESHOLD_TYPES: dict[str, tuple[type, ...]] = {
+    "key": (str,),
+    "event": (str,),
+    "above": (int, float),
+    "below": (int, float),
+}
 
 
 def load_config(path: str | Path) -> AlertConfig:
@@ -140,15 +152,20 @@ def _check_types(path: Path, table: Mapping[str, Any], types: Mapping[str, tuple
 
 
 def _check_values(path: Path, config: AlertConfig) -> None:
-    numbers = {"spike_z": config.spike_z, "ignore_after_h": config.ignore_after_h,
-               "skipped_fraction_above": config.skipped_fraction_above,
-               "clipped_fraction_above": config.clipped_fraction_above}  # fmt: skip
+    numbers = {
+        "spike_z": config.spike_z,
+        "ignore_after_h": config.ignore_after_h,
+        "skipped_fraction_above": config.skipped_fraction_above,
+        "clipped_fraction_above": config.clipped_fraction_above,
+    }
     for key, value in numbers.items():
         if value is not None and not (math.isfinite(value) and value >= 0):
             raise AlertConfigError(f"{path}: {key} is {value!r}: expected a finite number >= 0")
     if not 2 <= config.spike_min_windows <= config.spike_windows:
-        raise AlertConfigError(f"{path}: expected 2 <= spike_min_windows <= spike_windows, got "
-                               f"{config.spike_min_windows} and {config.spike_windows}")  # fmt: skip
+        raise AlertConfigError(
+            f"{path}: expected 2 <= spike_min_windows <= spike_windows, got "
+            f"{config.spike_min_windows} and {config.spike_windows}"
+        )
     if config.clear_after_windows < 1:
         raise AlertConfigError(f"{path}: clear_after_windows is {config.clear_after_windows}: expected 1 or more")
     if config.webhook is not None:
@@ -238,8 +255,10 @@ class RunRules:
         step, session = record["step"], record["session_id"]
         # A session's first window is not judged: FP16 loss scaling skips steps while it calibrates.
         if session == self._session:
-            fractions = (("clipped_fraction", number(record.get("clipped_fraction"))),
-                         ("skipped_updates", _skipped_fraction(record)))  # fmt: skip
+            fractions = (
+                ("clipped_fraction", number(record.get("clipped_fraction"))),
+                ("skipped_updates", _skipped_fraction(record)),
+            )
             for key, value in fractions:
                 if value is not None and math.isfinite(value):
                     self._last[key] = (value, step)
@@ -255,9 +274,13 @@ class RunRules:
         if self.config.spike_z and len(window.values) >= self.config.spike_min_windows:
             z, mean = window.z(loss)
             if z > self.config.spike_z:
-                self._spike = Condition("loss_spike", f"train loss {loss:.4g} at step {step} is {z:.1f} standard "
-                                        f"deviations above the mean {mean:.4g} of the last "
-                                        f"{len(window.values)} windows", step)  # fmt: skip
+                self._spike = Condition(
+                    "loss_spike",
+                    f"train loss {loss:.4g} at step {step} is {z:.1f} standard "
+                    f"deviations above the mean {mean:.4g} of the last "
+                    f"{len(window.values)} windows",
+                    step,
+                )
                 self._quiet = -1
         self._quiet += 1
         window.add(loss)
@@ -268,21 +291,31 @@ class RunRules:
         config, found = self.config, []
         hold = config.clear_after_windows
         if config.nonfinite_loss and self._nonfinite is not None and self._finite < hold:
-            found.append(Condition("nonfinite_loss", f"train loss was NaN or infinite at step {self._nonfinite}",
-                                   self._nonfinite))  # fmt: skip
+            found.append(
+                Condition(
+                    "nonfinite_loss", f"train loss was NaN or infinite at step {self._nonfinite}", self._nonfinite
+                )
+            )
         if self._spike is not None and self._quiet < hold:
             found.append(self._spike)
-        for key, above in (("skipped_updates", config.skipped_fraction_above),
-                           ("clipped_fraction", config.clipped_fraction_above)):  # fmt: skip
+        for key, above in (
+            ("skipped_updates", config.skipped_fraction_above),
+            ("clipped_fraction", config.clipped_fraction_above),
+        ):
             last = self._last.get(key)
             if above is not None and last is not None and last[0] > above:
                 what = "attempts skipped" if key == "skipped_updates" else "updates clipped"
-                found.append(Condition(key, f"{last[0]:.0%} of the window's {what} at step {last[1]} "
-                                       f"(threshold {above:.0%})", last[1]))  # fmt: skip
+                found.append(
+                    Condition(
+                        key, f"{last[0]:.0%} of the window's {what} at step {last[1]} (threshold {above:.0%})", last[1]
+                    )
+                )
         for threshold in config.thresholds:
             last = self._last.get(threshold.name)
-            if last is not None and ((threshold.above is not None and last[0] > threshold.above)
-                                     or (threshold.below is not None and last[0] < threshold.below)):  # fmt: skip
+            if last is not None and (
+                (threshold.above is not None and last[0] > threshold.above)
+                or (threshold.below is not None and last[0] < threshold.below)
+            ):
                 found.append(Condition(threshold.name, f"{threshold.key} is {last[0]:.6g} at step {last[1]}", last[1]))
         if status in config.statuses:
             found.append(Condition(status, self._status_message(status, age_s, failure)))

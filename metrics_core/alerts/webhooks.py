@@ -82,11 +82,18 @@ def webhook_body(url: str, alert: Alert, *, root: str) -> bytes:
     for Discord, else the generic JSON object (docs/FORMAT.md, "Alert webhooks")."""
     kind = webhook_kind(url)
     if kind == "json":
-        return orjson.dumps({
-            "source": "metrics_core", "state": alert.state, "run": utf8(alert.run), "root": utf8(root),
-            "condition": utf8(alert.condition), "message": utf8(alert.message), "step": alert.step,
-            "time": alert.time.isoformat().replace("+00:00", "Z"),
-        })  # fmt: skip
+        return orjson.dumps(
+            {
+                "source": "metrics_core",
+                "state": alert.state,
+                "run": utf8(alert.run),
+                "root": utf8(root),
+                "condition": utf8(alert.condition),
+                "message": utf8(alert.message),
+                "step": alert.step,
+                "time": alert.time.isoformat().replace("+00:00", "Z"),
+            }
+        )
     verb = "" if alert.state == "firing" else "cleared: "
     text = clean(utf8(f"{verb}run {alert.run}: {alert.condition}: {alert.message} (runs root {root})"))
     if kind == "slack":
@@ -99,9 +106,16 @@ class Delivery:
     docstring.  ``pump`` never sleeps: it sends what is due and says when to call it again."""
 
     def __init__(
-        self, url: str, *, root: str, timeout_s: float = 10.0, backoff_s: float = 1.0, max_backoff_s: float = 300.0,
-        clock: Callable[[], float] = time.monotonic, report: Callable[[str], None] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        url: str,
+        *,
+        root: str,
+        timeout_s: float = 10.0,
+        backoff_s: float = 1.0,
+        max_backoff_s: float = 300.0,
+        clock: Callable[[], float] = time.monotonic,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
         webhook_kind(url)
         self.url, self.root = url, root
         self.timeout_s, self.backoff_s, self.max_backoff_s = timeout_s, backoff_s, max_backoff_s
@@ -146,8 +160,10 @@ class Delivery:
                 wait = max(self._wait, retry_after)
                 self._due = self.clock() + wait
                 self._wait = min(self._wait * 2, self.max_backoff_s)
-                self.report(f"alerts: {redacted_url(self.url)} unreachable ({failure}); {self.pending} alert(s) "
-                            f"queued, next try in {duration(wait)}")  # fmt: skip
+                self.report(
+                    f"alerts: {redacted_url(self.url)} unreachable ({failure}); {self.pending} alert(s) "
+                    f"queued, next try in {duration(wait)}"
+                )
         return None if not self._queue else max(self._due - self.clock(), 0.0)
 
     def _post(self, alert: Alert) -> tuple[str | None, float | None]:
@@ -159,9 +175,11 @@ class Delivery:
         import urllib.request
 
         request = urllib.request.Request(
-            self.url, data=webhook_body(self.url, alert, root=self.root), method="POST",
+            self.url,
+            data=webhook_body(self.url, alert, root=self.root),
+            method="POST",
             headers={"Content-Type": "application/json", "User-Agent": "metrics-core-alerts"},
-        )  # fmt: skip
+        )
         try:
             with urllib.request.urlopen(request, timeout=self.timeout_s) as response:
                 response.read(1 << 16)  # the status is the answer; a body that never ends must not hold us

@@ -284,9 +284,14 @@ class Running:
         return grown
 
     def tokens_per_update(
-        self, train: pd.DataFrame, batch: pd.DataFrame, column: dict[str, np.ndarray], first_window: np.ndarray,
-        names: np.ndarray, steps: np.ndarray,
-    ) -> Running:  # fmt: skip
+        self,
+        train: pd.DataFrame,
+        batch: pd.DataFrame,
+        column: dict[str, np.ndarray],
+        first_window: np.ndarray,
+        names: np.ndarray,
+        steps: np.ndarray,
+    ) -> Running:
         attempts = column["attempted_updates"] if "attempted_updates" in column else np.ones(len(batch))
         with np.errstate(divide="ignore", invalid="ignore"):
             per_update = column["tokens"] / attempts
@@ -333,9 +338,12 @@ class Running:
                 if windows >= STRAGGLER_WINDOWS:
                     last_step = int(steps[rows[positions[-1]]])
                     known = ranks.get(int(rank))
-                    ranks[int(rank)] = ((first_step if known is None else known[0]), last_step,
-                                        max(windows, 0 if known is None else known[2]),
-                                        _merged(_EMPTY if known is None else known[3], new))  # fmt: skip
+                    ranks[int(rank)] = (
+                        (first_step if known is None else known[0]),
+                        last_step,
+                        max(windows, 0 if known is None else known[2]),
+                        _merged(_EMPTY if known is None else known[3], new),
+                    )
                     new = _EMPTY
                 open_run = (rank, windows, first_step, new) if positions[-1] == len(rows) - 1 else None
             streaks[session] = open_run
@@ -356,8 +364,9 @@ class Running:
                 redone = rows[(steps[rows] >= session.first_step) & (steps[rows] <= replay.last_step)] + self.rows
                 if len(redone):
                     redo_rows = np.concatenate([replay.redo_rows, redone])
-                    replays[index] = replace(replay, redo_rows=redo_rows,
-                                             redo_loss=weighted_loss(train.iloc[redo_rows]))  # fmt: skip
+                    replays[index] = replace(
+                        replay, redo_rows=redo_rows, redo_loss=weighted_loss(train.iloc[redo_rows])
+                    )
         return replays
 
     def findings(self, sessions: Sequence[Session]) -> list[Finding]:
@@ -388,8 +397,15 @@ class Running:
             findings += batch_change(previous, session, before, after)
         for index, replay in self.replays.items():
             session = sessions[index]
-            window = ReplayWindow(index, session.first_step, replay.last_step, replay.earlier_records,
-                                  len(replay.redo_rows), replay.earlier_loss, replay.redo_loss)  # fmt: skip
+            window = ReplayWindow(
+                index,
+                session.first_step,
+                replay.last_step,
+                replay.earlier_records,
+                len(replay.redo_rows),
+                replay.earlier_loss,
+                replay.redo_loss,
+            )
             findings += loss_jump(session, window)
         return findings
 

@@ -57,18 +57,26 @@ INCREASING = (("step", "steps"), ("time", "times"))
 STRAGGLER_COLUMNS = ("slowest_rank", "rank_step_time_max_s", "rank_step_time_min_s")
 # Each per-row check: (check, severity, what its flagged windows did); ACCOUNTING and MISSING_LOSS are
 # health's, which the terminal tools check too.
-ADVANCE_CHECKS = {cumulative: (f"{cumulative} vs windows", "error",
-                               f"where {cumulative} did not advance by the window's {per_window}")
-                  for cumulative, per_window in ADVANCES}  # fmt: skip
-INCREASING_CHECKS = {column: (f"{what} increasing", "error", f"where {what} went backwards")
-                     for column, what in INCREASING}  # fmt: skip
+ADVANCE_CHECKS = {
+    cumulative: (
+        f"{cumulative} vs windows",
+        "error",
+        f"where {cumulative} did not advance by the window's {per_window}",
+    )
+    for cumulative, per_window in ADVANCES
+}
+INCREASING_CHECKS = {
+    column: (f"{what} increasing", "error", f"where {what} went backwards") for column, what in INCREASING
+}
 NO_UPDATE = ("no successful update", "info", "with no successful update (every attempt skipped)")
 TOKENS_PER_UPDATE = "tokens per update"
 
 
 def tokens_what(median: float) -> str:
-    return (f"with tokens per attempted update far from the run's median of {median:,.0f} "
-            "(metrics over a subset of batches?)")  # fmt: skip
+    return (
+        f"with tokens per attempted update far from the run's median of {median:,.0f} "
+        "(metrics over a subset of batches?)"
+    )
 
 
 def _window_checks(train: pd.DataFrame) -> list[Finding]:
@@ -87,8 +95,9 @@ def _window_checks(train: pd.DataFrame) -> list[Finding]:
             check, severity, what = ADVANCE_CHECKS[cumulative]
             findings += per_session(check, severity, train, bad, what)
     for column, _ in INCREASING:
-        went_back = (_consecutive(train, column) < pd.Timedelta(0) if column == "time"
-                     else _consecutive(train, column) < 0).to_numpy()  # fmt: skip
+        went_back = (
+            _consecutive(train, column) < pd.Timedelta(0) if column == "time" else _consecutive(train, column) < 0
+        ).to_numpy()
         check, severity, what = INCREASING_CHECKS[column]
         findings += per_session(check, severity, train, went_back, what)
     if "train_loss" in columns:
@@ -136,25 +145,36 @@ def tokens_per_update(train: pd.DataFrame) -> list[Finding]:
 def batch_change(previous: Session, session: Session, before: float | None, after: float | None) -> list[Finding]:
     if not (before and after and abs(after - before) / before > TOKENS_PER_STEP_CHANGE):
         return []
-    return [Finding(
-        "warning", "tokens per step at resume",
-        f"session {session.session_id} (resumed at step {session.resume_step}) trains "
-        f"{after:,.0f} tokens per step, session {previous.session_id} {before:,.0f}: batch size changed?",
-        session.session_id, session.first_step, session.last_step,
-    )]  # fmt: skip
+    return [
+        Finding(
+            "warning",
+            "tokens per step at resume",
+            f"session {session.session_id} (resumed at step {session.resume_step}) trains "
+            f"{after:,.0f} tokens per step, session {previous.session_id} {before:,.0f}: batch size changed?",
+            session.session_id,
+            session.first_step,
+            session.last_step,
+        )
+    ]
 
 
 def loss_jump(session: Session, window: ReplayWindow) -> list[Finding]:
     delta = window.loss_delta
     if delta is None or not window.earlier_loss or abs(delta) / abs(window.earlier_loss) <= LOSS_JUMP:
         return []
-    return [Finding(
-        "warning", "loss jump at resume",
-        f"session {session.session_id} redid steps {window.first_step}–{window.last_step} at mean loss "
-        f"{window.redo_loss:.4g} vs {window.earlier_loss:.4g} before the crash ({delta:+.4g}): data loader "
-        "position, LR schedule or batch size not restored?",
-        session.session_id, window.first_step, window.last_step, window.redo_records,
-    )]  # fmt: skip
+    return [
+        Finding(
+            "warning",
+            "loss jump at resume",
+            f"session {session.session_id} redid steps {window.first_step}–{window.last_step} at mean loss "
+            f"{window.redo_loss:.4g} vs {window.earlier_loss:.4g} before the crash ({delta:+.4g}): data loader "
+            "position, LR schedule or batch size not restored?",
+            session.session_id,
+            window.first_step,
+            window.last_step,
+            window.redo_records,
+        )
+    ]
 
 
 def _resume_checks(
@@ -169,16 +189,21 @@ def _resume_checks(
     return findings
 
 
-def straggler_finding(session_id: str, rank: int, first_step: int, last_step: int, longest: int,
-                       ratios: np.ndarray) -> Finding:  # fmt: skip
+def straggler_finding(
+    session_id: str, rank: int, first_step: int, last_step: int, longest: int, ratios: np.ndarray
+) -> Finding:
     return Finding(
-        "warning", "straggler rank",
+        "warning",
+        "straggler rank",
         f"session {session_id}, steps {first_step}–{last_step}: rank {rank} was the slowest rank in "
         f"{longest} consecutive windows, its time per attempt "
         f"{float(np.median(ratios)):.2f}× the fastest rank's (median; up to "
         f"{float(np.max(ratios)):.2f}×): slow GPU, node, network link or data loader?",
-        session_id, first_step, last_step, len(ratios),
-    )  # fmt: skip
+        session_id,
+        first_step,
+        last_step,
+        len(ratios),
+    )
 
 
 def slowness(slowest: np.ndarray, longest: np.ndarray, shortest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -198,8 +223,9 @@ def straggler_checks(train: pd.DataFrame) -> list[Finding]:
         return []
     findings = []
     for session_id, rows in train.groupby("session_id", observed=True, sort=False):
-        slowest, longest, shortest = (pd.to_numeric(rows[c]).to_numpy(dtype=np.float64, na_value=np.nan)
-                                      for c in STRAGGLER_COLUMNS)  # fmt: skip
+        slowest, longest, shortest = (
+            pd.to_numeric(rows[c]).to_numpy(dtype=np.float64, na_value=np.nan) for c in STRAGGLER_COLUMNS
+        )
         ratio, slow = slowness(slowest, longest, shortest)
         steps = rows["step"].to_numpy()
         streaks: dict[int, list[tuple[int, int]]] = {}  # rank -> [(first row, end row)]
@@ -211,9 +237,16 @@ def straggler_checks(train: pd.DataFrame) -> list[Finding]:
                 start = row
         for rank, spans in streaks.items():
             flagged = np.concatenate([np.arange(first, end) for first, end in spans])
-            findings.append(straggler_finding(str(session_id), rank, int(steps[spans[0][0]]),
-                                               int(steps[spans[-1][1] - 1]), max(end - first for first, end in spans),
-                                               ratio[flagged]))  # fmt: skip
+            findings.append(
+                straggler_finding(
+                    str(session_id),
+                    rank,
+                    int(steps[spans[0][0]]),
+                    int(steps[spans[-1][1] - 1]),
+                    max(end - first for first, end in spans),
+                    ratio[flagged],
+                )
+            )
     return findings
 
 
@@ -230,10 +263,17 @@ def diagnose_from_scratch(
     return with_ingest(checks, train, sessions, ingest)
 
 
-def with_ingest(checks: list[Finding], train: pd.DataFrame, sessions: Sequence[Session],
-                 ingest: IngestHealth) -> list[Finding]:  # fmt: skip
+def with_ingest(
+    checks: list[Finding], train: pd.DataFrame, sessions: Sequence[Session], ingest: IngestHealth
+) -> list[Finding]:
     findings = checks + ingest_findings(ingest)
     if not findings:
-        findings.append(Finding("ok", "all", f"All checks passed on {len(train)} train windows in "
-                                f"{len(sessions)} session(s).", records=len(train)))  # fmt: skip
+        findings.append(
+            Finding(
+                "ok",
+                "all",
+                f"All checks passed on {len(train)} train windows in {len(sessions)} session(s).",
+                records=len(train),
+            )
+        )
     return findings

@@ -60,8 +60,9 @@ def parse_bucket_url(url: str) -> BucketPath:
     and key, or ``RunPathError`` saying why not."""
     parts = urlsplit(url)
     if parts.scheme not in SCHEMES or not parts.netloc:
-        raise RunPathError(f"{url}: not a bucket address (expected s3://bucket/prefix, gs://bucket/prefix or "
-                           "az://container/prefix)")  # fmt: skip
+        raise RunPathError(
+            f"{url}: not a bucket address (expected s3://bucket/prefix, gs://bucket/prefix or az://container/prefix)"
+        )
     key = parts.path.strip("/")
     if ".." in key.split("/") or parts.query or parts.fragment:
         raise RunPathError(f"{url}: a bucket prefix is a plain key path, without '..', '?' or '#'")
@@ -97,8 +98,9 @@ def gcs_filesystem() -> pafs.GcsFileSystem:
     if emulator is None:
         return pafs.GcsFileSystem(retry_time_limit=retry)
     parts = urlsplit(emulator)
-    return pafs.GcsFileSystem(anonymous=True, endpoint_override=parts.netloc, scheme=parts.scheme,
-                              retry_time_limit=retry)  # fmt: skip
+    return pafs.GcsFileSystem(
+        anonymous=True, endpoint_override=parts.netloc, scheme=parts.scheme, retry_time_limit=retry
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,12 +132,15 @@ def azure_account(location: BucketPath, environ: Mapping[str, str] = os.environ)
     that account with Azure's default credential chain (``AZURE_CLIENT_ID``…, a managed identity,
     ``az login``).  ``RunPathError`` naming ``location`` when no account is named or the
     connection string cannot be used."""
-    fields = dict(part.split("=", 1) for part in environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";")
-                  if "=" in part)  # fmt: skip
+    fields = dict(
+        part.split("=", 1) for part in environ.get("AZURE_STORAGE_CONNECTION_STRING", "").split(";") if "=" in part
+    )
     account = fields.get("AccountName") or environ.get("AZURE_STORAGE_ACCOUNT")
     if not account:
-        raise RunPathError(f"{location.url}: no storage account named: set AZURE_STORAGE_ACCOUNT (with AZURE_STORAGE_"
-                           "KEY or AZURE_STORAGE_SAS_TOKEN), or AZURE_STORAGE_CONNECTION_STRING")  # fmt: skip
+        raise RunPathError(
+            f"{location.url}: no storage account named: set AZURE_STORAGE_ACCOUNT (with AZURE_STORAGE_"
+            "KEY or AZURE_STORAGE_SAS_TOKEN), or AZURE_STORAGE_CONNECTION_STRING"
+        )
     if fields:
         key, sas = fields.get("AccountKey"), fields.get("SharedAccessSignature")
     else:
@@ -143,8 +148,9 @@ def azure_account(location: BucketPath, environ: Mapping[str, str] = os.environ)
     endpoint = fields.get("BlobEndpoint")
     if not endpoint:
         suffix = fields.get("EndpointSuffix", "core.windows.net")
-        return AzureAccount(account, key or None, sas or None, fields.get("DefaultEndpointsProtocol", "https"),
-                            ".blob." + suffix)  # fmt: skip
+        return AzureAccount(
+            account, key or None, sas or None, fields.get("DefaultEndpointsProtocol", "https"), ".blob." + suffix
+        )
     parts = urlsplit(endpoint)
     path = parts.path.strip("/")
     if path == account:  # path-style, an emulator's: http://127.0.0.1:10000/devstoreaccount1
@@ -152,8 +158,9 @@ def azure_account(location: BucketPath, environ: Mapping[str, str] = os.environ)
     elif not path and parts.netloc.startswith(account + "."):  # https://account.blob.core.windows.net
         authority = parts.netloc[len(account) :]
     else:
-        raise RunPathError(f"{location.url}: BlobEndpoint {endpoint} names neither http(s)://HOST/{account} "
-                           f"nor https://{account}.HOST")  # fmt: skip
+        raise RunPathError(
+            f"{location.url}: BlobEndpoint {endpoint} names neither http(s)://HOST/{account} nor https://{account}.HOST"
+        )
     return AzureAccount(account, key or None, sas or None, parts.scheme or "https", authority)
 
 
@@ -171,8 +178,14 @@ def azure_filesystem(location: BucketPath, environ: Mapping[str, str] = os.envir
     # authority as the blobs' for an emulator (Azurite answers it), the account's own otherwise.
     authority = account.authority
     dfs = authority.replace(".blob.", ".dfs.", 1) if authority.startswith(".") else authority
-    return pafs.AzureFileSystem(account.name, blob_storage_authority=authority, blob_storage_scheme=account.scheme,
-                                dfs_storage_authority=dfs, dfs_storage_scheme=account.scheme, **options)  # fmt: skip
+    return pafs.AzureFileSystem(
+        account.name,
+        blob_storage_authority=authority,
+        blob_storage_scheme=account.scheme,
+        dfs_storage_authority=dfs,
+        dfs_storage_scheme=account.scheme,
+        **options,
+    )
 
 
 def bucket_filesystem(location: BucketPath) -> pafs.FileSystem:

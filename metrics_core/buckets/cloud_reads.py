@@ -2,7 +2,7 @@
 (``object_reads.OneRequestReads``): botocore on S3 (the ``s3`` extra; ETag and Last-Modified),
 google-auth's authorized session on Google Cloud Storage's JSON API (the ``gcs`` extra;
 generation and metageneration, ``x-goog-generation``), azure-storage-blob on Azure (the
-``azure`` extra; ETag and Last-Modified).  ``object_reads`` picks, for a bucket address, its
+``azure`` extra; ETag and Last-Modified).  ``reads_for`` picks, for a bucket address, its
 cloud's client, else pyarrow's (``object_reads.ArrowReads``).
 
 A root on Azure is listed through azure-storage-blob too where it is installed
@@ -219,8 +219,10 @@ class AzureReads(OneRequestReads):
         container = self.service.get_container_client(location.bucket)
         try:
             blobs = container.list_blobs(name_starts_with=prefix, results_per_page=AZURE_LIST_PAGE)
-            return [Listed(blob.name[len(prefix) :], blob.size, int(blob.last_modified.timestamp()) * 10**9)
-                    for blob in blobs]  # fmt: skip
+            return [
+                Listed(blob.name[len(prefix) :], blob.size, int(blob.last_modified.timestamp()) * 10**9)
+                for blob in blobs
+            ]
         except ResourceNotFoundError as exc:
             raise FileNotFoundError(location.url) from exc
         except HttpResponseError as exc:
@@ -250,9 +252,12 @@ def s3_reads() -> ObjectReads:
         return ArrowReads(s3_filesystem())
     endpoint = os.environ.get("AWS_ENDPOINT_URL") or None
     config = botocore.config.Config(
-        connect_timeout=CONNECT_TIMEOUT_S, read_timeout=READ_TIMEOUT_S, retries={"max_attempts": 3, "mode": "standard"},
-        max_pool_connections=2 * PARALLEL_GETS, s3={"addressing_style": "path"} if endpoint else None,
-    )  # fmt: skip
+        connect_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retries={"max_attempts": 3, "mode": "standard"},
+        max_pool_connections=2 * PARALLEL_GETS,
+        s3={"addressing_style": "path"} if endpoint else None,
+    )
     return BotocoreReads(botocore.session.get_session().create_client("s3", endpoint_url=endpoint, config=config))
 
 
@@ -305,12 +310,17 @@ def azure_reads(location: BucketPath) -> ObjectReads:
         except ImportError:
             return ArrowReads(azure_filesystem(location))
         credential = DefaultAzureCredential()
-    service = BlobServiceClient(account.url, credential=credential, connection_timeout=CONNECT_TIMEOUT_S,
-                                read_timeout=READ_TIMEOUT_S, retry_total=3)  # fmt: skip
+    service = BlobServiceClient(
+        account.url,
+        credential=credential,
+        connection_timeout=CONNECT_TIMEOUT_S,
+        read_timeout=READ_TIMEOUT_S,
+        retry_total=3,
+    )
     return AzureReads(service)
 
 
-def object_reads(
+def reads_for(
     location: BucketPath, filesystem: pafs.FileSystem | None = None, reads: ObjectReads | None = None
 ) -> ObjectReads:
     """``reads`` if given, else the reads of ``filesystem`` (``ArrowReads``: a cloud's own client

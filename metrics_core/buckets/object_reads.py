@@ -61,9 +61,14 @@ class ObjectReads(Protocol):
         """The object's size and version, no bytes."""
 
     def get(
-        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        self,
+        location: BucketPath,
+        start: int,
+        count: int,
+        *,
+        unless: int | None = None,
         through: ObjectSlice | None = None,
-    ) -> ObjectSlice | None:  # fmt: skip
+    ) -> ObjectSlice | None:
         """Bytes ``[start, start + count)`` of the object, fewer at its end (none when it ends at
         or before ``start``), with its size and version as the same answer gave them; none either
         when its version is still ``unless`` (the one the caller holds), if that saves a request.
@@ -87,9 +92,14 @@ class OneRequestReads(ABC):
         """One GET of bytes ``[start, start + count)``; ``NothingThere`` when none is there."""
 
     def get(
-        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        self,
+        location: BucketPath,
+        start: int,
+        count: int,
+        *,
+        unless: int | None = None,
         through: ObjectSlice | None = None,
-    ) -> ObjectSlice | None:  # fmt: skip
+    ) -> ObjectSlice | None:
         try:
             return self._ranged(location, start, count)
         except NothingThere:
@@ -144,9 +154,14 @@ class ArrowReads:
         return self._open(location)
 
     def get(
-        self, location: BucketPath, start: int, count: int, *, unless: int | None = None,
+        self,
+        location: BucketPath,
+        start: int,
+        count: int,
+        *,
+        unless: int | None = None,
         through: ObjectSlice | None = None,
-    ) -> ObjectSlice | None:  # fmt: skip
+    ) -> ObjectSlice | None:
         found = through if through is not None and through.opened is not None else self._open(location)
         if found is None:
             return None

@@ -113,8 +113,9 @@ def _save(directory: Path, step: int, model: Model, state: TrainingState, scale:
     path = directory / "checkpoints" / f"step-{step:07d}.npz"
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp.npz")
-    np.savez(tmp, w1=model.w1, w2=model.w2, step=step, tokens=state.tokens_seen,
-             skipped=state.skipped_updates, scale=scale)  # fmt: skip
+    np.savez(
+        tmp, w1=model.w1, w2=model.w2, step=step, tokens=state.tokens_seen, skipped=state.skipped_updates, scale=scale
+    )
     os.replace(tmp, path)
     return path
 
@@ -155,12 +156,17 @@ def run_session(
     window, lr = TrainingWindow(), 0.05
     writer_clock = {"clock": clock} if clock is not None else {}
     with MetricsWriter(RunContext(directory / HISTORY_DIR, "demo", f"demo-s{session}"), **writer_clock) as writer:
-        writer.write("session_start", state, discarded_bytes=writer.discarded_bytes,
-                     resumed_from_step=resumed_step)  # fmt: skip
-        writer.write_config(state, {
-            "model": {"inputs": 16, "width": 32}, "optim": {"lr": 0.05, "lr_half_life_steps": 2000,
-            "max_grad_norm": MAX_GRAD_NORM}, "fp16": {"initial_scale": 2.0**10}, "window": WINDOW, "seed": seed,
-        })  # fmt: skip
+        writer.write("session_start", state, discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_step)
+        writer.write_config(
+            state,
+            {
+                "model": {"inputs": 16, "width": 32},
+                "optim": {"lr": 0.05, "lr_half_life_steps": 2000, "max_grad_norm": MAX_GRAD_NORM},
+                "fp16": {"initial_scale": 2.0**10},
+                "window": WINDOW,
+                "seed": seed,
+            },
+        )
         if publish:
             _publish(writer, directory)
         while state.step < stop_at:
@@ -238,9 +244,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--publish", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.session is not None:  # one trainer process (a child of the supervisor below)
-        run_session(args.run_dir, args.session, resume_from=args.resume, stop_at=args.stop_at,
-                    pace=args.pace, crash=args.crash, seed=args.seed, start_ns=args.start_ns,
-                    publish=args.publish)  # fmt: skip
+        run_session(
+            args.run_dir,
+            args.session,
+            resume_from=args.resume,
+            stop_at=args.stop_at,
+            pace=args.pace,
+            crash=args.crash,
+            seed=args.seed,
+            start_ns=args.start_ns,
+            publish=args.publish,
+        )
         return
     _catch_stop_signals()
     # Supervisor: three trainer processes, like a job scheduler restarting a preempted job.

@@ -98,9 +98,15 @@ class MetricsCallback(TrainerCallback, ExportableState):
     """Writes a ``Trainer`` run to ``directory/metrics.jsonl``; see the module docstring."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], run_id: str | None = None, fsync: bool = False,
-        token_weighted: bool = False, tokens_seen: int = 0, skipped_updates: int = 0, system_metrics: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        directory: str | os.PathLike[str],
+        run_id: str | None = None,
+        fsync: bool = False,
+        token_weighted: bool = False,
+        tokens_seen: int = 0,
+        skipped_updates: int = 0,
+        system_metrics: bool = True,
+    ) -> None:
         # The arguments are also what Trainer re-creates the callback from when
         # restore_callback_states_from_checkpoint is set (ExportableState.from_state).
         self.directory = os.fspath(directory)
@@ -123,11 +129,18 @@ class MetricsCallback(TrainerCallback, ExportableState):
     # -- ExportableState: saved into trainer_state.json with every checkpoint ----------------------
     def state(self) -> dict[str, Any]:
         return {
-            "args": {"directory": self.directory, "run_id": self.run_id, "fsync": self.fsync,
-                     "token_weighted": self.token_weighted, "system_metrics": self.system_metrics},
-            "attributes": {"tokens_seen": self.tokens_seen + self._pending_tokens(),
-                           "skipped_updates": self.skipped_updates},
-        }  # fmt: skip
+            "args": {
+                "directory": self.directory,
+                "run_id": self.run_id,
+                "fsync": self.fsync,
+                "token_weighted": self.token_weighted,
+                "system_metrics": self.system_metrics,
+            },
+            "attributes": {
+                "tokens_seen": self.tokens_seen + self._pending_tokens(),
+                "skipped_updates": self.skipped_updates,
+            },
+        }
 
     def _pending_tokens(self) -> int:
         """Label tokens of steps not yet logged (a checkpoint between two logs); one host transfer."""
@@ -190,9 +203,13 @@ class MetricsCallback(TrainerCallback, ExportableState):
         self._sync_counters(args, state)  # so that a session_end written by guard has this step
 
     def on_log(
-        self, args: TrainingArguments, state: TrainerState, control: TrainerControl,
-        logs: dict[str, Any] | None = None, **kwargs: Any,
-    ) -> None:  # fmt: skip
+        self,
+        args: TrainingArguments,
+        state: TrainerState,
+        control: TrainerControl,
+        logs: dict[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
         if not self.run.is_open or not logs:
             return
         if "loss" in logs:
@@ -252,12 +269,16 @@ class MetricsCallback(TrainerCallback, ExportableState):
             one_step = steps == 1 and isinstance(grad_norm, float)
             hf_tokens = state.num_input_tokens_seen
             fields = {
-                "train_loss": logs["loss"], "lr": lr, "attempted_updates": steps, "updates": steps - skips,
+                "train_loss": logs["loss"],
+                "lr": lr,
+                "attempted_updates": steps,
+                "updates": steps - skips,
                 "skipped_updates_in_window": skips,
-                "grad_norm_avg": grad_norm if one_step else None, "grad_norm_max": grad_norm if one_step else None,
+                "grad_norm_avg": grad_norm if one_step else None,
+                "grad_norm_max": grad_norm if one_step else None,
                 "clipped_fraction": float(grad_norm > max_norm) if one_step and max_norm > 0 else None,
                 "loss_weighting": "trainer_mean_of_step_means",
-            }  # fmt: skip
+            }
             if args.include_num_input_tokens_seen not in ("no", False):
                 fields["tokens"] = hf_tokens - self._last_hf_tokens
             self._last_hf_tokens = hf_tokens
@@ -322,9 +343,12 @@ class TokenWeightedLoss:
             callback.token_weighted = True
 
     def compute_loss(
-        self, model: torch.nn.Module, inputs: dict[str, Any], return_outputs: bool = False,
+        self,
+        model: torch.nn.Module,
+        inputs: dict[str, Any],
+        return_outputs: bool = False,
         num_items_in_batch: Any = None,
-    ) -> Any:  # fmt: skip
+    ) -> Any:
         labels = inputs.get("labels")
         loss, outputs = super().compute_loss(  # type: ignore[misc]
             model, inputs, return_outputs=True, num_items_in_batch=num_items_in_batch
@@ -337,9 +361,11 @@ class TokenWeightedLoss:
                     logits, labels = logits[..., :-1, :], labels[..., 1:]
                 labels = labels.to(logits.device)
                 loss_sum = F.cross_entropy(
-                    logits.reshape(-1, logits.shape[-1]).float(), labels.reshape(-1),
-                    ignore_index=IGNORE_INDEX, reduction="sum",
-                )  # fmt: skip
+                    logits.reshape(-1, logits.shape[-1]).float(),
+                    labels.reshape(-1),
+                    ignore_index=IGNORE_INDEX,
+                    reduction="sum",
+                )
                 tokens = (labels != IGNORE_INDEX).sum()
             for callback in callbacks:
                 callback.add_micro_batch(loss_sum, tokens, training=model.training)

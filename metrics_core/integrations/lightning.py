@@ -81,9 +81,13 @@ class MetricsLogger(Logger, Callback):
     """Writes a Lightning run to ``directory/metrics.jsonl``; see the module docstring."""
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, run_id: str | None = None, fsync: bool = False,
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        run_id: str | None = None,
+        fsync: bool = False,
         system_metrics: bool = True,
-    ) -> None:  # fmt: skip
+    ) -> None:
         super().__init__()
         self.run = RunSession(directory, run_id=run_id, fsync=fsync, system_metrics=system_metrics)
         self.tokens_seen = 0
@@ -190,9 +194,14 @@ class MetricsLogger(Logger, Callback):
         self._write_due_window()
 
     def on_validation_batch_end(
-        self, trainer: Trainer, pl_module: LightningModule, outputs: Any, batch: Any, batch_idx: int,
+        self,
+        trainer: Trainer,
+        pl_module: LightningModule,
+        outputs: Any,
+        batch: Any,
+        batch_idx: int,
         dataloader_idx: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         if self.run.is_open and not trainer.sanity_checking and isinstance(outputs, Mapping) and "tokens" in outputs:
             loss = outputs["loss"].detach()
             self._val.append((loss * outputs["tokens"], outputs["tokens"]))

@@ -95,8 +95,10 @@ def _may_hold_wide_lines(data: bytes, end: int) -> bool:
     first newline (a few hundred bytes in), where an exact scan touches every byte.
     """
     find = data.find
-    return any(find(b"\n", start, start + _NEWLINE_WINDOW) < 0
-               for start in range(0, end - _NEWLINE_WINDOW + 1, _NEWLINE_WINDOW))  # fmt: skip
+    return any(
+        find(b"\n", start, start + _NEWLINE_WINDOW) < 0
+        for start in range(0, end - _NEWLINE_WINDOW + 1, _NEWLINE_WINDOW)
+    )
 
 
 def parse_arrow(data: bytes, start: int, stop: int, max_bytes: int) -> Batch | None:

@@ -38,11 +38,19 @@ class IngestHealth:
     reset_reasons: tuple[str, ...]
 
 
-def session_finding(check: str, severity: str, session_id: str, first: int, last: int, count: int,
-                    what: str) -> Finding:  # fmt: skip
+def session_finding(
+    check: str, severity: str, session_id: str, first: int, last: int, count: int, what: str
+) -> Finding:
     """A finding about ``count`` train windows of one session, between steps ``first`` and ``last``."""
-    return Finding(severity, check, f"session {session_id}, steps {first}–{last}: {count} window(s) {what}",
-                   session_id, first, last, count)  # fmt: skip
+    return Finding(
+        severity,
+        check,
+        f"session {session_id}, steps {first}–{last}: {count} window(s) {what}",
+        session_id,
+        first,
+        last,
+        count,
+    )
 
 
 def ingest_findings(ingest: IngestHealth) -> list[Finding]:
@@ -50,17 +58,35 @@ def ingest_findings(ingest: IngestHealth) -> list[Finding]:
     findings = []
     if ingest.bad_lines:
         where = "; ".join(f"{b.where}: {b.reason}" for b in ingest.bad_line_samples[:5])
-        findings.append(Finding("warning", "bad lines", f"{ingest.bad_lines:,} line(s) skipped — {where}",
-                                records=ingest.bad_lines))  # fmt: skip
+        findings.append(
+            Finding("warning", "bad lines", f"{ingest.bad_lines:,} line(s) skipped — {where}", records=ingest.bad_lines)
+        )
     if ingest.pending_bytes:
-        findings.append(Finding("info", "torn tail", f"{ingest.pending_bytes:,} byte(s) after the last newline: "
-                                "a record being written, or the torn tail of a crash"))  # fmt: skip
+        findings.append(
+            Finding(
+                "info",
+                "torn tail",
+                f"{ingest.pending_bytes:,} byte(s) after the last newline: "
+                "a record being written, or the torn tail of a crash",
+            )
+        )
     newer = {version: count for version, count in ingest.schema_versions.items() if version != 1}
     if newer:
         count = sum(newer.values())
-        findings.append(Finding("info", "schema versions", f"records with schema_version {sorted(newer)} "
-                                f"({count} records) read as version 1", records=count))  # fmt: skip
+        findings.append(
+            Finding(
+                "info",
+                "schema versions",
+                f"records with schema_version {sorted(newer)} ({count} records) read as version 1",
+                records=count,
+            )
+        )
     if ingest.resets:
-        findings.append(Finding("warning", "reader resets", f"re-read from the start {ingest.resets} time(s): "
-                                + "; ".join(ingest.reset_reasons[-3:])))  # fmt: skip
+        findings.append(
+            Finding(
+                "warning",
+                "reader resets",
+                f"re-read from the start {ingest.resets} time(s): " + "; ".join(ingest.reset_reasons[-3:]),
+            )
+        )
     return findings

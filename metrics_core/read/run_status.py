@@ -84,9 +84,18 @@ class StatusRecord:
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
-        return cls(source.path, source.on_disk, identity, source.last_event, source.last_end_status,
-                   source.last_end_error, source.last_record_time, source.pending_bytes, source.typical_gap_s(),
-                   source.lock_seen)  # fmt: skip
+        return cls(
+            source.path,
+            source.on_disk,
+            identity,
+            source.last_event,
+            source.last_end_status,
+            source.last_end_error,
+            source.last_record_time,
+            source.pending_bytes,
+            source.typical_gap_s(),
+            source.lock_seen,
+        )
 
     def typical_gap_s(self) -> float | None:
         return self.gap_s

@@ -114,8 +114,14 @@ class FollowedLog:
 
     def ingest_health(self) -> IngestHealth:
         """A snapshot of what reading the file ran into so far."""
-        return IngestHealth(self.bad_lines, tuple(self.bad_line_samples), self.pending_bytes,
-                            dict(self.schema_versions), self.resets, tuple(self.reset_reasons))  # fmt: skip
+        return IngestHealth(
+            self.bad_lines,
+            tuple(self.bad_line_samples),
+            self.pending_bytes,
+            dict(self.schema_versions),
+            self.resets,
+            tuple(self.reset_reasons),
+        )
 
     def _note_bad(self, bad: list[BadLine]) -> None:
         """Count lines skipped as no record, keeping the first ``MAX_BAD_LINE_SAMPLES``."""

@@ -56,8 +56,8 @@ from typing import TYPE_CHECKING
 from pyarrow import fs as pafs
 
 from metrics_core.buckets.addresses import bucket_filesystem, parse_bucket_url
-from metrics_core.buckets.bucket_files import BucketRun, discover_bucket_runs
-from metrics_core.buckets.cloud_reads import object_reads
+from metrics_core.buckets.bucket_runs import BucketRun, discover_bucket_runs
+from metrics_core.buckets.cloud_reads import reads_for
 from metrics_core.buckets.object_reads import ObjectReads
 from metrics_core.errors import MetricsError, RunNotFoundError, RunPathError
 from metrics_core.read.run_reader import RunReader
@@ -97,7 +97,7 @@ class BucketRoot:
         self.list_interval = list_interval
         self.mode_reason = f"the bucket is listed at most every {list_interval:g} s, live runs at each refresh"
         self._filesystem = filesystem if filesystem is not None else bucket_filesystem(address)
-        self._reads = object_reads(address, filesystem, reads)
+        self._reads = reads_for(address, filesystem, reads)
         self._clock = clock
         self._lock = threading.Lock()
         self._runs: dict[str, BucketRun] = {}
@@ -122,8 +122,11 @@ class BucketRoot:
             else:
                 self._failure = None
                 runs = {run.name: run for run in found}
-                self._changed.update(name for name, run in runs.items()
-                                     if name in self._runs and _listed(self._runs[name]) != _listed(run))  # fmt: skip
+                self._changed.update(
+                    name
+                    for name, run in runs.items()
+                    if name in self._runs and _listed(self._runs[name]) != _listed(run)
+                )
                 if runs.keys() != self._runs.keys():
                     self._generation += 1
                 self._runs = runs

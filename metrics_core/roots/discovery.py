@@ -11,6 +11,7 @@ through a file) never hides the others: ``discover_runs`` lists every other run 
 entry, relative to ``root``, with the reason (``UnreadableEntry``).  A link to nothing hides no run
 (nothing is there) and is skipped, like an entry removed during the walk.
 """
+
 from __future__ import annotations
 
 import errno
@@ -66,8 +67,12 @@ class RunListing:
     unreadable: tuple[UnreadableEntry, ...]
 
 
-_REASONS = {errno.ELOOP: "symlink loop", errno.EACCES: "permission denied", errno.EPERM: "permission denied",
-            errno.ENOTDIR: "not a directory"}  # fmt: skip
+_REASONS = {
+    errno.ELOOP: "symlink loop",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "permission denied",
+    errno.ENOTDIR: "not a directory",
+}
 
 
 def _reason(exc: OSError) -> str:
@@ -122,8 +127,9 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
             visit(Path(entry.path), real, (*relative, entry.name))
 
     visit(Path(root), real_root, ())
-    return RunListing(tuple(sorted(runs, key=lambda run: run.name)),
-                      tuple(sorted(unreadable, key=lambda entry: entry.name)))  # fmt: skip
+    return RunListing(
+        tuple(sorted(runs, key=lambda run: run.name)), tuple(sorted(unreadable, key=lambda entry: entry.name))
+    )
 
 
 def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunInfo]:
@@ -157,5 +163,3 @@ def resolve_run(root: str | os.PathLike[str], name: str) -> RunInfo:
     if not _inside(directory / METRICS_FILENAME, real_root):
         raise RunPathError(f"{name!r}: its {METRICS_FILENAME} links outside the runs root")
     return RunInfo(candidate.as_posix(), directory)
-
-

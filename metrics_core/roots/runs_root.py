@@ -39,7 +39,6 @@ if TYPE_CHECKING:
     from metrics_core.read.column_cache import CachePolicy
 
 
-
 class RunsRoot(Protocol):
     """A runs root wherever it lives; see the module docstring.  Thread-safe."""
 
@@ -123,8 +122,14 @@ class LocalRoot:
     def __init__(self, root: str | os.PathLike[str], *, force_polling: bool = False, watch: bool = True) -> None:
         self.location = Path(root)
         if not self.location.is_dir():
-            hint = (" (point --runs or METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a "
-                    "demo run)") if watch else ""  # fmt: skip
+            hint = (
+                (
+                    " (point --runs or METRICS_RUNS_DIR at a directory of runs, or add --demo to create it with a "
+                    "demo run)"
+                )
+                if watch
+                else ""
+            )
             raise RunNotFoundError(f"{self.location}: the runs root does not exist or is not a directory{hint}")
         self.watcher = None
         self.mode, self.mode_reason = "once", "read once, not watched"

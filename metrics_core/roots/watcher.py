@@ -36,11 +36,28 @@ from metrics_core.write.writer import METRICS_FILENAME
 
 NETWORK_FILESYSTEMS = frozenset(
     (
-        "nfs", "nfs4", "lustre", "gpfs", "cifs", "smb3", "smbfs", "ceph", "fuse.ceph", "glusterfs",
-        "fuse.glusterfs", "beegfs", "9p", "afs", "panfs", "wekafs", "fuse.sshfs", "fuse.s3fs",
-        "fuse.gcsfuse", "fuse.juicefs",
+        "nfs",
+        "nfs4",
+        "lustre",
+        "gpfs",
+        "cifs",
+        "smb3",
+        "smbfs",
+        "ceph",
+        "fuse.ceph",
+        "glusterfs",
+        "fuse.glusterfs",
+        "beegfs",
+        "9p",
+        "afs",
+        "panfs",
+        "wekafs",
+        "fuse.sshfs",
+        "fuse.s3fs",
+        "fuse.gcsfuse",
+        "fuse.juicefs",
     )
-)  # fmt: skip
+)
 _IGNORED = (EVENT_TYPE_OPENED, EVENT_TYPE_CLOSED_NO_WRITE)
 
 

@@ -78,10 +78,12 @@ class ExportReport:
 
     def lines(self) -> list[str]:
         """The report in plain lines (run names are data: the caller cleans them for a terminal)."""
-        head = (f"exported {len(self.written):,} run(s), {self.unchanged:,} unchanged, "
-                f"{len(self.removed):,} removed")  # fmt: skip
-        return [head, *(f"could not export {name}: {why}" for name, why in self.failed),
-                *(f"could not look into {entry}" for entry in self.unreadable)]  # fmt: skip
+        head = f"exported {len(self.written):,} run(s), {self.unchanged:,} unchanged, {len(self.removed):,} removed"
+        return [
+            head,
+            *(f"could not export {name}: {why}" for name, why in self.failed),
+            *(f"could not look into {entry}" for entry in self.unreadable),
+        ]
 
 
 # -- where the export goes -------------------------------------------------------------------------
@@ -259,8 +261,13 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
         for name in removed:
             if before[name]["file"] not in {entry["file"] for entry in plan.entries.values()}:
                 destination.delete(before[name]["file"])
-    return ExportReport(tuple(plan.written), len(listing.runs) - len(plan.written) - len(plan.failed),
-                        tuple(removed), tuple(plan.failed), listing.unreadable)  # fmt: skip
+    return ExportReport(
+        tuple(plan.written),
+        len(listing.runs) - len(plan.written) - len(plan.failed),
+        tuple(removed),
+        tuple(plan.failed),
+        listing.unreadable,
+    )
 
 
 def _unchanged(entry: Mapping[str, Any], stamp: tuple[int, ...] | None, present: Mapping[str, int]) -> bool:
@@ -286,8 +293,14 @@ def _export_run(
     destination.write(target, lambda stream: pq.write_table(table, stream, compression="zstd"))
     size = destination.filesystem.get_file_info(destination.path(target)).size
     schema = base64.b64encode(table.schema.serialize().to_pybytes()).decode()
-    return {"file": target, "bytes": size, "rows": table.num_rows, "source": list(stamp or ()),
-            "schema": schema, **facts}  # fmt: skip
+    return {
+        "file": target,
+        "bytes": size,
+        "rows": table.num_rows,
+        "source": list(stamp or ()),
+        "schema": schema,
+        **facts,
+    }
 
 
 def read_schema(entry: Mapping[str, Any]) -> pa.Schema:

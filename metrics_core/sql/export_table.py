@@ -40,8 +40,17 @@ from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
 from metrics_core.write.writer import BASE_FIELDS
 
-RECORD_COLUMNS = ("run", "session", "session_index", "event", "step", "tokens_seen", "skipped_updates", "time",
-                  "superseded")  # fmt: skip
+RECORD_COLUMNS = (
+    "run",
+    "session",
+    "session_index",
+    "event",
+    "step",
+    "tokens_seen",
+    "skipped_updates",
+    "time",
+    "superseded",
+)
 _TIME = pa.timestamp("us", tz="UTC")
 
 
@@ -152,8 +161,9 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
     count = len(sessions)
     own_superseded = np.zeros(count, np.int64)
     for event in reader.events:
-        own_superseded += np.bincount(reader.session_indices(event), weights=reader.superseded(event),
-                                      minlength=count).astype(np.int64)  # fmt: skip
+        own_superseded += np.bincount(
+            reader.session_indices(event), weights=reader.superseded(event), minlength=count
+        ).astype(np.int64)
     session_min = [None] * count
     loss = reader.column("train", "train_loss")
     if loss is not None:

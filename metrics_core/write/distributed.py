@@ -80,8 +80,16 @@ from metrics_core.write.writer import MetricsWriter, RunContext, config_value
 # Layout of the SUM vector: these sums, then world_size time-per-attempt slots, then world_size
 # tokens/s slots (each rank writes its own slot, every other slot is 0.0, so the SUM gathers them).
 SUM_FIELDS = (
-    "loss_sum", "tokens", "attempts", "updates", "skips", "grad_norms", "grad_norm_sum", "nonfinite", "clipped",
-)  # fmt: skip
+    "loss_sum",
+    "tokens",
+    "attempts",
+    "updates",
+    "skips",
+    "grad_norms",
+    "grad_norm_sum",
+    "nonfinite",
+    "clipped",
+)
 # Layout of the MAX vector.
 MAX_FIELDS = ("grad_norm_max", "attempts", "updates", "skips", "nonfinite")
 _COUNTS = ("attempts", "updates", "skips", "nonfinite")
@@ -203,8 +211,9 @@ class DistributedWindow(TrainingWindow):
         f64 = torch.float64
         sums = torch.tensor(values, dtype=f64, device=device)
         if self._device_attempts is None:
-            maxima = torch.tensor([host.grad_norm_max, *(values[SUM_FIELDS.index(name)] for name in _COUNTS)],
-                                  dtype=f64, device=device)  # fmt: skip
+            maxima = torch.tensor(
+                [host.grad_norm_max, *(values[SUM_FIELDS.index(name)] for name in _COUNTS)], dtype=f64, device=device
+            )
         else:
             folded = self._device_attempts.fold_tensor().to(device)  # FOLD_NAMES order
             sums[0] += folded[0]
@@ -223,8 +232,10 @@ class DistributedWindow(TrainingWindow):
                 f"or did not call log_window()/summary() at this point ({type(exc).__name__}: {exc})"[:2000]
             ) from exc
         gathered = reduced[len(values) - len(SYSTEM_FIELDS) * size : len(values)] if system is not None else []
-        return {**self._record(lr, reduced[: len(SUM_FIELDS) + 2 * size] + reduced[len(values) :], size),
-                **self._system_keys(gathered, size)}  # fmt: skip
+        return {
+            **self._record(lr, reduced[: len(SUM_FIELDS) + 2 * size] + reduced[len(values) :], size),
+            **self._system_keys(gathered, size),
+        }
 
     def _global_rank(self) -> Callable[[int], int]:
         if self.group is None:
@@ -265,8 +276,9 @@ class DistributedWindow(TrainingWindow):
         if total["updates"]:  # clipped over every rank's updates, not over the per-step count
             summary["clipped_fraction"] = total["clipped"] / total["updates"]
         lockstep = all(total[name] == size * maximum[name] for name in _COUNTS)
-        health = rank_health(reduced[count : count + size], reduced[count + size : count + 2 * size],
-                             self._global_rank())  # fmt: skip
+        health = rank_health(
+            reduced[count : count + size], reduced[count + size : count + 2 * size], self._global_rank()
+        )
         return {**summary, "ranks_in_lockstep": lockstep, **health.fields()}
 
 
@@ -281,8 +293,12 @@ class RankFailure:
 
     def end_fields(self, seen_on_rank_0: str) -> dict[str, Any]:
         """Rank 0's ``session_end`` values: the cause, then what rank 0 itself saw of it."""
-        return {"status": "failed", "error": f"rank {self.rank}: {self.error}"[:2000], "failed_rank": self.rank,
-                "rank_0_error": seen_on_rank_0}  # fmt: skip
+        return {
+            "status": "failed",
+            "error": f"rank {self.rank}: {self.error}"[:2000],
+            "failed_rank": self.rank,
+            "rank_0_error": seen_on_rank_0,
+        }
 
 
 def leave_rank_failure(directory: Path, failure: RankFailure) -> None:
@@ -292,8 +308,12 @@ def leave_rank_failure(directory: Path, failure: RankFailure) -> None:
     """
     path = directory / f".metrics.rank-{failure.rank}.failure"
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    note = {"rank": failure.rank, "world_size": failure.world_size, "time": failure.time.isoformat(),
-            "error": failure.error}  # fmt: skip
+    note = {
+        "rank": failure.rank,
+        "world_size": failure.world_size,
+        "time": failure.time.isoformat(),
+        "error": failure.error,
+    }
     try:
         directory.mkdir(parents=True, exist_ok=True)
         temporary.write_bytes(orjson.dumps(note))

@@ -36,9 +36,17 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 FIELDS = (
-    "host_cpu_percent", "host_mem_used_gib", "host_mem_percent", "proc_rss_gib", "proc_cpu_percent",
-    "gpu_util_percent", "gpu_mem_used_gib", "gpu_mem_percent", "gpu_temp_c", "gpu_power_w",
-)  # fmt: skip
+    "host_cpu_percent",
+    "host_mem_used_gib",
+    "host_mem_percent",
+    "proc_rss_gib",
+    "proc_cpu_percent",
+    "gpu_util_percent",
+    "gpu_mem_used_gib",
+    "gpu_mem_percent",
+    "gpu_temp_c",
+    "gpu_power_w",
+)
 DEFAULT_INTERVAL_S = 10.0
 GIB = float(2**30)
 

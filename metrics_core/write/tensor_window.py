@@ -46,11 +46,14 @@ class TensorAttempts:
     def _vector(self, values: list[Any], dtype: torch.dtype) -> torch.Tensor:
         if all(isinstance(value, torch.Tensor) for value in values):
             return torch.stack([value.reshape(()) for value in values]).to(device=self.device, dtype=dtype)
-        return torch.stack([
-            value.reshape(()).to(device=self.device, dtype=dtype) if isinstance(value, torch.Tensor)
-            else torch.full((), value, dtype=dtype, device=self.device)
-            for value in values
-        ])  # fmt: skip
+        return torch.stack(
+            [
+                value.reshape(()).to(device=self.device, dtype=dtype)
+                if isinstance(value, torch.Tensor)
+                else torch.full((), value, dtype=dtype, device=self.device)
+                for value in values
+            ]
+        )
 
     def fold_tensor(self) -> torch.Tensor:
         """The window's sums as one float64 vector on the window's device, in ``FOLD_NAMES`` order.
@@ -67,11 +70,18 @@ class TensorAttempts:
         ok = ~skip
         finite = torch.isfinite(norm)
         counted = finite & ok
-        return torch.stack([
-            (loss * tokens).sum(), ok.sum(), skip.sum(), counted.sum(),
-            torch.where(counted, norm, 0.0).sum(), (ok & measured & ~finite).sum(),
-            (counted & (norm > threshold)).sum(), torch.where(counted, norm, -math.inf).max(),
-        ]).to(f64)  # fmt: skip
+        return torch.stack(
+            [
+                (loss * tokens).sum(),
+                ok.sum(),
+                skip.sum(),
+                counted.sum(),
+                torch.where(counted, norm, 0.0).sum(),
+                (ok & measured & ~finite).sum(),
+                (counted & (norm > threshold)).sum(),
+                torch.where(counted, norm, -math.inf).max(),
+            ]
+        ).to(f64)
 
     def fold(self) -> dict[str, float]:
         """The window's sums as Python numbers: the one host transfer of the window."""
