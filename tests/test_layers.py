@@ -35,7 +35,7 @@ PUBLIC_NAMES = {
     "metrics_core.session": ("training_session",),
     "metrics_core.summary": ("summarise",),
     "metrics_core.logging_bridge": ("capture_logger",),
-    "metrics_core.object_storage": ("open_bucket_run",),
+    "metrics_core.object_storage": ("open_bucket_run", "s3_filesystem"),
 }
 MAX_LINES = 450
 
