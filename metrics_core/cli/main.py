@@ -1,9 +1,8 @@
 """``python -m metrics_core COMMAND ...``: the command line, one module of ``metrics_core.cli`` per command.
 
-``COMMANDS`` lists them (each a ``command.Command``); ``main`` parses the command line, runs the
-command and turns what every command may run into the same way into its exit status: a
-``MetricsError`` is one line on stderr and status 2; Ctrl-C, and a reader of the pipe that went
-away (``| head``), end it quietly with status 0.
+``COMMANDS`` lists them (each a ``command.Command``).  ``main`` parses the command line, runs the
+command, and ends every command the same way: a ``MetricsError`` is one line on stderr and exit
+status 2; Ctrl-C, and a reader of the pipe that went away (``| head``), end it quietly with 0.
 """
 
 from __future__ import annotations
