@@ -3,12 +3,16 @@
 Every string read from a file (a session id, a reason, a path) passes through ``clean`` before it is
 printed, so a hostile session id cannot move the cursor, recolour the terminal or reorder the line;
 ``fit`` and ``fit_middle`` cut it to a number of terminal columns (wide characters count two).
+``duration`` and ``MISSING`` say a time span and an unknown value the same way everywhere.
 """
 
 from __future__ import annotations
 
+import math
 import re
 import unicodedata
+
+MISSING = "—"  # where a value is unknown, in the terminal and on the page: never NaN or None
 
 # CSI (ESC [ ... final), OSC (ESC ] ... BEL or ST), other two-byte escapes, and the C1 CSI.
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)?|\x1b[@-_]|\x9b[0-?]*[ -/]*[@-~]")
@@ -76,12 +80,16 @@ def fit_middle(text: str, columns: int) -> str:
     return fit(text[: len(text) - len(end)], columns - width(end)) + end
 
 
-def duration(seconds: float) -> str:
-    """A non-negative duration in its largest unit: 45 s, 4.2 min, 3.1 h, 2.5 d."""
+def duration(seconds: float | None) -> str:
+    """A duration a person reads at a glance, in its largest unit: 4.5 s, 45 s, 4.2 min, 3.1 h,
+    2.5 d; ``MISSING`` when it is unknown or not finite.  A negative one keeps its sign."""
+    if seconds is None or not math.isfinite(seconds):
+        return MISSING
+    size = abs(seconds)
     for unit, scale in (("d", 86400.0), ("h", 3600.0), ("min", 60.0)):
-        if seconds >= scale:
+        if size >= scale:
             return f"{seconds / scale:.3g} {unit}"
-    return f"{seconds:.0f} s"
+    return f"{seconds:.2g} s" if size < 10 else f"{seconds:.0f} s"
 
 
 def utf8(text: str) -> str:

@@ -267,6 +267,15 @@ def test_sync_where_pyarrow_is_missing_says_what_to_install(tmp_path: Path, ligh
     assert len(result.stderr.splitlines()) == 1
 
 
+def test_serve_and_sync_parse_their_own_options(tmp_path: Path) -> None:
+    """serve hands every argument to metrics-dashboard's parser and sync to its own: their errors name them."""
+    served = cli("serve", "--runs", str(tmp_path), "--bogus")
+    assert served.returncode == 2 and "metrics-dashboard: error: unrecognized arguments: --bogus" in served.stderr
+    synced = cli("sync", str(tmp_path), "s3://bucket/r", "--interval", "-1")
+    assert synced.returncode == 2 and synced.stdout == ""
+    assert "python -m metrics_core sync: error: argument --interval: expected a positive number" in synced.stderr
+
+
 def _modules_after(command: str, run: Path) -> list[str]:
     """Heavy top-level modules loaded by a fresh interpreter after running one command's main()."""
     code = (

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from benchmarks.generate import write_run
-from metrics_core.cli.main import summary_lines
+from metrics_core.cli.summary import summary_lines
 from metrics_core.read.run_digest import RunDigest, batches, follow_file, last_records
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import run_status

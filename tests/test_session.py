@@ -55,6 +55,20 @@ def test_keyboard_interrupt_is_interrupted(tmp_path: Path) -> None:
     assert read_records(tmp_path / "run" / "metrics.jsonl")[-1]["status"] == "interrupted"
 
 
+def test_sys_exit_is_finished_and_an_exit_signal_subclass_is_not(tmp_path: Path) -> None:
+    """sys.exit() in the block ends finished; a SystemExit subclass (Lightning's SIGTERMException) failed."""
+
+    class ExitSignal(SystemExit):
+        pass
+
+    for name, exit_with in (("plain", SystemExit(0)), ("signal", ExitSignal())):
+        with pytest.raises(SystemExit), training_session(tmp_path / name):
+            raise exit_with
+    assert read_records(tmp_path / "plain" / "metrics.jsonl")[-1]["status"] == "finished"
+    end = read_records(tmp_path / "signal" / "metrics.jsonl")[-1]
+    assert (end["status"], end["error"]) == ("failed", "ExitSignal: ")
+
+
 def test_resume_records_discarded_bytes_and_checkpoint_step(tmp_path: Path) -> None:
     """A session opened over a torn tail says how many bytes were cut and where it resumed."""
     with training_session(tmp_path / "run", session_id="a"):

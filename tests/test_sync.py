@@ -28,6 +28,7 @@ from metrics_core.buckets.bucket_runs import discover_bucket_runs, open_bucket_r
 from metrics_core.buckets.cloud_reads import s3_reads
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.buckets.sync import RunSync
+from metrics_core.cli.main import main as cli_main
 from metrics_core.errors import RunFileError
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.run_digest import RunDigest
@@ -65,7 +66,7 @@ def sync(*args: str) -> subprocess.CompletedProcess:
 def sync_here(*args: str) -> str:
     """``sync`` in this process (quicker than a child where only its effect matters): its output."""
     out, err = io.StringIO(), io.StringIO()
-    assert sync_module.main(list(args), out, err) == 0, err.getvalue()
+    assert cli_main(["sync", *args], out, err) == 0, err.getvalue()
     return out.getvalue()
 
 

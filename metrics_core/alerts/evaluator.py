@@ -28,7 +28,6 @@ Promises:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import math
 import os
@@ -39,11 +38,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TextIO
 
 import orjson
 
-from metrics_core.alerts.rules import AlertConfig, Condition, RunRules, load_config
+from metrics_core.alerts.rules import AlertConfig, Condition, RunRules
 from metrics_core.alerts.webhooks import Alert, Delivery
 from metrics_core.errors import AlertConfigError, MetricsError
 from metrics_core.read.line_follower import LineFollower
@@ -54,13 +52,12 @@ from metrics_core.read.run_status import END_STATUSES, run_status, write_failure
 from metrics_core.read.run_summary import FollowedLog
 from metrics_core.read.session_accounting import SessionLog
 from metrics_core.roots.discovery import find_runs
-from metrics_core.text import clean, utf8
+from metrics_core.text import utf8
 
 SETTLED = (*END_STATUSES, "crashed")  # statuses only a write can change: the run's file is let go
 REDISCOVER_S = 60.0  # a new run is noticed within a minute: alerts wait at least that long for a stall
 RECENT_ALERTS = 1000  # transitions kept for a page to show
 INTERVAL_S = 10.0  # between passes: an idle pass over 1,000 runs is a stat each (docs/PERFORMANCE.md)
-ONCE_DELIVERY_S = 60.0  # how long ``alerts --once`` keeps retrying a receiver that is down
 _log = logging.getLogger(__name__)
 
 
@@ -315,26 +312,7 @@ class Alerter:
         self.evaluator.close()
 
 
-# -- the command -----------------------------------------------------------------------------------
-
-
-def add_command(commands: argparse._SubParsersAction) -> None:
-    """``alerts ROOT --webhook URL [--config FILE] [--interval S] [--once]`` on ``cli``'s parser."""
-    command = commands.add_parser("alerts", help="watch a runs root and post alerts to a webhook (NaN loss, "
-                                  "loss spike, stalled, crashed, failed, thresholds)")  # fmt: skip
-    command.add_argument("root", help="the runs root: every directory under it holding a metrics.jsonl")
-    command.add_argument("--webhook", help="URL to POST alerts to (Slack and Discord URLs get their bodies); "
-                         "else the config's webhook; without either, alerts are only printed")  # fmt: skip
-    command.add_argument("--config", help="a TOML file of rules (README, 'Alerts')")
-    interval = f"seconds between passes (default {INTERVAL_S:g})"
-    command.add_argument("--interval", type=float, default=INTERVAL_S, help=interval)
-    once = f"one pass, then deliver (retrying for up to {ONCE_DELIVERY_S:.0f} s) and exit"
-    command.add_argument("--once", action="store_true", help=once)
-    state = (
-        "a JSON file of what was alerted on, read at start and kept up to date: with --once from cron, a "
-        "condition is posted once, not once per call"
-    )
-    command.add_argument("--state", help=state)
+# -- what an alerter remembers across calls (``alerts --once --state FILE``) ------------------------
 
 
 def load_state(path: Path) -> dict[str, list[str]]:
@@ -361,49 +339,3 @@ def save_state(path: Path, alerter: Alerter) -> None:
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_bytes(orjson.dumps({"firing": firing}))
     os.replace(temporary, path)
-
-
-def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Run ``alerts``: 0 when done (or Ctrl-C), 1 when ``--once`` could not deliver everything,
-    2 for a bad root, config or webhook."""
-
-    def report(message: str) -> None:
-        err.write(clean(message) + "\n")
-        err.flush()
-
-    def show(alert: Alert) -> None:
-        out.write(alert.line() + "\n")
-        out.flush()
-
-    try:
-        if not (math.isfinite(args.interval) and args.interval > 0):
-            raise AlertConfigError(f"--interval {args.interval!r}: expected a positive number of seconds")
-        config = load_config(args.config) if args.config else AlertConfig()
-        state = Path(args.state) if args.state else None
-        firing = load_state(state) if state is not None else None
-        alerter = Alerter(args.root, config, webhook=args.webhook, report=report, firing=firing)
-        find_runs(args.root)  # a root that is not there is an error now, not at the first pass
-
-        def save() -> None:
-            if state is not None:
-                save_state(state, alerter)
-
-        try:
-            if args.once:
-                for alert in alerter.tick():
-                    show(alert)
-                delivered = alerter.drain(within=ONCE_DELIVERY_S)
-                save()
-                if delivered:
-                    return 0
-                report(f"alerts: {alerter.delivery.pending} alert(s) not delivered")
-                return 1
-            alerter.run(interval=args.interval, stop=threading.Event(), on_alert=lambda alert: (show(alert), save()))
-        finally:
-            alerter.close()
-    except MetricsError as exc:
-        report(f"error: {exc}")
-        return 2
-    except (KeyboardInterrupt, BrokenPipeError):  # Ctrl-C; or `| head` went away
-        return 0
-    return 0

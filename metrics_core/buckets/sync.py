@@ -35,25 +35,20 @@ Contract:
 
 from __future__ import annotations
 
-import argparse
 import signal
-import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TextIO
 
 from pyarrow import fs as pafs
 
-from metrics_core.buckets.addresses import BucketPath, bucket_filesystem, parse_bucket_url
+from metrics_core.buckets.addresses import BucketPath
 from metrics_core.buckets.bucket_files import PARTS_DIRNAME, PartsFile, upload_part
-from metrics_core.cli.main import interval_arg
-from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
+from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.read.records import check_record
 from metrics_core.read.run_file import LocalFile, metrics_path, run_file_path
-from metrics_core.text import clean
 
 INTERVAL_S = 60.0  # at most 1,440 parts a day; a line is in the bucket within a minute of its newline
 MAX_PART_BYTES = 64 << 20  # memory per part: a part is read whole before its upload starts
@@ -177,59 +172,35 @@ def _stop_on_signals() -> Iterator[_Stop]:
             signal.signal(number, handler)
 
 
-def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m metrics_core sync", description=(
-        "Upload a run's complete lines to a bucket as they are written, each byte once, as parts "
-        "that the dashboard and RunReader read as one file."))  # fmt: skip
-    parser.add_argument("run_dir", help="a run directory, or its metrics.jsonl")
-    parser.add_argument("destination", metavar="s3://BUCKET/PREFIX/RUN (or gs://, az://CONTAINER/…)",
-                        help=f"the run's place in the bucket: parts go to RUN/{PARTS_DIRNAME}/")  # fmt: skip
-    parser.add_argument("--follow", "-f", action="store_true", help=(
-        "keep uploading as the run grows, until its session is over and everything is uploaded, "
-        "or Ctrl-C / SIGTERM (both upload what is complete first); waits for a file not there yet"))  # fmt: skip
-    parser.add_argument("--interval", type=interval_arg, default=INTERVAL_S, metavar="S", help=(
-        f"with --follow, seconds between passes (default {INTERVAL_S:g}). Each pass uploads the lines "
-        "completed since the last as one part (parts of at most "
-        f"{MAX_PART_BYTES >> 20} MiB for a backlog), so a run makes at most 86,400/S parts a day "
-        f"({86400 / INTERVAL_S:,.0f} at the default) however fast it writes, and a complete line "
-        "reaches the bucket within S seconds"))  # fmt: skip
-    return parser
-
-
-def main(argv: Sequence[str] | None = None, out: TextIO | None = None, err: TextIO | None = None) -> int:
-    """Run ``sync``: 0 when done (or stopped by a signal), 2 on an error, said in one line."""
-    out = sys.stdout if out is None else out
-    err = sys.stderr if err is None else err
-    args = _parser().parse_args(argv)
-
-    def report(done: Pass) -> None:
-        out.write("".join(f"uploaded {clean(where.url)} ({size:,} bytes)\n" for where, size in done.uploaded))
-        out.flush()
-
-    try:
-        destination = parse_bucket_url(args.destination)
-        sync = RunSync(destination, bucket_filesystem(destination))
-        sync.resume()
-        with _stop_on_signals() as stop:
-            if not args.follow:
-                report(sync.step(metrics_path(args.run_dir)))
-                return 0
-            waiting = False
-            while True:
-                stopping = stop.requested  # a signal during this pass: one more pass, then out
-                try:
-                    path = metrics_path(args.run_dir)
-                except RunNotFoundError:
-                    if not waiting:
-                        err.write(f"sync: waiting for {clean(str(run_file_path(args.run_dir)))} to appear\n")
-                        err.flush()
-                    waiting, done = True, None
-                else:
-                    done = sync.step(path)
-                    report(done)
-                if stopping or (done is not None and done.ended):
-                    return 0
-                stop.wait(args.interval)
-    except MetricsError as exc:
-        err.write(f"error: {clean(str(exc))}\n")
-        return 2
+def upload(
+    sync: RunSync,
+    run_dir: str | Path,
+    *,
+    follow: bool = False,
+    interval: float = INTERVAL_S,
+    on_pass: Callable[[Pass], None],
+    on_wait: Callable[[Path], None],
+) -> None:
+    """One pass of ``sync`` over the run in ``run_dir``; with ``follow``, a pass every ``interval``
+    seconds until the run is over or Ctrl-C / SIGTERM (module docstring), calling ``on_pass``
+    after each pass and ``on_wait`` (with the file's path) once if the file is not there yet.
+    ``MetricsError`` on the first error: nothing more is uploaded."""
+    with _stop_on_signals() as stop:
+        if not follow:
+            on_pass(sync.step(metrics_path(run_dir)))
+            return
+        waiting = False
+        while True:
+            stopping = stop.requested  # a signal during this pass: one more pass, then out
+            try:
+                path = metrics_path(run_dir)
+            except RunNotFoundError:
+                if not waiting:
+                    on_wait(run_file_path(run_dir))
+                waiting, done = True, None
+            else:
+                done = sync.step(path)
+                on_pass(done)
+            if stopping or (done is not None and done.ended):
+                return
+            stop.wait(interval)

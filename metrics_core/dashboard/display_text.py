@@ -33,6 +33,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from metrics_core.text import MISSING
+
 TITLE_CHARS = 80  # titles, names in messages, legend entries
 WORD_CHARS = 60  # a single unbroken token inside a longer message (an id, an excerpt)
 MESSAGE_CHARS = 600  # a whole message (diagnostic, error reason)
@@ -96,9 +98,6 @@ def plotly_text(text: object) -> str:
 def file_stem(name: str) -> str:
     """A download file name from a run name: only ``[A-Za-z0-9._-]``, at most 100 characters."""
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._")[:100] or "run"
-
-
-MISSING = "—"
 
 
 def _number(value: object) -> float | None:

@@ -3,42 +3,26 @@
 ``training_session`` is a ``with`` block; a framework instead begins training in one callback and
 ends it in another (or in a teardown hook that is told the outcome), and knows the step it resumed
 from only once its checkpoint is loaded.  ``RunSession`` keeps the same records and statuses,
-driven by those calls.  ``sigterm_raises`` is the scheduler's SIGTERM turned into an exception
-while a framework's ``train()`` runs, so the loop unwinds and ``session_end`` says ``interrupted``.
+driven by those calls, and ends them by the same rule (``metrics_core.write.session_end``, whose
+``sigterm_raises`` turns the scheduler's SIGTERM into an exception while a framework's ``train()``
+runs, so the loop unwinds and ``session_end`` says ``interrupted``).
 """
 
 from __future__ import annotations
 
 import math
 import os
-import signal
-import threading
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from metrics_core.write.distributed import process_group_rank
+from metrics_core.write.session_end import ERROR_CHARS, end_status
 from metrics_core.write.system_sampler import SystemSampler, start_sampler, system_keys
-from metrics_core.write.training_session import SIGTERM_EXIT, new_session_id
+from metrics_core.write.training_session import new_session_id
 from metrics_core.write.writer import BASE_FIELDS, MetricsWriter, RunContext, TrainingState
 
-__all__ = ["SIGTERM_EXIT", "RunSession", "Terminated", "end_status", "plain_config", "scalars", "sigterm_raises"]
-
-
-class Terminated(BaseException):
-    """Raised in the main thread by ``sigterm_raises``'s handler to unwind the training loop."""
-
-
-def end_status(exc: BaseException | None) -> tuple[str, str | None]:
-    """``session_end``'s ``status`` and ``error`` for a block that ended with ``exc`` (None: cleanly)."""
-    if exc is None or (isinstance(exc, SystemExit) and exc.code in (0, None) and type(exc) is SystemExit):
-        return "finished", None
-    if isinstance(exc, Terminated):
-        return "interrupted", "SIGTERM"
-    if isinstance(exc, KeyboardInterrupt):
-        return "interrupted", "KeyboardInterrupt"
-    return "failed", f"{type(exc).__name__}: {exc}"[:2000]
+__all__ = ["RunSession", "plain_config", "scalars"]
 
 
 def plain_config(value: Any, depth: int = 0) -> Any:
@@ -74,23 +58,6 @@ def scalars(values: Mapping[str, Any]) -> dict[str, Any]:
             value = str(value)
         out[f"metric_{key}" if key in BASE_FIELDS else str(key)] = value
     return out
-
-
-@contextmanager
-def sigterm_raises() -> Iterator[None]:
-    """SIGTERM raises ``Terminated`` in the main thread while the block runs (elsewhere: no change)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def terminate(signum: int, frame: object) -> None:
-        raise Terminated
-
-    previous = signal.signal(signal.SIGTERM, terminate)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class RunSession:
@@ -152,7 +119,7 @@ class RunSession:
         try:
             self.writer.write_config(self.state, plain_config(config))
         except MetricsError as exc:
-            self.writer.write("config_refused", self.state, error=f"{type(exc).__name__}: {exc}"[:2000])
+            self.writer.write("config_refused", self.state, error=f"{type(exc).__name__}: {exc}"[:ERROR_CHARS])
 
     def end(self, exc: BaseException | None = None) -> None:
         """Write ``session_end`` for an outcome (``exc`` None: finished) and release the file."""

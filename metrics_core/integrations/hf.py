@@ -81,14 +81,8 @@ from transformers import Trainer, TrainerCallback, TrainerControl, TrainerState,
 from transformers.trainer_callback import ExportableState
 from transformers.trainer_utils import get_last_checkpoint
 
-from metrics_core.integrations._common import (
-    SIGTERM_EXIT,
-    RunSession,
-    Terminated,
-    end_status,
-    scalars,
-    sigterm_raises,
-)
+from metrics_core.integrations._common import RunSession, scalars
+from metrics_core.write.session_end import SIGTERM_EXIT, Terminated, end_status, sigterm_raises
 from metrics_core.write.window import TrainingWindow
 
 IGNORE_INDEX = -100  # transformers' label for "no loss here" (padding, prompt tokens)

@@ -71,7 +71,8 @@ from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities import rank_zero_only
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 
-from metrics_core.integrations._common import RunSession, Terminated, scalars
+from metrics_core.integrations._common import RunSession, scalars
+from metrics_core.write.session_end import Terminated
 from metrics_core.write.window import TrainingWindow
 
 Number = torch.Tensor | int | float

@@ -31,8 +31,8 @@ from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Resta
 from metrics_core.read.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
 from metrics_core.read.run_file import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import EventRows
-from metrics_core.read.session_model import LostWork, Session, number
+from metrics_core.read.session_accounting import AccountedSessions, EventRows
+from metrics_core.read.session_model import number
 from metrics_core.write.crash_safety import tail_start
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
@@ -259,7 +259,7 @@ _ACCOUNTING_FIELDS = ("attempted_updates", "updates", "skipped_updates_in_window
 _SUMMARISED = {"train": ("train_loss", "skipped_updates"), "validation": ("val_loss",)}  # what summarise reads
 
 
-class RunDigest(FollowedLog):
+class RunDigest(FollowedLog, AccountedSessions):
     """Everything ``summary`` prints about a run, kept as running state; see the module docstring.
 
     ``refresh()`` reads what was appended since the last call.  What ``runs.run_status`` reads
@@ -351,15 +351,6 @@ class RunDigest(FollowedLog):
         """What ``SessionLog.replayed`` reads: each event's rows per session."""
         return {event: {index: rows.held() for index, rows in by_session.items()}
                 for event, by_session in self._rows.items()}  # fmt: skip
-
-    @property
-    def sessions(self) -> list[Session]:
-        """Sessions in order of first appearance, with downtime and replay accounting."""
-        return self.log.sessions(self.log.replayed(self._event_rows))
-
-    def lost_work(self) -> LostWork:
-        """Downtime, replayed work and the training time that produced superseded train windows."""
-        return self.log.lost_work(self.log.replayed(self._event_rows))
 
     # -- health checks --------------------------------------------------------------------------
 

@@ -51,7 +51,7 @@ from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Resta
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import EventRows
+from metrics_core.read.session_accounting import AccountedSessions, EventRows
 from metrics_core.read.session_model import LostWork, Progress, Session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
@@ -60,7 +60,7 @@ __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 
 
-class RunReader(FollowedLog):
+class RunReader(FollowedLog, AccountedSessions):
     """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
 
     def __init__(
@@ -402,15 +402,6 @@ class RunReader(FollowedLog):
         self._flush()
         table = self._tables.get(event)
         return np.zeros(0, dtype=np.int64) if table is None else self._global_sessions(table)
-
-    @property
-    def sessions(self) -> list[Session]:
-        """Sessions in order of first appearance, with downtime and replay accounting."""
-        return self.log.sessions(self.log.replayed(self._event_rows))
-
-    def lost_work(self) -> LostWork:
-        """What the run's crashes cost: downtime, replayed work, superseded training time."""
-        return self.log.lost_work(self.log.replayed(self._event_rows))
 
     def resident_bytes(self) -> int:
         """Bytes held by the parsed columns (the data a dashboard keeps per run)."""

@@ -410,3 +410,26 @@ class SessionLog:
         }
         log._recent_times.extend(int(value) for value in state["recent_times"])
         return log
+
+
+class AccountedSessions:
+    """``sessions`` and ``lost_work`` of a reader that feeds a ``SessionLog`` in ``log`` and lists
+    each event's rows per session in ``_event_rows``: ``RunReader`` (from its columns) and
+    ``RunDigest`` (from its running state) answer them here, so both tell the same story."""
+
+    log: SessionLog
+
+    def _event_rows(self) -> Mapping[str, Mapping[int, EventRows]]:
+        """Each event's rows per session, as ``SessionLog.replayed`` reads them (called only when
+        the replay accounting is out of date)."""
+        raise NotImplementedError
+
+    @property
+    def sessions(self) -> list[Session]:
+        """Sessions in order of first appearance, with downtime and replay accounting."""
+        return self.log.sessions(self.log.replayed(self._event_rows))
+
+    def lost_work(self) -> LostWork:
+        """What the run's crashes cost: downtime, replayed work, and the training time that
+        produced train windows a later session superseded."""
+        return self.log.lost_work(self.log.replayed(self._event_rows))

@@ -25,17 +25,13 @@ nodes for its help); the functions that need them import them.
 
 from __future__ import annotations
 
-import argparse
-import csv
 import hashlib
-import math
-import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
 from metrics_core.errors import MetricsError, RunPathError
 
@@ -341,118 +337,3 @@ def is_export(path: Path | str) -> bool:
     from metrics_core.sql.export import MANIFEST
 
     return (Path(path) / MANIFEST).is_file()
-
-
-# -- the command line --------------------------------------------------------------------------
-
-
-def add_commands(commands: Any) -> None:
-    """``export`` and ``query``, as subcommands of ``python -m metrics_core``."""
-    export = commands.add_parser("export", help="every run's records as Parquet, one file per run, incrementally")
-    export.add_argument("root", help="the runs root: a directory, or s3://bucket/prefix, gs://… or az://container/…")
-    export.add_argument("out", help="the export directory: a local directory, or a bucket prefix (s3://, gs://, az://)")
-    _cache_options(export)
-    query = commands.add_parser(
-        "query", help="one read-only SQL query over every run (DuckDB; needs metrics-core[sql])",
-        description="One read-only SQL query (SELECT) over every run, through DuckDB. ROOT is a runs root (exported "
-        "first, incrementally, into the cache directory) or an export directory.",
-        epilog=help_text(), formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
-    query.add_argument("root", help="a runs root (a directory or a bucket prefix), or an export made by `export`")
-    query.add_argument("sql", help='the query, e.g. "SELECT run, status, min_train_loss FROM runs"')
-    query.add_argument("--format", choices=("table", "csv"), default="table", help="table (default) or csv")
-    query.add_argument("--max-rows", type=int, default=None, help="print at most this many rows")
-    query.add_argument("--timeout", type=float, default=None, help="stop the query after this many seconds")
-    _cache_options(query)
-
-
-def _cache_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--cache-dir", type=Path, default=None,
-                        help="where parsed runs (and a root's export, for query) are cached: default "
-                        "$METRICS_CACHE_DIR, else $XDG_CACHE_HOME/metrics_core or ~/.cache/metrics_core")  # fmt: skip
-
-
-def command(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Run ``export`` or ``query``: 0 when done, 1 when some run could not be exported, 2 when
-    refused or failed (one line on ``err``)."""
-    from metrics_core.text import clean
-
-    try:
-        if args.command == "query":
-            check_read_only(args.sql)  # refused before anything else is loaded or read
-        from metrics_core.read.column_cache import CachePolicy, default_directory
-
-        cache_home = Path(args.cache_dir if args.cache_dir is not None else default_directory(os.environ))
-        if args.command == "export":
-            from metrics_core.sql.export import export_root
-
-            check_cache_outside(args.root, cache_home)
-            report = export_root(args.root, args.out, cache=CachePolicy(cache_home))
-            out.write("".join(clean(line) + "\n" for line in report.lines()))
-            return 1 if report.failed else 0
-        root = args.root
-        if is_export(root):
-            export = root
-        else:
-            export, report = export_for_query(root, cache_home)
-            err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
-        connection = connect(export, now=datetime.now(timezone.utc))
-        try:
-            _print(connection, args, out)
-        finally:
-            connection.close()
-    except MetricsError as exc:
-        err.write(f"error: {clean(_one_line(exc))}\n")
-        return 2
-    return 0
-
-
-def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out: TextIO) -> None:
-    if args.format == "csv":
-        writer = csv.writer(out, lineterminator="\n")
-        header: list[bool] = []
-
-        def write(batch: pa.RecordBatch) -> None:
-            if not header:
-                writer.writerow(batch.schema.names)
-                header.append(True)
-            writer.writerows(zip(*(column.to_pylist() for column in batch.columns), strict=True))
-
-        result = run_query(connection, args.sql, timeout_s=args.timeout, max_rows=args.max_rows, on_batch=write)
-        if not header:
-            writer.writerow(result.table.schema.names)
-        return
-    limit = args.max_rows if args.max_rows is not None else 1000
-    result = run_query(connection, args.sql, timeout_s=args.timeout, max_rows=limit)
-    columns = [column.to_pylist() for column in result.table.columns]
-    out.write("".join(line + "\n" for line in table_lines(result.table.schema.names, columns)))
-    if result.truncated:
-        out.write(f"(first {limit:,} rows; --max-rows N or --format csv for more)\n")
-
-
-def cell_text(value: Any) -> str:
-    """A value as a table cell: NULL, numbers as Python writes them, text made safe for a terminal."""
-    from metrics_core.text import clean, fit
-
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "NULL"
-    if isinstance(value, datetime):
-        return value.isoformat()
-    return fit(clean(str(value)), 60)
-
-
-def table_lines(names: Sequence[str], columns: Sequence[Sequence[Any]]) -> list[str]:
-    """Columns of values as aligned plain text under a header, numeric columns right-aligned."""
-    from metrics_core.text import clean, fit, width
-
-    header = [fit(clean(name), 60) for name in names]
-    texts = [[cell_text(value) for value in column] for column in columns]
-    widths = [max([width(name), *map(width, column)]) for name, column in zip(header, texts, strict=True)]
-    numeric = [all(value is None or isinstance(value, (int, float)) for value in column) for column in columns]
-
-    def line(values: Sequence[str]) -> str:
-        parts = [" " * (w - width(v)) + v if right else v + " " * (w - width(v))
-                 for v, w, right in zip(values, widths, numeric, strict=True)]  # fmt: skip
-        return "  ".join(parts).rstrip()
-
-    return [line(header), "  ".join("-" * w for w in widths), *(line(row) for row in zip(*texts, strict=True))]

@@ -15,8 +15,9 @@ Contract
   crashed session left) and ``resumed_from_step``.
 * ``session_end`` is always written: ``finished`` when the block completes, ``interrupted`` on
   KeyboardInterrupt or SIGTERM (what a scheduler sends before preempting), ``failed`` with the
-  exception's type and message otherwise.  The exception is never swallowed: it propagates after
-  the record is on disk; SIGTERM becomes ``SystemExit(143)``, the conventional exit status.
+  exception's type and message otherwise (``metrics_core.write.session_end``, the integrations'
+  rule too).  The exception is never swallowed: it propagates after the record is on disk;
+  SIGTERM becomes ``SystemExit(143)``, the conventional exit status.
 * SIGTERM is handled only while the block runs, only in the main thread, and the previous
   handler is restored afterwards.
 * Session ids, when not given, are unique and sort by start time: ``20261129T172939123456Z-host-pid``.
@@ -52,9 +53,8 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import threading
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -69,11 +69,10 @@ from metrics_core.write.distributed import (
     process_start_time,
     rank_failures,
 )
+from metrics_core.write.session_end import SIGTERM_EXIT, Terminated, end_status, sigterm_raises
 from metrics_core.write.system_sampler import DEFAULT_INTERVAL_S, SystemSampler, start_sampler, system_keys
 from metrics_core.write.window import TrainingWindow
 from metrics_core.write.writer import MetricsWriter, RunContext, TrainingState
-
-SIGTERM_EXIT = 128 + signal.SIGTERM
 
 
 def new_session_id(now: datetime | None = None) -> str:
@@ -81,10 +80,6 @@ def new_session_id(now: datetime | None = None) -> str:
     when = (now or datetime.now(timezone.utc)).astimezone(timezone.utc)
     host = socket.gethostname().split(".")[0] or "host"
     return f"{when:%Y%m%dT%H%M%S%fZ}-{host}-{os.getpid()}"
-
-
-class _Terminated(BaseException):
-    """Raised in the main thread by our SIGTERM handler to unwind the training loop."""
 
 
 class TrainingSession:
@@ -197,33 +192,25 @@ def training_session(
         distributed = {"rank": rank, "world_size": world_size} if ranks is not None else {}
         session.log("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
                     **distributed)  # fmt: skip
-        previous = _install_sigterm() if handle_sigterm else None
-        job_started = (process_start_time() or datetime.now(timezone.utc)) if ranks is not None else None
-        try:
-            if config is not None:
-                session.writer.write_config(session.state, config)
-            yield session
-        except BaseException as exc:
-            if previous is not None:  # a SIGTERM now must not cut the session_end being written
-                signal.signal(signal.SIGTERM, _absorb_sigterm)
-            if isinstance(exc, (KeyboardInterrupt, _Terminated)):
-                cause = "SIGTERM" if isinstance(exc, _Terminated) else "KeyboardInterrupt"
-                end = {"status": "interrupted", "error": cause}
-            elif isinstance(exc, SystemExit) and exc.code in (0, None):
-                end = {"status": "finished"}
+        with sigterm_raises() if handle_sigterm else nullcontext(False) as sigterm_raising:
+            job_started = (process_start_time() or datetime.now(timezone.utc)) if ranks is not None else None
+            try:
+                if config is not None:
+                    session.writer.write_config(session.state, config)
+                yield session
+            except BaseException as exc:
+                if sigterm_raising:  # a SIGTERM now must not cut the session_end being written
+                    signal.signal(signal.SIGTERM, _absorb_sigterm)
+                status, error = end_status(exc)
+                end = {"status": status, **({"error": error} if error is not None else {})}
+                if job_started is not None and status != "finished":
+                    end = _rank_cause(session, exc, end, job_started)
+                _end_while_unwinding(session, exc, **end)
+                if isinstance(exc, Terminated):
+                    raise SystemExit(SIGTERM_EXIT) from None
+                raise
             else:
-                end = {"status": "failed", "error": f"{type(exc).__name__}: {exc}"[:2000]}
-            if job_started is not None and end["status"] != "finished":
-                end = _rank_cause(session, exc, end, job_started)
-            _end_while_unwinding(session, exc, **end)
-            if isinstance(exc, _Terminated):
-                raise SystemExit(SIGTERM_EXIT) from None
-            raise
-        else:
-            session.log("session_end", status="finished")
-        finally:
-            if previous is not None:
-                signal.signal(signal.SIGTERM, previous)
+                session.log("session_end", status="finished")
 
 
 def _rank_cause(
@@ -273,14 +260,3 @@ def _end_while_unwinding(session: TrainingSession, exc: BaseException, **values:
 
 def _absorb_sigterm(signum: int, frame: object) -> None:
     """While the session unwinds the process is ending already; the signal adds nothing."""
-
-
-def _install_sigterm() -> Any:
-    """Turn SIGTERM into an exception in the main thread; return the handler to restore."""
-    if threading.current_thread() is not threading.main_thread():
-        return None
-
-    def terminate(signum: int, frame: object) -> None:
-        raise _Terminated
-
-    return signal.signal(signal.SIGTERM, terminate)

@@ -1,0 +1,199 @@
+"""``python -m metrics_core tail RUN_DIR``: a run's records as lines, on a training node, through ssh or a log.
+
+Runs with the package's own dependency only (orjson): training nodes install ``metrics_core``
+alone, so it reads the file through ``metrics_core.read.run_digest`` (the record rules of
+``metrics_core.read.records``), never through numpy or pandas.  ``tests/test_cli.py`` runs it in a
+venv that holds nothing else.
+
+Output contract: one plain, newline-terminated line per record, in file order (no carriage
+returns, no colours), so it reads the same live, in ``less`` and in a file.  A torn last line is
+never printed; bad lines are skipped and reported once on stderr with where they are.  ``-n N``
+reads backwards from the end, so its cost does not grow with the file; ``-n +K`` starts at the
+K-th record, like tail(1).  ``--follow`` prints new complete records as they land and, when the
+file is cut or replaced, says so on stderr and prints the new content from its start.  Strings
+from the file go through ``text.clean``: a hostile session id cannot move the cursor or recolour
+the terminal.  Exit status 0, also on Ctrl-C and when the reader of a pipe goes away (``| head``);
+2 when the run does not exist.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from metrics_core.cli.command import add_run_dir, interval_arg
+from metrics_core.cli.terminal import ID_COLUMNS, pad, rate_text, stamp, value_text
+from metrics_core.read.records import BadLine
+from metrics_core.read.run_digest import Rates, batches, follow_file, last_records
+from metrics_core.read.run_file import metrics_path
+from metrics_core.text import MISSING, clean, fit, fit_middle
+
+if TYPE_CHECKING:
+    from metrics_core.cli.command import Subcommands
+
+NAME = "tail"
+
+
+def add_parser(commands: Subcommands) -> None:
+    """``tail RUN_DIR [-n N|+K] [--follow] [--event E]... [--interval S]``."""
+    parser = commands.add_parser(NAME, help="print records as lines; --follow to keep printing new ones")
+    add_run_dir(parser)
+    parser.add_argument(
+        "-n",
+        "--lines",
+        type=_lines_arg,
+        default=(10, False),
+        metavar="N",
+        help="the last N records (default 10), or +K: from the K-th record on",
+    )
+    parser.add_argument("--follow", "-f", action="store_true", help="keep printing records as they arrive")
+    parser.add_argument("--event", action="append", help="only this event (repeatable)")
+    parser.add_argument("--interval", type=interval_arg, default=1.0, help="seconds between checks with --follow")
+
+
+def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
+    """Print the records asked for, then follow them with ``--follow``."""
+    count, from_start = args.lines
+    tail(
+        metrics_path(args.run_dir),
+        out,
+        err,
+        count=count,
+        from_record=count if from_start else None,
+        follow=args.follow,
+        events=args.event,
+        interval=args.interval,
+    )
+    out.flush()
+    return 0
+
+
+def _lines_arg(text: str) -> tuple[int, bool]:
+    """``-n``: "N" (the last N records) or "+K" (from the K-th record on), as tail(1)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of records like 10 or +10, got {text!r}") from None
+    return (max(value, 1), True) if text.startswith("+") else (abs(value), False)
+
+
+def describe(record: Mapping[str, Any], rate: float | None) -> str:
+    """The values of one record, after its base fields, as "name value" pairs."""
+    event, get = record["event"], record.get
+    if event == "train":
+        return (
+            f"loss {value_text(get('train_loss'), '.4f')}  lr {value_text(get('lr'), '.2e')}  "
+            f"skips {value_text(get('skipped_updates_in_window'), '.0f')}  "
+            f"clip {value_text(get('clipped_fraction'), '.2f')}  tok/s {rate_text(rate)}"
+        )
+    if event == "validation":
+        return f"val_loss {value_text(get('val_loss'), '.4f')}  val_tokens {value_text(get('val_tokens'), ',.0f')}"
+    if event == "session_start":
+        discarded = value_text(get("discarded_bytes"), ".0f")
+        unit = "" if discarded == MISSING else " B"
+        return f"discarded {discarded}{unit}  resumed from {value_text(get('resumed_from_step'), '.0f')}"
+    if event == "session_end":
+        status, error = get("status"), get("error")
+        text = f"status {fit(clean(status), 20) if isinstance(status, str) else MISSING}"
+        return text + (f"  ({fit(clean(error), 200)})" if isinstance(error, str) else "")
+    if event == "checkpoint":
+        path = get("path")
+        return f"path {fit(clean(path), 200)}" if isinstance(path, str) else ""
+    # Unknown events and config: their own fields, cut so that one record stays one readable line.
+    extra = [key for key in record if key not in _BASE_KEYS]
+    return fit("  ".join(f"{clean(key)} {_any_text(record[key])}" for key in extra), 200)
+
+
+_BASE_KEYS = frozenset(
+    ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
+)
+
+
+def _any_text(value: Any) -> str:
+    if isinstance(value, str):
+        return fit(clean(value), 40)
+    if isinstance(value, dict):
+        return "{…}"
+    if isinstance(value, list):
+        return "[…]"
+    return MISSING if value is None else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def record_line(record: Mapping[str, Any], rate: float | None) -> str:
+    """One record as one plain line: time, session, event, step, then its values."""
+    session = pad(fit_middle(clean(record["session_id"]), ID_COLUMNS), ID_COLUMNS)
+    event = pad(clean(record["event"]), 13)
+    return f"{stamp(record['time'])}  {session}  {event} step {record['step']:>9}  {describe(record, rate)}".rstrip()
+
+
+def skipped_note(skipped: Sequence[BadLine]) -> str:
+    """One stderr line: how many bad lines were skipped, where the first few are and why."""
+    first = "; ".join(f"{s.where}: {fit(clean(s.reason), 60)}" for s in skipped[:3])
+    more = f"; and {len(skipped) - 3:,} more" if len(skipped) > 3 else ""
+    return f"tail: skipped {len(skipped):,} bad line(s): {first}{more}"
+
+
+class _Printer:
+    """Writes record lines in file order, computing each train record's tokens/s on the way."""
+
+    def __init__(self, out: TextIO, keep: Callable[[Mapping[str, Any]], bool]) -> None:
+        self.out, self.keep, self.rates = out, keep, Rates()
+
+    def feed(self, record: Mapping[str, Any], *, show: bool = True) -> None:
+        rate = self.rates(record) if record["event"] == "train" else None
+        if show and self.keep(record):
+            self.out.write(record_line(record, rate) + "\n")
+
+
+def tail(
+    path: Path,
+    out: TextIO,
+    err: TextIO,
+    *,
+    count: int = 10,
+    from_record: int | None = None,
+    follow: bool = False,
+    events: Sequence[str] | None = None,
+    interval: float = 1.0,
+) -> None:
+    """Print the last ``count`` records (or those from the ``from_record``-th on), then follow."""
+    wanted = frozenset(events or ())
+    keep = (lambda record: record["event"] in wanted) if wanted else (lambda record: True)
+    printer = _Printer(out, keep)
+    if from_record is not None:
+        follower = follow_file(path)
+        skipped: list[BadLine] = []
+        seen = 0
+        for batch in batches(follower):
+            for record in batch.records:
+                seen += keep(record)
+                printer.feed(record, show=seen >= from_record)
+            skipped += batch.skipped
+    else:
+        found = last_records(path, count, keep=keep)
+        for record in found.context:
+            printer.feed(record, show=False)
+        for record in found.records:
+            printer.feed(record)
+        skipped = found.skipped
+        follower = follow_file(path, offset=found.end, line=found.end_line)
+    out.flush()
+    if skipped:
+        err.write(skipped_note(skipped) + "\n")
+    while follow:
+        time.sleep(interval)
+        skipped = []
+        for batch in batches(follower):
+            if batch.reset is not None:
+                err.write(f"tail: {clean(str(path))}: {batch.reset}; printing it again from its start\n")
+                printer = _Printer(out, keep)
+            for record in batch.records:
+                printer.feed(record)
+            skipped += batch.skipped
+        out.flush()
+        if skipped:
+            err.write(skipped_note(skipped) + "\n")
+    follower.close()
