@@ -36,10 +36,11 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
         position="top",
     ).run()
 else:  # `streamlit run app.py` imports this module to serve it
+    from metrics_core.dashboard.downloads import own_routes
     from metrics_core.dashboard.launch import package_origin
     from metrics_core.dashboard.server.serving import app_options
     from metrics_core.dashboard.settings import close_server
 
     print(package_origin(__file__), flush=True)  # which copy of the code this server runs
     # Written out as `app = st.App(...)`: `streamlit run` finds the app by reading this file's source.
-    app = st.App(__file__, **app_options(__file__, shutdown=close_server))
+    app = st.App(__file__, **app_options(__file__, shutdown=close_server, routes=own_routes))

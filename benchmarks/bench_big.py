@@ -42,7 +42,8 @@ def rss():
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) * 1024
 from metrics_core.dashboard.live.chart_component import encode
-from metrics_core.dashboard.views.memo import view_charts, view_findings
+from metrics_core.dashboard.figures.chart_memo import view_charts
+from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.store.run_store import RunStore
 before = rss()

@@ -81,7 +81,8 @@ SCRIPTS_JS = """Math.max(...performance.getEntriesByType('resource')
 BARE_APP = """
 import sys
 import streamlit as st
-from metrics_core.dashboard.figures.metric_figures import Series, metric_figure
+from metrics_core.dashboard.figures.metric_figures import metric_figure
+from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.dashboard.store.run_store import RunStore
 
 view = RunStore(sys.argv[1]).view(sys.argv[2])

@@ -37,8 +37,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.views.chart_specs import ChartOptions, run_charts
+from metrics_core.dashboard.views.chart_specs import ChartOptions
 from tests.live_server import chromium, streamlit_app, streamlit_server
 
 WATCH_JS = """() => {

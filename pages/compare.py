@@ -5,10 +5,12 @@ import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.display_text import md_text, shorten
+from metrics_core.dashboard.figures.run_charts import compare_chart
 from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import config_diff_panel
+from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views.chart_specs import compare_chart, compare_metrics
+from metrics_core.dashboard.views.chart_specs import compare_metrics
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.runs_table import filter_runs
 from metrics_core.dashboard.widgets import name_text, page_theme, run_names_or_stop, views_or_warn
@@ -16,7 +18,7 @@ from metrics_core.dashboard.widgets import name_text, page_theme, run_names_or_s
 DEFAULT_METRICS = ["train_loss", "val_loss", "grad_norm_avg", "lr", "tokens_per_s"]
 config = settings()
 store = get_store(config)
-load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
+load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js while the rest arrives
 st.title("Compare runs")
 names = run_names_or_stop(store)
 asked = st.query_params.get_all("run")

@@ -11,7 +11,8 @@ from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live.chart_component import load_plotly
 from metrics_core.dashboard.live.push import live_watch
 from metrics_core.dashboard.panels import stopped_panel
-from metrics_core.dashboard.server.routes import routes_served
+from metrics_core.dashboard.server.page_head import plotly_url
+from metrics_core.dashboard.server.serving import routes_served
 from metrics_core.dashboard.settings import get_alerter, get_store, settings
 from metrics_core.dashboard.store.run_store import RunView
 from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, run_or_pick
@@ -19,7 +20,7 @@ from metrics_core.dashboard.widgets import live_view, page_theme, refresh_slot, 
 config = settings()
 store = get_store(config)
 alerter = get_alerter(config)
-load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
+load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])

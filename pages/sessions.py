@@ -5,16 +5,18 @@ import streamlit as st
 
 from metrics_core.analysis.derived import session_table
 from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, shorten
+from metrics_core.dashboard.figures.run_charts import session_overlay
 from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import finding_text, sessions_table, stopped_panel
+from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views.chart_specs import DEFAULT_CHARTS, charts_of, session_overlay
+from metrics_core.dashboard.views.chart_specs import DEFAULT_CHARTS, charts_of
 from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.widgets import csv_button, live_view, page_theme, run_or_pick
 
 config = settings()
 store = get_store(config)
-load_plotly()  # first: the browser fetches and compiles plotly.js while the rest arrives
+load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(f"Sessions of {md_text(shorten(name))}")
 st.page_link("pages/run.py", label="Back to the run's charts", icon=":material/arrow_back:", query_params={"run": name})

@@ -10,7 +10,7 @@ import orjson
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.figures.rank_figures import STRAGGLER_TITLE
+from metrics_core.dashboard.views.chart_specs import STRAGGLER_TITLE
 from tests.live_server import GRAPH_JS, GRID_JS, popover_text, wait_until
 from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 

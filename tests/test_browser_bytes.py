@@ -25,7 +25,8 @@ TENSORBOARD_FIRST_LOAD = 2_180_000  # bytes, bench_rivals.py: TensorBoard 2.21 o
 BARE_APP = """
 import sys
 import streamlit as st
-from metrics_core.dashboard.figures.metric_figures import Series, metric_figure
+from metrics_core.dashboard.figures.metric_figures import metric_figure
+from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.dashboard.store.run_store import RunStore
 
 view = RunStore(sys.argv[1]).view("small")

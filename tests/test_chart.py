@@ -10,11 +10,11 @@ from pathlib import Path
 import pandas as pd
 import plotly
 
-import metrics_core.dashboard.live.chart_component as chart_module
 from benchmarks.generate import record, train_values, write_run
+from metrics_core.dashboard.figures.chart_memo import view_charts
 from metrics_core.dashboard.figures.layout import Figure, figure_of
+from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts, session_overlay
 from metrics_core.dashboard.live.chart_component import (
-    PLOTLY_COMPONENT,
     encode,
     encoded_by_token,
     extension,
@@ -22,14 +22,7 @@ from metrics_core.dashboard.live.chart_component import (
     plotly_source,
 )
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.views.chart_specs import (
-    COMPARE_METRICS,
-    ChartOptions,
-    compare_chart,
-    run_charts,
-    session_overlay,
-)
-from metrics_core.dashboard.views.memo import view_charts
+from metrics_core.dashboard.views.chart_specs import COMPARE_METRICS, ChartOptions
 from tests.support import append_records, base_record
 
 
@@ -207,28 +200,3 @@ def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_pa
         assert types and types <= BASIC_TRACE_TYPES, types
     finally:
         store.close()
-
-
-def test_streamlit_serves_the_chart_assets_directory() -> None:
-    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
-    metrics-core.plotly the directory of the vendored plotly.js."""
-    from streamlit.components.v2.component_manager import BidiComponentManager
-
-    manager = BidiComponentManager()
-    manager.discover_and_register_components(start_file_watching=False)
-    root = manager.get_component_path(PLOTLY_COMPONENT)
-    assert root is not None and Path(root).resolve() == plotly_source().parent.resolve()
-
-
-def test_the_component_manager_still_answers_where_a_components_assets_are() -> None:
-    """``live_chart.plotly_url`` asks Streamlit's bidi component manager (a private module) where it
-    serves the ``asset_dir`` the package's manifest (metrics_core/pyproject.toml) declares for
-    ``metrics-core.plotly``; the browser tests check that the page then runs plotly.js from that URL."""
-    import tomllib
-    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
-
-    assert callable(get_bidi_component_manager().get_component_path)
-    project = tomllib.loads((Path(chart_module.__file__).parents[1] / "pyproject.toml").read_text())
-    [declared] = project["tool"]["streamlit"]["component"]["components"]
-    assert f"{project['project']['name']}.{declared['name']}" == chart_module.PLOTLY_COMPONENT
-    assert declared["asset_dir"] == "dashboard/vendor"

@@ -9,19 +9,16 @@ import pandas as pd
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.dashboard.store.run_config import MAX_KEYS, ROOT_KEY, flatten_config, run_config
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.config_tables import (
-    MAX_KEYS,
     NOT_SET,
-    ROOT_KEY,
     changes_table,
     column_names,
     config_diff,
     config_table,
     filter_by_config,
-    flatten_config,
     parse_config_filter,
-    run_config,
     runs_table,
     view_config,
     with_config_columns,
@@ -214,13 +211,15 @@ def test_runs_table_drops_the_raw_config_and_tolerates_error_rows() -> None:
 
 
 def test_config_never_imports_the_store() -> None:
-    """config.py reads a snapshot through its ``ConfigSource`` protocol: importing it alone (its
+    """config_tables.py reads a snapshot through its ``ConfigSource`` protocol: importing it alone (its
     source included, typing-only imports too) never reaches ``dashboard.store``, which imports it."""
     import ast
     import subprocess
     import sys
 
-    source = (Path(__file__).resolve().parents[1] / "metrics_core" / "dashboard" / "config.py").read_text()
+    source = (
+        Path(__file__).resolve().parents[1] / "metrics_core" / "dashboard" / "views" / "config_tables.py"
+    ).read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
     assert "metrics_core.dashboard.store.run_store" not in imported
     code = "import sys, metrics_core.dashboard.views.config_tables; print('metrics_core.dashboard.store.run_store' in sys.modules)"

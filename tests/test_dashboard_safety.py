@@ -22,9 +22,10 @@ from metrics_core.dashboard.display_text import (
     under_root,
 )
 from metrics_core.dashboard.figures.layout import Highlight
-from metrics_core.dashboard.figures.metric_figures import Series, metric_figure
+from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
+from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.dashboard.views.runs_table import newest_first, run_link, run_links
 from metrics_core.dashboard.widgets import table_text
 from metrics_core.read.run_reader import RunReader

@@ -15,27 +15,24 @@ import pytest
 
 from metrics_core.analysis.downsample import minmax_indices
 from metrics_core.dashboard.figures.layout import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
-from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, Series, ema_smooth, metric_figure
-from metrics_core.dashboard.figures.rank_figures import (
-    STRAGGLER_TITLE,
-    out_of_lockstep,
-    rank_time_ratio,
-    straggler_figure,
-)
+from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, ema_smooth, metric_figure
+from metrics_core.dashboard.figures.rank_figures import out_of_lockstep, straggler_figure
+from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
+    STRAGGLER_TITLE,
     ChartOptions,
+    Series,
     chart_csv,
     chart_filter_error,
     chart_specs,
     charts_of,
-    compare_chart,
     compare_metrics,
     grouped_figures,
     pick_charts,
-    run_charts,
+    rank_time_ratio,
 )
 from metrics_core.read.run_reader import RunReader
 from tests.support import append_records, base_record, distributed_run, rank_window, small_run, three_session_run
@@ -483,9 +480,9 @@ def test_one_legend_entry_per_series_and_per_session(reader: RunReader) -> None:
 def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None:
     """Run page, zoom, sessions overlay and compare charts come out dark when asked, with no
     recolouring by the page; the light and dark run charts are separate memo entries."""
+    from metrics_core.dashboard.figures.chart_memo import view_charts, zoom_chart
     from metrics_core.dashboard.figures.layout import THEMES
-    from metrics_core.dashboard.views.chart_specs import compare_chart, session_overlay
-    from metrics_core.dashboard.views.memo import view_charts, zoom_chart
+    from metrics_core.dashboard.figures.run_charts import session_overlay
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
@@ -507,8 +504,6 @@ def test_every_chart_builder_draws_the_theme_it_is_given(tmp_path: Path) -> None
 
 def test_compare_draws_validation_loss_raw_with_markers(tmp_path: Path) -> None:
     """val_loss on the compare page is a sparse series: markers, no smoothed trace, like the run page."""
-    from metrics_core.dashboard.views.chart_specs import compare_chart
-
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     store = RunStore(tmp_path)
     try:
@@ -550,7 +545,7 @@ def test_figures_and_charts_import_no_plotly() -> None:
     import subprocess
     import sys
 
-    code = ("import sys; import metrics_core.dashboard.views.chart_specs, metrics_core.dashboard.figures.metric_figures, "
+    code = ("import sys; import metrics_core.dashboard.figures.run_charts, metrics_core.dashboard.figures.chart_memo, "
             "metrics_core.dashboard.figures.rank_figures; "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))")  # fmt: skip
     found = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,

@@ -155,15 +155,21 @@ def test_every_layer_imports_only_the_layers_below_it() -> None:
 
 def test_the_layer_check_sees_an_upward_import() -> None:
     """The oracle itself: the read core importing the dashboard is reported, the other way is not."""
-    graph = {"metrics_core.read.run_reader": {"metrics_core.dashboard.store.run_store"},
-             "metrics_core.dashboard.store.run_store": {"metrics_core.read.run_reader"}}
+    graph = {
+        "metrics_core.read.run_reader": {"metrics_core.dashboard.store.run_store"},
+        "metrics_core.dashboard.store.run_store": {"metrics_core.read.run_reader"},
+    }
     assert upward_imports(graph) == ["metrics_core.read.run_reader -> metrics_core.dashboard.store.run_store"]
 
 
 def test_every_module_of_the_package_is_in_a_layer_or_its_public_face() -> None:
     """A new module lands in a layer's folder; only aliases and the package's entry points stand at the top."""
-    unplaced = [name for name, path in product_modules().items()
-                if layer_of(name) is None and name not in ("metrics_core", "metrics_core.__main__") and not is_alias(path)]
+    entry_points = ("metrics_core", "metrics_core.__main__")
+    unplaced = [
+        name
+        for name, path in product_modules().items()
+        if layer_of(name) is None and name not in entry_points and not is_alias(path)
+    ]
     assert unplaced == []
 
 
@@ -179,7 +185,9 @@ def test_the_folders_show_the_layers() -> None:
 
 def test_no_module_is_over_the_line_limit() -> None:
     """A module that long usually holds two jobs."""
-    long = {name: n for name, path in product_modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
+    long = {
+        name: n for name, path in product_modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES
+    }
     assert long == {}
 
 
@@ -189,3 +197,233 @@ def test_every_import_path_users_were_shown_still_works(module: str) -> None:
     imported = importlib.import_module(module)
     for name in PUBLIC_NAMES[module]:
         assert callable(getattr(imported, name)), f"{module}.{name}"
+
+
+# -- inside the dashboard: store < views < figures < live < server < its own modules and pages ---------
+
+DASHBOARD = PACKAGE / "dashboard"
+# Lowest first.  ``display_text`` is the dashboard's text helper, below everything that shows text
+# (as ``metrics_core.text`` is below the package); the dashboard's other own modules (widgets,
+# panels, settings, ...) sit above the server, under the pages.
+DASHBOARD_LAYERS = ("display_text", "store", "views", "figures", "live", "server")
+OWN_MODULES = len(DASHBOARD_LAYERS)
+# What the views may read of the store: the snapshot and the facts of its rows, never the store itself.
+VIEWS_READ_OF_STORE = {"store.snapshot", "store.rows", "store.run_config"}
+
+
+def dashboard_layer(module: str) -> int:
+    """The rank of a ``metrics_core.dashboard`` module: its subpackage's place in ``DASHBOARD_LAYERS``,
+    or ``OWN_MODULES`` for the dashboard's other top-level modules."""
+    first = module.removeprefix("metrics_core.dashboard.").split(".")[0]
+    return DASHBOARD_LAYERS.index(first) if first in DASHBOARD_LAYERS else OWN_MODULES
+
+
+def dashboard_graph() -> dict[str, set[str]]:
+    """Each dashboard module and the dashboard modules it imports, lazy imports included."""
+    paths = {module_name(path): path for path in PACKAGE.rglob("*.py")}
+    known = set(paths)
+    return {
+        name: {target for target in imports(path, known) - {name} if target.startswith("metrics_core.dashboard.")}
+        for name, path in paths.items()
+        if name.startswith("metrics_core.dashboard.")
+    }
+
+
+def upward_dashboard_imports(graph: dict[str, set[str]]) -> list[tuple[str, str]]:
+    """(importer, imported) for each import of a higher dashboard layer than the importer's own."""
+    return sorted(
+        (name, target)
+        for name, targets in graph.items()
+        for target in targets
+        if dashboard_layer(target) > dashboard_layer(name)
+    )
+
+
+def test_the_dashboard_graph_counts_late_imports() -> None:
+    """The graph sees a function-level import (``sql_box`` imports the query module when asked) and
+    the layers in their order (so an empty list of upward imports means something)."""
+    graph = dashboard_graph()
+    assert "metrics_core.sql.query" not in graph["metrics_core.dashboard.sql_box"]  # outside the dashboard
+    assert "metrics_core.sql.query" in imports(DASHBOARD / "sql_box.py", {"metrics_core.sql.query"})
+    assert "metrics_core.dashboard.views.chart_specs" in graph["metrics_core.dashboard.figures.run_charts"]
+    assert "metrics_core.dashboard.figures.chart_memo" in graph["metrics_core.dashboard.live.feed"]
+    assert (
+        dashboard_layer("metrics_core.dashboard.store.snapshot")
+        < dashboard_layer("metrics_core.dashboard.views.memo")
+        < dashboard_layer("metrics_core.dashboard.server.serving")
+        < dashboard_layer("metrics_core.dashboard.widgets")
+    )
+
+
+def test_the_dashboard_imports_only_downward() -> None:
+    """store < views < figures < live < server < the dashboard's own modules (pages above all): no
+    module imports a layer above its own, not even inside a function, so a snapshot reaches a chart
+    through each layer once, in order."""
+    assert upward_dashboard_imports(dashboard_graph()) == []
+
+
+def test_the_views_read_only_the_snapshot_of_the_store() -> None:
+    """The views are functions of a snapshot: they read ``RunView`` and the facts of its rows,
+    never the store that makes snapshots (``run_store``, ``run_entry``)."""
+    graph = dashboard_graph()
+    read = {
+        target.removeprefix("metrics_core.dashboard.")
+        for name, targets in graph.items()
+        if dashboard_layer(name) == DASHBOARD_LAYERS.index("views")
+        for target in targets
+        if dashboard_layer(target) == DASHBOARD_LAYERS.index("store")
+    }
+    assert read <= VIEWS_READ_OF_STORE, read - VIEWS_READ_OF_STORE
+
+
+def test_the_upward_import_finder_finds_one() -> None:
+    """The oracle itself: a view importing a figure module is reported, a figure importing a view is not."""
+    graph = {
+        "metrics_core.dashboard.views.a": {"metrics_core.dashboard.figures.b"},
+        "metrics_core.dashboard.figures.b": {"metrics_core.dashboard.views.a"},
+        "metrics_core.dashboard.widgets": {"metrics_core.dashboard.server.c"},
+    }
+    assert upward_dashboard_imports(graph) == [("metrics_core.dashboard.views.a", "metrics_core.dashboard.figures.b")]
+
+
+# -- Streamlit's internals stay behind one fence: dashboard/server/ ------------------------------------
+
+FENCE = DASHBOARD / "server"
+# Streamlit's public API, as its documentation lists it: ``st.*``, the components and testing APIs.
+PUBLIC_STREAMLIT = {"streamlit", "streamlit.components.v1", "streamlit.components.v2", "streamlit.testing.v1"}
+
+
+def outside_the_fence() -> list[Path]:
+    """Every Python module of the app but the fence's: the package, app.py and the pages."""
+    modules = [*PACKAGE.rglob("*.py"), REPO / "app.py", *(REPO / "pages").glob("*.py")]
+    return sorted(path for path in modules if FENCE not in path.parents)
+
+
+def private_streamlit_uses(path: Path) -> list[str]:
+    """What ``path`` uses of Streamlit that is not its public API (a module outside
+    ``PUBLIC_STREAMLIT``, a name starting with "_", ``st.runtime`` / ``st.web``), and every string
+    that names Streamlit's own URL paths (``_stcore``), docstrings included."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            modules = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            modules = [node.module]
+            if node.module in PUBLIC_STREAMLIT:
+                modules += [f"{node.module}.{alias.name}" for alias in node.names if alias.name.startswith("_")]
+                modules += [
+                    f"{node.module}.{alias.name}" for alias in node.names if _is_module(node.module, alias.name)
+                ]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "st":
+            modules = [f"streamlit.{node.attr}"] if node.attr.startswith("_") or node.attr in ("runtime", "web") else []
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and "_stcore" in node.value:
+            found.append(f"line {node.lineno}: the string {node.value[:60]!r}")
+            continue
+        else:
+            continue
+        found += [f"line {node.lineno}: {name}" for name in modules
+                  if name.split(".")[0] == "streamlit" and name not in PUBLIC_STREAMLIT]  # fmt: skip
+    return found
+
+
+def _is_module(package: str, name: str) -> bool:
+    """Whether ``from package import name`` names a module of Streamlit's (public only if listed)."""
+    import importlib.util
+
+    return importlib.util.find_spec(f"{package}.{name}") is not None if package == "streamlit" else False
+
+
+def test_only_the_server_fence_uses_streamlits_internals() -> None:
+    """No module outside dashboard/server/ imports a private Streamlit module or name, or names a
+    path Streamlit serves (``_stcore``): an upgrade that changes one breaks the fence's tests
+    (tests/test_serving.py), not a page."""
+    found = {str(path.relative_to(REPO)): private_streamlit_uses(path) for path in outside_the_fence()}
+    assert {path: uses for path, uses in found.items() if uses} == {}
+
+
+def test_the_fence_check_finds_private_uses(tmp_path: Path) -> None:
+    """The oracle itself: each kind of private use is reported, public ones are not; and the fence
+    holds what it fences (so the check is not empty by accident)."""
+    module = tmp_path / "m.py"
+    module.write_text(
+        "import streamlit as st\nfrom streamlit.components.v2 import component\n"
+        "from streamlit.runtime.pages_manager import PagesManager\nfrom streamlit import config, _private\n"
+        "st._internal\nURL = '/_stcore/health'\n"
+    )
+    assert private_streamlit_uses(module) == [
+        "line 3: streamlit.runtime.pages_manager",
+        "line 4: streamlit._private",
+        "line 4: streamlit.config",
+        "line 5: streamlit._internal",
+        "line 6: the string '/_stcore/health'",
+    ]
+    assert private_streamlit_uses(FENCE / "serving.py") and private_streamlit_uses(FENCE / "page_head.py")
+
+
+def test_the_fence_is_small() -> None:
+    """At most three modules behind the fence, none over the house's 450 lines."""
+    modules = [path for path in FENCE.glob("*.py") if path.name != "__init__.py"]
+    assert len(modules) <= 3, modules
+    assert max(len(path.read_text().splitlines()) for path in modules) <= 450
+
+
+def test_the_dashboard_keeps_at_most_twelve_modules_of_its_own() -> None:
+    """The dashboard's own top-level modules (its layers live in subpackages) stay few: a new job
+    goes to the layer it belongs to."""
+    assert len([path for path in DASHBOARD.glob("*.py") if path.name != "__init__.py"]) <= 12
+
+
+def test_a_snapshot_reaches_a_tab_calling_only_down_the_layers(tmp_path: Path) -> None:
+    """Following ``feed.feed_answer`` on a fresh snapshot: every call into a dashboard module comes
+    from its own layer or one above (the snapshot's ``memo`` and ``lineage.carry`` run the caller's
+    own function, so they do not count as callers), and the layers are first entered in order:
+    live, figures, views, store.  A callback passed down (a function argument) could call up
+    without any import: only following the calls shows it."""
+    import sys
+    from dataclasses import replace
+
+    from metrics_core.dashboard.live.feed import drawn_charts, feed_answer, page_signature
+    from metrics_core.dashboard.store.run_store import RunStore
+    from metrics_core.dashboard.views.chart_specs import ChartOptions
+    from tests.support import append_records, base_record, three_session_run
+
+    three_session_run(tmp_path / "r" / "metrics.jsonl")
+    append_records(tmp_path / "r" / "metrics.jsonl", *(base_record(s, session="s3", mfu=s / 1e3) for s in (210, 220)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        view, options = store.view("r"), ChartOptions(smoothing=0.5)
+        drawn, held = page_signature(view, options, ()).layout, {key: 0 for key in drawn_charts(view, options)}
+        fresh = replace(view, lineage=type(view.lineage)())  # the same records, nothing memoised yet
+        entered, upward = [], []
+
+        def caller(frame: object) -> str | None:
+            frame = frame.f_back
+            while frame is not None:
+                name = frame.f_globals.get("__name__", "")
+                transparent = name.endswith("store.snapshot") and frame.f_code.co_name in ("memo", "carry")
+                if name.startswith("metrics_core.dashboard.") and not transparent:
+                    return name
+                frame = frame.f_back
+            return None
+
+        def follow(frame: object, event: str, _arg: object) -> None:
+            name = frame.f_globals.get("__name__", "")
+            if event != "call" or not name.startswith("metrics_core.dashboard."):
+                return
+            layer = DASHBOARD_LAYERS[min(dashboard_layer(name), OWN_MODULES - 1)]
+            if layer not in entered:
+                entered.append(layer)
+            calling = caller(frame)
+            if calling is not None and dashboard_layer(calling) < dashboard_layer(name):
+                upward.append((calling, name, frame.f_code.co_name))
+
+        sys.setprofile(follow)
+        try:
+            answer = feed_answer(fresh, options, (), drawn, held)
+        finally:
+            sys.setprofile(None)
+    finally:
+        store.close()
+    assert len(answer["charts"]) == len(held) > 6  # every chart drawn and encoded on the way
+    assert upward == []
+    assert [layer for layer in entered if layer != "display_text"] == ["live", "figures", "views", "store"]

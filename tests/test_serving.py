@@ -26,17 +26,14 @@ import pytest
 from streamlit import file_util
 from streamlit.runtime.pages_manager import PagesManager
 
-from metrics_core.dashboard.live.chart_component import base_path
-from metrics_core.dashboard.server import asgi_gzip, serving
+from metrics_core.dashboard.downloads import CSV_PATH, own_routes
+from metrics_core.dashboard.live import chart_component
+from metrics_core.dashboard.live.chart_component import PLOTLY_COMPONENT, plotly_source
+from metrics_core.dashboard.live.push import CHANGES_PATH, base_path
+from metrics_core.dashboard.server import asgi_gzip, page_head, serving
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
-from metrics_core.dashboard.server.serving import (
-    BASE_URL_SCRIPT,
-    PreloadHints,
-    chunk_preloads,
-    lifespan,
-    static_files,
-    tcp_no_delay,
-)
+from metrics_core.dashboard.server.page_head import BASE_URL_SCRIPT, PreloadHints, chunk_preloads, static_files
+from metrics_core.dashboard.server.serving import lifespan, tcp_no_delay
 from tests.live_server import Wire, dashboard, live_charts_drawn, wait_until
 from tests.support import REPO, append_records, base_record, small_run
 
@@ -719,7 +716,7 @@ def test_streamlits_static_directory_holds_the_index_and_bundles_it_names() -> N
     """``streamlit.file_util.get_static_dir`` (not public API) is the directory Streamlit serves under
     /static/, whose index.html names its boot scripts and styles as ``./static/js|css/...``: what
     ``static_files`` prewarms and ``chunk_preloads`` leaves out."""
-    named = serving._index_files()
+    named = page_head._index_files()
     assert any(path.startswith("static/js/index.") for path in named), named
     assert all((STATIC / path).is_file() for path in named)
 
@@ -729,18 +726,18 @@ def test_every_element_the_pages_preload_is_a_chunk_this_streamlit_ships() -> No
     naming, not an API): a name this Streamlit no longer ships would silently preload nothing."""
     folder = STATIC / "static" / "js"
     missing = [
-        name for names in serving.PAGE_ELEMENTS.values() for name in names if not list(folder.glob(f"{name}.*.js"))
+        name for names in page_head.PAGE_ELEMENTS.values() for name in names if not list(folder.glob(f"{name}.*.js"))
     ]
-    assert missing == [], f"Streamlit renamed or merged these chunks: update serving.PAGE_ELEMENTS: {missing}"
+    assert missing == [], f"Streamlit renamed or merged these chunks: update page_head.PAGE_ELEMENTS: {missing}"
 
 
 def test_the_chunks_static_imports_read_as_the_bundler_writes_them() -> None:
     """``_STATIC_IMPORT`` finds the chunks a chunk imports (``from"./x.js"``): the chunks of the
     run page's elements, followed transitively, are more than the elements' own files."""
     own = [
-        path.name for name in serving.PAGE_ELEMENTS["run"] for path in (STATIC / "static" / "js").glob(f"{name}.*.js")
+        path.name for name in page_head.PAGE_ELEMENTS["run"] for path in (STATIC / "static" / "js").glob(f"{name}.*.js")
     ]
-    assert len(serving._chunks(serving.PAGE_ELEMENTS["run"])) > len(own)
+    assert len(page_head._chunks(page_head.PAGE_ELEMENTS["run"])) > len(own)
 
 
 def test_streamlits_bundle_still_reads_the_base_url_and_marks_its_script_state() -> None:
@@ -751,6 +748,58 @@ def test_streamlits_bundle_still_reads_the_base_url_and_marks_its_script_state()
     text = "".join(path.read_text(encoding="utf-8", errors="replace") for path in bundles)
     assert "BACKEND_BASE_URL" in text
     assert "data-test-script-state" in text and "`notRunning`" in text
+
+
+def test_streamlit_serves_the_chart_assets_directory() -> None:
+    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
+    metrics-core.plotly the directory of the vendored plotly.js."""
+    from streamlit.components.v2.component_manager import BidiComponentManager
+
+    manager = BidiComponentManager()
+    manager.discover_and_register_components(start_file_watching=False)
+    root = manager.get_component_path(PLOTLY_COMPONENT)
+    assert root is not None and Path(root).resolve() == plotly_source().parent.resolve()
+
+
+def test_the_component_manager_still_answers_where_a_components_assets_are() -> None:
+    """``page_head.plotly_url`` asks Streamlit's bidi component manager (a private module) where it
+    serves the ``asset_dir`` the package's manifest (metrics_core/pyproject.toml) declares for
+    ``metrics-core.plotly``; the browser tests check that the page then runs plotly.js from that URL."""
+    import tomllib
+    from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
+
+    assert callable(get_bidi_component_manager().get_component_path)
+    project = tomllib.loads((Path(chart_component.__file__).parents[2] / "pyproject.toml").read_text())
+    [declared] = project["tool"]["streamlit"]["component"]["components"]
+    assert f"{project['project']['name']}.{declared['name']}" == PLOTLY_COMPONENT
+    assert declared["asset_dir"] == "dashboard/vendor"
+
+
+def test_plotly_js_is_served_at_its_content_hashed_asset_route(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``plotly_url`` is the vendored file under ``ASSET_ROUTE`` (the route Streamlit serves a
+    component's ``asset_dir`` at), under the base URL, its content hash in the query; the gzip
+    middleware treats it as immutable (``PLOTLY_ASSETS``).  The browser tests fetch it."""
+    from streamlit.components.v2.component_manager import BidiComponentManager
+
+    manager = BidiComponentManager()  # as a running server's: it scanned the installed manifests
+    manager.discover_and_register_components(start_file_watching=False)
+    monkeypatch.setattr(page_head, "get_bidi_component_manager", lambda: manager)
+    monkeypatch.setattr(page_head.st, "get_option", lambda name: "/metrics/" if name == "server.baseUrlPath" else None)
+    page_head.plotly_url.cache_clear()
+    try:
+        url = page_head.plotly_url()
+    finally:
+        page_head.plotly_url.cache_clear()
+    assert url is not None and url.startswith(f"/metrics{page_head.ASSET_ROUTE}plotly-basic.min.js?v=")
+    assert url.removeprefix("/metrics").startswith(page_head.PLOTLY_ASSETS)
+    assert page_head.plotly_file() == (f"{page_head.ASSET_ROUTE}plotly-basic.min.js", plotly_source())
+
+
+def test_the_servers_own_routes_are_outside_the_paths_streamlit_serves() -> None:
+    """The CSV and changes routes (``downloads.own_routes``) are under none of ``STREAMLIT_PATHS``."""
+    paths = [route.path for route in own_routes("")]
+    assert sorted(paths) == sorted([CHANGES_PATH, CSV_PATH])
+    assert not [path for path in paths if path.startswith(serving.STREAMLIT_PATHS)]
 
 
 @pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])

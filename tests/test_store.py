@@ -13,7 +13,9 @@ import orjson
 import pandas as pd
 import pytest
 
+from metrics_core.dashboard.figures.chart_memo import view_chart_groups, view_charts
 from metrics_core.dashboard.figures.layout import figure_json
+from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store import run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore
@@ -24,10 +26,9 @@ from metrics_core.dashboard.views.chart_specs import (
     WRITER_FIELDS,
     ChartOptions,
     chart_specs,
-    run_charts,
 )
 from metrics_core.dashboard.views.config_tables import view_config
-from metrics_core.dashboard.views.memo import view_chart_groups, view_charts, view_charts_of, view_findings
+from metrics_core.dashboard.views.memo import view_charts_of, view_findings
 from metrics_core.dashboard.views.runs_table import trend
 from metrics_core.errors import RunNotFoundError
 from metrics_core.read.run_reader import RunReader
@@ -762,13 +763,13 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
     """After the first build of a 30k-record run, ten appended records are drawn raw and exactly
     (smoothed too, to 1e-6) on top of the unchanged drawn prefix, from a tail of O(warm-up + 10)
     rows, not the 30k; a new session means a full build."""
-    from metrics_core.dashboard.views import memo as live_views
+    from metrics_core.dashboard.figures import chart_memo
 
     path = tmp_path / "r" / "metrics.jsonl"
     long_run(path, range(10, 300_001, 10))
     rows_seen: list[int] = []
-    original = live_views.run_charts
-    monkeypatch.setattr(live_views, "run_charts", lambda view, options, **kw:
+    original = chart_memo.run_charts
+    monkeypatch.setattr(chart_memo, "run_charts", lambda view, options, **kw:
                         rows_seen.append(len(view.frames["train"])) or original(view, options, **kw))  # fmt: skip
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
@@ -789,7 +790,7 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
             smooth_x, smooth_y = drawn(figures["loss"], "train · S1 (smoothed)")
             exact = dict(zip(*drawn(full["loss"], "train · S1 (smoothed)"), strict=True))
             assert smooth_y[-1] == pytest.approx(exact[smooth_x[-1]], rel=1e-6)
-        warmup = live_views.warmup_rows(options)
+        warmup = chart_memo.warmup_rows(options)
         assert rows_seen == [30_000] + [warmup + 10] * 3  # O(appended + warm-up), not O(run)
         long_run(path, range(300_000, 300_101, 10), session="s2")
         rows_seen.clear()
@@ -827,7 +828,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
 def test_a_zoomed_chart_holds_every_raw_record_in_range_and_the_run_around_it(tmp_path: Path) -> None:
     """Zoomed into 1,000 of 30,000 records: all 1,000 raw in range (the whole-run chart holds far fewer
     there), the same downsampled points outside it."""
-    from metrics_core.dashboard.views.memo import zoom_chart
+    from metrics_core.dashboard.figures.chart_memo import zoom_chart
 
     long_run(tmp_path / "r" / "metrics.jsonl", range(10, 300_001, 10))
     store = RunStore(tmp_path)

@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.views.chart_specs import ChartOptions, logged_charts, run_charts
+from metrics_core.dashboard.views.chart_specs import ChartOptions, logged_charts
 from metrics_core.integrations._common import RunSession
 from metrics_core.write.system_sampler import FIELDS, GIB, start_sampler
 from metrics_core.write.training_session import training_session

@@ -2,7 +2,7 @@
 (``chart_controls``), the status line where no live watch shows it (``status_caption``), and the grid of live charts
 under their group headings, each with its CSV (``chart_grid``).
 
-What is drawn comes from ``live_views`` (memoised per snapshot, shared by tabs); this module only
+What is drawn comes from ``figures.chart_memo`` (memoised per snapshot, shared by tabs); this module only
 lays it out, so ``pages/run.py`` stays a page that reads widgets and shows what they return.
 """
 
@@ -12,6 +12,7 @@ import streamlit as st
 
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.downloads import csv_file_name, csv_link
+from metrics_core.dashboard.figures.chart_memo import view_chart_groups, zoom_chart
 from metrics_core.dashboard.figures.layout import X_MODES
 from metrics_core.dashboard.live.chart_component import live_chart
 from metrics_core.dashboard.live.feed import status_line
@@ -26,7 +27,7 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_key,
 )
 from metrics_core.dashboard.views.config_tables import view_config
-from metrics_core.dashboard.views.memo import view_chart_groups, view_findings, zoom_chart
+from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.widgets import csv_button
 
 
@@ -48,7 +49,7 @@ def chart_controls() -> tuple[ChartOptions, bool]:
 
 
 def status_caption(view: RunView) -> None:
-    """The run's status and counts in one line (``live_feed.status_line``) where no live watch shows
+    """The run's status and counts in one line (``feed.status_line``) where no live watch shows
     them (paused, or no server routes)."""
     status, counts = status_line(view)
     st.caption(f"**{status}**{counts}", wrap=False)

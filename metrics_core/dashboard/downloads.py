@@ -1,16 +1,18 @@
-"""A chart's rows as CSV from a route of the server's own, not a widget per chart per refresh.
+"""A chart's rows as CSV from a route of the server's own, not a widget per chart per refresh;
+and the server's own routes, wired (``own_routes``).
 
 A ``st.download_button`` is a widget: drawn in the run page's live fragment, each chart's button
 was built, registered (with its deferred callable, under a process-wide lock) and sent again on
 every refresh of every tab, a quarter of what a refresh cost.  Where app.py serves ``csv_route``
-(``serving.app_options``; not under ``METRICS_SERVE_PLAIN=1``: ``server_routes``), each live chart carries a link to it
-instead (``csv_link``: a constant string in the chart's payload, nothing per refresh), and the CSV is
-built when the link is followed, from the run's latest snapshot (``views.chart_csv_of``, the rows
-the chart draws).  Where the route is not served (plain serving, ``AppTest``), ``csv_link`` is None
-and the page draws the download button.
+(``serving.app_options``; not under ``METRICS_SERVE_PLAIN=1``: ``serving.routes_served``), each live
+chart carries a link to it instead (``csv_link``: a constant string in the chart's payload, nothing
+per refresh), and the CSV is built when the link is followed, from the run's latest snapshot
+(``chart_specs.chart_csv_of``, the rows the chart draws).  Where the route is not served (plain
+serving, ``AppTest``), ``csv_link`` is None and the page draws the download button.
 
-The route reads the same server-wide store every page reads (``settings.open_store``); a name the
-store refuses (outside the runs root, not a run) is answered 404 with the reason, never a traceback.
+The routes read the same server-wide store and alerter every page reads (``settings.open_store``,
+``settings.open_alerter``); a name the store refuses (outside the runs root, not a run) is answered
+404 with the reason, never a traceback.
 """
 
 from __future__ import annotations
@@ -23,14 +25,16 @@ from starlette.requests import Request
 from starlette.responses import PlainTextResponse, Response
 from starlette.routing import Route
 
+from metrics_core.dashboard.alerting import run_alerts
 from metrics_core.dashboard.display_text import file_stem
-from metrics_core.dashboard.live.chart_component import base_path
-from metrics_core.dashboard.server.routes import route_url, routes_served
+from metrics_core.dashboard.live.push import base_path, changes_route, route_url
+from metrics_core.dashboard.server.serving import routes_served
+from metrics_core.dashboard.settings import open_alerter, open_store, settings
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, ChartOptions, chart_csv_of, chart_filter_error
 from metrics_core.errors import MetricsError
 
-CSV_PATH = "/api/csv"  # outside Streamlit's reserved prefixes (/_stcore/, /media/, /component/, /static/)
+CSV_PATH = "/api/csv"  # outside the paths Streamlit serves (``serving.STREAMLIT_PATHS``)
 
 
 def csv_file_name(run: str, chart: str) -> str:
@@ -68,3 +72,20 @@ def csv_route(store: Callable[[], RunStore], *, base_url: str = "") -> Route:
         return Response(text, media_type="text/csv", headers={"Content-Disposition": disposition})
 
     return Route(f"{base_path(base_url)}{CSV_PATH}", answer, methods=["GET"])
+
+
+def own_routes(base_url: str) -> list[Route]:
+    """The server's own routes under ``base_url`` (``serving.app_options`` mounts them): a chart's CSV
+    and a run's changes (``push.changes_route``), both from the server-wide store."""
+    return [
+        csv_route(lambda: open_store(settings()), base_url=base_url),
+        changes_route(lambda: open_store(settings()), lambda: settings().refresh, _run_alerts, base_url=base_url),
+    ]
+
+
+def _run_alerts(run: str) -> tuple[str, ...]:
+    """The alerts firing for ``run``, as its page shows them (none when alerts are off)."""
+    try:
+        return run_alerts(open_alerter(settings()), run)
+    except MetricsError:
+        return ()

@@ -34,7 +34,7 @@ SAME_TAB_KEY = "same_tab_links"  # the container of SAME_TAB_JS: no gap where it
 # fades them (charts flicker on every refresh of a slow run), and the top bar's running indicator
 # blinks.  A refresh that changes
 # nothing must change nothing on screen; a connection problem still shows.  The plotly.js loader
-# (live_chart.load_plotly), the live refresh's watch (live_push.live_watch) and the same-tab link
+# (chart_component.load_plotly), the live refresh's watch (push.live_watch) and the same-tab link
 # script draw nothing: out of the layout, they leave no gap where they are mounted.  The run page's
 # row of health and config buttons and its session key stay one line each (scrolled sideways where
 # they do not fit), so its charts have a known place; on a phone the key wraps instead: a key

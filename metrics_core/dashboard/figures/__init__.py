@@ -1,1 +1,1 @@
-"""Figures as plotly's JSON structure in plain dicts: pure functions, no plotly import."""
+"""Figures as plotly's JSON structure in plain dicts, drawn from the views' chart specs, and memoised per snapshot."""

@@ -24,7 +24,6 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -50,6 +49,7 @@ from metrics_core.dashboard.figures.layout import (
     x_values,
 )
 from metrics_core.dashboard.figures.metric_axes import axis_of, off_scale_markers, y_axes
+from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.read.run_reader import Session
 
 DASHES = ("solid", "dot", "dash", "dashdot")
@@ -60,26 +60,6 @@ RAW_NAME = "raw (unsmoothed)"
 EVENT_COLUMNS = frozenset({"skipped_updates_in_window"})  # counts that are mostly 0: markers where they are not
 HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
 MARKED_POINTS = 100  # a sparse line's points keep their markers while they stay apart on a desktop chart
-
-
-@dataclass(frozen=True, slots=True)
-class Series:
-    """One quantity to draw: ``column`` of ``frame``, called ``label``.
-
-    ``superseded`` marks rows a later session redid (drawn dimmed); ``None`` means none are.
-    ``gap_markers`` marks rows where the value is missing (e.g. no successful update).
-    ``colour`` set: one trace in that colour named ``label`` (comparing runs), instead of one
-    trace per session in the session's colour.
-    """
-
-    frame: pd.DataFrame
-    column: str
-    label: str
-    superseded: np.ndarray | None = None
-    secondary_y: bool = False
-    gap_markers: bool = False
-    markers: bool = False
-    colour: str | None = None
 
 
 def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:

@@ -1,9 +1,8 @@
 """A data-parallel run's ranks (``straggler_figure``): per session, the band from the fastest
 rank's time per step to the slowest's, their ratio, and the windows whose ranks were out of
 lockstep, on ``figures.chart_layout``; above it, always, the latest ratio, and the rank that is
-consistently slowest when there is one (``rank_spread``).  Also the per-window quantities the
-charts and their CSV share (``rank_time_ratio``, ``out_of_lockstep``) and whether a run has more
-than one rank (``is_distributed``).
+consistently slowest when there is one (``rank_spread``).  The ratio the chart and its CSV share,
+and whether a run has more than one rank, are the chart spec's (``views.chart_specs``).
 
 *Consistently slowest*: of the last ``RECENT_WINDOWS`` windows that name a slowest rank and a
 ratio, the same rank was the slowest, by at least ``CONSISTENT_RATIO`` × the fastest rank's time
@@ -37,33 +36,13 @@ from metrics_core.dashboard.figures.layout import (
     session_colour,
     x_values,
 )
+from metrics_core.dashboard.views.chart_specs import STRAGGLER_TITLE, column_numbers, rank_time_ratio
 from metrics_core.read.run_reader import Session
 
-STRAGGLER_TITLE = "Rank step time (fastest to slowest rank)"
 BAND_OPACITY = 0.25
 RECENT_WINDOWS = 10
 CONSISTENT_WINDOWS = 8
 CONSISTENT_RATIO = 1.05
-
-
-def is_distributed(frame: pd.DataFrame) -> bool:
-    """Whether any record of ``frame`` comes from a data-parallel job of more than one rank."""
-    if "world_size" not in frame.columns:
-        return False
-    return bool((pd.to_numeric(frame["world_size"], errors="coerce") > 1).any())
-
-
-def _numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
-    if column not in frame.columns:
-        return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-
-
-def rank_time_ratio(frame: pd.DataFrame) -> np.ndarray:
-    """Per window, the slowest rank's time per step over the fastest's (NaN where either is missing)."""
-    with np.errstate(divide="ignore", invalid="ignore"):
-        ratio = _numbers(frame, "rank_step_time_max_s") / _numbers(frame, "rank_step_time_min_s")
-    return np.where(np.isfinite(ratio), ratio, np.nan)
 
 
 def out_of_lockstep(frame: pd.DataFrame) -> np.ndarray:
@@ -98,7 +77,7 @@ class RankSpread:
 
 def rank_spread(frame: pd.DataFrame) -> RankSpread:
     """The spread of ``frame``'s train windows, in the frame's order (the latest last)."""
-    ratio, slowest = rank_time_ratio(frame), _numbers(frame, "slowest_rank")
+    ratio, slowest = rank_time_ratio(frame), column_numbers(frame, "slowest_rank")
     known = np.flatnonzero(np.isfinite(ratio) & np.isfinite(slowest))
     if not len(known):
         return RankSpread(None, None, 0, 0, None)
@@ -167,8 +146,8 @@ def _add_band(
     origin: pd.Timestamp | None, points_per_row: float,
 ) -> None:  # fmt: skip
     xs = x_values(frame, x, origin)
-    low, high = _numbers(frame, "rank_step_time_min_s"), _numbers(frame, "rank_step_time_max_s")
-    ratio, slowest = rank_time_ratio(frame), _numbers(frame, "slowest_rank")
+    low, high = column_numbers(frame, "rank_step_time_min_s"), column_numbers(frame, "rank_step_time_max_s")
+    ratio, slowest = rank_time_ratio(frame), column_numbers(frame, "slowest_rank")
     rank_text = np.array([f"{int(r)}" if np.isfinite(r) else "?" for r in slowest], dtype=object)
     codes = frame["session_id"].cat.codes.to_numpy()
     dimmed_rows = superseded if superseded is not None else np.zeros(len(frame), dtype=bool)

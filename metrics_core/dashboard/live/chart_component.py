@@ -16,7 +16,7 @@ moved downsampling bucket, new options) sends the whole figure.  A payload names
 draws and the one it extends by ``Encoded.token``, a number per figure in this server process: the
 page applies each once, and a page that does not hold the base says which one it holds, which
 reruns the fragment; the answer extends that figure while it is kept, else it is the whole figure.
-The same payloads reach a page without a rerun, from the server's route (``live_feed``), and the
+The same payloads reach a page without a rerun, from the server's route (``feed``), and the
 page then says what it holds at its next rerun (``pages_hold``).  A draw that fails in the page is said in the
 chart's place as text, never a chart silently frozen on old data.  Cost per update: O(points
 drawn) to compare prefixes, bytes O(new points).
@@ -27,11 +27,10 @@ mounts a loader element once per page that carries the chart runtime (``assets/l
 and the URL of plotly.js; each chart element carries only a stub and its payload.  plotly.js is a
 file the browser keeps: the package's component manifest, ``metrics_core/pyproject.toml`` (package
 data, so in a checkout and in an installed wheel alike), declares ``vendor/`` as the ``asset_dir`` of
-the components-v2 component ``metrics-core.plotly``, which Streamlit serves at
-``/_stcore/bidi-components/metrics-core.plotly/<file>``, and the page asks for it with its content
-hash in the URL (``plotly_url``), so a cached copy is used without asking and a new bundle is a new
-URL.  Nothing is written into the package at run time: an install the server cannot write to serves
-the same.  Where Streamlit serves no such directory for this copy of the package, plotly.js rides
+the components-v2 component ``PLOTLY_COMPONENT``, which Streamlit serves as files; where, and
+whether it does for this copy of the package, only Streamlit's internals say, so the page is given
+that URL (``server.page_head.plotly_url``, behind the fence).  Nothing is written into the package
+at run time: an install the server cannot write to serves the same.  Without a URL, plotly.js rides
 inline in the loader element, once per page load.
 """
 
@@ -39,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import logging
 import threading
 import weakref
 from collections.abc import Callable
@@ -50,7 +48,6 @@ from typing import Any
 
 import numpy as np
 import streamlit as st
-from streamlit.components.v2.get_bidi_component_manager import get_bidi_component_manager
 
 from metrics_core.dashboard.figures.layout import Figure, figure_json, json_text
 
@@ -58,9 +55,7 @@ _ASSETS = Path(__file__).parent.parent / "assets"
 _VENDOR = Path(__file__).parent.parent / "vendor"
 # Declared in metrics_core/pyproject.toml ([[tool.streamlit.component.components]]): "<project>.<component>".
 PLOTLY_COMPONENT = "metrics-core.plotly"
-_ASSET_ROUTE = f"/_stcore/bidi-components/{PLOTLY_COMPONENT}/"  # where Streamlit serves its asset_dir
 LOADER_KEY = "metrics_plotly_loader"  # the element that loads plotly.js; draws nothing (widgets.CALM_CSS hides it)
-_LOG = logging.getLogger(__name__)
 POINT_ARRAYS = ("x", "y", "customdata")  # per-point trace properties that extendTraces appends to
 _SENT = "_metrics_live_chart_sent"  # st.session_state key: per browser session, chart key -> _Sent
 _RESYNC = "_metrics_live_chart_resync"  # chart key -> the figure its page holds (None: none kept), having missed one
@@ -82,36 +77,6 @@ def plotly_source() -> Path:
     return _VENDOR / "plotly-basic.min.js"
 
 
-def base_path(base_url: str) -> str:
-    """``server.baseUrlPath`` as the prefix of this server's paths: "" or "/a/b" (slashes trimmed,
-    empty segments dropped)."""
-    parts = [part for part in base_url.split("/") if part]
-    return "/" + "/".join(parts) if parts else ""
-
-
-@cache
-def plotly_url() -> str | None:
-    """The URL of the cacheable plotly.js, its content hash in the query, or None when Streamlit does not
-    serve this package's ``vendor/`` (it found no manifest of this copy of the package: module docstring)."""
-    root = get_bidi_component_manager().get_component_path(PLOTLY_COMPONENT)
-    if root is None or Path(root).resolve() != _VENDOR.resolve():
-        _LOG.warning("%s has no asset_dir here: plotly.js is sent inline with every page load", PLOTLY_COMPONENT)
-        return None
-    prefix = base_path(str(st.get_option("server.baseUrlPath") or ""))
-    version = hashlib.sha256(plotly_source().read_bytes()).hexdigest()[:16]
-    return f"{prefix}{_ASSET_ROUTE}{plotly_source().name}?v={version}"
-
-
-# Route path prefix of plotly.js, whose URL carries its content hash (plotly_url).
-PLOTLY_ASSETS = f"{_ASSET_ROUTE}plotly-"
-
-
-def plotly_file() -> tuple[str, Path] | None:
-    """plotly.js as (route path without the base URL, file), for the server to compress ahead of its
-    first request; None where Streamlit does not serve it as a file."""
-    return None if plotly_url() is None else (f"{_ASSET_ROUTE}{plotly_source().name}", plotly_source())
-
-
 @cache
 def _loader(inline_plotly: bool) -> object:
     runtime = (_ASSETS / "live_chart.js").read_text(encoding="utf-8")
@@ -124,9 +89,9 @@ def _chart() -> object:
     return st.components.v2.component("metrics_live_chart", js=_STUB, isolate_styles=False)
 
 
-def load_plotly() -> None:
-    """Mount plotly.js once on this page; call before any ``live_chart``."""
-    url = plotly_url()
+def load_plotly(url: str | None) -> None:
+    """Mount plotly.js once on this page, from ``url`` (``server.page_head.plotly_url``; None: sent
+    inline); call before any ``live_chart``."""
     _loader(url is None)(key=LOADER_KEY, data={"src": url}, height="content")
 
 
@@ -265,7 +230,7 @@ def chart_payload(encoded: Encoded, held: Encoded | None) -> dict[str, Any]:
     """The payload that brings a page holding ``held`` (None: nothing it can extend) to ``encoded``:
     ``same`` (naming what it holds) when ``encoded`` adds nothing, the appended points with the
     layout when it changed, or the whole figure.  Every payload names figures by ``Encoded.token``,
-    so one sent by a rerun and one fetched from the server's route (``live_feed``) mean the same."""
+    so one sent by a rerun and one fetched from the server's route (``feed``) mean the same."""
     if held is None:
         return {"op": "full", "seq": encoded.token, "figure": encoded.json}
     steps = [] if held is encoded else encoded.steps_from(held)
@@ -285,7 +250,7 @@ def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held
     ``resync``: the page does not hold what this session last sent; it holds figure ``held`` (None:
     none still kept).  A page misses payloads when it is busy (Streamlit then renders a component
     with only the latest of several updates), and moves ahead of this session when it applies the
-    route's payloads (``live_feed``).  The answer extends ``held`` instead of resending the whole figure.
+    route's payloads (``feed``).  The answer extends ``held`` instead of resending the whole figure.
     """
     base = held if resync else None if previous is None else previous.shown
     payload = chart_payload(encoded, base)

@@ -2,9 +2,9 @@
 
 A fragment rerun costs every tab a script run and every element of the page built, sent and
 compressed again, although an append changes only the charts' points and the counts in the status
-line.  So a tab that is told its run changed (``live_push``) asks for ``feed_answer`` instead: the
+line.  So a tab that is told its run changed (``push``) asks for ``feed_answer`` instead: the
 new status line and, per chart it holds, the payload that brings it to the new snapshot
-(``live_chart.chart_payload``: usually a few appended points).  The answer depends only on the
+(``chart_component.chart_payload``: usually a few appended points).  The answer depends only on the
 snapshot, the page's options and what the tab holds, so tabs in step share one answer
 (``live_push`` keeps it), and twenty viewers cost about one.
 
@@ -22,11 +22,12 @@ import hashlib
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
+from metrics_core.dashboard.figures.chart_memo import view_chart_groups
 from metrics_core.dashboard.figures.layout import Figure, json_text
 from metrics_core.dashboard.live.chart_component import chart_payload, encode, encoded_by_token
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import ChartOptions, chart_key
-from metrics_core.dashboard.views.memo import view_chart_groups, view_findings
+from metrics_core.dashboard.views.memo import view_findings
 
 
 def status_line(view: RunView) -> tuple[str, str]:

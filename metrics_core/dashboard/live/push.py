@@ -3,14 +3,14 @@ what changed.
 
 A fragment with ``run_every`` reruns in every tab every refresh period, whether or not the run
 changed: a script run, every element built, sent and compressed, per tab, twice a second, for a
-run that appends a record a minute.  Where the server serves ``changes_route`` (``server_routes``),
+run that appends a record a minute.  Where the server serves ``changes_route`` (``serving.routes_served``),
 the run page's live fragment has no ``run_every``; it mounts ``live_watch`` instead, the element
 that shows the run's status line and asks the route, "has the run changed since the snapshot this
 tab drew?" (a long poll: the answer comes when it has, or after ``LONG_POLL_S`` to ask again).  The
-answer carries what the tab needs of the new snapshot (``live_feed.feed_answer``: the status line
+answer carries what the tab needs of the new snapshot (``feed.feed_answer``: the status line
 and each chart's appended points, which the page applies itself), or says that something else on
 the page changed, and the tab reruns the fragment (a component trigger, Streamlit's public way),
-saying which figure each chart holds (``live_chart.pages_hold``).
+saying which figure each chart holds (``chart_component.pages_hold``).
 
 Which snapshot a tab drew is its serial (``snapshot_serial``): a number per ``RunView`` object,
 increasing with each new one (``RunStore.view`` returns the same object while nothing changed).
@@ -45,14 +45,14 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from metrics_core.dashboard.live.chart_component import base_path, pages_hold
+from metrics_core.dashboard.live.chart_component import pages_hold
 from metrics_core.dashboard.live.feed import DETAILS_S, feed_answer, page_signature, status_line
-from metrics_core.dashboard.server.routes import route_url
-from metrics_core.dashboard.store.run_store import RunStore, RunView
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.errors import MetricsError
 
-CHANGES_PATH = "/api/changes"  # outside Streamlit's reserved prefixes
+CHANGES_PATH = "/api/changes"  # outside the paths Streamlit serves (``serving.STREAMLIT_PATHS``)
 WATCH_KEY = "metrics_live_watch"  # the element that shows the run's status line
 POLLS_PER_REFRESH = 2
 LONG_POLL_S = 20.0  # an unchanged run is answered after this long; the page asks again
@@ -63,6 +63,19 @@ _ASSETS = Path(__file__).parent.parent / "assets"
 _serials: weakref.WeakKeyDictionary[RunView, int] = weakref.WeakKeyDictionary()
 _serial_lock = threading.Lock()
 _counter = itertools.count(1)
+
+
+def base_path(base_url: str) -> str:
+    """``server.baseUrlPath`` as the prefix of this server's paths: "" or "/a/b" (slashes trimmed,
+    empty segments dropped)."""
+    parts = [part for part in base_url.split("/") if part]
+    return "/" + "/".join(parts) if parts else ""
+
+
+def route_url(path: str) -> str:
+    """``path`` of one of the server's own routes (``changes_route``, ``downloads.csv_route``) as the
+    page asks for it: under ``server.baseUrlPath``."""
+    return f"{base_path(str(st.get_option('server.baseUrlPath') or ''))}{path}"
 
 
 def snapshot_serial(view: RunView) -> int:
@@ -172,7 +185,7 @@ def changes_route(
 
     With ``sig`` (the page signature the tab drew), ``opts`` (its ``options_query``) and ``held`` (a
     JSON object: chart element key -> the figure token it holds), a newer serial's answer also
-    carries ``live_feed.feed_answer`` for them; ``alerts(run)`` are the run's firing alerts."""
+    carries ``feed.feed_answer`` for them; ``alerts(run)`` are the run's firing alerts."""
     tickers: dict[str, _Ticker] = {}
     answers = _Answers()
 

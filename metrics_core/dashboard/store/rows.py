@@ -25,13 +25,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.dashboard.views.runs_table import TREND_POINTS
 from metrics_core.read.records import check_lines
 from metrics_core.read.run_file import open_regular
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_summary import RunSummary
 from metrics_core.roots.discovery import UnreadableEntry
 
+TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
 PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
 
 

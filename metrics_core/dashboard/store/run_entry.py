@@ -46,8 +46,8 @@ import pandas as pd
 
 from metrics_core.dashboard.display_text import under_root
 from metrics_core.dashboard.store.rows import LossTrend, error_row, event_rows, peek_row, runs_table_row
+from metrics_core.dashboard.store.run_config import run_config
 from metrics_core.dashboard.store.snapshot import Lineage, RunView, build_view
-from metrics_core.dashboard.views.config_tables import run_config
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.run_reader import RunReader

@@ -1,12 +1,13 @@
-"""What the pages chart: pure functions of ``RunView`` snapshots and page options.
+"""What the pages chart: pure functions of ``RunView`` snapshots and page options to chart specs.
 
 ``chart_specs`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
 key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
-their replays shaded); ``run_charts`` draws them (``metric_figures``, ``rank_figures``) in one
-pass over the specs; ``chart_csv`` gives exactly the rows a chart draws.  ``session_overlay`` and
-``compare_chart`` are the sessions and compare pages' charts.  Nothing here memoises: what a live
-page recomputes per snapshot is ``live_views``'s.
+their replays shaded), as ``ChartSpec``s of ``Series``; ``chart_csv`` gives exactly the rows a chart
+draws.  ``compare_series`` is the compare page's.  This is the views layer: it reads snapshots
+(``store.snapshot``) and knows nothing of figures: ``figures.run_charts`` draws the specs.  Nothing
+here memoises: ``views.memo`` keeps the chart list and findings per snapshot, ``figures.chart_memo``
+the figures.
 """
 
 from __future__ import annotations
@@ -14,20 +15,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis.derived import replay_windows, tokens_per_second
-from metrics_core.dashboard.figures.layout import CHART_POINTS, Figure, Highlight, session_colour, x_values
-from metrics_core.dashboard.figures.metric_figures import Series, metric_figure
-from metrics_core.dashboard.figures.rank_figures import (
-    STRAGGLER_TITLE,
-    is_distributed,
-    rank_time_ratio,
-    straggler_figure,
-)
-from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.analysis.derived import tokens_per_second
+from metrics_core.dashboard.store.snapshot import RunView
 
 HISTORY_MODES = {
     "effective": "effective history",
@@ -112,6 +106,51 @@ RANK_KEY = re.compile(r"(?P<base>.+)/rank(?P<rank>\d+)")
 LINE_FIELDS = frozenset({"session_id", "step", "tokens_seen", "time"})
 # Columns computed from others for a chart, never logged as such.
 DERIVED = {"tokens_per_s": tokens_per_second}
+
+
+@dataclass(frozen=True, slots=True)
+class Series:
+    """One quantity to draw: ``column`` of ``frame``, called ``label``.
+
+    ``superseded`` marks rows a later session redid (drawn dimmed); ``None`` means none are.
+    ``gap_markers`` marks rows where the value is missing (e.g. no successful update).
+    ``colour`` set: one trace in that colour named ``label`` (comparing runs), instead of one
+    trace per session in the session's colour.
+    """
+
+    frame: pd.DataFrame
+    column: str
+    label: str
+    superseded: np.ndarray | None = None
+    secondary_y: bool = False
+    gap_markers: bool = False
+    markers: bool = False
+    colour: str | None = None
+
+
+STRAGGLER_TITLE = "Rank step time (fastest to slowest rank)"
+
+
+def is_distributed(frame: pd.DataFrame) -> bool:
+    """Whether any record of ``frame`` comes from a data-parallel job of more than one rank."""
+    if "world_size" not in frame.columns:
+        return False
+    return bool((pd.to_numeric(frame["world_size"], errors="coerce") > 1).any())
+
+
+def column_numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
+    """``frame``'s ``column`` as float64, NaN where it holds no number (all NaN when it is missing)."""
+    if column not in frame.columns:
+        return np.full(len(frame), np.nan)
+    return pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def rank_time_ratio(frame: pd.DataFrame) -> np.ndarray:
+    """Per window, the slowest rank's time per step over the fastest's (NaN where either is missing):
+    the straggler chart draws it and its CSV holds it."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratio = column_numbers(frame, "rank_step_time_max_s") / column_numbers(frame, "rank_step_time_min_s")
+    return np.where(np.isfinite(ratio), ratio, np.nan)
 
 
 @dataclass(frozen=True)
@@ -202,15 +241,18 @@ def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int
     return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
 
 
+_Drawn = TypeVar("_Drawn")
+
+
 def grouped_figures(
-    view: RunView, options: ChartOptions, figures: Mapping[str, Figure], *, charts: Sequence[Chart] | None = None
-) -> tuple[dict[str, dict[str, Figure]], int]:
-    """``figures`` (``run_charts``'s, in its order) under their headings ("" first: the defaults
-    and the straggler chart), and how many logged keys' charts the filter matched in all.
+    view: RunView, options: ChartOptions, figures: Mapping[str, _Drawn], *, charts: Sequence[Chart] | None = None
+) -> tuple[dict[str, dict[str, _Drawn]], int]:
+    """``figures`` (by chart key, in ``chart_specs``' order) under their headings ("" first: the
+    defaults and the straggler chart), and how many logged keys' charts the filter matched in all.
     ``charts``: ``charts_of(view)``, where the caller has it."""
     picked, logged = pick_charts(charts_of(view) if charts is None else charts, options.only)
     group = {chart.key: chart.group for chart in picked}
-    groups: dict[str, dict[str, Figure]] = {}
+    groups: dict[str, dict[str, _Drawn]] = {}
     for key, figure in figures.items():
         groups.setdefault(group.get(key, ""), {})[key] = figure
     return groups, logged
@@ -277,61 +319,6 @@ def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Cha
     return ChartSpec(chart.title, series, chart.smoothed, chart.loggable, group=chart.group)
 
 
-def replay_highlights(view: RunView, x: str) -> list[Highlight]:
-    """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
-    train = view.frame("train", WRITER_FIELDS)
-    origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
-    result = []
-    for window in replay_windows(train, view.sessions, view.replaced):
-        session = view.sessions[window.session]
-        rows = view.replaced[window.session] | (
-            (train["session_id"] == session.session_id)
-            & (train["step"] >= window.first_step) & (train["step"] <= window.last_step)
-        ).to_numpy()  # fmt: skip
-        if x in ("step", "tokens_seen"):
-            xs = x_values(train[rows], x, origin)
-            x0 = session.first_step if x == "step" else session.first_tokens_seen
-            delta = "" if window.loss_delta is None else f" · Δloss {window.loss_delta:+.3g}"
-            label = f"replay S{window.session}→S{window.session + 1}{delta}"
-            result.append(Highlight(float(x0), float(np.max(xs)), label, session_colour(window.session)))
-    return result
-
-
-def run_charts(
-    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
-) -> dict[str, Figure]:
-    """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
-    with a budget of ``max_points`` drawn points."""
-    highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
-    specs = chart_specs(view, options.history, only=options.only, charts=charts)
-    return {key: _spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
-
-
-def _spec_figure(
-    view: RunView, key: str, spec: ChartSpec, options: ChartOptions, highlights: Sequence[Highlight], max_points: int
-) -> Figure:
-    """``spec`` drawn; ``layout.uirevision`` names what keeps the user's zoom (run, chart, axes, history)."""
-    if spec.kind == "straggler":
-        first = spec.series[0]
-        return straggler_figure(
-            first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
-            revision=f"{view.name}:{key}:{options.x}:{options.history}", max_points=max_points, theme=options.theme,
-        )  # fmt: skip
-    log_y = options.log_y and spec.loggable
-    return metric_figure(
-        spec.series,
-        title=spec.title,
-        sessions=view.sessions,
-        x=options.x,
-        smoothing=options.smoothing if spec.smoothed else 0.0,
-        log_y=log_y,
-        revision=f"{view.name}:{key}:{options.x}:{log_y}:{options.history}",
-        highlights=highlights,
-        max_points=max_points,
-        theme=options.theme,
-    )
-
-
 def chart_key(key: str) -> str:
     """The Streamlit key of the run page's live chart ``key`` (its element carries the class
     ``st-key-<that>``)."""
@@ -370,19 +357,6 @@ def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
     return chart_csv(chart_specs(view, options.history, only=options.only)[key])
 
 
-def session_overlay(
-    view: RunView, *, x: str, smoothing: float, theme: str = "light", chart: Chart = DEFAULT_CHARTS[0]
-) -> Figure:
-    """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
-    replay windows shaded."""
-    spec = chart_spec(view, chart, "sessions")
-    return metric_figure(
-        spec.series, title=f"{spec.title} by session", sessions=view.sessions, x=x,
-        smoothing=smoothing if spec.smoothed else 0.0, revision=f"{view.name}:sessions:{chart.key}:{x}",
-        highlights=replay_highlights(view, x), theme=theme,
-    )  # fmt: skip
-
-
 # The mission's metrics on the compare page: metric -> (event, label); ``compare_metrics`` adds
 # every key the compared runs logged.
 COMPARE_METRICS = {
@@ -406,18 +380,9 @@ def compare_metrics(views: Mapping[str, RunView]) -> dict[str, tuple[str, str]]:
     return COMPARE_METRICS | {column: (logged[column], column) for column in sorted(logged)}
 
 
-def compare_chart(
-    views: Mapping[str, RunView],
-    metric: str,
-    *,
-    x: str,
-    smoothing: float,
-    log_y: bool,
-    theme: str = "light",
-) -> Figure:
-    """One metric of several runs (effective histories), each run a colour and named by its path
-    in the chart's legend (every chart has its own: on a phone the charts are far apart).
-    A metric none of the runs logged is an empty chart titled by its name."""
+def compare_series(views: Mapping[str, RunView], metric: str) -> tuple[str, list[Series]]:
+    """One metric of several runs (effective histories), as its label and a series per run, each run
+    a colour and named by its path.  A metric none of the runs logged is labelled by its name."""
     event, label = compare_metrics(views).get(metric, ("train", metric))
     series = []
     for number, (name, view) in enumerate(views.items()):
@@ -425,7 +390,4 @@ def compare_chart(
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(Series(frame, metric, name, markers=event == "validation",
                              colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
-    return metric_figure(
-        series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
-        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
-    )  # fmt: skip
+    return label, series

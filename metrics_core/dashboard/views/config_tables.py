@@ -3,13 +3,9 @@
 ``MetricsWriter.write_config`` (and ``training_session(config=...)``) logs one ``config`` record
 per session, the one record that may nest.  Here:
 
-* ``flatten_config`` turns the nested object into dotted keys (``optim.lr``) with text values:
-  strings as written, everything else as compact JSON (``0.0003``, ``true``, ``null``,
-  ``[0.9, 0.95]``), so a table cell, a CSV and a filter all see the same text;
-* ``run_config`` picks the run's config — the last ``config`` record, i.e. the latest session
-  that logged one — and lists what changed from one config record to the next, labelled with
-  the session and step where it happened (a learning rate changed on resume is exactly what a
-  user must see);
+* ``view_config`` is a snapshot's config (``store.run_config``: flattened to dotted keys with
+  text values, and what changed from one config record to the next), once per snapshot;
+* ``config_table`` and ``changes_table`` show it;
 * ``config_diff`` lines the configs of several runs up, one column per run;
 * ``config_filter`` parses ``key=value`` / ``key!=value`` terms for the runs table.
 
@@ -22,114 +18,21 @@ contain dots or be empty; none of that raises, and a flattened config keeps at m
 
 from __future__ import annotations
 
-import itertools
-import json
 import math
 import shlex
 from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 import pandas as pd
 
 from metrics_core.dashboard.display_text import CELL_CHARS, shorten
+from metrics_core.dashboard.store.run_config import RunConfig, key_union, run_config
 
 if TYPE_CHECKING:
     from metrics_core.read.run_reader import Session
 
-MAX_KEYS = 2000  # flattened keys kept per config record
-ROOT_KEY = "(config)"  # the key of a config field that is not an object
 NOT_SET = "(not set)"  # how a table shows a key a run (or a session's record) does not have
-
-
-@dataclass(frozen=True, slots=True)
-class ConfigChange:
-    """One key whose value differs from the previous config record (``None``: absent there/here)."""
-
-    session: int  # index of the session that logged the new value
-    session_id: str
-    step: int
-    key: str
-    before: str | None
-    after: str | None
-
-
-@dataclass(frozen=True, slots=True)
-class RunConfig:
-    """The run's current config (flattened) and where it came from."""
-
-    values: dict[str, str]
-    session: int | None  # index of the session whose record this is
-    session_id: str
-    step: int
-    records: int  # config records in the run
-    changes: tuple[ConfigChange, ...] = field(default=())
-    dropped_keys: int = 0  # keys beyond MAX_KEYS, not shown
-
-
-def value_text(value: Any) -> str:
-    """A config value as text: a string as written, anything else as compact one-line JSON."""
-    if isinstance(value, str):
-        return value
-    try:
-        return json.dumps(value, ensure_ascii=False, allow_nan=True, default=str)
-    except (TypeError, ValueError, RecursionError):
-        return str(value)
-
-
-def flatten_config(tree: Any, *, max_keys: int = MAX_KEYS) -> tuple[dict[str, str], int]:
-    """``tree`` as ``{dotted.key: text}`` and how many keys were dropped beyond ``max_keys``.
-
-    Objects nest into dotted paths; an empty object and every list are leaves (their JSON).  A
-    key that a dotted path already produced (``{"a.b": 1, "a": {"b": 2}}``) gets `` #2``, so no
-    value is silently lost.  A ``tree`` that is not an object is one key, ``ROOT_KEY``.
-    """
-    flat: dict[str, str] = {}
-    dropped = 0
-    if not isinstance(tree, Mapping):
-        return ({} if tree is None else {ROOT_KEY: value_text(tree)}), 0
-    stack: list[tuple[str, Any]] = [(str(key), value) for key, value in reversed(tree.items())]
-    while stack:  # iterative: a deep hostile object cannot reach the recursion limit
-        path, value = stack.pop()
-        if isinstance(value, Mapping) and value:
-            stack.extend((f"{path}.{key}", item) for key, item in reversed(value.items()))
-            continue
-        if len(flat) >= max_keys:
-            dropped += 1
-            continue
-        key, number = path, 1
-        while key in flat:
-            number += 1
-            key = f"{path} #{number}"
-        flat[key] = value_text(value)
-    return flat, dropped
-
-
-def _session_index(sessions: Sequence[Session], session_id: str) -> int | None:
-    return next((s.index for s in sessions if s.session_id == session_id), None)
-
-
-def run_config(frame: pd.DataFrame, sessions: Sequence[Session]) -> RunConfig | None:
-    """The run's config from its ``config`` records (``frame``, in file order), or None if none.
-
-    The last record is the current config; each record is compared with the one before, and
-    every added, removed or changed key is a ``ConfigChange`` at that record's session and step.
-    """
-    if frame.empty or "config" not in frame.columns:
-        return None
-    columns = (frame["config"], frame["session_id"], frame["step"])
-    records = [(flatten_config(tree), str(sid), int(step)) for tree, sid, step in zip(*columns, strict=True)]
-    changes: list[ConfigChange] = []
-    for ((before, _), _, _), ((after, _), sid, step) in itertools.pairwise(records):
-        index = _session_index(sessions, sid)
-        for key in _union([before, after]):
-            if before.get(key) != after.get(key):
-                changes.append(ConfigChange(-1 if index is None else index, sid, step, key,
-                                            before.get(key), after.get(key)))  # fmt: skip
-    (values, dropped), sid, step = records[-1]
-    return RunConfig(values, _session_index(sessions, sid), sid, step, len(records), tuple(changes), dropped)
-
-
 _T = TypeVar("_T")
 
 
@@ -148,16 +51,9 @@ def view_config(view: ConfigSource) -> RunConfig | None:
     return view.memo("config", lambda: run_config(view.frames["config"], view.sessions))
 
 
-def _union(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
-    keys: dict[str, None] = {}
-    for config in configs:
-        keys.update(dict.fromkeys(config or ()))
-    return list(keys)
-
-
 def config_keys(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
     """Every key of any of ``configs``, sorted (the runs page's choice of columns)."""
-    return sorted(_union(configs))
+    return sorted(key_union(configs))
 
 
 def config_table(config: RunConfig) -> pd.DataFrame:

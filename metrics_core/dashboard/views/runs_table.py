@@ -20,6 +20,7 @@ from metrics_core.dashboard.display_text import (
     shorten,
     shorten_words,
 )
+from metrics_core.dashboard.store.rows import TREND_POINTS
 
 
 def filter_runs(table: pd.DataFrame, pattern: str) -> tuple[pd.DataFrame, str | None]:
@@ -67,9 +68,6 @@ def status_pills(table: pd.DataFrame) -> pd.DataFrame:
     column (``runs_table_view.RUNS_COLUMNS``), which colours each badge by ``STATUS_COLOURS`` in the browser
     (a pandas Styler would colour them on the server and send the styles with every drawn table)."""
     return table.assign(status=table["status"].map(lambda badge: [badge]))
-
-
-TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
 
 
 def status_badge(status: object) -> str:

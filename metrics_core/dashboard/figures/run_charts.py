@@ -1,0 +1,119 @@
+"""The pages' charts drawn: a snapshot's chart specs (``views.chart_specs``) in, figures out.
+
+``run_charts`` draws every chart of the run page in one pass over its specs (``metric_figure``,
+``straggler_figure``), with the replay windows shaded in the sessions history mode
+(``replay_highlights``); ``session_overlay`` and ``compare_chart`` are the sessions and compare
+pages' charts.  Nothing here memoises (``chart_memo`` does, per snapshot) and nothing here decides
+which rows a chart draws (its spec does): this module only calls down, into the views and the
+figure builders beside it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+import pandas as pd
+
+from metrics_core.analysis.derived import replay_windows
+from metrics_core.dashboard.figures.layout import CHART_POINTS, Figure, Highlight, session_colour, x_values
+from metrics_core.dashboard.figures.metric_figures import metric_figure
+from metrics_core.dashboard.figures.rank_figures import straggler_figure
+from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.dashboard.views.chart_specs import (
+    DEFAULT_CHARTS,
+    WRITER_FIELDS,
+    Chart,
+    ChartOptions,
+    ChartSpec,
+    chart_spec,
+    chart_specs,
+    compare_series,
+)
+
+
+def replay_highlights(view: RunView, x: str) -> list[Highlight]:
+    """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
+    train = view.frame("train", WRITER_FIELDS)
+    origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
+    result = []
+    for window in replay_windows(train, view.sessions, view.replaced):
+        session = view.sessions[window.session]
+        rows = view.replaced[window.session] | (
+            (train["session_id"] == session.session_id)
+            & (train["step"] >= window.first_step) & (train["step"] <= window.last_step)
+        ).to_numpy()  # fmt: skip
+        if x in ("step", "tokens_seen"):
+            xs = x_values(train[rows], x, origin)
+            x0 = session.first_step if x == "step" else session.first_tokens_seen
+            delta = "" if window.loss_delta is None else f" · Δloss {window.loss_delta:+.3g}"
+            label = f"replay S{window.session}→S{window.session + 1}{delta}"
+            result.append(Highlight(float(x0), float(np.max(xs)), label, session_colour(window.session)))
+    return result
+
+
+def run_charts(
+    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
+) -> dict[str, Figure]:
+    """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
+    with a budget of ``max_points`` drawn points."""
+    highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
+    specs = chart_specs(view, options.history, only=options.only, charts=charts)
+    return {key: spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
+
+
+def spec_figure(
+    view: RunView, key: str, spec: ChartSpec, options: ChartOptions, highlights: Sequence[Highlight], max_points: int
+) -> Figure:
+    """``spec`` drawn; ``layout.uirevision`` names what keeps the user's zoom (run, chart, axes, history)."""
+    if spec.kind == "straggler":
+        first = spec.series[0]
+        return straggler_figure(
+            first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
+            revision=f"{view.name}:{key}:{options.x}:{options.history}", max_points=max_points, theme=options.theme,
+        )  # fmt: skip
+    log_y = options.log_y and spec.loggable
+    return metric_figure(
+        spec.series,
+        title=spec.title,
+        sessions=view.sessions,
+        x=options.x,
+        smoothing=options.smoothing if spec.smoothed else 0.0,
+        log_y=log_y,
+        revision=f"{view.name}:{key}:{options.x}:{log_y}:{options.history}",
+        highlights=highlights,
+        max_points=max_points,
+        theme=options.theme,
+    )
+
+
+def session_overlay(
+    view: RunView, *, x: str, smoothing: float, theme: str = "light", chart: Chart = DEFAULT_CHARTS[0]
+) -> Figure:
+    """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
+    replay windows shaded."""
+    spec = chart_spec(view, chart, "sessions")
+    return metric_figure(
+        spec.series, title=f"{spec.title} by session", sessions=view.sessions, x=x,
+        smoothing=smoothing if spec.smoothed else 0.0, revision=f"{view.name}:sessions:{chart.key}:{x}",
+        highlights=replay_highlights(view, x), theme=theme,
+    )  # fmt: skip
+
+
+def compare_chart(
+    views: Mapping[str, RunView],
+    metric: str,
+    *,
+    x: str,
+    smoothing: float,
+    log_y: bool,
+    theme: str = "light",
+) -> Figure:
+    """One metric of several runs (``compare_series``), each run a colour and named by its path in
+    the chart's legend (every chart has its own: on a phone the charts are far apart).  A metric
+    none of the runs logged is an empty chart titled by its name."""
+    label, series = compare_series(views, metric)
+    return metric_figure(
+        series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
+        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
+    )  # fmt: skip
