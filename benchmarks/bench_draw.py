@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.dashboard.figures.layout import figure_json
+from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.live.chart_component import plotly_source
 from metrics_core.dashboard.live.feed import drawn_charts
 from metrics_core.dashboard.store.run_store import RunStore

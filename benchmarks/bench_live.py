@@ -204,7 +204,7 @@ def missing_text(found: dict[str, object]) -> str:
 
 
 def figure_bytes(records: int) -> tuple[int, int, int]:
-    from metrics_core.dashboard.figures.layout import figure_json  # the tree under test may predate it (--records 0)
+    from metrics_core.dashboard.figures.layout import figure_json  # the tree under test may predate it (--records 0
 
     with tempfile.TemporaryDirectory() as tmp:
         count = write_run(Path(tmp) / "big" / "metrics.jsonl", records)

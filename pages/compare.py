@@ -10,7 +10,7 @@ from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import config_diff_panel
 from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.settings import get_store, settings
-from metrics_core.dashboard.views.chart_specs import compare_metrics
+from metrics_core.dashboard.views.compare import compare_metrics
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.runs_table import filter_runs
 from metrics_core.dashboard.widgets import name_text, page_theme, run_names_or_stop, views_or_warn
@@ -24,18 +24,30 @@ names = run_names_or_stop(store)
 asked = st.query_params.get_all("run")
 unknown = [name for name in asked if name not in names]
 if unknown:
-    st.warning(f"Not runs under the root, ignored: {', '.join(map(name_text, unknown[:5]))}"
-               + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else ""))  # fmt: skip
+    st.warning(
+        f"Not runs under the root, ignored: {', '.join(map(name_text, unknown[:5]))}"
+        + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
+    )
 with st.sidebar:
     pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
     shown, error = filter_runs(pd.DataFrame({"run": names}), pattern)
     if error:
         st.error(md_text(error))
-    picked = st.multiselect("Runs", sorted(set(shown["run"]) | set(asked) - set(unknown)), format_func=shorten,
-                            default=[name for name in asked if name in names], key="compare_runs")  # fmt: skip
+    picked = st.multiselect(
+        "Runs",
+        sorted(set(shown["run"]) | set(asked) - set(unknown)),
+        format_func=shorten,
+        default=[name for name in asked if name in names],
+        key="compare_runs",
+    )
     choices = compare_metrics(views_or_warn(store, picked))  # the mission's metrics, then every logged key
-    metrics = st.multiselect("Metrics", list(choices), default=DEFAULT_METRICS, key="compare_metrics",
-                             format_func=lambda m: choices.get(m, (None, m))[1])  # fmt: skip
+    metrics = st.multiselect(
+        "Metrics",
+        list(choices),
+        default=DEFAULT_METRICS,
+        key="compare_metrics",
+        format_func=lambda m: choices.get(m, (None, m))[1],
+    )
     x = st.segmented_control("x axis", ["step", "tokens_seen"], default="step", key="compare_x") or "step"
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
     log_y = st.toggle("Log-scale y", key="log_y")

@@ -24,10 +24,12 @@ load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js w
 name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
-sessions_link.page_link("pages/sessions.py", label="Its sessions", icon=":material/restart_alt:",
-                        query_params={"run": name})  # fmt: skip
-compare_link.page_link("pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:",
-                       query_params={"run": name})  # fmt: skip
+sessions_link.page_link(
+    "pages/sessions.py", label="Its sessions", icon=":material/restart_alt:", query_params={"run": name}
+)
+compare_link.page_link(
+    "pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:", query_params={"run": name}
+)
 options, paused = chart_controls()
 
 

@@ -75,10 +75,12 @@ if table.empty:
 by_name, by_config = st.columns(2)
 by_name.text_input("Filter runs (regular expression)", key="run_filter", placeholder="e.g. ^llama.*lr3e-4")
 by_config.text_input(
-    "Filter by config", key="config_filter", placeholder="e.g. optim.lr=3e-4 model!=gpt2",
+    "Filter by config",
+    key="config_filter",
+    placeholder="e.g. optim.lr=3e-4 model!=gpt2",
     help="Space-separated `key=value` or `key!=value` terms on the flattened config (`optim.lr`), all must "
     "hold; numbers compare as numbers (`3e-4` matches `0.0003`); quote a term holding a space.",
-)  # fmt: skip
+)
 # Options keep the chosen keys, so a key whose run vanished does not make the widget fail.
 keys = config_keys([*table["config"].dropna(), dict.fromkeys(st.session_state.get("config_columns", []))])
 st.multiselect("Config columns", keys, key="config_columns", placeholder="Show config keys as columns")

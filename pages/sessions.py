@@ -34,27 +34,40 @@ def sessions() -> None:
     train = view.frames["train"]
     lost = view.lost_work
     share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
-    for column, (label, value) in zip(st.columns(4), [
-        ("Total downtime", clock_text(lost.downtime_s)), ("Steps replayed", f"{lost.steps_replayed:,}"),
-        ("Tokens replayed", f"{'≤ ' if lost.tokens_replayed_is_upper_bound else ''}{lost.tokens_replayed:,}"),
-        ("Training time superseded", share),
-    ], strict=True):  # fmt: skip
+    for column, (label, value) in zip(
+        st.columns(4),
+        [
+            ("Total downtime", clock_text(lost.downtime_s)),
+            ("Steps replayed", f"{lost.steps_replayed:,}"),
+            ("Tokens replayed", f"{'≤ ' if lost.tokens_replayed_is_upper_bound else ''}{lost.tokens_replayed:,}"),
+            ("Training time superseded", share),
+        ],
+        strict=True,
+    ):
         column.metric(label, value)
     table = session_table(view.sessions, train, view.status)
     sessions_table(table)
-    csv_button("CSV of the sessions table", lambda: table.to_csv(index=False), f"{file_stem(name)}-sessions.csv",
-               key="csv_sessions")  # fmt: skip
+    csv_button(
+        "CSV of the sessions table",
+        lambda: table.to_csv(index=False),
+        f"{file_stem(name)}-sessions.csv",
+        key="csv_sessions",
+    )
     for finding in view_findings(view):
         if finding.check in ("tokens per step at resume", "loss jump at resume"):
             st.warning(finding_text(finding), icon=":material/warning:")
     charts = {chart.key: chart for chart in charts_of(view)}
     key = st.selectbox("Chart", list(charts), format_func=lambda key: charts[key].title, key="session_chart")
     chart = charts.get(key, DEFAULT_CHARTS[0])
-    overlay = view.memo(("overlay", chart, x, smoothing, theme),
-                        lambda: session_overlay(view, chart=chart, x=x, smoothing=smoothing, theme=theme))  # fmt: skip
+    overlay = view.memo(
+        ("overlay", chart, x, smoothing, theme),
+        lambda: session_overlay(view, chart=chart, x=x, smoothing=smoothing, theme=theme),
+    )
     live_chart(overlay, key="chart_sessions")
-    st.caption("Shaded: each replay, from the resume step to the last step the earlier session had reached. "
-               "Δloss: the redo's mean train loss minus the earlier session's, over the same steps.")  # fmt: skip
+    st.caption(
+        "Shaded: each replay, from the resume step to the last step the earlier session had reached. "
+        "Δloss: the redo's mean train loss minus the earlier session's, over the same steps."
+    )
 
 
 sessions()

@@ -12,7 +12,7 @@ import plotly
 
 from benchmarks.generate import record, train_values, write_run
 from metrics_core.dashboard.figures.chart_memo import view_charts
-from metrics_core.dashboard.figures.layout import Figure, figure_of
+from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts, session_overlay
 from metrics_core.dashboard.live.chart_component import (
     encode,
@@ -22,7 +22,8 @@ from metrics_core.dashboard.live.chart_component import (
     plotly_source,
 )
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.views.chart_specs import COMPARE_METRICS, ChartOptions
+from metrics_core.dashboard.views.chart_specs import ChartOptions
+from metrics_core.dashboard.views.compare import COMPARE_METRICS
 from tests.support import append_records, base_record
 
 

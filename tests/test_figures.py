@@ -14,7 +14,8 @@ import plotly.graph_objects as go
 import pytest
 
 from metrics_core.analysis.downsample import minmax_indices
-from metrics_core.dashboard.figures.layout import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY, figure_json
+from metrics_core.dashboard.figures.figure_dicts import figure_json
+from metrics_core.dashboard.figures.layout import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY
 from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, ema_smooth, metric_figure
 from metrics_core.dashboard.figures.rank_figures import out_of_lockstep, straggler_figure
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
@@ -29,11 +30,11 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_filter_error,
     chart_specs,
     charts_of,
-    compare_metrics,
     grouped_figures,
     pick_charts,
     rank_time_ratio,
 )
+from metrics_core.dashboard.views.compare import compare_metrics
 from metrics_core.read.run_reader import RunReader
 from tests.support import append_records, base_record, distributed_run, rank_window, small_run, three_session_run
 

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from metrics_core.dashboard.figures.chart_memo import view_chart_groups, view_charts
-from metrics_core.dashboard.figures.layout import figure_json
+from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store import run_entry
 from metrics_core.dashboard.store import run_store as store_module

@@ -92,8 +92,11 @@ class RunSync:
         self._tail = remote.read(max(last.start, end - TAIL_BYTES), TAIL_BYTES)
         remote.close()
         if remote.size() != end or not self._tail.endswith(b"\n"):
-            raise RunFileError(self.parts.url, f"a part ends mid-line at byte {remote.size():,}: sync uploads whole "
-                                               "lines only; delete that part to continue")  # fmt: skip
+            raise RunFileError(
+                self.parts.url,
+                f"a part ends mid-line at byte {remote.size():,}: sync uploads whole "
+                "lines only; delete that part to continue",
+            )
         self.uploaded = end
 
     def step(self, path: Path) -> Pass:
@@ -119,12 +122,18 @@ class RunSync:
     def _check(self, local: LocalFile, size: int) -> None:
         """``RunFileError`` when the local file no longer holds the bytes already uploaded."""
         if size < self.uploaded:
-            raise RunFileError(str(local.path), f"shrank to {size:,} bytes, below the {self.uploaded:,} bytes "
-                                                f"already uploaded to {self.parts.url}; {_START_OVER}")  # fmt: skip
+            raise RunFileError(
+                str(local.path),
+                f"shrank to {size:,} bytes, below the {self.uploaded:,} bytes "
+                f"already uploaded to {self.parts.url}; {_START_OVER}",
+            )
         tail_at = self.uploaded - len(self._tail)
         if local.read(0, len(self._head)) != self._head or local.read(tail_at, len(self._tail)) != self._tail:
-            raise RunFileError(str(local.path), f"was rewritten: its first {self.uploaded:,} bytes are not those "
-                                                f"already uploaded to {self.parts.url}; {_START_OVER}")  # fmt: skip
+            raise RunFileError(
+                str(local.path),
+                f"was rewritten: its first {self.uploaded:,} bytes are not those "
+                f"already uploaded to {self.parts.url}; {_START_OVER}",
+            )
 
     def _complete_lines(self, local: LocalFile, size: int) -> bytes:
         """The next part: the complete lines from the uploaded offset, up to ``size`` and at most

@@ -40,8 +40,12 @@ def chart_controls() -> tuple[ChartOptions, bool]:
         log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
         history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
         paused = st.toggle("Pause live updates", key="pause")
-        only = st.text_input("Charts (regular expression)", key="filter_charts", placeholder="e.g. loss|val/",
-                             help="Charts whose title or key matches; the others are not drawn.")  # fmt: skip
+        only = st.text_input(
+            "Charts (regular expression)",
+            key="filter_charts",
+            placeholder="e.g. loss|val/",
+            help="Charts whose title or key matches; the others are not drawn.",
+        )
         if error := chart_filter_error(only):
             st.error(md_text(error))
             only = ""
@@ -81,5 +85,7 @@ def chart_grid(view: RunView, options: ChartOptions) -> None:
                     rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
                     csv_button("CSV of this chart", rows, csv_file_name(view.name, key), key=f"csv_{key}")
     if logged > MAX_LOGGED_CHARTS:
-        st.caption(f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
-                   "narrow the chart filter in the sidebar to see the others.")  # fmt: skip
+        st.caption(
+            f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
+            "narrow the chart filter in the sidebar to see the others."
+        )

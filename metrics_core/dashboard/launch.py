@@ -68,8 +68,10 @@ def streamlit_arguments(argv: Sequence[str], environ: Mapping[str, str], script:
     ).parse_args(argv)
     ours, dashboard_args = own.parse_known_args(argv)
     parse_settings(dashboard_args, environ)  # the app's own refusals (--refresh 0, a cache inside the runs root)
-    server = [*(["--server.port", str(ours.port)] if ours.port is not None else []),
-              *(["--server.address", ours.host] if ours.host is not None else [])]  # fmt: skip
+    server = [
+        *(["--server.port", str(ours.port)] if ours.port is not None else []),
+        *(["--server.address", ours.host] if ours.host is not None else []),
+    ]
     return ["run", str(script), *server, "--", *dashboard_args]
 
 

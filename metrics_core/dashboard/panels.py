@@ -21,8 +21,12 @@ from metrics_core.dashboard.store.run_store import RunView
 from metrics_core.dashboard.views.config_tables import RunConfig, changes_table, config_diff, config_table
 from metrics_core.text import fit_middle
 
-SEVERITY_ICONS = {"error": ":material/error:", "warning": ":material/warning:", "info": ":material/info:",
-                  "ok": ":material/check_circle:"}  # fmt: skip
+SEVERITY_ICONS = {
+    "error": ":material/error:",
+    "warning": ":material/warning:",
+    "info": ":material/info:",
+    "ok": ":material/check_circle:",
+}
 SEVERITY_COLOURS = {"error": "red", "warning": "orange", "info": "blue", "ok": "green"}  # Streamlit's text colours
 # The run page's row of health and config buttons, and its session key: one line each (widgets.CALM_CSS)
 PANELS_KEY = "run_panels"
@@ -36,8 +40,10 @@ def session_key_panel(view: RunView) -> None:
 
     Only generated text goes into this HTML: "S2", a hex colour from the palette, and a step number.
     """
-    items = " ".join(f'<span style="color:{colour}">━ <b>{label}</b> {html.escape(what)}</span>'
-                     for label, colour, what in session_key(view.sessions))  # fmt: skip
+    items = " ".join(
+        f'<span style="color:{colour}">━ <b>{label}</b> {html.escape(what)}</span>'
+        for label, colour, what in session_key(view.sessions)
+    )
     faint = " · faint: superseded" if len(view.sessions) > 1 else ""
     with st.container(key=SESSION_KEY_KEY):
         st.markdown(f"Sessions: {items}{faint}", unsafe_allow_html=True)
@@ -56,8 +62,10 @@ def health_panel(findings: Sequence[Finding]) -> None:
     label = f"{worst.severity} — {md_text(shorten(worst.check, WORD_CHARS))}{more}" if worst.severity != "ok" else "ok"
     with st.popover(f":{SEVERITY_COLOURS[worst.severity]}[Health: {label}]", icon=SEVERITY_ICONS[worst.severity]):
         for finding in ranked:
-            st.markdown(f"{SEVERITY_ICONS[finding.severity]} **{md_text(finding.check)}** — "
-                        f"{md_text(shorten_words(finding.message))}")  # fmt: skip
+            st.markdown(
+                f"{SEVERITY_ICONS[finding.severity]} **{md_text(finding.check)}** — "
+                f"{md_text(shorten_words(finding.message))}"
+            )
 
 
 def finding_text(finding: Finding) -> str:
@@ -71,8 +79,9 @@ def config_panel(config: RunConfig | None) -> None:
     not miss: the label names the keys).  Keys and values are dataframe cells (plain text); the
     session id is escaped."""
     if config is None:
-        st.caption("No config logged", help="Pass `config=` to `training_session`, or call `write_config`.",
-                   width="content")  # fmt: skip
+        st.caption(
+            "No config logged", help="Pass `config=` to `training_session`, or call `write_config`.", width="content"
+        )
         return
     changed = sorted({change.key for change in config.changes})
     label = f"Config ({len(config.values)} keys)"
@@ -80,9 +89,11 @@ def config_panel(config: RunConfig | None) -> None:
         label += f" · :orange[changed at resume: {md_text(shorten(', '.join(changed), WORD_CHARS))}]"
     with st.popover(label, icon=":material/tune:"):
         session = f"S{config.session + 1}" if config.session is not None else "an unknown session"
-        st.caption(f"From the config record of session {session} (id {md_text(repr(shorten(config.session_id, 40)))}, "
-                   f"step {config.step}); {config.records} config record(s) in the run."
-                   + (f" {config.dropped_keys} further keys not shown." if config.dropped_keys else ""))  # fmt: skip
+        st.caption(
+            f"From the config record of session {session} (id {md_text(repr(shorten(config.session_id, 40)))}, "
+            f"step {config.step}); {config.records} config record(s) in the run."
+            + (f" {config.dropped_keys} further keys not shown." if config.dropped_keys else "")
+        )
         st.dataframe(config_table(config), hide_index=True, width="stretch")
         if config.changes:
             st.markdown("**Changed from the previous config record**")
@@ -144,10 +155,14 @@ def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
     styled = shown.style.apply(lambda _: colours, subset=["session"])
     counts = ("steps replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
     config = {column: st.column_config.Column(column, help=help) for column, help in SESSION_COLUMNS.items()}
-    config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
-               for column in counts}  # fmt: skip
-    config |= {column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
-               for column in ("first step", "last step", "resume step")}  # fmt: skip
+    config |= {
+        column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
+        for column in counts
+    }
+    config |= {
+        column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
+        for column in ("first step", "last step", "resume step")
+    }
     st.dataframe(styled, hide_index=True, column_config=config)
 
 

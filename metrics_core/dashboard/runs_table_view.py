@@ -76,8 +76,9 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     to format."""
     state = st.session_state
     shown, name_error = filter_runs(table, state.get("run_filter", ""))
-    shown, config_error = runs_table(shown, keys=state.get("config_columns", []),
-                                     config_filter=state.get("config_filter", ""))  # fmt: skip
+    shown, config_error = runs_table(
+        shown, keys=state.get("config_columns", []), config_filter=state.get("config_filter", "")
+    )
     rows, page, pages = runs_page(shown, state.get("runs_page", 1))
     readable = readable_runs(rows)
     return RunsPage(
@@ -102,13 +103,21 @@ def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
         st.session_state["runs_page"] = shown.page  # clamped: a filter that leaves fewer pages never overflows
         where, which = st.columns([4, 1], vertical_alignment="bottom")
         first = (shown.page - 1) * PAGE_ROWS + 1
-        where.caption(f"Showing {first:,}–{first + len(shown.names) - 1:,} of {shown.total:,} runs, "
-                      "newest activity first")  # fmt: skip
+        where.caption(
+            f"Showing {first:,}–{first + len(shown.names) - 1:,} of {shown.total:,} runs, newest activity first"
+        )
         which.number_input("Page", min_value=1, max_value=shown.pages, step=1, key="runs_page")
     with st.container(key=SAME_TAB_KEY):
         st.html(SAME_TAB_JS, unsafe_allow_javascript=True)
-    picked = st.dataframe(shown.rows, hide_index=True, width="stretch", key="runs_table", on_select="rerun",
-                          selection_mode="single-row", column_config=RUNS_COLUMNS)  # fmt: skip
+    picked = st.dataframe(
+        shown.rows,
+        hide_index=True,
+        width="stretch",
+        key="runs_table",
+        on_select="rerun",
+        selection_mode="single-row",
+        column_config=RUNS_COLUMNS,
+    )
     names = (drawn or shown).names
     if picked.selection.rows and picked.selection.rows[0] < len(names):
         st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})

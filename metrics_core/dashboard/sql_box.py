@@ -48,8 +48,14 @@ def query_box(root: Path, cache: Path | None) -> None:
         sql = st.session_state.get("sql_text", "").strip() or SQL_EXAMPLE
         try:
             with st.spinner("Bringing the runs' Parquet export up to date, then querying…"):
-                result = query_root(root, sql, cache_home=cache or _sql_scratch(), now=datetime.now(timezone.utc),
-                                    timeout_s=SQL_TIMEOUT_S, max_rows=SQL_MAX_ROWS)  # fmt: skip
+                result = query_root(
+                    root,
+                    sql,
+                    cache_home=cache or _sql_scratch(),
+                    now=datetime.now(timezone.utc),
+                    timeout_s=SQL_TIMEOUT_S,
+                    max_rows=SQL_MAX_ROWS,
+                )
             st.session_state["sql_answer"] = (result.table.to_pandas(), result.truncated)
         except STORE_ERRORS as exc:
             st.session_state["sql_answer"] = reason_text(exc, root)

@@ -142,8 +142,9 @@ def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
         st.info("No runs under the root yet.")
         st.page_link("pages/runs.py", label="All runs", icon=":material/arrow_back:")
         st.stop()
-    choice = st.selectbox("Choose a run", names, index=None, format_func=shorten, key="run_picker",
-                          placeholder="Choose a run")  # fmt: skip
+    choice = st.selectbox(
+        "Choose a run", names, index=None, format_func=shorten, key="run_picker", placeholder="Choose a run"
+    )
     if choice is None:
         st.stop()
     st.query_params["run"] = choice
@@ -223,5 +224,13 @@ def table_text(table: pd.DataFrame) -> pd.DataFrame:
 
 def csv_button(label: str, make: Callable[[], str], file_name: str, key: str) -> None:
     """A download button whose CSV is built only when clicked."""
-    st.download_button(label, data=make, file_name=file_name, mime="text/csv", key=key,
-                       icon=":material/download:", on_click="ignore", type="tertiary")  # fmt: skip
+    st.download_button(
+        label,
+        data=make,
+        file_name=file_name,
+        mime="text/csv",
+        key=key,
+        icon=":material/download:",
+        on_click="ignore",
+        type="tertiary",
+    )

@@ -71,9 +71,14 @@ class RunSession:
     """
 
     def __init__(
-        self, directory: str | os.PathLike[str], *, run_id: str | None = None, session_id: str | None = None,
-        fsync: bool = False, system_metrics: bool = True,
-    ) -> None:  # fmt: skip
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        run_id: str | None = None,
+        session_id: str | None = None,
+        fsync: bool = False,
+        system_metrics: bool = True,
+    ) -> None:
         self.directory = Path(directory)
         self.run_id = run_id or self.directory.resolve().name
         self.session_id = session_id
@@ -99,8 +104,9 @@ class RunSession:
         distributed = {"rank": ranks[0], "world_size": ranks[1]} if ranks is not None else {}
         self._rank = ranks[0] if ranks is not None else None
         self.sampler = start_sampler() if self.system_metrics else None
-        self.write("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
-                   **distributed)  # fmt: skip
+        self.write(
+            "session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step, **distributed
+        )
         if config:
             self.write_config(config)
 

@@ -46,30 +46,59 @@ BATCH_ROWS = 65_536
 
 # The views every query sees: name -> (what a row is, {column: meaning}).
 VIEWS: dict[str, tuple[str, dict[str, str]]] = {
-    "records": ("one row per record of every run, replayed ones included", {
-        "run": "the run's name under the root", "session": "its session_id",
-        "session_index": "0, 1, …: the session's place in the run", "event": "train, validation, session_start…",
-        "step": "the record's step", "tokens_seen": "tokens trained so far", "skipped_updates": "skipped so far",
-        "time": "when it was written (UTC)", "superseded": "true when a later session redid it (resumed before it)",
-        "<key>": "every other field under its own name: train_loss, lr, val_loss, \"sys/gpu_mem_gb\"…",
-    }),
-    "runs": ("one row per run", {
-        "run": "its name", "status": "live, stalled, finished, interrupted, failed, crashed, empty (now)",
-        "reason": "why it stopped", "sessions": "how many", "records": "how many", "superseded_records":
-        "records a later session redid", "last_step": "of its last record", "tokens_seen": "of its last record",
-        "started": "its first record (UTC)", "last_record_time": "its last record (UTC)", "min_train_loss":
-        "over records no later session redid", "last_train_loss": "of its last train record", "min_val_loss":
-        "over records no later session redid", "bad_lines": "lines that are no record", "file": "its Parquet file",
-    }),
-    "sessions": ("one row per session of every run", {
-        "run": "its run", "session": "its session_id", "session_index": "0, 1, …", "first_step, last_step":
-        "of its first and last record", "records": "it wrote", "own_records_superseded":
-        "of its records, those a later session redid", "min_train_loss": "over all its train records",
-        "start_time, end_time": "its first and last record (UTC)", "downtime_s": "since the previous session",
-        "steps_replayed, tokens_replayed, records_superseded": "earlier work its resume redid",
-        "end_status, end_error": "from its session_end", "discarded_bytes, resumed_from_step": "from its session_start",
-    }),
-}  # fmt: skip
+    "records": (
+        "one row per record of every run, replayed ones included",
+        {
+            "run": "the run's name under the root",
+            "session": "its session_id",
+            "session_index": "0, 1, …: the session's place in the run",
+            "event": "train, validation, session_start…",
+            "step": "the record's step",
+            "tokens_seen": "tokens trained so far",
+            "skipped_updates": "skipped so far",
+            "time": "when it was written (UTC)",
+            "superseded": "true when a later session redid it (resumed before it)",
+            "<key>": 'every other field under its own name: train_loss, lr, val_loss, "sys/gpu_mem_gb"…',
+        },
+    ),
+    "runs": (
+        "one row per run",
+        {
+            "run": "its name",
+            "status": "live, stalled, finished, interrupted, failed, crashed, empty (now)",
+            "reason": "why it stopped",
+            "sessions": "how many",
+            "records": "how many",
+            "superseded_records": "records a later session redid",
+            "last_step": "of its last record",
+            "tokens_seen": "of its last record",
+            "started": "its first record (UTC)",
+            "last_record_time": "its last record (UTC)",
+            "min_train_loss": "over records no later session redid",
+            "last_train_loss": "of its last train record",
+            "min_val_loss": "over records no later session redid",
+            "bad_lines": "lines that are no record",
+            "file": "its Parquet file",
+        },
+    ),
+    "sessions": (
+        "one row per session of every run",
+        {
+            "run": "its run",
+            "session": "its session_id",
+            "session_index": "0, 1, …",
+            "first_step, last_step": "of its first and last record",
+            "records": "it wrote",
+            "own_records_superseded": "of its records, those a later session redid",
+            "min_train_loss": "over all its train records",
+            "start_time, end_time": "its first and last record (UTC)",
+            "downtime_s": "since the previous session",
+            "steps_replayed, tokens_replayed, records_superseded": "earlier work its resume redid",
+            "end_status, end_error": "from its session_end",
+            "discarded_bytes, resumed_from_step": "from its session_start",
+        },
+    ),
+}
 
 
 class QueryError(MetricsError, ValueError):
@@ -143,15 +172,22 @@ def connect(
     if manifest is None:
         raise QueryError(f"{export}: no export there (no usable manifest; `python -m metrics_core export` makes one)")
     entries = manifest["runs"]
-    config = {"threads": threads, "memory_limit": memory_limit, "autoinstall_known_extensions": False,
-              "autoload_known_extensions": False}  # fmt: skip
+    config = {
+        "threads": threads,
+        "memory_limit": memory_limit,
+        "autoinstall_known_extensions": False,
+        "autoload_known_extensions": False,
+    }
     connection = duckdb.connect(":memory:", config=config)
     try:
         connection.register("records", _records(destination, entries))
         connection.register("runs", _runs(entries, now))
         connection.register("sessions", _sessions(entries))
-        for setting in ("python_enable_replacements = false", "enable_external_access = false",
-                        "lock_configuration = true"):  # fmt: skip
+        for setting in (
+            "python_enable_replacements = false",
+            "enable_external_access = false",
+            "lock_configuration = true",
+        ):
             connection.execute(f"SET {setting}")
     except BaseException:
         connection.close()
@@ -194,22 +230,51 @@ def _runs(entries: Mapping[str, Mapping[str, Any]], now: datetime) -> pa.Table:
     rows = []
     for name, entry in entries.items():
         facts = dict(entry["status"])
-        source = StatusRecord(**{**facts, "path": Path(facts["path"]), "identity": tuple(facts["identity"]),
-                                 "last_record_time": _time(facts["last_record_time"])})  # fmt: skip
+        source = StatusRecord(
+            **{
+                **facts,
+                "path": Path(facts["path"]),
+                "identity": tuple(facts["identity"]),
+                "last_record_time": _time(facts["last_record_time"]),
+            }
+        )
         status = run_status(source, now=now)
-        rows.append({"run": name, "status": status, "reason": stop_reason(source, status),
-                     **{key: entry[key] for key in ("sessions", "records", "superseded_records", "last_step",
-                                                    "tokens_seen")},
-                     "started": _time(entry["started"]), "last_record_time": source.last_record_time,
-                     **{key: entry[key] for key in ("min_train_loss", "last_train_loss", "min_val_loss", "bad_lines",
-                                                    "file")}})  # fmt: skip
+        rows.append(
+            {
+                "run": name,
+                "status": status,
+                "reason": stop_reason(source, status),
+                **{
+                    key: entry[key] for key in ("sessions", "records", "superseded_records", "last_step", "tokens_seen")
+                },
+                "started": _time(entry["started"]),
+                "last_record_time": source.last_record_time,
+                **{
+                    key: entry[key]
+                    for key in ("min_train_loss", "last_train_loss", "min_val_loss", "bad_lines", "file")
+                },
+            }
+        )
     time = pa.timestamp("us", tz="UTC")
-    schema = pa.schema([("run", pa.string()), ("status", pa.string()), ("reason", pa.string()),
-                        ("sessions", pa.int64()), ("records", pa.int64()), ("superseded_records", pa.int64()),
-                        ("last_step", pa.int64()), ("tokens_seen", pa.int64()), ("started", time),
-                        ("last_record_time", time), ("min_train_loss", pa.float64()),
-                        ("last_train_loss", pa.float64()), ("min_val_loss", pa.float64()), ("bad_lines", pa.int64()),
-                        ("file", pa.string())])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("run", pa.string()),
+            ("status", pa.string()),
+            ("reason", pa.string()),
+            ("sessions", pa.int64()),
+            ("records", pa.int64()),
+            ("superseded_records", pa.int64()),
+            ("last_step", pa.int64()),
+            ("tokens_seen", pa.int64()),
+            ("started", time),
+            ("last_record_time", time),
+            ("min_train_loss", pa.float64()),
+            ("last_train_loss", pa.float64()),
+            ("min_val_loss", pa.float64()),
+            ("bad_lines", pa.int64()),
+            ("file", pa.string()),
+        ]
+    )
     return pa.Table.from_pylist(rows, schema=schema)
 
 
@@ -217,19 +282,45 @@ def _sessions(entries: Mapping[str, Mapping[str, Any]]) -> pa.Table:
     import pyarrow as pa
 
     time, whole, text = pa.timestamp("us", tz="UTC"), pa.int64(), pa.string()
-    schema = pa.schema([("run", text), ("session", text), ("session_index", whole), ("first_step", whole),
-                        ("last_step", whole), ("records", whole), ("own_records_superseded", whole),
-                        ("min_train_loss", pa.float64()), ("start_time", time), ("end_time", time),
-                        ("downtime_s", pa.float64()), ("steps_replayed", whole), ("tokens_replayed", whole),
-                        ("tokens_replayed_is_upper_bound", pa.bool_()), ("records_superseded", whole),
-                        ("first_tokens_seen", whole), ("last_tokens_seen", whole), ("skipped_updates", whole),
-                        ("discarded_bytes", whole), ("resumed_from_step", whole), ("end_status", text),
-                        ("end_error", text)])  # fmt: skip
+    schema = pa.schema(
+        [
+            ("run", text),
+            ("session", text),
+            ("session_index", whole),
+            ("first_step", whole),
+            ("last_step", whole),
+            ("records", whole),
+            ("own_records_superseded", whole),
+            ("min_train_loss", pa.float64()),
+            ("start_time", time),
+            ("end_time", time),
+            ("downtime_s", pa.float64()),
+            ("steps_replayed", whole),
+            ("tokens_replayed", whole),
+            ("tokens_replayed_is_upper_bound", pa.bool_()),
+            ("records_superseded", whole),
+            ("first_tokens_seen", whole),
+            ("last_tokens_seen", whole),
+            ("skipped_updates", whole),
+            ("discarded_bytes", whole),
+            ("resumed_from_step", whole),
+            ("end_status", text),
+            ("end_error", text),
+        ]
+    )
     rows = []
     for name, entry in entries.items():
         for row in entry["session_rows"]:
-            rows.append({**row, "run": name, "session": row["session_id"], "session_index": row["index"],
-                         "start_time": _time(row["start_time"]), "end_time": _time(row["end_time"])})  # fmt: skip
+            rows.append(
+                {
+                    **row,
+                    "run": name,
+                    "session": row["session_id"],
+                    "session_index": row["index"],
+                    "start_time": _time(row["start_time"]),
+                    "end_time": _time(row["end_time"]),
+                }
+            )
     return pa.Table.from_pylist(rows, schema=schema)
 
 

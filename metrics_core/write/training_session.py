@@ -190,8 +190,9 @@ def training_session(
             system_metrics=system_metrics,
         )
         distributed = {"rank": rank, "world_size": world_size} if ranks is not None else {}
-        session.log("session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step,
-                    **distributed)  # fmt: skip
+        session.log(
+            "session_start", discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_from_step, **distributed
+        )
         with sigterm_raises() if handle_sigterm else nullcontext(False) as sigterm_raising:
             job_started = (process_start_time() or datetime.now(timezone.utc)) if ranks is not None else None
             try:
@@ -230,8 +231,9 @@ def _rank_cause(
         if end["status"] == "failed" and not isinstance(exc, WindowReductionError):
             leave_rank_failure(directory, RankFailure(session.rank, session.world_size, now, end["error"]))
         return end
-    failures = [failure for failure in rank_failures(directory, since=job_started, until=now)
-                if failure.error != end["error"]]  # fmt: skip
+    failures = [
+        failure for failure in rank_failures(directory, since=job_started, until=now) if failure.error != end["error"]
+    ]
     return failures[0].end_fields(end["error"]) if failures else end
 
 

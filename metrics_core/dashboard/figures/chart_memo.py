@@ -26,7 +26,8 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pandas as pd
 
-from metrics_core.dashboard.figures.layout import Figure, x_values
+from metrics_core.dashboard.figures.figure_dicts import Figure
+from metrics_core.dashboard.figures.layout import x_values
 from metrics_core.dashboard.figures.metric_axes import OFF_SCALE
 from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store.snapshot import RunView
@@ -111,8 +112,7 @@ def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions, char
             return None
     warmup = warmup_rows(options)
     # From the previous snapshot on, not the base: each update pays for its own records only.
-    starts = {event: max(0, min(previous.view.rows(event), view.rows(event)) - warmup)
-              for event in TAIL_EVENTS}  # fmt: skip
+    starts = {event: max(0, min(previous.view.rows(event), view.rows(event)) - warmup) for event in TAIL_EVENTS}
     tail = _tail_view(view, starts)
     tail_figures = run_charts(tail, options, max_points=10 * (warmup + TAIL_REBUILD_ROWS), charts=charts)
     if tail_figures.keys() - previous.figures.keys():
@@ -198,8 +198,9 @@ def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, l
     for event, inside in keep.items():
         columns[event] = view.columns[event].picked(inside)
         superseded[event] = view.superseded[event][inside]
-    replaced = {index: rows[keep["train"]] if len(rows) == len(keep["train"]) else rows
-                for index, rows in view.replaced.items()}  # fmt: skip
+    replaced = {
+        index: rows[keep["train"]] if len(rows) == len(keep["train"]) else rows for index, rows in view.replaced.items()
+    }
     window = replace(view, columns=columns, superseded=superseded, replaced=replaced, lineage=view.lineage)
     raw = run_charts(window, options).get(key)
     return whole if raw is None else _splice(whole, raw, low, high)

@@ -148,19 +148,32 @@ def off_scale_markers(
             rows = rows[np.linspace(0, len(rows) - 1, MAX_OFF_SCALE_MARKERS).astype(np.int64)]
         # On the hidden 0–1 axis (``y3``), not at the edge's value: a new range moves no marker,
         # so a live update still only extends the chart.
-        markers.append(dict(
-            x=x[rows], y=np.full(len(rows), edge), customdata=y[rows], mode="markers",
-            name=OFF_SCALE, meta=OFF_SCALE, showlegend=False, cliponaxis=False, yaxis="y3",
-            marker={"symbol": symbol, "size": 7, "color": THEMES[theme]["muted"]},
-            hovertemplate="off-scale: %{customdata:.4~g}<extra></extra>",
-        ))  # fmt: skip
+        markers.append(
+            dict(
+                x=x[rows],
+                y=np.full(len(rows), edge),
+                customdata=y[rows],
+                mode="markers",
+                name=OFF_SCALE,
+                meta=OFF_SCALE,
+                showlegend=False,
+                cliponaxis=False,
+                yaxis="y3",
+                marker={"symbol": symbol, "size": 7, "color": THEMES[theme]["muted"]},
+                hovertemplate="off-scale: %{customdata:.4~g}<extra></extra>",
+            )
+        )
     return markers
 
 
 def y_axes(
-    layout: dict[str, Any], axes: dict[bool, Axis | None], drawn: dict[bool, list[np.ndarray]], *, log_y: bool,
+    layout: dict[str, Any],
+    axes: dict[bool, Axis | None],
+    drawn: dict[bool, list[np.ndarray]],
+    *,
+    log_y: bool,
     theme: str,
-) -> tuple[float, float] | None:  # fmt: skip
+) -> tuple[float, float] | None:
     """Titles, formats and default ranges of the primary (left, ``axes[False]``) and secondary
     (right, ``axes[True]``) y axes, set in ``layout``, from the values ``drawn`` on each side;
     the left axis' range when ``robust_range`` chose it (points may lie outside it)."""
@@ -173,9 +186,13 @@ def y_axes(
         if axis is None:
             continue
         log = log_y and not secondary
-        settings = {"title": {"text": plotly_text(axis.title), "standoff": 4, "font": {"size": 11}},
-                    "tickformat": axis.tickformat, "hoverformat": axis.hoverformat,
-                    "exponentformat": "e", "separatethousands": True}  # fmt: skip
+        settings = {
+            "title": {"text": plotly_text(axis.title), "standoff": 4, "font": {"size": 11}},
+            "tickformat": axis.tickformat,
+            "hoverformat": axis.hoverformat,
+            "exponentformat": "e",
+            "separatethousands": True,
+        }
         values = np.concatenate(drawn[secondary]).astype(np.float64) if drawn[secondary] else np.zeros(0)
         logged |= bool(np.isfinite(values).any())
         if axis.fixed is not None and not log:
@@ -189,23 +206,46 @@ def y_axes(
         if secondary:
             # tickmode "auto": plotly.js syncs an overlaying axis' ticks to the left grid by
             # default, which labels a count axis 3.54896, 15.6607, …
-            settings = {"overlaying": "y", "side": "right", "showgrid": False, "zeroline": False,
-                        "rangemode": "tozero", "tickmode": "auto", **settings}  # fmt: skip
+            settings = {
+                "overlaying": "y",
+                "side": "right",
+                "showgrid": False,
+                "zeroline": False,
+                "rangemode": "tozero",
+                "tickmode": "auto",
+                **settings,
+            }
             layout["margin"] = {**layout["margin"], "r": RIGHT_AXIS_PX}  # room for the right axis' ticks and title
         name = "yaxis2" if secondary else "yaxis"
         layout[name] = {**layout.get(name, {}), **settings}
     if not logged:  # no axis of made-up numbers around nothing
         layout["yaxis"] = {**layout["yaxis"], "showticklabels": False}
-        layout.setdefault("annotations", []).append({
-            "x": 0.5, "y": 0.5, "xref": "paper", "yref": "paper", "showarrow": False,
-            "text": "none logged", "font": {"size": 13, "color": palette["muted"]},
-        })  # fmt: skip
+        layout.setdefault("annotations", []).append(
+            {
+                "x": 0.5,
+                "y": 0.5,
+                "xref": "paper",
+                "yref": "paper",
+                "showarrow": False,
+                "text": "none logged",
+                "font": {"size": 13, "color": palette["muted"]},
+            }
+        )
     if off_scale:
-        layout.setdefault("annotations", []).append({
-            "x": 1, "y": 0, "xref": "paper", "yref": "paper", "xanchor": "right", "yanchor": "bottom",
-            "showarrow": False, "opacity": 0.9, "bgcolor": palette["plot"],
-            "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale (▲ ▼ at the edge) · "
-                    "autoscale ⤢ shows all",
-            "font": {"size": 9, "color": palette["muted"]},
-        })  # fmt: skip
+        layout.setdefault("annotations", []).append(
+            {
+                "x": 1,
+                "y": 0,
+                "xref": "paper",
+                "yref": "paper",
+                "xanchor": "right",
+                "yanchor": "bottom",
+                "showarrow": False,
+                "opacity": 0.9,
+                "bgcolor": palette["plot"],
+                "text": f"{off_scale:,} point{'s' if off_scale > 1 else ''} off-scale (▲ ▼ at the edge) · "
+                "autoscale ⤢ shows all",
+                "font": {"size": 9, "color": palette["muted"]},
+            }
+        )
     return chosen

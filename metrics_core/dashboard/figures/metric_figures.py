@@ -31,6 +31,7 @@ import pandas as pd
 
 from metrics_core.analysis.downsample import minmax_indices
 from metrics_core.dashboard.display_text import plotly_text, shorten
+from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.layout import (
     CHART_POINTS,
     MIN_TRACE_POINTS,
@@ -38,12 +39,10 @@ from metrics_core.dashboard.figures.layout import (
     TRACE_POINTS,
     X_MODES,
     Axis,
-    Figure,
     Highlight,
     chart_height,
     chart_layout,
     compact,
-    figure_of,
     session_colour,
     session_key,
     x_values,
@@ -130,20 +129,39 @@ def metric_figure(
     smoothed = smoothing > 0 and any(_smoothed(item) for item in series)
     legend = len({item.label for item in series}) > 1 or smoothed
     for number, item in enumerate(series):
-        added = _add_series(traces, item, number, x=x, origin=origin, smoothing=smoothing, legend=legend,
-                            points_per_row=max_points / max(drawn_rows, 1) / traces_per_row)  # fmt: skip
+        added = _add_series(
+            traces,
+            item,
+            number,
+            x=x,
+            origin=origin,
+            smoothing=smoothing,
+            legend=legend,
+            points_per_row=max_points / max(drawn_rows, 1) / traces_per_row,
+        )
         drawn[item.secondary_y] += added[0]
         spans += added[1]
     lines = any(map(len, drawn.values()))  # no entry that tells lines apart on a chart of nothing logged
     if smoothed and lines:
-        traces.append(legend_entry(RAW_NAME, group="raw", line={"color": KEY_COLOUR, "width": 1.5},
-                                   opacity=RAW_OPACITY))  # fmt: skip
+        traces.append(
+            legend_entry(RAW_NAME, group="raw", line={"color": KEY_COLOUR, "width": 1.5}, opacity=RAW_OPACITY)
+        )
     if len(sessions) > 1 and any(item.colour is None for item in series) and lines:
         traces += session_legend(sessions)
     if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
-    layout = chart_layout(traces, title=title, sessions=sessions, x=x, origin=origin, log_y=log_y, revision=revision,
-                     highlights=highlights, theme=theme, spans=spans)  # fmt: skip
+    layout = chart_layout(
+        traces,
+        title=title,
+        sessions=sessions,
+        x=x,
+        origin=origin,
+        log_y=log_y,
+        revision=revision,
+        highlights=highlights,
+        theme=theme,
+        spans=spans,
+    )
     sides = {secondary: axis_for(series, secondary=secondary) for secondary in (False, True)}
     robust = y_axes(layout, sides, drawn, log_y=log_y, theme=theme)
     layout["height"] = chart_height(traces, layout["margin"]["r"])  # a right axis narrows the legend
@@ -155,15 +173,16 @@ def metric_figure(
 def session_legend(sessions: Sequence[Session]) -> list[dict[str, Any]]:
     """A legend entry per session in its colour ("S2 · resume @ 60"): every chart whose lines are
     split by session says which is which, on every page and at phone width."""
-    return [legend_entry(f"{label} · {what}", group="sessions", line={"color": colour, "width": 3})
-            for label, colour, what in session_key(sessions)]  # fmt: skip
+    return [
+        legend_entry(f"{label} · {what}", group="sessions", line={"color": colour, "width": 3})
+        for label, colour, what in session_key(sessions)
+    ]
 
 
 def legend_entry(name: str, *, group: str, mode: str = "lines", **style: Any) -> dict[str, Any]:
     """A legend entry for lines drawn by other traces: one null point, so plotly.js keeps it in
     the legend (a trace of no points is hidden, from the legend too) and draws nothing for it."""
-    return dict(x=[None], y=[None], name=name, legendgroup=group, mode=mode, showlegend=True, hoverinfo="skip",
-                **style)  # fmt: skip
+    return dict(x=[None], y=[None], name=name, legendgroup=group, mode=mode, showlegend=True, hoverinfo="skip", **style)
 
 
 def _smoothed(item: Series) -> bool:
@@ -172,9 +191,16 @@ def _smoothed(item: Series) -> bool:
 
 
 def _add_series(
-    traces: list[dict[str, Any]], item: Series, number: int, *, x: str, origin: pd.Timestamp | None, smoothing: float,
-    points_per_row: float, legend: bool = True,
-) -> tuple[list[np.ndarray], list[float]]:  # fmt: skip
+    traces: list[dict[str, Any]],
+    item: Series,
+    number: int,
+    *,
+    x: str,
+    origin: pd.Timestamp | None,
+    smoothing: float,
+    points_per_row: float,
+    legend: bool = True,
+) -> tuple[list[np.ndarray], list[float]]:
     """Append ``item``'s traces to ``traces``; return the y values drawn (for the axis range) and the x extent."""
     frame = item.frame
     if item.column not in frame.columns or frame.empty:
@@ -203,11 +229,16 @@ def _add_series(
     finite_x = xs[np.isfinite(xs)] if xs.dtype.kind == "f" else xs
     extent = [float(np.min(finite_x)), float(np.max(finite_x))] if len(finite_x) else []
     if per_session and legend:  # one legend entry per series, in a neutral colour: sessions have theirs
-        traces.append(legend_entry(
-            label, group=group, mode="markers" if events or item.markers else "lines", yaxis=axis,
-            line={"color": KEY_COLOUR, "dash": dash, "width": 2 if smoothing > 0 else 1.5},
-            marker={"color": KEY_COLOUR, "size": 6},
-        ))  # fmt: skip
+        traces.append(
+            legend_entry(
+                label,
+                group=group,
+                mode="markers" if events or item.markers else "lines",
+                yaxis=axis,
+                line={"color": KEY_COLOUR, "dash": dash, "width": 2 if smoothing > 0 else 1.5},
+                marker={"color": KEY_COLOUR, "size": 6},
+            )
+        )
     for code in np.unique(session_codes):
         for dimmed in (False, True):
             rows = np.flatnonzero((session_codes == code) & (superseded == dimmed))
@@ -235,15 +266,19 @@ def _add_series(
                     mode=mode,
                     yaxis=axis,
                     opacity=opacity * (RAW_OPACITY if smooth is not None else 1.0),
-                    line={"color": colour, "dash": dash, "width": 1.5, "shape": "hv" if item.secondary_y
-                          and item.column == "skipped_updates" else "linear"},
+                    line={
+                        "color": colour,
+                        "dash": dash,
+                        "width": 1.5,
+                        "shape": "hv" if item.secondary_y and item.column == "skipped_updates" else "linear",
+                    },
                     marker={"size": 7 if events else 4},
                     showlegend=not per_session and smooth is None,
                     connectgaps=False,
                     customdata=None if steps is None else steps[rows][keep],
                     hovertemplate=hover,
                 )
-            )  # fmt: skip
+            )
             if smooth is not None:
                 keep = minmax_indices(smooth, budget)
                 traces.append(

@@ -21,6 +21,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.analysis.downsample import minmax_indices
+from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.layout import (
     CHART_POINTS,
     LABEL_ROW_PX,
@@ -28,11 +29,9 @@ from metrics_core.dashboard.figures.layout import (
     SUPERSEDED_OPACITY,
     TRACE_POINTS,
     X_MODES,
-    Figure,
     Highlight,
     chart_layout,
     compact,
-    figure_of,
     session_colour,
     x_values,
 )
@@ -50,8 +49,11 @@ def out_of_lockstep(frame: pd.DataFrame) -> np.ndarray:
     a missing or non-boolean value is not a disagreement."""
     if "ranks_in_lockstep" not in frame.columns:
         return np.zeros(len(frame), dtype=bool)
-    return np.fromiter((value is False or value is np.False_ for value in frame["ranks_in_lockstep"].astype(object)),
-                       dtype=bool, count=len(frame))  # fmt: skip
+    return np.fromiter(
+        (value is False or value is np.False_ for value in frame["ranks_in_lockstep"].astype(object)),
+        dtype=bool,
+        count=len(frame),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,8 +72,10 @@ class RankSpread:
             return "slowest / fastest: no data"
         text = f"slowest / fastest: {self.latest_ratio:.2f}× (latest window)"
         if self.slowest_rank is not None:
-            text += (f" · rank {self.slowest_rank} consistently slowest: {self.slowest_windows} of the last "
-                     f"{self.recent_windows} windows, median {self.slowest_ratio:.2f}×")  # fmt: skip
+            text += (
+                f" · rank {self.slowest_rank} consistently slowest: {self.slowest_windows} of the last "
+                f"{self.recent_windows} windows, median {self.slowest_ratio:.2f}×"
+            )
         return text
 
 
@@ -125,26 +129,63 @@ def straggler_figure(
         _add_band(traces, frame, superseded, x=x, origin=origin, points_per_row=max_points / len(frame) / 3)
     xs = x_values(frame, x, origin) if len(frame) else np.array([])
     spans = [float(np.nanmin(xs)), float(np.nanmax(xs))] if len(xs) else []
-    layout = chart_layout(traces, title=STRAGGLER_TITLE, sessions=sessions, x=x, origin=origin, log_y=False,
-                     revision=revision, highlights=highlights, theme=theme, spans=spans)  # fmt: skip
+    layout = chart_layout(
+        traces,
+        title=STRAGGLER_TITLE,
+        sessions=sessions,
+        x=x,
+        origin=origin,
+        log_y=False,
+        revision=revision,
+        highlights=highlights,
+        theme=theme,
+        spans=spans,
+    )
     layout["margin"] = {"l": 60, "r": 55, "t": 50 + LABEL_ROW_PX, "b": 30}  # room for the ratio axis and its title
-    layout["yaxis"] = {**layout["yaxis"], "title": {"text": "time per step (s)", "standoff": 2, "font": {"size": 11}},
-                       "rangemode": "tozero", "tickformat": ".3~g", "hoverformat": ".4~g"}  # fmt: skip
-    layout["yaxis2"] = {"overlaying": "y", "side": "right", "showgrid": False, "rangemode": "tozero",
-                        "tickmode": "auto",
-                        "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}}}  # fmt: skip
+    layout["yaxis"] = {
+        **layout["yaxis"],
+        "title": {"text": "time per step (s)", "standoff": 2, "font": {"size": 11}},
+        "rangemode": "tozero",
+        "tickformat": ".3~g",
+        "hoverformat": ".4~g",
+    }
+    layout["yaxis2"] = {
+        "overlaying": "y",
+        "side": "right",
+        "showgrid": False,
+        "rangemode": "tozero",
+        "tickmode": "auto",
+        "title": {"text": "slowest / fastest", "standoff": 2, "font": {"size": 11}},
+    }
     spread = rank_spread(frame)
-    layout["annotations"] = [*layout.get("annotations", []), {
-        "name": "rank spread", "text": spread.text(), "x": 1.0, "y": 1.0, "xref": "paper", "yref": "paper",
-        "xanchor": "right", "yanchor": "bottom", "yshift": LABEL_ROW_PX, "showarrow": False,
-        "font": {"size": 11, **({"color": "#d62728"} if spread.slowest_rank is not None else {})}}]  # fmt: skip
+    layout["annotations"] = [
+        *layout.get("annotations", []),
+        {
+            "name": "rank spread",
+            "text": spread.text(),
+            "x": 1.0,
+            "y": 1.0,
+            "xref": "paper",
+            "yref": "paper",
+            "xanchor": "right",
+            "yanchor": "bottom",
+            "yshift": LABEL_ROW_PX,
+            "showarrow": False,
+            "font": {"size": 11, **({"color": "#d62728"} if spread.slowest_rank is not None else {})},
+        },
+    ]
     return figure_of(traces, layout)
 
 
 def _add_band(
-    traces: list[dict[str, Any]], frame: pd.DataFrame, superseded: np.ndarray | None, *, x: str,
-    origin: pd.Timestamp | None, points_per_row: float,
-) -> None:  # fmt: skip
+    traces: list[dict[str, Any]],
+    frame: pd.DataFrame,
+    superseded: np.ndarray | None,
+    *,
+    x: str,
+    origin: pd.Timestamp | None,
+    points_per_row: float,
+) -> None:
     xs = x_values(frame, x, origin)
     low, high = column_numbers(frame, "rank_step_time_min_s"), column_numbers(frame, "rank_step_time_max_s")
     ratio, slowest = rank_time_ratio(frame), column_numbers(frame, "slowest_rank")
@@ -161,30 +202,62 @@ def _add_band(
             colour, opacity = session_colour(int(code)), SUPERSEDED_OPACITY if dimmed else 1.0
             suffix = f" · S{code + 1}" + (" (superseded)" if dimmed else "")
             group = f"band{suffix}"
-            traces.append(dict(
-                x=xs[keep], y=compact(low[keep]), name=f"fastest rank{suffix}", legendgroup=group,
-                showlegend=False, mode="lines", opacity=opacity, line={"color": colour, "width": 1},
-                connectgaps=False, hovertemplate="fastest rank: %{y:.3g} s<extra></extra>",
-            ))  # fmt: skip
-            traces.append(dict(
-                x=xs[keep], y=compact(high[keep]), name=f"rank step time, fastest–slowest{suffix}",
-                legendgroup=group, mode="lines", opacity=opacity, fill="tonexty",
-                fillcolor=_rgba(colour, BAND_OPACITY), line={"color": colour, "width": 1.5}, connectgaps=False,
-                customdata=np.column_stack([rank_text[keep], ratio[keep]]),
-                hovertemplate="slowest: rank %{customdata[0]} · %{y:.3g} s (%{customdata[1]:.2f}×)<extra></extra>",
-            ))  # fmt: skip
-            traces.append(dict(
-                x=xs[keep], y=compact(ratio[keep]), name=f"slowest / fastest{suffix}", yaxis="y2",
-                mode="lines", opacity=opacity, line={"color": colour, "width": 1, "dash": "dot"}, connectgaps=False,
-                hovertemplate="slowest / fastest: %{y:.2f}×<extra></extra>",
-            ))  # fmt: skip
+            traces.append(
+                dict(
+                    x=xs[keep],
+                    y=compact(low[keep]),
+                    name=f"fastest rank{suffix}",
+                    legendgroup=group,
+                    showlegend=False,
+                    mode="lines",
+                    opacity=opacity,
+                    line={"color": colour, "width": 1},
+                    connectgaps=False,
+                    hovertemplate="fastest rank: %{y:.3g} s<extra></extra>",
+                )
+            )
+            traces.append(
+                dict(
+                    x=xs[keep],
+                    y=compact(high[keep]),
+                    name=f"rank step time, fastest–slowest{suffix}",
+                    legendgroup=group,
+                    mode="lines",
+                    opacity=opacity,
+                    fill="tonexty",
+                    fillcolor=_rgba(colour, BAND_OPACITY),
+                    line={"color": colour, "width": 1.5},
+                    connectgaps=False,
+                    customdata=np.column_stack([rank_text[keep], ratio[keep]]),
+                    hovertemplate="slowest: rank %{customdata[0]} · %{y:.3g} s (%{customdata[1]:.2f}×)<extra></extra>",
+                )
+            )
+            traces.append(
+                dict(
+                    x=xs[keep],
+                    y=compact(ratio[keep]),
+                    name=f"slowest / fastest{suffix}",
+                    yaxis="y2",
+                    mode="lines",
+                    opacity=opacity,
+                    line={"color": colour, "width": 1, "dash": "dot"},
+                    connectgaps=False,
+                    hovertemplate="slowest / fastest: %{y:.2f}×<extra></extra>",
+                )
+            )
     apart = np.flatnonzero(out_of_lockstep(frame))
     if len(apart) > TRACE_POINTS:  # marks only point at windows: an even sample keeps the JSON bounded
         apart = np.unique(apart[np.linspace(0, len(apart) - 1, TRACE_POINTS).astype(np.int64)])
     if len(apart):
-        traces.append(dict(
-            x=xs[apart], y=np.full(len(apart), 0.03), yaxis="y3", mode="markers", name="ranks out of lockstep",
-            marker={"symbol": "x-thin", "size": 9, "color": "#d62728", "line": {"width": 2, "color": "#d62728"}},
-            customdata=frame["step"].to_numpy()[apart],
-            hovertemplate="ranks out of lockstep (step %{customdata})<extra></extra>",
-        ))  # fmt: skip
+        traces.append(
+            dict(
+                x=xs[apart],
+                y=np.full(len(apart), 0.03),
+                yaxis="y3",
+                mode="markers",
+                name="ranks out of lockstep",
+                marker={"symbol": "x-thin", "size": 9, "color": "#d62728", "line": {"width": 2, "color": "#d62728"}},
+                customdata=frame["step"].to_numpy()[apart],
+                hovertemplate="ranks out of lockstep (step %{customdata})<extra></extra>",
+            )
+        )

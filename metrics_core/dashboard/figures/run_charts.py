@@ -16,7 +16,8 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.analysis.derived import replay_windows
-from metrics_core.dashboard.figures.layout import CHART_POINTS, Figure, Highlight, session_colour, x_values
+from metrics_core.dashboard.figures.figure_dicts import Figure
+from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import straggler_figure
 from metrics_core.dashboard.store.snapshot import RunView
@@ -28,8 +29,8 @@ from metrics_core.dashboard.views.chart_specs import (
     ChartSpec,
     chart_spec,
     chart_specs,
-    compare_series,
 )
+from metrics_core.dashboard.views.compare import compare_series
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
@@ -39,10 +40,14 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     result = []
     for window in replay_windows(train, view.sessions, view.replaced):
         session = view.sessions[window.session]
-        rows = view.replaced[window.session] | (
-            (train["session_id"] == session.session_id)
-            & (train["step"] >= window.first_step) & (train["step"] <= window.last_step)
-        ).to_numpy()  # fmt: skip
+        rows = (
+            view.replaced[window.session]
+            | (
+                (train["session_id"] == session.session_id)
+                & (train["step"] >= window.first_step)
+                & (train["step"] <= window.last_step)
+            ).to_numpy()
+        )
         if x in ("step", "tokens_seen"):
             xs = x_values(train[rows], x, origin)
             x0 = session.first_step if x == "step" else session.first_tokens_seen
@@ -69,9 +74,15 @@ def spec_figure(
     if spec.kind == "straggler":
         first = spec.series[0]
         return straggler_figure(
-            first.frame, sessions=view.sessions, superseded=first.superseded, x=options.x, highlights=highlights,
-            revision=f"{view.name}:{key}:{options.x}:{options.history}", max_points=max_points, theme=options.theme,
-        )  # fmt: skip
+            first.frame,
+            sessions=view.sessions,
+            superseded=first.superseded,
+            x=options.x,
+            highlights=highlights,
+            revision=f"{view.name}:{key}:{options.x}:{options.history}",
+            max_points=max_points,
+            theme=options.theme,
+        )
     log_y = options.log_y and spec.loggable
     return metric_figure(
         spec.series,
@@ -94,10 +105,15 @@ def session_overlay(
     replay windows shaded."""
     spec = chart_spec(view, chart, "sessions")
     return metric_figure(
-        spec.series, title=f"{spec.title} by session", sessions=view.sessions, x=x,
-        smoothing=smoothing if spec.smoothed else 0.0, revision=f"{view.name}:sessions:{chart.key}:{x}",
-        highlights=replay_highlights(view, x), theme=theme,
-    )  # fmt: skip
+        spec.series,
+        title=f"{spec.title} by session",
+        sessions=view.sessions,
+        x=x,
+        smoothing=smoothing if spec.smoothed else 0.0,
+        revision=f"{view.name}:sessions:{chart.key}:{x}",
+        highlights=replay_highlights(view, x),
+        theme=theme,
+    )
 
 
 def compare_chart(
@@ -114,6 +130,12 @@ def compare_chart(
     none of the runs logged is an empty chart titled by its name."""
     label, series = compare_series(views, metric)
     return metric_figure(
-        series, title=label, sessions=[], x=x, smoothing=smoothing, log_y=log_y,
-        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}", theme=theme,
-    )  # fmt: skip
+        series,
+        title=label,
+        sessions=[],
+        x=x,
+        smoothing=smoothing,
+        log_y=log_y,
+        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}",
+        theme=theme,
+    )

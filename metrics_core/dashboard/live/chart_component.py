@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from metrics_core.dashboard.figures.layout import Figure, figure_json, json_text
+from metrics_core.dashboard.figures.figure_dicts import Figure, figure_json, json_text
 
 _ASSETS = Path(__file__).parent.parent / "assets"
 _VENDOR = Path(__file__).parent.parent / "vendor"
@@ -216,8 +216,10 @@ def _json_list(values: np.ndarray) -> list[Any]:
         return [None if v != v else v for v in values.astype(np.float64).tolist()]
     if values.dtype.kind in "iub":
         return values.tolist()
-    return [[_plain(item) for item in row] if isinstance(row, (list, tuple, np.ndarray)) else _plain(row)
-            for row in values.tolist()]  # fmt: skip
+    return [
+        [_plain(item) for item in row] if isinstance(row, (list, tuple, np.ndarray)) else _plain(row)
+        for row in values.tolist()
+    ]
 
 
 def _plain(value: Any) -> Any:
@@ -308,8 +310,14 @@ def live_chart(
     asked: dict[str, Encoded | None] = st.session_state.setdefault(_RESYNC, {})
     current = next_payload(sent.get(key), encode(figure), resync=key in asked, held=asked.get(key))
     data = {**current.payload, "key": key} if csv is None else {**current.payload, "key": key, "csv": csv}
-    _chart()(key=key, data=data, height="content", default={"xrange": None},
-             on_resync_change=partial(_ask_again, key), on_xrange_change=partial(_note_zoom, key))  # fmt: skip
+    _chart()(
+        key=key,
+        data=data,
+        height="content",
+        default={"xrange": None},
+        on_resync_change=partial(_ask_again, key),
+        on_xrange_change=partial(_note_zoom, key),
+    )
     # Only now: Streamlit interrupts a rerun (a newer one was asked for) inside an element call,
     # before the element is sent; a payload recorded before the call would be one the page never
     # got, and it would have to ask for the whole figure.

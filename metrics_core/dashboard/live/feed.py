@@ -23,7 +23,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
 
 from metrics_core.dashboard.figures.chart_memo import view_chart_groups
-from metrics_core.dashboard.figures.layout import Figure, json_text
+from metrics_core.dashboard.figures.figure_dicts import Figure, json_text
 from metrics_core.dashboard.live.chart_component import chart_payload, encode, encoded_by_token
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import ChartOptions, chart_key
@@ -32,8 +32,10 @@ from metrics_core.dashboard.views.memo import view_findings
 
 def status_line(view: RunView) -> tuple[str, str]:
     """The run page's status line as (status, the counts after it), in bold and plain."""
-    counts = (f" · {len(view.sessions)} session(s) · {view.records} records · {view.ingest.bad_lines} bad lines"
-              f" · {view.ingest.pending_bytes} bytes pending")  # fmt: skip
+    counts = (
+        f" · {len(view.sessions)} session(s) · {view.records} records · {view.ingest.bad_lines} bad lines"
+        f" · {view.ingest.pending_bytes} bytes pending"
+    )
     return view.status, counts
 
 

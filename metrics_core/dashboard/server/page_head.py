@@ -253,16 +253,36 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 # The lazily loaded chunks of the Streamlit elements each page draws (by url_path; "" is the runs
 # page), preloaded with the page's HTML instead of discovered as its elements arrive.
 # BidiComponent mounts the plotly.js loader and the charts.
-# fmt: off
+
 PAGE_ELEMENTS = {
     "": ("DataFrame", "Multiselect", "TextInput", "TextArea", "Html"),
-    "run": ("BidiComponent", "Html", "Selectbox", "Slider", "Checkbox", "Radio", "PageLink", "DownloadButton",
-            "TextInput", "rehype-raw"),
-    "sessions": ("BidiComponent", "Html", "Metric", "DataFrame", "ButtonGroup", "Slider", "PageLink",
-                 "DownloadButton", "Selectbox", "remark-emoji"),
+    "run": (
+        "BidiComponent",
+        "Html",
+        "Selectbox",
+        "Slider",
+        "Checkbox",
+        "Radio",
+        "PageLink",
+        "DownloadButton",
+        "TextInput",
+        "rehype-raw",
+    ),
+    "sessions": (
+        "BidiComponent",
+        "Html",
+        "Metric",
+        "DataFrame",
+        "ButtonGroup",
+        "Slider",
+        "PageLink",
+        "DownloadButton",
+        "Selectbox",
+        "remark-emoji",
+    ),
     "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
 }
-# fmt: on
+
 CHART_PAGES = ("run", "sessions", "compare")
 ALL_ELEMENTS = tuple(dict.fromkeys(name for names in PAGE_ELEMENTS.values() for name in names))
 _CHART_ELEMENTS = tuple(dict.fromkeys(name for page in CHART_PAGES for name in PAGE_ELEMENTS[page]))

@@ -4,7 +4,7 @@
 key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
 their replays shaded), as ``ChartSpec``s of ``Series``; ``chart_csv`` gives exactly the rows a chart
-draws.  ``compare_series`` is the compare page's.  This is the views layer: it reads snapshots
+draws (the compare page's series are ``views.compare``'s).  This is the views layer: it reads snapshots
 (``store.snapshot``) and knows nothing of figures: ``figures.run_charts`` draws the specs.  Nothing
 here memoises: ``views.memo`` keeps the chart list and findings per snapshot, ``figures.chart_memo``
 the figures.
@@ -28,7 +28,6 @@ HISTORY_MODES = {
     "all": "all sessions (superseded dimmed)",
     "sessions": "sessions overlaid, replays shaded",
 }
-RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 MAX_LOGGED_CHARTS = 8  # charts of logged keys drawn at once: a narrower filter shows the others
 
 
@@ -80,26 +79,69 @@ class Chart:
 # The charts every run opens with, in this order; every other logged number joins them below
 # (``logged_charts``).
 DEFAULT_CHARTS = (
-    Chart("loss", "Loss", (Line("train", "train_loss", "train"),
-                           Line("validation", "val_loss", "validation", markers=True)), True, True),
-    Chart("clipped", "Clipped fraction", (Line("train", "clipped_fraction", "clipped", gap_markers=True),),
-          False, False),
-    Chart("skipped", "Skipped updates", (Line("train", "skipped_updates_in_window", "per window"),
-                                         Line("train", "skipped_updates", "cumulative", secondary_y=True)),
-          False, False),
-    Chart("grad_norm", "Gradient norm (pre-clip)", (Line("train", "grad_norm_avg", "avg", gap_markers=True),
-                                                    Line("train", "grad_norm_max", "max")), True, True),
+    Chart(
+        "loss",
+        "Loss",
+        (Line("train", "train_loss", "train"), Line("validation", "val_loss", "validation", markers=True)),
+        True,
+        True,
+    ),
+    Chart(
+        "clipped", "Clipped fraction", (Line("train", "clipped_fraction", "clipped", gap_markers=True),), False, False
+    ),
+    Chart(
+        "skipped",
+        "Skipped updates",
+        (
+            Line("train", "skipped_updates_in_window", "per window"),
+            Line("train", "skipped_updates", "cumulative", secondary_y=True),
+        ),
+        False,
+        False,
+    ),
+    Chart(
+        "grad_norm",
+        "Gradient norm (pre-clip)",
+        (Line("train", "grad_norm_avg", "avg", gap_markers=True), Line("train", "grad_norm_max", "max")),
+        True,
+        True,
+    ),
     Chart("lr", "Learning rate", (Line("train", "lr", "lr"),), False, True),
     Chart("throughput", "Throughput (tokens/s)", (Line("train", "tokens_per_s", "tokens/s"),), True, False),
-)  # fmt: skip
+)
 # The writer's own fields: the defaults chart what they mean; a key outside this set is the user's.
-WRITER_FIELDS = frozenset({
-    "schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates",
-    "train_loss", "lr", "tokens", "attempted_updates", "updates", "skipped_updates_in_window",
-    "grad_norm_avg", "grad_norm_max", "clipped_fraction", "nonfinite_grad_norms", "nonfinite_loss",
-    "val_loss", "val_tokens", "world_size", "slowest_rank", "ranks_in_lockstep",
-    "rank_step_time_min_s", "rank_step_time_max_s", "rank_tokens_per_s_min", "rank_tokens_per_s_max",
-})  # fmt: skip
+WRITER_FIELDS = frozenset(
+    {
+        "schema_version",
+        "time",
+        "run_id",
+        "session_id",
+        "event",
+        "step",
+        "tokens_seen",
+        "skipped_updates",
+        "train_loss",
+        "lr",
+        "tokens",
+        "attempted_updates",
+        "updates",
+        "skipped_updates_in_window",
+        "grad_norm_avg",
+        "grad_norm_max",
+        "clipped_fraction",
+        "nonfinite_grad_norms",
+        "nonfinite_loss",
+        "val_loss",
+        "val_tokens",
+        "world_size",
+        "slowest_rank",
+        "ranks_in_lockstep",
+        "rank_step_time_min_s",
+        "rank_step_time_max_s",
+        "rank_tokens_per_s_min",
+        "rank_tokens_per_s_max",
+    }
+)
 CHARTED_EVENTS = ("train", "validation")
 RANK_KEY = re.compile(r"(?P<base>.+)/rank(?P<rank>\d+)")
 # What ``metric_figure`` reads of a line's frame besides the line's column: its x axes and sessions.
@@ -258,7 +300,7 @@ def grouped_figures(
     return groups, logged
 
 
-def _with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
+def with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
     if column in DERIVED and column not in frame.columns and len(frame):
         # concat, not assign: a run logging hundreds of keys has a frame of as many blocks, which
         # assign would copy whole (pandas warns of it) to add one column.
@@ -280,8 +322,10 @@ def _rows_of(view: RunView, history: str, fields: frozenset[str]) -> dict[str, t
     """Per charted event, the rows a history mode draws (their ``fields``), and which of them to dim."""
     if history == "effective":
         return {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
-    return {event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
-            for event in CHARTED_EVENTS}  # fmt: skip
+    return {
+        event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
+        for event in CHARTED_EVENTS
+    }
 
 
 def chart_specs(
@@ -297,12 +341,19 @@ def chart_specs(
     if is_distributed(view.frame("train", WRITER_FIELDS)):
         train, dim = rows["train"]
         ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
-        specs["straggler"] = ChartSpec(STRAGGLER_TITLE, [
-            Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
-            Series(ranks, "rank_step_time_max_s", "slowest rank's time", dim),
-            Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
-            Series(ranks, "slowest_rank", "slowest rank", dim),
-            Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim)], False, False, kind="straggler")  # fmt: skip
+        specs["straggler"] = ChartSpec(
+            STRAGGLER_TITLE,
+            [
+                Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
+                Series(ranks, "rank_step_time_max_s", "slowest rank's time", dim),
+                Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
+                Series(ranks, "slowest_rank", "slowest rank", dim),
+                Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim),
+            ],
+            False,
+            False,
+            kind="straggler",
+        )
     rows = _rows_of(view, history, chart_fields(logged))
     return specs | {chart.key: _spec(rows, chart) for chart in logged}
 
@@ -313,9 +364,18 @@ def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
 
 
 def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
-    series = [Series(_with_derived(rows[line.event][0], line.column), line.column, line.label, rows[line.event][1],
-                     secondary_y=line.secondary_y, gap_markers=line.gap_markers, markers=line.markers)
-              for line in chart.lines]  # fmt: skip
+    series = [
+        Series(
+            with_derived(rows[line.event][0], line.column),
+            line.column,
+            line.label,
+            rows[line.event][1],
+            secondary_y=line.secondary_y,
+            gap_markers=line.gap_markers,
+            markers=line.markers,
+        )
+        for line in chart.lines
+    ]
     return ChartSpec(chart.title, series, chart.smoothed, chart.loggable, group=chart.group)
 
 
@@ -355,39 +415,3 @@ def chart_csv(spec: ChartSpec) -> str:
 def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
     """``chart_csv`` of the run page's chart ``key`` as ``options`` draw it."""
     return chart_csv(chart_specs(view, options.history, only=options.only)[key])
-
-
-# The mission's metrics on the compare page: metric -> (event, label); ``compare_metrics`` adds
-# every key the compared runs logged.
-COMPARE_METRICS = {
-    "train_loss": ("train", "train loss"),
-    "val_loss": ("validation", "validation loss"),
-    "grad_norm_avg": ("train", "grad norm avg"),
-    "clipped_fraction": ("train", "clipped fraction"),
-    "skipped_updates": ("train", "skipped updates (cumulative)"),
-    "lr": ("train", "learning rate"),
-    "tokens_per_s": ("train", "tokens/s"),
-}
-
-
-def compare_metrics(views: Mapping[str, RunView]) -> dict[str, tuple[str, str]]:
-    """What the compare page can chart for ``views``: the mission's metrics, then every key any of
-    the runs logged (``logged_keys``), sorted, each named by itself."""
-    logged: dict[str, str] = {}
-    for view in views.values():
-        for column, events in logged_keys(view).items():
-            logged.setdefault(column, events[0])
-    return COMPARE_METRICS | {column: (logged[column], column) for column in sorted(logged)}
-
-
-def compare_series(views: Mapping[str, RunView], metric: str) -> tuple[str, list[Series]]:
-    """One metric of several runs (effective histories), as its label and a series per run, each run
-    a colour and named by its path.  A metric none of the runs logged is labelled by its name."""
-    event, label = compare_metrics(views).get(metric, ("train", metric))
-    series = []
-    for number, (name, view) in enumerate(views.items()):
-        frame = _with_derived(view.effective(event, WRITER_FIELDS | {metric}), metric)
-        # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
-        series.append(Series(frame, metric, name, markers=event == "validation",
-                             colour=RUN_COLOURS[number % len(RUN_COLOURS)]))  # fmt: skip
-    return label, series

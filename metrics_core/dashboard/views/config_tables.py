@@ -59,19 +59,28 @@ def config_keys(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
 def config_table(config: RunConfig) -> pd.DataFrame:
     """The run page's table: one row per key, long values shortened (cells are plain text)."""
     return pd.DataFrame(
-        {"key": [shorten(key, CELL_CHARS) for key in config.values],
-         "value": [shorten(value, CELL_CHARS) for value in config.values.values()]}
-    )  # fmt: skip
+        {
+            "key": [shorten(key, CELL_CHARS) for key in config.values],
+            "value": [shorten(value, CELL_CHARS) for value in config.values.values()],
+        }
+    )
 
 
 def changes_table(config: RunConfig) -> pd.DataFrame:
     """What changed at each resume: session (numbered from 1), step, key, before, after."""
     return pd.DataFrame(
-        [{"session": f"S{c.session + 1}" if c.session >= 0 else shorten(c.session_id, 20), "step": c.step,
-          "key": shorten(c.key, CELL_CHARS), "before": _cell(c.before), "after": _cell(c.after)}
-         for c in config.changes],
+        [
+            {
+                "session": f"S{c.session + 1}" if c.session >= 0 else shorten(c.session_id, 20),
+                "step": c.step,
+                "key": shorten(c.key, CELL_CHARS),
+                "before": _cell(c.before),
+                "after": _cell(c.after),
+            }
+            for c in config.changes
+        ],
         columns=["session", "step", "key", "before", "after"],
-    )  # fmt: skip
+    )
 
 
 def _cell(value: str | None, missing: str | None = NOT_SET) -> str | None:
@@ -178,7 +187,9 @@ def with_config_columns(
 def runs_table(table: pd.DataFrame, *, keys: Sequence[str], config_filter: str) -> tuple[pd.DataFrame, str | None]:
     """The runs page's table from ``RunStore.runs_table()``: filtered by ``config_filter``, with the
     chosen config ``keys`` as columns, and without the raw ``config`` column."""
-    configs = {run: config if isinstance(config, Mapping) else None  # an error row has none
-               for run, config in zip(table["run"], table["config"], strict=True)}  # fmt: skip
+    configs = {
+        run: config if isinstance(config, Mapping) else None  # an error row has none
+        for run, config in zip(table["run"], table["config"], strict=True)
+    }
     shown, error = filter_by_config(table, configs, config_filter)
     return with_config_columns(shown.drop(columns="config"), configs, keys), error

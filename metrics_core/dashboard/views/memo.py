@@ -79,8 +79,13 @@ def _carried_findings(view: RunView) -> list[Finding]:
 
 def _diagnose(view: RunView, since: list[Finding] | None) -> list[Finding]:
     try:
-        return diagnose(train=view.frame("train", WRITER_FIELDS), sessions=view.sessions, replaced=view.replaced,
-                        ingest=view.ingest, since=since)  # fmt: skip
+        return diagnose(
+            train=view.frame("train", WRITER_FIELDS),
+            sessions=view.sessions,
+            replaced=view.replaced,
+            ingest=view.ingest,
+            since=since,
+        )
     except Exception as exc:
         _log.warning("diagnostics of run %r failed", view.name, exc_info=True)
         return [Finding("error", "diagnostics", f"the checks could not run on this data: {type(exc).__name__}: {exc}")]

@@ -56,11 +56,25 @@ def run_links(table: pd.DataFrame) -> pd.DataFrame:
 # Marks any sans-serif font has (an emoji needs a colour-emoji font, which a cluster desktop may lack);
 # the colour comes from STATUS_COLOURS, applied to the cell by the runs table's column config.
 STATUS_BADGES = {
-    "live": "● live", "stalled": "◐ stalled", "finished": "✓ finished", "interrupted": "■ interrupted",
-    "failed": "✕ failed", "crashed": "✕ crashed", "error": "! error", "unreadable": "⊘ unreadable",
-}  # fmt: skip
-STATUS_COLOURS = {"live": "#21c354", "stalled": "#d4a000", "finished": "#1c83e1", "interrupted": "#ff8c00",
-                  "failed": "#ff2b2b", "crashed": "#ff2b2b", "error": "#ff2b2b", "unreadable": "#ff2b2b"}  # fmt: skip
+    "live": "● live",
+    "stalled": "◐ stalled",
+    "finished": "✓ finished",
+    "interrupted": "■ interrupted",
+    "failed": "✕ failed",
+    "crashed": "✕ crashed",
+    "error": "! error",
+    "unreadable": "⊘ unreadable",
+}
+STATUS_COLOURS = {
+    "live": "#21c354",
+    "stalled": "#d4a000",
+    "finished": "#1c83e1",
+    "interrupted": "#ff8c00",
+    "failed": "#ff2b2b",
+    "crashed": "#ff2b2b",
+    "error": "#ff2b2b",
+    "unreadable": "#ff2b2b",
+}
 
 
 def status_pills(table: pd.DataFrame) -> pd.DataFrame:
@@ -139,8 +153,9 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     # One column says what went wrong: a run that cannot be read has its error, a run that
     # stopped has its reason (the exception, the signal, the failing rank); never both.
     reason = table["reason"] if "reason" in table.columns else pd.Series(None, index=table.index)
-    shown["error"] = [_cell_text(error if isinstance(error, str) else why)
-                      for error, why in zip(table["error"], reason, strict=True)]  # fmt: skip
+    shown["error"] = [
+        _cell_text(error if isinstance(error, str) else why) for error, why in zip(table["error"], reason, strict=True)
+    ]
     extra = [column for column in table.columns if column not in RUNS_TABLE_KNOWN]
     for column in extra:
         shown[column] = table[column]
@@ -151,6 +166,24 @@ def _cell_text(text: object) -> str:
     return shorten_words(text, CELL_CHARS) if isinstance(text, str) else ""
 
 
-RUNS_TABLE_KNOWN = frozenset({"run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
-                            "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
-                            "duration (s)", "loss trend", "last record time"})  # fmt: skip
+RUNS_TABLE_KNOWN = frozenset(
+    {
+        "run",
+        "status",
+        "reason",
+        "sessions",
+        "last step",
+        "tokens seen",
+        "train loss",
+        "val loss",
+        "skipped updates",
+        "last record age (s)",
+        "bad lines",
+        "error",
+        "config",
+        "started",
+        "duration (s)",
+        "loss trend",
+        "last record time",
+    }
+)
