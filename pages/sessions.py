@@ -13,6 +13,7 @@ from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.views.chart_specs import DEFAULT_CHARTS, charts_of
 from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.widgets import csv_button, live_view, page_theme, run_or_pick
+from metrics_core.text import MISSING
 
 config = settings()
 store = get_store(config)
@@ -33,7 +34,7 @@ def sessions() -> None:
     stopped_panel(view)  # why the run stopped, as above its charts (each session's reason is in the table)
     train = view.frames["train"]
     lost = view.lost_work
-    share = "—" if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
+    share = MISSING if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
     for column, (label, value) in zip(
         st.columns(4),
         [
