@@ -35,8 +35,6 @@ import contextlib
 import ctypes
 import math
 import os
-from itertools import groupby
-from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
@@ -60,7 +58,6 @@ from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
 
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
-_schema_version, _event = itemgetter("schema_version"), itemgetter("event")
 
 
 class RunReader(FollowedLog):
@@ -182,11 +179,14 @@ class RunReader(FollowedLog):
             self._note_bad(bad)
         if not rows:
             return
-        versions = self.schema_versions
-        for version, same in groupby(map(_schema_version, rows)):  # runs of rows, grouped in C
-            versions[version] = versions.get(version, 0) + len(list(same))
-        for event, same in groupby(rows, _event):
-            self._pending.setdefault(event, []).extend(same)
+        versions, pending = self.schema_versions, self._pending
+        for row in rows:
+            version = row["schema_version"]
+            versions[version] = versions.get(version, 0) + 1
+            per_event = pending.get(row["event"])
+            if per_event is None:
+                per_event = pending[row["event"]] = []
+            per_event.append(row)
         self.log.add(rows)
         self._pending_rows += len(rows)
         if self._pending_rows >= FLUSH_ROWS:

@@ -35,16 +35,12 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from itertools import groupby, pairwise
-from operator import itemgetter
+from itertools import pairwise
 from typing import Any
 
 from metrics_core.read.session_model import MARKER_EVENTS, LostWork, Progress, Session, as_datetime
 
 RECENT_TIMES = 64  # the usual gap between records comes from the last few
-_session_id, _event = itemgetter("session_id"), itemgetter("event")
-_first_fields = itemgetter("step", "time", "tokens_seen")  # what ``add_run`` takes of a run's first
-_last_fields = itemgetter("step", "time", "tokens_seen", "skipped_updates")  # and of its last
 
 
 def int_or_none(value: Any) -> int | None:
@@ -219,27 +215,31 @@ class SessionLog:
         return index
 
     def add(self, rows: Sequence[dict[str, Any]]) -> list[int]:
-        """Records in file order (``time`` in ns); returns each one's session index.
-
-        Rows come in runs of one session's records (a block holds a few: sessions are contiguous):
-        a run updates its session once, from its first and last rows, and looks up each event it
-        holds once; per row there is only the grouping, in C (the hot path of every live refresh).
-        """
-        indices: list[int] = []
-        for session_id, group in groupby(rows, _session_id):
-            run = list(group)
-            index = self.session(session_id)
-            self.add_run(index, len(run), _first_fields(run[0]), _last_fields(run[-1]))
-            events = dict.fromkeys(map(_event, run))
-            for event in events:
-                if index not in self._first_step_in_event.get(event, ()):
-                    self.note_first_step(event, index, next(row["step"] for row in run if row["event"] == event))
-            if not events.keys().isdisjoint(MARKER_EVENTS):
-                for row in run:
-                    if row["event"] in MARKER_EVENTS:
-                        self.note_marker(row)
-            indices += [index] * len(run)
+        """Records in file order (``time`` in ns); returns each one's session index."""
+        firsts = self._first_step_in_event
+        session_id, acc, index = None, None, -1
+        indices = []
+        for row in rows:
+            if row["session_id"] != session_id:
+                session_id = row["session_id"]
+                index = self.session(session_id)
+                acc = self._sessions[index]
+            if acc.records == 0:
+                acc.first_step, acc.start_ns, acc.first_tokens = row["step"], row["time"], row["tokens_seen"]
+            acc.records += 1
+            acc.last_step, acc.end_ns = row["step"], row["time"]
+            acc.last_tokens, acc.last_skipped = row["tokens_seen"], row["skipped_updates"]
+            event = row["event"]
+            by_session = firsts.get(event)
+            if by_session is None:
+                by_session = firsts[event] = {}
+            if index not in by_session:
+                by_session[index] = row["step"]
+            if event in MARKER_EVENTS:
+                self.note_marker(row)
+            indices.append(index)
         if rows:
+            self.records += len(rows)
             self.last_event = rows[-1]["event"]
             self._recent_times.extend([row["time"] for row in rows[-RECENT_TIMES:]])
         return indices
