@@ -127,8 +127,13 @@ class LineFollower:
         if self.on_open is not None:
             self.on_open()
 
+    @property
+    def lines_read(self) -> int:
+        """Lines handed out since the file's start (``position().lines``, without building one)."""
+        return (self.line or 1) - 1
+
     def position(self) -> Position:
-        return Position(self.offset, (self.line or 1) - 1, self._head, self._last_line)
+        return Position(self.offset, self.lines_read, self._head, self._last_line)
 
     def matches(self, position: Position) -> bool:
         """Whether the opened file holds what ``position`` was taken from (its fingerprints)."""
@@ -149,18 +154,19 @@ class LineFollower:
         stat = self.file.stat()
         if stat is None or (self._stat is not None and stat.identity == self._stat.identity):
             return  # gone for a moment (rotation, a copy in progress), or unchanged: one stat
-        if not self._opened:
-            self.open()
-        else:
+        if self._opened:
             reason = self._changed(stat)
             if reason is not None:
                 self.restarts.append(reason)
                 self.close()
                 self._reset(0, 1)
                 yield Restart(reason)  # before the new start's on_open: what it restores stays
-                self.open()
+        if self._opened:  # the path still names the opened file: the stat's size is its size
+            size = stat.size
+        else:
+            self.open()
+            size = self.file.size()  # the file opened now, which may be newer than the stat
         self._stat = stat
-        size = self.file.size()
         if self._scanned and (
             size < self.offset + self._scanned
             or self.file.read(self.offset, len(self._pending_head)) != self._pending_head

@@ -58,7 +58,7 @@ _BASE_KEY = re.compile(rb'"(?:' + b"|".join(name.encode() for name in BASE_FIELD
 _base_values = itemgetter(*BASE_FIELD_ORDER)
 # The writer's time, ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``: its second is parsed once (cached).
 _WRITER_SECOND = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}", re.ASCII)
-_SECOND_CACHE: dict[str, int | None] = {}
+_SECOND_CACHE: dict[str, int | None] = {}  # see _second_ns
 _SECOND_CACHE_SIZE = 4096
 
 
@@ -101,16 +101,21 @@ def _iso_micros(text: str) -> int | None:
         return None
 
 
-def _second_micros(prefix: str) -> int | None:
-    """Microseconds since the epoch of a writer-shaped ``YYYY-MM-DDTHH:MM:SS`` UTC (cached), or None."""
+def _second_ns(prefix: str) -> int | None:
+    """Nanoseconds since the epoch of a writer-shaped ``YYYY-MM-DDTHH:MM:SS`` UTC (cached), or None,
+    also when some microsecond of that second lies outside the nanosecond range (near its ends,
+    the exact check decides each time alone)."""
     try:
         return _SECOND_CACHE[prefix]
     except KeyError:
         if len(_SECOND_CACHE) >= _SECOND_CACHE_SIZE:
             _SECOND_CACHE.clear()
         micros = _iso_micros(prefix + "+00:00") if _WRITER_SECOND.fullmatch(prefix) else None
-        _SECOND_CACHE[prefix] = micros
-        return micros
+        stamp = None if micros is None else micros * 1000
+        if stamp is not None and not TIME_MIN_NS <= stamp <= TIME_MAX_NS - 999_999_000:
+            stamp = None
+        _SECOND_CACHE[prefix] = stamp
+        return stamp
 
 
 def check_record(line: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str, Any] | str:
@@ -165,12 +170,13 @@ def check_lines(
       and the writer's time holds three; so when the block's colons number exactly the distinct
       keys plus three per fast-path record (plus the colons of the other lines), no fast-path
       record holds a key twice: one ``bytes.count`` per block instead of a regex per line;
-    * the time: the writer's format is parsed once per distinct second, then six ASCII digits.
+    * the time: the writer's format is parsed once per distinct second, then six ASCII digits;
+      the range is checked with the second, which is cached only when wholly inside it.
     """
     lines = block.split(b"\n")[:-1]
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
-    loads, base_values, second_micros = orjson.loads, _base_values, _second_micros
+    loads, base_values, second_ns = orjson.loads, _base_values, _second_ns
     prefix, second = "", None
     colons = 0  # what the block's colon count must be if no fast-path record repeats a key
     for number, line in enumerate(lines, start=first_line):
@@ -184,7 +190,6 @@ def check_lines(
         except (orjson.JSONDecodeError, KeyError, TypeError):
             colons += _exact(line, number, max_bytes, rows, bad)
             continue
-        stamp = None
         if (
             type(when) is str and type(version) is int and type(step) is int and type(tokens) is int
             and type(skipped) is int and type(run_id) is str and type(session) is str and type(event) is str
@@ -193,16 +198,14 @@ def check_lines(
         ):  # fmt: skip
             if when[:19] != prefix:
                 prefix = when[:19]
-                second = second_micros(prefix)
+                second = second_ns(prefix)
             digits = when[20:26]
             if second is not None and digits.isdigit() and digits.isascii():
-                stamp = (second + int(digits)) * 1000
-        if stamp is None or not TIME_MIN_NS <= stamp <= TIME_MAX_NS:
-            colons += _exact(line, number, max_bytes, rows, bad)
-            continue
-        obj["time"] = stamp
-        rows.append(obj)
-        colons += len(obj) + 3
+                obj["time"] = second + int(digits) * 1000
+                rows.append(obj)
+                colons += len(obj) + 3
+                continue
+        colons += _exact(line, number, max_bytes, rows, bad)
     if b"\\" in block or block.count(b":") != colons:
         rows, bad = _check_repeats(rows, bad, lines, first_line)
     return rows, bad, len(lines)

@@ -134,12 +134,13 @@ class LocalFile:
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
+        self._name = os.fspath(self.path)  # what os.stat takes without converting a Path each call
         self._fd: int | None = None
         self._version: int | None = None
 
     def stat(self) -> FileStat | None:
         try:
-            return file_stat(os.stat(self.path))
+            return file_stat(os.stat(self._name))
         except FileNotFoundError:
             return None
 

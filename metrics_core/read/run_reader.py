@@ -151,7 +151,7 @@ class RunReader(FollowedLog, AccountedSessions):
         return self.records - before
 
     def _lines(self) -> int:
-        return self._follower.position().lines
+        return self._follower.lines_read
 
     def _store(self, parses: BulkParses, *, keep: int) -> bool:
         """Store queued blocks, oldest first, until ``keep`` remain; True if pyarrow parsed any."""
@@ -175,7 +175,8 @@ class RunReader(FollowedLog, AccountedSessions):
         For a refresh of a few records, creating the small arrays a vectorised form needs cost
         more than parsing the lines.
         """
-        self._note_bad(bad)
+        if bad:
+            self._note_bad(bad)
         if not rows:
             return
         versions, pending = self.schema_versions, self._pending

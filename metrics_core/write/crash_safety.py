@@ -108,18 +108,20 @@ class LineAppender:
     def __init__(self, path: Path, *, fsync: bool = False) -> None:
         self.path = path
         self.fsync = fsync
-        # A FileIO object (not a bare descriptor) so an appender dropped without close() still closes.
-        self._file = io.FileIO(os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), "r+")
+        # A FileIO object (not a bare descriptor) so an appender dropped without close() still closes;
+        # its descriptor is kept as an int too, for the hot path of ``append``.
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        self._file = io.FileIO(self._fd, "r+")
         try:
             try:
-                lock_exclusive(self._file.fileno())
+                lock_exclusive(self._fd)
             except BlockingIOError:
                 raise WriterLockedError(
                     f"{path}: another writer holds this file; only one process may write a "
                     "run's metrics.jsonl at a time (give each concurrent job its own run directory)"
                 ) from None
-            self.size = os.fstat(self._file.fileno()).st_size
-            self.end = tail_start(self._file.fileno(), self.size)
+            self.size = os.fstat(self._fd).st_size
+            self.end = tail_start(self._fd, self.size)
         except BaseException:
             self._file.close()
             raise
@@ -127,7 +129,7 @@ class LineAppender:
     def append(self, line: bytes) -> None:
         """Write ``line`` (whose one ``\\n`` is its last byte) at ``end``, then cut what is left of
         a torn tail after it; on any exception the line is wholly in the file or wholly undone."""
-        fd = self._file.fileno()
+        fd = self._fd
         start, end = self.end, self.end + len(line)
         landed = False
         try:
@@ -150,4 +152,5 @@ class LineAppender:
 
     def close(self) -> None:
         """Close the file, which releases the lock (idempotent); a torn tail not yet cut stays."""
+        self._fd = -1  # an append after close fails (EBADF), never writes to a reused descriptor
         self._file.close()

@@ -305,12 +305,17 @@ class MetricsWriter:
             "skipped_updates": skipped,
             **values,
         }
-        for key, value in values.items():
+        for value in values.values():
             kind = type(value)
             if kind is float:
                 if value - value:  # nan (truthy) only for NaN and ±Infinity, else 0.0
-                    raise RecordValueError(f"{key!r} is {value!r}: JSON has no NaN or Infinity, nothing was written")
-            elif kind not in _PLAIN_SCALARS:
+                    break
+            elif kind is not int and kind is not str and kind is not bool and value is not None:
+                break
+        else:
+            return record
+        for key, value in values.items():  # a value to unwrap or refuse: json_scalar names its key
+            if type(value) not in _PLAIN_SCALARS:
                 record[key] = json_scalar(repr(key), value)
         return record
 
@@ -319,8 +324,8 @@ class MetricsWriter:
         seconds, nanos = divmod(self._clock(), 1_000_000_000)
         if seconds != self._stamp_second:
             self._stamp_second = seconds
-            self._stamp_prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds))
-        return f"{self._stamp_prefix}.{nanos // 1000:06d}+00:00"
+            self._stamp_prefix = time.strftime("%Y-%m-%dT%H:%M:%S.", time.gmtime(seconds))
+        return f"{self._stamp_prefix}{str(nanos // 1000).zfill(6)}+00:00"  # zfill: cheaper than a format spec
 
     def write(self, event: str, state: _HasCounters, /, **values: Any) -> dict[str, Any]:
         """Append one record and flush it to the OS; return the record as written."""
