@@ -236,8 +236,9 @@ class Column:
         """This ``int`` column of nanoseconds since the epoch as UTC datetimes (each row converted once)."""
         return self._converted("times", _empty_times, _utc_times)
 
-    def _converted(self, name: str, empty: Callable[[int], Any], convert: Callable[[np.ndarray], Any],
-                   made_for: Any = None) -> Any:  # fmt: skip
+    def _converted(
+        self, name: str, empty: Callable[[int], Any], convert: Callable[[np.ndarray], Any], made_for: Any = None
+    ) -> Any:
         """``convert`` of every row, from the kept conversion ``name`` extended with the new rows;
         a new one when the kept one was ``made_for`` something else (a narrower dtype)."""
         made, derived = self._derived.get(name, (None, None))
@@ -403,8 +404,13 @@ def event_rows(table: Table, sessions: np.ndarray, count: int, *, train: bool) -
         held = EventRows(mine, bool((np.diff(mine) >= 0).all()))
         if train:
             window = np.diff(times[start:stop]) / 1e9
-            held = EventRows(mine, held.ordered, _running_sum(tokens[start:stop]),
-                             _running_sum(np.concatenate(([0.0], window))), seen[start:stop])  # fmt: skip
+            held = EventRows(
+                mine,
+                held.ordered,
+                _running_sum(tokens[start:stop]),
+                _running_sum(np.concatenate(([0.0], window))),
+                seen[start:stop],
+            )
         result[index] = held
     return result
 

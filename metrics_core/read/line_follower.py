@@ -86,9 +86,15 @@ class LineFollower:
     """
 
     def __init__(
-        self, file: RunFile, *, max_record_bytes: int, offset: int = 0, line: int | None = 1,
-        chunk: int | None = None, on_open: Callable[[], None] | None = None,
-    ) -> None:  # fmt: skip
+        self,
+        file: RunFile,
+        *,
+        max_record_bytes: int,
+        offset: int = 0,
+        line: int | None = 1,
+        chunk: int | None = None,
+        on_open: Callable[[], None] | None = None,
+    ) -> None:
         self.file = file
         self.on_open = on_open
         self.max_record_bytes = max_record_bytes

@@ -191,11 +191,20 @@ def check_lines(
             colons += _exact(line, number, max_bytes, rows, bad)
             continue
         if (
-            type(when) is str and type(version) is int and type(step) is int and type(tokens) is int
-            and type(skipped) is int and type(run_id) is str and type(session) is str and type(event) is str
-            and not (version | step | tokens | skipped) >> 63 and len(obj) <= MAX_FIELDS
-            and len(when) == 32 and when[19] == "." and when[26:] == "+00:00"
-        ):  # fmt: skip
+            type(when) is str
+            and type(version) is int
+            and type(step) is int
+            and type(tokens) is int
+            and type(skipped) is int
+            and type(run_id) is str
+            and type(session) is str
+            and type(event) is str
+            and not (version | step | tokens | skipped) >> 63
+            and len(obj) <= MAX_FIELDS
+            and len(when) == 32
+            and when[19] == "."
+            and when[26:] == "+00:00"
+        ):
             if when[:19] != prefix:
                 prefix = when[:19]
                 second = second_ns(prefix)

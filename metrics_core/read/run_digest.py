@@ -48,8 +48,9 @@ class Batch:
     reset: str | None = None
 
 
-def follow_file(path: Path, *, offset: int = 0, line: int | None = 1,
-           max_record_bytes: int = MAX_RECORD_BYTES) -> LineFollower:  # fmt: skip
+def follow_file(
+    path: Path, *, offset: int = 0, line: int | None = 1, max_record_bytes: int = MAX_RECORD_BYTES
+) -> LineFollower:
     """A ``LineFollower`` of a local metrics file, from ``offset`` (line number ``line`` if known),
     opened now: what changes from here on is noticed."""
     follower = LineFollower(LocalFile(path), max_record_bytes=max_record_bytes, offset=offset, line=line)
@@ -78,8 +79,15 @@ def _parsed(block: Lines, max_record_bytes: int) -> Batch:
         while position >= 0 and len(starts) <= bad[-1].line - first:
             starts.append(position + 1)
             position = data.find(b"\n", position + 1)
-        bad = [BadLine(item.line if block.first_line else None, item.reason, item.excerpt,
-                       block.offset + starts[item.line - first]) for item in bad]  # fmt: skip
+        bad = [
+            BadLine(
+                item.line if block.first_line else None,
+                item.reason,
+                item.excerpt,
+                block.offset + starts[item.line - first],
+            )
+            for item in bad
+        ]
     return Batch(rows, bad)
 
 
@@ -349,8 +357,10 @@ class RunDigest(FollowedLog, AccountedSessions):
 
     def _event_rows(self) -> dict[str, dict[int, EventRows]]:
         """What ``SessionLog.replayed`` reads: each event's rows per session."""
-        return {event: {index: rows.held() for index, rows in by_session.items()}
-                for event, by_session in self._rows.items()}  # fmt: skip
+        return {
+            event: {index: rows.held() for index, rows in by_session.items()}
+            for event, by_session in self._rows.items()
+        }
 
     # -- health checks --------------------------------------------------------------------------
 
@@ -374,5 +384,7 @@ class RunDigest(FollowedLog, AccountedSessions):
         if not flagged:
             return [Finding("ok", name, f"all {self.train_windows:,} train window(s) pass")]
         ids = self.log.session_ids()
-        return [session_finding(name, severity, ids[index], f.first_step, f.last_step, f.count, what)
-                for index, f in sorted(flagged.items())]  # fmt: skip
+        return [
+            session_finding(name, severity, ids[index], f.first_step, f.last_step, f.count, what)
+            for index, f in sorted(flagged.items())
+        ]

@@ -69,8 +69,13 @@ def file_stat(stat: os.stat_result) -> FileStat:
     return FileStat((stat.st_ino, stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns), stat.st_ino, stat.st_size)
 
 
-_KINDS = {stat_mode.S_IFDIR: "a directory", stat_mode.S_IFIFO: "a FIFO (named pipe)", stat_mode.S_IFSOCK: "a socket",
-          stat_mode.S_IFCHR: "a character device", stat_mode.S_IFBLK: "a block device"}  # fmt: skip
+_KINDS = {
+    stat_mode.S_IFDIR: "a directory",
+    stat_mode.S_IFIFO: "a FIFO (named pipe)",
+    stat_mode.S_IFSOCK: "a socket",
+    stat_mode.S_IFCHR: "a character device",
+    stat_mode.S_IFBLK: "a block device",
+}
 
 
 def not_regular(mode: int) -> str | None:

@@ -271,8 +271,15 @@ class RunReader(FollowedLog, AccountedSessions):
             return False
         self._flush()
         position = self._follower.position()
-        parse = cache.CachedParse(position, self.max_record_bytes, self.log, self.bad_lines,
-                                  tuple(self.bad_line_samples), dict(self.schema_versions), self._tables)  # fmt: skip
+        parse = cache.CachedParse(
+            position,
+            self.max_record_bytes,
+            self.log,
+            self.bad_lines,
+            tuple(self.bad_line_samples),
+            dict(self.schema_versions),
+            self._tables,
+        )
         if not cache.save(self.cache, key, parse):
             return False
         self._cache_saved_at, self._cache_lines = self.cache.clock(), position.lines
@@ -419,8 +426,10 @@ class RunReader(FollowedLog, AccountedSessions):
     def _event_rows(self) -> dict[str, dict[int, EventRows]]:
         """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
-        return {event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
-                for event, table in self._tables.items()}  # fmt: skip
+        return {
+            event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
+            for event, table in self._tables.items()
+        }
 
 
 def _return_memory_to_os() -> None:

@@ -169,9 +169,20 @@ class _SessionAcc:
     """Running aggregates of one session."""
 
     __slots__ = (
-        "discarded_bytes", "end_error", "end_ns", "end_status", "first_step", "first_tokens", "last_skipped",
-        "last_step", "last_tokens", "records", "resumed_from_step", "session_id", "start_ns",
-    )  # fmt: skip
+        "discarded_bytes",
+        "end_error",
+        "end_ns",
+        "end_status",
+        "first_step",
+        "first_tokens",
+        "last_skipped",
+        "last_step",
+        "last_tokens",
+        "records",
+        "resumed_from_step",
+        "session_id",
+        "start_ns",
+    )
 
     def __init__(self, session_id: str) -> None:
         self.session_id = session_id
@@ -288,8 +299,9 @@ class SessionLog:
     def thresholds(self, event: str) -> list[float]:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
         logged = self._first_step_in_event.get(event, {})
-        return [float(acc.first_step + (logged.get(index) != acc.first_step)) for index, acc in
-                enumerate(self._sessions)]  # fmt: skip
+        return [
+            float(acc.first_step + (logged.get(index) != acc.first_step)) for index, acc in enumerate(self._sessions)
+        ]
 
     def replayed(self, rows: Callable[[], Mapping[str, Mapping[int, EventRows]]]) -> Replay:
         """``replay`` of these sessions over ``rows()``, each event's ``EventRows`` per session.

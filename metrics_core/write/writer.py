@@ -365,6 +365,12 @@ class MetricsWriter:
                 consequence = "this record was written, but the fsync or tail cut after it did not complete"
             cause = os_cause(exc)
             failure = WriteFailedError(exc.errno, f"{self.path}: write failed: {cause}; {consequence}", str(self.path))
-            self._note.tell(failure, session_id=self.run.session_id, time=self._timestamp(), error=cause,
-                            end=file.end, size=file.size)  # fmt: skip
+            self._note.tell(
+                failure,
+                session_id=self.run.session_id,
+                time=self._timestamp(),
+                error=cause,
+                end=file.end,
+                size=file.size,
+            )
             raise failure from exc
