@@ -143,17 +143,21 @@ def get_store(config: Settings) -> RunStore:
 
 
 @st.cache_resource(show_spinner=False)
-def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> ServerAlerter:
-    alerter = ServerAlerter(runs, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
+def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None, _store: RunStore) -> ServerAlerter:
+    # ``runs`` keys the cache; the store (not hashed) is the one of the same root, read through
+    alerter = ServerAlerter(_store, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
     _OPEN_ALERTERS.append(alerter)
     return alerter
 
 
 def open_alerter(config: Settings) -> ServerAlerter | None:
     """The one alerter of this server process on its runs root, shared by every browser tab and the
-    server's own routes; None when the root is a bucket (alerts read a local root); ``MetricsError``
-    when ``--alerts-config`` or ``--webhook`` cannot be used."""
-    return None if is_bucket_url(config.runs) else _alerter(config.runs, config.webhook, config.alerts_config)
+    server's own routes, reading the runs through the server's store (``open_store``); None when
+    the root is a bucket (alerts read a local root); ``MetricsError`` when ``--alerts-config`` or
+    ``--webhook`` cannot be used, or the runs root is missing."""
+    if is_bucket_url(config.runs):
+        return None
+    return _alerter(config.runs, config.webhook, config.alerts_config, open_store(config))
 
 
 def get_alerter(config: Settings) -> ServerAlerter | None:

@@ -67,6 +67,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -76,11 +77,14 @@ from metrics_core.dashboard.store.rows import unreadable_row
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import StatusRecord
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.runs_root import LIST_INTERVAL_S, RunsRoot, open_root
 
 __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
 
+T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
@@ -213,6 +217,25 @@ class RunStore:
             return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
             self._trim_viewed(keep=entry)
+
+    def read_run(self, info: RunInfo, use: Callable[[RunReader | None, StatusRecord | None, Any], T], *,
+                 now: datetime | None = None, need_reader: bool = False) -> T:  # fmt: skip
+        """``use(reader, released, key)`` under run ``info``'s lock, once the run was brought up to
+        date as for its runs table row (read if never read; re-read if due; ``need_reader``: a
+        released run gets a reader again, as for a view), then the reader released if idle: for
+        a reader of the root (the server's alerter) that must not parse the runs again.
+        ``reader`` is None when the store holds none (released and its file unchanged:
+        ``released`` says what ``run_status`` needs); ``key`` moves whenever the data read does.
+        ``use`` must not keep ``reader``: the store may release it after.
+
+        Raises RunViewError when the run cannot be read, RunNotFoundError when it vanished."""
+        entry = self._entry(info)
+        with entry.lock:
+            entry.update(info, now or datetime.now(timezone.utc), need_reader=need_reader)
+            try:
+                return use(entry.reader, entry.released, entry.data_key)
+            finally:
+                entry.release_if_idle()
 
     def _resolve(self, name: str) -> RunInfo:
         """The root's ``resolve(name)``, reused for up to ``safety_interval`` while the root saw no run
