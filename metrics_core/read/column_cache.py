@@ -155,6 +155,16 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
         return True
     except (OSError, ValueError, TypeError):
         return False  # unwritable directory, full disk, a value JSON cannot hold: no cache
+    finally:
+        _release_streams()
+
+
+def _release_streams() -> None:
+    """Give back what the streams took: pyarrow's pool keeps freed memory for reuse, and the
+    streams of a save are about the run's resident column bytes, not needed again for minutes."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def load(policy: CachePolicy, key: str, *, max_record_bytes: int) -> CachedParse | None:
