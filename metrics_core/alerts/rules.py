@@ -230,6 +230,15 @@ class RunRules:
         return tuple(dict.fromkeys(["event", "step", *keys])) if keys else ()
 
     @property
+    def memory(self) -> int:
+        """Finite-loss train windows that decide what the rules say, now and after any later record.
+        Of the train records before the last ``memory`` of them only the last values they set
+        count: fed the last record setting each fraction and threshold (with the record before it,
+        whose session says whether a fraction is judged), in file order, then those windows, the
+        rules say what all of them would have said (``dashboard.alerting`` feeds a long past so)."""
+        return self.config.spike_windows + self.config.clear_after_windows
+
+    @property
     def across_events(self) -> bool:
         """Whether records of different events must come in file order (a threshold on any event:
         its last value is the last logged), not only each event's in its own order."""
