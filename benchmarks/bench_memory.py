@@ -8,6 +8,10 @@ Run: python benchmarks/bench_memory.py [--records 100000] [--settle 25] [--soak 
 * ``page``: the server's RSS (``/proc/<pid>/status`` VmRSS) with one tab on a run of
   ``--records`` generated records (``generate.write_run``), its charts drawn and ``--settle``
   seconds later (the alerter's first pass over the root is done by then), and that minus the floor.
+* ``--live-cpu N`` (0: skipped): the server's CPU, as a share of one core, from the first to the
+  second minute after a tab opened a live run of N records (``generate.write_run``) that logs a
+  window every second meanwhile: what the page and the alerter's first work on the run cost once
+  it drew.
 * ``--soak M`` (0: skipped): one tab on a live run logging a window every ``--period`` seconds for
   M minutes; the RSS at minute 1 and at the end, and the growth between per record appended.
   It stops by itself after M minutes.
@@ -24,7 +28,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.bench_live import server_pid
+from benchmarks.bench_live import cpu_seconds, server_pid
 from benchmarks.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from tests.live_server import REPO, chromium, live_charts_drawn, streamlit_server, wait_until
@@ -103,10 +107,32 @@ def soak(minutes: float, period: float) -> tuple[int, int, int]:
                 return first[0], rss(pid), state.step - first[1]
 
 
+def live_cpu(records: int) -> float:
+    """The server's CPU share from minute 1 to minute 2 after a tab opened a live run of ``records``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        run = RunContext(root / "live", "live", "s9")
+        write_run(run.directory / "metrics.jsonl", records)
+        state = TrainingState(step=10**8)
+        cache = ("--cache-dir", str(Path(tmp) / "cache"))
+        with MetricsWriter(run) as writer, streamlit_server(root, *cache) as url, chromium() as browser:
+            open_run_page(browser, url, "live", 4)
+            pid, opened = server_pid(url), time.monotonic()
+            cpu = None
+            while (elapsed := time.monotonic() - opened) < 120:
+                state.step += 10
+                writer.write("train", state, train_loss=2.0)
+                if cpu is None and elapsed >= 60:
+                    cpu, start = cpu_seconds(pid), time.monotonic()
+                time.sleep(1.0)
+            return (cpu_seconds(pid) - cpu) / (time.monotonic() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--settle", type=float, default=25.0, help="seconds after the charts drew")
+    parser.add_argument("--live-cpu", type=int, default=0, help="records of a live run whose CPU is measured")
     parser.add_argument("--soak", type=float, default=0.0, help="minutes of a live page (0: no soak)")
     parser.add_argument("--period", type=float, default=0.2, help="seconds between two records of the soak")
     args = parser.parse_args()
@@ -117,6 +143,10 @@ def main() -> None:
         drawn, settled = page_rss(args.records, args.settle)
         print(f"page on a {args.records:,}-record run: {drawn / mb:.0f} MB when drawn, {settled / mb:.0f} MB "
               f"{args.settle:g} s later = floor + {(settled - floor) / mb:.0f} MB (goal <= floor + 80 MB)")  # fmt: skip
+    if args.live_cpu:
+        share = live_cpu(args.live_cpu)
+        print(f"live {args.live_cpu:,}-record run, a window a second: server CPU {share:.1%} of a core from minute 1 "
+              "to minute 2 after its page opened (goal <= 10%)")  # fmt: skip
     if args.soak:
         before, after, appended = soak(args.soak, args.period)
         print(f"soak, {args.soak:g} min, a record every {args.period:g} s: {before / mb:.0f} MB at minute 1, "

@@ -54,6 +54,11 @@ it was read), and its reader is closed once its row is computed: the loader hold
 time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
 ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
+Freed memory is given back to the OS once per ``TRIM_S`` of views (``_return_memory``): what a
+server holds follows what it keeps, not how long a page has been open.
+
+The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
+per run per process.
 
 The runs page's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
