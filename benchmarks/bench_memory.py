@@ -54,8 +54,14 @@ def rss(pid: int) -> int:
 def import_floor() -> int:
     """The RSS of a fresh process that imports what the server imports."""
     env_path = {"PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-c", FLOOR_IMPORTS], capture_output=True, text=True, check=True,
-                          cwd=REPO, env={**__import__("os").environ, **env_path})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_IMPORTS],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=REPO,
+        env={**__import__("os").environ, **env_path},
+    )
     return int(done.stdout.strip())
 
 
@@ -98,8 +104,9 @@ def soak(minutes: float, period: float) -> tuple[int, int, int]:
                 first: tuple[int, int] | None = None
                 while (elapsed := time.monotonic() - start) < minutes * 60:
                     state.step += 1
-                    writer.write("train", state, train_loss=1.0 / state.step + 0.01 * (state.step % 7),
-                                 grad_norm_avg=0.5)  # fmt: skip
+                    writer.write(
+                        "train", state, train_loss=1.0 / state.step + 0.01 * (state.step % 7), grad_norm_avg=0.5
+                    )
                     if first is None and elapsed >= 60:
                         first = (rss(pid), state.step)
                     time.sleep(period)
@@ -141,17 +148,23 @@ def main() -> None:
     print(f"import floor: {floor / mb:.0f} MB")
     if args.records:
         drawn, settled = page_rss(args.records, args.settle)
-        print(f"page on a {args.records:,}-record run: {drawn / mb:.0f} MB when drawn, {settled / mb:.0f} MB "
-              f"{args.settle:g} s later = floor + {(settled - floor) / mb:.0f} MB (goal <= floor + 80 MB)")  # fmt: skip
+        print(
+            f"page on a {args.records:,}-record run: {drawn / mb:.0f} MB when drawn, {settled / mb:.0f} MB "
+            f"{args.settle:g} s later = floor + {(settled - floor) / mb:.0f} MB (goal <= floor + 80 MB)"
+        )
     if args.live_cpu:
         share = live_cpu(args.live_cpu)
-        print(f"live {args.live_cpu:,}-record run, a window a second: server CPU {share:.1%} of a core from minute 1 "
-              "to minute 2 after its page opened (goal <= 10%)")  # fmt: skip
+        print(
+            f"live {args.live_cpu:,}-record run, a window a second: server CPU {share:.1%} of a core from minute 1 "
+            "to minute 2 after its page opened (goal <= 10%)"
+        )
     if args.soak:
         before, after, appended = soak(args.soak, args.period)
-        print(f"soak, {args.soak:g} min, a record every {args.period:g} s: {before / mb:.0f} MB at minute 1, "
-              f"{after / mb:.0f} MB at the end: +{(after - before) / mb:.1f} MB over {appended:,} records "
-              f"({(after - before) / max(appended, 1) / 1e3:.2f} KB per record; goal <= 5 MB)")  # fmt: skip
+        print(
+            f"soak, {args.soak:g} min, a record every {args.period:g} s: {before / mb:.0f} MB at minute 1, "
+            f"{after / mb:.0f} MB at the end: +{(after - before) / mb:.1f} MB over {appended:,} records "
+            f"({(after - before) / max(appended, 1) / 1e3:.2f} KB per record; goal <= 5 MB)"
+        )
 
 
 if __name__ == "__main__":

@@ -239,8 +239,9 @@ def test_the_server_alerter_reads_through_the_store_and_finds_what_the_command_f
     root = tmp_path / "runs"
     write_losses(root / "done", [2.0, 1.9, math.nan, 1.8])
     thresholds = (Threshold("val_loss", below=1.0), Threshold("grad_norm_avg", event="train", above=5.0))
-    config = AlertConfig(spike_min_windows=3, spike_windows=5, clear_after_windows=4, thresholds=thresholds,
-                         clipped_fraction_above=0.5)  # fmt: skip
+    config = AlertConfig(
+        spike_min_windows=3, spike_windows=5, clear_after_windows=4, thresholds=thresholds, clipped_fraction_above=0.5
+    )
     fed: list[int] = []  # records the server's rules were fed
     records_of = alerting._records
     monkeypatch.setattr(alerting, "_records", lambda *args: fed.append(len(found := records_of(*args))) or found)
@@ -264,8 +265,14 @@ def test_the_server_alerter_reads_through_the_store_and_finds_what_the_command_f
                         loss = rng.choice([1.0 + rng.random() * 0.01] * 8 + [50.0, None])  # None: a NaN window
                         skipped = {"attempted_updates": 4, "skipped_updates_in_window": rng.randint(0, 4)}
                         fractions = rng.choice([{}, {"clipped_fraction": rng.choice([0.1, 0.9])}, skipped])
-                        writer.write("train", state, train_loss=loss, nonfinite_loss=loss is None,
-                                     grad_norm_avg=rng.choice([1.0, 9.0, None]), **fractions)  # fmt: skip
+                        writer.write(
+                            "train",
+                            state,
+                            train_loss=loss,
+                            nonfinite_loss=loss is None,
+                            grad_norm_avg=rng.choice([1.0, 9.0, None]),
+                            **fractions,
+                        )
                         if state.step % 4 == 0:
                             writer.write("validation", state, val_loss=rng.choice([0.5, 2.0]))
                     both(datetime.now(timezone.utc))

@@ -38,8 +38,8 @@ from metrics_core.text import duration
 
 ALERT_STATUSES = ("stalled", "crashed", "failed", "interrupted")
 # What ``RunRules.add`` reads of a record besides thresholds' keys, per event (``RunRules.fields``).
-_READ = {"train": ("step", "session_id", "nonfinite_loss", "nonfinite_keys", "train_loss", "clipped_fraction",
-                   "attempted_updates", "skipped_updates_in_window"), "session_end": ("error",)}  # fmt: skip
+_TRAIN_READ = ("step", "session_id", "nonfinite_loss", "nonfinite_keys", "train_loss", "clipped_fraction")
+_READ = {"train": (*_TRAIN_READ, "attempted_updates", "skipped_updates_in_window"), "session_end": ("error",)}
 
 
 # -- configuration -------------------------------------------------------------------------------

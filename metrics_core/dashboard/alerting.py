@@ -122,8 +122,9 @@ class StoreFollow:
         stats["records"] += sum(len(columns["step"][1]) for _, columns in taken)
         return state.conditions(self.rules)
 
-    def _take(self, reader: RunReader | None, released: StatusRecord | None, key: Any,
-              now: datetime) -> tuple[RunState | None, list[_Taken]]:  # fmt: skip
+    def _take(
+        self, reader: RunReader | None, released: StatusRecord | None, key: Any, now: datetime
+    ) -> tuple[RunState | None, list[_Taken]]:
         """Under the run's lock: its state and the new rows' columns (``_Taken``); no state when
         the store holds no reader and the rules lack some of what it read."""
         if reader is None:
@@ -143,8 +144,9 @@ class StoreFollow:
             self._rows[event] = stop
             columns = {"time": reader.column(event, "time")} if self.rules.across_events else {}
             columns.update((name, reader.column(event, name)) for name in fields if name != "event")
-            taken.append((event, {name: _slice(column, start, stop) for name, column in columns.items()
-                                  if column is not None}))  # fmt: skip
+            taken.append(
+                (event, {name: _slice(column, start, stop) for name, column in columns.items() if column is not None})
+            )
         self._key = key
         return RunState.of(reader, now), taken
 
@@ -206,8 +208,11 @@ def _needed(columns: Mapping[str, tuple[str, np.ndarray, list[str]]], rules: Run
         np.isfinite(numbers.get("clipped_fraction", missing)[:start]) & judged,
         np.isfinite(skipped[:start]) & (numbers.get("attempted_updates", missing)[:start] != 0) & judged,
     ]
-    setters += [np.isfinite(numbers[t.key][:start]) for t in rules.config.thresholds
-                if t.event in (None, "train") and t.key in numbers]  # fmt: skip
+    setters += [
+        np.isfinite(numbers[t.key][:start])
+        for t in rules.config.thresholds
+        if t.event in (None, "train") and t.key in numbers
+    ]
     # The row before the tail too: it says whether the tail's first row is judged.
     last = {start} | {int(found[-1]) for setter in setters if len(found := np.flatnonzero(setter))}
     head = sorted({row for setter in last for row in (setter - 1, setter) if 0 <= row < start})
@@ -226,13 +231,20 @@ class ServerAlerter:
     thread from construction until ``close``.  Thread-safe: ``firing`` and ``recent`` are the
     evaluator's locked copies."""
 
-    def __init__(self, store: RunStore, config: AlertConfig, *, webhook: str | None,
-                 interval: float = INTERVAL_S) -> None:  # fmt: skip
+    def __init__(
+        self, store: RunStore, config: AlertConfig, *, webhook: str | None, interval: float = INTERVAL_S
+    ) -> None:
         self._stop = threading.Event()
         pace = Pacer(self._stop)
         root = store.root
-        self.alerter = Alerter(root, config, webhook=webhook, report=_log.warning, pace=pace,
-                               follow=lambda info: StoreFollow(store, info, config, pace))  # fmt: skip
+        self.alerter = Alerter(
+            root,
+            config,
+            webhook=webhook,
+            report=_log.warning,
+            pace=pace,
+            follow=lambda info: StoreFollow(store, info, config, pace),
+        )
         self.interval = interval
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"alerts {root}", daemon=True)

@@ -239,8 +239,14 @@ class RunStore:
             self._returned_at = now
         return_memory_to_os()
 
-    def read_run(self, info: RunInfo, use: Callable[[RunReader | None, StatusRecord | None, Any], T], *,
-                 now: datetime | None = None, need_reader: bool = False) -> T:  # fmt: skip
+    def read_run(
+        self,
+        info: RunInfo,
+        use: Callable[[RunReader | None, StatusRecord | None, Any], T],
+        *,
+        now: datetime | None = None,
+        need_reader: bool = False,
+    ) -> T:
         """``use(reader, released, key)`` under run ``info``'s lock, once the run was brought up to
         date as for its runs table row (read if never read; re-read if due; ``need_reader``: a
         released run gets a reader again, as for a view), then the reader released if idle: for
