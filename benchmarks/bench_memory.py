@@ -20,6 +20,7 @@ Run: python benchmarks/bench_memory.py [--records 100000] [--settle 25] [--soak 
 from __future__ import annotations
 
 import argparse
+import os
 import subprocess
 import sys
 import tempfile
@@ -53,14 +54,9 @@ def rss(pid: int) -> int:
 
 def import_floor() -> int:
     """The RSS of a fresh process that imports what the server imports."""
-    env_path = {"PYTHONPATH": str(REPO)}
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-c", FLOOR_IMPORTS],
-        capture_output=True,
-        text=True,
-        check=True,
-        cwd=REPO,
-        env={**__import__("os").environ, **env_path},
+        [sys.executable, "-c", FLOOR_IMPORTS], capture_output=True, text=True, check=True, cwd=REPO, env=environ
     )
     return int(done.stdout.strip())
 
