@@ -15,7 +15,9 @@ import pytest
 
 from metrics_core.alerts.rules import AlertConfig
 from metrics_core.alerts.webhooks import Alert
+from metrics_core.dashboard import alerting
 from metrics_core.dashboard.alerting import Pacer, ServerAlerter, alerts_notice, firing_lines, run_alert_lines
+from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.write.training_session import training_session
 from tests.support import Receiver, open_page, read_records
 
@@ -78,7 +80,8 @@ def test_the_server_alerter_evaluates_in_its_thread_until_closed(tmp_path: Path)
     """Built, it passes over the root in its own thread (no page waits for it) and reports ready;
     close stops that thread."""
     nan_and_healthy_runs(tmp_path)
-    alerter = ServerAlerter(tmp_path, AlertConfig(), webhook=None, interval=0.05)
+    store = RunStore(tmp_path)
+    alerter = ServerAlerter(store, AlertConfig(), webhook=None, interval=0.05)
     try:
         deadline = time.monotonic() + 30
         while not alerter.ready and time.monotonic() < deadline:
@@ -87,6 +90,7 @@ def test_the_server_alerter_evaluates_in_its_thread_until_closed(tmp_path: Path)
         assert [(a.run, a.condition, a.state) for a in alerter.recent()] == [("nan", "nonfinite_loss", "firing")]
     finally:
         alerter.close()
+        store.close()
     assert not any(thread.name == f"alerts {tmp_path}" for thread in threading.enumerate())
 
 
@@ -212,3 +216,77 @@ def test_unusable_alert_settings_are_said_on_the_page_and_the_runs_still_show(
     assert not app.exception
     assert shown(app.error[0].value).startswith("Alerts are off: ") and why in shown(app.error[0].value)
     assert list(app.dataframe[0].value["run"]) == ["run?run=ok"]
+
+
+def test_the_server_alerter_reads_through_the_store_and_finds_what_the_command_finds(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Over appends to a live run (spikes, NaNs, clipped and skipped fractions, thresholds on one
+    event and on any, a resumed session; each session's first pass a long block, of which the
+    rules are fed only what ``RunRules.memory`` says they need) and a finished run the store read
+    and let go: the server's evaluator, reading through the store (``StoreFollow``), says what the
+    command's (its own reading, every record) says after every pass, reads no byte itself, takes
+    each record once, and keeps no reader the store let go."""
+    import gc
+    import random
+
+    from metrics_core import MetricsWriter, RunContext, TrainingState
+    from metrics_core.alerts.evaluator import AlertEvaluator
+    from metrics_core.alerts.rules import Threshold
+    from metrics_core.dashboard.alerting import StoreFollow
+    from metrics_core.read.run_reader import RunReader
+
+    root = tmp_path / "runs"
+    write_losses(root / "done", [2.0, 1.9, math.nan, 1.8])
+    thresholds = (Threshold("val_loss", below=1.0), Threshold("grad_norm_avg", event="train", above=5.0))
+    config = AlertConfig(
+        spike_min_windows=3, spike_windows=5, clear_after_windows=4, thresholds=thresholds, clipped_fraction_above=0.5
+    )
+    fed: list[int] = []  # records the server's rules were fed
+    records_of = alerting._records
+    monkeypatch.setattr(alerting, "_records", lambda *args: fed.append(len(found := records_of(*args))) or found)
+    store = RunStore(root, idle_s=0.0, safety_interval=0.0)  # every pass reads what was appended
+    shared = AlertEvaluator(root, config, follow=lambda info: StoreFollow(store, info, config, None))
+    own = AlertEvaluator(root, config)
+    rng = random.Random(3)
+    state = TrainingState()
+
+    def both(now: datetime) -> None:
+        found = [(a.run, a.condition, a.state, a.message) for a in shared.evaluate(now=now)]
+        assert found == [(a.run, a.condition, a.state, a.message) for a in own.evaluate(now=now)]
+        assert shared.firing().keys() == own.firing().keys()
+
+    try:
+        for session in ("s1", "s2"):
+            with MetricsWriter(RunContext(root / "live", "live", session)) as writer:
+                for round_ in range(12):
+                    for _ in range(300 if round_ == 0 else rng.randint(1, 9)):
+                        state.step += 1
+                        loss = rng.choice([1.0 + rng.random() * 0.01] * 8 + [50.0, None])  # None: a NaN window
+                        skipped = {"attempted_updates": 4, "skipped_updates_in_window": rng.randint(0, 4)}
+                        fractions = rng.choice([{}, {"clipped_fraction": rng.choice([0.1, 0.9])}, skipped])
+                        writer.write(
+                            "train",
+                            state,
+                            train_loss=loss,
+                            nonfinite_loss=loss is None,
+                            grad_norm_avg=rng.choice([1.0, 9.0, None]),
+                            **fractions,
+                        )
+                        if state.step % 4 == 0:
+                            writer.write("validation", state, val_loss=rng.choice([0.5, 2.0]))
+                    both(datetime.now(timezone.utc))
+            state.step -= 5  # the next session resumes from an earlier checkpoint
+        both(datetime.now(timezone.utc) + timedelta(hours=1))  # stalled or crashed: the status rules too
+        assert shared.stats["bytes_read"] == 0 and own.stats["bytes_read"] > 0
+        records = [r["event"] for path in root.rglob("metrics.jsonl") for r in read_records(path)]
+        assert shared.stats["records"] == len(records)  # each taken once (a threshold on any event reads all)
+        assert sum(fed) < len(records) - 400  # of the long blocks, the rules were fed what they need
+        gc.collect()
+        held = [entry.reader for entry in store._entries.values() if entry.reader is not None]
+        alive = [o for o in gc.get_objects() if isinstance(o, RunReader) and root in o.path.parents]
+        assert len(alive) == len(held)  # the alerter keeps no reader alive
+    finally:
+        shared.close()
+        own.close()
+        store.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import signal
 import threading
 import time
@@ -941,3 +942,58 @@ def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbe
     finally:
         writer.kill()
         writer.wait()
+
+
+def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_freed_memory_back(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tab on a live run, an append every 0.25 s for 600 appends: after each, the snapshot, its
+    charts and their payloads (what the page and the live route build); the objects alive (the
+    snapshots, their columns, the encoded figures, the lineage's state) stay as many as after
+    the first appends, not one more per append, and the heap's freed pages go back to the OS once
+    per ``TRIM_S`` of the store's clock (the growth of a server's RSS with time was freed memory
+    the heap kept)."""
+    import gc
+
+    from metrics_core.dashboard.live.chart_component import Encoded, encode
+    from metrics_core.dashboard.live.feed import drawn_charts, feed_answer, page_signature
+    from metrics_core.dashboard.store.snapshot import EventColumns
+
+    returned: list[float] = []
+    clock = [0.0]
+    monkeypatch.setattr(store_module, "return_memory_to_os", lambda: returned.append(clock[0]))
+    path = tmp_path / "live" / "metrics.jsonl"
+    append_records(path, *(base_record(step, train_loss=1.0 / step, grad_norm_avg=0.5) for step in range(1, 11)))
+    store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
+    options = ChartOptions()
+
+    def alive() -> dict[str, int]:
+        gc.collect()
+        kinds = (RunView, EventColumns, Encoded)
+        counts = {kind.__name__: 0 for kind in kinds}
+        for thing in gc.get_objects():
+            for kind in kinds:
+                if isinstance(thing, kind):
+                    counts[kind.__name__] += 1
+        counts["lineage"] = len(store._entries["live"].lineage._state)
+        return counts
+
+    try:
+        view = store.view("live")
+        signature = page_signature(view, options, ()).layout
+        held = {key: encode(figure).token for key, figure in drawn_charts(view, options).items()}
+        counts = []
+        for step in range(11, 611):
+            clock[0] += 0.25
+            append_records(path, base_record(step, train_loss=1.0 / step + 0.01 * (step % 7), grad_norm_avg=0.5))
+            view = store.view("live")
+            if feed_answer(view, options, (), signature, held).get("rerun"):
+                signature = page_signature(view, options, ()).layout
+            held = {key: encode(figure).token for key, figure in drawn_charts(view, options).items()}
+            if step in (111, 610):
+                counts.append(alive())
+        assert counts[1] == counts[0]  # 500 appends later: not one more snapshot, column set or figure
+        assert len(returned) == int(clock[0] / store_module.TRIM_S) + 1  # at 0, then once per TRIM_S
+        assert all(b - a >= store_module.TRIM_S for a, b in itertools.pairwise(returned))
+    finally:
+        store.close()

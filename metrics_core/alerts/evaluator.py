@@ -38,6 +38,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Protocol
 
 import orjson
 
@@ -48,10 +49,10 @@ from metrics_core.read.line_follower import LineFollower
 from metrics_core.read.records import MAX_RECORD_BYTES
 from metrics_core.read.run_digest import batches
 from metrics_core.read.run_file import LocalFile
-from metrics_core.read.run_status import END_STATUSES, run_status, write_failure
+from metrics_core.read.run_status import END_STATUSES, StatusSource, run_status, write_failure
 from metrics_core.read.run_summary import FollowedLog
 from metrics_core.read.session_accounting import SessionLog
-from metrics_core.roots.discovery import find_runs
+from metrics_core.roots.discovery import RunInfo, find_runs
 from metrics_core.text import utf8
 
 SETTLED = (*END_STATUSES, "crashed")  # statuses only a write can change: the run's file is let go
@@ -100,14 +101,81 @@ class RunFeed(FollowedLog):
         self._follower.close()
 
 
+# -- what an evaluator follows of a run ------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class RunState:
+    """What the rules read of a run besides its records: its status (``run_status``), the age of
+    its last record in seconds, and for a failed run the failed write if that is why."""
+
+    status: str
+    age_s: float | None
+    failure: str | None
+
+    @classmethod
+    def of(cls, source: StatusSource, now: datetime) -> RunState:
+        status, last = run_status(source, now=now), source.last_record_time
+        failure = write_failure(source) if status == "failed" else None
+        return cls(status, None if last is None else (now - last).total_seconds(), failure and failure.error)
+
+    def conditions(self, rules: RunRules) -> tuple[list[Condition], float | None]:
+        """What holds for the run now, and the age of its last record."""
+        return rules.conditions(self.status, age_s=self.age_s, failure=self.failure), self.age_s
+
+
+class RunFollow(Protocol):
+    """One run as an evaluator follows it: ``FileFollow`` reads its file (the headless command);
+    a dashboard server's reads what its store already read (``dashboard.alerting.StoreFollow``),
+    so that the server parses each run once."""
+
+    def conditions(self, now: datetime, stats: dict[str, int]) -> tuple[list[Condition], float | None] | None:
+        """What holds now and the age of the last record; None: as before.  Counts into ``stats``."""
+
+    def close(self) -> None:
+        """Let go of the run's file and parsed state: the next ``conditions`` reads it again."""
+
+
+class FileFollow:
+    """A run read by its own ``RunFeed``: O(appended bytes) per pass; a settled run holds no
+    feed, and costs one ``stat`` per pass until its file changes, when it is read again from its
+    start.  ``pace``: ``AlertEvaluator``'s."""
+
+    def __init__(self, path: Path, config: AlertConfig, pace: Callable[[], None] | None = None) -> None:
+        self.path, self.config, self.pace = path, config, pace
+        self.feed: RunFeed | None = None  # None: not read yet, or settled and let go (``stamp`` says as of when)
+        self.stamp: tuple[int, ...] | None = None
+
+    def conditions(self, now: datetime, stats: dict[str, int]) -> tuple[list[Condition], float | None] | None:
+        if self.feed is None:
+            if self.stamp is not None:
+                stat = LocalFile(self.path).stat()
+                if stat is None or stat.identity == self.stamp:
+                    return None
+            self.feed, self.stamp = RunFeed(self.path, self.config), None
+            stats["runs_read"] += 1
+        feed = self.feed
+        read, records = feed.refresh(self.pace)
+        stats["bytes_read"] += read
+        stats["records"] += records
+        state = RunState.of(feed, now)
+        if state.status in SETTLED:
+            self.stamp, self.feed = feed.read_identity, None
+            feed.close()
+        return state.conditions(feed.rules)
+
+    def close(self) -> None:
+        if self.feed is not None:
+            self.feed.close()
+        self.feed = self.stamp = None
+
+
 # -- the evaluator of a root ---------------------------------------------------------------------
 
 
 @dataclass(slots=True)
 class _Run:
-    path: Path  # its metrics file
-    feed: RunFeed | None = None  # None: not read yet, or settled and let go (``stamp`` says as of when)
-    stamp: tuple[int, ...] | None = None
+    follow: RunFollow
     active: dict[str, Alert] = field(default_factory=dict)
 
 
@@ -117,19 +185,28 @@ class AlertEvaluator:
     held up by a pass (a first pass over a big root takes as long as reading it): each run's
     alerts are published as its evaluation ends."""
 
-    def __init__(self, root: str | Path, config: AlertConfig | None = None, *, rediscover_s: float = REDISCOVER_S,
-                 clock: Callable[[], float] = time.monotonic,
-                 firing: Mapping[str, Iterable[str]] | None = None,
-                 pace: Callable[[], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        root: str | Path,
+        config: AlertConfig | None = None,
+        *,
+        rediscover_s: float = REDISCOVER_S,
+        clock: Callable[[], float] = time.monotonic,
+        firing: Mapping[str, Iterable[str]] | None = None,
+        pace: Callable[[], None] | None = None,
+        follow: Callable[[RunInfo], RunFollow] | None = None,
+    ) -> None:
         """``rediscover_s``: how often the root is walked for runs that appeared or went (the walk,
         a ``scandir`` per directory, is most of an idle pass over a big root).  ``firing``: per
         run, the conditions an earlier process already alerted on (``alerts --state``): they
         count as firing, and alert again only after they have cleared.  ``pace``: called after
         each block of a run read (``RunFeed.refresh``), where a pass may wait: a dashboard
-        server's alerter shares its process, and Python's lock, with the pages."""
+        server's alerter shares its process, and Python's lock, with the pages.  ``follow``: how a
+        run found under the root is followed (``FileFollow``, reading its file, by default)."""
         self.root = Path(root)
         self.pace = pace
         self.config = config or AlertConfig()
+        self._follow = follow or (lambda info: FileFollow(info.metrics_path, self.config, pace))
         self.rediscover_s = rediscover_s
         self._clock = clock
         self._found_at = -math.inf
@@ -155,13 +232,11 @@ class AlertEvaluator:
                     self.stats["errors"] += 1
             for name, run in self._runs.items():
                 try:
-                    found = self._conditions(run, now)
+                    found = run.follow.conditions(now, self.stats)
                 except Exception:  # one unreadable run must not stop the alerts of the others
                     _log.warning("alerts: run %r could not be read", name, exc_info=True)
                     self.stats["errors"] += 1
-                    if run.feed is not None:
-                        run.feed.close()
-                    run.feed = run.stamp = None
+                    run.follow.close()
                     continue
                 if found is not None:
                     alerts += self._publish(name, run, self._transitions(name, run, *found, now))
@@ -186,13 +261,13 @@ class AlertEvaluator:
         alerts = []
         for name in [name for name in self._runs if name not in names]:
             run = self._runs.pop(name)
-            if run.feed is not None:
-                run.feed.close()
-            alerts += self._publish(name, None, [Alert(name, key, "cleared", "the run is gone", now)
-                                                 for key in run.active])  # fmt: skip
+            run.follow.close()
+            alerts += self._publish(
+                name, None, [Alert(name, key, "cleared", "the run is gone", now) for key in run.active]
+            )
         for name, info in names.items():
             if name not in self._runs:
-                run = self._runs[name] = _Run(info.metrics_path)
+                run = self._runs[name] = _Run(self._follow(info))
                 for key in self._earlier.pop(name, ()):
                     run.active[key] = Alert(name, key, "firing", "alerted on by an earlier alerter", now)
                 if run.active:
@@ -200,33 +275,9 @@ class AlertEvaluator:
                         self._firing[name] = tuple(run.active.values())
         return alerts
 
-    def _conditions(self, run: _Run, now: datetime) -> tuple[list[Condition], float | None] | None:
-        """What holds for the run now and the age of its last record; None when it is settled
-        and its file unchanged or gone for now (its active conditions stand).  Cost: one
-        ``stat`` when nothing was appended; else the appended bytes."""
-        if run.feed is None:
-            if run.stamp is not None:
-                stat = LocalFile(run.path).stat()
-                if stat is None or stat.identity == run.stamp:
-                    return None
-            run.feed, run.stamp = RunFeed(run.path, self.config), None
-            self.stats["runs_read"] += 1
-        feed = run.feed
-        read, records = feed.refresh(self.pace)
-        self.stats["bytes_read"] += read
-        self.stats["records"] += records
-        status = run_status(feed, now=now)
-        last = feed.last_record_time
-        age = None if last is None else (now - last).total_seconds()
-        failure = write_failure(feed) if status == "failed" else None
-        found = feed.rules.conditions(status, age_s=age, failure=None if failure is None else failure.error)
-        if status in SETTLED:
-            run.stamp, run.feed = feed.read_identity, None
-            feed.close()
-        return found, age
-
-    def _transitions(self, name: str, run: _Run, found: list[Condition], age: float | None,
-                     now: datetime) -> list[Alert]:  # fmt: skip
+    def _transitions(
+        self, name: str, run: _Run, found: list[Condition], age: float | None, now: datetime
+    ) -> list[Alert]:
         horizon = self.config.ignore_after_h * 3600.0
         fresh = not horizon or age is None or age <= horizon
         alerts = []
@@ -254,9 +305,7 @@ class AlertEvaluator:
     def close(self) -> None:
         with self._pass:
             for run in self._runs.values():
-                if run.feed is not None:
-                    run.feed.close()
-                run.feed = None
+                run.follow.close()
 
 
 # -- the alerter: evaluation and delivery, headless or in a server --------------------------------
@@ -267,13 +316,20 @@ class Alerter:
     due deliveries, ``run`` repeats it until ``stop`` is set.  A dashboard server runs one per
     root in a thread and shows ``evaluator.firing()`` and ``evaluator.recent()``."""
 
-    def __init__(self, root: str | Path, config: AlertConfig | None = None, *, webhook: str | None = None,
-                 report: Callable[[str], None] | None = None,
-                 firing: Mapping[str, Iterable[str]] | None = None,
-                 pace: Callable[[], None] | None = None) -> None:  # fmt: skip
-        """``pace``: as ``AlertEvaluator``'s."""
+    def __init__(
+        self,
+        root: str | Path,
+        config: AlertConfig | None = None,
+        *,
+        webhook: str | None = None,
+        report: Callable[[str], None] | None = None,
+        firing: Mapping[str, Iterable[str]] | None = None,
+        pace: Callable[[], None] | None = None,
+        follow: Callable[[RunInfo], RunFollow] | None = None,
+    ) -> None:
+        """``pace``, ``follow``: as ``AlertEvaluator``'s."""
         self.config = config or AlertConfig()
-        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace)
+        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace, follow=follow)
         url = webhook or self.config.webhook
         self.delivery = None if url is None else Delivery(url, root=str(root), report=report)
 
@@ -324,8 +380,10 @@ def load_state(path: Path) -> dict[str, list[str]]:
     except (OSError, orjson.JSONDecodeError) as exc:
         raise AlertConfigError(f"{path}: cannot read the alerts state ({exc})") from exc
     firing = data.get("firing") if isinstance(data, dict) else None
-    if not (isinstance(firing, dict) and all(isinstance(v, list) and all(isinstance(c, str) for c in v)
-                                             for v in firing.values())):  # fmt: skip
+    if not (
+        isinstance(firing, dict)
+        and all(isinstance(v, list) and all(isinstance(c, str) for c in v) for v in firing.values())
+    ):
         raise AlertConfigError(f'{path}: not an alerts state file (expected {{"firing": {{run: [condition, ...]}}}})')
     return firing
 
@@ -334,8 +392,10 @@ def save_state(path: Path, alerter: Alerter) -> None:
     """What is firing and was delivered (an undelivered alert is posted again by the next call),
     written whole or not at all (a temporary file renamed over the old one)."""
     undelivered = {(a.run, a.condition) for a in alerter.delivery.queued()} if alerter.delivery else set()
-    firing = {utf8(name): [a.condition for a in alerts if (name, a.condition) not in undelivered]
-              for name, alerts in alerter.evaluator.firing().items()}  # fmt: skip
+    firing = {
+        utf8(name): [a.condition for a in alerts if (name, a.condition) not in undelivered]
+        for name, alerts in alerter.evaluator.firing().items()
+    }
     temporary = path.with_name(path.name + ".tmp")
     temporary.write_bytes(orjson.dumps({"firing": firing}))
     os.replace(temporary, path)

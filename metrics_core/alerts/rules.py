@@ -37,6 +37,9 @@ from metrics_core.read.session_model import number
 from metrics_core.text import duration
 
 ALERT_STATUSES = ("stalled", "crashed", "failed", "interrupted")
+# What ``RunRules.add`` reads of a record besides thresholds' keys, per event (``RunRules.fields``).
+_TRAIN_READ = ("step", "session_id", "nonfinite_loss", "nonfinite_keys", "train_loss", "clipped_fraction")
+_READ = {"train": (*_TRAIN_READ, "attempted_updates", "skipped_updates_in_window"), "session_end": ("error",)}
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -236,6 +239,27 @@ class RunRules:
         self._last: dict[str, tuple[float, int]] = {}  # a fraction or threshold name -> (last value, step)
         self._end_error: str | None = None
         self._session: str | None = None  # of the last train window
+
+    def fields(self, event: str) -> tuple[str, ...]:
+        """The fields of ``event`` records that ``add`` reads (none: it needs no record of that
+        event): a feed from a reader's columns builds records of these alone."""
+        keys = [*_READ.get(event, ()), *(t.key for t in self.config.thresholds if t.event in (None, event))]
+        return tuple(dict.fromkeys(["event", "step", *keys])) if keys else ()
+
+    @property
+    def memory(self) -> int:
+        """Finite-loss train windows that decide what the rules say, now and after any later record.
+        Of the train records before the last ``memory`` of them only the last values they set
+        count: fed the last record setting each fraction and threshold (with the record before it,
+        whose session says whether a fraction is judged), in file order, then those windows, the
+        rules say what all of them would have said (``dashboard.alerting`` feeds a long past so)."""
+        return self.config.spike_windows + self.config.clear_after_windows
+
+    @property
+    def across_events(self) -> bool:
+        """Whether records of different events must come in file order (a threshold on any event:
+        its last value is the last logged), not only each event's in its own order."""
+        return any(threshold.event is None for threshold in self.config.thresholds)
 
     def add(self, records: Iterable[Mapping[str, Any]]) -> None:
         for record in records:

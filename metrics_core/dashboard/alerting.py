@@ -3,10 +3,16 @@ daemon thread while the server runs, and what a page shows of it.
 
 One evaluator per server, never one per viewer: ``settings.get_alerter`` holds a ``ServerAlerter``
 in ``st.cache_resource``, so every tab reads the same alerts and a webhook gets each alert once
-however many tabs are open.  It reads the root itself, as ``python -m metrics_core alerts`` does,
-with the same rules and the same two settings (``--webhook``, ``--alerts-config``); without a
-webhook its alerts are only shown.  Pages never wait for a pass: they read what the evaluator
-published (under its lock), and say so while its first pass over the root is still reading.
+however many tabs are open.  It has the rules and the two settings (``--webhook``,
+``--alerts-config``) of ``python -m metrics_core alerts``; without a webhook its alerts are only
+shown.  Pages never wait for a pass: they read what the evaluator published (under its lock), and
+say so while its first pass over the root is still reading.
+
+One parse per run per process: the evaluator walks the root as the command does, but reads each
+run through the server's ``RunStore`` (``StoreFollow``): a pass brings the run up to date as its
+runs table row is (the store's reader, refreshed if due, or a read if the store never read it),
+then feeds the rules the records the store read since the last pass, from its columns: O(new
+records), and no copy of a run beside the store's.
 """
 
 from __future__ import annotations
@@ -14,21 +20,31 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
+from datetime import datetime
+from typing import Any
 
+import numpy as np
 import streamlit as st
 
-from metrics_core.alerts.evaluator import INTERVAL_S, Alerter
-from metrics_core.alerts.rules import AlertConfig
+from metrics_core.alerts.evaluator import INTERVAL_S, Alerter, RunState
+from metrics_core.alerts.rules import AlertConfig, Condition, RunRules
 from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard.display_text import md_text, shorten_words
+from metrics_core.dashboard.store.rows import event_rows
+from metrics_core.dashboard.store.run_store import RunStore, RunViewError
+from metrics_core.read.columns import Column, as_python
+from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import StatusRecord
+from metrics_core.roots.discovery import RunInfo
 from metrics_core.text import clean
 
 FIRING_SHOWN = 50  # firing alerts listed on the runs page; more are counted, not listed
 CLEARED_SHOWN = 20  # recently cleared alerts listed behind the expander
 READ_SHARE = 0.25  # of a core, at most, for the server alerter's reading (``Pacer``)
+FEED_ROWS = 4096  # records fed to the rules between two calls of ``pace``
 _log = logging.getLogger(__name__)
 
 
@@ -64,13 +80,171 @@ class Pacer:
         self._since = (self._cpu(), self._wall())
 
 
-class ServerAlerter:
-    """An ``Alerter`` on ``root`` run in a daemon thread from construction until ``close``.
-    Thread-safe: ``firing`` and ``recent`` are the evaluator's locked copies."""
+# The columns of one event's new records as ``StoreFollow`` takes them under the run's lock:
+# (event, {field: (column kind, values, categories)}), the values views of the reader's.
+_Taken = tuple[str, dict[str, tuple[str, np.ndarray, list[str]]]]
 
-    def __init__(self, root: Path, config: AlertConfig, *, webhook: str | None, interval: float = INTERVAL_S) -> None:
+
+class StoreFollow:
+    """A run as the server's alerter follows it (``evaluator.RunFollow``): through ``store``,
+    which reads it once for the pages and the alerts.
+
+    Each pass takes, under the run's lock, its state (``RunState``) and views of the columns
+    the rules read of the rows added since the last pass (O(fields)), and feeds the rules those
+    rows outside the lock, ``FEED_ROWS`` at a time with ``pace`` between: a page never waits on
+    the rules.  The rules follow one reader: a new one (the store released the run and read it
+    again, or a reset) starts them again from its first row, as a re-read does the command's.
+    Nothing is held of the reader (a weak reference): the store's memory bound stands."""
+
+    def __init__(self, store: RunStore, info: RunInfo, config: AlertConfig, pace: Callable[[], None] | None) -> None:
+        self.store, self.info, self.config, self.pace = store, info, config, pace
+        self.rules = RunRules(config)
+        self._reader: weakref.ref[RunReader] | None = None  # the reader the rules were fed from
+        self._key: Any = None  # the store's data key of what they were fed
+        self._resets = 0  # the reader's resets when the rules started on it
+        self._rows: dict[str, int] = {}  # per event: rows fed to the rules
+
+    def conditions(self, now: datetime, stats: dict[str, int]) -> tuple[list[Condition], float | None] | None:
+        take = lambda reader, released, key: self._take(reader, released, key, now)  # noqa: E731
+        try:
+            state, taken = self.store.read_run(self.info, take, now=now)
+            if state is None:  # released before the rules had all it read: read again (the cache's)
+                state, taken = self.store.read_run(self.info, take, now=now, need_reader=True)
+        except RunViewError:
+            return None  # the store's row says why; its active conditions stand until it reads again
+        if state is None:
+            return None
+        records = _records(taken, self.rules)
+        for start in range(0, len(records), FEED_ROWS):
+            self.rules.add(records[start : start + FEED_ROWS])
+            if self.pace is not None:
+                self.pace()
+        stats["records"] += sum(len(columns["step"][1]) for _, columns in taken)
+        return state.conditions(self.rules)
+
+    def _take(
+        self, reader: RunReader | None, released: StatusRecord | None, key: Any, now: datetime
+    ) -> tuple[RunState | None, list[_Taken]]:
+        """Under the run's lock: its state and the new rows' columns (``_Taken``); no state when
+        the store holds no reader and the rules lack some of what it read."""
+        if reader is None:
+            return (RunState.of(released, now) if released is not None and key == self._key else None), []
+        if self._reader is None or self._reader() is not reader or reader.resets != self._resets:
+            if key == self._key and self._reader is not None:  # the same data read again: nothing new
+                self._rows = {event: event_rows(reader, event) for event in reader.events}
+            else:
+                self.rules, self._rows = RunRules(self.config), {}
+            self._reader, self._resets = weakref.ref(reader), reader.resets
+        taken = []
+        for event in reader.events:
+            fields = self.rules.fields(event)
+            start, stop = self._rows.get(event, 0), event_rows(reader, event)
+            if not fields or stop == start:
+                continue
+            self._rows[event] = stop
+            columns = {"time": reader.column(event, "time")} if self.rules.across_events else {}
+            columns.update((name, reader.column(event, name)) for name in fields if name != "event")
+            taken.append(
+                (event, {name: _slice(column, start, stop) for name, column in columns.items() if column is not None})
+            )
+        self._key = key
+        return RunState.of(reader, now), taken
+
+    def close(self) -> None:
+        """Forget the rules' state (the store's reader is the store's): the next pass feeds them
+        the reader's records again from its first."""
+        self._reader = self._key = None
+
+
+def _slice(column: Column, start: int, stop: int) -> tuple[str, np.ndarray, list[str]]:
+    values = column.view()
+    return column.kind, (np.full(stop - start, np.nan) if values is None else values[start:stop]), column.categories
+
+
+def _records(taken: list[_Taken], rules: RunRules) -> list[dict[str, Any]]:
+    """The rows ``taken`` as the records ``rules.add`` reads (the fields it reads alone; of a long
+    run of train records, only those it needs: ``_needed``), each event's in file order, and all
+    of them in the order they were logged when the rules read across events."""
+    records: list[dict[str, Any]] = []
+    for event, columns in taken:  # every event taken has its "step" column
+        rows = _needed(columns, rules) if event == "train" else None
+        names = list(columns)
+        values = [_python(*columns[name], rows) for name in names]
+        records += [{"event": event, **dict(zip(names, row, strict=True))} for row in zip(*values, strict=True)]
+    if rules.across_events and len(taken) > 1:
+        records.sort(key=lambda record: record["time"])  # stable: an event's records keep their order
+    return records
+
+
+def _needed(columns: Mapping[str, tuple[str, np.ndarray, list[str]]], rules: RunRules) -> np.ndarray | None:
+    """Of train rows, those ``RunRules.memory`` says the rules need, in order: the rows from the
+    last ``memory`` finite-loss windows on, and before them each fraction's and train threshold's
+    last setter with the row before it.  None: every row (a short block, or a column of mixed
+    types, which only the rules themselves read right).  A row counts as a finite-loss window only
+    when it surely is one: counting too few only feeds more rows."""
+    kinds = {name: kind for name, (kind, _, _) in columns.items()}
+    if len(columns["step"][1]) <= 2 * rules.memory or not set(kinds.values()) <= {"int", "float", "bool", "cat"}:
+        return None
+    # What the rules take for a number (``session_model.number``): an int or a float, never a bool.
+    numbers = {name: column[1].astype(np.float64) for name, column in columns.items() if column[0] in ("int", "float")}
+    rows = len(columns["step"][1])
+    missing = np.full(rows, np.nan)
+    finite = np.isfinite(numbers.get("train_loss", missing))
+    if kinds.get("nonfinite_loss") == "bool":
+        finite &= columns["nonfinite_loss"][1] != 1
+    if "nonfinite_keys" in columns:
+        finite &= columns["nonfinite_keys"][1] < 0  # a window naming keys is not surely finite
+    windows = np.cumsum(finite[::-1])[::-1]  # finite-loss windows from each row on
+    tail = np.flatnonzero(windows >= rules.memory)
+    if not len(tail) or tail[-1] == 0:
+        return None
+    start = int(tail[-1])
+    sessions = columns["session_id"][1][:start]
+    judged = np.ones(start, dtype=bool)  # the first row is judged against the rules' last session
+    judged[1:] = sessions[1:] == sessions[:-1]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        skipped = numbers.get("skipped_updates_in_window", missing) / numbers.get("attempted_updates", missing)
+    setters = [
+        np.isfinite(numbers.get("clipped_fraction", missing)[:start]) & judged,
+        np.isfinite(skipped[:start]) & (numbers.get("attempted_updates", missing)[:start] != 0) & judged,
+    ]
+    setters += [
+        np.isfinite(numbers[t.key][:start])
+        for t in rules.config.thresholds
+        if t.event in (None, "train") and t.key in numbers
+    ]
+    # The row before the tail too: it says whether the tail's first row is judged.
+    last = {start} | {int(found[-1]) for setter in setters if len(found := np.flatnonzero(setter))}
+    head = sorted({row for setter in last for row in (setter - 1, setter) if 0 <= row < start})
+    return np.concatenate([np.array(head, dtype=np.int64), np.arange(start, rows)])
+
+
+def _python(kind: str, values: np.ndarray, categories: list[str], rows: np.ndarray | None) -> list[Any]:
+    """A column's ``rows`` (None: all) as a record holds them (an integer stays one; a missing
+    number is NaN, which every rule skips as it skips a missing field)."""
+    values = values if rows is None else values[rows]
+    return values.tolist() if kind in ("int", "float") else as_python(kind, values, categories)
+
+
+class ServerAlerter:
+    """An ``Alerter`` on ``store``'s root, reading through it (``StoreFollow``), run in a daemon
+    thread from construction until ``close``.  Thread-safe: ``firing`` and ``recent`` are the
+    evaluator's locked copies."""
+
+    def __init__(
+        self, store: RunStore, config: AlertConfig, *, webhook: str | None, interval: float = INTERVAL_S
+    ) -> None:
         self._stop = threading.Event()
-        self.alerter = Alerter(root, config, webhook=webhook, report=_log.warning, pace=Pacer(self._stop))
+        pace = Pacer(self._stop)
+        root = store.root
+        self.alerter = Alerter(
+            root,
+            config,
+            webhook=webhook,
+            report=_log.warning,
+            pace=pace,
+            follow=lambda info: StoreFollow(store, info, config, pace),
+        )
         self.interval = interval
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"alerts {root}", daemon=True)

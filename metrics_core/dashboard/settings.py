@@ -49,27 +49,58 @@ def runs_root(text: str) -> Path | str:
 def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     """The dashboard's options, with their defaults from ``environ`` (also a parent of ``metrics-dashboard``'s)."""
     parser = argparse.ArgumentParser(prog="streamlit run app.py --", add_help=False)
-    parser.add_argument("--runs", type=runs_root, default=runs_root(environ.get("METRICS_RUNS_DIR", "runs")),
-                        help="the runs root: every directory under it holding a metrics.jsonl is a run; "
-                        "s3://bucket/prefix, gs://… or az://container/prefix reads a bucket (README)")  # fmt: skip
-    parser.add_argument("--list-interval", type=float,
-                        default=float(environ.get("METRICS_LIST_INTERVAL", str(LIST_INTERVAL_S))),
-                        help="seconds between listings of a bucket root (its live runs: each refresh)")  # fmt: skip
-    parser.add_argument("--refresh", type=float, default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))),
-                        help="seconds between updates of an open page")  # fmt: skip
-    parser.add_argument("--poll", action="store_true", default=environ.get("METRICS_POLL") == "1",
-                        help="poll the files instead of using inotify")  # fmt: skip
-    parser.add_argument("--demo", action="store_true", default=environ.get("METRICS_DEMO") == "1",
-                        help="start the live demo run when the root holds no runs")  # fmt: skip
-    parser.add_argument("--cache-dir", type=Path, default=default_directory(environ),
-                        help="where to keep a columnar copy of big runs (never inside the runs root)")  # fmt: skip
-    parser.add_argument("--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1",
-                        help="keep no such copy")  # fmt: skip
-    parser.add_argument("--webhook", default=environ.get("METRICS_WEBHOOK") or None,
-                        help="URL to POST alerts to, as `python -m metrics_core alerts` does")  # fmt: skip
+    parser.add_argument(
+        "--runs",
+        type=runs_root,
+        default=runs_root(environ.get("METRICS_RUNS_DIR", "runs")),
+        help="the runs root: every directory under it holding a metrics.jsonl is a run; "
+        "s3://bucket/prefix, gs://… or az://container/prefix reads a bucket (README)",
+    )
+    parser.add_argument(
+        "--list-interval",
+        type=float,
+        default=float(environ.get("METRICS_LIST_INTERVAL", str(LIST_INTERVAL_S))),
+        help="seconds between listings of a bucket root (its live runs: each refresh)",
+    )
+    parser.add_argument(
+        "--refresh",
+        type=float,
+        default=float(environ.get("METRICS_REFRESH", str(DEFAULT_REFRESH_S))),
+        help="seconds between updates of an open page",
+    )
+    parser.add_argument(
+        "--poll",
+        action="store_true",
+        default=environ.get("METRICS_POLL") == "1",
+        help="poll the files instead of using inotify",
+    )
+    parser.add_argument(
+        "--demo",
+        action="store_true",
+        default=environ.get("METRICS_DEMO") == "1",
+        help="start the live demo run when the root holds no runs",
+    )
+    parser.add_argument(
+        "--cache-dir",
+        type=Path,
+        default=default_directory(environ),
+        help="where to keep a columnar copy of big runs (never inside the runs root)",
+    )
+    parser.add_argument(
+        "--no-cache", action="store_true", default=environ.get("METRICS_NO_CACHE") == "1", help="keep no such copy"
+    )
+    parser.add_argument(
+        "--webhook",
+        default=environ.get("METRICS_WEBHOOK") or None,
+        help="URL to POST alerts to, as `python -m metrics_core alerts` does",
+    )
     alerts_config = environ.get("METRICS_ALERTS_CONFIG")
-    parser.add_argument("--alerts-config", type=Path, default=Path(alerts_config) if alerts_config else None,
-                        help="a TOML file of alert rules (README, 'Alerts')")  # fmt: skip
+    parser.add_argument(
+        "--alerts-config",
+        type=Path,
+        default=Path(alerts_config) if alerts_config else None,
+        help="a TOML file of alert rules (README, 'Alerts')",
+    )
     return parser
 
 
@@ -85,9 +116,16 @@ def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
     local = isinstance(args.runs, Path)
     if cache is not None and local and cache.resolve().is_relative_to(args.runs.resolve()):
         raise SystemExit(f"--cache-dir {cache} is inside the runs root {args.runs}: the cache must live elsewhere")
-    return Settings(runs=args.runs, refresh=args.refresh, poll=args.poll, demo=args.demo, cache=cache,
-                    webhook=args.webhook, alerts_config=args.alerts_config,
-                    list_interval=args.list_interval)  # fmt: skip
+    return Settings(
+        runs=args.runs,
+        refresh=args.refresh,
+        poll=args.poll,
+        demo=args.demo,
+        cache=cache,
+        webhook=args.webhook,
+        alerts_config=args.alerts_config,
+        list_interval=args.list_interval,
+    )
 
 
 def settings() -> Settings:
@@ -105,8 +143,14 @@ def _store(runs: Path | str, poll: bool, cache: Path | None, refresh: float, lis
     recent_s = max(RECENT_S, 4 * refresh)
     # A bucket's live run costs a HEAD per look: looked at no more than once per page refresh.
     polling = {"safety_interval": refresh} if is_bucket_url(runs) else {}
-    store = RunStore(runs, force_polling=poll, cache=None if cache is None else CachePolicy(cache), recent_s=recent_s,
-                     list_interval=list_interval, **polling)  # fmt: skip
+    store = RunStore(
+        runs,
+        force_polling=poll,
+        cache=None if cache is None else CachePolicy(cache),
+        recent_s=recent_s,
+        list_interval=list_interval,
+        **polling,
+    )
     _OPEN_STORES.append(store)
     return store
 
@@ -143,17 +187,21 @@ def get_store(config: Settings) -> RunStore:
 
 
 @st.cache_resource(show_spinner=False)
-def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None) -> ServerAlerter:
-    alerter = ServerAlerter(runs, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
+def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None, _store: RunStore) -> ServerAlerter:
+    # ``runs`` keys the cache; the store (not hashed) is the one of the same root, read through
+    alerter = ServerAlerter(_store, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
     _OPEN_ALERTERS.append(alerter)
     return alerter
 
 
 def open_alerter(config: Settings) -> ServerAlerter | None:
     """The one alerter of this server process on its runs root, shared by every browser tab and the
-    server's own routes; None when the root is a bucket (alerts read a local root); ``MetricsError``
-    when ``--alerts-config`` or ``--webhook`` cannot be used."""
-    return None if is_bucket_url(config.runs) else _alerter(config.runs, config.webhook, config.alerts_config)
+    server's own routes, reading the runs through the server's store (``open_store``); None when
+    the root is a bucket (alerts read a local root); ``MetricsError`` when ``--alerts-config`` or
+    ``--webhook`` cannot be used, or the runs root is missing."""
+    if is_bucket_url(config.runs):
+        return None
+    return _alerter(config.runs, config.webhook, config.alerts_config, open_store(config))
 
 
 def get_alerter(config: Settings) -> ServerAlerter | None:

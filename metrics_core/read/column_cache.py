@@ -126,10 +126,14 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
             "log": parse.log.state(),
         }
         header_state["tables"] = [
-            [event, table.size, len(streams[event]), [[name, column.kind, list(column.categories)]
-                                                      for name, column in table.columns.items()]]
+            [
+                event,
+                table.size,
+                len(streams[event]),
+                [[name, column.kind, list(column.categories)] for name, column in table.columns.items()],
+            ]
             for event, table in tables.items()
-        ]  # fmt: skip
+        ]
         header = json.dumps(header_state).encode()
         if len(header) + payload_size > policy.max_file_bytes:
             return False
@@ -155,6 +159,16 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
         return True
     except (OSError, ValueError, TypeError):
         return False  # unwritable directory, full disk, a value JSON cannot hold: no cache
+    finally:
+        _release_streams()
+
+
+def _release_streams() -> None:
+    """Give back what the streams took: pyarrow's pool keeps freed memory for reuse, and the
+    streams of a save are about the run's resident column bytes, not needed again for minutes."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
 
 
 def load(policy: CachePolicy, key: str, *, max_record_bytes: int) -> CachedParse | None:
@@ -167,8 +181,12 @@ def load(policy: CachePolicy, key: str, *, max_record_bytes: int) -> CachedParse
             state, streams = _read(handle)
         if state.get("format") != FORMAT or state["key"] != key or state["max_record_bytes"] != max_record_bytes:
             return None
-        position = Position(int(state["offset"]), int(state["lines"]), bytes.fromhex(state["head"]),
-                            (int(state["last_line"][0]), bytes.fromhex(state["last_line"][1])))  # fmt: skip
+        position = Position(
+            int(state["offset"]),
+            int(state["lines"]),
+            bytes.fromhex(state["head"]),
+            (int(state["last_line"][0]), bytes.fromhex(state["last_line"][1])),
+        )
         return CachedParse(
             position=position,
             max_record_bytes=max_record_bytes,

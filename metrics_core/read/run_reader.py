@@ -145,7 +145,7 @@ class RunReader(FollowedLog, AccountedSessions):
             before, lines = self._restored
             self._restored = None
         if bulk:
-            _return_memory_to_os()
+            return_memory_to_os()
         if self.cache is not None and self._lines() != lines:
             self._maybe_save_cache(self._lines() - lines)
         return self.records - before
@@ -432,9 +432,10 @@ class RunReader(FollowedLog, AccountedSessions):
         }
 
 
-def _return_memory_to_os() -> None:
-    """Give back the parse buffers of a bulk load: pyarrow's pool and glibc both keep freed
-    memory for reuse, which after a cold load of a large run is several times the data kept."""
+def return_memory_to_os() -> None:
+    """Give back freed memory: pyarrow's pool and glibc both keep it for reuse, which after a cold
+    load of a large run is several times the data kept, and which a long-lived process that
+    allocates arrays of ever larger sizes (a live run's) fragments into pages it never returns."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()

@@ -152,9 +152,14 @@ def peek_row(name: str, path: Path) -> tuple[dict[str, Any], datetime] | None:
     if not records:
         return None
     last = records[-1]
-    row = {"run": name, "status": "loading", "last step": last["step"], "tokens seen": last["tokens_seen"],
-           "train loss": _latest(records, "train", "train_loss"),
-           "val loss": _latest(records, "validation", "val_loss")}  # fmt: skip
+    row = {
+        "run": name,
+        "status": "loading",
+        "last step": last["step"],
+        "tokens seen": last["tokens_seen"],
+        "train loss": _latest(records, "train", "train_loss"),
+        "val loss": _latest(records, "validation", "val_loss"),
+    }
     return row, datetime.fromtimestamp(last["time"] / 1e9, timezone.utc)
 
 

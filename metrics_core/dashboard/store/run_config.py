@@ -117,8 +117,9 @@ def run_config(frame: pd.DataFrame, sessions: Sequence[Session]) -> RunConfig | 
         index = _session_index(sessions, sid)
         for key in key_union([before, after]):
             if before.get(key) != after.get(key):
-                changes.append(ConfigChange(-1 if index is None else index, sid, step, key,
-                                            before.get(key), after.get(key)))  # fmt: skip
+                changes.append(
+                    ConfigChange(-1 if index is None else index, sid, step, key, before.get(key), after.get(key))
+                )
     (values, dropped), sid, step = records[-1]
     return RunConfig(values, _session_index(sessions, sid), sid, step, len(records), tuple(changes), dropped)
 

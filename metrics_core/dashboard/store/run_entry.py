@@ -129,8 +129,14 @@ class RunEntry:
             if self.view is None:
                 try:
                     previous = self.built() if self.built is not None else None
-                    self.view = build_view(info.name, self.reader, self.summary.status, self.lineage,
-                                           previous=previous, reason=self.summary.reason)  # fmt: skip
+                    self.view = build_view(
+                        info.name,
+                        self.reader,
+                        self.summary.status,
+                        self.lineage,
+                        previous=previous,
+                        reason=self.summary.reason,
+                    )
                     self.built = weakref.ref(self.view)
                 except Exception as exc:
                     raise self._failed(info, exc) from exc
@@ -156,7 +162,8 @@ class RunEntry:
                 raise RunViewError(info.name, self.failure)
         elapsed = ctx.clock() - self.refreshed_at
         due = self.summary is None or (
-            elapsed >= ctx.safety_interval and (self.hinted or ctx.source.polls(self.summary.status)))  # fmt: skip
+            elapsed >= ctx.safety_interval and (self.hinted or ctx.source.polls(self.summary.status))
+        )
         if not due and (self.reader is not None or not need_reader):
             return
         hinted, self.hinted = self.hinted, False  # a hint from now on is about a later change

@@ -54,6 +54,11 @@ it was read), and its reader is closed once its row is computed: the loader hold
 time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
 ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
+Freed memory is given back to the OS once per ``TRIM_S`` of views (``_return_memory``): what a
+server holds follows what it keeps, not how long a page has been open.
+
+The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
+per run per process.
 
 The runs page's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -67,6 +72,7 @@ from collections import OrderedDict
 from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -76,20 +82,39 @@ from metrics_core.dashboard.store.rows import unreadable_row
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_reader import RunReader, return_memory_to_os
+from metrics_core.read.run_status import StatusRecord
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.locations import LIST_INTERVAL_S
 from metrics_core.roots.runs_root import RunsRoot, open_root
 
 __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
 
+T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
+TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-RUNS_TABLE_COLUMNS = ("run", "status", "reason", "sessions", "last step", "tokens seen", "train loss", "val loss",
-                    "skipped updates", "last record age (s)", "bad lines", "error", "config", "started",
-                    "duration (s)", "loss trend")  # fmt: skip
+RUNS_TABLE_COLUMNS = (
+    "run",
+    "status",
+    "reason",
+    "sessions",
+    "last step",
+    "tokens seen",
+    "train loss",
+    "val loss",
+    "skipped updates",
+    "last record age (s)",
+    "bad lines",
+    "error",
+    "config",
+    "started",
+    "duration (s)",
+    "loss trend",
+)
 
 
 class RunStore:
@@ -118,8 +143,11 @@ class RunStore:
         it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
         ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
         "Memory")."""
-        self.source = open_root(root, force_polling=force_polling, list_interval=list_interval) if isinstance(
-            root, (str, Path)) else root  # fmt: skip
+        self.source = (
+            open_root(root, force_polling=force_polling, list_interval=list_interval)
+            if isinstance(root, (str, Path))
+            else root
+        )
         self.root = self.source.location
         self.idle_s = idle_s
         self.recent_s = recent_s
@@ -139,14 +167,35 @@ class RunStore:
         self._runs_generation = 0
         self._viewed: OrderedDict[str, RunEntry] = OrderedDict()  # viewed runs, least recently viewed first
         self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
+        self._returned_at = float("-inf")  # the clock when freed memory was last given back (``_return_memory``)
         # Work counters, read by the complexity tests (work is counted, not timed).
-        self.stats = {"find_runs": 0, "summaries": 0, "views": 0, "table_builds": 0, "background_reads": 0,
-                      "releases": 0, "reopens": 0, "resolves": 0}  # fmt: skip
-        self._context = EntryContext(source=self.source, cache=cache, safety_interval=safety_interval, idle_s=idle_s,
-                                     clock=clock, stats=self.stats, row_changed=self._row_changed)  # fmt: skip
+        self.stats = {
+            "find_runs": 0,
+            "summaries": 0,
+            "views": 0,
+            "table_builds": 0,
+            "background_reads": 0,
+            "releases": 0,
+            "reopens": 0,
+            "resolves": 0,
+        }
+        self._context = EntryContext(
+            source=self.source,
+            cache=cache,
+            safety_interval=safety_interval,
+            idle_s=idle_s,
+            clock=clock,
+            stats=self.stats,
+            row_changed=self._row_changed,
+        )
         self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
-            size=self.source.size, read=lambda entry, info: entry.read_cold(info, datetime.now(timezone.utc)),
-            peek=RunEntry.peek, big=CALLER_READ_BYTES, delay_s=loader_delay_s, stats=self.stats)  # fmt: skip
+            size=self.source.size,
+            read=lambda entry, info: entry.read_cold(info, datetime.now(timezone.utc)),
+            peek=RunEntry.peek,
+            big=CALLER_READ_BYTES,
+            delay_s=loader_delay_s,
+            stats=self.stats,
+        )
 
     def close(self) -> None:
         """Stop the loader (after the run it is reading) and the root (its watcher), and close every reader,
@@ -214,6 +263,45 @@ class RunStore:
             return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
             self._trim_viewed(keep=entry)
+            self._return_memory()
+
+    def _return_memory(self) -> None:
+        """Give freed memory back to the OS at most once per ``TRIM_S``: a live page's snapshots,
+        figures and payloads are arrays a little bigger at each append, and the heap keeps the
+        freed ones in pages it never returns, so a server's RSS would grow with time, not with the
+        data it holds.  Cost: a walk of the heap's free lists, well under a millisecond when done
+        this often."""
+        with self._lock:
+            now = self._clock()
+            if now - self._returned_at < TRIM_S:
+                return
+            self._returned_at = now
+        return_memory_to_os()
+
+    def read_run(
+        self,
+        info: RunInfo,
+        use: Callable[[RunReader | None, StatusRecord | None, Any], T],
+        *,
+        now: datetime | None = None,
+        need_reader: bool = False,
+    ) -> T:
+        """``use(reader, released, key)`` under run ``info``'s lock, once the run was brought up to
+        date as for its runs table row (read if never read; re-read if due; ``need_reader``: a
+        released run gets a reader again, as for a view), then the reader released if idle: for
+        a reader of the root (the server's alerter) that must not parse the runs again.
+        ``reader`` is None when the store holds none (released and its file unchanged:
+        ``released`` says what ``run_status`` needs); ``key`` moves whenever the data read does.
+        ``use`` must not keep ``reader``: the store may release it after.
+
+        Raises RunViewError when the run cannot be read, RunNotFoundError when it vanished."""
+        entry = self._entry(info)
+        with entry.lock:
+            entry.update(info, now or datetime.now(timezone.utc), need_reader=need_reader)
+            try:
+                return use(entry.reader, entry.released, entry.data_key)
+            finally:
+                entry.release_if_idle()
 
     def _resolve(self, name: str) -> RunInfo:
         """The root's ``resolve(name)``, reused for up to ``safety_interval`` while the root saw no run
@@ -291,8 +379,11 @@ class RunStore:
         now = now or datetime.now(timezone.utc)
         infos = self.runs()
         entries = [self._entry(info) for info in infos]
-        cold = [(entry, info) for entry, info in zip(entries, infos, strict=True)
-                if entry.summary is None and entry.failure is None and not entry.queued]  # fmt: skip
+        cold = [
+            (entry, info)
+            for entry, info in zip(entries, infos, strict=True)
+            if entry.summary is None and entry.failure is None and not entry.queued
+        ]
         if self.loader.queue(cold):
             deadline = self._clock() + self.load_budget_s
             while self._clock() < deadline and (job := self.loader.take(up_to=CALLER_READ_BYTES)) is not None:

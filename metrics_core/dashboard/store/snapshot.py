@@ -255,8 +255,10 @@ def build_view(
     if "train" not in grown:
         replaced = previous.replaced
     elif grown["train"]:
-        replaced = {index: _extended(lineage, ("replaced", index), rows, columns["train"].rows)
-                    for index, rows in previous.replaced.items()}  # fmt: skip
+        replaced = {
+            index: _extended(lineage, ("replaced", index), rows, columns["train"].rows)
+            for index, rows in previous.replaced.items()
+        }
     else:
         replaced = {s.index: _read_only(reader.replaced_by(s.index, "train")) for s in sessions}
     return RunView(

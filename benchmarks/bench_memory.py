@@ -1,0 +1,167 @@
+"""The dashboard server's resident memory: what a run's page costs over the import floor, and
+whether a live page's memory grows with time.  A real server, a real headless Chromium.
+
+Run: python benchmarks/bench_memory.py [--records 100000] [--settle 25] [--soak 6] [--period 0.2]
+
+* ``floor``: the RSS of a process that imports what the server imports (streamlit, pandas,
+  plotly and the dashboard's modules) and nothing else: no page can cost less.
+* ``page``: the server's RSS (``/proc/<pid>/status`` VmRSS) with one tab on a run of
+  ``--records`` generated records (``generate.write_run``), its charts drawn and ``--settle``
+  seconds later (the alerter's first pass over the root is done by then), and that minus the floor.
+* ``--live-cpu N`` (0: skipped): the server's CPU, as a share of one core, from the first to the
+  second minute after a tab opened a live run of N records (``generate.write_run``) that logs a
+  window every second meanwhile: what the page and the alerter's first work on the run cost once
+  it drew.
+* ``--soak M`` (0: skipped): one tab on a live run logging a window every ``--period`` seconds for
+  M minutes; the RSS at minute 1 and at the end, and the growth between per record appended.
+  It stops by itself after M minutes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from benchmarks.bench_live import cpu_seconds, server_pid
+from benchmarks.generate import write_run
+from metrics_core import MetricsWriter, RunContext, TrainingState
+from tests.live_server import REPO, chromium, live_charts_drawn, streamlit_server, wait_until
+
+FLOOR_IMPORTS = """
+import streamlit, pandas, plotly.graph_objects
+import metrics_core.dashboard.settings, metrics_core.dashboard.chart_grid, metrics_core.dashboard.widgets
+import metrics_core.dashboard.server.serving, metrics_core.dashboard.live.push, metrics_core.dashboard.panels
+for line in open("/proc/self/status"):
+    if line.startswith("VmRSS:"):
+        print(int(line.split()[1]) * 1024)
+"""
+
+
+def rss(pid: int) -> int:
+    """Resident bytes of process ``pid``."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError(f"no VmRSS for {pid}")
+
+
+def import_floor() -> int:
+    """The RSS of a fresh process that imports what the server imports."""
+    environ = {**os.environ, "PYTHONPATH": str(REPO)}
+    done = subprocess.run(
+        [sys.executable, "-c", FLOOR_IMPORTS], capture_output=True, text=True, check=True, cwd=REPO, env=environ
+    )
+    return int(done.stdout.strip())
+
+
+def open_run_page(browser: object, url: str, name: str, charts: int) -> object:
+    page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    page.goto(f"{url}/run?run={name}")
+    wait_until(page, lambda: live_charts_drawn(page, charts), timeout=600)
+    return page
+
+
+def page_rss(records: int, settle: float) -> tuple[int, int]:
+    """(RSS once the charts are drawn, RSS ``settle`` seconds later) of a server with one tab on a
+    run of ``records`` records."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        write_run(root / "big" / "metrics.jsonl", records)
+        with streamlit_server(root, "--cache-dir", str(Path(tmp) / "cache")) as url, chromium() as browser:
+            open_run_page(browser, url, "big", 4)
+            pid = server_pid(url)
+            drawn = rss(pid)
+            time.sleep(settle)
+            return drawn, rss(pid)
+
+
+def soak(minutes: float, period: float) -> tuple[int, int, int]:
+    """(RSS at minute 1, RSS at the end, records appended between) with one tab on a live run."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        run = RunContext(root / "live", "live", "s1")
+        state = TrainingState()
+        cache = ("--cache-dir", str(Path(tmp) / "cache"))
+        with MetricsWriter(run) as writer, streamlit_server(root, *cache, refresh=0.5) as url:
+            for step in range(1, 11):
+                state.step = step
+                writer.write("train", state, train_loss=1.0 / step, grad_norm_avg=0.5)
+            with chromium() as browser:
+                open_run_page(browser, url, "live", 1)
+                pid = server_pid(url)
+                start = time.monotonic()
+                first: tuple[int, int] | None = None
+                while (elapsed := time.monotonic() - start) < minutes * 60:
+                    state.step += 1
+                    writer.write(
+                        "train", state, train_loss=1.0 / state.step + 0.01 * (state.step % 7), grad_norm_avg=0.5
+                    )
+                    if first is None and elapsed >= 60:
+                        first = (rss(pid), state.step)
+                    time.sleep(period)
+                assert first is not None, "the soak must last more than a minute"
+                return first[0], rss(pid), state.step - first[1]
+
+
+def live_cpu(records: int) -> float:
+    """The server's CPU share from minute 1 to minute 2 after a tab opened a live run of ``records``."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "runs"
+        run = RunContext(root / "live", "live", "s9")
+        write_run(run.directory / "metrics.jsonl", records)
+        state = TrainingState(step=10**8)
+        cache = ("--cache-dir", str(Path(tmp) / "cache"))
+        with MetricsWriter(run) as writer, streamlit_server(root, *cache) as url, chromium() as browser:
+            open_run_page(browser, url, "live", 4)
+            pid, opened = server_pid(url), time.monotonic()
+            cpu = None
+            while (elapsed := time.monotonic() - opened) < 120:
+                state.step += 10
+                writer.write("train", state, train_loss=2.0)
+                if cpu is None and elapsed >= 60:
+                    cpu, start = cpu_seconds(pid), time.monotonic()
+                time.sleep(1.0)
+            return (cpu_seconds(pid) - cpu) / (time.monotonic() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--records", type=int, default=100_000)
+    parser.add_argument("--settle", type=float, default=25.0, help="seconds after the charts drew")
+    parser.add_argument("--live-cpu", type=int, default=0, help="records of a live run whose CPU is measured")
+    parser.add_argument("--soak", type=float, default=0.0, help="minutes of a live page (0: no soak)")
+    parser.add_argument("--period", type=float, default=0.2, help="seconds between two records of the soak")
+    args = parser.parse_args()
+    mb = 1e6
+    floor = import_floor()
+    print(f"import floor: {floor / mb:.0f} MB")
+    if args.records:
+        drawn, settled = page_rss(args.records, args.settle)
+        print(
+            f"page on a {args.records:,}-record run: {drawn / mb:.0f} MB when drawn, {settled / mb:.0f} MB "
+            f"{args.settle:g} s later = floor + {(settled - floor) / mb:.0f} MB (goal <= floor + 80 MB)"
+        )
+    if args.live_cpu:
+        share = live_cpu(args.live_cpu)
+        print(
+            f"live {args.live_cpu:,}-record run, a window a second: server CPU {share:.1%} of a core from minute 1 "
+            "to minute 2 after its page opened (goal <= 10%)"
+        )
+    if args.soak:
+        before, after, appended = soak(args.soak, args.period)
+        print(
+            f"soak, {args.soak:g} min, a record every {args.period:g} s: {before / mb:.0f} MB at minute 1, "
+            f"{after / mb:.0f} MB at the end: +{(after - before) / mb:.1f} MB over {appended:,} records "
+            f"({(after - before) / max(appended, 1) / 1e3:.2f} KB per record; goal <= 5 MB)"
+        )
+
+
+if __name__ == "__main__":
+    main()
