@@ -35,11 +35,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.generate import write_run
+from harness.generate import write_run
+from harness.live_server import chromium, streamlit_app, streamlit_server
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions, run_charts
-from tests.live_server import chromium, streamlit_app, streamlit_server
 
 WATCH_JS = """() => {
   window.__seen = {};
