@@ -1,4 +1,4 @@
-"""Realistic synthetic metrics.jsonl files for the read-side benchmarks.
+"""Realistic synthetic metrics.jsonl files for the benchmarks and the tests of long runs.
 
 Three sessions with overlapping resume windows (each resumes from a checkpoint older than its
 crash), validation every 50 steps, checkpoints every 200, ~400-byte train lines like a real

@@ -6,7 +6,6 @@ import json
 import math
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from harness.live_server import free_port
 from tests.support import REPO, read_records
 
 pytest.importorskip("torch", reason="the PyTorch CPU build is not installed (.ci/run: pip install torch==2.13.0)")
@@ -102,12 +102,6 @@ with training_session(run_dir) as session:
             print("window", window, flush=True)
         time.sleep(0.02)
 """
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def spawn_ranks(body: str, run_dir: Path) -> list[subprocess.Popen]:

@@ -17,8 +17,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.analysis.diagnostics import diagnose_reader
-from metrics_core.read.run_reader import RunReader
-from tests.support import REPO, read_records, readme_python
+from tests.support import REPO, read_records, read_run, readme_python
 
 torch = pytest.importorskip(
     "torch", reason="the PyTorch CPU build is not installed (.ci/run: pip install torch==2.13.0)"
@@ -105,12 +104,6 @@ def children() -> Iterator[list[subprocess.Popen]]:
             process.wait()
 
 
-def read(run: Path) -> RunReader:
-    reader = RunReader(run)
-    reader.refresh()
-    return reader
-
-
 def test_killed_after_checkpoint_then_resumed_reads_as_two_sessions_with_a_replay(
     tmp_path: Path, children: list[subprocess.Popen]
 ) -> None:
@@ -128,7 +121,7 @@ def test_killed_after_checkpoint_then_resumed_reads_as_two_sessions_with_a_repla
     children.append(second)
     assert second.wait(timeout=240) == 0
 
-    reader = read(run)
+    reader = read_run(run)
     s1, s2 = reader.sessions
     assert s1.end_status is None and s2.end_status == "finished"
     assert s1.resumed_from_step is None and s1.last_step == 15
@@ -165,7 +158,7 @@ def test_exception_and_sigterm_end_the_session_as_failed_and_interrupted(
     children.append(failing)
     _, stderr = failing.communicate(timeout=240)
     assert failing.returncode == 1 and "boom at 3" in stderr
-    (session,) = read(tmp_path / "runs" / "gpt2").sessions
+    (session,) = read_run(tmp_path / "runs" / "gpt2").sessions
     assert session.end_status == "failed"
     end = [r for r in read_records(tmp_path / "runs" / "gpt2" / "metrics.jsonl") if r["event"] == "session_end"]
     assert end[0]["error"] == "RuntimeError: boom at 3"
@@ -175,7 +168,7 @@ def test_exception_and_sigterm_end_the_session_as_failed_and_interrupted(
     wait_hanging(hanging)
     hanging.send_signal(signal.SIGTERM)
     assert hanging.wait(timeout=30) == 143
-    sessions = read(tmp_path / "runs" / "gpt2").sessions
+    sessions = read_run(tmp_path / "runs" / "gpt2").sessions
     assert [s.end_status for s in sessions] == ["failed", "interrupted"]
     end = [r for r in read_records(tmp_path / "runs" / "gpt2" / "metrics.jsonl") if r["event"] == "session_end"]
     assert end[-1]["error"] == "SIGTERM" and end[-1]["step"] == 12
@@ -228,7 +221,7 @@ def test_train_and_val_loss_are_token_weighted_where_trainer_averages_means(
     )
     trainer.train()
 
-    reader = read(run)
+    reader = read_run(run)
     (train,) = reader.frame("train").to_dict("records")
     (validation,) = reader.frame("validation").to_dict("records")
     assert reader.sessions[0].end_status == "finished"
@@ -291,7 +284,7 @@ def test_readme_snippet_starts_on_a_fresh_directory_and_resumes_from_the_last_ch
     resumed: dict[str, object] = {"model": GPT2LMHeadModel(tiny), "args": args, "ds": SameRow(row, 400)}
     exec(snippet, resumed)
 
-    reader = read(tmp_path / "runs" / "gpt2")
+    reader = read_run(tmp_path / "runs" / "gpt2")
     s1, s2 = reader.sessions
     assert (s1.end_status, s1.resumed_from_step) == ("failed", None)
     assert (s2.end_status, s2.resumed_from_step) == ("finished", 12)

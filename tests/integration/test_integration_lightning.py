@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.analysis.diagnostics import diagnose_reader
-from metrics_core.read.run_reader import RunReader
-from tests.support import read_records, readme_python
+from tests.support import read_records, read_run, readme_python
 
 torch = pytest.importorskip(
     "torch", reason="the PyTorch CPU build is not installed (.ci/run: pip install torch==2.13.0)"
@@ -105,12 +104,6 @@ def fit(run: Path, root: Path, module: TinyLM, max_steps: int, ckpt_path: Path |
     return logger
 
 
-def read(run: Path) -> RunReader:
-    reader = RunReader(run)
-    reader.refresh()
-    return reader
-
-
 def test_fit_writes_token_weighted_windows_validation_config_and_checkpoints(tmp_path: Path) -> None:
     """One fit: session markers, hparams as config, train windows equal sum(loss*tokens)/tokens of the steps,
     checkpoint records count the tokens up to their step."""
@@ -118,7 +111,7 @@ def test_fit_writes_token_weighted_windows_validation_config_and_checkpoints(tmp
     module = TinyLM()
     fit(run, tmp_path, module, max_steps=20)
 
-    reader = read(run)
+    reader = read_run(run)
     (session,) = reader.sessions
     assert session.end_status == "finished" and session.resumed_from_step is None
     train = reader.frame("train")
@@ -154,7 +147,7 @@ def test_fit_resumed_from_a_checkpoint_reads_as_a_second_session_with_a_replay(t
     fit(run, tmp_path, TinyLM(), max_steps=20)
     fit(run, tmp_path, TinyLM(), max_steps=30, ckpt_path=tmp_path / "ckpt" / "step=10.ckpt")
 
-    reader = read(run)
+    reader = read_run(run)
     s1, s2 = reader.sessions
     assert s1.end_status == s2.end_status == "finished"
     assert s2.resumed_from_step == s2.first_step == 10 and s2.steps_replayed == 10
@@ -170,7 +163,7 @@ def test_an_exception_in_training_ends_the_session_failed_with_the_error(tmp_pat
     run = tmp_path / "runs" / "tiny"
     with pytest.raises(RuntimeError, match="boom at 7"):
         fit(run, tmp_path, TinyLM(fail_at=7), max_steps=20)
-    (session,) = read(run).sessions
+    (session,) = read_run(run).sessions
     assert session.end_status == "failed"
     (end,) = [r for r in read_records(run / "metrics.jsonl") if r["event"] == "session_end"]
     assert end["error"] == "RuntimeError: boom at 7" and end["step"] == 7
@@ -185,7 +178,7 @@ def test_sigterm_during_fit_ends_the_session_interrupted(tmp_path: Path) -> None
     )
     with pytest.raises(SystemExit):
         fit(run, tmp_path, module, max_steps=20)
-    (session,) = read(run).sessions
+    (session,) = read_run(run).sessions
     assert session.end_status == "interrupted"
     (end,) = [r for r in read_records(run / "metrics.jsonl") if r["event"] == "session_end"]
     assert end["error"] == "SIGTERM" and end["step"] in (6, 7)
@@ -205,7 +198,7 @@ def test_readme_snippet_records_what_training_step_returned_fresh_and_resumed(
             exec(snippet, {"model": first})
         exec(snippet, {"model": second})
 
-    reader = read(tmp_path / "runs" / "my-run")
+    reader = read_run(tmp_path / "runs" / "my-run")
     s1, s2 = reader.sessions
     assert (s1.end_status, s1.resumed_from_step) == ("failed", None)
     assert (s2.end_status, s2.resumed_from_step) == ("finished", 20)

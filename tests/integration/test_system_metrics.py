@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from harness.live_server import free_port
 from metrics_core.write.system_sampler import GIB
 from tests.support import REPO, read_records
 
@@ -96,12 +96,6 @@ with training_session(run_dir) as session:
 print(json.dumps({"rank": rank, "windows": windows}), flush=True)
 dist.destroy_process_group()
 """
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_four_rank_gloo_records_carry_every_ranks_samples(tmp_path: Path) -> None:

@@ -47,6 +47,15 @@ def read_records(path: Path) -> list[dict]:
     return [orjson.loads(line) for line in data.splitlines()]
 
 
+def read_run(path: Path) -> RunReader:
+    """A reader of the run at ``path`` (its directory or its metrics file) that has read every complete line."""
+    from metrics_core.read.run_reader import RunReader
+
+    reader = RunReader(path)
+    reader.refresh()
+    return reader
+
+
 def readme_python(containing: str) -> str:
     """The README's one fenced Python block that contains ``containing``, as written (a snippet
     test runs the documented code itself, so README and test cannot drift apart)."""

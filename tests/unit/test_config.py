@@ -26,8 +26,7 @@ from metrics_core.dashboard.views.config_tables import (
     view_config,
     with_config_columns,
 )
-from metrics_core.read.run_reader import RunReader
-from tests.support import append_records, base_record
+from tests.support import append_records, base_record, read_run
 
 CONFIG = {"optim": {"lr": 3e-4, "betas": [0.9, 0.95], "sched": {"warmup": 100}}, "model": "gpt2", "fp16": True,
           "seed": None, "tags": {}}  # fmt: skip
@@ -35,12 +34,6 @@ CONFIG = {"optim": {"lr": 3e-4, "betas": [0.9, 0.95], "sched": {"warmup": 100}},
 
 def config_record(step: int, session: str, config: object) -> dict:
     return base_record(step, event="config", session=session, config=config)
-
-
-def read(path: Path) -> RunReader:
-    reader = RunReader(path)
-    reader.refresh()
-    return reader
 
 
 def test_flatten_gives_dotted_keys_and_json_text_values() -> None:
@@ -84,7 +77,7 @@ def test_the_latest_sessions_record_is_the_config_and_resume_changes_are_listed(
                    base_record(10, session="s1", train_loss=1.0),
                    base_record(5, event="session_start", session="s2"),
                    config_record(5, "s2", {**CONFIG, "optim": {**CONFIG["optim"], "lr": 1e-4}, "new": 1}))  # fmt: skip
-    reader = read(path)
+    reader = read_run(path)
     config = run_config(reader.frame("config"), reader.sessions)
     assert (config.session, config.session_id, config.step, config.records) == (1, "s2", 5, 2)
     assert config.values["optim.lr"] == "0.0001" and config.values["new"] == "1"
@@ -98,7 +91,7 @@ def test_no_change_when_a_resumed_session_logs_the_same_config(tmp_path: Path) -
     """The same config logged by each session is one config and no changes."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, config_record(0, "s1", CONFIG), config_record(10, "s2", CONFIG))
-    reader = read(path)
+    reader = read_run(path)
     config = run_config(reader.frame("config"), reader.sessions)
     assert config.changes == () and config.session == 1
 
@@ -107,10 +100,10 @@ def test_a_run_without_config_records_has_no_config(tmp_path: Path) -> None:
     """No config record (or records without the field): None, never an exception."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, base_record(10, train_loss=1.0))
-    reader = read(path)
+    reader = read_run(path)
     assert run_config(reader.frame("config"), reader.sessions) is None
     append_records(path, base_record(20, event="config"))
-    reader = read(path)
+    reader = read_run(path)
     assert run_config(reader.frame("config"), reader.sessions) is None
 
 

@@ -11,15 +11,8 @@ from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindo
 from metrics_core.analysis.derived import replay_windows, session_table
 from metrics_core.analysis.diagnostics import diagnose, diagnose_reader
 from metrics_core.analysis.loss_checks import diagnose_from_scratch
-from metrics_core.read.run_reader import RunReader
-from tests.support import append_bytes, append_records, base_record, three_session_run
+from tests.support import append_bytes, append_records, base_record, read_run, three_session_run
 from tests.support.reading import checks, window
-
-
-def read(path: Path) -> RunReader:
-    reader = RunReader(path)
-    reader.refresh()
-    return reader
 
 
 def test_clean_run_from_the_real_writer_says_so_in_one_line(tmp_path: Path) -> None:
@@ -36,7 +29,7 @@ def test_clean_run_from_the_real_writer_says_so_in_one_line(tmp_path: Path) -> N
             if win.attempts == 10:
                 writer.write("train", state, **win.summary(1e-3))
                 win.reset()
-    (finding,) = diagnose_reader(read(tmp_path / "r"))
+    (finding,) = diagnose_reader(read_run(tmp_path / "r"))
     assert finding.severity == "ok" and "20 train windows in 1 session" in finding.message
 
 
@@ -44,7 +37,7 @@ def test_tokens_counted_on_one_batch_of_eight_is_flagged(tmp_path: Path) -> None
     """Windows whose tokens cover 1 of 8 batches are named with session, steps and count."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(window(s, tokens=1000 if 50 <= s <= 70 else 8000) for s in range(10, 201, 10)))
-    found = checks(diagnose_reader(read(path)))
+    found = checks(diagnose_reader(read_run(path)))
     subset = found["tokens per update"]
     assert (subset.session, subset.first_step, subset.last_step, subset.records) == ("s1", 50, 70, 3)
     assert "subset of batches" in subset.message
@@ -65,7 +58,7 @@ def test_short_windows_at_every_resume_do_not_cry_wolf(tmp_path: Path) -> None:
                 window(step, session, tokens=attempts * 800, seen=seen, attempted=attempts, updates=attempts)
             )
     append_records(path, *records)
-    found = checks(diagnose_reader(read(path)))
+    found = checks(diagnose_reader(read_run(path)))
     assert "tokens per update" not in found
 
 
@@ -75,7 +68,7 @@ def test_missing_counts_are_not_an_accounting_error(tmp_path: Path) -> None:
     records = [window(s) for s in range(10, 61, 10)]
     del records[2]["attempted_updates"]
     append_records(path, *records)
-    assert "window accounting" not in checks(diagnose_reader(read(path)))
+    assert "window accounting" not in checks(diagnose_reader(read_run(path)))
 
 
 def test_window_accounting_and_counters_are_checked(tmp_path: Path) -> None:
@@ -87,7 +80,7 @@ def test_window_accounting_and_counters_are_checked(tmp_path: Path) -> None:
         window(30, cumulative_skipped=5), window(25, seen=30 * 800 + 8000 - 5 * 800, attempted=-5, updates=-5,
                                                 cumulative_skipped=5),
     )  # fmt: skip
-    found = checks(diagnose_reader(read(path)))
+    found = checks(diagnose_reader(read_run(path)))
     assert found["window accounting"].first_step == 20 and found["window accounting"].records == 1
     assert found["skipped_updates vs windows"].first_step == 30
     assert found["steps increasing"].first_step == 25
@@ -100,7 +93,7 @@ def test_loss_jump_at_resume_is_flagged(tmp_path: Path) -> None:
     append_records(path, *(window(s, loss=1.0) for s in range(10, 101, 10)))
     append_records(path, base_record(60, event="session_start", session="s2"),
                    *(window(s, "s2", loss=1.5) for s in range(70, 151, 10)))  # fmt: skip
-    reader = read(path)
+    reader = read_run(path)
     jump = checks(diagnose_reader(reader))["loss jump at resume"]
     assert (jump.session, jump.first_step, jump.last_step, jump.records) == ("s2", 60, 100, 4)
     assert "+0.5" in jump.message
@@ -120,7 +113,7 @@ def test_matching_resume_and_tokens_per_step_change(tmp_path: Path) -> None:
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(window(s) for s in range(10, 101, 10)))
     append_records(path, *(window(s, "s2", tokens=16000, seen=80_000 + (s - 100) * 1600) for s in range(110, 151, 10)))
-    found = checks(diagnose_reader(read(path)))
+    found = checks(diagnose_reader(read_run(path)))
     assert "loss jump at resume" not in found
     assert "16,000 tokens per step" not in found["tokens per step at resume"].message
     assert "1,600 tokens per step" in found["tokens per step at resume"].message
@@ -132,7 +125,7 @@ def test_ingest_health_findings(tmp_path: Path) -> None:
     append_records(path, window(10), window(20))
     append_bytes(path, b"[1, 2]\n")
     append_records(path, window(30))
-    reader = read(path)
+    reader = read_run(path)
     assert "line 3: not a JSON object" in checks(diagnose_reader(reader))["bad lines"].message
     append_bytes(path, b'{"x')
     reader.refresh()
@@ -149,14 +142,14 @@ def test_schema_version_finding(tmp_path: Path) -> None:
     """Records of a newer schema are counted and reported."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, window(10), window(20) | {"schema_version": 2})
-    assert checks(diagnose_reader(read(path)))["schema versions"].records == 1
+    assert checks(diagnose_reader(read_run(path)))["schema versions"].records == 1
 
 
 def test_session_table_and_lost_work(tmp_path: Path) -> None:
     """The sessions table and the lost-work summary of a three-session run."""
     path = tmp_path / "r" / "metrics.jsonl"
     three_session_run(path)
-    reader = read(path)
+    reader = read_run(path)
     table = session_table(reader.sessions, reader.frame("train"), "stalled")
     assert list(table["session"]) == [1, 2, 3]
     assert list(table["resume step"].fillna(-1)) == [-1, 60, 120]
@@ -184,7 +177,7 @@ def test_persistently_slow_rank_is_named_with_its_ratio(tmp_path: Path) -> None:
     path = tmp_path / "r" / "metrics.jsonl"
     ranks = [0, 1, 3, 3, 3, 3, 3, 3, 3, 2]
     append_records(path, *(health(10 * (i + 1), rank, 1.5 if rank == 3 else 1.05) for i, rank in enumerate(ranks)))
-    found = [f for f in diagnose_reader(read(path)) if f.check == "straggler rank"]
+    found = [f for f in diagnose_reader(read_run(path)) if f.check == "straggler rank"]
     (straggler,) = found
     assert (straggler.severity, straggler.session, straggler.records) == ("warning", "s1", 7)
     assert (straggler.first_step, straggler.last_step) == (30, 90)
@@ -199,7 +192,7 @@ def test_short_streaks_small_ratios_and_rotating_ranks_are_not_stragglers(tmp_pa
     records += [health(10 * (i + 5), 1, 1.1) for i in range(8)]  # too small a spread
     records += [health(10 * (i + 13), i % 4, 2.0) for i in range(8)]  # no single rank
     append_records(path, *records)
-    findings = diagnose_reader(read(path))
+    findings = diagnose_reader(read_run(path))
     assert [f.check for f in findings] == ["all"]
 
 
@@ -210,20 +203,20 @@ def test_a_new_session_or_an_odd_column_checks_from_scratch(tmp_path: Path) -> N
     """A new session starts the running checks again; a string loss hands over to the pandas checks."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(window(s) for s in range(10, 101, 10)))
-    first = diagnose_reader(read(path))
+    first = diagnose_reader(read_run(path))
     append_records(path, window(110))
-    reader = read(path)
+    reader = read_run(path)
     args = {"train": reader.frame("train"), "sessions": reader.sessions, "ingest": reader.ingest_health(),
             "replaced": {s.index: reader.replaced_by(s.index, "train") for s in reader.sessions}}  # fmt: skip
     assert diagnose(**args, since=first).running.rows == 11
     append_records(path, window(120, session="s2"))
-    reader = read(path)
+    reader = read_run(path)
     args |= {"train": reader.frame("train"), "sessions": reader.sessions,
              "replaced": {s.index: reader.replaced_by(s.index, "train") for s in reader.sessions}}  # fmt: skip
     assert first.running.extended(args["train"], args["sessions"], args["replaced"]) is None
     assert diagnose(**args, since=first) == diagnose_from_scratch(**args)
     append_records(path, window(130, loss="oops"))  # type: ignore[arg-type]
-    reader = read(path)
+    reader = read_run(path)
     args |= {"train": reader.frame("train")}
     found = diagnose(**args, since=first)
     assert found.running is None and found == diagnose_from_scratch(**args)
@@ -236,7 +229,7 @@ def test_checking_each_append_from_the_previous_findings_counts_every_row(tmp_pa
     for size in (20_000, 200_000):
         path = tmp_path / str(size) / "metrics.jsonl"
         append_records(path, *(window(s) for s in range(10, 10 * size + 1, 10)))
-        reader = read(path)
+        reader = read_run(path)
         runs[size] = (path, reader, diagnose_reader(reader))
     for round_ in range(15):
         for size, (path, reader, previous) in runs.items():

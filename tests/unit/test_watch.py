@@ -21,6 +21,16 @@ def wait_for(condition: Callable[[], bool], timeout: float = 10.0) -> bool:
     return False
 
 
+def seen_after(watcher: RunsWatcher, sentinel: Path) -> set[Path]:
+    """Append to the run ``sentinel`` and take dirty runs until it is among them: every change made
+    before the append has been seen by then (inotify queues events in order; a poll that sees the
+    append sees what came before it), so what the returned set lacks caused no event."""
+    append_records(sentinel / "metrics.jsonl", base_record(1))
+    dirty: set[Path] = set()
+    assert wait_for(lambda: bool(dirty.update(watcher.take_dirty()) or sentinel in dirty))
+    return dirty
+
+
 @pytest.mark.parametrize("force_polling", [False, True], ids=["inotify", "polling"])
 def test_watcher_sees_new_run_and_append(tmp_path: Path, force_polling: bool) -> None:
     """A run created after start bumps the structure generation; an append marks just that run dirty."""
@@ -28,13 +38,11 @@ def test_watcher_sees_new_run_and_append(tmp_path: Path, force_polling: bool) ->
     append_records(root / "old" / "metrics.jsonl", base_record(1))
     with RunsWatcher(root, force_polling=force_polling, poll_interval=0.2) as watcher:
         assert watcher.mode == ("polling" if force_polling else "inotify")
-        generation = watcher.structure_generation
-        time.sleep(0.3)  # let the polling observer take its first snapshot
+        generation = watcher.structure_generation  # start() returns once the first snapshot is taken
         append_records(root / "new" / "metrics.jsonl", base_record(1))
         assert wait_for(lambda: watcher.structure_generation > generation)
         assert wait_for(lambda: root / "new" in watcher.take_dirty())
-        time.sleep(0.3)  # the creation's trailing events (close_write...) may still be on their way
-        watcher.take_dirty()
+        seen_after(watcher, root / "sentinel")  # the creation's trailing events (close_write...) too
         append_records(root / "old" / "metrics.jsonl", base_record(2))
         dirty: set[Path] = set()
         assert wait_for(lambda: bool(dirty.update(watcher.take_dirty()) or root / "old" in dirty))
@@ -46,12 +54,9 @@ def test_readers_own_reads_do_not_mark_dirty(tmp_path: Path) -> None:
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, base_record(1))
     with RunsWatcher(tmp_path) as watcher:
-        time.sleep(0.2)
-        watcher.take_dirty()
         for _ in range(5):
             path.read_bytes()
-        time.sleep(0.5)
-        assert watcher.take_dirty() == set()
+        assert seen_after(watcher, tmp_path / "sentinel") == {tmp_path / "sentinel"}
 
 
 def test_network_filesystem_means_polling(tmp_path: Path) -> None:
