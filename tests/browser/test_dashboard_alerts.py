@@ -1,5 +1,5 @@
-"""The dashboard's alerts: the lines a page shows (pure), the pages showing a NaN run's alert, and a
-real server posting each alert once to a local webhook receiver however many tabs are open."""
+"""A real dashboard server posting each alert once to a local webhook receiver, however many tabs
+are open."""
 
 from __future__ import annotations
 

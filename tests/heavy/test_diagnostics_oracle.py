@@ -1,4 +1,4 @@
-"""Replay accounting and loss-sanity diagnostics on crafted runs, read through the public reader."""
+"""Incremental diagnostics against the from-scratch checks after every append, on crafted and long runs."""
 
 from __future__ import annotations
 
@@ -7,11 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.analysis.diagnostics import diagnose
+from metrics_core.analysis.diagnostics import diagnose, diagnose_reader
 from metrics_core.analysis.loss_checks import diagnose_from_scratch
 from metrics_core.read.health import Finding
 from metrics_core.read.run_reader import RunReader
-from tests.support import append_records, base_record
+from tests.support import append_records, base_record, read_run
+from tests.support.reading import window
 
 
 def noisy_window(rng: random.Random, step: int, session: str, seen: int, skipped_total: int, scale: float) -> dict:
@@ -86,3 +87,23 @@ def test_incremental_diagnostics_equal_the_pandas_checks_after_every_append(tmp_
     assert {"window accounting", "tokens per update", "tokens_seen vs windows", "steps increasing",
             "times increasing", "missing loss", "no successful update", "straggler rank"} <= checks  # fmt: skip
     assert extended >= len(batches) - 10  # all but the appends that started a session
+
+
+def test_checking_each_append_from_the_previous_findings_counts_every_row(tmp_path: Path) -> None:
+    """Fifteen windows appended one by one to a 20k- and a 200k-window run, each checked from the previous
+    findings (``since``): the running check counts every row.  What a check costs is measured in benchmarks/."""
+    runs = {}
+    for size in (20_000, 200_000):
+        path = tmp_path / str(size) / "metrics.jsonl"
+        append_records(path, *(window(s) for s in range(10, 10 * size + 1, 10)))
+        reader = read_run(path)
+        runs[size] = (path, reader, diagnose_reader(reader))
+    for round_ in range(15):
+        for size, (path, reader, previous) in runs.items():
+            append_records(path, window(10 * size + 10 * (round_ + 1)))
+            reader.refresh()
+            found = diagnose(train=reader.frame("train"), sessions=reader.sessions, ingest=reader.ingest_health(),
+                             replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
+                             since=previous)  # fmt: skip
+            assert found.running is not None and found.running.rows == size + round_ + 1
+            runs[size] = (path, reader, found)

@@ -1,4 +1,4 @@
-"""Figure functions and downsampling, tested without a server: data in, plotly figure out."""
+"""A long run's downsampled chart stays small."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""RunReader: incremental tailing, torn tails, bad lines, typing, resets, sessions and effective history."""
+"""RunReader after every append equals a fresh reader, and a refresh's work does not grow with the run."""
 
 from __future__ import annotations
 
@@ -9,8 +9,10 @@ import orjson
 import pandas as pd
 import pytest
 
+from metrics_core.read.records import check_lines
 from metrics_core.read.run_reader import RunReader
 from tests.support import append_bytes, base_record
+from tests.support.reading import CountingFile
 
 
 def _assert_same_as_a_fresh_reader(reader: RunReader, bulk_threshold: int) -> None:
@@ -90,3 +92,34 @@ def test_after_every_append_sessions_and_frames_equal_a_fresh_reader(metrics: Pa
             pd.testing.assert_frame_equal(frame, copy)
         held.extend((frame, frame.copy(deep=True)) for frame in map(reader.frame, reader.events))
     assert reader.resets == 1 and reader.bad_lines == 0 and len(reader.sessions) == 1
+
+
+def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Scaled-down refresh-cost scenario: bytes read and lines parsed do not grow with the run (counts)."""
+    import metrics_core.read.run_reader as reader_module
+    from harness.generate import record, write_run
+
+    parsed = [0]
+
+    def counting_check_lines(block: bytes, first_line: int, **kwargs: object) -> object:
+        parsed[0] += block.count(b"\n")
+        return check_lines(block, first_line, **kwargs)
+
+    work = {}
+    for count in (20_000, 200_000):
+        path = tmp_path / f"run{count}" / "metrics.jsonl"
+        write_run(path, count)
+        file = CountingFile(path)
+        reader = RunReader(path, file=file)
+        reader.refresh()
+        file.bytes_read = parsed[0] = 0
+        monkeypatch.setattr(reader_module, "check_lines", counting_check_lines)
+        for round_ in range(5):
+            append_bytes(path, b"".join(record("s", "train", 10**9 + round_ * 10 + i, 0, 0, 10**18) for i in range(10)))
+            assert reader.refresh() == 10
+        monkeypatch.undo()
+        work[count] = (file.bytes_read, parsed[0])
+    assert work[200_000][1] == work[20_000][1] == 50
+    assert work[200_000][0] <= 3 * work[20_000][0]

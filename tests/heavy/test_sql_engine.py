@@ -1,6 +1,5 @@
-"""Parquet export and SQL over every run: DuckDB's answers equal the reader's, the export is
-incremental (locally and in a bucket), and nothing but a read gets through, by the statement check
-or by the locked-down connection."""
+"""Parquet export and SQL over every run, in this process: DuckDB's answers equal the reader's, the
+export is incremental, and nothing but a read gets through the locked-down connection."""
 
 from __future__ import annotations
 

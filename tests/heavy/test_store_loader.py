@@ -1,4 +1,4 @@
-"""RunStore: one parse per process, snapshots replaced only when the file changed, shared derived data."""
+"""Closing a store while its loader reads a big run leaves a whole cache."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""Alerts: real runs written by the real writer (and real writers killed or hung), a real local
-HTTP receiver, the rules against a from-scratch oracle, and a pass that reads nothing new costing nothing."""
+"""Alerts posted for real: runs written by real writers (killed or hung ones too), a local HTTP
+receiver that is down, refuses or answers, and the ``alerts`` command run as a process."""
 
 from __future__ import annotations
 

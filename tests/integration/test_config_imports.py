@@ -1,5 +1,5 @@
-"""A run's config as the dashboard shows it, tested without a server: flattening, the latest
-record, changes at resume, the diff across runs, the runs-table filter and columns."""
+"""The config views import no store: checked in a fresh interpreter (the pure half is in
+tests/unit/test_config.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The dashboard's alerts: the lines a page shows (pure), the pages showing a NaN run's alert, and a
-real server posting each alert once to a local webhook receiver however many tabs are open."""
+"""The dashboard's alerts on its pages, run in-process by AppTest: a NaN run's alert on the runs
+page and its own, and unusable alert settings said on the page while the runs still show."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""One run never takes a page down, and untrusted text stays text: pure helpers, the store, AppTest."""
+"""One run never takes a page down, and untrusted text stays text, on pages run in-process by
+AppTest and in what the OS refuses to list (the pure half is in tests/unit/test_dashboard_safety.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Figure functions and downsampling, tested without a server: data in, plotly figure out."""
+"""Building figures and charts imports no plotly: checked in a fresh interpreter."""
 
 from __future__ import annotations
 

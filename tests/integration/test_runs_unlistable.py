@@ -1,4 +1,5 @@
-"""Run discovery, safe run-name resolution and run status from the log and the writer lock."""
+"""Run discovery where the OS refuses to list a directory (a real process without root's read
+override): the refused entries are named and every other run is listed."""
 
 from __future__ import annotations
 

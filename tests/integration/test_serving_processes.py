@@ -1,7 +1,5 @@
-"""The dashboard served as an ``st.App`` (app.py) with ``metrics_core.dashboard.server.serving`` in front
-(first load): Streamlit's static files go out gzip-compressed and decode to Streamlit's
-own bytes, a client that refuses gzip gets identity bytes, and the server still honours
-.streamlit/config.toml, ``server.baseUrlPath`` and Ctrl-C as ``streamlit run`` did before."""
+"""The serving layer against real sockets and a real server: the warm first script run, TCP_NODELAY
+on the listener's connections, METRICS_SERVE_PLAIN as one switch, and Nagle's stalls."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""training_session: start and end records however the block ends, SIGTERM from a real signal."""
+"""training_session in a real process: SIGTERM from the scheduler ends the session interrupted;
+SIGKILL leaves no session end and the run reads as crashed."""
 
 from __future__ import annotations
 

@@ -1,10 +1,5 @@
-"""Files that are not what a run's files should be, and processes that share a writer by forking.
-
-A FIFO, a directory or an unreadable file where ``metrics.jsonl`` (or a cache file) belongs is
-refused by every reader at once, in one line naming the path and why, never waited on; a forked
-child that writes through its parent's writer is refused on its first write, and nothing either
-process had written is lost.  Everything on real files, FIFOs and real forked processes.
-"""
+"""Files that are not regular files, met by real processes: the terminal tools refuse them in one
+line, and workers forked from a writer are refused and lose nothing."""
 
 from __future__ import annotations
 

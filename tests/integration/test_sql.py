@@ -1,6 +1,6 @@
-"""Parquet export and SQL over every run: DuckDB's answers equal the reader's, the export is
-incremental (locally and in a bucket), and nothing but a read gets through, by the statement check
-or by the locked-down connection."""
+"""Parquet export and SQL over every run through buckets and the command line: the export is
+incremental in a bucket, and the CLI refuses every writing statement (the engine alone is in
+tests/heavy/test_sql_engine.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""RunStore: one parse per process, snapshots replaced only when the file changed, shared derived data."""
+"""RunStore and a writer killed with SIGKILL: the run reads as crashed at the next refresh, not
+after the heartbeat."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""System metrics: real psutil samples against /proc, NVML where a GPU is, the extras missing in a
-real subprocess, ``system_metrics=False``, and a real 4-rank gloo job whose records carry every
+"""System metrics in real processes: importing the training side loads neither psutil nor NVML, a
+node without the extras logs no sys/ keys, and a real 4-rank gloo job whose records carry every
 rank's samples within the window's two collectives."""
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""TrainingWindow with 0-d torch tensors: no host sync in add(), same summaries as the float path."""
+"""TrainingWindow's float path never imports torch: checked in a fresh interpreter."""
 
 from __future__ import annotations
 

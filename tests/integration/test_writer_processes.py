@@ -1,4 +1,5 @@
-"""MetricsWriter: record format, tail recovery, refusal of bad input, locking, real crashes."""
+"""MetricsWriter in real processes: killed with SIGKILL mid-loop or mid-line, refused a second
+writer, and failing on a full disk or a file size limit."""
 
 from __future__ import annotations
 

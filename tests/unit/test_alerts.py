@@ -1,5 +1,6 @@
-"""Alerts: real runs written by the real writer (and real writers killed or hung), a real local
-HTTP receiver, the rules against a from-scratch oracle, and a pass that reads nothing new costing nothing."""
+"""Alerts without a receiver: the rules against a from-scratch oracle on runs written by the real
+writer, and a pass that reads nothing new costing nothing (posting is in
+tests/integration/test_alerts_posting.py)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The dashboard's alerts: the lines a page shows (pure), the pages showing a NaN run's alert, and a
-real server posting each alert once to a local webhook receiver however many tabs are open."""
+"""The dashboard's alerts without a page: the lines a page shows, and the server's alerter
+evaluating in its own thread within its share of a core."""
 
 from __future__ import annotations
 

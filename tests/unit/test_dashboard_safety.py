@@ -1,4 +1,5 @@
-"""One run never takes a page down, and untrusted text stays text: pure helpers, the store, AppTest."""
+"""One run never takes a page down, and untrusted text stays text: pure helpers and the store (the
+pages, run by AppTest, are in tests/integration/test_dashboard_safety_pages.py)."""
 
 from __future__ import annotations
 

@@ -220,23 +220,3 @@ def test_a_new_session_or_an_odd_column_checks_from_scratch(tmp_path: Path) -> N
     args |= {"train": reader.frame("train")}
     found = diagnose(**args, since=first)
     assert found.running is None and found == diagnose_from_scratch(**args)
-
-
-def test_checking_each_append_from_the_previous_findings_counts_every_row(tmp_path: Path) -> None:
-    """Fifteen windows appended one by one to a 20k- and a 200k-window run, each checked from the previous
-    findings (``since``): the running check counts every row.  What a check costs is measured in benchmarks/."""
-    runs = {}
-    for size in (20_000, 200_000):
-        path = tmp_path / str(size) / "metrics.jsonl"
-        append_records(path, *(window(s) for s in range(10, 10 * size + 1, 10)))
-        reader = read_run(path)
-        runs[size] = (path, reader, diagnose_reader(reader))
-    for round_ in range(15):
-        for size, (path, reader, previous) in runs.items():
-            append_records(path, window(10 * size + 10 * (round_ + 1)))
-            reader.refresh()
-            found = diagnose(train=reader.frame("train"), sessions=reader.sessions, ingest=reader.ingest_health(),
-                             replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
-                             since=previous)  # fmt: skip
-            assert found.running is not None and found.running.rows == size + round_ + 1
-            runs[size] = (path, reader, found)

@@ -1,4 +1,6 @@
-"""Windows reduced over a real 4-process gloo group on loopback; rank 0 alone writes; a killed rank fails fast."""
+"""The distributed side without a process group: rank health, the silent writer of ranks other
+than 0, a previous job's rank failure, and a session that is single-process (the gloo jobs are in
+tests/integration/test_distributed.py)."""
 
 from __future__ import annotations
 

@@ -11,10 +11,9 @@ import pandas as pd
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
-from metrics_core.read.records import check_lines
-from metrics_core.read.run_file import LocalFile
 from metrics_core.read.run_reader import RunReader
 from tests.support import append_bytes, append_records, base_record, three_session_run
+from tests.support.reading import CountingFile
 
 
 def test_reads_only_appended_records_between_refreshes(metrics: Path) -> None:
@@ -367,19 +366,6 @@ def test_memory_is_columnar(tmp_path: Path) -> None:
     assert reader.resident_bytes() / count < 150
 
 
-class CountingFile(LocalFile):
-    """A local run file that counts the bytes read through it."""
-
-    def __init__(self, path: Path) -> None:
-        super().__init__(path)
-        self.bytes_read = 0
-
-    def read(self, offset: int, count: int) -> bytes:
-        data = super().read(offset, count)
-        self.bytes_read += len(data)
-        return data
-
-
 def test_a_cold_load_reads_each_byte_once_and_a_small_refresh_starts_no_thread(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -429,34 +415,3 @@ def test_a_value_shared_by_two_events_is_typed_per_event_on_both_paths(metrics: 
         reader.refresh()
         assert reader.frame("validation")["train_loss"].dtype == np.int64
         assert reader.frame("train")["train_loss"].dtype == np.float64
-
-
-def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer_run(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Scaled-down refresh-cost scenario: bytes read and lines parsed do not grow with the run (counts)."""
-    import metrics_core.read.run_reader as reader_module
-    from harness.generate import record, write_run
-
-    parsed = [0]
-
-    def counting_check_lines(block: bytes, first_line: int, **kwargs: object) -> object:
-        parsed[0] += block.count(b"\n")
-        return check_lines(block, first_line, **kwargs)
-
-    work = {}
-    for count in (20_000, 200_000):
-        path = tmp_path / f"run{count}" / "metrics.jsonl"
-        write_run(path, count)
-        file = CountingFile(path)
-        reader = RunReader(path, file=file)
-        reader.refresh()
-        file.bytes_read = parsed[0] = 0
-        monkeypatch.setattr(reader_module, "check_lines", counting_check_lines)
-        for round_ in range(5):
-            append_bytes(path, b"".join(record("s", "train", 10**9 + round_ * 10 + i, 0, 0, 10**18) for i in range(10)))
-            assert reader.refresh() == 10
-        monkeypatch.undo()
-        work[count] = (file.bytes_read, parsed[0])
-    assert work[200_000][1] == work[20_000][1] == 50
-    assert work[200_000][0] <= 3 * work[20_000][0]

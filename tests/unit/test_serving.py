@@ -1,7 +1,5 @@
-"""The dashboard served as an ``st.App`` (app.py) with ``metrics_core.dashboard.server.serving`` in front
-(first load): Streamlit's static files go out gzip-compressed and decode to Streamlit's
-own bytes, a client that refuses gzip gets identity bytes, and the server still honours
-.streamlit/config.toml, ``server.baseUrlPath`` and Ctrl-C as ``streamlit run`` did before."""
+"""The serving layer without a server: gzip of Streamlit's static files, preload hints, base URL
+paths, the lifespan's imports, and the Streamlit internals it leans on."""
 
 from __future__ import annotations
 

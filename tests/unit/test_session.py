@@ -1,4 +1,5 @@
-"""training_session: start and end records however the block ends, SIGTERM from a real signal."""
+"""training_session: start and end records however the block ends (real signals are in
+tests/integration/test_session_signals.py)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,9 @@
-"""Files that are not what a run's files should be, and processes that share a writer by forking.
+"""Files that are not what a run's files should be.
 
 A FIFO, a directory or an unreadable file where ``metrics.jsonl`` (or a cache file) belongs is
-refused by every reader at once, in one line naming the path and why, never waited on; a forked
-child that writes through its parent's writer is refused on its first write, and nothing either
-process had written is lost.  Everything on real files, FIFOs and real forked processes.
+refused by every reader at once, in one line naming the path and why, never waited on.  On real
+files and FIFOs; the terminal tools and forked writers are in
+tests/integration/test_special_files_processes.py.
 """
 
 from __future__ import annotations

@@ -1,6 +1,5 @@
-"""System metrics: real psutil samples against /proc, NVML where a GPU is, the extras missing in a
-real subprocess, ``system_metrics=False``, and a real 4-rank gloo job whose records carry every
-rank's samples within the window's two collectives."""
+"""System metrics in this process: psutil samples against /proc, NVML where a GPU is, sys/ keys
+written by a training session (or not), one chart a key with a line per rank."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""MetricsWriter: record format, tail recovery, refusal of bad input, locking, real crashes."""
+"""MetricsWriter in this process: record format, tail recovery, refusal of bad input, locking (real
+crashes are in tests/integration/test_writer_processes.py)."""
 
 from __future__ import annotations
 
