@@ -385,7 +385,7 @@ def test_a_local_file_at_the_bucket_keys_path_is_never_looked_at(
 def test_a_gs_root_lists_and_follows_its_runs_as_an_s3_one(gcs: pafs.GcsFileSystem, tmp_path: Path) -> None:
     """``--runs gs://bucket/prefix``: the emulator ``STORAGE_EMULATOR_HOST`` names, listed by
     pyarrow's Cloud Storage client and read through the gcs extra's where it is installed
-    (tests/test_gcs.py counts its requests), holds a finished run, a live one and one ``sync``
+    (tests/integration/test_gcs.py counts its requests), holds a finished run, a live one and one ``sync``
     uploads as parts; a longer copy of the live run is read on from its old size, another run uploaded over it
     is read again from its start; a bucket that does not exist is one line naming the root."""
     path = tmp_path / "metrics.jsonl"

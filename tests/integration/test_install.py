@@ -1,5 +1,5 @@
 """The package as a user installs it (``pip install 'metrics-core[app]'``, a wheel in a venv of its own,
-tests/wheel_venv.py): it holds every module and asset of the checkout, ``metrics-dashboard`` serves
+harness/wheel_venv.py): it holds every module and asset of the checkout, ``metrics-dashboard`` serves
 the dashboard from it, and a checkout's app.py says which copy of the code it runs.  The browser
 half (the live chart drawn, plotly.js from the browser's cache) is in test_browser_bytes.py."""
 

@@ -159,7 +159,7 @@ def test_the_vendored_plotly_bundle_draws_every_trace_the_dashboard_makes(tmp_pa
 
 
 def test_streamlit_serves_the_chart_assets_directory() -> None:
-    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
+    """Streamlit's own manifest scan (here a checkout; tests/integration/test_install.py a wheel) gives
     metrics-core.plotly the directory of the vendored plotly.js."""
     from streamlit.components.v2.component_manager import BidiComponentManager
 
