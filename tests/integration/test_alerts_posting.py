@@ -19,7 +19,7 @@ from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.alerts.evaluator import Alerter
 from metrics_core.alerts.rules import AlertConfig
 from metrics_core.alerts.webhooks import Alert, Delivery
-from tests.support import Receiver, spawn_python
+from tests.support import Receiver, interruptible, spawn_python
 from tests.support.alerts import healthy, training_window_with, write_run
 
 LATER = timedelta(seconds=600)  # past the stall threshold of a run logging every few ms
@@ -221,7 +221,8 @@ def test_alerts_command_keeps_watching_and_posts_each_new_condition_once(tmp_pat
         "--interval",
         "0.1",
     ]
-    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    watcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               preexec_fn=interruptible)  # fmt: skip
     try:
         wait_for(lambda: len(receiver.posts) == 1)
         write_run(root / "nan", [1.9], fail=True)

@@ -25,7 +25,7 @@ import pytest
 
 from harness.generate import write_run
 from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME
-from tests.support import REPO, append_bytes, append_records, base_record, three_session_run
+from tests.support import REPO, append_bytes, append_records, base_record, interruptible, three_session_run
 
 ESCAPE = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
@@ -37,7 +37,7 @@ def cli(*args: str, python: str = sys.executable, timeout: float = 60) -> subpro
 
 def start_cli(*args: str) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-u", "-m", "metrics_core", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd="/")  # fmt: skip
+                            stderr=subprocess.PIPE, text=True, cwd="/", preexec_fn=interruptible)  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -74,6 +75,13 @@ def spawn_python(code: str, *args: str) -> subprocess.Popen:
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def interruptible() -> None:
+    """``preexec_fn`` of a child a test stops with SIGINT: restores SIGINT's default first.  A shell
+    that starts the suite in the background without job control (``(pytest &)``) leaves SIGINT
+    ignored, every child inherits that, and Python then installs no KeyboardInterrupt handler."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def without_permission_override() -> list[str]:
