@@ -12,7 +12,6 @@ medians.  With more processes than cores the collective also measures the schedu
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from datetime import timedelta
@@ -21,6 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import median_us_interleaved
+from harness.live_server import free_port
 
 ATTEMPTS = 100
 
@@ -56,12 +56,6 @@ def child(rank: int, world: int, port: int) -> None:
     dist.destroy_process_group()
     if rank == 0:
         print("\n".join(lines), flush=True)
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def main() -> None:

@@ -29,10 +29,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+
+
 from benchmarks.bench_live import cpu_seconds, server_pid
-from benchmarks.generate import write_run
+from harness.generate import write_run
+from harness.live_server import REPO, chromium, live_charts_drawn, streamlit_server, wait_until
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from tests.live_server import REPO, chromium, live_charts_drawn, streamlit_server, wait_until
 
 FLOOR_IMPORTS = """
 import streamlit, pandas, plotly.graph_objects

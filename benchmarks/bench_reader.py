@@ -30,7 +30,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.generate import write_run
+from harness.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.read.run_reader import RunReader
 

@@ -31,7 +31,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.generate import write_run
+from harness.generate import write_run
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.snapshot import build_view
 

@@ -1,0 +1,307 @@
+"""A real `streamlit run app.py` on a free loopback port, a real headless Chromium, and the probes
+the tests read a page with.
+
+Shared by the browser tests and the benchmarks (neither imports the other).  Chromium is Debian's
+(/usr/bin/chromium, installed by .ci/run), driven by Playwright without its own browser download."""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO
+
+from harness.wheel_venv import outside_checkout
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
+]  # fmt: skip
+
+# In the page: whether a plotly chart is drawn and shown (plotly adds its .main-svg when it plots).
+CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
+    .some(svg => getComputedStyle(svg).visibility === 'visible')"""
+
+
+def live_charts_drawn(page: object, count: int = 1) -> bool:
+    """Whether Streamlit's page in ``page`` has drawn at least ``count`` live charts."""
+    drawn = "[...document.querySelectorAll('.js-plotly-plot')].filter(g => g.querySelector('.main-svg')).length"
+    return page.evaluate(drawn) >= count
+
+
+# In the page: the plotly graph whose title is `title` (charts are real .js-plotly-plot divs).
+GRAPH_JS = """(title) => {
+  const graphs = [...document.querySelectorAll('.js-plotly-plot')];
+  const graph = graphs.find(g => g.layout && g.layout.title.text === title);
+  if (!graph) return null;
+  return {
+    traces: graph.data.map(t => ({name: t.name, x: Array.from(t.x || []), y: Array.from(t.y || [])})),
+    shapes: (graph.layout.shapes || []).map(s => ({x0: s.x0, type: s.type})),
+    annotations: (graph.layout.annotations || []).map(a => a.text),
+    xrange: graph.layout.xaxis.range ? Array.from(graph.layout.xaxis.range) : null,
+    autorange: graph.layout.xaxis.autorange,
+  };
+}"""
+
+
+# In the page: each st.dataframe under `selector` as rows of cell texts (glide-data-grid keeps an
+# accessible <table> of its visible cells beside the canvas it draws).
+GRID_JS = """(selector) => [...document.querySelectorAll(selector + ' [data-testid=stDataFrame]')].map(frame =>
+  [...frame.querySelectorAll('table tr')].map(row => [...row.querySelectorAll('th, td')].map(c => c.textContent)))"""
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextmanager
+def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = (), repo: Path = REPO) -> Iterator[str]:
+    """``streamlit run app -- *args`` on a free loopback port, importing the code of the tree ``repo``
+    (a benchmark's baseline may be another tree): yield its base URL, then stop it.
+    ``command_prefix``: what the server runs under (``support.without_permission_override()``)."""
+    port = free_port()
+    command = [*command_prefix, sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
+               "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args]  # fmt: skip
+    with served(command, port, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, what=str(app)) as (url, _):
+        yield url
+
+
+@contextmanager
+def served(
+    command: Sequence[str], port: int, *, cwd: Path, env: dict[str, str], what: str
+) -> Iterator[tuple[str, IO[bytes]]]:
+    """Run the server ``command`` listening on loopback ``port``: yield its base URL and its log (stdout
+    and stderr) once it answers, then stop it."""
+    url = f"http://127.0.0.1:{port}"
+    with tempfile.TemporaryFile() as log:  # not a pipe: nobody drains it while the server runs
+        process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
+                                   env=env, start_new_session=True)  # fmt: skip
+        try:
+            wait_for_http(f"{url}/_stcore/health", process, log, what=what)
+            yield url, log
+        finally:
+            kill_group(process)
+
+
+def kill_group(process: subprocess.Popen) -> None:
+    """SIGKILL ``process`` and every process it started (its own session, ``start_new_session``), and
+    reap it.  Not SIGTERM: once a tab has connected, uvicorn's graceful shutdown waits for its
+    connections to close, with no time limit, so a terminated server outlives its caller by whatever
+    the caller's wait allows; no caller reads what a server does on its way out (a test of a graceful
+    stop signals the server itself and waits for it)."""
+    with contextlib.suppress(ProcessLookupError):  # the whole group is gone already
+        os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+
+
+@contextmanager
+def installed_dashboard(venv: Path, runs_root: Path, *args: str, cwd: Path) -> Iterator[tuple[str, IO[bytes]]]:
+    """``metrics-dashboard --runs runs_root --port <free> *args`` of the installed package in ``venv``,
+    started in ``cwd`` with nothing of this checkout on its path: yield its base URL and log, then stop it."""
+    port = free_port()
+    command = [str(venv / "bin" / "metrics-dashboard"), "--runs", str(runs_root), "--port", str(port), *args]
+    with served(command, port, cwd=cwd, env=outside_checkout(dict(os.environ)), what="metrics-dashboard") as server:
+        yield server
+
+
+def wait_for_http(url: str, process: subprocess.Popen, log: IO[bytes], *, what: str, timeout: float = 60) -> None:
+    """Until ``url`` answers 200; fail with the server's ``log`` if ``process`` exits or ``timeout`` passes."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                log.seek(0)
+                raise RuntimeError(f"{what} did not start:\n{log.read().decode(errors='replace')}") from None
+            time.sleep(0.2)
+
+
+@contextmanager
+def streamlit_server(
+    runs_root: Path, *extra: str, refresh: float = 1.0, command_prefix: Sequence[str] = ()
+) -> Iterator[str]:
+    """Start the dashboard on ``runs_root``; yield its base URL; stop it."""
+    args = ("--runs", str(runs_root), "--refresh", str(refresh), *extra)
+    with streamlit_app(REPO / "app.py", *args, command_prefix=command_prefix) as url:
+        yield url
+
+
+@contextmanager
+def chromium() -> Iterator[object]:
+    """A headless Debian Chromium under Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield browser
+        finally:
+            browser.close()
+
+
+def wait_until(page: object, predicate, timeout: float = 20.0, interval: float = 0.05) -> object:
+    """Poll ``predicate()`` until it returns something truthy; return it, or fail after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        result = predicate()
+        if result:
+            return result
+        page.wait_for_timeout(interval * 1000)
+    raise AssertionError(f"condition not met within {timeout} s")
+
+
+class Wire:
+    """What Chromium received for one page, counted from CDP network events: every HTTP response's
+    encodedDataLength (headers and body as received, 0 for a cache hit) and every websocket frame
+    received (payload bytes)."""
+
+    def __init__(self, context: object, page: object) -> None:
+        self.urls: dict[str, str] = {}
+        self.http: dict[str, int] = {}  # url -> bytes received
+        self.cached: set[str] = set()  # urls answered from the disk or memory cache
+        self.frames = 0
+        cdp = context.new_cdp_session(page)
+        cdp.send("Network.enable")
+        cdp.on("Network.requestWillBeSent", lambda e: self.urls.__setitem__(e["requestId"], e["request"]["url"]))
+        cdp.on("Network.requestServedFromCache", lambda e: self.cached.add(self.urls.get(e["requestId"], "")))
+        cdp.on("Network.responseReceived", self._response)
+        cdp.on("Network.loadingFinished", self._finished)
+        cdp.on("Network.webSocketFrameReceived", self._frame)
+
+    def _response(self, event: dict) -> None:
+        if event["response"].get("fromDiskCache") or event["response"].get("fromPrefetchCache"):
+            self.cached.add(event["response"]["url"])
+
+    def _finished(self, event: dict) -> None:
+        url = self.urls.get(event["requestId"], "")
+        if url.startswith("http"):  # blob: and data: URLs never touch the network
+            self.http[url] = self.http.get(url, 0) + int(event["encodedDataLength"])
+
+    def _frame(self, event: dict) -> None:
+        frame = event["response"]
+        payload = frame["payloadData"]
+        self.frames += len(base64.b64decode(payload)) if frame["opcode"] == 2 else len(payload.encode())
+
+    def reset(self) -> None:
+        self.http.clear()
+        self.cached.clear()
+        self.frames = 0
+
+    @property
+    def total(self) -> int:
+        return sum(self.http.values()) + self.frames
+
+
+def popover_text(page: object, label: str, timeout: float = 30.0) -> str:
+    """Click the page's button that opens a panel (``st.popover``) whose label holds ``label``, once
+    it is there, and return the text of the panel it opens (drawn only when open).  Clicked again
+    until the panel is there: a click while Streamlit still mounts the page can be lost."""
+    button = page.locator("[data-testid=stPopoverButton]", has_text=label).first
+    panel = page.locator("[data-testid=stPopoverBody]").first
+
+    def opened() -> bool:
+        if panel.count():
+            return True
+        if button.count():
+            button.click(timeout=timeout * 1000)
+            page.wait_for_timeout(500)
+        return panel.count() > 0
+
+    wait_until(page, opened, timeout=timeout, interval=0.2)
+    return panel.inner_text()
+
+
+@contextmanager
+def dashboard(
+    runs_root: Path, *flags: str, args: Sequence[str] = ()
+) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
+    """README command 1 with Streamlit ``flags`` and the dashboard's ``args``, on a free port: yield
+    its URL, process and log (the shared fixture waits on /_stcore/health, which moves under a base
+    URL path)."""
+    port = free_port()
+    base = next((flags[i + 1] for i, flag in enumerate(flags) if flag == "--server.baseUrlPath"), "")
+    url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
+    with tempfile.TemporaryFile() as log:
+        process = subprocess.Popen(
+            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *flags, "--", "--runs",
+             str(runs_root), *args],
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+        )  # fmt: skip
+        try:
+            wait_for_http(f"{url}/_stcore/health", process, log, what="app.py")
+            yield url, process, log
+        finally:
+            if process.poll() is None:
+                process.kill()
+                process.wait()
+
+
+# In the page: the runs table's row names (its run links) in drawn order, and the canvas it is drawn on.
+RUN_ROWS_JS = """() => {
+  const frame = document.querySelector('[data-testid=stDataFrame]');
+  if (!frame || !frame.querySelector('canvas')) return {names: []};
+  const box = frame.querySelector('canvas').getBoundingClientRect();
+  return {names: [...frame.querySelectorAll('tbody tr')].map(r => r.querySelector('td').textContent),
+          x: box.x, y: box.y, height: box.height};
+}"""
+
+
+GRID_ROW_PX = 35  # glide-data-grid's header and row height in Streamlit's default theme
+
+
+def row_point(page: object, name: str, x_offset: float) -> tuple[float, float]:
+    """Where run ``name``'s row is drawn on the runs table's canvas, ``x_offset`` px from its left edge
+    (a header row, then the rows, all ``GRID_ROW_PX`` high, the table scrolled to its top; the row
+    marker column is ~34 px)."""
+    table = wait_until(page, lambda: (t := page.evaluate(RUN_ROWS_JS)) and f"run?run={name}" in t["names"] and t)
+    return table["x"] + x_offset, table["y"] + GRID_ROW_PX * (table["names"].index(f"run?run={name}") + 1.5)
+
+
+def click(page: object, x: float, y: float) -> None:
+    """A person's click: the pointer arrives (the grid underlines a link under a hovering pointer), then presses."""
+    page.mouse.move(x - 8, y)
+    page.mouse.move(x, y, steps=4)
+    page.wait_for_timeout(150)
+    page.mouse.click(x, y)
+
+
+# In the page: the status cell's text of each row of the runs table (an empty list until it is drawn).
+ROW_STATUSES_JS = """() => [...document.querySelectorAll('[data-testid=stDataFrame] tbody tr')]
+  .map(r => r.querySelectorAll('td')[1].textContent)"""
+
+
+@contextmanager
+def listening(command: list[str], port: int, what: str) -> Iterator[None]:
+    """``command`` running until the block ends, once it accepts connections on ``port`` (at most 30 s)."""
+    server = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            assert server.poll() is None, f"{what} exited at start"
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, f"{what} did not listen within 30 s"
+                time.sleep(0.1)
+        yield
+    finally:
+        server.kill()
+        server.wait()

@@ -1,0 +1,122 @@
+"""The serving layer against real sockets and a real server: the warm first script run, TCP_NODELAY
+on the listener's connections, METRICS_SERVE_PLAIN as one switch, and Nagle's stalls."""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import socket
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from streamlit.runtime.pages_manager import PagesManager
+
+from harness.live_server import dashboard
+from metrics_core.dashboard.server import serving
+from metrics_core.dashboard.server.asgi_gzip import StaticGzip
+from metrics_core.dashboard.server.page_head import PreloadHints
+from metrics_core.dashboard.server.serving import tcp_no_delay
+from tests.support import REPO
+
+
+def test_warm_first_script_run_does_streamlits_once_per_process_work() -> None:
+    """In a fresh interpreter: the emoji catalog (imported by the first ``set_page_config`` with an
+    emoji icon) is loaded, and the bare-execution warning is decided, so no page view does either."""
+    code = """
+import sys
+from streamlit import delta_generator
+assert "streamlit.emojis" not in sys.modules and not delta_generator._use_warning_has_been_displayed
+from metrics_core.dashboard.server.serving import warm_first_script_run
+warm_first_script_run()
+assert "streamlit.emojis" in sys.modules and delta_generator._use_warning_has_been_displayed
+print("warm")
+"""
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "warm", result.stderr
+
+
+def test_tcp_no_delay_reaches_the_connections_of_the_listener_on_that_port_only() -> None:
+    """Sockets bound like Streamlit binds its own (``proto`` 0, which asyncio leaves with Nagle on):
+    the listener on the given port gets TCP_NODELAY and the connections it accepts inherit it; a
+    listener on another port and a connected socket are left alone."""
+
+    def listener() -> socket.socket:
+        sock = socket.socket(socket.AF_INET)
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        return sock
+
+    with listener() as ours, listener() as other:
+        assert tcp_no_delay(ours.getsockname()[1]) == 1
+        for server_side, expected in ((ours, 1), (other, 0)):
+            with socket.create_connection(server_side.getsockname()) as client:
+                accepted, _ = server_side.accept()
+                with accepted:
+                    assert accepted.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == expected
+                assert client.getsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY) == 0
+        assert ours.getsockopt(socket.SOL_SOCKET, socket.SO_ACCEPTCONN)  # still listening, still open
+
+
+def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With METRICS_SERVE_PLAIN=1 app.py's ``st.App`` gets no middleware and a lifespan that only
+    runs the app's shutdown: no warm-up touching Streamlit's privates, no socket option; served,
+    it gets the gzip and head-tag middleware and the lifespan does its start-up work."""
+    touched: list[str] = []
+    monkeypatch.setattr(serving, "warm_first_script_run", lambda: touched.append("warm"))
+    monkeypatch.setattr(serving, "tcp_no_delay", lambda port: touched.append("no_delay") or 0)
+    closed: list[bool] = []
+
+    async def start_and_stop_lifespan(options: dict) -> None:
+        async with options["lifespan"](object()):
+            pass
+
+    def start_and_stop(options: dict) -> None:  # in a thread: a browser test's event loop may be running here
+        with ThreadPoolExecutor(1) as pool:
+            pool.submit(asyncio.run, start_and_stop_lifespan(options)).result()
+
+    plain = serving.app_options(
+        REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}
+    )
+    assert list(plain) == ["lifespan"]
+    monkeypatch.setattr(PagesManager, "uses_pages_directory", True)
+    start_and_stop(plain)
+    time.sleep(0.2)  # a warm-up thread, had one started
+    assert closed == [True] and touched == [] and PagesManager.uses_pages_directory is True
+    served = serving.app_options(REPO / "app.py", shutdown=lambda: closed.append(True), environ={})
+    assert [item.cls for item in served["middleware"]] == [StaticGzip, PreloadHints]
+    start_and_stop({"lifespan": serving.lifespan([], lambda: None)})
+    assert PagesManager.uses_pages_directory is False
+    deadline = time.monotonic() + 10
+    while "warm" not in touched and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert sorted(touched) == ["no_delay", "warm"]
+
+
+@pytest.mark.parametrize("plain", [False, True], ids=["served", "plain"])
+def test_streamlits_connections_keep_nagle_on_unless_served(
+    runs_root: Path, monkeypatch: pytest.MonkeyPatch, plain: bool
+) -> None:
+    """Streamlit binds its listening socket with ``proto`` 0, so its connections keep Nagle's
+    algorithm on and every kept-alive answer waits for a delayed ACK; ``tcp_no_delay`` turns it
+    off.  If plain Streamlit stops stalling, it sets TCP_NODELAY itself: drop ``tcp_no_delay``."""
+    if plain:
+        monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
+    with dashboard(runs_root) as (url, _, _):
+        host, port = url.removeprefix("http://").split(":")
+        connection = http.client.HTTPConnection(host, int(port), timeout=10)
+        times = []
+        try:
+            for _ in range(8):
+                start = time.perf_counter()
+                connection.request("GET", "/_stcore/health")
+                answer = connection.getresponse()
+                answer.read()
+                times.append(time.perf_counter() - start)
+        finally:
+            connection.close()
+    stalled = min(times[1:]) >= 0.030
+    assert stalled is plain, times

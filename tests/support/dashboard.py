@@ -1,0 +1,59 @@
+"""Helpers of the dashboard tests of more than one tier: runs roots, hostile run names, Streamlit's
+static files, and the store's view compared with one built from scratch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from streamlit import file_util
+
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.snapshot import EVENTS, build_view
+from metrics_core.read.run_reader import RunReader
+from tests.support import append_records, base_record
+
+# Run names, config keys and values that markdown, HTML or a link would interpret.
+HOSTILE_NAMES = [
+    "**bold**",
+    "[x](https://evil.example)",
+    "<img src=x onerror=alert(1)>",
+    '<a href="https://evil.example">x</a>',
+    "[Log in again](https://evil.example/login)",
+    "`code` _em_ ~~strike~~ $x^2$ :red[red] :material/home: https://evil.example www.evil.example a@evil.example",
+    "# heading\n- item\r\n> quote",
+    "&lt;b&gt;entity&lt;/b&gt; &amp;",
+]
+
+
+def make_runs(root: Path, *names: str) -> None:
+    for name in names:
+        append_records(root / name / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in (10, 20)))
+
+
+def make_run(directory: Path) -> None:
+    append_records(directory / "metrics.jsonl", base_record(1))
+
+
+STATIC = Path(file_util.get_static_dir())
+
+
+ONE_YEAR = "public, immutable, max-age=31536000"  # what Streamlit sends for its hashed bundles
+
+
+def full_view(store: RunStore, name: str) -> object:
+    """The O(n) oracle: ``name``'s snapshot built from scratch by a fresh reader."""
+    reader = RunReader(store.root / name)
+    reader.refresh()
+    return build_view(name, reader, "live")
+
+
+def assert_same_view(view: object, oracle: object) -> None:
+    assert view.records == oracle.records and view.sessions == oracle.sessions
+    for event in EVENTS:
+        pd.testing.assert_frame_equal(view.frames[event], oracle.frames[event])
+        np.testing.assert_array_equal(view.superseded[event], oracle.superseded[event])
+    assert view.replaced.keys() == oracle.replaced.keys()
+    for index, rows in oracle.replaced.items():
+        np.testing.assert_array_equal(view.replaced[index], rows)

@@ -1,0 +1,54 @@
+"""``metrics-dashboard``'s launcher without starting anything: the arguments it passes to Streamlit,
+the app script it picks, and the line naming which copy of the package runs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from harness.live_server import REPO
+from metrics_core.dashboard.launch import app_script, package_origin, streamlit_arguments
+
+
+def test_package_origin_names_a_copy_that_is_not_the_app_scripts_own(tmp_path: Path) -> None:
+    """An app script whose own package is elsewhere (another checkout) gets a line that says so."""
+    line = package_origin(tmp_path / "app.py")
+    assert line.startswith(f"metrics_core: {REPO / 'metrics_core'}, NOT the copy beside the app script"), line
+
+
+def test_metrics_dashboard_passes_port_and_host_to_streamlit_and_the_rest_to_the_app(tmp_path: Path) -> None:
+    """--port and --host become Streamlit's server flags; every other option goes after ``--`` to the app."""
+    argv = ["--runs", str(tmp_path), "--port", "9000", "--poll", "--host", "0.0.0.0", "--refresh", "2"]
+    assert streamlit_arguments(argv, {}, Path("app.py")) == [
+        "run", "app.py", "--server.port", "9000", "--server.address", "0.0.0.0",
+        "--", "--runs", str(tmp_path), "--poll", "--refresh", "2",
+    ]  # fmt: skip
+    assert streamlit_arguments([], {}, Path("app.py")) == ["run", "app.py", "--"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (["--runz", "x"], "unrecognized arguments: --runz x"),
+        (["--refresh", "0"], "--refresh must be a positive number"),
+    ],
+)
+def test_metrics_dashboard_refuses_a_bad_option_before_any_server_starts(
+    argv: list[str], said: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An unknown option or a bad value ends the command with the reason; no server is started."""
+    with pytest.raises(SystemExit) as refused:
+        streamlit_arguments(argv, {}, Path("app.py"))
+    assert said in f"{refused.value}{capsys.readouterr().err}"
+
+
+def test_the_app_script_is_the_packaged_entry_when_installed_else_the_checkouts(tmp_path: Path) -> None:
+    """An installed package serves its dashboard/entry/app.py; a checkout its own app.py."""
+    installed = tmp_path / "site-packages" / "metrics_core" / "dashboard"
+    (installed / "entry").mkdir(parents=True)
+    (installed / "entry" / "app.py").touch()
+    assert app_script(installed) == installed / "entry" / "app.py"
+    assert app_script() == REPO / "app.py"
+    with pytest.raises(SystemExit, match="no app script"):
+        app_script(tmp_path / "elsewhere" / "metrics_core" / "dashboard")
