@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.generate import write_run
+from metrics_core.testing.generate import write_run
 
 READER = """
 import sys, time

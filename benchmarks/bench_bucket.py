@@ -3,7 +3,7 @@
 Run: python benchmarks/bench_bucket.py [--runs 1000] [--live 5] [--records 200] [--refresh 5] [--minutes 3]
      [--reads client|pyarrow] [--scheme s3|gs|az]
 
-A moto S3 server in a subprocess, behind ``harness.buckets.CountingProxy``, holds ``--runs`` runs
+A moto S3 server in a subprocess, behind ``metrics_core.testing.buckets.CountingProxy``, holds ``--runs`` runs
 under ``s3://runs/exp`` (``--live`` of them live: dated now, a longer copy uploaded at every
 refresh, as a job syncing its run with ``aws s3 cp`` does; the rest finished).  Counted at the
 proxy, so what a bucket would bill:
@@ -23,7 +23,7 @@ proxy, so what a bucket would bill:
 ``az://runs/exp``, reached through ``AZURE_STORAGE_CONNECTION_STRING``.  ``--scheme gs``: against
 ``gcp-storage-emulator`` under ``gs://runs/exp``, reached through ``STORAGE_EMULATOR_HOST``, its
 downloads stating the object's generation as Cloud Storage's do
-(``harness.buckets.gcs_emulator_command``).
+(``metrics_core.testing.buckets.gcs_emulator_command``).
 
 The clock is simulated so that the count does not depend on how fast this machine is; the
 requests are real.
@@ -48,7 +48,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from pyarrow import fs as pafs
 
-from harness.buckets import (
+from metrics_core.buckets.addresses import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
+from metrics_core.buckets.bucket_runs import discover_bucket_runs
+from metrics_core.buckets.cloud_reads import reads_for
+from metrics_core.buckets.object_reads import ArrowReads
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.roots.bucket_root import BucketRoot
+from metrics_core.testing.buckets import (
     AZURITE_ACCOUNT,
     BUCKET,
     CountingProxy,
@@ -57,14 +63,8 @@ from harness.buckets import (
     gcs_emulator_command,
     put_object,
 )
-from harness.live_server import free_port, wait_for_http
-from harness.records import base_record, line
-from metrics_core.buckets.addresses import azure_filesystem, bucket_filesystem, gcs_filesystem, parse_bucket_url
-from metrics_core.buckets.bucket_runs import discover_bucket_runs
-from metrics_core.buckets.cloud_reads import reads_for
-from metrics_core.buckets.object_reads import ArrowReads
-from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.roots.bucket_root import BucketRoot
+from metrics_core.testing.live_server import free_port, wait_for_http
+from metrics_core.testing.records import base_record, line
 
 
 def moto(port: int) -> subprocess.Popen:

@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.timing import median_us_interleaved
-from harness.live_server import free_port
+from metrics_core.testing.live_server import free_port
 
 ATTEMPTS = 100
 

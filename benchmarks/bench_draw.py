@@ -22,14 +22,14 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.generate import write_run
-from harness.live_server import chromium
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.live.chart_component import plotly_source
 from metrics_core.dashboard.live.feed import drawn_charts
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions
+from metrics_core.testing.generate import write_run
+from metrics_core.testing.live_server import chromium
 
 ASSETS = Path(__file__).resolve().parents[1] / "metrics_core" / "dashboard" / "assets" / "live_chart.js"
 

@@ -43,8 +43,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_rivals import DRAWN_JS, RECORDS, RUN, Ours, load
-from harness.generate import write_run
-from harness.live_server import CHART_SHOWN_JS, chromium, streamlit_app
+from metrics_core.testing.generate import write_run
+from metrics_core.testing.live_server import CHART_SHOWN_JS, chromium, streamlit_app
 
 MARKS = ("scripts", "root", "socket", "loader", "plotly", "chart", "live")
 

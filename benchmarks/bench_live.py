@@ -35,12 +35,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.generate import write_run
-from harness.live_server import chromium, streamlit_app, streamlit_server
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions
+from metrics_core.testing.generate import write_run
+from metrics_core.testing.live_server import chromium, streamlit_app, streamlit_server
 
 WATCH_JS = """() => {
   window.__seen = {};
@@ -204,7 +204,9 @@ def missing_text(found: dict[str, object]) -> str:
 
 
 def figure_bytes(records: int) -> tuple[int, int, int]:
-    from metrics_core.dashboard.figures.figure_dicts import figure_json  # the tree under test may predate it (--records 0)
+    from metrics_core.dashboard.figures.figure_dicts import (
+        figure_json,  # the tree under test may predate it (--records 0)
+    )
 
     with tempfile.TemporaryDirectory() as tmp:
         count = write_run(Path(tmp) / "big" / "metrics.jsonl", records)

@@ -32,9 +32,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 from benchmarks.bench_live import cpu_seconds, server_pid
-from harness.generate import write_run
-from harness.live_server import REPO, chromium, live_charts_drawn, streamlit_server, wait_until
 from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.testing.generate import write_run
+from metrics_core.testing.live_server import REPO, chromium, live_charts_drawn, streamlit_server, wait_until
 
 FLOOR_IMPORTS = """
 import streamlit, pandas, plotly.graph_objects

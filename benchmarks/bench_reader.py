@@ -30,9 +30,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.generate import write_run
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.read.run_reader import RunReader
+from metrics_core.testing.generate import write_run
 
 COLD = """
 import resource, sys, time

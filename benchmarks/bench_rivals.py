@@ -20,7 +20,7 @@ loopback port, a fresh headless Chromium (cold cache), then:
   TensorBoard a scalar card's ``line-chart`` canvas whose x axis reaches past step 1 (an empty
   chart's domain is [0, 1]).
 * first load bytes: every HTTP response's encodedDataLength plus every websocket frame received,
-  from navigation until 3 s after the first chart (``harness.live_server.Wire``).
+  from navigation until 3 s after the first chart (``metrics_core.testing.live_server.Wire``).
 * server CPU and RSS: with that tab open, a writer appends one record per second for
   ``--seconds``; CPU is utime+stime of the server's process tree (children included, exited ones
   too) over that wall time; RSS is the tree's resident set at the end.
@@ -58,9 +58,9 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_live import server_pid
-from harness.generate import write_run
-from harness.live_server import CHART_SHOWN_JS, Wire, chromium, free_port, streamlit_server, wait_for_http
 from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.testing.generate import write_run
+from metrics_core.testing.live_server import CHART_SHOWN_JS, Wire, chromium, free_port, streamlit_server, wait_for_http
 
 RUN = "bench"
 RECORDS = 1000

@@ -15,7 +15,7 @@ records, one live run appending a record per second) and on a root holding only 
 * with ``--browser``: a real ``streamlit run`` and Chromium on each root: wall time from opening
   the page until the table is drawn listing every run; then, ``--settle`` s later, with the page
   open while the live run appends once a second: the server's CPU (from /proc) and the websocket
-  bytes Chromium received (``harness.live_server.Wire``), per append.
+  bytes Chromium received (``metrics_core.testing.live_server.Wire``), per append.
 
 ``--memory ROOT`` (e.g. ``generate_root.py ROOT --small 0 --big 20 --big-records 200000``): in a
 fresh process per measurement, a store lists ROOT until no row reads ``loading`` (its loader reads
@@ -94,7 +94,7 @@ def store_figures(root: Path, seconds: float) -> dict[str, float]:
 def browser_figures(root: Path, runs: int, seconds: float, settle: float) -> dict[str, float]:
     """Seconds until the table is drawn listing every run, then, ``settle`` s later (the loader
     done), per append of the live run: websocket bytes Chromium received and server CPU."""
-    from harness.live_server import Wire, chromium, streamlit_server
+    from metrics_core.testing.live_server import Wire, chromium, streamlit_server
 
     with streamlit_server(root) as url, chromium() as browser:
         pid = server_pid(url)

@@ -31,9 +31,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.generate import write_run
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.snapshot import build_view
+from metrics_core.testing.generate import write_run
 
 
 def kept_run(directory: Path, records: int) -> Path:

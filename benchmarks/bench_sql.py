@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.generate_root import make_root  # noqa: E402
-from harness.generate import write_run  # noqa: E402
+from metrics_core.testing.generate import write_run  # noqa: E402
 
 QUERIES = {
     "records per run": "SELECT run, count(*) FROM records GROUP BY run",

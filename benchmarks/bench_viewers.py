@@ -45,8 +45,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from benchmarks.bench_live import cpu_seconds, live_run, server_pid
-from harness.live_server import REPO, streamlit_app
 from metrics_core import MetricsWriter, TrainingState
+from metrics_core.testing.live_server import REPO, streamlit_app
 
 FIRST_STEP = 10**8  # nine digits: a step's text appears in a message only where the record is drawn
 WATCH_COMPONENT = "metrics_live_watch"  # live_push's element, where the page has it

@@ -15,7 +15,7 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from harness.generate import BASE_TIME_NS, record, train_values, write_run
+from metrics_core.testing.generate import BASE_TIME_NS, record, train_values, write_run
 
 SMALL, BIG = 990, 9
 LIVE = "live/now"

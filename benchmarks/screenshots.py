@@ -20,7 +20,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from harness.live_server import chromium, streamlit_server  # noqa: E402
+from metrics_core.testing.live_server import chromium, streamlit_server  # noqa: E402
 
 PAGES = {
     "runs": "/",

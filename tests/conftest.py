@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.buckets import BUCKET
-from harness.live_server import free_port, listening
 from metrics_core import RunContext
 from metrics_core.read.run_reader import RunReader
+from metrics_core.testing.buckets import BUCKET
+from metrics_core.testing.live_server import free_port, listening
 
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
@@ -28,16 +28,16 @@ def run(tmp_path: Path) -> RunContext:
 
 @pytest.fixture(scope="session")
 def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A venv holding this checkout's wheel with its ``[app]`` extra (harness/wheel_venv.py): the one
+    """A venv holding this checkout's wheel with its ``[app]`` extra (metrics_core/testing/wheel_venv.py): the one
     .ci/run built (``$METRICS_WHEEL_VENV``), else one built now, once per session; checked to import
     the installed wheel, not a checkout on ``PYTHONPATH``."""
-    from harness.wheel_venv import build_wheel_venv, checked_wheel_venv
+    from metrics_core.testing.wheel_venv import build_wheel_venv, checked_wheel_venv
 
     built = os.environ.get("METRICS_WHEEL_VENV")
     if not built:
         return checked_wheel_venv(build_wheel_venv(tmp_path_factory.mktemp("wheel")))
     if not (Path(built) / "bin" / "python").is_file():
-        pytest.fail(f"$METRICS_WHEEL_VENV={built}: no venv there (python -m harness.wheel_venv DIR builds DIR/venv)")
+        pytest.fail(f"$METRICS_WHEEL_VENV={built}: no venv there (python -m metrics_core.testing.wheel_venv DIR builds DIR/venv)")
     return checked_wheel_venv(Path(built))
 
 

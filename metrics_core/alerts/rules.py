@@ -226,7 +226,7 @@ class RunRules:
     """The rules of one run as running state: ``add`` records in file order, ask ``conditions``.
 
     Pure: no file, no clock.  Fed all of a run's records at once or in any split, it answers the
-    same (``tests/test_alerts.py`` checks it against a from-scratch oracle).
+    same (``tests/unit/test_alerts.py`` checks it against a from-scratch oracle).
     """
 
     def __init__(self, config: AlertConfig) -> None:

@@ -2,7 +2,7 @@
 
 Runs with the package's own dependency only (orjson): training nodes install ``metrics_core``
 alone, so it reads the file through ``metrics_core.read.run_digest`` (the record rules of
-``metrics_core.read.records``), never through numpy or pandas.  ``tests/test_cli.py`` runs it in a
+``metrics_core.read.records``), never through numpy or pandas.  ``tests/integration/test_cli.py`` runs it in a
 venv that holds nothing else.
 
 Output contract: one plain, newline-terminated line per record, in file order (no carriage

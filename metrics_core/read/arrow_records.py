@@ -6,7 +6,7 @@ takes ``NaN``, invalid UTF-8, blank lines, two objects on one line, times in oth
 integers as doubles): its answer is used only where every check here shows it equals what
 ``records.check_lines`` gives line by line.  Any other block, or part of one, comes back as
 ``None`` and is parsed by ``check_lines``, so one file gives one answer whichever path reads it
-(``tests/test_hostile_lines.py`` compares both, line class by line class, and a differential fuzz
+(``tests/heavy/test_hostile_lines.py`` compares both, line class by line class, and a differential fuzz
 test on random files).
 
 ``BulkParses`` runs the parses of one refresh on worker threads (pyarrow and numpy release the

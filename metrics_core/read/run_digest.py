@@ -4,7 +4,7 @@ Training nodes install ``metrics_core`` alone (README), so the terminal tools mu
 They read through the same layers as ``RunReader`` up to the sessions: ``storage`` and ``lines``
 for the bytes, ``records.check_lines`` for every line, ``session_log.SessionLog`` and
 ``session_log.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
-both tell the same story of a file (``tests/test_digest.py`` checks it on a resumed run).
+both tell the same story of a file (``tests/unit/test_digest.py`` checks it on a resumed run).
 
 What it adds:
 

@@ -14,12 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import chromium, streamlit_server
+from metrics_core.testing.live_server import chromium, streamlit_server
 
 
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
-    """One headless Debian Chromium for the session (harness.live_server.chromium); each test gets a
+    """One headless Debian Chromium for the session (metrics_core.testing.live_server.chromium); each test gets a
     context of its own (``page``)."""
     pytest.importorskip("playwright", reason="playwright (the test extra) is not installed")
     with chromium() as instance:

@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from harness.live_server import GRAPH_JS, GRID_JS, popover_text, wait_until
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.views.chart_specs import STRAGGLER_TITLE
+from metrics_core.testing.live_server import GRAPH_JS, GRID_JS, popover_text, wait_until
 from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 
 

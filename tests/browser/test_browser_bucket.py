@@ -15,7 +15,7 @@ from pathlib import Path
 
 from pyarrow import fs as pafs
 
-from harness.live_server import GRAPH_JS, RUN_ROWS_JS, live_charts_drawn, streamlit_server, wait_until
+from metrics_core.testing.live_server import GRAPH_JS, RUN_ROWS_JS, live_charts_drawn, streamlit_server, wait_until
 from tests.support import BUCKET, append_records, base_record, bucket_run, line, put_object
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from harness.live_server import (
+from metrics_core.testing.live_server import (
     Wire,
     installed_dashboard,
     live_charts_drawn,

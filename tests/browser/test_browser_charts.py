@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import wait_until
+from metrics_core.testing.live_server import wait_until
 from tests.support import append_records, base_record, spawn_python
 
 REASON = "ValueError: loss went to the moon"

@@ -17,7 +17,7 @@ from urllib.parse import quote, unquote
 import orjson
 import pytest
 
-from harness.live_server import GRAPH_JS, GRID_JS, popover_text, streamlit_server, wait_until
+from metrics_core.testing.live_server import GRAPH_JS, GRID_JS, popover_text, streamlit_server, wait_until
 from metrics_core.text import fit_middle
 from tests.support import REPO, append_bytes, append_records, base_record, without_permission_override
 

@@ -9,7 +9,7 @@ import time
 from contextlib import AbstractContextManager
 from pathlib import Path
 
-from harness.live_server import (
+from metrics_core.testing.live_server import (
     ROW_STATUSES_JS,
     RUN_ROWS_JS,
     Wire,

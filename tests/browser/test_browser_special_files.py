@@ -16,9 +16,9 @@ import tempfile
 from pathlib import Path
 from urllib.parse import unquote
 
-from harness.live_server import free_port, wait_for_http, wait_until
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.run_file import LocalFile
+from metrics_core.testing.live_server import free_port, wait_for_http, wait_until
 from tests.support import REPO, small_run
 
 SPECIAL = {"piped": "a FIFO (named pipe)", "folder/deep": "a directory"}

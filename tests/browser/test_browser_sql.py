@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import GRID_JS, RUN_ROWS_JS, streamlit_server, wait_until
+from metrics_core.testing.live_server import GRID_JS, RUN_ROWS_JS, streamlit_server, wait_until
 from tests.support import small_run, three_session_run
 
 pytest.importorskip("duckdb", reason="duckdb (the sql extra) is not installed")

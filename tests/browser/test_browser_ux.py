@@ -13,7 +13,8 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from harness.live_server import (
+from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.testing.live_server import (
     GRAPH_JS,
     ROW_STATUSES_JS,
     RUN_ROWS_JS,
@@ -23,7 +24,6 @@ from harness.live_server import (
     streamlit_server,
     wait_until,
 )
-from metrics_core import MetricsWriter, RunContext, TrainingState
 from tests.support import append_records, base_record, cold_root, eight_sessions, in_background, small_run
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")

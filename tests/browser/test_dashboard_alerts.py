@@ -12,7 +12,7 @@ from tests.support.alerts import nan_and_healthy_runs
 def test_the_server_posts_each_alert_once_with_two_tabs_open(browser: object, tmp_path: Path) -> None:
     """A real server started with --webhook: both tabs show the NaN run's alert and the local
     receiver gets exactly one POST for it (one evaluator per server, not one per viewer)."""
-    from harness.live_server import streamlit_server, wait_until
+    from metrics_core.testing.live_server import streamlit_server, wait_until
 
     root = tmp_path / "runs"
     nan_and_healthy_runs(root)

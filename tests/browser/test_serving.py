@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import Wire, dashboard, live_charts_drawn, wait_until
+from metrics_core.testing.live_server import Wire, dashboard, live_charts_drawn, wait_until
 from tests.support import REPO, append_records, base_record, small_run
 from tests.support.dashboard import ONE_YEAR, STATIC
 

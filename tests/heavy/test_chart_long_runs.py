@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.generate import record, train_values, write_run
 from metrics_core.dashboard.figures.chart_memo import view_charts
 from metrics_core.dashboard.live.chart_component import (
     encode,
@@ -17,6 +16,7 @@ from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import (
     ChartOptions,
 )
+from metrics_core.testing.generate import record, train_values, write_run
 
 
 class LiveRun:

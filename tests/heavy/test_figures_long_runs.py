@@ -12,7 +12,7 @@ from metrics_core.dashboard.views.chart_specs import ChartOptions
 
 def test_downsampled_chart_json_stays_small(tmp_path: Path) -> None:
     """A 200k-window run's loss chart is well under the 200 KB budget and still has its last point."""
-    from harness.generate import write_run
+    from metrics_core.testing.generate import write_run
 
     write_run(tmp_path / "big" / "metrics.jsonl", 200_000)
     store = RunStore(tmp_path)

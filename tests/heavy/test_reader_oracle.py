@@ -99,7 +99,7 @@ def test_refresh_after_ten_appends_reads_and_parses_the_same_on_a_tenfold_longer
 ) -> None:
     """Scaled-down refresh-cost scenario: bytes read and lines parsed do not grow with the run (counts)."""
     import metrics_core.read.run_reader as reader_module
-    from harness.generate import record, write_run
+    from metrics_core.testing.generate import record, write_run
 
     parsed = [0]
 

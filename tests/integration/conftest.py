@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
-from harness.buckets import AZURITE_ACCOUNT, BUCKET, azure_connection_string, gcs_emulator_command
-from harness.live_server import free_port, listening, wait_for_http
+from metrics_core.testing.buckets import AZURITE_ACCOUNT, BUCKET, azure_connection_string, gcs_emulator_command
+from metrics_core.testing.live_server import free_port, listening, wait_for_http
 
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
@@ -100,7 +100,7 @@ def azurite_endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def azure(azurite_endpoint: str, monkeypatch: pytest.MonkeyPatch) -> pafs.FileSystem:
-    """The container ``runs`` (``harness.buckets.BUCKET``), emptied, reached the way Azure's own tools
+    """The container ``runs`` (``metrics_core.testing.buckets.BUCKET``), emptied, reached the way Azure's own tools
     are configured: ``AZURE_STORAGE_CONNECTION_STRING`` holding the emulator's ``BlobEndpoint``."""
     from metrics_core.buckets.addresses import azure_filesystem, parse_bucket_url
 

@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from pyarrow import fs as pafs
 
-from harness.buckets import AZURITE_ACCOUNT, AZURITE_KEY, azure_connection_string
 from metrics_core.buckets.addresses import azure_filesystem, parse_bucket_url
 from metrics_core.buckets.cloud_reads import reads_for
 from metrics_core.buckets.object_reads import ArrowReads
@@ -24,6 +23,7 @@ from metrics_core.errors import MetricsError, RunNotFoundError
 from metrics_core.read.run_reader import RunReader
 from metrics_core.roots.bucket_root import BucketRoot
 from metrics_core.roots.runs_root import open_root
+from metrics_core.testing.buckets import AZURITE_ACCOUNT, AZURITE_KEY, azure_connection_string
 from tests.support import (
     BUCKET,
     REPO,

@@ -1,5 +1,5 @@
 """The dashboard's store on a runs root in a bucket (``bucket_root.BucketRoot``), against a real
-S3-compatible server (conftest's moto) behind a counting proxy (``harness.buckets.CountingProxy``): the
+S3-compatible server (conftest's moto) behind a counting proxy (``metrics_core.testing.buckets.CountingProxy``): the
 requests a refresh costs are counted, not timed, and every failure is one line."""
 
 from __future__ import annotations
@@ -16,7 +16,6 @@ import orjson
 import pytest
 from pyarrow import fs as pafs
 
-from harness.live_server import free_port, wait_for_http
 from metrics_core.buckets.addresses import parse_bucket_url, s3_filesystem
 from metrics_core.buckets.sync import RunSync
 from metrics_core.dashboard.launch import streamlit_arguments
@@ -26,6 +25,7 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord, write_failure
 from metrics_core.roots.bucket_root import BucketRoot
+from metrics_core.testing.live_server import free_port, wait_for_http
 from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME
 from tests.support import (
     BUCKET,

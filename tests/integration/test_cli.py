@@ -23,7 +23,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from harness.generate import write_run
+from metrics_core.testing.generate import write_run
 from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME
 from tests.support import REPO, append_bytes, append_records, base_record, interruptible, three_session_run
 

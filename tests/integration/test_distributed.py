@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import free_port
+from metrics_core.testing.live_server import free_port
 from tests.support import REPO, read_records
 
 pytest.importorskip("torch", reason="the PyTorch CPU build is not installed (.ci/run: pip install torch==2.13.0)")

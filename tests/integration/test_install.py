@@ -1,5 +1,5 @@
 """The package as a user installs it (``pip install 'metrics-core[app]'``, a wheel in a venv of its own,
-harness/wheel_venv.py): it holds every module and asset of the checkout, ``metrics-dashboard`` serves
+metrics_core/testing/wheel_venv.py): it holds every module and asset of the checkout, ``metrics-dashboard`` serves
 the dashboard from it, and a checkout's app.py says which copy of the code it runs.  The browser
 half (the live chart drawn, plotly.js from the browser's cache) is in test_browser_bytes.py."""
 
@@ -10,8 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from harness.live_server import REPO, free_port, installed_dashboard, served
-from harness.wheel_venv import installed_package, outside_checkout
+from metrics_core.testing.live_server import REPO, free_port, installed_dashboard, served
+from metrics_core.testing.wheel_venv import installed_package, outside_checkout
 from tests.support import small_run
 
 

@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 from streamlit.runtime.pages_manager import PagesManager
 
-from harness.live_server import dashboard
 from metrics_core.dashboard.server import serving
 from metrics_core.dashboard.server.asgi_gzip import StaticGzip
 from metrics_core.dashboard.server.page_head import PreloadHints
 from metrics_core.dashboard.server.serving import tcp_no_delay
+from metrics_core.testing.live_server import dashboard
 from tests.support import REPO
 
 

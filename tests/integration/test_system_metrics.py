@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import free_port
+from metrics_core.testing.live_server import free_port
 from metrics_core.write.system_sampler import GIB
 from tests.support import REPO, read_records
 

@@ -2,7 +2,7 @@
 
 Fixtures live in the ``conftest.py`` of the tier that uses them (shared ones in ``tests/conftest.py``)
 and are used by name; helpers live here and are imported (``from tests.support import small_run``),
-so that no test module imports another.  What benchmarks use as well lives in ``harness/`` (servers
+so that no test module imports another.  What benchmarks use as well lives in ``metrics_core/testing/`` (servers
 and Chromium, buckets and their emulators, hand-crafted and generated runs), imported from there.
 """
 
@@ -24,8 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from harness.buckets import BUCKET, CountingProxy, bucket_run, put_object
-from harness.records import base_record, line
+from metrics_core.testing.buckets import BUCKET, CountingProxy, bucket_run, put_object
+from metrics_core.testing.records import base_record, line
 
 if TYPE_CHECKING:
     from pyarrow import fs as pafs

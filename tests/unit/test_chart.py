@@ -8,7 +8,6 @@ from pathlib import Path
 
 import plotly
 
-from harness.generate import write_run
 from metrics_core.dashboard.figures.chart_memo import view_charts
 from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts, session_overlay
@@ -22,6 +21,7 @@ from metrics_core.dashboard.live.chart_component import (
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.views.compare import COMPARE_METRICS
+from metrics_core.testing.generate import write_run
 from tests.support import append_records, base_record
 
 

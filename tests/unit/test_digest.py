@@ -9,9 +9,9 @@ from pathlib import Path
 import orjson
 import pytest
 
-from harness.generate import write_run
 from metrics_core.cli.summary import summary_lines
 from metrics_core.read.run_digest import batches, follow_file, last_records
+from metrics_core.testing.generate import write_run
 from metrics_core.text import clean, fit, fit_middle, width
 from tests.support import append_bytes, append_records, base_record, three_session_run
 from tests.support.reading import (

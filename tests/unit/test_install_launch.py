@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from harness.live_server import REPO
 from metrics_core.dashboard.launch import app_script, package_origin, streamlit_arguments
+from metrics_core.testing.live_server import REPO
 
 
 def test_package_origin_names_a_copy_that_is_not_the_app_scripts_own(tmp_path: Path) -> None:

@@ -317,7 +317,7 @@ def test_session_end_status_is_kept(metrics: Path) -> None:
 
 def test_pyarrow_and_per_line_parsers_agree(tmp_path: Path) -> None:
     """The bulk parser and the exact parser produce identical frames and sessions."""
-    from harness.generate import write_run
+    from metrics_core.testing.generate import write_run
 
     path = tmp_path / "big" / "metrics.jsonl"
     write_run(path, 5000)
@@ -357,7 +357,7 @@ def test_a_field_that_never_held_a_value_is_not_a_column(metrics: Path, bulk_thr
 
 def test_memory_is_columnar(tmp_path: Path) -> None:
     """A realistic train record is held in well under 150 bytes of column data."""
-    from harness.generate import write_run
+    from metrics_core.testing.generate import write_run
 
     path = tmp_path / "m" / "metrics.jsonl"
     count = write_run(path, 20_000)
@@ -372,7 +372,7 @@ def test_a_cold_load_reads_each_byte_once_and_a_small_refresh_starts_no_thread(
     """Blocks of a cold load are read once (a block's torn last line is read with the next), threads only for bulk."""
     import metrics_core.read.arrow_records as arrow_module
     import metrics_core.read.line_follower as lines_module
-    from harness.generate import record, write_run
+    from metrics_core.testing.generate import record, write_run
 
     monkeypatch.setattr(lines_module, "READ_CHUNK", 2 << 20)  # five blocks, each for pyarrow
     pools: list[int] = []

@@ -3,7 +3,7 @@
 A figure here is plotly's own JSON structure (``Figure``: ``{"data": [...], "layout": {...}}``,
 per-point properties as numpy arrays), built by ``figure_of`` without plotly: plotly's objects
 validate every property and deep-copy every trace on construction and again on serialisation, a
-cost paid on every live update of every chart.  ``tests/test_figures.py`` validates the same dicts
+cost paid on every live update of every chart.  ``tests/unit/test_figures.py`` validates the same dicts
 with plotly and compares the JSON (``figure_json``), so a typo still fails there.  The dashboard
 imports no plotly at all; plotly.js draws the JSON.  Nothing here reads files or knows Streamlit.
 """

@@ -5,8 +5,8 @@ serves.  ``METRICS_SERVE_PLAIN=1`` is the one switch that turns all of this off:
 served exactly as Streamlit serves it (the lifespan only runs the app's shutdown, no middleware,
 no routes of the server's own), and every page still works, only slower on a first load.  This
 package (``serving``, ``page_head``, ``asgi_gzip``) is the only place that imports a private
-Streamlit module or names a path Streamlit serves (``tests/test_layers.py`` checks it).  What each
-part does, and the Streamlit behaviour it leans on (each has a test in ``tests/test_serving.py``
+Streamlit module or names a path Streamlit serves (``tests/unit/test_layers.py`` checks it).  What each
+part does, and the Streamlit behaviour it leans on (each has a test in ``tests/*/test_serving*.py``
 that fails when a Streamlit upgrade changes it):
 
 * ``StaticGzip`` (``asgi_gzip``): Streamlit's content-hashed static files (``/static/...``) and

@@ -1,5 +1,5 @@
 """Hand-crafted records, as the writer would produce them, for files that tests and benchmarks
-write byte by byte (``harness.generate`` writes whole realistic runs)."""
+write byte by byte (``metrics_core.testing.generate`` writes whole realistic runs)."""
 
 from __future__ import annotations
 

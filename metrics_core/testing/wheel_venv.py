@@ -1,7 +1,7 @@
 """A venv holding this checkout as a user installs it: a wheel (``pip wheel . --no-deps``) installed
 with its ``[app]`` extra into a fresh venv, nothing of the checkout on its path.
 
-.ci/run builds it once, before the test command (``python -m harness.wheel_venv DIR``), and names
+.ci/run builds it once, before the test command (``python metrics_core/testing/wheel_venv.py DIR``: the standard library alone, so it runs before the package's requirements are installed), and names
 it in ``$METRICS_WHEEL_VENV``; without that variable the ``wheel_venv`` fixture (tests/conftest.py)
 builds one per test session.  The wheel is built from a copy of the checkout's files: setuptools
 builds in ``build/`` of its source tree, where files of an earlier build would ride along into the
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 # Never part of a build: version control, local venvs, caches, earlier builds, runs.
 _NOT_SOURCE = shutil.ignore_patterns(
     ".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".ruff_cache", ".hypothesis", "runs"
@@ -68,5 +68,5 @@ def checked_wheel_venv(venv: Path) -> Path:
 
 if __name__ == "__main__":
     if len(sys.argv) != 2:
-        raise SystemExit("usage: python -m harness.wheel_venv DIR  (builds DIR/venv; DIR must not exist)")
+        raise SystemExit("usage: python -m metrics_core.testing.wheel_venv DIR  (builds DIR/venv; DIR must not exist)")
     print(checked_wheel_venv(build_wheel_venv(Path(sys.argv[1]).resolve())))

@@ -17,7 +17,7 @@ from datetime import datetime, timedelta, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from harness.records import base_record, line
+from metrics_core.testing.records import base_record, line
 
 AZURITE_ACCOUNT = "devstoreaccount1"  # Azurite's well-known account and key (Azure's documentation)
 AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="

@@ -21,9 +21,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
-from harness.wheel_venv import outside_checkout
+from metrics_core.testing.wheel_venv import outside_checkout
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
