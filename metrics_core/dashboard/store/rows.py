@@ -32,6 +32,25 @@ from metrics_core.read.run_summary import RunSummary
 from metrics_core.roots.discovery import UnreadableEntry
 
 TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
+# The runs table's columns, in the order the runs page shows them (a row is ``runs_table_row``).
+RUNS_TABLE_COLUMNS = (
+    "run",
+    "status",
+    "reason",
+    "sessions",
+    "last step",
+    "tokens seen",
+    "train loss",
+    "val loss",
+    "skipped updates",
+    "last record age (s)",
+    "bad lines",
+    "error",
+    "config",
+    "started",
+    "duration (s)",
+    "loss trend",
+)
 PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
 
 

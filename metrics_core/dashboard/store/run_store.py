@@ -78,7 +78,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.store.cold_loader import ColdLoader
-from metrics_core.dashboard.store.rows import unreadable_row
+from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, unreadable_row
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
@@ -97,24 +97,6 @@ IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "op
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-RUNS_TABLE_COLUMNS = (
-    "run",
-    "status",
-    "reason",
-    "sessions",
-    "last step",
-    "tokens seen",
-    "train loss",
-    "val loss",
-    "skipped updates",
-    "last record age (s)",
-    "bad lines",
-    "error",
-    "config",
-    "started",
-    "duration (s)",
-    "loss trend",
-)
 
 
 class RunStore:

@@ -20,7 +20,7 @@ from metrics_core.dashboard.display_text import (
     shorten,
     shorten_words,
 )
-from metrics_core.dashboard.store.rows import TREND_POINTS
+from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, TREND_POINTS
 
 
 def filter_runs(table: pd.DataFrame, pattern: str) -> tuple[pd.DataFrame, str | None]:
@@ -166,24 +166,4 @@ def _cell_text(text: object) -> str:
     return shorten_words(text, CELL_CHARS) if isinstance(text, str) else ""
 
 
-RUNS_TABLE_KNOWN = frozenset(
-    {
-        "run",
-        "status",
-        "reason",
-        "sessions",
-        "last step",
-        "tokens seen",
-        "train loss",
-        "val loss",
-        "skipped updates",
-        "last record age (s)",
-        "bad lines",
-        "error",
-        "config",
-        "started",
-        "duration (s)",
-        "loss trend",
-        "last record time",
-    }
-)
+RUNS_TABLE_KNOWN = frozenset({*RUNS_TABLE_COLUMNS, "last record time"})
