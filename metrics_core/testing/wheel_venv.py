@@ -4,11 +4,12 @@ with its ``[app]`` extra into a fresh venv, nothing of the checkout on its path.
 .ci/run builds it once, before the test command (``python metrics_core/testing/wheel_venv.py DIR``:
 by path, as it needs the standard library alone, beside the install of the package's requirements),
 and names it in ``$METRICS_WHEEL_VENV``; without that variable the ``wheel_venv`` fixture
-(tests/conftest.py) builds one per test session.  The wheel is built from a copy of the
-checkout's files: setuptools builds in ``build/`` of its source tree, where files of an earlier build would ride along into the
-wheel.  Every process of the venv runs without ``PYTHONPATH`` (``outside_checkout``): a checkout on
-it (the developers' guide runs everything so) would be imported instead of the wheel, and pip would
-take the checkout's ``*.egg-info`` of an editable install for the package already installed.
+(tests/conftest.py) builds one per test session.  The wheel is built from a copy of the checkout's
+files: setuptools builds in ``build/`` of its source tree, where files of an earlier build would
+ride along into the wheel.  Every process of the venv runs without ``PYTHONPATH``
+(``outside_checkout``): a checkout on it (the developers' guide runs everything so) would be
+imported instead of the wheel, and pip would take the checkout's ``*.egg-info`` of an editable
+install for the package already installed.
 """
 
 from __future__ import annotations
