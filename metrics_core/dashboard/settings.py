@@ -169,17 +169,17 @@ def close_server() -> None:
         _OPEN_STORES.pop().close()
 
 
-def open_store(config: Settings) -> RunStore:
+def open_store(server: Settings) -> RunStore:
     """The one RunStore of this server process (shared by every browser tab and the server's own
     routes); ``MetricsError`` when the runs root is missing (nothing is created unless ``--demo``
     asked for it)."""
-    return _store(config.runs, config.poll, config.cache, config.refresh, config.list_interval)
+    return _store(server.runs, server.poll, server.cache, server.refresh, server.list_interval)
 
 
-def get_store(config: Settings) -> RunStore:
+def get_store(server: Settings) -> RunStore:
     """``open_store`` for a page: a clear error on the page when the runs root is missing."""
     try:
-        return open_store(config)
+        return open_store(server)
     except MetricsError as exc:
         st.error(md_text(exc))
         st.stop()
@@ -194,23 +194,23 @@ def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None, _store
     return alerter
 
 
-def open_alerter(config: Settings) -> ServerAlerter | None:
+def open_alerter(server: Settings) -> ServerAlerter | None:
     """The one alerter of this server process on its runs root, shared by every browser tab and the
     server's own routes, reading the runs through the server's store (``open_store``); None when
     the root is a bucket (alerts read a local root); ``MetricsError`` when ``--alerts-config`` or
     ``--webhook`` cannot be used, or the runs root is missing."""
-    if is_bucket_url(config.runs):
+    if is_bucket_url(server.runs):
         return None
-    return _alerter(config.runs, config.webhook, config.alerts_config, open_store(config))
+    return _alerter(server.runs, server.webhook, server.alerts_config, open_store(server))
 
 
-def get_alerter(config: Settings) -> ServerAlerter | None:
+def get_alerter(server: Settings) -> ServerAlerter | None:
     """``open_alerter`` for a page: None, after saying why on the page, when alerts are off (the rest
     of the page works)."""
-    if is_bucket_url(config.runs) and (config.webhook or config.alerts_config):
-        st.error(md_text(f"Alerts are off: they read a local runs root, not {config.runs}"))
+    if is_bucket_url(server.runs) and (server.webhook or server.alerts_config):
+        st.error(md_text(f"Alerts are off: they read a local runs root, not {server.runs}"))
     try:
-        return open_alerter(config)
+        return open_alerter(server)
     except MetricsError as exc:
         st.error(md_text(f"Alerts are off: {exc}"))
         return None
@@ -224,9 +224,9 @@ def get_demo(runs: Path) -> int:
     return process.pid
 
 
-def maybe_start_demo(config: Settings) -> None:
+def maybe_start_demo(server: Settings) -> None:
     """With ``--demo``, a missing or empty runs root gets the live demo run."""
-    if config.demo and isinstance(config.runs, Path):
-        config.runs.mkdir(parents=True, exist_ok=True)
-        if not find_runs(config.runs):
-            get_demo(config.runs.resolve())
+    if server.demo and isinstance(server.runs, Path):
+        server.runs.mkdir(parents=True, exist_ok=True)
+        if not find_runs(server.runs):
+            get_demo(server.runs.resolve())
