@@ -26,8 +26,9 @@ AZURITE_KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1
 def azure_connection_string(endpoint: str) -> str:
     """A connection string as Azure's portal gives one, for the emulator at ``endpoint``
     (``http://host:port/ACCOUNT``)."""
-    return (f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};"
-            f"BlobEndpoint={endpoint};")  # fmt: skip
+    return (
+        f"DefaultEndpointsProtocol=http;AccountName={AZURITE_ACCOUNT};AccountKey={AZURITE_KEY};BlobEndpoint={endpoint};"
+    )
 
 
 # The bucket (Azure: the container) every emulator serves runs from.

@@ -22,9 +22,15 @@ def record(session: str, event: str, step: int, tokens_seen: int, skipped: int, 
     seconds, nanos = divmod(t_ns, 10**9)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(seconds)) + f".{nanos // 1000:06d}+00:00"
     base = {
-        "schema_version": 1, "time": stamp, "run_id": RUN_ID, "session_id": session, "event": event,
-        "step": step, "tokens_seen": tokens_seen, "skipped_updates": skipped,
-    }  # fmt: skip
+        "schema_version": 1,
+        "time": stamp,
+        "run_id": RUN_ID,
+        "session_id": session,
+        "event": event,
+        "step": step,
+        "tokens_seen": tokens_seen,
+        "skipped_updates": skipped,
+    }
     return orjson.dumps({**base, **values}, option=orjson.OPT_APPEND_NEWLINE)
 
 

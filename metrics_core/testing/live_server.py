@@ -26,9 +26,15 @@ from metrics_core.testing.wheel_venv import outside_checkout
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
-    "--disable-component-update", "--disable-sync", "--disable-dev-shm-usage",
-]  # fmt: skip
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 # In the page: whether a plotly chart is drawn and shown (plotly adds its .main-svg when it plots).
 CHART_SHOWN_JS = """[...document.querySelectorAll('.js-plotly-plot .main-svg')]
@@ -74,8 +80,22 @@ def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = (), rep
     (a benchmark's baseline may be another tree): yield its base URL, then stop it.
     ``command_prefix``: what the server runs under (``support.without_permission_override()``)."""
     port = free_port()
-    command = [*command_prefix, sys.executable, "-m", "streamlit", "run", str(app), "--server.port", str(port),
-               "--server.headless", "true", "--browser.gatherUsageStats", "false", "--", *args]  # fmt: skip
+    command = [
+        *command_prefix,
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        str(app),
+        "--server.port",
+        str(port),
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+        "--",
+        *args,
+    ]
     with served(command, port, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, what=str(app)) as (url, _):
         yield url
 
@@ -88,8 +108,15 @@ def served(
     and stderr) once it answers, then stop it."""
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryFile() as log:  # not a pipe: nobody drains it while the server runs
-        process = subprocess.Popen(command, cwd=cwd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                   env=env, start_new_session=True)  # fmt: skip
+        process = subprocess.Popen(
+            command,
+            cwd=cwd,
+            stdin=subprocess.DEVNULL,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             wait_for_http(f"{url}/_stcore/health", process, log, what=what)
             yield url, log
@@ -240,10 +267,25 @@ def dashboard(
     url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
     with tempfile.TemporaryFile() as log:
         process = subprocess.Popen(
-            [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(port), *flags, "--", "--runs",
-             str(runs_root), *args],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "streamlit",
+                "run",
+                "app.py",
+                "--server.port",
+                str(port),
+                *flags,
+                "--",
+                "--runs",
+                str(runs_root),
+                *args,
+            ],
+            cwd=REPO,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO)},
+        )
         try:
             wait_for_http(f"{url}/_stcore/health", process, log, what="app.py")
             yield url, process, log

@@ -41,13 +41,22 @@ def build_wheel_venv(directory: Path, *, python: str = sys.executable) -> Path:
     shutil.copytree(REPO, source, ignore=_NOT_SOURCE)
     wheels = directory / "dist"
     env = outside_checkout(dict(os.environ))
-    subprocess.run([python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(source)],
-                   check=True, timeout=600, env=env)  # fmt: skip
+    subprocess.run(
+        [python, "-m", "pip", "wheel", "--quiet", "--no-deps", "--wheel-dir", str(wheels), str(source)],
+        check=True,
+        timeout=600,
+        env=env,
+    )
     [wheel] = wheels.glob("metrics_core-*.whl")
     venv = directory / "venv"
     subprocess.run([python, "-m", "venv", str(venv)], check=True, timeout=120, env=env)
-    subprocess.run([str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", f"{wheel}[app]"],
-                   check=True, timeout=1200, env=env, cwd=directory)  # fmt: skip
+    subprocess.run(
+        [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet", "--no-compile", f"{wheel}[app]"],
+        check=True,
+        timeout=1200,
+        env=env,
+        cwd=directory,
+    )
     return venv
 
 
