@@ -46,16 +46,18 @@ import numpy as np
 
 from benchmarks.bench_live import cpu_seconds, live_run, server_pid
 from metrics_core import MetricsWriter, TrainingState
-from metrics_core.testing.live_server import REPO, streamlit_app
+from metrics_core.testing.live_server import ACCESS_TOKEN, REPO, streamlit_app
 
 FIRST_STEP = 10**8  # nine digits: a step's text appears in a message only where the record is drawn
 WATCH_COMPONENT = "metrics_live_watch"  # live_push's element, where the page has it
 CHART_COMPONENT = "metrics_live_chart"  # live_chart's element: its payload's seq is the figure the chart holds
+OWNER = {"Authorization": f"Bearer {ACCESS_TOKEN}"}  # the token the server asks for
 _LONG_POLLS = ThreadPoolExecutor(64)  # one waiting request per viewer
 
 
 def _get(url: str) -> bytes:
-    with urllib.request.urlopen(url, timeout=60) as answer:
+    request = urllib.request.Request(url, headers=OWNER)
+    with urllib.request.urlopen(request, timeout=60) as answer:
         return answer.read()
 
 
@@ -70,7 +72,7 @@ async def _viewer(url: str, seen: dict[int, float], refreshes: list[int], stop: 
     from websockets.asyncio.client import connect
 
     async with connect(f"ws://{url.split('://', 1)[1]}/_stcore/stream", subprotocols=["streamlit"],
-                       max_size=None) as ws:  # fmt: skip
+                       max_size=None, additional_headers=OWNER) as ws:  # fmt: skip
         await ws.send(BackMsg(rerun_script=ClientState(query_string="run=live", page_name="run")).SerializeToString())
         page_hash, timers = "", []
 

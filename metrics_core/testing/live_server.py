@@ -2,27 +2,35 @@
 the tests read a page with.
 
 Shared by the browser tests and the benchmarks (neither imports the other).  Chromium is Debian's
-(/usr/bin/chromium, installed by .ci/run), driven by Playwright without its own browser download."""
+(/usr/bin/chromium, installed by .ci/run), driven by Playwright without its own browser download.
+
+Every server started here asks for one token, ``ACCESS_TOKEN`` (made once per process), as a
+user's server asks for its own (``dashboard.server.access``); the browser ``chromium`` yields
+sends it with every request of every context it opens (``anonymous_context`` opens one without),
+and ``http_get`` sends it too, so a test reads a page as its owner would."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
 import os
+import secrets
 import signal
 import socket
 import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import IO
 
 from metrics_core.testing.wheel_venv import outside_checkout
 
+ACCESS_TOKEN = secrets.token_urlsafe(16)  # the token of every server this process starts
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
@@ -96,7 +104,8 @@ def streamlit_app(app: Path, *args: str, command_prefix: Sequence[str] = (), rep
         "--",
         *args,
     ]
-    with served(command, port, cwd=repo, env={**os.environ, "PYTHONPATH": str(repo)}, what=str(app)) as (url, _):
+    env = {**os.environ, "PYTHONPATH": str(repo), "METRICS_TOKEN": ACCESS_TOKEN}
+    with served(command, port, cwd=repo, env=env, what=str(app)) as (url, _):
         yield url
 
 
@@ -141,7 +150,8 @@ def installed_dashboard(venv: Path, runs_root: Path, *args: str, cwd: Path) -> I
     started in ``cwd`` with nothing of this checkout on its path: yield its base URL and log, then stop it."""
     port = free_port()
     command = [str(venv / "bin" / "metrics-dashboard"), "--runs", str(runs_root), "--port", str(port), *args]
-    with served(command, port, cwd=cwd, env=outside_checkout(dict(os.environ)), what="metrics-dashboard") as server:
+    env = outside_checkout({**os.environ, "METRICS_TOKEN": ACCESS_TOKEN})
+    with served(command, port, cwd=cwd, env=env, what="metrics-dashboard") as server:
         yield server
 
 
@@ -170,17 +180,55 @@ def streamlit_server(
         yield url
 
 
+class TokenBrowser:
+    """A Playwright browser whose contexts and pages send ``Authorization: Bearer <token>`` with
+    every request, the websocket's included: the owner's browser, for a test that reads pages.
+    Anything else is the browser's own."""
+
+    def __init__(self, browser: object, token: str) -> None:
+        self.browser = browser
+        self.token = token
+
+    def _options(self, options: dict) -> dict:
+        headers = {"Authorization": f"Bearer {self.token}", **options.pop("extra_http_headers", {})}
+        return {**options, "extra_http_headers": headers}
+
+    def new_context(self, **options: object) -> object:
+        return self.browser.new_context(**self._options(options))
+
+    def new_page(self, **options: object) -> object:
+        return self.browser.new_page(**self._options(options))
+
+    def anonymous_context(self, **options: object) -> object:
+        """A context that carries no token: a stranger's browser."""
+        return self.browser.new_context(**options)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.browser, name)
+
+
 @contextmanager
-def chromium() -> Iterator[object]:
-    """A headless Debian Chromium under Playwright."""
+def chromium(token: str = ACCESS_TOKEN) -> Iterator[TokenBrowser]:
+    """A headless Debian Chromium under Playwright, sending ``token`` (``TokenBrowser``)."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as playwright:
         browser = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
         try:
-            yield browser
+            yield TokenBrowser(browser, token)
         finally:
             browser.close()
+
+
+def http_get(url: str, *, headers: Mapping[str, str] = {}, timeout: float = 30) -> tuple[int, dict[str, str], bytes]:
+    """GET ``url`` with the token (``ACCESS_TOKEN``; ``headers`` may replace it): the status, the
+    headers (lower-case names) and the body, whatever the status."""
+    request = urllib.request.Request(url, headers={"Authorization": f"Bearer {ACCESS_TOKEN}", **headers})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as answer:
+            return answer.status, {k.lower(): v for k, v in answer.headers.items()}, answer.read()
+    except urllib.error.HTTPError as error:
+        return error.code, {k.lower(): v for k, v in error.headers.items()}, error.read()
 
 
 def wait_until(page: object, predicate, timeout: float = 20.0, interval: float = 0.05) -> object:
@@ -257,11 +305,12 @@ def popover_text(page: object, label: str, timeout: float = 30.0) -> str:
 
 @contextmanager
 def dashboard(
-    runs_root: Path, *flags: str, args: Sequence[str] = ()
+    runs_root: Path, *flags: str, args: Sequence[str] = (), env: Mapping[str, str] = {}
 ) -> Iterator[tuple[str, subprocess.Popen, IO[bytes]]]:
-    """README command 1 with Streamlit ``flags`` and the dashboard's ``args``, on a free port: yield
-    its URL, process and log (the shared fixture waits on /_stcore/health, which moves under a base
-    URL path)."""
+    """README command 1 with Streamlit ``flags`` and the dashboard's ``args``, on a free port, with
+    ``env`` over this process's environment (``METRICS_TOKEN`` is ``ACCESS_TOKEN`` unless ``env``
+    sets it): yield its URL, process and log (the shared fixture waits on
+    /_stcore/health, which moves under a base URL path)."""
     port = free_port()
     base = next((flags[i + 1] for i, flag in enumerate(flags) if flag == "--server.baseUrlPath"), "")
     url = f"http://127.0.0.1:{port}" + (f"/{base}" if base else "")
@@ -284,7 +333,7 @@ def dashboard(
             cwd=REPO,
             stdout=log,
             stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONPATH": str(REPO)},
+            env={**os.environ, "METRICS_TOKEN": ACCESS_TOKEN, **env, "PYTHONPATH": str(REPO)},
         )
         try:
             wait_for_http(f"{url}/_stcore/health", process, log, what="app.py")

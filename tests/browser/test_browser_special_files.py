@@ -18,7 +18,7 @@ from urllib.parse import unquote
 
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.run_file import LocalFile
-from metrics_core.testing.live_server import free_port, wait_for_http, wait_until
+from metrics_core.testing.live_server import ACCESS_TOKEN, free_port, wait_for_http, wait_until
 from tests.support import REPO, small_run
 
 SPECIAL = {"piped": "a FIFO (named pipe)", "folder/deep": "a directory"}
@@ -74,7 +74,8 @@ def test_special_files_leave_the_page_responsive_and_sigterm_stops_the_server(br
             [sys.executable, "-m", "streamlit", "run", str(REPO / "app.py"), "--server.port", str(port),
              "--server.headless", "true", "--browser.gatherUsageStats", "false", "--",
              "--runs", str(root), "--refresh", "1", "--cache-dir", str(cache)],
-            cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONPATH": str(REPO)},
+            cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONPATH": str(REPO), "METRICS_TOKEN": ACCESS_TOKEN},
         )  # fmt: skip
         context = browser.new_context(viewport={"width": 1400, "height": 1100})
         try:

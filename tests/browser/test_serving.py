@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.testing.live_server import Wire, dashboard, live_charts_drawn, wait_until
+from metrics_core.testing.live_server import ACCESS_TOKEN, Wire, dashboard, live_charts_drawn, wait_until
 from tests.support import REPO, append_records, base_record, small_run
 from tests.support.dashboard import ONE_YEAR, STATIC
 
@@ -26,7 +26,8 @@ def largest_static_js() -> str:
 
 def get(url: str, accept_encoding: str | None, accept: str = "*/*") -> tuple[dict[str, str], bytes]:
     """``url``'s headers (lower-case names) and body as sent: urllib never decodes."""
-    headers = {"Accept": accept} | ({} if accept_encoding is None else {"Accept-Encoding": accept_encoding})
+    headers = {"Accept": accept, "Authorization": f"Bearer {ACCESS_TOKEN}"}
+    headers |= {} if accept_encoding is None else {"Accept-Encoding": accept_encoding}
     request = urllib.request.Request(url, headers=headers)
     with urllib.request.urlopen(request, timeout=30) as answer:
         return {k.lower(): v for k, v in answer.headers.items()}, answer.read()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import http.client
+import os
 import socket
 import subprocess
 import sys
@@ -16,10 +17,11 @@ import pytest
 from streamlit.runtime.pages_manager import PagesManager
 
 from metrics_core.dashboard.server import serving
+from metrics_core.dashboard.server.access import AccessGuard
 from metrics_core.dashboard.server.asgi_gzip import StaticGzip
 from metrics_core.dashboard.server.page_head import PreloadHints
 from metrics_core.dashboard.server.serving import tcp_no_delay
-from metrics_core.testing.live_server import dashboard
+from metrics_core.testing.live_server import ACCESS_TOKEN, dashboard, free_port
 from tests.support import REPO
 
 
@@ -62,9 +64,10 @@ def test_tcp_no_delay_reaches_the_connections_of_the_listener_on_that_port_only(
 
 
 def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest.MonkeyPatch) -> None:
-    """With METRICS_SERVE_PLAIN=1 app.py's ``st.App`` gets no middleware and a lifespan that only
-    runs the app's shutdown: no warm-up touching Streamlit's privates, no socket option; served,
-    it gets the gzip and head-tag middleware and the lifespan does its start-up work."""
+    """With METRICS_SERVE_PLAIN=1 app.py's ``st.App`` gets no middleware but the access check and a
+    lifespan that only runs the app's shutdown: no warm-up touching Streamlit's privates, no socket
+    option; served, it gets the gzip and head-tag middleware behind the access check and the
+    lifespan does its start-up work."""
     touched: list[str] = []
     monkeypatch.setattr(serving, "warm_first_script_run", lambda: touched.append("warm"))
     monkeypatch.setattr(serving, "tcp_no_delay", lambda port: touched.append("no_delay") or 0)
@@ -81,13 +84,14 @@ def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest
     plain = serving.app_options(
         REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}
     )
-    assert list(plain) == ["lifespan"]
+    assert list(plain) == ["lifespan", "middleware"]
+    assert [item.cls for item in plain["middleware"]] == [AccessGuard]
     monkeypatch.setattr(PagesManager, "uses_pages_directory", True)
     start_and_stop(plain)
     time.sleep(0.2)  # a warm-up thread, had one started
     assert closed == [True] and touched == [] and PagesManager.uses_pages_directory is True
     served = serving.app_options(REPO / "app.py", shutdown=lambda: closed.append(True), environ={})
-    assert [item.cls for item in served["middleware"]] == [StaticGzip, PreloadHints]
+    assert [item.cls for item in served["middleware"]] == [AccessGuard, StaticGzip, PreloadHints]
     start_and_stop({"lifespan": serving.lifespan([], lambda: None)})
     assert PagesManager.uses_pages_directory is False
     deadline = time.monotonic() + 10
@@ -120,3 +124,32 @@ def test_streamlits_connections_keep_nagle_on_unless_served(
             connection.close()
     stalled = min(times[1:]) >= 0.030
     assert stalled is plain, times
+
+
+def test_the_server_prints_the_url_to_open_with_its_token_last(runs_root: Path) -> None:
+    """The last line a starting server prints is the URL that lets a browser in, or says there is
+    no token."""
+    said = []
+    for _ in range(2):
+        with dashboard(runs_root, env={"METRICS_TOKEN": ""} if said else {}) as (url, _, log):
+            deadline = time.monotonic() + 30
+            while True:
+                log.seek(0)
+                text = log.read().decode(errors="replace")
+                if "Open the dashboard" in text or time.monotonic() > deadline:
+                    break
+                time.sleep(0.1)
+            said.append((url, text.strip().splitlines()[-1]))
+    assert said[0][1] == f"Open the dashboard: {said[0][0]}/?token={ACCESS_TOKEN}"
+    assert said[1][1] == f"Open the dashboard: {said[1][0]}/ (no access token: METRICS_TOKEN='')"
+
+
+def test_listening_everywhere_without_a_token_is_refused_in_one_line(runs_root: Path) -> None:
+    """``--server.address 0.0.0.0`` with ``METRICS_TOKEN=''`` ends the server at start, saying why."""
+    command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(free_port()),
+               "--server.address", "0.0.0.0", "--", "--runs", str(runs_root)]  # fmt: skip
+    env = {**os.environ, "METRICS_TOKEN": "", "PYTHONPATH": str(REPO)}
+    ended = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    assert ended.returncode != 0
+    said = ended.stdout + ended.stderr
+    assert "refusing to listen on 0.0.0.0 with access control off (METRICS_TOKEN='')" in said, said

@@ -2,8 +2,9 @@
 
 ``app_options(app.py)`` are the keyword arguments of the ``st.App`` that ``streamlit run app.py``
 serves.  ``METRICS_SERVE_PLAIN=1`` is the one switch that turns all of this off: the app is then
-served exactly as Streamlit serves it (the lifespan only runs the app's shutdown, no middleware,
-no routes of the server's own), and every page still works, only slower on a first load.  This
+served exactly as Streamlit serves it (the lifespan only runs the app's shutdown, no routes of
+the server's own, no middleware but the access check, ``access``, which is not a fast path and
+never switched off with it), and every page still works, only slower on a first load.  This
 package (``serving``, ``page_head``, ``asgi_gzip``) is the only place that imports a private
 Streamlit module or names a path Streamlit serves (``tests/unit/test_layers.py`` checks it).  What each
 part does, and the Streamlit behaviour it leans on (each has a test in ``tests/*/test_serving*.py``
@@ -59,6 +60,14 @@ from starlette.routing import BaseRoute
 from streamlit import config
 from streamlit.runtime.pages_manager import PagesManager
 
+from metrics_core.dashboard.server.access import (
+    Access,
+    AccessGuard,
+    access_url,
+    is_loopback,
+    refuse_open_bind,
+    server_token,
+)
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip
 from metrics_core.dashboard.server.page_head import (
     ALL_ELEMENTS,
@@ -134,6 +143,7 @@ def lifespan(
     navigation_only: bool = True,
     prewarm: Callable[[], None] | None = None,
     own_routes: bool = True,
+    announce: str = "",
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
     in the first script run of a process (``warm_first_script_run``) and imports every module the top level of
@@ -143,8 +153,8 @@ def lifespan(
     the server's listening socket (``tcp_no_delay``: the socket is bound before the lifespan starts,
     and no connection is accepted before it has); if ``navigation_only``, keeps Streamlit out of its
     legacy folder-of-pages mode before any session; if ``own_routes``, pages use this module's routes
-    (``routes_served``) while it serves; at shutdown, runs ``shutdown`` in a worker thread (see the module
-    docstring)."""
+    (``routes_served``) while it serves; prints ``announce`` (the URL to open) once it listens; at
+    shutdown, runs ``shutdown`` in a worker thread (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -163,6 +173,8 @@ def lifespan(
             threading.Thread(target=run, name="warm-imports", daemon=True).start()
         if prewarm is not None:
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
+        if announce:
+            print(announce, flush=True)
         try:
             with serving_routes(own_routes):
                 yield
@@ -213,9 +225,14 @@ def app_options(
     """The keyword arguments of app.py's ``st.App``: this package's middleware and lifespan for
     ``script`` (whose pages live in ``pages/`` beside it) and the server's own ``routes(base_url)``
     (``downloads.own_routes``), or, when ``serve_plain``, a lifespan that only runs ``shutdown`` as
-    the server stops (it runs either way)."""
+    the server stops (it runs either way).  The access check (``access_guard``) comes first either way."""
+    base_url = st.get_option("server.baseUrlPath") or ""
+    guard, announce = access_guard(environ, base_url)
     if serve_plain(environ):
-        return {"lifespan": lifespan([], shutdown, warm=False, no_delay=False, navigation_only=False, own_routes=False)}
+        plain = lifespan(
+            [], shutdown, warm=False, no_delay=False, navigation_only=False, own_routes=False, announce=announce
+        )
+        return {"lifespan": plain, "middleware": [guard]}
     copies = GzipCopies()
 
     def prewarm() -> None:
@@ -227,12 +244,31 @@ def app_options(
         plotly = plotly_file()
         copies.prewarm([*static_files(ALL_ELEMENTS), *([plotly] if plotly else [])])
 
-    base_url = st.get_option("server.baseUrlPath") or ""
+    pages = sorted(Path(script).with_name("pages").glob("*.py"))
     return {
-        "lifespan": lifespan(sorted(Path(script).with_name("pages").glob("*.py")), shutdown, prewarm=prewarm),
+        "lifespan": lifespan(pages, shutdown, prewarm=prewarm, announce=announce),
         "middleware": [
+            guard,
             Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies),
             Middleware(PreloadHints, base_url=base_url, head=page_head),
         ],
         "routes": list(routes(base_url)),
     }
+
+
+def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware, str]:
+    """The access check every request passes first (``access.AccessGuard``), in plain serving too,
+    and the line the server prints as it starts: the URL to open, with its token.  ``SystemExit``
+    with one line when the server would listen beyond loopback with no token."""
+    address = str(config.get_option("server.address") or "")
+    port = int(config.get_option("server.port"))
+    token = server_token(environ)
+    refusal = refuse_open_bind(address, token)
+    if refusal is not None:
+        raise SystemExit(refusal)
+    access = Access(token=token, loopback=bool(address) and is_loopback(address), port=port)
+    url = access_url(address, port, base_url, token)
+    announce = (
+        f"Open the dashboard: {url}" if token else f"Open the dashboard: {url} (no access token: METRICS_TOKEN='')"
+    )
+    return Middleware(AccessGuard, access=access, base_url=base_url), announce
