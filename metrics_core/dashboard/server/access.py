@@ -26,6 +26,7 @@ request, no I/O.
 
 from __future__ import annotations
 
+import functools
 import hmac
 import ipaddress
 import secrets
@@ -67,6 +68,7 @@ def server_token(environ: Mapping[str, str]) -> str:
     return secrets.token_urlsafe(32)
 
 
+@functools.lru_cache(maxsize=64)  # a browser sends the same Host every time; bounded whatever is sent
 def is_loopback(host: str) -> bool:
     """Whether ``host`` (a name or an address, IPv6 with or without brackets) is this machine's loopback."""
     host = host.strip().lower().rstrip(".")
@@ -190,7 +192,8 @@ class AccessGuard:
             await self.app(scope, receive, send)
             return
         raw_query = scope.get("query_string", b"").decode("latin-1")
-        query = {key: value for key, value in parse_qsl(raw_query, keep_blank_values=True) if key == "token"}
+        pairs = parse_qsl(raw_query, keep_blank_values=True) if "token" in raw_query else ()
+        query = {key: value for key, value in pairs if key == "token"}
         if not self.access.carries_token(headers, query):
             if query:
                 await self._refuse(scope, send, "The token it was given is not this server's.")
