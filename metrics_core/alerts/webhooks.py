@@ -68,9 +68,11 @@ def webhook_kind(url: str) -> str:
     if _NOT_IN_A_URL.search(url):
         raise AlertConfigError(f"webhook {redacted_url(url)!r}: the URL holds a space or a control character")
     try:
-        parts.port
-    except ValueError:
-        raise AlertConfigError(f"webhook {redacted_url(url)!r}: its port is not a number from 0 to 65535") from None
+        port_ok = parts.port is None or parts.port >= 0
+    except ValueError:  # what urlsplit says of a port that is no number or out of range
+        port_ok = False
+    if not port_ok:
+        raise AlertConfigError(f"webhook {redacted_url(url)!r}: its port is not a number from 0 to 65535")
     host = parts.hostname.lower()
     if host == "hooks.slack.com":
         return "slack"
