@@ -29,6 +29,9 @@ Promises
   which the next export rewrites.  Two exports into one local directory take turns (a lock file).
 * Reads only from the runs root; the export directory may not lie inside it (a local one, or a
   bucket one under the root's prefix).
+* Touches nothing outside the export directory: the manifest is data, and a manifest whose entry
+  names anything but a plain file name of the directory (a separator, ``..``, an absolute path)
+  is refused (``ExportError`` naming the entry) before any file it names is read or deleted.
 """
 
 from __future__ import annotations
@@ -127,7 +130,8 @@ class Destination:
         return {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
 
     def read_manifest(self) -> dict[str, Any] | None:
-        """The manifest, or None when there is none or it is unusable (then every run is exported)."""
+        """The manifest, or None when there is none or it is unusable (then every run is exported);
+        ``ExportError`` when an entry names a file outside the directory (``_check_entries``)."""
         try:
             with self.filesystem.open_input_stream(self.path(MANIFEST)) as stream:
                 manifest = json.loads(stream.read())
@@ -135,7 +139,22 @@ class Destination:
             return None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             return None
+        self._check_entries(manifest.get("runs"))
         return manifest
+
+    def _check_entries(self, runs: Any) -> None:
+        """``ExportError`` naming the first entry whose file is not a plain file name of this directory
+        (module docstring): a manifest is data, and ``../victim`` must not be deleted or read."""
+        if not isinstance(runs, dict) or not all(isinstance(entry, dict) for entry in runs.values()):
+            raise ExportError(f"{self.url}: {MANIFEST} is not an export's manifest: expected an object of runs")
+        for run, entry in runs.items():
+            name = entry.get("file")
+            if not is_plain_name(name):
+                raise ExportError(
+                    f"{self.url}: {MANIFEST}: the entry of run {run!r} names the file {name!r}: expected a plain "
+                    "file name of the export directory (no directory separator, '..' or absolute path); "
+                    "refused, nothing read or deleted"
+                )
 
     def write(self, name: str, write: Any) -> None:
         """``write(stream)`` as the file ``name``, whole or not at all (module docstring)."""
@@ -172,6 +191,12 @@ class Destination:
             yield
         finally:
             os.close(fd)
+
+
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` names a file in a directory itself, and nothing else: no separator (of any
+    system), not ``.`` or ``..``, no NUL, not empty."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
 
 
 def file_name(run: str) -> str:
