@@ -43,6 +43,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -78,12 +79,14 @@ class ExportReport:
     removed: tuple[str, ...]
     failed: tuple[tuple[str, str], ...]  # (run, why)
     unreadable: tuple[UnreadableEntry, ...]
+    left: int = 0  # runs not looked at before the deadline: the next export goes on with them
 
     def lines(self) -> list[str]:
         """The report in plain lines (run names are data: the caller cleans them for a terminal)."""
         head = f"exported {len(self.written):,} run(s), {self.unchanged:,} unchanged, {len(self.removed):,} removed"
         return [
             head,
+            *([f"{self.left:,} run(s) left for the next export: out of time"] if self.left else []),
             *(f"could not export {name}: {why}" for name, why in self.failed),
             *(f"could not look into {entry}" for entry in self.unreadable),
         ]
@@ -218,6 +221,7 @@ class _Plan:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     written: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
 
 
 def export_root(
@@ -226,20 +230,25 @@ def export_root(
     *,
     cache: CachePolicy | None = None,
     filesystem: pafs.FileSystem | None = None,
+    deadline: float | None = None,
 ) -> ExportReport:
     """Export every run under the runs ``root`` (a directory or a bucket prefix) into ``out``
     (module docstring).
 
     ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
     is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
-    (default from the environment).  Raises ``ExportError`` when ``out`` cannot be listed or
-    written, ``RunPathError`` when it lies inside ``root``, ``RunNotFoundError`` when ``root``
-    cannot be listed; a run that cannot be read is reported, not raised.
+    (default from the environment).  ``deadline`` (a ``time.monotonic()``): past it, no run is
+    begun once one has been read; the runs not reached keep their entries as last exported
+    (``ExportReport.left``), so an export cut short writes what it did and the next one goes on
+    from there, one run further at least.  Raises
+    ``ExportError`` when ``out`` cannot be listed or written, ``RunPathError`` when it lies inside
+    ``root``, ``RunNotFoundError`` when ``root`` cannot be listed; a run that cannot be read is
+    reported, not raised.
     """
     destination = Destination.of(out, filesystem)
     runs = open_root(root, watch=False)
     try:
-        return _export(runs, destination, cache)
+        return _export(runs, destination, cache, deadline)
     finally:
         runs.close()
 
@@ -253,7 +262,9 @@ def root_name(root: str | os.PathLike[str]) -> str:
     return str(Path(root).resolve())
 
 
-def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None) -> ExportReport:
+def _export(
+    root: RunsRoot, destination: Destination, cache: CachePolicy | None, deadline: float | None
+) -> ExportReport:
     root_id = root_name(root.location)
     if destination.inside(root_id):
         raise RunPathError(f"{destination.url}: inside the runs root {root.location}: an export must live elsewhere")
@@ -266,6 +277,11 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
         present = destination.listing()
         plan = _Plan()
         for run in listing.runs:
+            if deadline is not None and (plan.written or plan.failed) and time.monotonic() > deadline:
+                plan.left.append(run.name)
+                if run.name in before:
+                    plan.entries[run.name] = before[run.name]  # as last exported, its file kept
+                continue
             entry, stamp = before.get(run.name), root.stamp(run)
             if entry is not None and _unchanged(entry, stamp, present):
                 plan.entries[run.name] = entry
@@ -288,10 +304,11 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
                 destination.delete(before[name]["file"])
     return ExportReport(
         tuple(plan.written),
-        len(listing.runs) - len(plan.written) - len(plan.failed),
+        len(listing.runs) - len(plan.written) - len(plan.failed) - len(plan.left),
         tuple(removed),
         tuple(plan.failed),
         listing.unreadable,
+        len(plan.left),
     )
 
 

@@ -61,6 +61,8 @@ WRITES = [
     "SELECT 1; COPY (SELECT 1) TO '{tmp}/second.csv'",
     "PRAGMA enable_profiling",
     "CALL pragma_version()",
+    "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 42",
+    "EXPLAIN (ANALYZE) COPY (SELECT 1) TO '{tmp}/explained.csv'",
 ]
 
 
