@@ -56,7 +56,7 @@ def add_parser(commands: Subcommands) -> None:
     parser.add_argument("sql", help='the query, e.g. "SELECT run, status, min_train_loss FROM runs"')
     parser.add_argument("--format", choices=("table", "csv"), default="table", help="table (default) or csv")
     parser.add_argument("--max-rows", type=int, default=None, help="print at most this many rows")
-    parser.add_argument("--timeout", type=float, default=None, help="stop the query after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds, export included")
     add_cache_dir(parser)
 
 
