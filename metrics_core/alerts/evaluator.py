@@ -329,9 +329,10 @@ class Alerter:
     ) -> None:
         """``pace``, ``follow``: as ``AlertEvaluator``'s."""
         self.config = config or AlertConfig()
-        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace, follow=follow)
         url = webhook or self.config.webhook
+        # The webhook first: a URL that cannot be posted to is refused before the root is opened.
         self.delivery = None if url is None else Delivery(url, root=str(root), report=report)
+        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace, follow=follow)
 
     def tick(self, *, now: datetime | None = None) -> list[Alert]:
         """One pass; firing alerts (and cleared ones with ``notify_cleared``) are queued and the

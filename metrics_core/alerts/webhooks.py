@@ -3,7 +3,10 @@ the body a webhook gets for it, and ``Delivery``, which posts each alert until t
 
 Delivery is at least once per firing alert, in order: a receiver that is down or answers
 5xx/408/429 is retried with exponential backoff (``Retry-After`` honoured) until it answers; a 4xx
-is final (the request will never be accepted) and reported.  Every request has a timeout.  Slack
+is final (the request will never be accepted) and reported.  A URL the HTTP client would refuse (a
+space or a control character in it, a port that is no number) is refused once, when the delivery
+is made, never retried.  A report names a webhook by its scheme and host only (``redacted_url``):
+the path of a Slack or Discord URL is its secret.  Every request has a timeout.  Slack
 and Discord webhook URLs get the bodies those services accept; any other URL gets the generic JSON
 body (``webhook_body``).  Text from run files is escaped for the chat services that render markup,
 and Discord mentions are disabled.  ``Alert`` lives here, below the rules and the evaluator, because
@@ -14,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 import urllib.parse
 from collections import deque
@@ -51,14 +55,24 @@ class Alert:
 _DISCORD_HOSTS = ("discord.com", "discordapp.com", "ptb.discord.com", "canary.discord.com")
 _DISCORD_MARKUP = str.maketrans({char: "\\" + char for char in "\\*_~`|>#[]()<"})
 _SLACK_MARKUP = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_NOT_IN_A_URL = re.compile(r"[\x00-\x20\x7f]")  # what http.client refuses to send, a space included
 
 
 def webhook_kind(url: str) -> str:
     """``slack``, ``discord`` or ``json``: the body a webhook URL gets, chosen by its host.
-    AlertConfigError for a URL that is not http(s)."""
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+    AlertConfigError, naming the URL by its scheme and host only, for a URL that is not http(s) or
+    that the HTTP client would refuse to post to (whose error would quote the secret path)."""
+    parts = _split(url)
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
         raise AlertConfigError(f"webhook {redacted_url(url)!r}: expected an http:// or https:// URL")
+    if _NOT_IN_A_URL.search(url):
+        raise AlertConfigError(f"webhook {redacted_url(url)!r}: the URL holds a space or a control character")
+    try:
+        port_ok = parts.port is None or parts.port >= 0
+    except ValueError:  # what urlsplit says of a port that is no number or out of range
+        port_ok = False
+    if not port_ok:
+        raise AlertConfigError(f"webhook {redacted_url(url)!r}: its port is not a number from 0 to 65535")
     host = parts.hostname.lower()
     if host == "hooks.slack.com":
         return "slack"
@@ -69,12 +83,22 @@ def webhook_kind(url: str) -> str:
 
 def redacted_url(url: str) -> str:
     """A webhook URL without its path or user info: the path of a Slack or Discord URL is its secret."""
-    parts = urllib.parse.urlsplit(url)
+    parts = _split(url)
+    if parts is None:
+        return "(not a URL)"
     try:
         port = f":{parts.port}" if parts.port else ""
     except ValueError:
         port = ":?"
     return f"{parts.scheme}://{parts.hostname or ''}{port}/…" if parts.scheme else "(not a URL)"
+
+
+def _split(url: str) -> urllib.parse.SplitResult | None:
+    """``url`` in parts, or None when it cannot be split (an unclosed ``[`` of an IPv6 host)."""
+    try:
+        return urllib.parse.urlsplit(url)
+    except ValueError:
+        return None
 
 
 def webhook_body(url: str, alert: Alert, *, root: str) -> bytes:
@@ -190,7 +214,8 @@ class Delivery:
                 return reason, _retry_after(exc.headers.get("Retry-After"))
             return reason, None
         except (OSError, ValueError, http.client.HTTPException) as exc:  # refused, reset, timeout, DNS, a bad reply
-            return clean(str(getattr(exc, "reason", exc)))[:200] or type(exc).__name__, 0.0
+            text = clean(str(getattr(exc, "reason", exc))).replace(self.url, redacted_url(self.url))
+            return text[:200] or type(exc).__name__, 0.0
 
 
 def _retry_after(value: str | None) -> float:

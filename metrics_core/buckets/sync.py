@@ -11,7 +11,9 @@ Contract:
 * **Complete lines only.**  A pass uploads the bytes from the uploaded offset to the file's last
   newline as one part (a larger backlog as parts of at most ``MAX_PART_BYTES``, cut at line ends);
   an incomplete last line (a writer mid-line, or killed there) stays local until its newline
-  arrives or a resumed writer cuts it.
+  arrives or a resumed writer cuts it.  Its end is looked for ``SCAN_BYTES`` at a time, so a
+  pass over a tail with no newline holds at most a part and a scan in memory, however long the
+  tail; a line longer than a part is read whole only once it is complete (it is one part).
 * **Never twice, never changed.**  A part is written once under a name no other part takes; S3
   makes an upload visible only when it completes, so a sync killed mid-upload leaves no part and
   the next one uploads the same bytes under the same name.
@@ -52,6 +54,7 @@ from metrics_core.read.run_file import LocalFile, metrics_path, run_file_path
 
 INTERVAL_S = 60.0  # at most 1,440 parts a day; a line is in the bucket within a minute of its newline
 MAX_PART_BYTES = 64 << 20  # memory per part: a part is read whole before its upload starts
+SCAN_BYTES = 1 << 20  # read at a time looking for the end of a line longer than a part
 HEAD_BYTES = 4 << 10  # the first record: run id, session id, time
 TAIL_BYTES = 1 << 20  # compared at the end of what is uploaded: a resumed sync reads this much of the last part
 _STOP_CHECK_S = 0.1  # how soon a sleeping --follow notices Ctrl-C or SIGTERM
@@ -141,10 +144,11 @@ class RunSync:
         start = self.uploaded
         data = local.read(start, min(MAX_PART_BYTES, size - start))
         cut = data.rfind(b"\n") + 1
-        if not cut and start + len(data) < size:  # one line longer than a part
-            rest = local.read(start + len(data), size - start - len(data))
-            newline = rest.find(b"\n")
-            data, cut = data + rest, (len(data) + newline + 1 if newline >= 0 else 0)
+        if not cut and start + len(data) < size:  # one line longer than a part, complete or not
+            end = _line_end(local, start + len(data), size)
+            if end is None:
+                return b""
+            data, cut = data + local.read(start + len(data), end - start - len(data)), end - start
         return data[:cut]
 
     def _session_ended(self) -> bool:
@@ -152,6 +156,20 @@ class RunSync:
         last = self._tail[self._tail.rfind(b"\n", 0, len(self._tail) - 1) + 1 : -1]
         record = check_record(last)
         return isinstance(record, dict) and record["event"] == "session_end"
+
+
+def _line_end(local: LocalFile, offset: int, size: int) -> int | None:
+    """Where the line going on at ``offset`` ends (just past its newline), or None when it does not
+    end before ``size``: read ``SCAN_BYTES`` at a time, never the rest of the file at once."""
+    while offset < size:
+        chunk = local.read(offset, min(SCAN_BYTES, size - offset))
+        if not chunk:
+            return None
+        newline = chunk.find(b"\n")
+        if newline >= 0:
+            return offset + newline + 1
+        offset += len(chunk)
+    return None
 
 
 class _Stop:

@@ -2,8 +2,9 @@
 
 The statement check, the export and the locked-down connection are ``metrics_core.sql.query``'s;
 this command reads its options, exports a runs root into the cache first (an export directory is
-read as it is) and prints the rows: an aligned table of at most ``--max-rows`` (1,000 by default),
-or CSV streamed batch by batch.  Exit status 0 when done, 2 when refused or failed (one line on
+read as it is) and prints the rows: an aligned table of at most ``--max-rows`` (1,000 by default)
+and ``TABLE_BYTES``, or CSV streamed batch by batch.  ``--timeout`` covers the whole command:
+the export, the query and its printing.  Exit status 0 when done, 2 when refused or failed (one line on
 stderr).  Importing it loads neither DuckDB nor pyarrow.
 """
 
@@ -12,12 +13,22 @@ from __future__ import annotations
 import argparse
 import csv
 import math
+import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
 from metrics_core.cli.command import add_cache_dir, cache_home
-from metrics_core.sql.query import check_read_only, connect, export_for_query, help_text, is_export, run_query
+from metrics_core.sql.query import (
+    QueryError,
+    check_read_only,
+    connect,
+    export_for_query,
+    is_export,
+    run_query,
+    spill_directory,
+)
+from metrics_core.sql.query_views import help_text
 from metrics_core.text import clean, fit, width
 
 if TYPE_CHECKING:
@@ -28,6 +39,7 @@ if TYPE_CHECKING:
 
 NAME = "query"
 TABLE_ROWS = 1000  # rows a table shows without --max-rows: CSV is for more
+TABLE_BYTES = 256 << 20  # what a table keeps in memory to align its columns, whatever --max-rows says
 
 
 def add_parser(commands: Subcommands) -> None:
@@ -44,27 +56,32 @@ def add_parser(commands: Subcommands) -> None:
     parser.add_argument("sql", help='the query, e.g. "SELECT run, status, min_train_loss FROM runs"')
     parser.add_argument("--format", choices=("table", "csv"), default="table", help="table (default) or csv")
     parser.add_argument("--max-rows", type=int, default=None, help="print at most this many rows")
-    parser.add_argument("--timeout", type=float, default=None, help="stop the query after this many seconds")
+    parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds, export included")
     add_cache_dir(parser)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Check the statement, then run it over the root's export (brought up to date) or the export."""
+    started = time.monotonic()
     check_read_only(args.sql)  # refused before anything else is loaded or read
     home = cache_home(args)
     export = args.root
     if not is_export(export):
-        export, report = export_for_query(args.root, home)
+        deadline = None if args.timeout is None else started + args.timeout
+        export, report = export_for_query(args.root, home, deadline=deadline)
         err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
-    connection = connect(export, now=datetime.now(timezone.utc))
+        if report.left:
+            raise QueryError(f"stopped after {args.timeout:g} s: the export took too long; run it again to go on")
+    connection = connect(export, now=datetime.now(timezone.utc), spill=spill_directory(home))
     try:
-        _print(connection, args, out)
+        _print(connection, args, out, started)
     finally:
         connection.close()
     return 0
 
 
-def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out: TextIO) -> None:
+def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out: TextIO, started: float) -> None:
+    limits = {"timeout_s": args.timeout, "started": started}
     if args.format == "csv":
         writer = csv.writer(out, lineterminator="\n")
         header: list[bool] = []
@@ -75,15 +92,20 @@ def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out:
                 header.append(True)
             writer.writerows(zip(*(column.to_pylist() for column in batch.columns), strict=True))
 
-        result = run_query(connection, args.sql, timeout_s=args.timeout, max_rows=args.max_rows, on_batch=write)
+        result = run_query(connection, args.sql, max_rows=args.max_rows, on_batch=write, **limits)
         if not header:
             writer.writerow(result.table.schema.names)
         return
     limit = args.max_rows if args.max_rows is not None else TABLE_ROWS
-    result = run_query(connection, args.sql, timeout_s=args.timeout, max_rows=limit)
+    result = run_query(connection, args.sql, max_rows=limit, max_bytes=TABLE_BYTES, **limits)
     columns = [column.to_pylist() for column in result.table.columns]
     out.write("".join(line + "\n" for line in table_lines(result.table.schema.names, columns)))
-    if result.truncated:
+    if result.over_bytes is not None:
+        out.write(
+            f"(first {result.table.num_rows:,} rows: the rest is over {result.over_bytes >> 20:,} MB; "
+            "--format csv streams them all)\n"
+        )
+    elif result.truncated:
         out.write(f"(first {limit:,} rows; --max-rows N or --format csv for more)\n")
 
 

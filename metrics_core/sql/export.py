@@ -29,6 +29,9 @@ Promises
   which the next export rewrites.  Two exports into one local directory take turns (a lock file).
 * Reads only from the runs root; the export directory may not lie inside it (a local one, or a
   bucket one under the root's prefix).
+* Touches nothing outside the export directory: the manifest is data, and a manifest whose entry
+  names anything but a plain file name of the directory (a separator, ``..``, an absolute path)
+  is refused (``ExportError`` naming the entry) before any file it names is read or deleted.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ import hashlib
 import json
 import os
 import re
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
@@ -75,12 +79,14 @@ class ExportReport:
     removed: tuple[str, ...]
     failed: tuple[tuple[str, str], ...]  # (run, why)
     unreadable: tuple[UnreadableEntry, ...]
+    left: int = 0  # runs not looked at before the deadline: the next export goes on with them
 
     def lines(self) -> list[str]:
         """The report in plain lines (run names are data: the caller cleans them for a terminal)."""
         head = f"exported {len(self.written):,} run(s), {self.unchanged:,} unchanged, {len(self.removed):,} removed"
         return [
             head,
+            *([f"{self.left:,} run(s) left for the next export: out of time"] if self.left else []),
             *(f"could not export {name}: {why}" for name, why in self.failed),
             *(f"could not look into {entry}" for entry in self.unreadable),
         ]
@@ -127,7 +133,8 @@ class Destination:
         return {info.base_name: info.size for info in infos if info.type == pafs.FileType.File}
 
     def read_manifest(self) -> dict[str, Any] | None:
-        """The manifest, or None when there is none or it is unusable (then every run is exported)."""
+        """The manifest, or None when there is none or it is unusable (then every run is exported);
+        ``ExportError`` when an entry names a file outside the directory (``_check_entries``)."""
         try:
             with self.filesystem.open_input_stream(self.path(MANIFEST)) as stream:
                 manifest = json.loads(stream.read())
@@ -135,7 +142,22 @@ class Destination:
             return None
         if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
             return None
+        self._check_entries(manifest.get("runs"))
         return manifest
+
+    def _check_entries(self, runs: Any) -> None:
+        """``ExportError`` naming the first entry whose file is not a plain file name of this directory
+        (module docstring): a manifest is data, and ``../victim`` must not be deleted or read."""
+        if not isinstance(runs, dict) or not all(isinstance(entry, dict) for entry in runs.values()):
+            raise ExportError(f"{self.url}: {MANIFEST} is not an export's manifest: expected an object of runs")
+        for run, entry in runs.items():
+            name = entry.get("file")
+            if not is_plain_name(name):
+                raise ExportError(
+                    f"{self.url}: {MANIFEST}: the entry of run {run!r} names the file {name!r}: expected a plain "
+                    "file name of the export directory (no directory separator, '..' or absolute path); "
+                    "refused, nothing read or deleted"
+                )
 
     def write(self, name: str, write: Any) -> None:
         """``write(stream)`` as the file ``name``, whole or not at all (module docstring)."""
@@ -174,6 +196,12 @@ class Destination:
             os.close(fd)
 
 
+def is_plain_name(name: object) -> bool:
+    """Whether ``name`` names a file in a directory itself, and nothing else: no separator (of any
+    system), not ``.`` or ``..``, no NUL, not empty."""
+    return isinstance(name, str) and name not in ("", ".", "..") and not any(c in name for c in "/\\\0")
+
+
 def file_name(run: str) -> str:
     """The Parquet file of ``run``: readable, safe on any file system and in any glob, and unique
     (the hash of the whole name)."""
@@ -193,6 +221,7 @@ class _Plan:
     entries: dict[str, dict[str, Any]] = field(default_factory=dict)
     written: list[str] = field(default_factory=list)
     failed: list[tuple[str, str]] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)
 
 
 def export_root(
@@ -201,20 +230,25 @@ def export_root(
     *,
     cache: CachePolicy | None = None,
     filesystem: pafs.FileSystem | None = None,
+    deadline: float | None = None,
 ) -> ExportReport:
     """Export every run under the runs ``root`` (a directory or a bucket prefix) into ``out``
     (module docstring).
 
     ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
     is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
-    (default from the environment).  Raises ``ExportError`` when ``out`` cannot be listed or
-    written, ``RunPathError`` when it lies inside ``root``, ``RunNotFoundError`` when ``root``
-    cannot be listed; a run that cannot be read is reported, not raised.
+    (default from the environment).  ``deadline`` (a ``time.monotonic()``): past it, no run is
+    begun once one has been read; the runs not reached keep their entries as last exported
+    (``ExportReport.left``), so an export cut short writes what it did and the next one goes on
+    from there, one run further at least.  Raises
+    ``ExportError`` when ``out`` cannot be listed or written, ``RunPathError`` when it lies inside
+    ``root``, ``RunNotFoundError`` when ``root`` cannot be listed; a run that cannot be read is
+    reported, not raised.
     """
     destination = Destination.of(out, filesystem)
     runs = open_root(root, watch=False)
     try:
-        return _export(runs, destination, cache)
+        return _export(runs, destination, cache, deadline)
     finally:
         runs.close()
 
@@ -228,7 +262,9 @@ def root_name(root: str | os.PathLike[str]) -> str:
     return str(Path(root).resolve())
 
 
-def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None) -> ExportReport:
+def _export(
+    root: RunsRoot, destination: Destination, cache: CachePolicy | None, deadline: float | None
+) -> ExportReport:
     root_id = root_name(root.location)
     if destination.inside(root_id):
         raise RunPathError(f"{destination.url}: inside the runs root {root.location}: an export must live elsewhere")
@@ -241,6 +277,11 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
         present = destination.listing()
         plan = _Plan()
         for run in listing.runs:
+            if deadline is not None and (plan.written or plan.failed) and time.monotonic() > deadline:
+                plan.left.append(run.name)
+                if run.name in before:
+                    plan.entries[run.name] = before[run.name]  # as last exported, its file kept
+                continue
             entry, stamp = before.get(run.name), root.stamp(run)
             if entry is not None and _unchanged(entry, stamp, present):
                 plan.entries[run.name] = entry
@@ -263,10 +304,11 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
                 destination.delete(before[name]["file"])
     return ExportReport(
         tuple(plan.written),
-        len(listing.runs) - len(plan.written) - len(plan.failed),
+        len(listing.runs) - len(plan.written) - len(plan.failed) - len(plan.left),
         tuple(removed),
         tuple(plan.failed),
         listing.unreadable,
+        len(plan.left),
     )
 
 

@@ -251,6 +251,21 @@ def test_alerts_command_refuses_a_bad_config_in_one_line(tmp_path: Path) -> None
     assert done.stderr.count("\n") == 1 and str(config) in done.stderr and "'spike_zz'" in done.stderr
 
 
+def test_alerts_command_refuses_a_webhook_url_with_a_space_once_without_its_secret(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """`alerts ROOT --webhook "<URL with a space>"` on a root with a NaN run: refused before any pass
+    in one line naming the receiver by scheme and host only, exit status 2, nothing posted."""
+    root = tmp_path / "runs"
+    write_run(root / "nan", [*healthy(12, 9), math.nan])
+    url = f"{receiver.url}/T0/B0/sec ret"
+    done = subprocess.run([sys.executable, "-m", "metrics_core", "alerts", str(root), "--webhook", url, "--once"],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 2 and done.stdout == "" and receiver.posts == []
+    assert done.stderr.count("\n") == 1 and "a space or a control character" in done.stderr, done.stderr
+    assert "127.0.0.1" in done.stderr and "T0" not in done.stderr and "sec" not in done.stderr
+
+
 def test_old_runs_raise_no_new_alert(tmp_path: Path, receiver: Receiver) -> None:
     """An alerter started on a root of runs that crashed long ago pages no one (ignore_after_h)."""
     root = tmp_path / "runs"

@@ -57,20 +57,29 @@ def test_a_nan_run_shows_a_firing_alert_on_the_overview_and_its_page(runs_root: 
 
 
 @pytest.mark.parametrize(
-    ("variable", "why"),
-    [("METRICS_ALERTS_CONFIG", "alerts.toml: spike_z is -1.0: expected a finite number >= 0"),
-     ("METRICS_WEBHOOK", "webhook 'ftp://host/…': expected an http:// or https:// URL")],
+    ("variable", "value", "why"),
+    [("METRICS_ALERTS_CONFIG", None, "alerts.toml: spike_z is -1.0: expected a finite number >= 0"),
+     ("METRICS_WEBHOOK", "ftp://host/secret", "webhook 'ftp://host/…': expected an http:// or https:// URL"),
+     ("METRICS_WEBHOOK", "https://hooks.slack.com/services/T0/B0/sec ret",
+      "webhook 'https://hooks.slack.com/…': the URL holds a space or a control character")],
 )  # fmt: skip
 def test_unusable_alert_settings_are_said_on_the_page_and_the_runs_still_show(
-    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_server_objects, variable: str, why: str
+    runs_root: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    stop_server_objects,
+    variable: str,
+    value: str | None,
+    why: str,
 ) -> None:
     """An alerts config or webhook that cannot be used: the runs page says which and why (the
     webhook's secret path left out), and still lists the runs."""
     config = tmp_path / "alerts.toml"
     config.write_text("spike_z = -1.0\n")
-    monkeypatch.setenv(variable, str(config) if variable == "METRICS_ALERTS_CONFIG" else "ftp://host/secret")
+    monkeypatch.setenv(variable, value or str(config))
     write_losses(runs_root / "ok", [2.0, 1.9])
     app = open_page("runs")
     assert not app.exception
     assert shown(app.error[0].value).startswith("Alerts are off: ") and why in shown(app.error[0].value)
     assert list(app.dataframe[0].value["run"]) == ["run?run=ok"]
+    assert "secret" not in shown(app.error[0].value) and "sec ret" not in shown(app.error[0].value)

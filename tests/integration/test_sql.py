@@ -4,6 +4,7 @@ tests/heavy/test_sql_engine.py)."""
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -60,6 +61,8 @@ WRITES = [
     "SELECT 1; COPY (SELECT 1) TO '{tmp}/second.csv'",
     "PRAGMA enable_profiling",
     "CALL pragma_version()",
+    "EXPLAIN ANALYZE CREATE TABLE t AS SELECT 42",
+    "EXPLAIN (ANALYZE) COPY (SELECT 1) TO '{tmp}/explained.csv'",
 ]
 
 
@@ -122,6 +125,49 @@ def test_the_export_command_and_a_query_over_its_directory(tmp_path: Path) -> No
     assert inside.returncode == 2 and inside.stderr.count("\n") == 1 and not (root / "export").exists()
     done = cli("query", str(out), "SELECT count(*) AS n FROM records WHERE superseded", "--format", "csv")
     assert done.stdout == "n\n9\n" and done.returncode == 0
+
+
+def tamper(export: Path, run: str, file: str) -> None:
+    """Give the export's manifest an entry for ``run`` (a copy of another's) whose file is ``file``."""
+    manifest = json.loads((export / MANIFEST).read_text())
+    manifest["runs"][run] = {**next(iter(manifest["runs"].values())), "file": file}
+    (export / MANIFEST).write_text(json.dumps(manifest))
+
+
+@pytest.mark.parametrize("file", ["../victim.txt", "{tmp}/victim.txt", "sub/victim.txt", "..", "..\\victim.txt", ""])
+def test_an_export_refuses_a_manifest_entry_that_is_not_a_plain_file_name(tmp_path: Path, file: str) -> None:
+    """A manifest entry whose file is outside the export (``../victim.txt``, an absolute path, a
+    subdirectory) for a run gone from the root: `export` refuses in one line naming the entry,
+    and deletes nothing, the victim least of all."""
+    root, out = tmp_path / "runs", tmp_path / "export"
+    small_run(root / "a" / "metrics.jsonl")
+    victim = tmp_path / "victim.txt"
+    victim.write_text("not the export's")
+    (out / "sub").mkdir(parents=True)
+    (out / "sub" / "victim.txt").write_text("not the export's either")
+    assert export_root(root, out).written == ("a",)
+    tamper(out, "gone", file.format(tmp=tmp_path))
+    before = snapshot_files(tmp_path)
+    done = cli("export", str(root), str(out), "--cache-dir", str(tmp_path / "cache"))
+    assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stderr
+    assert "the entry of run 'gone'" in done.stderr and "plain file name" in done.stderr
+    assert victim.read_text() == "not the export's" and (out / "sub" / "victim.txt").exists()
+    assert snapshot_files(tmp_path) == before
+
+
+def test_a_query_refuses_a_manifest_entry_that_reads_outside_the_export(tmp_path: Path) -> None:
+    """A manifest entry whose file is a Parquet file outside the export (by an absolute path or
+    ``../``): `query` refuses in one line naming the entry instead of reading that file's rows."""
+    root, out = tmp_path / "runs", tmp_path / "export"
+    small_run(root / "a" / "metrics.jsonl")
+    export_root(root, out)
+    outside = tmp_path / "outside.parquet"
+    outside.write_bytes((out / file_name("a")).read_bytes())
+    for file in (str(outside), "../outside.parquet"):
+        tamper(out, "stolen", file)
+        done = cli("query", str(out), "SELECT count(*) AS n FROM records", "--format", "csv")
+        assert done.returncode == 2 and done.stdout == "" and done.stderr.count("\n") == 1, done.stdout
+        assert "the entry of run 'stolen'" in done.stderr and repr(file) in done.stderr
 
 
 # -- a runs root in a bucket ----------------------------------------------------------------------

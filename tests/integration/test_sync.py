@@ -245,6 +245,37 @@ def test_a_backlog_goes_up_in_parts_of_at_most_the_part_size_cut_at_line_ends(
     assert any(len(chunk) > 2500 for chunk in chunks)
 
 
+def test_a_long_tail_with_no_newline_costs_a_part_and_a_scan_of_memory_per_pass(
+    bucket: pafs.S3FileSystem, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Complete lines, then 64 MB with no newline (a writer stuck mid-line, sparse on disk): each pass
+    uploads the lines and allocates at most a part plus a scan, not the tail; once the line ends it
+    goes up whole, as one part."""
+    import tracemalloc
+
+    monkeypatch.setattr(sync_module, "MAX_PART_BYTES", 1 << 20)
+    monkeypatch.setattr(sync_module, "SCAN_BYTES", 64 << 10)
+    path = tmp_path / "metrics.jsonl"
+    append_records(path, *(base_record(s) for s in range(1, 20)))
+    lines = path.stat().st_size
+    with open(path, "r+b") as file:
+        file.truncate(lines + (64 << 20))  # zeros: no newline in them
+    syncer = RunSync(parse_bucket_url(f"s3://{BUCKET}/tail"), bucket)
+    syncer.resume()
+    for _ in range(2):
+        tracemalloc.start()
+        try:
+            done = syncer.step(path)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        assert syncer.uploaded == lines and peak < 2 * sync_module.MAX_PART_BYTES  # a part and two scans fit
+    assert [size for _, size in done.uploaded] == []
+    append_bytes(path, b"\n")
+    assert [size for _, size in syncer.step(path).uploaded] == [(64 << 20) + 1]
+    assert b"".join(part_bytes(bucket, "tail")) == path.read_bytes()
+
+
 def test_a_part_missing_from_the_middle_is_a_one_line_error(bucket: pafs.S3FileSystem, tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     for steps in (range(1, 5), range(5, 9), range(9, 13)):

@@ -215,6 +215,28 @@ def test_webhook_bodies_by_host_keep_run_text_as_text() -> None:
                        "condition": "crashed", "message": "gone", "time": "2026-01-02T03:04:05Z"}  # fmt: skip
 
 
+@pytest.mark.parametrize(
+    ("url", "why"),
+    [
+        ("https://hooks.slack.com/services/T0/B0/sec ret", "a space or a control character"),
+        ("https://hooks.slack.com/services/T0/B0/sec\tret", "a space or a control character"),
+        ("https://hooks.slack.com/services/T0/B0/secret\n", "a space or a control character"),
+        ("https://hooks.slack.com:99999/services/T0/B0/secret", "its port is not a number"),
+        ("https://[::1/services/T0/B0/secret", "expected an http:// or https:// URL"),
+    ],
+)
+def test_a_webhook_url_the_client_would_refuse_is_refused_once_without_its_secret(url: str, why: str) -> None:
+    """A URL that http.client would refuse (whose error quotes the path) is refused when the delivery
+    is made, by scheme and host only: nothing is queued or retried, and the secret is never said."""
+    reports: list[str] = []
+    with pytest.raises(AlertConfigError) as refused:
+        Delivery(url, root="/r", report=reports.append)
+    assert why in str(refused.value) and "secret" not in str(refused.value) and "sec" not in str(refused.value)
+    assert reports == []
+    if "[" not in url:
+        assert "'https://hooks.slack.com" in str(refused.value)
+
+
 def test_a_root_gone_for_a_while_keeps_its_runs_and_alerts(tmp_path: Path) -> None:
     """A root that cannot be walked (an NFS hiccup, a move) is an error counted, not an exception
     or a storm of cleared alerts; when it is back nothing fires again."""
