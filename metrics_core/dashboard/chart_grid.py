@@ -18,6 +18,7 @@ from metrics_core.dashboard.live.chart_component import live_chart
 from metrics_core.dashboard.live.feed import status_line
 from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
 from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.dashboard.views.chart_filter import FILTER_HELP, FILTER_MAX_CHARS, filter_error
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
@@ -27,7 +28,6 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_csv_of,
     chart_key,
 )
-from metrics_core.dashboard.views.chart_filter import FILTER_HELP, FILTER_MAX_CHARS, filter_error
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.widgets import csv_button

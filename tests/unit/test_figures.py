@@ -20,6 +20,7 @@ from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, ema_smo
 from metrics_core.dashboard.figures.rank_figures import out_of_lockstep, straggler_figure
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
@@ -33,7 +34,6 @@ from metrics_core.dashboard.views.chart_specs import (
     pick_charts,
     rank_time_ratio,
 )
-from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
 from metrics_core.dashboard.views.compare import compare_metrics
 from metrics_core.read.run_reader import RunReader
 from tests.support import append_records, base_record, distributed_run, rank_window, small_run, three_session_run

@@ -40,7 +40,8 @@ class ChartOptions:
     """What the run page's controls choose, and the browser's theme ("light"/"dark", ``THEMES``).
 
     ``only`` is the chart filter (``chart_filter``: terms, not a regular expression), matched
-    against chart titles and keys (``pick_charts``): the charts it leaves out are not built, and cost nothing per update.
+    against chart titles and keys (``pick_charts``): the charts it leaves out are not built, and
+    cost nothing per update.
     The theme is part of every memo and lineage key the options are, so a dark tab and a light
     tab each get their own figures, built coloured (no recoloured copy per snapshot).
     """
