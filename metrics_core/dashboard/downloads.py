@@ -18,6 +18,7 @@ chart filter (``chart_filter.filter_error``) 400.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from urllib.parse import urlencode
 
@@ -81,9 +82,14 @@ def csv_route(store: Callable[[], RunStore], *, base_url: str = "") -> Route:
 def own_routes(base_url: str) -> list[Route]:
     """The server's own routes under ``base_url`` (``serving.app_options`` mounts them): a chart's CSV
     and a run's changes (``push.changes_route``), both from the server-wide store."""
+    server = functools.cache(settings)  # argv and environment stay as the server started: parsed once
+
+    def store() -> RunStore:
+        return open_store(server())
+
     return [
-        csv_route(lambda: open_store(settings()), base_url=base_url),
-        changes_route(lambda: open_store(settings()), lambda: settings().refresh, _run_alerts, base_url=base_url),
+        csv_route(store, base_url=base_url),
+        changes_route(store, lambda: server().refresh, _run_alerts, base_url=base_url),
     ]
 
 
