@@ -11,8 +11,8 @@
 // question about charts that were drawn since it was asked (the first one, asked while they were
 // being drawn) is not used: the question is asked again for what they hold now.  A trigger is
 // repeated only if none came within STALL_MS (a busy server queues many tabs' reruns: asking again
-// sooner would only queue more of them).  A server that cannot be reached, or is busy, is asked
-// again after a refresh period; a run it does not know (404) is drawn again each period.  Every text is set as text, never markup.
+// sooner would only queue more of them).  A server that cannot be reached is asked again after a
+// refresh period.  Every text is set as text, never markup.
 const STALL_MS = 30000;
 
 function show(parentElement, status, counts) {
@@ -68,10 +68,6 @@ export default function (component) {
         } else if (body.serial > seen) {
           watch.trigger("changed", { serial: body.serial, held: charts.held });
           await pause(STALL_MS);
-        } else if (answer.status === 404) {
-          // no such run (yet, or any more): the fragment says so, drawn again each period as before
-          await pause(data.retry_ms);
-          watch.trigger("changed", { serial: seen, held: charts.held });
         } else if (!answer.ok) {
           await pause(data.retry_ms);
         }
