@@ -20,7 +20,11 @@ cost those few ``store.view`` calls between them (a ``stat`` at most, when nothi
 nothing per tab; a record waits a quarter of a period on average to be noticed, not half of one.
 Tabs in step (same snapshot, options and figures) get one answer, computed once (``_Answers``).
 A run the store cannot show gets a new serial at each poll, so its tabs rerun every period (the
-watch pauses a period after each trigger), as they did, and say why.
+watch pauses a period after each trigger), as they did, and say why.  A name that is no run gets no
+ticker: it is answered 404 at once, and its tab asks again a period later (the first ask after the
+run appears gets a ticker, and the page draws the run).  Long polls waiting at once are capped per
+server (``LONG_POLLS_MAX``), and only chart options the page can produce are taken
+(``parse_options``): what a request names costs the server a bounded amount.
 """
 
 from __future__ import annotations
