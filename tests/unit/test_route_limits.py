@@ -20,7 +20,15 @@ from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, cano
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, chart_filter, filter_error
-from metrics_core.dashboard.views.chart_specs import SMOOTHING_MAX, SMOOTHING_STEP, ChartOptions
+from metrics_core.dashboard.views.chart_specs import (
+    DEFAULT_CHARTS,
+    MAX_LOGGED_CHARTS,
+    SMOOTHING_MAX,
+    SMOOTHING_STEP,
+    ChartOptions,
+    key_charts,
+    pick_charts,
+)
 from tests.support import small_run
 from tests.support.dashboard import BUNDLE, IMMUTABLE, fetch, static_app
 
@@ -87,6 +95,15 @@ def test_the_chart_filter_looks_each_piece_up_once_whatever_the_input(pattern: s
     CountingText.calls = 0
     assert not any(alternative.matches(CountingText(text)) for alternative in parsed.alternatives)
     assert 0 < CountingText.calls <= budget
+
+
+def test_the_chart_filter_narrows_two_thousand_keys() -> None:
+    """A run logging 2,000 keys: a filter keeps exactly the charts it matches, the defaults it
+    names among them, and ``MAX_LOGGED_CHARTS`` of the logged keys' charts drawn."""
+    charts = [*DEFAULT_CHARTS, *key_charts({f"k/{n:04}": ("train",) for n in range(2_000)})]
+    picked, matched = pick_charts(charts, "^k/19*5$|^loss$|K/0007")
+    assert matched == 11  # k/1905, k/1915 ... k/1995 and k/0007
+    assert [chart.key for chart in picked][:2] == ["loss", "key:k/0007"] and len(picked) == 1 + MAX_LOGGED_CHARTS
 
 
 def test_a_chart_filter_longer_than_the_cap_is_refused_with_its_reason() -> None:
