@@ -18,12 +18,14 @@ from metrics_core.dashboard.live.chart_component import live_chart
 from metrics_core.dashboard.live.feed import status_line
 from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
 from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.dashboard.views.chart_filter import FILTER_HELP, FILTER_MAX_CHARS, filter_error
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
     MAX_LOGGED_CHARTS,
+    SMOOTHING_MAX,
+    SMOOTHING_STEP,
     ChartOptions,
     chart_csv_of,
-    chart_filter_error,
     chart_key,
 )
 from metrics_core.dashboard.views.config_tables import view_config
@@ -33,20 +35,21 @@ from metrics_core.dashboard.widgets import csv_button
 
 def chart_controls() -> tuple[ChartOptions, bool]:
     """The sidebar's chart options (the theme is the fragment's to read: see ``page_theme``) and
-    whether live updates are paused.  An invalid chart filter is said, and filters nothing."""
+    whether live updates are paused.  A refused chart filter is said, and filters nothing."""
     with st.sidebar:
         x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
-        smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
+        smoothing = st.slider("Smoothing", 0.0, SMOOTHING_MAX, 0.6, SMOOTHING_STEP, key="smoothing")
         log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
         history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
         paused = st.toggle("Pause live updates", key="pause")
         only = st.text_input(
-            "Charts (regular expression)",
+            "Charts (filter)",
             key="filter_charts",
+            max_chars=FILTER_MAX_CHARS,
             placeholder="e.g. loss|val/",
-            help="Charts whose title or key matches; the others are not drawn.",
+            help=f"{FILTER_HELP} The others are not drawn.",
         )
-        if error := chart_filter_error(only):
+        if error := filter_error(only):
             st.error(md_text(error))
             only = ""
     return ChartOptions(x=x, smoothing=smoothing, log_y=log_y, history=history, only=only), paused

@@ -12,11 +12,13 @@ serving, ``AppTest``), ``csv_link`` is None and the page draws the download butt
 
 The routes read the same server-wide store and alerter every page reads (``settings.open_store``,
 ``settings.open_alerter``); a name the store refuses (outside the runs root, not a run) is answered
-404 with the reason, never a traceback.
+404 with the reason in words that name no server path (``push.run_refusal``), never a traceback; a refused
+chart filter (``chart_filter.filter_error``) 400.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from urllib.parse import urlencode
 
@@ -27,11 +29,12 @@ from starlette.routing import Route
 
 from metrics_core.dashboard.alerting import run_alerts
 from metrics_core.dashboard.display_text import file_stem
-from metrics_core.dashboard.live.push import base_path, changes_route, route_url
+from metrics_core.dashboard.live.push import base_path, changes_route, route_url, run_refusal
 from metrics_core.dashboard.server.serving import routes_served
 from metrics_core.dashboard.settings import open_alerter, open_store, settings
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, ChartOptions, chart_csv_of, chart_filter_error
+from metrics_core.dashboard.views.chart_filter import filter_error
+from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, ChartOptions, chart_csv_of
 from metrics_core.errors import MetricsError
 
 CSV_PATH = "/api/csv"  # outside the paths Streamlit serves (``serving.STREAMLIT_PATHS``)
@@ -61,11 +64,13 @@ def csv_route(store: Callable[[], RunStore], *, base_url: str = "") -> Route:
         only = query.get("only", "")
         if history not in HISTORY_MODES:
             return PlainTextResponse(f"no history mode {history!r}", status_code=400)
-        options = ChartOptions(history=history, only="" if chart_filter_error(only) else only)
+        if error := filter_error(only):
+            return PlainTextResponse(error, status_code=400)
+        options = ChartOptions(history=history, only=only)
         try:
             text = await to_thread.run_sync(lambda: chart_csv_of(store().view(run), options, chart))
         except (MetricsError, OSError) as exc:
-            return PlainTextResponse(f"run {run!r}: {exc}", status_code=404)
+            return PlainTextResponse(run_refusal(run, exc), status_code=404)
         except KeyError:
             return PlainTextResponse(f"run {run!r} has no chart {chart!r}", status_code=404)
         disposition = f'attachment; filename="{csv_file_name(run, chart)}"'
@@ -77,9 +82,14 @@ def csv_route(store: Callable[[], RunStore], *, base_url: str = "") -> Route:
 def own_routes(base_url: str) -> list[Route]:
     """The server's own routes under ``base_url`` (``serving.app_options`` mounts them): a chart's CSV
     and a run's changes (``push.changes_route``), both from the server-wide store."""
+    server = functools.cache(settings)  # argv and environment stay as the server started: parsed once
+
+    def store() -> RunStore:
+        return open_store(server())
+
     return [
-        csv_route(lambda: open_store(settings()), base_url=base_url),
-        changes_route(lambda: open_store(settings()), lambda: settings().refresh, _run_alerts, base_url=base_url),
+        csv_route(store, base_url=base_url),
+        changes_route(store, lambda: server().refresh, _run_alerts, base_url=base_url),
     ]
 
 

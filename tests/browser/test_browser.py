@@ -96,7 +96,7 @@ def test_every_logged_key_is_charted_and_the_filter_keeps_what_matches(
     assert 0 < low < 3e-4 < high
     ticks = wait_until(page, lambda: page.evaluate(AXIS_JS, ["Skipped updates", "yaxis2"]))["ticks"]
     assert ticks and ticks[0] == 0 and all(tick == int(tick) for tick in ticks)
-    page.get_by_label("Charts (regular expression)", exact=True).fill("^mfu$")
+    page.get_by_label("Charts (filter)", exact=True).fill("^mfu$")
     page.keyboard.press("Enter")
     wait_until(page, lambda: page.evaluate("document.querySelectorAll('.js-plotly-plot').length") == 1)
     assert page.evaluate(GRAPH_JS, "mfu") is not None

@@ -1,14 +1,18 @@
 """Helpers of the dashboard tests of more than one tier: runs roots, hostile run names, Streamlit's
-static files, and the store's view compared with one built from scratch."""
+static files and an ASGI app answering like its static route, and the store's view compared with
+one built from scratch."""
 
 from __future__ import annotations
 
+import base64
+import random
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 from streamlit import file_util
 
+from metrics_core.dashboard.server.asgi_gzip import StaticGzip
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import EVENTS, build_view
 from metrics_core.read.run_reader import RunReader
@@ -57,3 +61,32 @@ def assert_same_view(view: object, oracle: object) -> None:
     assert view.replaced.keys() == oracle.replaced.keys()
     for index, rows in oracle.replaced.items():
         np.testing.assert_array_equal(view.replaced[index], rows)
+
+
+# ~4 MB of text that compresses to ~75 %: gzip -9 takes ~0.1 s, long enough to walk away during it.
+BUNDLE = base64.b64encode(random.Random(7).randbytes(3 << 20))
+
+
+IMMUTABLE = [(b"content-type", b"application/javascript"), (b"cache-control", ONE_YEAR.encode()),
+             (b"etag", b'"abc-Def"'), (b"accept-ranges", b"bytes")]  # fmt: skip
+
+
+def static_app(headers: list[tuple[bytes, bytes]]) -> object:
+    """An ASGI app answering every GET with ``BUNDLE`` and ``headers``, as Streamlit's static route does."""
+
+    async def app(scope: dict, receive: object, send: object) -> None:
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": BUNDLE, "more_body": False})
+
+    return app
+
+
+async def fetch(middleware: StaticGzip, path: str) -> tuple[dict[bytes, bytes], bytes]:
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"accept-encoding", b"gzip")]}
+    await middleware(scope, None, send)
+    return dict(sent[0]["headers"]), b"".join(message.get("body", b"") for message in sent[1:])

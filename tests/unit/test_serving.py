@@ -4,9 +4,7 @@ paths, the lifespan's imports, and the Streamlit internals it leans on."""
 from __future__ import annotations
 
 import asyncio
-import base64
 import gzip
-import random
 import re
 import sys
 import threading
@@ -24,7 +22,7 @@ from metrics_core.dashboard.server import asgi_gzip, page_head, serving
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
 from metrics_core.dashboard.server.page_head import BASE_URL_SCRIPT, PreloadHints, chunk_preloads, static_files
 from metrics_core.dashboard.server.serving import lifespan
-from tests.support.dashboard import ONE_YEAR, STATIC
+from tests.support.dashboard import BUNDLE, IMMUTABLE, STATIC, fetch, static_app
 
 
 @pytest.mark.parametrize(
@@ -36,35 +34,6 @@ from tests.support.dashboard import ONE_YEAR, STATIC
 def test_accepts_gzip_reads_accept_encoding_with_its_q_values(header: str, expected: bool) -> None:
     """gzip listed and not refused with q=0, else * so listed: an explicit gzip entry wins over *."""
     assert accepts_gzip(header) is expected
-
-
-# ~4 MB of text that compresses to ~75 %: gzip -9 takes ~0.1 s, long enough to walk away during it.
-BUNDLE = base64.b64encode(random.Random(7).randbytes(3 << 20))
-
-
-IMMUTABLE = [(b"content-type", b"application/javascript"), (b"cache-control", ONE_YEAR.encode()),
-             (b"etag", b'"abc-Def"'), (b"accept-ranges", b"bytes")]  # fmt: skip
-
-
-def static_app(headers: list[tuple[bytes, bytes]]) -> object:
-    """An ASGI app answering every GET with ``BUNDLE`` and ``headers``, as Streamlit's static route does."""
-
-    async def app(scope: dict, receive: object, send: object) -> None:
-        await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": BUNDLE, "more_body": False})
-
-    return app
-
-
-async def fetch(middleware: StaticGzip, path: str) -> tuple[dict[bytes, bytes], bytes]:
-    sent: list[dict] = []
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"accept-encoding", b"gzip")]}
-    await middleware(scope, None, send)
-    return dict(sent[0]["headers"]), b"".join(message.get("body", b"") for message in sent[1:])
 
 
 def test_a_client_gone_while_its_bundle_is_compressed_does_not_break_that_bundle() -> None:

@@ -2,7 +2,8 @@
 
 Every tab of a page asks for the same snapshot's charts; they are drawn once per snapshot and
 options (``RunView.memo``) and, on a live run, from the previous snapshot's (``RunView.lineage``),
-so a refresh pays for the appended records, not the whole run:
+so a refresh pays for the appended records, not the whole run (each run keeps those of the
+options asked for last, ``snapshot.BOUNDED_KEPT``: a client may ask for any number of options):
 
 * ``view_charts``: the run page's charts.  A full build min/max-downsamples the whole run
   (``run_charts``); a live update then draws its records raw on top of that base, computed
@@ -46,7 +47,7 @@ def view_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
     On a long live run they are extended, not rebuilt (``_extend_charts``): cost O(appended
     records + smoothing warm-up), where ``run_charts`` costs O(records).
     """
-    return view.memo(("charts", options), lambda: _carried_charts(view, options))
+    return view.memo(("charts", options), lambda: _carried_charts(view, options), bounded=True)
 
 
 @dataclass(frozen=True, eq=False)
@@ -65,7 +66,9 @@ def view_chart_groups(view: RunView, options: ChartOptions) -> tuple[dict[str, d
     logged keys walks every column of the run's frames, which a tab's refresh need not repeat."""
     charts = view_charts_of(view)
     return view.memo(
-        ("groups", options), lambda: grouped_figures(view, options, view_charts(view, options), charts=charts)
+        ("groups", options),
+        lambda: grouped_figures(view, options, view_charts(view, options), charts=charts),
+        bounded=True,
     )
 
 
@@ -86,7 +89,7 @@ def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
         figures = run_charts(view, options, charts=charts)
         return _Charts(view, figures, view, time.monotonic(), time.perf_counter() - start)
 
-    carried = view.lineage.carry(("charts", options), update)
+    carried = view.lineage.carry(("charts", options), update, bounded=True)
     return run_charts(view, options) if stale else carried.figures
 
 
@@ -175,7 +178,9 @@ def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[flo
     Cost: one O(rows) vectorised mask per event, then O(rows in range)."""
     low, high = sorted(float(value) for value in xrange)
     whole = view_charts(view, options)[key]
-    return view.memo(("zoom", options, key, low, high), lambda: _zoom_chart(view, options, key, whole, low, high))
+    return view.memo(
+        ("zoom", options, key, low, high), lambda: _zoom_chart(view, options, key, whole, low, high), bounded=True
+    )
 
 
 def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, low: float, high: float) -> Figure:

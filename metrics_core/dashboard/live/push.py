@@ -20,7 +20,11 @@ cost those few ``store.view`` calls between them (a ``stat`` at most, when nothi
 nothing per tab; a record waits a quarter of a period on average to be noticed, not half of one.
 Tabs in step (same snapshot, options and figures) get one answer, computed once (``_Answers``).
 A run the store cannot show gets a new serial at each poll, so its tabs rerun every period (the
-watch pauses a period after each trigger), as they did, and say why.
+watch pauses a period after each trigger), as they did, and say why.  A name that is no run gets no
+ticker: it is answered 404 at once, and its tab asks again a period later (the first ask after the
+run appears gets a ticker, and the page draws the run).  Long polls waiting at once are capped per
+server (``LONG_POLLS_MAX``), and only chart options the page can produce are taken
+(``parse_options``): what a request names costs the server a bounded amount.
 """
 
 from __future__ import annotations
@@ -45,18 +49,24 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from metrics_core.dashboard.figures.layout import THEMES, X_MODES
 from metrics_core.dashboard.live.chart_component import pages_hold
 from metrics_core.dashboard.live.feed import DETAILS_S, feed_answer, page_signature, status_line
-from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.dashboard.views.chart_specs import ChartOptions
-from metrics_core.errors import MetricsError
+from metrics_core.dashboard.views.chart_filter import filter_error
+from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, SMOOTHING_MAX, SMOOTHING_STEP, ChartOptions
+from metrics_core.errors import MetricsError, RunPathError
 
 CHANGES_PATH = "/api/changes"  # outside the paths Streamlit serves (``serving.STREAMLIT_PATHS``)
 WATCH_KEY = "metrics_live_watch"  # the element that shows the run's status line
 POLLS_PER_REFRESH = 2
 LONG_POLL_S = 20.0  # an unchanged run is answered after this long; the page asks again
 ANSWERS_KEPT = 64  # answers kept for tabs still to ask: one per (snapshot, options, figures held)
+# Long polls waiting at once, per server: a tab holds one, so this is hundreds of tabs; beyond it a
+# poll is answered 503 and its tab asks again a refresh period later.  Each holds a connection
+# (a file descriptor: the process has a thousand or so) and a coroutine.
+LONG_POLLS_MAX = 256
 _LOG = logging.getLogger(__name__)
 _ASSETS = Path(__file__).parent.parent / "assets"
 
@@ -137,7 +147,11 @@ def options_query(options: ChartOptions) -> str:
 
 
 def parse_options(text: str) -> ChartOptions:
-    """The ``ChartOptions`` of an ``opts`` parameter; ``ValueError`` naming what is wrong with it."""
+    """The ``ChartOptions`` of an ``opts`` parameter; ``ValueError`` naming what is wrong with it.
+
+    Only options the run page's controls can produce are taken: each distinct one costs the run a
+    set of figures (bounded per run, ``snapshot.BOUNDED_KEPT``, but each one built), and a
+    smoothing near 1 a warm-up of millions of rows per update (``chart_specs.warmup_rows``)."""
     fields = json.loads(text)
     defaults = dataclasses.asdict(ChartOptions())
     if not isinstance(fields, dict) or fields.keys() != defaults.keys():
@@ -146,7 +160,16 @@ def parse_options(text: str) -> ChartOptions:
         kind = float if isinstance(defaults[name], float) else type(defaults[name])
         if not isinstance(value, kind) and not (kind is float and type(value) is int):
             raise ValueError(f"opts: {name} is not a {kind.__name__}")
-    return ChartOptions(**fields)
+    options = ChartOptions(**fields)
+    steps = options.smoothing / SMOOTHING_STEP
+    for name, allowed in (("x", X_MODES), ("history", HISTORY_MODES), ("theme", THEMES)):
+        if getattr(options, name) not in allowed:
+            raise ValueError(f"opts: {name} must be one of {sorted(allowed)}")
+    if not (0 <= options.smoothing <= SMOOTHING_MAX and abs(steps - round(steps)) < 1e-6):
+        raise ValueError(f"opts: smoothing must be a multiple of {SMOOTHING_STEP} from 0 to {SMOOTHING_MAX}")
+    if error := filter_error(options.only):
+        raise ValueError(f"opts: only: {error}")
+    return options
 
 
 def _held(text: str) -> dict[str, int]:
@@ -179,17 +202,23 @@ def changes_route(
     *,
     base_url: str = "",
     long_poll_s: float = LONG_POLL_S,
+    long_polls_max: int = LONG_POLLS_MAX,
 ) -> Route:
     """``GET /api/changes?run=<name>&seen=<serial>``: ``{"serial": n}`` once the run's serial is
     larger than ``seen``, or after ``long_poll_s`` (``n`` then is not larger).
 
     With ``sig`` (the page signature the tab drew), ``opts`` (its ``options_query``) and ``held`` (a
     JSON object: chart element key -> the figure token it holds), a newer serial's answer also
-    carries ``feed.feed_answer`` for them; ``alerts(run)`` are the run's firing alerts."""
+    carries ``feed.feed_answer`` for them; ``alerts(run)`` are the run's firing alerts.
+
+    A name that is no run (or outside the runs root) is answered 404 at once (``run_refusal``): only
+    runs get a ticker.  Beyond ``long_polls_max`` polls waiting at once, a poll is answered 503."""
     tickers: dict[str, _Ticker] = {}
     answers = _Answers()
+    waiting = 0
 
     async def answer(request: Request) -> Response:
+        nonlocal waiting
         query = request.query_params
         name = query.get("run", "")
         try:
@@ -197,13 +226,28 @@ def changes_route(
             feed = (query["sig"], parse_options(query["opts"]), _held(query["held"])) if "held" in query else None
         except (ValueError, KeyError) as exc:
             return JSONResponse({"error": f"bad query: {exc}"}, status_code=400)
+        if waiting >= long_polls_max:
+            busy = {"error": f"{waiting} long polls are waiting: ask again later"}
+            return JSONResponse(busy, status_code=503, headers={"Retry-After": str(max(1, round(refresh())))})
         ticker = tickers.get(name)
         if ticker is None:
-            if len(tickers) > 1000:  # names asked for once: keep the ones being watched
+            try:
+                await to_thread.run_sync(store().view, name)
+            except RunViewError:
+                pass  # a run that cannot be shown: its tabs rerun every period and say why
+            except (MetricsError, OSError) as exc:
+                return JSONResponse({"error": run_refusal(name, exc)}, status_code=404)
+            ticker = tickers.get(name)  # another request may have made it meanwhile
+        if ticker is None:
+            if len(tickers) > 1000:  # runs watched once: keep the ones being watched
                 for stale in [key for key, value in tickers.items() if not value._waiting]:
                     del tickers[stale]
             ticker = tickers[name] = _Ticker(store, name, refresh())
-        serial = await ticker.newer_than(seen, long_poll_s)
+        waiting += 1
+        try:
+            serial = await ticker.newer_than(seen, long_poll_s)
+        finally:
+            waiting -= 1
         view = ticker.view  # no await since: the snapshot of ``serial``
         body: dict[str, Any] = {"serial": serial}
         if serial > seen and feed is not None:
@@ -216,6 +260,18 @@ def changes_route(
         return JSONResponse(body)
 
     return Route(f"{base_path(base_url)}{CHANGES_PATH}", answer, methods=["GET"])
+
+
+def run_refusal(run: str, exc: BaseException) -> str:
+    """Why run ``run`` cannot be answered, in words that name no server path: the store's errors
+    name the runs root and the run's files, which a client has no business knowing."""
+    if isinstance(exc, RunPathError):
+        return f"run {run!r} is not inside the runs root"
+    if isinstance(exc, RunViewError):
+        return f"run {run!r} cannot be shown (its page says why)"
+    if isinstance(exc, FileNotFoundError):
+        return f"no run {run!r}"
+    return f"run {run!r} cannot be read"
 
 
 def _feed(view: RunView, options: ChartOptions, alerts: Sequence[str], drawn: str, held: dict[str, int]) -> dict:

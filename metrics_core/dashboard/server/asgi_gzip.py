@@ -3,7 +3,8 @@ process, for a server that sends them uncompressed (Streamlit's, behind ``servin
 
 Contract of ``StaticGzip``:
 
-* Only ``GET`` requests for paths under its prefixes (after the ASGI ``root_path`` and the
+* Only ``GET`` requests for canonical paths (``canonical``: no ``//``, ``.`` or ``..`` segment, which
+  the inner app may serve as the same file) under its prefixes (after the ASGI ``root_path`` and the
   server's base URL path) whose answer is a whole 200 of a compressible type (``COMPRESSIBLE``)
   and immutable (``Cache-Control: immutable``, or under a ``hashed`` prefix: a file whose URL
   carries its content hash, in its name or its query) are touched; everything else, websockets included, passes through
@@ -14,7 +15,8 @@ Contract of ``StaticGzip``:
   ``Content-Type`` are kept; ``Content-Length`` is the length sent.
 * A file whose gzip copy would not save ``MIN_SAVING`` is sent as is (and remembered as such).
 * Nothing is written to disk: a restart compresses again.  The copies live in a ``GzipCopies``,
-  at most one per file and process, which a server can fill ahead of any request (``prewarm``).
+  at most one per file and process and ``COPIES_MAX_BYTES`` in all (least recently asked for
+  dropped first), which a server can fill ahead of any request (``prewarm``).
 
 Nothing here imports a web framework beyond the ASGI types.
 """
@@ -25,7 +27,9 @@ import asyncio
 import contextlib
 import functools
 import gzip
+import posixpath
 import threading
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -41,6 +45,17 @@ COMPRESSIBLE = ("text/", "application/javascript", "application/json", "image/sv
 GZIP_LEVEL = 9  # once per file and process: the smallest output is worth the slowest level
 IMMUTABLE = b"public, max-age=31536000, immutable"
 MIN_SAVING = 0.9  # keep the gzip copy only if it is at most 90 % of the identity bytes
+# What the copies may hold in all: several times Streamlit's whole static directory compressed, so
+# only a server asked for files no page loads ever drops one.
+COPIES_MAX_BYTES = 64 << 20
+
+
+def canonical(path: str) -> bool:
+    """Whether ``path`` is the one spelling of the file it names: absolute, with no empty, ``.`` or
+    ``..`` segment and no trailing slash.  A static server answers ``/static//js/a.js`` and
+    ``/static/./js/a.js`` with the file of ``/static/js/a.js``; a copy per spelling would let a
+    client fill the server's memory with copies of one file."""
+    return path.startswith("/") and not path.startswith("//") and posixpath.normpath(path) == path
 
 
 def accepts_gzip(accept_encoding: str) -> bool:
@@ -80,13 +95,16 @@ class GzipCopies:
     request that needs one, or ahead of any request by ``prewarm``.  Keyed by route path (without
     the base URL) and size: only immutable answers get here, whose URLs carry a hash of their
     content, so no file changes under its route while a process runs (``compressible``; a made-up
-    path, which Streamlit answers with its index.html, is never compressed nor kept).  Safe across
-    threads: a request waits for a copy being made rather than make it again; a copy that failed is
-    forgotten, so the next request tries again."""
+    path, which Streamlit answers with its index.html, is never compressed nor kept; nor is a
+    non-``canonical`` spelling).  At most ``max_bytes`` of copies are kept, the least recently asked
+    for dropped first.  Safe across threads: a request waits for a copy being made rather than make
+    it again; a copy that failed is forgotten, so the next request tries again."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, max_bytes: int = COPIES_MAX_BYTES) -> None:
         self._lock = threading.Lock()
-        self._made: dict[tuple[str, int], Future[bytes | None]] = {}
+        self._made: OrderedDict[tuple[str, int], Future[bytes | None]] = OrderedDict()
+        self._sizes: dict[tuple[str, int], int] = {}  # of the copies made: what they hold
+        self._max_bytes = max_bytes
 
     def __len__(self) -> int:
         return len(self._made)
@@ -116,17 +134,25 @@ class GzipCopies:
         with self._lock:
             made = self._made.get(key)
             if made is not None:
+                self._made.move_to_end(key)
                 return made, False
             made = self._made[key] = Future()
             return made, True
 
     def _make(self, key: tuple[str, int], made: Future[bytes | None], body: Callable[[], bytes]) -> None:
         try:
-            made.set_result(_gzip(body()))
+            compressed = _gzip(body())
         except BaseException as exc:  # handed to every waiting request; the next one tries again
             with self._lock:
                 self._made.pop(key, None)
             made.set_exception(exc)
+            return
+        with self._lock:
+            self._sizes[key] = len(compressed or b"")
+            while sum(self._sizes.values()) > self._max_bytes and len(self._sizes) > 1:
+                oldest = next(held for held in self._made if held in self._sizes and held != key)
+                del self._made[oldest], self._sizes[oldest]
+        made.set_result(compressed)
 
 
 class StaticGzip:
@@ -159,6 +185,7 @@ class StaticGzip:
             scope["type"] != "http"
             or scope["method"] != "GET"
             or not (hashed or path.startswith(self.prefixes))
+            or not canonical(path)
             or any(name == b"range" for name, _ in scope["headers"])
         ):
             await self.app(scope, receive, send)

@@ -15,6 +15,7 @@ however few are drawn.
 from __future__ import annotations
 
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -29,6 +30,12 @@ from metrics_core.read.run_reader import RunReader
 from metrics_core.read.session_model import LostWork, Session
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
+# Per run, the states of this many ``bounded`` keys are kept, least recently used dropped first:
+# such keys come one per page options asked for (figures of a smoothing, a theme, a filter, a zoom),
+# and a client may ask for any number of them.  Tabs in use ask for a few at a time.  (The keys are
+# the callers' objects: they are hashed in ``memo`` and ``carry`` themselves, whose calls stand for
+# their callers', see tests/unit/test_layers.py.)
+BOUNDED_KEPT = 16
 
 
 class Lineage:
@@ -42,11 +49,19 @@ class Lineage:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._state: dict[Hashable, Any] = {}
+        self._recent: OrderedDict[Hashable, None] = OrderedDict()  # the bounded keys, least recent first
 
-    def carry(self, key: Hashable, update: Callable[[Any], Any]) -> Any:
-        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically."""
+    def carry(self, key: Hashable, update: Callable[[Any], Any], *, bounded: bool = False) -> Any:
+        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically.
+        ``bounded``: a key of which there may be many (``BOUNDED_KEPT``): a dropped one starts again
+        from None."""
         with self._lock:
             self._state[key] = value = update(self._state.get(key))
+            if bounded:
+                self._recent[key] = None
+                self._recent.move_to_end(key)
+                while len(self._recent) > BOUNDED_KEPT:
+                    del self._state[self._recent.popitem(last=False)[0]]
             return value
 
 
@@ -140,15 +155,20 @@ class RunView:
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
+    _recent: OrderedDict[Hashable, None] = field(default_factory=OrderedDict, init=False, repr=False)
 
-    def memo(self, key: Hashable, compute: Callable[[], Any]) -> Any:
+    def memo(self, key: Hashable, compute: Callable[[], Any], *, bounded: bool = False) -> Any:
         """``compute()`` once per snapshot and ``key``, whichever thread asks first.
 
         One lock per key: a computation may ask for another key (a zoomed chart needs the whole
-        run's), and two tabs asking for different keys do not wait for each other.
+        run's), and two tabs asking for different keys do not wait for each other.  ``bounded``: a
+        key of which there may be many (one per page options: ``BOUNDED_KEPT`` are kept, a dropped
+        one is computed again when asked for).
         """
         with self._memo_lock:
             if key in self._memo:
+                if bounded:
+                    self._recent.move_to_end(key)
                 return self._memo[key]
             lock = self._key_locks.setdefault(key, threading.Lock())
         with lock:
@@ -159,6 +179,10 @@ class RunView:
             with self._memo_lock:
                 self._memo[key] = value
                 self._key_locks.pop(key, None)
+                if bounded:
+                    self._recent[key] = None
+                    while len(self._recent) > BOUNDED_KEPT:
+                        del self._memo[self._recent.popitem(last=False)[0]]
             return value
 
     @property

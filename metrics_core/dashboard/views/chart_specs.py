@@ -22,6 +22,7 @@ import pandas as pd
 
 from metrics_core.analysis.derived import tokens_per_second
 from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.dashboard.views.chart_filter import chart_filter, filter_error
 
 HISTORY_MODES = {
     "effective": "effective history",
@@ -29,14 +30,18 @@ HISTORY_MODES = {
     "sessions": "sessions overlaid, replays shaded",
 }
 MAX_LOGGED_CHARTS = 8  # charts of logged keys drawn at once: a narrower filter shows the others
+# The smoothing slider's range and step: the only smoothings a page asks for (``push.parse_options``).
+SMOOTHING_MAX = 0.99
+SMOOTHING_STEP = 0.01
 
 
 @dataclass(frozen=True)
 class ChartOptions:
     """What the run page's controls choose, and the browser's theme ("light"/"dark", ``THEMES``).
 
-    ``only`` is the chart filter, a regular expression matched against chart titles and keys
-    (``pick_charts``): the charts it leaves out are not built, and cost nothing per update.
+    ``only`` is the chart filter (``chart_filter``: terms, not a regular expression), matched
+    against chart titles and keys (``pick_charts``): the charts it leaves out are not built, and
+    cost nothing per update.
     The theme is part of every memo and lineage key the options are, so a dark tab and a light
     tab each get their own figures, built coloured (no recoloured copy per snapshot).
     """
@@ -260,24 +265,12 @@ def charts_of(view: RunView, keys: Mapping[str, tuple[str, ...]] | None = None) 
     return [*DEFAULT_CHARTS, *key_charts(logged_keys(view) if keys is None else keys)]
 
 
-def chart_filter_error(pattern: str) -> str | None:
-    """Why ``pattern`` is not a usable chart filter, or None when it is."""
-    try:
-        re.compile(pattern)
-    except re.error as exc:
-        return f"Not a regular expression: {exc}"
-    return None
-
-
 def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int]:
-    """The charts ``pattern`` keeps (searched in title and key, case-insensitively; an invalid
-    pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how many of
-    the logged keys' charts matched in all."""
-    try:
-        matcher = re.compile(pattern, re.IGNORECASE) if pattern else None
-    except re.error:
-        matcher = None
-    kept = [chart for chart in charts if matcher is None or matcher.search(chart.title) or matcher.search(chart.key)]
+    """The charts ``pattern`` keeps (``chart_filter.chart_filter``: matched against title and key;
+    a refused pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how
+    many of the logged keys' charts matched in all."""
+    keeps = chart_filter("" if filter_error(pattern) else pattern).keeps
+    kept = [chart for chart in charts if keeps(chart.title, chart.key)]
     defaults = [chart for chart in kept if not chart.group]
     logged = [chart for chart in kept if chart.group]
     return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
