@@ -1,18 +1,19 @@
 """What one client on the same machine can make a served dashboard do with plain GETs to its
-routes: no request stalls the server, requests for runs that are not there cost next to nothing,
-and what a request names (a static file's spelling, chart options) keeps no memory per name.
+routes: without the token, with a wrong one or through a foreign Host it sees no run data, and no
+websocket opens from another origin; with it, no request stalls the server, requests for runs that
+are not there cost next to nothing, and what a request names (a static file's spelling, chart
+options) keeps no memory per name.
 
 Every request of this module goes through ``get``: the one place that says how a client asks.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 import threading
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlencode
@@ -22,7 +23,7 @@ import pytest
 
 from metrics_core.dashboard.live.push import options_query
 from metrics_core.dashboard.views.chart_specs import SMOOTHING_STEP, ChartOptions
-from metrics_core.testing.live_server import streamlit_server
+from metrics_core.testing.live_server import ACCESS_TOKEN, http_get, streamlit_server
 from tests.support import append_records, base_record
 
 CATASTROPHIC = "(.|.|.|.)*!"  # a regular expression that backtracks for ever on any chart title
@@ -30,13 +31,10 @@ BIG_RUN_RECORDS = 20_000  # records of the run whose figures each option set bui
 
 
 def get(url: str, *, timeout: float = 30.0, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
-    """GET ``url``: its status and body, an error status included."""
-    request = urllib.request.Request(url, headers=headers or {})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as answer:
-            return answer.status, answer.read()
-    except urllib.error.HTTPError as error:
-        return error.code, error.read()
+    """GET ``url`` as the owner (the server's token: ``http_get``): its status and body, an error
+    status included.  An attack by the owner is the hardest case: a stranger is refused first."""
+    status, _, body = http_get(url, headers=headers or {}, timeout=timeout)
+    return status, body
 
 
 @pytest.fixture(scope="module")
@@ -142,3 +140,62 @@ def test_static_spellings_and_option_sets_keep_no_memory_each(server: tuple[str,
             changes(ChartOptions(smoothing=round(step * SMOOTHING_STEP, 2), log_y=log_y))
     grown = (process.memory_info().rss - before) / 1e6
     assert grown <= 40, f"RSS grew by {grown:.0f} MB"
+
+
+RUN = "big"
+
+
+def no_run_data(text: str) -> bool:
+    """Nothing of the served run: its loss column, or the values logged in it."""
+    return "train_loss" not in text and "0.0003" not in text
+
+
+def test_routes_need_the_token_and_a_loopback_host(server: tuple[str, object]) -> None:
+    url, _ = server
+    csv = f"{url}/api/csv?run={RUN}&chart=loss&history=effective&only="
+    status, _, body = http_get(csv)
+    assert status == 200 and b"train_loss" in body, (status, body[:300])
+    strangers = (
+        {"Authorization": ""},
+        {"Authorization": "Bearer wrong"},
+        {"Authorization": "", "Cookie": f"metrics_token_1={ACCESS_TOKEN}"},
+    )
+    for headers in strangers:
+        status, _, body = http_get(csv, headers=headers)
+        assert status == 403 and no_run_data(body.decode()), headers
+    for host in ("evil.example", f"rebound.evil.example:{url.rsplit(':', 1)[1]}"):
+        status, _, body = http_get(csv, headers={"Host": host})
+        assert status == 403 and no_run_data(body.decode()), host
+    assert http_get(f"{url}/_stcore/health", headers={"Authorization": ""})[0] == 200  # no data: open
+
+
+def test_the_websocket_refuses_a_stranger_and_a_foreign_origin(server: tuple[str, object]) -> None:
+    """A websocket without the token, or with it from another origin's page, is closed before it
+    is accepted; the owner's is accepted."""
+    from websockets.asyncio.client import connect
+    from websockets.exceptions import InvalidStatus
+
+    url, _ = server
+    stream = f"ws://{url.split('://', 1)[1]}/_stcore/stream"
+    owner = {"Authorization": f"Bearer {ACCESS_TOKEN}"}
+
+    async def opens(headers: dict[str, str], origin: str | None) -> bool:
+        try:
+            async with connect(stream, subprotocols=["streamlit"], additional_headers=headers, origin=origin):
+                return True
+        except InvalidStatus:
+            return False
+
+    def tried(headers: dict[str, str], origin: str) -> bool:  # in a thread: Playwright's loop runs in this one
+        with ThreadPoolExecutor(1) as pool:
+            return pool.submit(asyncio.run, opens(headers, origin)).result()
+
+    assert tried(owner, url)
+    assert not tried({}, url)
+    assert not tried(owner, "http://evil.example")
+
+
+@pytest.mark.parametrize("wrong", ["", "x" * 5000])
+def test_a_token_of_any_length_that_is_not_the_servers_is_refused(server: tuple[str, object], wrong: str) -> None:
+    status, _, body = http_get(f"{server[0]}/run?run={RUN}&token={wrong}", headers={"Authorization": ""})
+    assert status == 403 and no_run_data(body.decode())
