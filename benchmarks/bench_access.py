@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from metrics_core.dashboard.server.access import Access, AccessGuard
 
 TOKEN = "t" * 43  # the length of a made-up token
-ACCESS = Access(token=TOKEN, loopback=True, port=8501)
+ACCESS = Access(token=TOKEN, loopback=True)
 BROWSER_HEADERS = [  # what Chromium sends with a page's request once it holds the cookie
     (b"host", b"127.0.0.1:8501"),
     (b"user-agent", b"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/156.0 Safari/537.36"),
@@ -72,7 +72,7 @@ def main() -> None:
     print(f"{'request':<28}{'bare app':>12}{'guarded':>12}{'guard adds':>14}")
     worst = 0.0
     for kind, fields in KINDS.items():
-        scope = {"type": "http", "method": "GET", "scheme": "http", **fields}
+        scope = {"type": "http", "method": "GET", "scheme": "http", "server": ("127.0.0.1", 8501), **fields}
         bare, guard = [], []
         for _ in range(args.rounds):  # alternated, so drift hits both alike
             bare.append(asyncio.run(timed(app, scope, args.requests)))

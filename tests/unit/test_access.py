@@ -18,7 +18,7 @@ from metrics_core.dashboard.server.access import (
 )
 
 TOKEN = "s3cret-token"
-ACCESS = Access(token=TOKEN, loopback=True, port=8501)
+ACCESS = Access(token=TOKEN, loopback=True)
 
 
 def call(
@@ -55,6 +55,7 @@ def call(
         "query_string": query.encode(),
         "headers": [(key.encode(), value.encode()) for key, value in all_headers.items()],
         "scheme": "http" if kind == "http" else "ws",
+        "server": ("127.0.0.1", 8501),
     }
     asyncio.run(AccessGuard(app, access=access, base_url=base_url)(scope, receive, send))
     return sent, bool(reached)
@@ -121,7 +122,7 @@ def test_a_foreign_host_is_refused_even_with_the_token_when_bound_to_loopback() 
         assert not reached and status(sent) == 403, host
     for host in ("localhost:8501", "127.0.0.2:8501", "[::1]:8501", "LOCALHOST"):
         assert call("/_stcore/health", headers={"host": host})[1], host
-    beyond = Access(token=TOKEN, loopback=False, port=8501)
+    beyond = Access(token=TOKEN, loopback=False)
     assert call("/_stcore/health", headers={"host": "head-node.cluster:8501"}, access=beyond)[1]
 
 
@@ -135,7 +136,7 @@ def test_the_websocket_needs_the_token_and_its_own_origin() -> None:
 
 
 def test_no_token_turns_the_token_off_but_not_the_host_check() -> None:
-    open_access = Access(token="", loopback=True, port=8501)
+    open_access = Access(token="", loopback=True)
     assert call("/api/csv", access=open_access)[1]
     assert not call("/api/csv", access=open_access, headers={"host": "evil.example"})[1]
 

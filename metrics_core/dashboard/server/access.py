@@ -19,8 +19,9 @@ Two checks stand whatever the token says:
 * **Origin** on the websocket: a browser page of another origin cannot open the dashboard's
   websocket, whatever cookies the browser holds.
 
-The cookie is named after the server's port (``metrics_token_8501``), so two dashboards of one
-user on one host keep a cookie each.  The check is a few dictionary and string operations per
+The cookie is named after the port the server listens on (``metrics_token_8501``, read off each
+connection: Streamlit may move to the next free port at start), so two dashboards of one user on
+one host keep a cookie each.  The check is a few dictionary and string operations per
 request, no I/O.
 """
 
@@ -113,30 +114,32 @@ def access_url(address: str, port: int, base_url: str, token: str) -> str:
 @dataclass(frozen=True)
 class Access:
     """What ``AccessGuard`` enforces: ``token`` (``''``: none), and whether the server listens on
-    loopback only (then ``Host`` must name loopback); ``port`` names the cookie."""
+    loopback only (then ``Host`` must name loopback)."""
 
     token: str
     loopback: bool
-    port: int
-
-    @property
-    def cookie(self) -> str:
-        return f"{COOKIE_PREFIX}{self.port}"
 
     def host_allowed(self, host: str) -> bool:
         """A request's ``Host`` value: any when listening beyond loopback, else loopback names only."""
         return not self.loopback or is_loopback(host_name(host))
 
-    def carries_token(self, headers: Mapping[str, str], query: Mapping[str, str]) -> bool:
-        """Whether a request proves it knows the token: the cookie, a Bearer header or ``?token=``."""
+    def carries_token(self, headers: Mapping[str, str], query: Mapping[str, str], cookie: str) -> bool:
+        """Whether a request proves it knows the token: the cookie named ``cookie``, a Bearer header
+        or ``?token=``."""
         if not self.token:
             return True
         offered = (
-            _cookie(headers.get("cookie", ""), self.cookie),
+            _cookie(headers.get("cookie", ""), cookie),
             _bearer(headers.get("authorization", "")),
             query.get("token"),
         )
         return any(value is not None and _same(value, self.token) for value in offered)
+
+
+def cookie_name(scope: Scope) -> str:
+    """The token's cookie for the port a request came in on (the listening socket's)."""
+    server = scope.get("server") or ("", 0)
+    return f"{COOKIE_PREFIX}{server[1]}"
 
 
 def _same(offered: str, token: str) -> bool:
@@ -194,7 +197,8 @@ class AccessGuard:
         raw_query = scope.get("query_string", b"").decode("latin-1")
         pairs = parse_qsl(raw_query, keep_blank_values=True) if "token" in raw_query else ()
         query = {key: value for key, value in pairs if key == "token"}
-        if not self.access.carries_token(headers, query):
+        cookie = cookie_name(scope)
+        if not self.access.carries_token(headers, query, cookie):
             if query:
                 await self._refuse(scope, send, "The token it was given is not this server's.")
             else:
@@ -202,7 +206,7 @@ class AccessGuard:
                 navigation = "text/html" in headers.get("accept", "")  # a browser opening a page
                 await self._refuse(scope, send, "No token came with it.", again=here if navigation else "")
             return
-        if not self.access.token or _cookie(headers.get("cookie", ""), self.access.cookie) is not None:
+        if not self.access.token or _cookie(headers.get("cookie", ""), cookie) is not None:
             await self.app(scope, receive, send)  # the cookie is there (and right): nothing to add
             return
         if kind == "http" and scope.get("method") == "GET" and query:
@@ -212,7 +216,7 @@ class AccessGuard:
 
     def _set_cookie(self, scope: Scope) -> tuple[bytes, bytes]:
         secure = "; Secure" if scope.get("scheme") in ("https", "wss") else ""
-        value = f"{self.access.cookie}={self.access.token}; Path=/; HttpOnly; SameSite=Strict{secure}"
+        value = f"{cookie_name(scope)}={self.access.token}; Path=/; HttpOnly; SameSite=Strict{secure}"
         return b"set-cookie", value.encode("latin-1")
 
     def _with_cookie(self, scope: Scope, send: Send) -> Send:

@@ -143,7 +143,7 @@ def lifespan(
     navigation_only: bool = True,
     prewarm: Callable[[], None] | None = None,
     own_routes: bool = True,
-    announce: str = "",
+    announce: Callable[[], str] | None = None,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
     in the first script run of a process (``warm_first_script_run``) and imports every module the top level of
@@ -153,7 +153,7 @@ def lifespan(
     the server's listening socket (``tcp_no_delay``: the socket is bound before the lifespan starts,
     and no connection is accepted before it has); if ``navigation_only``, keeps Streamlit out of its
     legacy folder-of-pages mode before any session; if ``own_routes``, pages use this module's routes
-    (``routes_served``) while it serves; prints ``announce`` (the URL to open) once it listens; at
+    (``routes_served``) while it serves; prints ``announce()`` (the URL to open) once it listens; at
     shutdown, runs ``shutdown`` in a worker thread (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
@@ -173,8 +173,8 @@ def lifespan(
             threading.Thread(target=run, name="warm-imports", daemon=True).start()
         if prewarm is not None:
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
-        if announce:
-            print(announce, flush=True)
+        if announce is not None:
+            print(announce(), flush=True)
         try:
             with serving_routes(own_routes):
                 yield
@@ -256,19 +256,20 @@ def app_options(
     }
 
 
-def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware, str]:
+def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware, Callable[[], str]]:
     """The access check every request passes first (``access.AccessGuard``), in plain serving too,
-    and the line the server prints as it starts: the URL to open, with its token.  ``SystemExit``
-    with one line when the server would listen beyond loopback with no token."""
+    and the line the server prints once it listens: the URL to open, with its token (made then:
+    Streamlit may move to the next free port).  ``SystemExit`` with one line when the server would
+    listen beyond loopback with no token."""
     address = str(config.get_option("server.address") or "")
-    port = int(config.get_option("server.port"))
     token = server_token(environ)
     refusal = refuse_open_bind(address, token)
     if refusal is not None:
         raise SystemExit(refusal)
-    access = Access(token=token, loopback=bool(address) and is_loopback(address), port=port)
-    url = access_url(address, port, base_url, token)
-    announce = (
-        f"Open the dashboard: {url}" if token else f"Open the dashboard: {url} (no access token: METRICS_TOKEN='')"
-    )
+
+    def announce() -> str:
+        url = access_url(address, int(config.get_option("server.port")), base_url, token)
+        return f"Open the dashboard: {url}" + ("" if token else " (no access token: METRICS_TOKEN='')")
+
+    access = Access(token=token, loopback=bool(address) and is_loopback(address))
     return Middleware(AccessGuard, access=access, base_url=base_url), announce
