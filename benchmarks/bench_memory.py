@@ -30,7 +30,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
-
 from benchmarks.bench_live import cpu_seconds, server_pid
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.testing.generate import write_run

@@ -194,7 +194,8 @@ def cold_section(root: Path, records: int, repeats: int, baseline: Path | None) 
     baseline_cache = root / f"cache{records}-baseline"
     if baseline is not None:  # the baseline's own cache file, in its own format
         build = (f"import sys; sys.path.insert(0, {str(baseline)!r}); from pathlib import Path\n"
-                 "from metrics_core.read.column_cache import CachePolicy; from metrics_core.read.run_reader import RunReader\n"
+                 "from metrics_core.read.column_cache import CachePolicy\n"
+                 "from metrics_core.read.run_reader import RunReader\n"
                  f"r = RunReader({str(cold)!r}, cache=CachePolicy(Path({str(baseline_cache)!r}), min_records=1))\n"
                  "r.refresh(); r.close()")  # fmt: skip
         subprocess.run([sys.executable, "-c", build], check=True)

@@ -37,7 +37,10 @@ def wheel_venv(tmp_path_factory: pytest.TempPathFactory) -> Path:
     if not built:
         return checked_wheel_venv(build_wheel_venv(tmp_path_factory.mktemp("wheel")))
     if not (Path(built) / "bin" / "python").is_file():
-        pytest.fail(f"$METRICS_WHEEL_VENV={built}: no venv there (python -m metrics_core.testing.wheel_venv DIR builds DIR/venv)")
+        pytest.fail(
+            f"$METRICS_WHEEL_VENV={built}: no venv there "
+            "(python -m metrics_core.testing.wheel_venv DIR builds DIR/venv)"
+        )
     return checked_wheel_venv(Path(built))
 
 

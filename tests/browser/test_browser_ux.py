@@ -173,7 +173,8 @@ def test_dark_theme_gives_dark_charts(browser: object, served_root: Path, monkey
 
 
 def live_run(root: Path, name: str, every: float = 0.2) -> AbstractContextManager[None]:
-    """A real writer appending a record to run ``name`` every ``every`` s: its runs page row changes at every refresh."""
+    """A real writer appending a record to run ``name`` every ``every`` s: its runs page row changes
+    at every refresh."""
 
     def write(stop: threading.Event) -> None:
         state = TrainingState()

@@ -16,5 +16,8 @@ def test_config_never_imports_the_store() -> None:
     source = (REPO / "metrics_core" / "dashboard" / "views" / "config_tables.py").read_text()
     imported = {node.module for node in ast.walk(ast.parse(source)) if isinstance(node, ast.ImportFrom)}
     assert "metrics_core.dashboard.store.run_store" not in imported
-    code = "import sys, metrics_core.dashboard.views.config_tables; print('metrics_core.dashboard.store.run_store' in sys.modules)"
+    code = (
+        "import sys, metrics_core.dashboard.views.config_tables; "
+        "print('metrics_core.dashboard.store.run_store' in sys.modules)"
+    )
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"

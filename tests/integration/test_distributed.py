@@ -347,6 +347,9 @@ def test_rank_0_ends_with_a_ranks_failure_but_keeps_a_failure_every_rank_shares(
 
 def test_importing_the_distributed_code_does_not_import_torch() -> None:
     """metrics_core, its session and distributed modules load without torch."""
-    code = "import sys, metrics_core, metrics_core.write.training_session, metrics_core.write.distributed; print('torch' in sys.modules)"
+    code = (
+        "import sys, metrics_core, metrics_core.write.training_session, metrics_core.write.distributed; "
+        "print('torch' in sys.modules)"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
     assert out.stdout.strip() == "False"

@@ -42,7 +42,8 @@ print("ok")
 def test_importing_the_training_side_imports_neither_psutil_nor_nvml() -> None:
     """The sampler imports its extras when a session starts one, never at import time."""
     code = (
-        "import sys, metrics_core, metrics_core.write.training_session, metrics_core.write.system_sampler, metrics_core.integrations._common\n"
+        "import sys, metrics_core, metrics_core.write.training_session, metrics_core.write.system_sampler,"
+        " metrics_core.integrations._common\n"
         "print(sorted({m.split('.')[0] for m in sys.modules} & {'psutil', 'pynvml'}))"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO,
