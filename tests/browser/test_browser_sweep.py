@@ -17,7 +17,7 @@ from metrics_core.testing.live_server import (
     row_point,
     wait_until,
 )
-from tests.support.sweeps import PEAK_LRS, SEEDS, SWEPT, sweep_run_name, write_sweep
+from tests.support.sweeps import NAMES_ORDER, PEAK_LRS, SEEDS, SWEPT, sweep_run_name, write_sweep
 
 HEADERS_JS = "[...document.querySelectorAll('[data-testid=stDataFrame] thead th')].map(h => h.textContent)"
 # The sweep page's charts: each graph's x-axis title and how many points it draws in colour and faded.
@@ -31,7 +31,7 @@ def served_runs(root: Path) -> None:
     write_sweep(root)
 
 
-NAMES = [sweep_run_name(lr, seed) for lr in PEAK_LRS for seed in SEEDS]
+NAMES = NAMES_ORDER
 
 
 def test_the_runs_table_shows_the_swept_keys_and_two_ticked_rows_open_the_compare_page(

@@ -34,6 +34,11 @@ def write_sweep(root: Path, *, windows: int = 12) -> list[str]:
                         session.window.add(loss, 256, 0.5, False, 1.0)
                     session.log_window(lr=lr * min(1.0, (window + 1) / 4))
                     if window % 4 == 3:
-                        session.log_validation(loss + 0.1, 1024, val_acc=0.5 + 0.3 * math.cos(window * lr * 1000 + seed))
+                        session.log_validation(
+                            loss + 0.1, 1024, val_acc=0.5 + 0.3 * math.cos(window * lr * 1000 + seed)
+                        )
             names.append(name)
     return names
+
+
+NAMES_ORDER = [sweep_run_name(lr, seed) for lr in PEAK_LRS for seed in SEEDS]  # the order write_sweep writes them

@@ -255,7 +255,17 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 # BidiComponent mounts the plotly.js loader and the charts.
 
 PAGE_ELEMENTS = {
-    "": ("DataFrame", "Multiselect", "TextInput", "TextArea", "Html", "Selectbox", "ButtonGroup", "Checkbox", "PageLink"),
+    "": (
+        "DataFrame",
+        "Multiselect",
+        "TextInput",
+        "TextArea",
+        "Html",
+        "Selectbox",
+        "ButtonGroup",
+        "Checkbox",
+        "PageLink",
+    ),
     "run": (
         "BidiComponent",
         "Html",
