@@ -15,7 +15,13 @@ import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.display_text import md_text, next_age_change, shorten
-from metrics_core.dashboard.views.config_tables import config_keys, runs_table
+from metrics_core.dashboard.views.config_tables import (
+    column_keys,
+    config_keys,
+    filter_by_config,
+    table_configs,
+    with_config_columns,
+)
 from metrics_core.dashboard.views.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
@@ -80,18 +86,18 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     to format."""
     state = st.session_state
     shown, name_error = filter_runs(table, state.get("run_filter", ""))
-    shown, config_error = runs_table(
-        shown,
-        keys=state.get("config_columns", []),
-        config_filter=state.get("config_filter", ""),
-        swept=state.get("swept_columns", True),
+    configs = table_configs(shown)
+    shown, config_error = filter_by_config(shown.drop(columns="config"), configs, state.get("config_filter", ""))
+    keys = column_keys(
+        configs, shown["run"].tolist(), state.get("config_columns", []), swept=state.get("swept_columns", True)
     )
-    rows, page, pages = runs_page(shown, state.get("runs_page", 1))
+    rows, page, pages = runs_page(shown, state.get("runs_page", 1))  # the columns below: for the page's rows only
+    rows = with_config_columns(rows, configs, keys)
     metric = state.get("runs_metric")
     if metric:
         best = state.get("runs_best") or ("max" if best_is_max(metric) else "min")
-        tails = dict(zip(rows["run"], rows["metrics"], strict=True))
-        rows = with_metric_columns(rows.drop(columns="metrics"), tails, metric, best_max=best == "max")
+        tails = dict(zip(rows["run"].tolist(), rows["metrics"].tolist(), strict=True))
+        rows = with_metric_columns(rows, tails, metric, best_max=best == "max")
     readable = readable_runs(rows)
     return RunsPage(
         rows=status_pills(run_links(readable)),

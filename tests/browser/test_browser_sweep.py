@@ -17,7 +17,7 @@ from metrics_core.testing.live_server import (
     row_point,
     wait_until,
 )
-from tests.support.sweeps import NAMES_ORDER, PEAK_LRS, SEEDS, SWEPT, sweep_run_name, write_sweep
+from tests.support.sweeps import NAMES_ORDER, SEEDS, SWEPT, sweep_run_name, write_sweep
 
 HEADERS_JS = "[...document.querySelectorAll('[data-testid=stDataFrame] thead th')].map(h => h.textContent)"
 # The sweep page's charts: each graph's x-axis title and how many points it draws in colour and faded.
@@ -75,7 +75,8 @@ def test_the_sweep_page_charts_the_swept_keys_and_a_zoom_narrows_its_runs(page: 
     wait_until(page, lambda: len(listed()) == len(NAMES), timeout=30)
     page.evaluate(
         """([low, high]) => {
-          const graph = [...document.querySelectorAll('.js-plotly-plot')].find(g => g.layout.xaxis.title.text === 'peak_lr');
+          const graphs = [...document.querySelectorAll('.js-plotly-plot')];
+          const graph = graphs.find(g => g.layout.xaxis.title.text === 'peak_lr');
           return window.Plotly.relayout(graph, {'xaxis.range[0]': low, 'xaxis.range[1]': high});
         }""",
         [math.log10(2e-4), math.log10(5e-4)],

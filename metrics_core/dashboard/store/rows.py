@@ -108,6 +108,7 @@ class LossTrend:
 
 TAIL_EVENTS = ("train", "validation")  # the events whose numbers are a run's metrics
 MAX_TAIL_KEYS = 256  # metrics followed per event: a 2,000-key run's per-layer statistics are its own page's
+FOLD_ROWS = 1024  # appended rows folded in as one (metrics × rows) array; more are folded metric by metric
 
 
 class MetricTails:
@@ -146,22 +147,38 @@ class MetricTails:
         )
         start, tails = (basis[2], dict(self._tails[event])) if grown else (0, {})
         kept = None if grown else ~reader.superseded(event)
-        names = [name for name in reader.fields(event) if name not in BASE_FIELD_ORDER][:MAX_TAIL_KEYS]
-        for name in names:
+        names, columns = [], []
+        for name in [name for name in reader.fields(event) if name not in BASE_FIELD_ORDER][:MAX_TAIL_KEYS]:
             column = reader.column(event, name)
             if column is None or column.kind not in ("int", "float"):  # a string or a bool is no metric
                 tails.pop(name, None)
-                continue
-            values = column.view()[start:rows].astype(np.float64, copy=False)
-            values = values[np.isfinite(values) if kept is None else kept & np.isfinite(values)]
-            if not len(values):
-                continue
-            last, low, high = float(values[-1]), float(values.min()), float(values.max())
-            before = tails.get(name)
-            tails[name] = (last, low, high) if before is None else (last, min(before[1], low), max(before[2], high))
+            else:
+                names.append(name)
+                columns.append(column.view()[start:rows])
+        if grown and rows - start <= FOLD_ROWS:  # one array for every metric: an append costs O(metrics) in numpy
+            self._fold(tails, names, np.array(columns, dtype=np.float64).reshape(len(names), rows - start))
+        else:
+            for name, values in zip(names, columns, strict=True):
+                values = values.astype(np.float64, copy=False)
+                self._fold(tails, [name], (values if kept is None else values[kept]).reshape(1, -1))
         self._basis[event] = (reader.resets, sessions, rows, reader.sessions[-1].session_id)
         self._tails[event] = tails
         return tails
+
+    @staticmethod
+    def _fold(tails: dict[str, tuple[float, float, float]], names: list[str], block: np.ndarray) -> None:
+        """Fold rows ``block`` (one row of values per metric of ``names``, in file order) into ``tails``."""
+        finite = np.isfinite(block)
+        if not finite.any():
+            return
+        has = finite.any(axis=1)
+        last = block[np.arange(len(names)), block.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)]
+        low = np.where(finite, block, np.inf).min(axis=1)
+        high = np.where(finite, block, -np.inf).max(axis=1)
+        for index in np.flatnonzero(has).tolist():
+            name, found = names[index], (float(last[index]), float(low[index]), float(high[index]))
+            before = tails.get(name)
+            tails[name] = found if before is None else (found[0], min(before[1], found[1]), max(before[2], found[2]))
 
 
 def _trend_positions(count: int) -> np.ndarray:

@@ -189,9 +189,10 @@ def with_config_columns(
     """The runs table with one text column per chosen config key (empty where a run lacks it);
     a key named like an existing column becomes ``config: key``."""
     columns = {}
+    found = [configs.get(name) or {} for name in table["run"].tolist()]  # a list: iterating a string column is slow
     for key in keys:
         header = key if key not in table.columns and key not in columns else f"config: {key}"
-        values = [_cell((configs.get(name) or {}).get(key), None) for name in table["run"]]
+        values = [_cell(config.get(key), None) for config in found]
         columns[shorten(header, CELL_CHARS)] = pd.Series(values, index=table.index, dtype=object)
     return table.assign(**columns) if columns else table
 
@@ -199,18 +200,32 @@ def with_config_columns(
 MAX_SWEPT_COLUMNS = 12  # swept keys shown by default: a hostile root of 2,000-key configs keeps a table
 
 
+def table_configs(table: pd.DataFrame) -> dict[str, Mapping[str, str] | None]:
+    """Each run's flattened config from the store's runs table (None for a row without one)."""
+    return {
+        run: config if isinstance(config, Mapping) else None  # an error row has none
+        for run, config in zip(table["run"].tolist(), table["config"].tolist(), strict=True)
+    }
+
+
+def column_keys(
+    configs: Mapping[str, Mapping[str, str] | None], runs: Iterable[str], keys: Sequence[str], *, swept: bool
+) -> list[str]:
+    """The config keys shown as columns for ``runs``: the chosen ``keys``, after the first
+    ``MAX_SWEPT_COLUMNS`` keys swept between ``runs`` when ``swept``."""
+    if not swept:
+        return list(keys)
+    varying = swept_keys(configs.get(run) for run in runs)[:MAX_SWEPT_COLUMNS]
+    return [*varying, *(key for key in keys if key not in varying)]
+
+
 def runs_table(
     table: pd.DataFrame, *, keys: Sequence[str], config_filter: str, swept: bool = False
 ) -> tuple[pd.DataFrame, str | None]:
     """The runs page's table from ``RunStore.runs_table()``: filtered by ``config_filter``, with the
-    chosen config ``keys`` as columns (``swept``: after the first ``MAX_SWEPT_COLUMNS`` keys swept
-    between the runs the filter keeps), and without the raw ``config`` column."""
-    configs = {
-        run: config if isinstance(config, Mapping) else None  # an error row has none
-        for run, config in zip(table["run"], table["config"], strict=True)
-    }
+    config keys of ``column_keys`` as columns, and without the raw ``config`` column.  The runs page
+    itself adds the columns to the page of rows it draws only (``runs_table_view.runs_page_view``)."""
+    configs = table_configs(table)
     shown, error = filter_by_config(table, configs, config_filter)
-    if swept:
-        varying = swept_keys(configs.get(run) for run in shown["run"])[:MAX_SWEPT_COLUMNS]
-        keys = [*varying, *(key for key in keys if key not in varying)]
+    keys = column_keys(configs, shown["run"].tolist(), keys, swept=swept)
     return with_config_columns(shown.drop(columns="config"), configs, keys), error

@@ -61,8 +61,9 @@ def with_metric_columns(
 ) -> pd.DataFrame:
     """The runs table with ``metric``'s last and best value per run (``tails``: run -> its row's
     ``metrics``), as numbers the table can sort by; columns named after the metric and the rule."""
-    last = [metric_value(tails.get(run), metric) for run in table["run"]]
-    best = [metric_value(tails.get(run), metric, value="best", best_max=best_max) for run in table["run"]]
+    runs = table["run"].tolist()  # a list: iterating a string column is slow
+    last = [metric_value(tails.get(run), metric) for run in runs]
+    best = [metric_value(tails.get(run), metric, value="best", best_max=best_max) for run in runs]
     name = shorten(metric, CELL_CHARS)
     return table.assign(
         **{
