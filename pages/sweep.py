@@ -2,7 +2,9 @@
 that differs between the runs (constant keys left out) against the metric's last or best value, a
 chart per key and a point per run; zooming one chart to a range of its key (drag across it) keeps
 the runs in that range, listed below and coloured in every chart.  With no ``run=``, every run of
-the root.  Every control is in the URL (``best=min|max``, ``range=<key>:<low>:<high>``)."""
+the root.  Every control is in the URL (``best=min|max``, ``range=<key>:<low>:<high>``).  The page
+is redrawn only when what it draws changed (``watch_sweep``), so a sweep standing still costs its
+tab one O(runs) look per refresh and no bytes."""
 
 import streamlit as st
 
@@ -14,10 +16,12 @@ from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.views.sweep import (
     VALUES,
     best_is_max,
+    chosen_ranges,
     metric_keys,
     parse_range,
-    range_text,
+    sweep_inputs,
     sweep_of,
+    sweep_query,
     sweep_table,
 )
 from metrics_core.dashboard.widgets import name_text, page_theme, runs_table_or_stop
@@ -29,21 +33,21 @@ st.title("Sweep")
 asked = st.query_params.get_all("run")
 url_ranges = dict(found for text in st.query_params.get_all("range") if (found := parse_range(text)))
 state = st.session_state
-for name, wanted in (("sweep_metric", "metric"), ("sweep_value", "value"), ("sweep_best", "best")):
-    if name not in state and st.query_params.get(wanted):
-        state[name] = st.query_params[wanted]
+for name, wanted, allowed in (
+    ("sweep_metric", "metric", None),
+    ("sweep_value", "value", VALUES),
+    ("sweep_best", "best", ("min", "max")),
+):
+    if name not in state and st.query_params.get(wanted) and (allowed is None or st.query_params[wanted] in allowed):
+        state[name] = st.query_params[wanted]  # the metric is checked against the runs' below
 
 
-@st.fragment(run_every=config.refresh)
 def sweep_view() -> None:
     table = runs_table_or_stop(store)
-    rows = table.set_index("run")
-    unknown = [name for name in asked if name not in rows.index]
+    unknown = [name for name in asked if name not in set(table["run"])]
     if unknown:
         st.warning(f"Not runs under the root, ignored: {', '.join(map(name_text, unknown[:5]))}")
-    names = [name for name in asked if name in rows.index] if asked else list(rows.index)
-    configs = {name: rows.at[name, "config"] for name in names}
-    tails = {name: rows.at[name, "metrics"] for name in names}
+    configs, tails = state["sweep_drawn"] = sweep_inputs(table, asked)
     metrics = metric_keys(tails.values())
     if not metrics:
         st.info("None of these runs has logged a number yet.")
@@ -59,32 +63,33 @@ def sweep_view() -> None:
     if not sweep.axes:
         st.info("These runs share every config key: there is no sweep to show.")
         return
-    zooms, ranges = chart_zooms(), {}
-    for axis in sweep.axes:
-        key = chart_key(axis)
-        if key in zooms:  # the user zoomed this chart (or back out) in this session: that wins over the URL
-            if zooms[key] is not None:
-                ranges[axis.key] = axis.data_range(zooms[key])
-        elif axis.key in url_ranges:
-            ranges[axis.key] = url_ranges[axis.key]
+    ranges = chosen_ranges(sweep, chart_zooms(), url_ranges, chart_key)
     chosen = sweep.chosen(ranges)
     theme = page_theme()
     columns = st.columns(2)
     for number, axis in enumerate(sweep.axes):
         with columns[number % 2]:
             live_chart(sweep_chart(sweep, axis, chosen, xrange=ranges.get(axis.key), theme=theme), key=chart_key(axis))
+    if sweep.uncharted:
+        st.caption(f"{sweep.uncharted} more swept keys are not charted; the runs page's config filter narrows the runs")
     picked = [run for run, keep in zip(sweep.runs, chosen, strict=True) if keep]
     st.caption(
         f"{len(picked)} of {len(sweep.runs)} runs in the ranges chosen (zoom a chart to choose; double click resets)"
     )
     selection_links(picked, metric=metric, value=value, sweep=False)
     linked_runs(sweep_table(sweep, configs, chosen), key="sweep_runs")
-    params = {"metric": metric, "value": value, "best": best, "range": [range_text(k, r) for k, r in ranges.items()]}
-    params = {"run": asked, **params} if asked else params
-    if {name: st.query_params.get_all(name) for name in params} != {
-        name: found if isinstance(found, list) else [found] for name, found in params.items()
-    }:
-        st.query_params.from_dict(params)
+    query = sweep_query(asked, sweep, ranges)
+    if {name: st.query_params.get_all(name) for name in query} != query:
+        st.query_params.from_dict(query)
+
+
+@st.fragment(run_every=config.refresh)
+def watch_sweep() -> None:
+    """Redraw the page when what it draws changed (a run read, a value logged): O(runs) per refresh,
+    nothing sent while the sweep stands still."""
+    if sweep_inputs(runs_table_or_stop(store), asked) != state.get("sweep_drawn"):
+        st.rerun()
 
 
 sweep_view()
+watch_sweep()

@@ -17,11 +17,15 @@ from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.config_tables import runs_table, swept_keys
 from metrics_core.dashboard.views.runs_table import readable_runs
 from metrics_core.dashboard.views.sweep import (
+    MAX_AXES,
     best_is_max,
+    chosen_ranges,
     metric_keys,
     parse_range,
     range_text,
+    sweep_inputs,
     sweep_of,
+    sweep_query,
     sweep_table,
     with_metric_columns,
 )
@@ -156,3 +160,39 @@ def test_shared_keys_are_no_sweep() -> None:
     assert swept_keys([shared | {"a": "1"}, shared | {"a": "1"}, None, {}]) == []
     assert swept_keys([{"a": "1"}]) == []
     assert swept_keys([{"a": "1"}, {"a": "1", "b": "2"}]) == ["b"]  # present in one run only: it differs
+
+
+def test_a_sweep_of_thousands_of_differing_keys_charts_a_bounded_number() -> None:
+    """Two runs whose configs differ in 2,000 keys: ``MAX_AXES`` charts, the rest counted, not drawn."""
+    configs = {run: {f"k{i:04d}": f"{run}{i}" for i in range(2000)} for run in ("a", "b")}
+    sweep = sweep_of(configs, {}, metric="train_loss")
+    assert len(sweep.axes) == MAX_AXES and sweep.uncharted == 2000 - MAX_AXES
+    assert sweep.values == (None, None) and all(axis.categorical for axis in sweep.axes)
+
+
+def test_the_sweep_pages_inputs_ranges_and_url(table) -> None:
+    """The page's inputs from the runs table (asked runs only, unknown ones dropped; a row not read yet
+    has None, so two reads compare equal); a zoom in this session wins over the URL's range, a zoom
+    back out clears it; the URL holds every control."""
+    rows = table.reset_index()
+    asked = [sweep_run_name(1e-4, 0), "ghost", sweep_run_name(1e-3, 3)]
+    configs, tails = sweep_inputs(rows, asked)
+    assert list(configs) == [asked[0], asked[2]] and (configs, tails) == sweep_inputs(rows, asked)
+    loading = rows.assign(config=[float("nan")] * len(rows))
+    assert set(sweep_inputs(loading, [])[0].values()) == {None} and sweep_inputs(loading, []) == sweep_inputs(
+        loading, []
+    )
+    sweep = sweep_of(dict(table["config"]), dict(table["metrics"]), metric="train_loss", value="best")
+    key = lambda axis: axis.key  # noqa: E731
+    url = {"seed": (1.0, 2.0), "init": (0.0, 0.0)}
+    assert chosen_ranges(sweep, {"init": None}, url, key) == {"seed": (1.0, 2.0)}
+    assert chosen_ranges(sweep, {"seed": [0.0, 1.0]}, url, key) == {"seed": (0.0, 1.0), "init": (0.0, 0.0)}
+    query = sweep_query(asked, sweep, {"seed": (1.0, 2.0)})
+    assert query == {
+        "run": asked,
+        "metric": ["train_loss"],
+        "value": ["best"],
+        "best": ["min"],
+        "range": ["seed:1.0:2.0"],
+    }
+    assert "run" not in sweep_query([], sweep, {})

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 import pandas as pd
@@ -31,6 +31,7 @@ HIGHER_IS_BETTER = re.compile(
 FIRST_METRICS = ("train_loss", "val_loss")  # offered first: what a sweep is usually judged by
 VALUES = ("last", "best")
 LOG_SPAN = 10.0
+MAX_AXES = 24  # swept keys charted: runs whose configs differ in 2,000 keys must not make 2,000 charts
 
 
 def best_is_max(metric: str) -> bool:
@@ -128,6 +129,7 @@ class Sweep:
     metric: str
     value: str  # "last" or "best"
     best_max: bool
+    uncharted: int = 0  # swept keys beyond ``MAX_AXES``, not axes
 
     def chosen(self, ranges: Mapping[str, tuple[float, float]]) -> list[bool]:
         """Per run, whether it lies within every range (swept key -> data-unit range) chosen."""
@@ -148,12 +150,14 @@ def sweep_of(
 ) -> Sweep:
     """The sweep of the runs of ``configs`` (run -> flattened config): every swept key an axis (keys
     all runs share are left out), each run's ``value`` of ``metric`` (``best_max`` None: the rule of
-    ``best_is_max``).  Runs without a config (not read yet, unreadable) are left out."""
+    ``best_is_max``), the first ``MAX_AXES`` swept keys only.  Runs without a config (not read yet,
+    unreadable) are left out."""
     runs = tuple(run for run, config in configs.items() if isinstance(config, Mapping) and config)
     best_max = best_is_max(metric) if best_max is None else best_max
-    axes = tuple(sweep_axis(key, [configs[run].get(key) for run in runs]) for key in swept_keys(configs.values()))
+    swept = swept_keys(configs.values())
+    axes = tuple(sweep_axis(key, [configs[run].get(key) for run in runs]) for key in swept[:MAX_AXES])
     values = tuple(metric_value(tails.get(run), metric, value=value, best_max=best_max) for run in runs)
-    return Sweep(runs, axes, values, metric, value, best_max)
+    return Sweep(runs, axes, values, metric, value, best_max, uncharted=max(0, len(swept) - MAX_AXES))
 
 
 def sweep_table(sweep: Sweep, configs: Mapping[str, Mapping[str, str] | None], chosen: Sequence[bool]) -> pd.DataFrame:
@@ -184,7 +188,52 @@ def sweep_table(sweep: Sweep, configs: Mapping[str, Mapping[str, str] | None], c
     ).reset_index(drop=True)
 
 
-# -- the sweep page's ranges in its URL ---------------------------------------------------------------
+# -- the sweep page's inputs, ranges and URL -----------------------------------------------------------
+
+
+def sweep_inputs(table: pd.DataFrame, runs: Sequence[str]) -> tuple[dict[str, object], dict[str, object]]:
+    """Each run's config and metrics from the store's runs table: of ``runs`` (those the table has),
+    or of every run when ``runs`` is empty; None where a row has none (not read yet).  Comparable
+    from one refresh to the next: equal exactly when the sweep drawn from them would be."""
+    rows = table.drop_duplicates("run").set_index("run")
+    names = [name for name in runs if name in rows.index] if runs else rows.index.tolist()
+    configs = rows["config"].reindex(names).tolist()
+    tails = rows["metrics"].reindex(names).tolist()
+    as_dict = lambda value: value if isinstance(value, Mapping) else None  # noqa: E731  (NaN: no row value)
+    return {n: as_dict(c) for n, c in zip(names, configs, strict=True)}, {
+        n: as_dict(t) for n, t in zip(names, tails, strict=True)
+    }
+
+
+def chosen_ranges(
+    sweep: Sweep,
+    zooms: Mapping[str, Sequence[float] | None],
+    asked: Mapping[str, tuple[float, float]],
+    chart_key: Callable[[SweepAxis], str],
+) -> dict[str, tuple[float, float]]:
+    """The data-unit range chosen on each swept key: the x-range its chart was zoomed to in this
+    session (``zooms``, by ``chart_key``; None: zoomed back out, no range), else the URL's
+    (``asked``)."""
+    ranges = {}
+    for axis in sweep.axes:
+        key = chart_key(axis)
+        if key in zooms:
+            if zooms[key] is not None:
+                ranges[axis.key] = axis.data_range(zooms[key])
+        elif axis.key in asked:
+            ranges[axis.key] = asked[axis.key]
+    return ranges
+
+
+def sweep_query(runs: Sequence[str], sweep: Sweep, ranges: Mapping[str, tuple[float, float]]) -> dict[str, list[str]]:
+    """The sweep page's URL parameters for what it shows (``runs``: those asked for, none for all)."""
+    query = {"run": list(runs)} if runs else {}
+    return query | {
+        "metric": [sweep.metric],
+        "value": [sweep.value],
+        "best": ["max" if sweep.best_max else "min"],
+        "range": [range_text(key, bounds) for key, bounds in ranges.items()],
+    }
 
 
 def parse_range(text: str) -> tuple[str, tuple[float, float]] | None:
