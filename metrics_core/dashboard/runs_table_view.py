@@ -102,7 +102,7 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     return RunsPage(
         rows=status_pills(run_links(readable)),
         names=tuple(readable["run"]),
-        listed=tuple(shown["run"]),
+        listed=tuple(shown["run"].tolist()),
         total=len(shown),
         page=page,
         pages=pages,
@@ -173,8 +173,9 @@ def selection_links(names: list[str], *, metric: str | None = None, value: str =
 
 
 def linked_runs(table: pd.DataFrame, *, key: str) -> None:
-    """``table`` (its ``run`` column names runs) drawn with each run a link that opens in this tab."""
-    with st.container(key=f"{SAME_TAB_KEY}_{key}"):
+    """``table`` (its ``run`` column names runs) drawn with each run a link that opens in this tab
+    (one such table per page: it mounts ``SAME_TAB_JS`` under its one key)."""
+    with st.container(key=SAME_TAB_KEY):
         st.html(SAME_TAB_JS, unsafe_allow_javascript=True)
     st.dataframe(
         run_links(table), hide_index=True, width="stretch", key=key, column_config={"run": RUNS_COLUMNS["run"]}
