@@ -10,7 +10,7 @@ import streamlit as st
 
 from metrics_core.dashboard.figures.sweep_figures import chart_key, sweep_chart
 from metrics_core.dashboard.live.chart_component import chart_zooms, live_chart, load_plotly
-from metrics_core.dashboard.runs_table_view import linked_runs, selection_links
+from metrics_core.dashboard.runs_table_view import BEST_RULE, linked_runs, selection_links
 from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.views.sweep import (
@@ -57,8 +57,8 @@ def sweep_view() -> None:
     controls = st.columns([3, 1, 1], vertical_alignment="bottom")
     metric = controls[0].selectbox("Metric", metrics, key="sweep_metric")
     value = controls[1].segmented_control("Value", VALUES, key="sweep_value") or "last"
-    rule = "max" if best_is_max(metric) else "min"  # unless chosen: least, or greatest for accuracy-like keys
-    best = controls[2].segmented_control("Best is", ("min", "max"), key="sweep_best") or rule
+    rule = "max" if best_is_max(metric) else "min"
+    best = controls[2].segmented_control("Best is", ("min", "max"), key="sweep_best", help=BEST_RULE) or rule
     sweep = sweep_of(configs, tails, metric=metric, value=value, best_max=best == "max")
     if not sweep.axes:
         st.info("These runs share every config key: there is no sweep to show.")

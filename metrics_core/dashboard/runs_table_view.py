@@ -111,6 +111,9 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     )
 
 
+BEST_RULE = "Unset: the least value, or the greatest for a metric named like accuracy, F1, AUC, reward or throughput"
+
+
 def column_controls(table: pd.DataFrame) -> None:
     """The runs page's choice of columns, into session state (``runs_page_view`` reads it): config
     keys picked by hand (options keep the chosen keys, so a key whose run vanished does not make the
@@ -141,7 +144,7 @@ def column_controls(table: pd.DataFrame) -> None:
         "Best is",
         ("min", "max"),
         key="runs_best",
-        help="Unset: the least value, or the greatest for a metric named like accuracy, F1, AUC, reward or throughput",
+        help=BEST_RULE,
     )
 
 
