@@ -32,6 +32,7 @@ if __name__ == "__main__":  # a page view: Streamlit runs this file as its scrip
             st.Page("pages/run.py", title="Run", icon=":material/monitoring:", url_path="run"),
             st.Page("pages/sessions.py", title="Sessions", icon=":material/restart_alt:", url_path="sessions"),
             st.Page("pages/compare.py", title="Compare", icon=":material/compare_arrows:", url_path="compare"),
+            st.Page("pages/sweep.py", title="Sweep", icon=":material/scatter_plot:", url_path="sweep"),
         ],
         position="top",
     ).run()

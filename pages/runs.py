@@ -1,5 +1,7 @@
 """`/` — every run under the root, newest activity first: status, progress, losses with a trend,
-health, chosen config keys.  A click on a run (or a tick on its row) opens it in this tab.
+health, the config keys swept between the listed runs and any chosen, a chosen metric's last and
+best value.  A click on a run opens it in this tab; ticked rows open together (one: its run;
+several: the compare page), and the sweep page shows the ticked runs, or every one listed.
 
 Every column comes from ``RunStore.runs_table()`` (O(runs), from per-run summaries); no run is
 snapshotted here.  The table is drawn by the page, not by the live fragment: the fragment only
@@ -22,10 +24,9 @@ import streamlit as st
 
 from metrics_core.dashboard.alerting import notice_of, show_notice
 from metrics_core.dashboard.display_text import md_text
-from metrics_core.dashboard.runs_table_view import runs_page_view, runs_table_view
+from metrics_core.dashboard.runs_table_view import column_controls, runs_page_view, runs_table_view
 from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
-from metrics_core.dashboard.views.config_tables import config_keys
 from metrics_core.dashboard.widgets import runs_table_or_stop
 
 config = settings()
@@ -81,9 +82,7 @@ by_config.text_input(
     help="Space-separated `key=value` or `key!=value` terms on the flattened config (`optim.lr`), all must "
     "hold; numbers compare as numbers (`3e-4` matches `0.0003`); quote a term holding a space.",
 )
-# Options keep the chosen keys, so a key whose run vanished does not make the widget fail.
-keys = config_keys([*table["config"].dropna(), dict.fromkeys(st.session_state.get("config_columns", []))])
-st.multiselect("Config columns", keys, key="config_columns", placeholder="Show config keys as columns")
+column_controls(table)
 shown = runs_page_view(table)  # what the filters above select, from their session state
 st.session_state["runs_shown"] = (generation, shown)
 runs_table_view(shown, drawn)

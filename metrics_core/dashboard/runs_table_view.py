@@ -1,7 +1,9 @@
-"""The runs table as Streamlit draws it on the runs page: its column config, the page of rows the
-filters and page picker select (``RunsPage``, compared before a redraw) and the grid whose click
-opens a run.  What goes into the rows is ``runs_table``'s, pure pandas; this module holds what
-needs Streamlit, so ``runs_table`` stays testable without it.
+"""The runs table as Streamlit draws it on the runs page: its column config, the controls of its
+columns (config keys, the swept ones by default, and a metric's last and best value), the page of
+rows the filters and page picker select (``RunsPage``, compared before a redraw) and the grid whose
+link opens a run and whose ticked rows open together (one: its run; several: the compare page; or
+the sweep page).  What goes into the rows is ``runs_table``'s and ``sweep``'s, pure pandas; this
+module holds what needs Streamlit, so they stay testable without it.
 """
 
 from __future__ import annotations
@@ -12,8 +14,14 @@ from dataclasses import dataclass
 import pandas as pd
 import streamlit as st
 
-from metrics_core.dashboard.display_text import md_text, next_age_change
-from metrics_core.dashboard.views.config_tables import runs_table
+from metrics_core.dashboard.display_text import md_text, next_age_change, shorten
+from metrics_core.dashboard.views.config_tables import (
+    column_keys,
+    config_keys,
+    filter_by_config,
+    table_configs,
+    with_config_columns,
+)
 from metrics_core.dashboard.views.runs_table import (
     PAGE_ROWS,
     STATUS_BADGES,
@@ -24,6 +32,7 @@ from metrics_core.dashboard.views.runs_table import (
     runs_page,
     status_pills,
 )
+from metrics_core.dashboard.views.sweep import best_is_max, metric_keys, with_metric_columns
 from metrics_core.dashboard.widgets import SAME_TAB_JS, SAME_TAB_KEY
 
 RUNS_COLUMNS = {
@@ -35,7 +44,7 @@ RUNS_COLUMNS = {
         "saying so), error (cannot be read), unreadable (an entry of the root that cannot be looked into)",
     ),
     "run": st.column_config.LinkColumn(
-        "run", display_text=r"run=(.*)$", help="Click a run (or tick its row): it opens here"
+        "run", display_text=r"run=(.*)$", help="Click a run: it opens here; tick rows to open several together"
     ),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
     "error": st.column_config.TextColumn(
@@ -55,6 +64,7 @@ class RunsPage:
 
     rows: pd.DataFrame  # the dataframe's data: readable values, status pills, run links
     names: tuple[str, ...]  # the run of each row, in drawn order
+    listed: tuple[str, ...]  # every run the filters keep, on this page or another
     total: int  # runs after the filters
     page: int
     pages: int
@@ -76,14 +86,23 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     to format."""
     state = st.session_state
     shown, name_error = filter_runs(table, state.get("run_filter", ""))
-    shown, config_error = runs_table(
-        shown, keys=state.get("config_columns", []), config_filter=state.get("config_filter", "")
+    configs = table_configs(shown)
+    shown, config_error = filter_by_config(shown.drop(columns="config"), configs, state.get("config_filter", ""))
+    keys = column_keys(
+        configs, shown["run"].tolist(), state.get("config_columns", []), swept=state.get("swept_columns", True)
     )
-    rows, page, pages = runs_page(shown, state.get("runs_page", 1))
+    rows, page, pages = runs_page(shown, state.get("runs_page", 1))  # the columns below: for the page's rows only
+    rows = with_config_columns(rows, configs, keys)
+    metric = state.get("runs_metric")
+    if metric:
+        best = state.get("runs_best") or ("max" if best_is_max(metric) else "min")
+        tails = dict(zip(rows["run"].tolist(), rows["metrics"].tolist(), strict=True))
+        rows = with_metric_columns(rows, tails, metric, best_max=best == "max")
     readable = readable_runs(rows)
     return RunsPage(
         rows=status_pills(run_links(readable)),
         names=tuple(readable["run"]),
+        listed=tuple(shown["run"].tolist()),
         total=len(shown),
         page=page,
         pages=pages,
@@ -92,11 +111,89 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     )
 
 
+BEST_RULE = "Unset: the least value, or the greatest for a metric named like accuracy, F1, AUC, reward or throughput"
+
+
+def column_controls(table: pd.DataFrame) -> None:
+    """The runs page's choice of columns, into session state (``runs_page_view`` reads it): config
+    keys picked by hand (options keep the chosen keys, so a key whose run vanished does not make the
+    widget fail), the keys swept between the listed runs (on by default), and a metric whose last
+    and best value each run shows; best is the least value unless the metric reads higher-is-better
+    (accuracy, F1, reward…: ``sweep.best_is_max``), or as chosen."""
+    state = st.session_state
+    keys = config_keys([*table["config"].dropna(), dict.fromkeys(state.get("config_columns", []))])
+    picker, swept = st.columns([4, 1], vertical_alignment="bottom")
+    picker.multiselect("Config columns", keys, key="config_columns", placeholder="Show config keys as columns")
+    swept.toggle(
+        "Swept keys",
+        value=True,
+        key="swept_columns",
+        help="Show the config keys whose values differ between the listed runs (a sweep's hyperparameters) as columns",
+    )
+    metrics = metric_keys(table["metrics"])
+    which, rule = st.columns([4, 1], vertical_alignment="bottom")
+    which.selectbox(
+        "Metric: last and best value",
+        [*metrics, *{state.get("runs_metric")} - {None, *metrics}],
+        index=None,
+        key="runs_metric",
+        format_func=shorten,
+        placeholder="Show a metric's last and best value",
+    )
+    rule.segmented_control(
+        "Best is",
+        ("min", "max"),
+        key="runs_best",
+        help=BEST_RULE,
+    )
+
+
+def selection_links(names: list[str], *, metric: str | None = None, value: str = "last", sweep: bool = True) -> None:
+    """Links that open runs together: one run's page, the compare page of several, the sweep page of
+    them (``sweep``; with the chosen ``metric``); nothing for no run."""
+    if not names:
+        return
+    first, second, _ = st.columns([1, 1, 2])
+    if len(names) == 1:
+        first.page_link(
+            "pages/run.py", label="Open the run", icon=":material/monitoring:", query_params={"run": names[0]}
+        )
+    else:
+        first.page_link(
+            "pages/compare.py",
+            label=f"Compare {len(names)} runs",
+            icon=":material/compare_arrows:",
+            query_params={"run": names},
+        )
+    if sweep:
+        extra = {"metric": metric, "value": value} if metric else {}
+        second.page_link(
+            "pages/sweep.py",
+            label=f"Sweep of {len(names)} runs",
+            icon=":material/scatter_plot:",
+            query_params={"run": names, **extra},
+        )
+
+
+def linked_runs(table: pd.DataFrame, *, key: str) -> None:
+    """``table`` (its ``run`` column names runs) drawn with each run a link that opens in this tab
+    (one such table per page: it mounts ``SAME_TAB_JS`` under its one key)."""
+    with st.container(key=SAME_TAB_KEY):
+        st.html(SAME_TAB_JS, unsafe_allow_javascript=True)
+    st.dataframe(
+        run_links(table), hide_index=True, width="stretch", key=key, column_config={"run": RUNS_COLUMNS["run"]}
+    )
+
+
+MAX_LINKED_RUNS = 200  # runs named in a link to the sweep page of every listed run: a URL stays short
+
+
 def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
     """The runs table, one page of ``PAGE_ROWS`` at a time (newest activity first), with a page
-    picker when there is more than one page; a click on a run's link (``SAME_TAB_JS``), or a tick
-    on its row, opens that run in this tab.  ``drawn``: the page drawn before, which a tick's row
-    number refers to (this run's rows may have moved since the click)."""
+    picker when there is more than one page; a click on a run's link (``SAME_TAB_JS``) opens that
+    run in this tab; ticked rows open together (``selection_links``), else the listed runs' sweep.
+    ``drawn``: the page drawn before, which a tick's row numbers refer to (this run's rows may have
+    moved since the click)."""
     for error in shown.errors:
         st.error(md_text(error))
     if shown.pages > 1:  # one page drawn: a live update of a big root redraws PAGE_ROWS rows, not every run
@@ -115,9 +212,29 @@ def runs_table_view(shown: RunsPage, drawn: RunsPage | None) -> None:
         width="stretch",
         key="runs_table",
         on_select="rerun",
-        selection_mode="single-row",
+        selection_mode="multi-row",
         column_config=RUNS_COLUMNS,
     )
     names = (drawn or shown).names
-    if picked.selection.rows and picked.selection.rows[0] < len(names):
-        st.switch_page("pages/run.py", query_params={"run": names[picked.selection.rows[0]]})
+    ticked = [names[row] for row in picked.selection.rows if row < len(names)]
+    metric = st.session_state.get("runs_metric")
+    if ticked:
+        selection_links(ticked, metric=metric)
+    elif len(shown.listed) > 1:
+        sweep_of_listed(shown.listed, metric)
+
+
+def sweep_of_listed(listed: tuple[str, ...], metric: str | None) -> None:
+    """A link to the sweep page of every listed run: named in the URL, or, beyond
+    ``MAX_LINKED_RUNS`` with no filter set, the page's default (every run of the root)."""
+    state = st.session_state
+    named = len(listed) <= MAX_LINKED_RUNS
+    if not named and (state.get("run_filter") or state.get("config_filter")):
+        return  # too many to name, and not every run: filter further, or tick rows
+    params = ({"run": list(listed)} if named else {}) | ({"metric": metric} if metric else {})
+    st.page_link(
+        "pages/sweep.py",
+        label=f"Sweep of the {len(listed):,} listed runs",
+        icon=":material/scatter_plot:",
+        query_params=params,
+    )

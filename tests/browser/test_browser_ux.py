@@ -192,7 +192,8 @@ def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
 ) -> None:
     """The runs page refreshing every second under a live run: a click on that run's link opens its page
     in this tab (Streamlit's link cells open a new tab: ~10 s, a new session), and so does a tick on its
-    row; no other tab is ever opened, and Back returns to the runs."""
+    row followed by "Open the run" (ticks select rows, several open together); no other tab is ever
+    opened, and Back returns to the runs."""
     with live_run(served_root, "clicked"):
         page.goto(server + "/")
         wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
@@ -206,6 +207,7 @@ def test_a_click_on_a_run_opens_it_in_this_tab_while_the_overview_is_live(
         wait_until(page, lambda: "run?run=clicked" in page.evaluate(RUN_ROWS_JS)["names"], timeout=30)
         page.wait_for_timeout(1200)  # a refresh or more
         click(page, *row_point(page, "clicked", 17))
+        page.get_by_role("link", name="Open the run").click()
         wait_until(page, lambda: live_charts_drawn(page), timeout=30)
         assert page.url == f"{server}/run?run=clicked" and len(page.context.pages) == 1
 

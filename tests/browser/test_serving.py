@@ -72,7 +72,7 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
             assert bool(later) is (path == "/"), (path, later)
 
 
-@pytest.mark.parametrize("path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run"])
+@pytest.mark.parametrize("path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run", "/sweep"])
 def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_once(
     server: str, page: object, path: str
 ) -> None:
@@ -83,7 +83,8 @@ def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_
     requested: list[str] = []
     page.on("request", lambda request: requested.append(request.url))
     page.goto(server + path)
-    drawn = {"/": "[data-testid=stDataFrame]", "/run": "[data-testid=stSelectbox]"}.get(path, ".main-svg")
+    drawn = {"/": "[data-testid=stDataFrame]", "/run": "[data-testid=stSelectbox]", "/sweep": "[data-testid=stAlert]"}
+    drawn = drawn.get(path, ".main-svg")  # the sweep page of runs sharing every key says so
     wait_until(page, lambda: page.evaluate(f"!!document.querySelector({drawn!r})"), timeout=60)
     page.wait_for_timeout(1500)  # the rest of the page's elements, and any chunk they would fetch late
     chunks = [url.rsplit("/", 1)[1] for url in requested if "/static/js/" in url]

@@ -287,6 +287,13 @@ def _note_zoom(key: str) -> None:
     st.session_state.setdefault(_ZOOM, {})[key] = tuple(xrange) if valid else None
 
 
+def chart_zooms() -> dict[str, tuple[float, float] | None]:
+    """The x-range the user zoomed each chart of this browser session to, by key (None: zoomed back
+    out); a chart never zoomed is absent.  For a page that acts on a zoom itself (the sweep page
+    narrows its runs to a range chosen on one key's chart)."""
+    return dict(st.session_state.get(_ZOOM, {}))
+
+
 def live_chart(
     figure: Figure,
     *,

@@ -255,7 +255,17 @@ def plotly_head_tags(*, chart_page: bool) -> str:
 # BidiComponent mounts the plotly.js loader and the charts.
 
 PAGE_ELEMENTS = {
-    "": ("DataFrame", "Multiselect", "TextInput", "TextArea", "Html"),
+    "": (
+        "DataFrame",
+        "Multiselect",
+        "TextInput",
+        "TextArea",
+        "Html",
+        "Selectbox",
+        "ButtonGroup",
+        "Checkbox",
+        "PageLink",
+    ),
     "run": (
         "BidiComponent",
         "Html",
@@ -281,9 +291,10 @@ PAGE_ELEMENTS = {
         "remark-emoji",
     ),
     "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
+    "sweep": ("BidiComponent", "Html", "Selectbox", "ButtonGroup", "PageLink", "DataFrame"),
 }
 
-CHART_PAGES = ("run", "sessions", "compare")
+CHART_PAGES = ("run", "sessions", "compare", "sweep")
 ALL_ELEMENTS = tuple(dict.fromkeys(name for names in PAGE_ELEMENTS.values() for name in names))
 _CHART_ELEMENTS = tuple(dict.fromkeys(name for page in CHART_PAGES for name in PAGE_ELEMENTS[page]))
 

@@ -3,8 +3,9 @@
 ``RunStore`` owns the rows; this module computes them, from nothing but a reader or a file:
 
 * ``runs_table_row``: a read run's row, from its ``summary.RunSummary`` (the tails of its reader's
-  columns, O(1) per value) and its loss trend (``LossTrend``: O(appended rows) while only the
-  last session grows), never from a frame of the whole run;
+  columns, O(1) per value), its loss trend (``LossTrend``) and the last, least and greatest value
+  of each metric it logs (``MetricTails``), both O(appended rows) while only the last session
+  grows, never from a frame of the whole run;
 * ``peek_row``: a big run's row before it is read, from the last ``PEEK_BYTES`` of its file;
 * ``error_row``: a run that cannot be shown; ``unreadable_row``: an entry of the root that cannot be
   looked into (``runs.UnreadableEntry``).
@@ -30,6 +31,7 @@ from metrics_core.read.run_file import open_regular
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_summary import RunSummary
 from metrics_core.roots.discovery import UnreadableEntry
+from metrics_core.write.writer import BASE_FIELD_ORDER
 
 TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred bytes a row
 # The runs table's columns, in the order the runs page shows them (a row is ``runs_table_row``).
@@ -50,6 +52,7 @@ RUNS_TABLE_COLUMNS = (
     "started",
     "duration (s)",
     "loss trend",
+    "metrics",
 )
 PEEK_BYTES = 64 << 10  # the tail a big cold run's first row is read from: ~150 records
 
@@ -103,6 +106,81 @@ class LossTrend:
         self._count = needed
 
 
+TAIL_EVENTS = ("train", "validation")  # the events whose numbers are a run's metrics
+MAX_TAIL_KEYS = 256  # metrics followed per event: a 2,000-key run's per-layer statistics are its own page's
+FOLD_ROWS = 1024  # appended rows folded in as one (metrics × rows) array; more are folded metric by metric
+
+
+class MetricTails:
+    """Per metric of a run (a numeric field of its ``TAIL_EVENTS`` records, the writer's base fields
+    aside), its last, least and greatest finite value in the effective history (no row a later
+    session redid): what the runs table shows of a chosen metric and the sweep page plots, kept
+    beside each run's row so that neither reads a run again.  Like ``LossTrend``, an append by the
+    last session folds in the appended rows only; anything else recomputes, O(rows) in numpy.  The
+    first ``MAX_TAIL_KEYS`` metrics of each event are followed (the writer's own, logged first,
+    among them)."""
+
+    def __init__(self) -> None:
+        self._basis: dict[str, tuple[int, int, int, str]] = {}  # event -> (resets, sessions, rows, last session id)
+        self._tails: dict[str, dict[str, tuple[float, float, float]]] = {}
+
+    def update(self, reader: RunReader, sessions: int) -> dict[str, tuple[float, float, float]]:
+        """``{metric: (last, min, max)}``; a metric both events log is the train record's."""
+        tails: dict[str, tuple[float, float, float]] = {}
+        for event in TAIL_EVENTS:
+            for key, tail in self._event(reader, event, sessions).items():
+                tails.setdefault(key, tail)
+        return tails
+
+    def _event(self, reader: RunReader, event: str, sessions: int) -> dict[str, tuple[float, float, float]]:
+        rows = event_rows(reader, event)
+        basis = self._basis.get(event)
+        if rows == 0:
+            self._basis.pop(event, None)
+            return self._tails.pop(event, {})
+        if basis is not None and basis[:3] == (reader.resets, sessions, rows):
+            return self._tails[event]  # nothing appended to this event
+        grown = (
+            basis is not None
+            and basis[:2] == (reader.resets, sessions)
+            and grown_in_last_session(reader, event, basis[2], basis[3])
+        )
+        start, tails = (basis[2], dict(self._tails[event])) if grown else (0, {})
+        kept = None if grown else ~reader.superseded(event)
+        names, columns = [], []
+        for name in [name for name in reader.fields(event) if name not in BASE_FIELD_ORDER][:MAX_TAIL_KEYS]:
+            column = reader.column(event, name)
+            if column is None or column.kind not in ("int", "float"):  # a string or a bool is no metric
+                tails.pop(name, None)
+            else:
+                names.append(name)
+                columns.append(column.view()[start:rows])
+        if grown and rows - start <= FOLD_ROWS:  # one array for every metric: an append costs O(metrics) in numpy
+            self._fold(tails, names, np.array(columns, dtype=np.float64).reshape(len(names), rows - start))
+        else:
+            for name, values in zip(names, columns, strict=True):
+                values = values.astype(np.float64, copy=False)
+                self._fold(tails, [name], (values if kept is None else values[kept]).reshape(1, -1))
+        self._basis[event] = (reader.resets, sessions, rows, reader.sessions[-1].session_id)
+        self._tails[event] = tails
+        return tails
+
+    @staticmethod
+    def _fold(tails: dict[str, tuple[float, float, float]], names: list[str], block: np.ndarray) -> None:
+        """Fold rows ``block`` (one row of values per metric of ``names``, in file order) into ``tails``."""
+        finite = np.isfinite(block)
+        if not finite.any():
+            return
+        has = finite.any(axis=1)
+        last = block[np.arange(len(names)), block.shape[1] - 1 - np.argmax(finite[:, ::-1], axis=1)]
+        low = np.where(finite, block, np.inf).min(axis=1)
+        high = np.where(finite, block, -np.inf).max(axis=1)
+        for index in np.flatnonzero(has).tolist():
+            name, found = names[index], (float(last[index]), float(low[index]), float(high[index]))
+            before = tails.get(name)
+            tails[name] = found if before is None else (found[0], min(before[1], found[1]), max(before[2], found[2]))
+
+
 def _trend_positions(count: int) -> np.ndarray:
     return np.round(np.arange(TREND_POINTS) * (count - 1) / (TREND_POINTS - 1)).astype(np.int64)
 
@@ -129,8 +207,11 @@ def grown_in_last_session(reader: RunReader, event: str, before: int, last: str)
     return -1 not in codes and all(column.categories[code] == last for code in codes)
 
 
-def runs_table_row(name: str, summary: RunSummary) -> dict[str, Any]:
-    """A run's row of the runs table (ages are filled in per call by ``RunStore.runs page``)."""
+def runs_table_row(
+    name: str, summary: RunSummary, metrics: dict[str, tuple[float, float, float]] | None = None
+) -> dict[str, Any]:
+    """A run's row of the runs table (ages are filled in per call by ``RunStore.runs page``);
+    ``metrics``: ``MetricTails.update``'s."""
     return {
         "run": name,
         "status": summary.status,
@@ -150,6 +231,7 @@ def runs_table_row(name: str, summary: RunSummary) -> dict[str, Any]:
         if summary.started and summary.last_record_time
         else None,
         "loss trend": list(summary.loss_trend),
+        "metrics": metrics or {},
     }
 
 

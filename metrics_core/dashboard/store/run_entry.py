@@ -45,7 +45,14 @@ from typing import Any
 import pandas as pd
 
 from metrics_core.dashboard.display_text import under_root
-from metrics_core.dashboard.store.rows import LossTrend, error_row, event_rows, peek_row, runs_table_row
+from metrics_core.dashboard.store.rows import (
+    LossTrend,
+    MetricTails,
+    error_row,
+    event_rows,
+    peek_row,
+    runs_table_row,
+)
 from metrics_core.dashboard.store.run_config import run_config
 from metrics_core.dashboard.store.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
@@ -104,6 +111,8 @@ class RunEntry:
     built: weakref.ref[RunView] | None = None
     summary: RunSummary | None = None
     trend: LossTrend = field(default_factory=LossTrend)
+    tails: MetricTails = field(default_factory=MetricTails)
+    metrics: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # the row's, from ``tails``
     row: dict[str, Any] | None = None
     row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
@@ -221,7 +230,7 @@ class RunEntry:
         self.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         self.reader, self.released = None, released
         self.view = self.built = self.config_key = None  # data_key stays: a reopen finding it is no change
-        self.lineage, self.trend = Lineage(), LossTrend()
+        self.lineage, self.trend, self.tails = Lineage(), LossTrend(), MetricTails()
         self.ctx.stats["releases"] += 1
 
     def _failed(self, info: RunInfo, exc: Exception) -> RunViewError:
@@ -233,7 +242,7 @@ class RunEntry:
         self.use_cache = False
         self.lineage = Lineage()
         self.view = self.built = self.data_key = self.summary = self.config_key = None
-        self.trend = LossTrend()
+        self.trend, self.tails = LossTrend(), MetricTails()
         self.refreshed_at = float("-inf")
         self.failure, self.failure_stamp = _cause(exc, self.ctx.source), self.ctx.source.stamp(info)
         self.failed_at = self.ctx.clock()
@@ -253,11 +262,12 @@ class RunEntry:
             self.config_key = config_key
         summary = summarise(reader, now=now)
         trend = self.trend.update(reader, summary.sessions)
+        self.metrics = self.tails.update(reader, summary.sessions)
         self._set_summary(replace(summary, config=config, loss_trend=trend))
 
     def _set_summary(self, summary: RunSummary) -> None:
         self.summary = summary
-        self.set_row(runs_table_row(self.name, summary), summary.last_record_time)
+        self.set_row(runs_table_row(self.name, summary, self.metrics), summary.last_record_time)
 
     def set_row(self, row: dict[str, Any], last_record_time: datetime | None = None) -> None:
         """The run's row of the runs table; the store hears of it only if it changed."""

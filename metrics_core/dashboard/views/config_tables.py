@@ -6,7 +6,8 @@ per session, the one record that may nest.  Here:
 * ``view_config`` is a snapshot's config (``store.run_config``: flattened to dotted keys with
   text values, and what changed from one config record to the next), once per snapshot;
 * ``config_table`` and ``changes_table`` show it;
-* ``config_diff`` lines the configs of several runs up, one column per run;
+* ``config_diff`` lines the configs of several runs up, one column per run; ``swept_keys`` names
+  the keys whose values differ between runs (a sweep's axes);
 * ``config_filter`` parses ``key=value`` / ``key!=value`` terms for the runs table.
 
 Keys and values come from files: they are returned as plain strings and shown only through
@@ -171,25 +172,60 @@ def filter_by_config(
     return table[keep.astype(bool)], None
 
 
+def swept_keys(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
+    """The keys whose value (or presence) differs between the runs that have a config, sorted: a
+    sweep's axes (``peak_lr``, ``seed``), without the keys every run shares.  A run without any
+    config (not read yet, or unreadable) is left out, not counted as lacking every key.
+    O(runs × keys)."""
+    present = [config for config in configs if isinstance(config, Mapping) and config]
+    if len(present) < 2:
+        return []
+    return sorted(key for key in key_union(present) if len({config.get(key) for config in present}) > 1)
+
+
 def with_config_columns(
     table: pd.DataFrame, configs: Mapping[str, Mapping[str, str] | None], keys: Sequence[str]
 ) -> pd.DataFrame:
     """The runs table with one text column per chosen config key (empty where a run lacks it);
     a key named like an existing column becomes ``config: key``."""
     columns = {}
+    found = [configs.get(name) or {} for name in table["run"].tolist()]  # a list: iterating a string column is slow
     for key in keys:
         header = key if key not in table.columns and key not in columns else f"config: {key}"
-        values = [_cell((configs.get(name) or {}).get(key), None) for name in table["run"]]
+        values = [_cell(config.get(key), None) for config in found]
         columns[shorten(header, CELL_CHARS)] = pd.Series(values, index=table.index, dtype=object)
     return table.assign(**columns) if columns else table
 
 
-def runs_table(table: pd.DataFrame, *, keys: Sequence[str], config_filter: str) -> tuple[pd.DataFrame, str | None]:
-    """The runs page's table from ``RunStore.runs_table()``: filtered by ``config_filter``, with the
-    chosen config ``keys`` as columns, and without the raw ``config`` column."""
-    configs = {
+MAX_SWEPT_COLUMNS = 12  # swept keys shown by default: a hostile root of 2,000-key configs keeps a table
+
+
+def table_configs(table: pd.DataFrame) -> dict[str, Mapping[str, str] | None]:
+    """Each run's flattened config from the store's runs table (None for a row without one)."""
+    return {
         run: config if isinstance(config, Mapping) else None  # an error row has none
-        for run, config in zip(table["run"], table["config"], strict=True)
+        for run, config in zip(table["run"].tolist(), table["config"].tolist(), strict=True)
     }
+
+
+def column_keys(
+    configs: Mapping[str, Mapping[str, str] | None], runs: Iterable[str], keys: Sequence[str], *, swept: bool
+) -> list[str]:
+    """The config keys shown as columns for ``runs``: the chosen ``keys``, after the first
+    ``MAX_SWEPT_COLUMNS`` keys swept between ``runs`` when ``swept``."""
+    if not swept:
+        return list(keys)
+    varying = swept_keys(configs.get(run) for run in runs)[:MAX_SWEPT_COLUMNS]
+    return [*varying, *(key for key in keys if key not in varying)]
+
+
+def runs_table(
+    table: pd.DataFrame, *, keys: Sequence[str], config_filter: str, swept: bool = False
+) -> tuple[pd.DataFrame, str | None]:
+    """The runs page's table from ``RunStore.runs_table()``: filtered by ``config_filter``, with the
+    config keys of ``column_keys`` as columns, and without the raw ``config`` column.  The runs page
+    itself adds the columns to the page of rows it draws only (``runs_table_view.runs_page_view``)."""
+    configs = table_configs(table)
     shown, error = filter_by_config(table, configs, config_filter)
+    keys = column_keys(configs, shown["run"].tolist(), keys, swept=swept)
     return with_config_columns(shown.drop(columns="config"), configs, keys), error

@@ -156,10 +156,11 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     shown["error"] = [
         _cell_text(error if isinstance(error, str) else why) for error, why in zip(table["error"], reason, strict=True)
     ]
+    # Config keys and a metric's values next to the run: a sweep's settings and results side by side.
     extra = [column for column in table.columns if column not in RUNS_TABLE_KNOWN]
     for column in extra:
         shown[column] = table[column]
-    return shown.reset_index(drop=True)
+    return shown[["run", "status", *extra, *shown.columns[2 : len(shown.columns) - len(extra)]]].reset_index(drop=True)
 
 
 def _cell_text(text: object) -> str:
