@@ -10,6 +10,7 @@ from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import config_diff_panel
 from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.settings import get_store, settings
+from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
 from metrics_core.dashboard.views.compare import compare_metrics
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.runs_table import filter_runs
@@ -29,7 +30,7 @@ if unknown:
         + (f" and {len(unknown) - 5} more" if len(unknown) > 5 else "")
     )
 with st.sidebar:
-    pattern = st.text_input("Filter runs (regular expression)", key="compare_filter")
+    pattern = st.text_input("Filter runs", key="compare_filter", help=RUN_FILTER_HELP, max_chars=FILTER_MAX_CHARS)
     shown, error = filter_runs(pd.DataFrame({"run": names}), pattern)
     if error:
         st.error(md_text(error))

@@ -27,6 +27,7 @@ from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.runs_table_view import column_controls, runs_page_view, runs_table_view
 from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
+from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
 from metrics_core.dashboard.widgets import runs_table_or_stop
 
 config = settings()
@@ -74,7 +75,9 @@ if table.empty:
         st.rerun()
     st.stop()
 by_name, by_config = st.columns(2)
-by_name.text_input("Filter runs (regular expression)", key="run_filter", placeholder="e.g. ^llama.*lr3e-4")
+by_name.text_input(
+    "Filter runs", key="run_filter", placeholder="e.g. ^llama*lr3e-4", help=RUN_FILTER_HELP, max_chars=FILTER_MAX_CHARS
+)
 by_config.text_input(
     "Filter by config",
     key="config_filter",

@@ -17,6 +17,7 @@ from urllib.parse import quote, unquote
 import orjson
 import pytest
 
+from metrics_core.dashboard.views.chart_filter import chart_filter
 from metrics_core.testing.live_server import GRAPH_JS, GRID_JS, popover_text, streamlit_server, wait_until
 from metrics_core.text import fit_middle
 from tests.support import REPO, append_bytes, append_records, base_record, without_permission_override
@@ -153,10 +154,10 @@ def runs_table_rows(page: object, pattern: str, read: int | None = None) -> dict
     """The runs table's rows (by run name) after filtering by ``pattern``, read from the grid's cells;
     with ``read``, once no row's cell in that column is still "—" (the store lists a run at once and
     fills in what needs the whole file, such as its bad lines, as its loader reads it)."""
-    box = page.get_by_label("Filter runs (regular expression)")
+    box = page.get_by_label("Filter runs")
     box.fill(pattern)
     box.press("Enter")
-    regex = re.compile(pattern)
+    kept = chart_filter(pattern)
 
     def rows() -> dict[str, list[str]] | None:
         cells = page.evaluate(
@@ -165,7 +166,7 @@ def runs_table_rows(page: object, pattern: str, read: int | None = None) -> dict
         )
         table = {unquote(row[0].removeprefix("run?run=")): row for row in cells if row}
         settled = read is None or all(row[read] != "—" for row in table.values())
-        return table if table and settled and all(regex.search(name) for name in table) else None
+        return table if table and settled and all(kept.keeps(name) for name in table) else None
 
     return wait_until(page, rows, timeout=30)
 
@@ -226,7 +227,7 @@ def test_overview_names_what_it_cannot_read_beside_every_run_and_no_server_path(
     expected = [*UNREADABLE, *NORMAL, LOCKED_FILE]
 
     def table() -> dict[str, list[str]] | None:
-        rows = runs_table_rows(page, "^(normal-|link-|locked-)")
+        rows = runs_table_rows(page, "^normal-|^link-|^locked-")
         settled = sorted(rows) == sorted(expected) and rows[LOCKED_FILE][status] != "loading"
         return rows if settled else None
 

@@ -1,10 +1,11 @@
-"""The run page's chart filter: which charts a typed pattern keeps, in time linear in the text.
+"""Name filters: which charts (the run page) or runs (the runs and compare pages) a typed pattern
+keeps, in time linear in the text.
 
-The filter comes from a text box and from the query of the server's routes (``/api/csv``,
-``/api/changes``), so anyone who can reach the server chooses it.  A regular expression there let
-one request hold the interpreter for ever (``(.|.|.|.)*!`` backtracks exponentially on a title of
-a few dozen characters).  So the pattern is not a regular expression but a kind that cannot
-backtrack:
+The chart filter comes from a text box and from the query of the server's routes (``/api/csv``,
+``/api/changes``), so anyone who can reach the server chooses it; the runs' from a text box.  A
+regular expression there let one request hold the interpreter for ever (``(.|.|.|.)*!``
+backtracks exponentially on a title of a few dozen characters).  So the pattern is not a regular
+expression but a kind that cannot backtrack:
 
 * ``|`` separates alternatives; a chart is kept when any of them matches its title or key;
 * an alternative is literal text, compared ignoring case, in which ``*`` stands for any run of
@@ -28,6 +29,11 @@ FILTER_HELP = (
     "Charts whose title or key contains the text, ignoring case. `|` separates alternatives, "
     "`*` stands for any text, `^` and `$` pin an alternative to the start or the end of the name "
     "(e.g. `loss|val/` or `^sys/gpu*mem`). Every other character stands for itself."
+)
+RUN_FILTER_HELP = (
+    "Runs whose name contains the text, ignoring case. `|` separates alternatives, `*` stands for "
+    "any text, `^` and `$` pin an alternative to the start or the end of the name "
+    "(e.g. `^llama*lr3e-4|baseline`). Every other character stands for itself."
 )
 
 
@@ -78,17 +84,17 @@ class ChartFilter:
         return any(alternative.matches(name) for alternative in self.alternatives for name in lowered)
 
 
-def filter_error(pattern: str) -> str | None:
-    """Why ``pattern`` is refused as a chart filter, or None when it is usable."""
+def filter_error(pattern: str, what: str = "chart filter") -> str | None:
+    """Why ``pattern`` is refused as a ``what``, or None when it is usable."""
     if len(pattern) > FILTER_MAX_CHARS:
-        return f"The chart filter is {len(pattern)} characters long; at most {FILTER_MAX_CHARS} are allowed."
+        return f"The {what} is {len(pattern)} characters long; at most {FILTER_MAX_CHARS} are allowed."
     return None
 
 
-def chart_filter(pattern: str) -> ChartFilter:
-    """``pattern`` parsed (see the module docstring); ``ValueError`` (``filter_error``'s words)
-    for a refused one."""
-    if error := filter_error(pattern):
+def chart_filter(pattern: str, what: str = "chart filter") -> ChartFilter:
+    """``pattern`` parsed (see the module docstring); ``ValueError`` (``filter_error``'s words,
+    naming it a ``what``) for a refused one."""
+    if error := filter_error(pattern, what):
         raise ValueError(error)
     alternatives = []
     for text in pattern.lower().split("|"):

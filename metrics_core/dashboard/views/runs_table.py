@@ -4,7 +4,6 @@ runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
-import re
 from datetime import datetime as _datetime
 from urllib.parse import quote
 
@@ -17,22 +16,23 @@ from metrics_core.dashboard.display_text import (
     clock_text,
     human_count,
     human_value,
-    shorten,
     shorten_words,
 )
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, TREND_POINTS
+from metrics_core.dashboard.views.chart_filter import chart_filter
 
 
 def filter_runs(table: pd.DataFrame, pattern: str) -> tuple[pd.DataFrame, str | None]:
-    """Rows whose run name matches ``pattern`` (a regex, searched); an invalid one filters nothing
-    and comes back as an error message saying why (plain text: the page escapes it)."""
+    """Rows whose run name matches ``pattern`` (a name filter, ``chart_filter``: no pattern can
+    stall the server); a refused one filters nothing and comes back as an error message saying why
+    (plain text: the page escapes it)."""
     if not pattern:
         return table, None
     try:
-        regex = re.compile(pattern)
-    except re.error as exc:
-        return table, f"Invalid regular expression {shorten(pattern)!r}: {exc}. Showing all runs."
-    return table[table["run"].map(lambda name: bool(regex.search(name)))], None
+        kept = chart_filter(pattern, "run filter")
+    except ValueError as exc:
+        return table, f"{exc} Showing all runs."
+    return table[table["run"].map(kept.keeps)], None
 
 
 def run_link(name: str, page: str = "run") -> str:
