@@ -70,6 +70,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,18 +78,20 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, unreadable_row
-from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
+from metrics_core.dashboard.store.run_entry import EntryContext, Reading, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.run_reader import RunReader, return_memory_to_os
+from metrics_core.read.columns import return_memory_to_os
+from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.locations import LIST_INTERVAL_S
 from metrics_core.roots.runs_root import RunsRoot, open_root
 
-__all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
+__all__ = ["Reading", "RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
 
 T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
@@ -160,15 +163,20 @@ class RunStore:
             "releases": 0,
             "reopens": 0,
             "resolves": 0,
+            "cache_saves": 0,
+            "prepared": 0,
         }
+        self.saver = CacheSaver(self.stats)
+        self._preparing: set[str] = set()  # runs a ``prepare`` thread is reading
         self._context = EntryContext(
             source=self.source,
-            cache=cache,
+            cache=None if cache is None else replace(cache, save_inline=False),  # saved by ``saver``'s thread
             safety_interval=safety_interval,
             idle_s=idle_s,
             clock=clock,
             stats=self.stats,
             row_changed=self._row_changed,
+            save_later=self.saver.submit,
         )
         self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
             size=self.source.size,
@@ -184,6 +192,7 @@ class RunStore:
         each under its run's lock: a reader saves its cache on close, and must not while another
         thread is reading into it."""
         self.loader.close()
+        self.saver.close()
         self.source.close()
         with self._lock:
             entries = list(self._entries.values())
@@ -236,16 +245,47 @@ class RunStore:
         info = self._resolve(name)
         with self._lock:
             self._take_hints()
-        entry = self._entry(info)
-        with self._lock:
-            entry.viewed_at = self._clock()
-            self._viewed[info.name] = entry
-            self._viewed.move_to_end(info.name)
+        entry = self._viewed_entry(info)
         try:
             return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
             self._trim_viewed(keep=entry)
             self._return_memory()
+
+    def _viewed_entry(self, info: RunInfo) -> RunEntry:
+        entry = self._entry(info)
+        with self._lock:
+            entry.viewed_at = self._clock()
+            self._viewed[info.name] = entry
+            self._viewed.move_to_end(info.name)
+        return entry
+
+    def prepare(self, name: str) -> Reading | None:
+        """Whether ``view(name)`` would wait for a read, found without waiting: None if not; else
+        how far the read has come, or why it failed, with a read of the run started on a thread of
+        its own if none is under way, so a page shows the read's progress instead of waiting blind
+        and calls ``view`` once this says None.  Raises as ``view`` for a name that is no run."""
+        info = self._resolve(name)
+        entry = self._entry(info)
+        reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
+        with self._lock:
+            start = start and info.name not in self._preparing
+            if start:
+                self._preparing.add(info.name)
+        if start:
+            self._viewed_entry(info)  # asked for by a page: not released as idle before it is shown
+            threading.Thread(target=self._prepare, args=(entry, info), name="RunStore prepare", daemon=True).start()
+        return reading
+
+    def _prepare(self, entry: RunEntry, info: RunInfo) -> None:
+        try:
+            entry.snapshot(info, datetime.now(timezone.utc))
+            self.stats["prepared"] += 1
+        except Exception:  # the entry keeps why (``failure``): the next ``prepare`` says it
+            pass
+        finally:
+            with self._lock:
+                self._preparing.discard(info.name)
 
     def _return_memory(self) -> None:
         """Give freed memory back to the OS at most once per ``TRIM_S``: a live page's snapshots,
@@ -383,9 +423,15 @@ class RunStore:
         self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
     ) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
+        reading = [entry.progress() for entry in entries]
+        if any(progress is not None for progress in reading):
+            self._row_changed()  # the progress moves: rebuilt per call while a run is read
         key, cached = self.runs_table_generation(), self._table
         if cached is None or cached[0] != key:
-            rows = [entry.row for entry in entries] + [unreadable_row(bad) for bad in unreadable]
+            rows = [
+                {**(entry.row or {"run": entry.name, "status": "loading"}), "progress": progress and progress.text()}
+                for entry, progress in zip(entries, reading, strict=True)
+            ] + [unreadable_row(bad) for bad in unreadable]
             table = pd.DataFrame(rows, columns=list(RUNS_TABLE_COLUMNS))
             times = np.array(
                 [_epoch_s(entry.row_time) for entry in entries] + [np.nan] * len(unreadable), dtype=np.float64
