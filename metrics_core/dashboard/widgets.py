@@ -22,8 +22,9 @@ from metrics_core.dashboard.display_text import TITLE_CHARS, WORD_CHARS, md_text
 from metrics_core.dashboard.figures.layout import THEMES
 from metrics_core.dashboard.live.chart_component import LOADER_KEY
 from metrics_core.dashboard.panels import PANELS_KEY, SESSION_KEY_KEY
-from metrics_core.dashboard.store.run_store import Reading, RunStore, RunView
+from metrics_core.dashboard.store.run_store import RunStore, RunView
 from metrics_core.errors import MetricsError, RunPathError
+from metrics_core.read.read_progress import ReadProgress
 
 _THEME_READ = "_metrics_theme_read"  # st.session_state: a script run of this session has read the theme
 STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
@@ -93,16 +94,13 @@ PROGRESS_S = 0.5  # the longest between two draws of a read's progress
 _READING = "_metrics_reading"  # st.session_state: the runs ``views_or_warn`` last drew as being read
 
 
-def show_reading(name: str, reading: Reading) -> None:
-    """How far the read of run ``name`` has come, as a progress bar with bytes read of the file's
-    size, the rate and the time left; or why the read failed, in the same place."""
+def show_reading(name: str, progress: ReadProgress) -> None:
+    """How far the read of run ``name`` has come: a progress bar with bytes read of the file's
+    size, the rate and the time left.  A read that fails is said by the page's next ``view`` call
+    (``view_or_stop``, ``views_or_warn``), where this bar was."""
     with st.container(key=f"{READING_KEY}_{abs(hash(name))}"):
-        if reading.failure is not None:
-            st.error(f"Cannot read run {name_text(name)}: {md_text(shorten_words(reading.failure))}")
-        elif reading.progress is not None:
-            progress = reading.progress
-            what = progress.text() if progress.total else "opening its file"
-            st.progress(progress.fraction, text=f"Reading run {name_text(name)}: {what}")
+        what = progress.text() if progress.total else "opening its file"
+        st.progress(progress.fraction, text=f"Reading run {name_text(name)}: {what}")
 
 
 def wait_for_read(store: RunStore, name: str, *, title: str, refresh: float) -> None:

@@ -86,14 +86,6 @@ class EntryContext:
     save_later: Callable[[Hashable, Callable[[], None]], None]  # a job for the store's cache saver
 
 
-@dataclass(frozen=True, slots=True)
-class Reading:
-    """A run a snapshot would wait for: how far its read has come, or why it failed."""
-
-    progress: ReadProgress | None
-    failure: str | None = None
-
-
 @dataclass
 class RunEntry:
     """One run's reader, summary, row and snapshot; see the module docstring."""
@@ -131,21 +123,18 @@ class RunEntry:
         reader = self.reader
         return 0 if reader is None else reader.records
 
-    def reading(self, info: RunInfo, *, caller_bytes: int) -> tuple[Reading | None, bool]:
+    def reading(self, info: RunInfo, *, caller_bytes: int) -> tuple[ReadProgress | None, bool]:
         """Whether a snapshot would wait for a read, found without waiting: None if not (the run
-        is read and held, or its file holds at most ``caller_bytes``), else how far the read has
-        come or why it failed; and whether a read must be started (none is under way).  O(1), plus
-        one ``size`` for a run not held."""
+        is read and held, its file holds at most ``caller_bytes``, or its last read failed: a
+        snapshot says why at once), else how far the read has come; and whether a read must be
+        started (none is under way).  O(1), plus one ``size`` for a run not held."""
         if not self.lock.acquire(blocking=False):
-            progress = self.progress()  # None: the lock is held briefly (a refresh, a snapshot of a read run)
-            return (None if progress is None else Reading(progress)), False
+            return self.progress(), False  # None: the lock is held briefly (a refresh, a snapshot of a read run)
         try:
-            if self.failure is not None:
-                return Reading(None, self.failure), True
-            if self.reader is not None and self.summary is not None:
+            if self.failure is not None or (self.reader is not None and self.summary is not None):
                 return None, False
             size = self.ctx.source.size(info)
-            return (None, False) if size <= caller_bytes else (Reading(ReadProgress(0, size, 0.0)), True)
+            return (None, False) if size <= caller_bytes else (ReadProgress(0, size, 0.0), True)
         finally:
             self.lock.release()
 

@@ -81,17 +81,18 @@ import pandas as pd
 from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, unreadable_row
-from metrics_core.dashboard.store.run_entry import EntryContext, Reading, RunEntry, RunViewError
+from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.columns import return_memory_to_os
+from metrics_core.read.read_progress import ReadProgress
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.locations import LIST_INTERVAL_S
 from metrics_core.roots.runs_root import RunsRoot, open_root
 
-__all__ = ["Reading", "RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
+__all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
 
 T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
@@ -260,11 +261,12 @@ class RunStore:
             self._viewed.move_to_end(info.name)
         return entry
 
-    def prepare(self, name: str) -> Reading | None:
+    def prepare(self, name: str) -> ReadProgress | None:
         """Whether ``view(name)`` would wait for a read, found without waiting: None if not; else
-        how far the read has come, or why it failed, with a read of the run started on a thread of
-        its own if none is under way, so a page shows the read's progress instead of waiting blind
-        and calls ``view`` once this says None.  Raises as ``view`` for a name that is no run."""
+        how far the read has come, with a read of the run started on a thread of its own if none is
+        under way, so a page shows the read's progress instead of waiting blind and calls ``view``
+        once this says None (which says why, if the read failed).  Raises as ``view`` for a name
+        that is no run."""
         info = self._resolve(name)
         entry = self._entry(info)
         reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
@@ -281,7 +283,7 @@ class RunStore:
         try:
             entry.snapshot(info, datetime.now(timezone.utc))
             self.stats["prepared"] += 1
-        except Exception:  # the entry keeps why (``failure``): the next ``prepare`` says it
+        except Exception:  # the entry keeps why (``failure``): the page's ``view`` says it
             pass
         finally:
             with self._lock:
