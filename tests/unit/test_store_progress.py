@@ -92,7 +92,7 @@ def test_cache_saves_are_written_by_the_saver_thread_never_in_a_view(tmp_path: P
     runs = tmp_path / "runs"
     path = runs / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 2001)))
-    store = RunStore(runs, cache=policy, safety_interval=0)
+    store = RunStore(runs, cache=policy, safety_interval=0, saver_delay_s=0)
     try:
         store.view("r")  # the cold parse: its save is due
         eventually(lambda: store.stats["cache_saves"] == 1)

@@ -8,8 +8,11 @@ takes what to write under the run's lock (O(columns + sessions): views of the ro
 without the lock, so no page waits for the disk.
 
 A run is queued at most once at a time (its key), so a live run that stays due for a few refreshes
-costs one save; the queue is bounded by the runs of the root.  ``close`` writes what is queued,
-then stops the thread: a server stopped right after a cold parse keeps the cache it paid for.
+costs one save; the queue is bounded by the runs of the root.  The thread waits ``delay_s`` before
+it takes a batch of jobs: a save is for the next start, and the one due after a cold parse would
+otherwise take a core from the page drawing that run's first charts.  ``close`` writes what is
+queued at once, then stops the thread: a server stopped right after a cold parse keeps the cache
+it paid for.
 """
 
 from __future__ import annotations
@@ -25,8 +28,10 @@ _log = logging.getLogger(__name__)
 class CacheSaver:
     """Jobs by key, run in order by one daemon thread started on demand; thread-safe."""
 
-    def __init__(self, stats: dict[str, int]) -> None:
+    def __init__(self, stats: dict[str, int], *, delay_s: float) -> None:
         self._stats = stats
+        self.delay_s = delay_s
+        self._closing = threading.Event()  # cuts the delay short
         self._lock = threading.Lock()
         self._jobs: OrderedDict[Hashable, Callable[[], None]] = OrderedDict()
         self._thread: threading.Thread | None = None
@@ -47,11 +52,14 @@ class CacheSaver:
         with self._lock:
             self._closed = True
             thread = self._thread
+        self._closing.set()
         if thread is not None:
             thread.join()
 
     def _run(self) -> None:
-        """Take jobs until none is left; the thread ends then (the next ``submit`` starts another)."""
+        """After ``delay_s``, take jobs until none is left; the thread ends then (the next ``submit``
+        starts another)."""
+        self._closing.wait(self.delay_s)
         while True:
             with self._lock:
                 if not self._jobs:

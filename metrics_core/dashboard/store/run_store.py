@@ -101,6 +101,7 @@ IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "op
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
+SAVER_DELAY_S = 10.0  # a cache save waits this long: a page drawing the run's first charts goes first
 
 
 class RunStore:
@@ -115,6 +116,7 @@ class RunStore:
         safety_interval: float = 2.0,
         load_budget_s: float = 0.1,
         loader_delay_s: float = 1.0,
+        saver_delay_s: float = SAVER_DELAY_S,
         cache: CachePolicy | None = None,
         idle_s: float = IDLE_S,
         recent_s: float = RECENT_S,
@@ -127,6 +129,7 @@ class RunStore:
         reopens them at a few percent of a cold parse (``metrics_core.read.column_cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
         it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
+        ``saver_delay_s``: how long a cache save waits, so the pages draw first (``cache_saver``).
         ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
         "Memory")."""
         self.source = (
@@ -167,7 +170,7 @@ class RunStore:
             "cache_saves": 0,
             "prepared": 0,
         }
-        self.saver = CacheSaver(self.stats)
+        self.saver = CacheSaver(self.stats, delay_s=saver_delay_s)
         self._preparing: set[str] = set()  # runs a ``prepare`` thread is reading
         self._context = EntryContext(
             source=self.source,
@@ -262,11 +265,9 @@ class RunStore:
         return entry
 
     def prepare(self, name: str) -> ReadProgress | None:
-        """Whether ``view(name)`` would wait for a read, found without waiting: None if not; else
-        how far the read has come, with a read of the run started on a thread of its own if none is
-        under way, so a page shows the read's progress instead of waiting blind and calls ``view``
-        once this says None (which says why, if the read failed).  Raises as ``view`` for a name
-        that is no run."""
+        """Whether ``view(name)`` would wait for a read, without waiting: None if not, else how far
+        the read (started on a thread of its own if none is under way) has come: a page shows that,
+        then calls ``view`` once this says None (which says why a read failed).  Raises as ``view``."""
         info = self._resolve(name)
         entry = self._entry(info)
         reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
