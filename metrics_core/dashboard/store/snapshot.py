@@ -5,7 +5,9 @@ replay masks, sessions, ingest health, lost work); given the previous snapshot o
 it extends what a live append left unchanged instead of recomputing it: the events that got no
 record keep their columns (and the frames built from them) and masks, those that did get the
 reader's new columns (O(columns + new rows)) and masks extended in buffers the ``Lineage`` keeps.
-Anything else (a new session, a reset) is built from scratch.
+Anything else (a new session, a reset) is built from scratch.  The train records' throughput
+(``tokens_per_s``, unless the run logs its own) is the snapshot's own column, extended the same
+way: the charts, the compare page and the session overlay read it instead of recomputing it.
 
 A frame is built only when asked for, of only the fields asked for (``EventColumns``): a page
 draws a few of the keys a run logs, and a frame of all of them per snapshot costs O(fields)
