@@ -60,7 +60,7 @@ def chart() -> None:
     if not picked:
         st.info("Pick one or more runs to compare in the sidebar.")
         return
-    views = views_or_warn(store, picked)
+    views = views_or_warn(store, picked, progress=True)  # a run still being read: its progress
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     columns = st.columns(2)
     for number, metric in enumerate(metrics):

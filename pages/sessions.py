@@ -18,7 +18,7 @@ from metrics_core.text import MISSING
 config = settings()
 store = get_store(config)
 load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js while the rest arrives
-name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
+name = run_or_pick(store, refresh=config.refresh, title="Sessions of {}").name  # as resolved: "a/./b" is "a/b"
 st.title(f"Sessions of {md_text(shorten(name))}")
 st.page_link("pages/run.py", label="Back to the run's charts", icon=":material/arrow_back:", query_params={"run": name})
 x = st.segmented_control("Align on", ["step", "tokens_seen"], default="step", key="align") or "step"

@@ -23,6 +23,22 @@ def tokens_per_second(frame: pd.DataFrame) -> pd.Series:
     return rate.where(np.isfinite(rate))
 
 
+def tokens_per_second_rows(tokens: np.ndarray, times_ns: np.ndarray, sessions: np.ndarray) -> np.ndarray:
+    """``tokens_per_second`` over plain columns (tokens seen and times in ns as float64, NaN where
+    missing; session codes) whose sessions are contiguous, as a run file's are: each row against
+    the row before it, so the values of appended rows need only the row before them.  NaN at row 0,
+    at a session's first row and wherever time did not advance.  O(rows given), vectorised."""
+    rate = np.full(len(tokens), np.nan)
+    if len(tokens) < 2:
+        return rate
+    with np.errstate(divide="ignore", invalid="ignore"):
+        seconds = np.diff(times_ns) / 1e9
+        step = np.diff(tokens) / np.where(seconds > 0, seconds, np.nan)
+    step[(sessions[1:] != sessions[:-1]) | ~np.isfinite(step)] = np.nan
+    rate[1:] = step
+    return rate
+
+
 def weighted_loss(frame: pd.DataFrame, column: str = "train_loss") -> float | None:
     """Token-weighted mean of ``column`` over rows with a finite value (plain mean without tokens)."""
     if column not in frame.columns or frame.empty:

@@ -24,6 +24,7 @@ from metrics_core.dashboard.live.chart_component import LOADER_KEY
 from metrics_core.dashboard.panels import PANELS_KEY, SESSION_KEY_KEY
 from metrics_core.dashboard.store.run_store import RunStore, RunView
 from metrics_core.errors import MetricsError, RunPathError
+from metrics_core.read.read_progress import ReadProgress
 
 _THEME_READ = "_metrics_theme_read"  # st.session_state: a script run of this session has read the theme
 STORE_ERRORS = (MetricsError, OSError)  # what a store call can foresee; anything else is a bug
@@ -88,13 +89,58 @@ def reason_text(exc: BaseException, root: Path) -> str:
     return md_text(shorten_words(under_root(" ".join(str(exc).split()) or type(exc).__name__, root)))
 
 
-def view_or_stop(store: RunStore, name: str, *, refresh: float) -> RunView:
+READING_KEY = "run_reading"  # the container of a run's read progress (``show_reading``)
+PROGRESS_S = 0.5  # the longest between two draws of a read's progress
+_READING = "_metrics_reading"  # st.session_state: the runs ``views_or_warn`` last drew as being read
+
+
+def show_reading(name: str, progress: ReadProgress) -> None:
+    """How far the read of run ``name`` has come: a progress bar with bytes read of the file's
+    size, the rate and the time left.  A read that fails is said by the page's next ``view`` call
+    (``view_or_stop``, ``views_or_warn``), where this bar was."""
+    with st.container(key=f"{READING_KEY}_{abs(hash(name))}"):
+        what = progress.text() if progress.total else "opening its file"
+        st.progress(progress.fraction, text=f"Reading run {name_text(name)}: {what}")
+
+
+def wait_for_read(store: RunStore, name: str, *, title: str, refresh: float) -> None:
+    """Return at once unless showing run ``name`` would wait for a read (a big run not read yet,
+    or being read by the store's loader); then draw the page's ``title`` (markdown) and the read's
+    progress, moving every ``PROGRESS_S`` at most, until the run can be shown, rerun the page then,
+    and stop the script here: a page never waits blind.  The read runs beside the page
+    (``RunStore.prepare``), so closing the tab costs it nothing."""
+    try:
+        reading = store.prepare(name)
+    except STORE_ERRORS:
+        return  # no such run, or refused: the page's own call says why
+    if reading is None:
+        return
+    st.title(title, wrap=False)
+
+    @st.fragment(run_every=min(refresh, PROGRESS_S))
+    def progress() -> None:
+        try:
+            now = store.prepare(name)
+        except STORE_ERRORS:
+            now = None  # the page's own call says why
+        if now is None:
+            st.rerun()
+        show_reading(name, now)
+
+    progress()
+    st.stop()
+
+
+def view_or_stop(store: RunStore, name: str, *, refresh: float, title: str = "{}") -> RunView:
     """The run's view, or a clear message and a stopped page.
 
-    A name that escapes the runs root is refused for good.  A run that does not exist (yet: a
-    link opened before the trainer wrote its first record), or cannot be read right now, is
-    re-checked every ``refresh`` seconds and the page reloads itself when it can be shown.
+    A run being read shows ``title`` (a format string given the run's name as markdown) and the
+    read's progress until it can be shown (``wait_for_read``).  A name that escapes the runs root
+    is refused for good.  A run that does not exist (yet: a link opened before the trainer wrote
+    its first record), or cannot be read right now, is re-checked every ``refresh`` seconds and
+    the page reloads itself when it can be shown.
     """
+    wait_for_read(store, name, title=title.format(md_text(shorten(name))), refresh=refresh)
     try:
         return store.view(name)
     except STORE_ERRORS as exc:
@@ -131,12 +177,13 @@ def page_theme() -> str:
     return kind if kind in THEMES else "light"
 
 
-def run_or_pick(store: RunStore, *, refresh: float) -> RunView:
-    """The view of the run named by ``?run=``; with no run named (the page opened from the top
-    bar), a picker of the runs that sets the parameter, and a stopped page until one is chosen."""
+def run_or_pick(store: RunStore, *, refresh: float, title: str = "{}") -> RunView:
+    """The view of the run named by ``?run=`` (``view_or_stop``: ``title`` while it is read); with
+    no run named (the page opened from the top bar), a picker of the runs that sets the parameter,
+    and a stopped page until one is chosen."""
     name = st.query_params.get("run", "")
     if name:
-        return view_or_stop(store, name, refresh=refresh)
+        return view_or_stop(store, name, refresh=refresh, title=title)
     names = run_names_or_stop(store)
     if not names:
         st.info("No runs under the root yet.")
@@ -203,14 +250,27 @@ def run_names_or_stop(store: RunStore) -> list[str]:
         raise  # unreachable: st.stop() ends the script
 
 
-def views_or_warn(store: RunStore, names: Sequence[str]) -> dict[str, RunView]:
-    """Views of the runs that can be shown; a warning names each one that cannot."""
-    views = {}
+def views_or_warn(store: RunStore, names: Sequence[str], *, progress: bool = False) -> dict[str, RunView]:
+    """Views of the runs that can be shown; a warning names each one that cannot.  A run still
+    being read is left out, never waited for (its read goes on beside the page: ``RunStore.prepare``);
+    with ``progress`` (in a live fragment) its read's progress is drawn instead, and the page
+    reruns once a run so drawn can be shown, so that what the page offers of it (its keys) joins."""
+    views, reading = {}, set()
     for name in names:
         try:
-            views[name] = store.view(name)
+            found = store.prepare(name)
+            if found is None:
+                views[name] = store.view(name)
+            elif progress:
+                show_reading(name, found)
+                reading.add(name)
         except STORE_ERRORS as exc:
             st.warning(f"Skipping run {name_text(name)}: {reason_text(exc, store.root)}")
+    if progress:
+        read = st.session_state.get(_READING, set()) & views.keys()
+        st.session_state[_READING] = reading
+        if read:
+            st.rerun()
     return views
 
 

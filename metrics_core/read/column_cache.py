@@ -31,7 +31,11 @@ Contract
 When the reader saves (``CachePolicy``): after a refresh that parsed at least ``min_records``
 records from a cold start (a parse worth skipping next time), then after later refreshes at most
 once per ``interval_s`` seconds while the run grows (so a restart replays at most that much of a
-live run), and on ``close()`` when anything was parsed since the last save.
+live run), and on ``close()`` when anything was parsed since the last save.  With ``save_inline``
+off, a refresh only says a save is due, and the reader's owner writes it on a thread of its own
+(the dashboard's store: a page's refresh never pays for a save): ``PendingSave`` is what a save
+writes, taken in O(columns + sessions) as views of the rows (rows are never changed once written),
+so the write runs while the reader keeps reading.
 
 Cost: a save writes about the resident column bytes; a load reads them once, into buffers that
 become the columns' rows, and checks the CRC over them (``benchmarks/bench_reader.py`` measures both).
@@ -83,6 +87,7 @@ class CachePolicy:
     interval_s: float = 300.0
     max_file_bytes: int = 2 << 30
     max_total_bytes: int = 16 << 30
+    save_inline: bool = True  # False: a refresh only marks a save due (``RunReader.cache_due``), its owner writes it
     clock: Callable[[], float] = field(default=time.monotonic, compare=False)
 
     def path_for(self, key: str) -> Path:
@@ -102,6 +107,36 @@ class CachedParse:
     bad_line_samples: tuple[BadLine, ...]
     schema_versions: dict[int, int]
     tables: dict[str, Table]
+
+
+@dataclass(frozen=True, slots=True)
+class PendingSave:
+    """A save taken from a reader (``RunReader.capture_cache``), to be written by any thread."""
+
+    policy: CachePolicy
+    key: str
+    parse: CachedParse
+
+    def write(self) -> bool:
+        """``save`` it; False (no exception) if it cannot be written."""
+        return save(self.policy, self.key, self.parse)
+
+
+def frozen_tables(tables: Mapping[str, Table]) -> dict[str, Table]:
+    """``tables`` as they stand, sharing their rows: O(columns).  The reader may append to the
+    originals meanwhile (into the same buffers past these rows, or grown copies), never change a
+    row, so what this returns stays as it was."""
+    frozen = {}
+    for event, table in tables.items():
+        copy = frozen[event] = Table()
+        copy.size = table.size
+        for name, column in table.columns.items():
+            copy.columns[name] = (
+                Column("null", column.size)
+                if column.kind == "null"
+                else Column.restore(column.kind, column.view(), list(column.categories))
+            )
+    return frozen
 
 
 def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:

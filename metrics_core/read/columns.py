@@ -27,6 +27,8 @@ and keep the result (``Derived``), so a frame after an append costs O(appended r
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 from collections.abc import Callable, Sequence
 from functools import partial
 from typing import Any
@@ -427,3 +429,14 @@ def chunks_of(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
         keys.update(dict.fromkeys(row))
     del keys["event"]
     return {key: chunk_from_pylist([row.get(key) for row in rows]) for key in keys}
+
+
+def return_memory_to_os() -> None:
+    """Give back freed memory: pyarrow's pool and glibc both keep it for reuse, which after a cold
+    load of a large run is several times the data kept, and which a long-lived process that
+    allocates arrays of ever larger sizes (a live run's) fragments into pages it never returns."""
+    import pyarrow as pa
+
+    pa.default_memory_pool().release_unused()
+    with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
+        ctypes.CDLL(None).malloc_trim(0)

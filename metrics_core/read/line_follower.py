@@ -105,6 +105,7 @@ class LineFollower:
 
     def _reset(self, offset: int, line: int | None) -> None:
         self.offset, self.line = offset, line
+        self.target = offset  # the file's size as the current (or last) ``follow`` found it: what it reads up to
         self.pending_bytes = 0
         self._stat: FileStat | None = None
         self._scanned = 0  # bytes after offset known to hold no newline: not scanned again
@@ -172,7 +173,7 @@ class LineFollower:
         else:
             self.open()
             size = self.file.size()  # the file opened now, which may be newer than the stat
-        self._stat = stat
+        self._stat, self.target = stat, size
         if self._scanned and (
             size < self.offset + self._scanned
             or self.file.read(self.offset, len(self._pending_head)) != self._pending_head

@@ -31,8 +31,6 @@ are contiguous and an earlier session's records never change once a later sessio
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import math
 import os
 from pathlib import Path
@@ -45,13 +43,13 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read import column_cache as cache
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, event_rows
+from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, event_rows, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import AccountedSessions, EventRows
+from metrics_core.read.session_accounting import AccountedSessions, EventRows, SessionLog
 from metrics_core.read.session_model import LostWork, Progress, Session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
@@ -89,6 +87,7 @@ class RunReader(FollowedLog, AccountedSessions):
         self.cache = cache
         self._cache_saved_at: float | None = None  # clock of the last save or load, None: never
         self._cache_lines = 0  # lines the cache file holds
+        self.cache_due = False  # a save is due and the policy leaves it to the owner (``capture_cache``)
         self.served_from_cache = False  # the last (re)open restored the parse from the cache
         self._restored: tuple[int, int] | None = None  # (records, lines) a refresh's open restored
         self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes, on_open=self._load_cache)
@@ -110,9 +109,16 @@ class RunReader(FollowedLog, AccountedSessions):
         that changes it); None before the first."""
         return self._follower.read_identity
 
+    @property
+    def read_position(self) -> tuple[int, int]:
+        """(bytes read, file size as the current or last ``refresh()`` found it), for another thread
+        to show a long refresh: two integers the read sets anyway, read without a lock."""
+        return self._follower.offset, self._follower.target
+
     def close(self) -> None:
         """Save the cache if it is behind, and release the file (the parsed data stays)."""
-        if self._follower.opened and self._cache_saved_at is not None and self._lines() != self._cache_lines:
+        cached = self._cache_saved_at is not None or self.cache_due
+        if self._follower.opened and cached and self._lines() != self._cache_lines:
             self.save_cache()
         self._follower.close()
 
@@ -256,34 +262,45 @@ class RunReader(FollowedLog, AccountedSessions):
         self._restored = (self.records, found.position.lines)
 
     def _maybe_save_cache(self, parsed_lines: int) -> None:
-        """Save after a parse of ``min_records`` lines, else at most every ``interval_s`` once cached."""
+        """Save (or, ``save_inline`` off, mark ``cache_due``) after a parse of ``min_records`` lines,
+        else at most every ``interval_s`` once cached."""
         policy = self.cache
         if parsed_lines >= policy.min_records or (
             self._cache_saved_at is not None and policy.clock() - self._cache_saved_at >= policy.interval_s
         ):
-            self.save_cache()
+            self.cache_due = True  # cleared by the capture
+            if policy.save_inline:
+                self.save_cache()
 
     def save_cache(self) -> bool:
-        """Write the parse so far to the cache now; False (no exception) when there is no cache,
-        the file is not open, or the cache cannot be written."""
+        """Write the parse so far to the cache now; False (no exception) if it was not written."""
+        pending = self.capture_cache()
+        return pending is not None and self.cache_written(pending, pending.write())
+
+    def capture_cache(self) -> cache.PendingSave | None:
+        """What ``save_cache`` writes, taken in O(columns + sessions) for any thread to write while
+        this reader reads on (then ``cache_written``, as its other calls); None: no cache or file."""
         key = None if self.cache is None else self.file.cache_key()
         if key is None:
-            return False
+            return None
         self._flush()
-        position = self._follower.position()
+        self.cache_due = False
         parse = cache.CachedParse(
-            position,
+            self._follower.position(),
             self.max_record_bytes,
-            self.log,
+            SessionLog.restore(self.log.state()),  # a copy: the log keeps changing while the save writes
             self.bad_lines,
             tuple(self.bad_line_samples),
             dict(self.schema_versions),
-            self._tables,
+            cache.frozen_tables(self._tables),
         )
-        if not cache.save(self.cache, key, parse):
-            return False
-        self._cache_saved_at, self._cache_lines = self.cache.clock(), position.lines
-        return True
+        return cache.PendingSave(self.cache, key, parse)
+
+    def cache_written(self, pending: cache.PendingSave, written: bool) -> bool:
+        """Note ``pending``'s outcome: the next save is timed from a write; returns ``written``."""
+        if written:
+            self._cache_saved_at, self._cache_lines = self.cache.clock(), pending.parse.position.lines
+        return written
 
     # -- queries -------------------------------------------------------------------------------
 
@@ -430,14 +447,3 @@ class RunReader(FollowedLog, AccountedSessions):
             event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
             for event, table in self._tables.items()
         }
-
-
-def return_memory_to_os() -> None:
-    """Give back freed memory: pyarrow's pool and glibc both keep it for reuse, which after a cold
-    load of a large run is several times the data kept, and which a long-lived process that
-    allocates arrays of ever larger sizes (a live run's) fragments into pages it never returns."""
-    import pyarrow as pa
-
-    pa.default_memory_pool().release_unused()
-    with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
-        ctypes.CDLL(None).malloc_trim(0)

@@ -222,7 +222,8 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
             page = context.new_page()
             page.goto(f"{url}/run?run=big")
             wait_until(page, lambda: live_charts_drawn(page), timeout=90)
-            (saved,) = cache.glob("*.mcc")  # the cold parse of 60,000 records was saved at once
+            # the cold parse of 60,000 records is saved by the store's saver thread, soon after
+            (saved,) = wait_until(page, lambda: list(cache.glob("*.mcc")), timeout=60)
             after_load = saved.stat().st_mtime_ns
             append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
             graph = "document.querySelector('.js-plotly-plot')"  # the live chart, once drawn

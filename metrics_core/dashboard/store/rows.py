@@ -38,6 +38,7 @@ TREND_POINTS = 40  # a sparkline's points: enough for a shape, a few hundred byt
 RUNS_TABLE_COLUMNS = (
     "run",
     "status",
+    "progress",  # how far a run being read has come (``RunStore.runs_table``), else None
     "reason",
     "sessions",
     "last step",

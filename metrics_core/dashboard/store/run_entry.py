@@ -37,7 +37,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -57,6 +57,7 @@ from metrics_core.dashboard.store.run_config import run_config
 from metrics_core.dashboard.store.snapshot import Lineage, RunView, build_view
 from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.read_progress import ReadProgress
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import END_STATUSES, StatusRecord, run_status, stop_reason
 from metrics_core.read.run_summary import RunSummary, summarise
@@ -79,7 +80,8 @@ class RunViewError(MetricsError, RuntimeError):
 class EntryContext:
     """What every entry of one store shares: where the runs are (``source``), the columnar
     ``cache``, the refresh and release intervals, the store's ``clock`` and work counters
-    (``stats``), and ``row_changed``, called when an entry's row changed."""
+    (``stats``), ``row_changed``, called when an entry's row changed, and ``save_later``, which
+    writes a cache save beside the pages (``cache_saver.CacheSaver.submit``)."""
 
     source: RunsRoot
     cache: CachePolicy | None
@@ -88,6 +90,7 @@ class EntryContext:
     clock: Callable[[], float]
     stats: dict[str, int]
     row_changed: Callable[[], None]
+    save_later: Callable[[Hashable, Callable[[], None]], None]  # a job for the store's cache saver
 
 
 @dataclass
@@ -121,12 +124,36 @@ class RunEntry:
     failed_at: float = float("-inf")
     hinted: bool = False  # the root said the run's file changed since its last read
     queued: bool = False  # waiting in the store's cold queue
+    read_began: float | None = None  # the clock when a read with a new reader began, until it ends
 
     @property
     def held(self) -> int:
         """Records this entry's reader holds; safe without its lock (another thread may release it)."""
         reader = self.reader
         return 0 if reader is None else reader.records
+
+    def reading(self, info: RunInfo, *, caller_bytes: int) -> tuple[ReadProgress | None, bool]:
+        """Whether a snapshot would wait for a read, found without waiting: None if not (the run
+        is read and held, its file holds at most ``caller_bytes``, or its last read failed: a
+        snapshot says why at once), else how far the read has come; and whether a read must be
+        started (none is under way).  O(1), plus one ``size`` for a run not held."""
+        if not self.lock.acquire(blocking=False):
+            return self.progress(), False  # None: the lock is held briefly (a refresh, a snapshot of a read run)
+        try:
+            if self.failure is not None or (self.reader is not None and self.summary is not None):
+                return None, False
+            size = self.ctx.source.size(info)
+            return (None, False) if size <= caller_bytes else (ReadProgress(0, size, 0.0), True)
+        finally:
+            self.lock.release()
+
+    def progress(self) -> ReadProgress | None:
+        """How far the read under way with a new reader has come, or None if none is; no lock."""
+        began, reader = self.read_began, self.reader
+        if began is None or reader is None:
+            return None
+        done, total = reader.read_position
+        return ReadProgress(done, total, self.ctx.clock() - began)
 
     def snapshot(self, info: RunInfo, now: datetime) -> RunView:
         """A fresh ``RunView`` of the run, extending the last one built while it is held.
@@ -180,6 +207,7 @@ class RunEntry:
             if self.reader is None:
                 if self.released is not None and not need_reader and self._still_released(info, now, hinted):
                     return
+                self.read_began = ctx.clock()  # until the read ends: a page shows how far it came
                 self.reader = ctx.source.reader(info, cache=ctx.cache if self.use_cache else None)
                 if self.released is not None:
                     self.released = None
@@ -187,6 +215,8 @@ class RunEntry:
             self.reader.refresh()
             self.refreshed_at = ctx.clock()
             reader = self.reader
+            if reader.cache_due:
+                ctx.save_later(self.name, lambda: self._save_cache(reader))
             key = (reader.records, reader.resets, reader.bad_lines, reader.pending_bytes)
             if key != self.data_key or self.summary is None:
                 if self.summary is not None:
@@ -202,7 +232,21 @@ class RunEntry:
             raise  # the run vanished: pages wait for it to come back
         except Exception as exc:
             raise self._failed(info, exc) from exc
+        finally:
+            self.read_began = None
         self.failure = self.failure_stamp = None
+
+    def _save_cache(self, reader: RunReader) -> None:
+        """The cache saver's job: what to save taken under the lock, written without it, so a page
+        asking for the run meanwhile waits for no disk; nothing if ``reader`` is no longer the
+        run's (released: its close saved; failed: its state is unknown)."""
+        with self.lock:
+            pending = reader.capture_cache() if self.reader is reader else None
+        if pending is None:
+            return
+        written = pending.write()
+        with self.lock:
+            reader.cache_written(pending, written)
 
     def _still_released(self, info: RunInfo, now: datetime, hinted: bool) -> bool:
         """For a released run that is due: True, with its status brought up to date, if its file

@@ -70,6 +70,7 @@ import threading
 import time
 from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, TypeVar
@@ -77,12 +78,15 @@ from typing import Any, TypeVar
 import numpy as np
 import pandas as pd
 
+from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, unreadable_row
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.run_reader import RunReader, return_memory_to_os
+from metrics_core.read.columns import return_memory_to_os
+from metrics_core.read.read_progress import ReadProgress
+from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.locations import LIST_INTERVAL_S
@@ -97,6 +101,7 @@ IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "op
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
+SAVER_DELAY_S = 10.0  # a cache save waits this long: a page drawing the run's first charts goes first
 
 
 class RunStore:
@@ -111,6 +116,7 @@ class RunStore:
         safety_interval: float = 2.0,
         load_budget_s: float = 0.1,
         loader_delay_s: float = 1.0,
+        saver_delay_s: float = SAVER_DELAY_S,
         cache: CachePolicy | None = None,
         idle_s: float = IDLE_S,
         recent_s: float = RECENT_S,
@@ -123,6 +129,7 @@ class RunStore:
         reopens them at a few percent of a cold parse (``metrics_core.read.column_cache``); never in ``root``.
         ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
         it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
+        ``saver_delay_s``: how long a cache save waits, so the pages draw first (``cache_saver``).
         ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
         "Memory")."""
         self.source = (
@@ -160,15 +167,20 @@ class RunStore:
             "releases": 0,
             "reopens": 0,
             "resolves": 0,
+            "cache_saves": 0,
+            "prepared": 0,
         }
+        self.saver = CacheSaver(self.stats, delay_s=saver_delay_s)
+        self._preparing: set[str] = set()  # runs a ``prepare`` thread is reading
         self._context = EntryContext(
             source=self.source,
-            cache=cache,
+            cache=None if cache is None else replace(cache, save_inline=False),  # saved by ``saver``'s thread
             safety_interval=safety_interval,
             idle_s=idle_s,
             clock=clock,
             stats=self.stats,
             row_changed=self._row_changed,
+            save_later=self.saver.submit,
         )
         self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
             size=self.source.size,
@@ -184,6 +196,7 @@ class RunStore:
         each under its run's lock: a reader saves its cache on close, and must not while another
         thread is reading into it."""
         self.loader.close()
+        self.saver.close()
         self.source.close()
         with self._lock:
             entries = list(self._entries.values())
@@ -236,16 +249,46 @@ class RunStore:
         info = self._resolve(name)
         with self._lock:
             self._take_hints()
-        entry = self._entry(info)
-        with self._lock:
-            entry.viewed_at = self._clock()
-            self._viewed[info.name] = entry
-            self._viewed.move_to_end(info.name)
+        entry = self._viewed_entry(info)
         try:
             return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
             self._trim_viewed(keep=entry)
             self._return_memory()
+
+    def _viewed_entry(self, info: RunInfo) -> RunEntry:
+        entry = self._entry(info)
+        with self._lock:
+            entry.viewed_at = self._clock()
+            self._viewed[info.name] = entry
+            self._viewed.move_to_end(info.name)
+        return entry
+
+    def prepare(self, name: str) -> ReadProgress | None:
+        """Whether ``view(name)`` would wait for a read, without waiting: None if not, else how far
+        the read (started on a thread of its own if none is under way) has come: a page shows that,
+        then calls ``view`` once this says None (which says why a read failed).  Raises as ``view``."""
+        info = self._resolve(name)
+        entry = self._entry(info)
+        reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
+        with self._lock:
+            start = start and info.name not in self._preparing
+            if start:
+                self._preparing.add(info.name)
+        if start:
+            self._viewed_entry(info)  # asked for by a page: not released as idle before it is shown
+            threading.Thread(target=self._prepare, args=(entry, info), name="RunStore prepare", daemon=True).start()
+        return reading
+
+    def _prepare(self, entry: RunEntry, info: RunInfo) -> None:
+        try:
+            entry.snapshot(info, datetime.now(timezone.utc))
+            self.stats["prepared"] += 1
+        except Exception:  # the entry keeps why (``failure``): the page's ``view`` says it
+            pass
+        finally:
+            with self._lock:
+                self._preparing.discard(info.name)
 
     def _return_memory(self) -> None:
         """Give freed memory back to the OS at most once per ``TRIM_S``: a live page's snapshots,
@@ -383,9 +426,15 @@ class RunStore:
         self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
     ) -> pd.DataFrame:
         """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
+        reading = [entry.progress() for entry in entries]
+        if any(progress is not None for progress in reading):
+            self._row_changed()  # the progress moves: rebuilt per call while a run is read
         key, cached = self.runs_table_generation(), self._table
         if cached is None or cached[0] != key:
-            rows = [entry.row for entry in entries] + [unreadable_row(bad) for bad in unreadable]
+            rows = [
+                {**(entry.row or {"run": entry.name, "status": "loading"}), "progress": progress and progress.text()}
+                for entry, progress in zip(entries, reading, strict=True)
+            ] + [unreadable_row(bad) for bad in unreadable]
             table = pd.DataFrame(rows, columns=list(RUNS_TABLE_COLUMNS))
             times = np.array(
                 [_epoch_s(entry.row_time) for entry in entries] + [np.nan] * len(unreadable), dtype=np.float64

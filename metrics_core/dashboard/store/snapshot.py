@@ -5,7 +5,9 @@ replay masks, sessions, ingest health, lost work); given the previous snapshot o
 it extends what a live append left unchanged instead of recomputing it: the events that got no
 record keep their columns (and the frames built from them) and masks, those that did get the
 reader's new columns (O(columns + new rows)) and masks extended in buffers the ``Lineage`` keeps.
-Anything else (a new session, a reset) is built from scratch.
+Anything else (a new session, a reset) is built from scratch.  The train records' throughput
+(``tokens_per_s``, unless the run logs its own) is the snapshot's own column, extended the same
+way: the charts, the compare page and the session overlay read it instead of recomputing it.
 
 A frame is built only when asked for, of only the fields asked for (``EventColumns``): a page
 draws a few of the keys a run logs, and a frame of all of them per snapshot costs O(fields)
@@ -24,6 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from metrics_core.analysis.derived import tokens_per_second_rows
 from metrics_core.dashboard.store.rows import event_rows, grown_in_last_session
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.run_reader import RunReader
@@ -77,12 +80,13 @@ class EventColumns:
     one kept first).
     """
 
-    __slots__ = ("_arrays", "_frames", "_parent", "_picked", "names", "rows")
+    __slots__ = ("_arrays", "_frames", "_parent", "_picked", "derived", "names", "rows")
 
-    def __init__(self, arrays: Mapping[str, Any], rows: int) -> None:
+    def __init__(self, arrays: Mapping[str, Any], rows: int, derived: Mapping[str, np.ndarray] | None = None) -> None:
         self.names = tuple(arrays)
+        self.derived = tuple(derived or ())  # computed, never logged: in a frame only when named in its fields
         self.rows = rows
-        self._arrays = dict(arrays)
+        self._arrays = {**(derived or {}), **arrays}
         self._frames: dict[tuple[str, ...], pd.DataFrame] = {}
         self._parent: EventColumns | None = None
         self._picked: slice | np.ndarray | None = None
@@ -92,7 +96,7 @@ class EventColumns:
         field is taken from this one when first asked for: O(fields asked for)."""
         count = len(range(self.rows)[rows]) if isinstance(rows, slice) else int(np.count_nonzero(rows))
         taken = EventColumns({}, count)
-        taken.names, taken._parent, taken._picked = self.names, self, rows
+        taken.names, taken.derived, taken._parent, taken._picked = self.names, self.derived, self, rows
         return taken
 
     def array(self, name: str) -> Any:
@@ -107,7 +111,7 @@ class EventColumns:
     def frame(self, fields: Collection[str] | None = None) -> pd.DataFrame:
         """A frame of the fields among ``fields`` (every field: None), in the reader's order; the
         same object for the same fields.  Do not modify it: every tab shares it."""
-        names = self.names if fields is None else tuple(name for name in self.names if name in fields)
+        names = self.names if fields is None else tuple(name for name in self.names + self.derived if name in fields)
         found = self._frames.get(names)
         if found is None:
             built = pd.DataFrame({name: self.array(name) for name in names}, index=pd.RangeIndex(self.rows), copy=False)
@@ -230,11 +234,31 @@ def _numbers(values: np.ndarray) -> np.ndarray:
     return np.array([value if type(value) is float else np.nan for value in values.tolist()], dtype=np.float64)
 
 
-def _view_columns(reader: RunReader, event: str) -> EventColumns:
+def _view_arrays(reader: RunReader, event: str) -> dict[str, Any]:
     arrays = reader.frame_columns(event)
-    rows = len(next(iter(arrays.values())))
     # config records hold the nested "config" object: kept as written, never made numeric
-    return EventColumns(arrays if event == "config" else _numeric_where_numbers(arrays), rows)
+    return arrays if event == "config" else _numeric_where_numbers(arrays)
+
+
+def _throughput(lineage: Lineage, arrays: Mapping[str, Any], previous: EventColumns | None) -> dict[str, np.ndarray]:
+    """The train records' ``tokens_per_s`` (unless the run logs its own, which is charted instead):
+    with ``previous``, the train columns of the last snapshot when only the last session grew,
+    the rows after it computed from the row before them and appended in a buffer the lineage
+    keeps (O(new rows)); else all of them (O(rows), vectorised)."""
+    if "tokens_per_s" in arrays or not len(arrays["step"]):
+        return {}
+    if previous is not None and "tokens_per_s" not in previous.derived:
+        previous = None
+    start = 0 if previous is None else previous.rows - 1
+    times = arrays["time"][start:]
+    times_ns = np.asarray(times.asi8, dtype=np.float64)
+    times_ns[np.asarray(times.isna())] = np.nan
+    rates = tokens_per_second_rows(
+        np.asarray(arrays["tokens_seen"][start:], dtype=np.float64), times_ns, arrays["session_id"].codes[start:]
+    )
+    head = None if previous is None else previous.array("tokens_per_s")
+    buffer = lineage.carry(("derived", "tokens_per_s"), lambda found: found if found is not None else _Appended())
+    return {"tokens_per_s": buffer.extended(head, rates if head is None else rates[1:])}
 
 
 def build_view(
@@ -270,8 +294,10 @@ def build_view(
         if rows == before:
             columns[event], superseded[event] = previous.columns[event], previous.superseded[event]
             continue
-        columns[event] = _view_columns(reader, event)
+        arrays = _view_arrays(reader, event)
         grown[event] = 0 < before < rows and grown_in_last_session(reader, event, before, sessions[-1].session_id)
+        extends = previous.columns[event] if grown[event] else None
+        columns[event] = EventColumns(arrays, rows, _throughput(lineage, arrays, extends) if event == "train" else None)
         if grown[event]:
             superseded[event] = _extended(lineage, ("superseded", event), previous.superseded[event], rows)
         else:
@@ -326,6 +352,30 @@ class _MaskBuffer:
             self._buffer = grown
         else:
             self._buffer[self._size : rows] = False
+        self._size = rows
+        return _read_only(self._buffer[:rows])
+
+
+class _Appended:
+    """A float64 series extended in place, as ``_MaskBuffer`` extends a mask: a buffer with slack
+    whose prefixes are handed out read-only; an append to the last prefix handed out costs the new
+    rows, anything else one copy into a new buffer."""
+
+    __slots__ = ("_buffer", "_size")
+
+    def __init__(self) -> None:
+        self._buffer = np.empty(0, dtype=np.float64)
+        self._size = 0
+
+    def extended(self, head: np.ndarray | None, new: np.ndarray) -> np.ndarray:
+        """``head`` (None: nothing) followed by ``new``."""
+        kept = 0 if head is None else len(head)
+        rows = kept + len(new)
+        if head is None or head.base is not self._buffer or kept != self._size or rows > len(self._buffer):
+            grown = np.empty(rows + rows // 4 + 64, dtype=np.float64)
+            grown[:kept] = head if head is not None else grown[:0]
+            self._buffer = grown
+        self._buffer[kept:rows] = new
         self._size = rows
         return _read_only(self._buffer[:rows])
 

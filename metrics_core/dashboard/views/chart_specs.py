@@ -307,7 +307,7 @@ def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
     logged keys' charts what a line is drawn from (``LINE_FIELDS``) and their keys.  A run's other
     keys stay out: each column a frame holds costs a check per snapshot."""
     if all(not chart.group for chart in charts):
-        return WRITER_FIELDS
+        return WRITER_FIELDS | frozenset(DERIVED)  # derived: the snapshot's own, extended per append
     return LINE_FIELDS.union(line.column for chart in charts for line in chart.lines)
 
 

@@ -136,6 +136,8 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     """
     table = newest_first(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
+    if "progress" in table.columns and table["progress"].notna().any():  # runs being read: how far each came
+        shown["progress"] = table["progress"].map(lambda text: text if isinstance(text, str) else "")
     if "loss trend" in table.columns:
         shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
     shown["train loss"] = table["train loss"].map(human_value)

@@ -1,0 +1,74 @@
+"""Throughput is a snapshot's own series, extended per append: equal after every append to the
+from-scratch ``tokens_per_second`` of the whole frame (the oracle), and computed only for the rows
+appended."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from metrics_core.analysis.derived import tokens_per_second, tokens_per_second_rows
+from metrics_core.dashboard.store.snapshot import Lineage, build_view
+from metrics_core.dashboard.views.chart_specs import DEFAULT_CHARTS, chart_fields, logged_keys
+from metrics_core.read.run_reader import RunReader
+from tests.support import append_records, base_record
+
+FIELDS = {"session_id", "step", "tokens_seen", "time", "tokens_per_s"}
+
+
+def oracle(view: object) -> np.ndarray:
+    return tokens_per_second(view.frame("train")).to_numpy(dtype=np.float64)
+
+
+def test_throughput_rows_match_the_grouped_oracle_on_contiguous_sessions() -> None:
+    """Row against the row before it, NaN at a session's start and where time stood still."""
+    tokens = np.array([0.0, 100.0, 300.0, 0.0, 50.0, 50.0, 80.0])
+    times = np.array([0, 1, 2, 10, 11, 11, 13], dtype=np.float64) * 1e9
+    sessions = np.array([0, 0, 0, 1, 1, 1, 1])
+    expected = [np.nan, 100.0, 200.0, np.nan, 50.0, np.nan, 15.0]
+    np.testing.assert_allclose(tokens_per_second_rows(tokens, times, sessions), expected)
+
+
+def test_a_snapshot_extends_throughput_per_append_equal_to_the_oracle(tmp_path: Path) -> None:
+    """Appends to the last session extend the previous snapshot's series (the same buffer, no
+    recomputation); a new session rebuilds it; after each, it equals the whole frame's oracle."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    append_records(path, *(base_record(s, tokens_seen=s * 1000) for s in range(1, 50)))
+    reader, lineage = RunReader(path.parent), Lineage()
+    reader.refresh()
+    view = build_view("run", reader, "live", lineage)
+    first = view.frame("train", FIELDS)["tokens_per_s"].to_numpy()
+    np.testing.assert_allclose(first, oracle(view), rtol=1e-12)
+    for step in range(50, 60):
+        append_records(path, base_record(step, tokens_seen=step * 1000 + step % 3))
+        reader.refresh()
+        view = build_view("run", reader, "live", lineage, previous=view)
+        series = view.frame("train", FIELDS)["tokens_per_s"].to_numpy()
+        np.testing.assert_allclose(series, oracle(view), rtol=1e-12)
+        assert np.shares_memory(series, first)  # extended in the same buffer
+    append_records(
+        path, base_record(40, session="s2", tokens_seen=40_000), base_record(41, session="s2", tokens_seen=41_500)
+    )
+    reader.refresh()
+    view = build_view("run", reader, "live", lineage, previous=view)
+    np.testing.assert_allclose(view.frame("train", FIELDS)["tokens_per_s"].to_numpy(), oracle(view), rtol=1e-12)
+
+
+def test_throughput_is_no_logged_key_and_a_logged_one_is_charted_instead(tmp_path: Path) -> None:
+    """The derived series is in the default charts' frames but not among the user's keys; a run that
+    logs its own ``tokens_per_s`` keeps its values and gets no derived series."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    append_records(path, *(base_record(s) for s in range(1, 5)))
+    reader = RunReader(path.parent)
+    reader.refresh()
+    view = build_view("run", reader, "live")
+    assert "tokens_per_s" in view.frame("train", chart_fields(DEFAULT_CHARTS)).columns
+    assert "tokens_per_s" not in logged_keys(view)
+    logged = tmp_path / "logged" / "metrics.jsonl"
+    append_records(logged, *(base_record(s, tokens_per_s=7.0) for s in range(1, 5)))
+    reader = RunReader(logged.parent)
+    reader.refresh()
+    view = build_view("logged", reader, "live")
+    assert view.columns["train"].derived == ()
+    assert view.frame("train", FIELDS)["tokens_per_s"].tolist() == [7.0] * 4

@@ -1,0 +1,121 @@
+"""Long work beside the pages: a read's progress published by the reader and told by the store
+without waiting, and the columnar cache written by the store's saver thread, never by a page's call."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pandas as pd
+
+from metrics_core.dashboard.store import run_store as store_module
+from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.runs_table import readable_runs
+from metrics_core.read import column_cache
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.line_follower import LineFollower
+from metrics_core.read.run_file import LocalFile
+from metrics_core.read.run_reader import RunReader
+from tests.support import append_records, base_record
+from tests.support.dashboard import assert_same_view, full_view
+
+
+def eventually(condition: Callable[[], bool], deadline_s: float = 20.0) -> None:
+    """Wait for ``condition`` (another thread's work) with a deadline; what it checks is work done."""
+    end = time.monotonic() + deadline_s
+    while not condition():
+        assert time.monotonic() < end, "condition not met"
+        time.sleep(0.01)
+
+
+def big_run(path: Path) -> None:
+    """A run too big for a page's caller to read (over ``CALLER_READ_BYTES``)."""
+    records = store_module.CALLER_READ_BYTES // 150 + 1
+    append_records(path, *(base_record(s, train_loss=1.0 / (s + 1), pad="x" * 40) for s in range(records)))
+
+
+def test_the_follower_publishes_bytes_read_of_the_size_it_reads_up_to_block_by_block(tmp_path: Path) -> None:
+    """Between two blocks of one follow, offset says how far it came and target the size it reads up
+    to; the reader's read_position is the same pair, equal once the refresh is done."""
+    path = tmp_path / "run" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=0.5) for s in range(1, 201)))
+    size = path.stat().st_size
+    follower = LineFollower(LocalFile(path), max_record_bytes=1000, chunk=1024)
+    blocks = follower.follow()
+    next(blocks)
+    assert 0 < follower.offset < follower.target == size
+    for _ in blocks:
+        assert follower.offset <= follower.target == size
+    assert follower.offset == size
+    reader = RunReader(path.parent)
+    assert reader.read_position == (0, 0)
+    reader.refresh()
+    assert reader.read_position == (size, size)
+
+
+def test_prepare_reads_a_big_run_beside_the_caller_and_says_how_far_it_came(tmp_path: Path) -> None:
+    """prepare() never reads on the caller's thread: a big run not read yet gets its read started
+    and the caller its progress (nothing read of the file's size yet), then None once view() would
+    not wait; a small run is None at once (read on the caller's time).  The view equals a cold read."""
+    runs = tmp_path / "runs"
+    big_run(runs / "big" / "metrics.jsonl")
+    append_records(runs / "small" / "metrics.jsonl", base_record(1, train_loss=1.0))
+    store = RunStore(runs)
+    try:
+        first = store.prepare("big")
+        assert first is not None
+        assert (first.done, first.total) == (0, (runs / "big" / "metrics.jsonl").stat().st_size)
+        eventually(lambda: store.prepare("big") is None)
+        eventually(lambda: store.stats["prepared"] == 1)  # counted just after the read ends
+        assert_same_view(store.view("big"), full_view(store, "big"))
+        assert store.prepare("small") is None and store.stats["prepared"] == 1
+    finally:
+        store.close()
+
+
+def test_cache_saves_are_written_by_the_saver_thread_never_in_a_view(tmp_path: Path, monkeypatch) -> None:
+    """A cold parse's save and a growing run's periodic save are both written by the store's saver
+    thread, never by the thread that asked for the view; what they wrote reopens the run."""
+    threads: list[str] = []
+    save = column_cache.save
+
+    def recorded(policy: CachePolicy, key: str, parse: column_cache.CachedParse) -> bool:
+        threads.append(threading.current_thread().name)
+        return save(policy, key, parse)
+
+    monkeypatch.setattr(column_cache, "save", recorded)
+    clock = [0.0]
+    policy = CachePolicy(tmp_path / "cache", min_records=1000, interval_s=60.0, clock=lambda: clock[0])
+    runs = tmp_path / "runs"
+    path = runs / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 2001)))
+    store = RunStore(runs, cache=policy, safety_interval=0, saver_delay_s=0)
+    try:
+        store.view("r")  # the cold parse: its save is due
+        eventually(lambda: store.stats["cache_saves"] == 1)
+        append_records(path, base_record(2001, train_loss=0.5))
+        clock[0] = 61.0  # the save interval passed: the refresh that finds the append makes a save due
+        assert store.view("r").records == 2001
+        eventually(lambda: store.stats["cache_saves"] == 2)
+    finally:
+        store.close()
+    assert threads == ["RunStore cache saver"] * 2
+    reopened = RunReader(runs / "r", cache=policy)
+    reopened.refresh()
+    assert reopened.served_from_cache and reopened.records == 2001
+
+
+def test_the_runs_table_shows_a_progress_column_only_while_a_run_is_read() -> None:
+    """A row being read says how far it came; a table with none being read has no such column."""
+    rows = [
+        {"run": "big", "status": "loading", "progress": "312 MB of 780 MB · 100 MB/s · 5 s left"},
+        {"run": "small", "status": "finished", "progress": None},
+    ]
+    table = pd.DataFrame(rows, columns=list(RUNS_TABLE_COLUMNS))
+    shown = readable_runs(table).set_index("run")
+    assert shown.loc["big", "progress"] == "312 MB of 780 MB · 100 MB/s · 5 s left"
+    assert shown.loc["small", "progress"] == ""
+    assert "progress" not in readable_runs(table.assign(progress=None)).columns
