@@ -2,9 +2,10 @@
 
 The statement check, the export and the locked-down connection are ``metrics_core.sql.query``'s;
 this command reads its options, exports a runs root into the cache first (an export directory is
-read as it is) and prints the rows: an aligned table of at most ``--max-rows`` (1,000 by default),
-or CSV streamed batch by batch.  Exit status 0 when done, 2 when refused or failed (one line on
-stderr).  Importing it loads neither DuckDB nor pyarrow.
+read as it is; on a terminal, stderr shows a bar of the runs exported) and prints the rows: an
+aligned table of at most ``--max-rows`` (1,000 by default), or CSV streamed batch by batch.  Exit
+status 0 when done, 2 when refused or failed (one line on stderr).  Importing it loads neither
+DuckDB nor pyarrow.
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
-from metrics_core.cli.command import add_cache_dir, cache_home
+from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
+from metrics_core.cli.progress import progress_bar
 from metrics_core.sql.query import check_read_only, connect, export_for_query, help_text, is_export, run_query
 from metrics_core.text import clean, fit, width
 
@@ -31,7 +33,7 @@ TABLE_ROWS = 1000  # rows a table shows without --max-rows: CSV is for more
 
 
 def add_parser(commands: Subcommands) -> None:
-    """``query ROOT SQL [--format table|csv] [--max-rows N] [--timeout S] [--cache-dir DIR]``."""
+    """``query ROOT SQL [--format table|csv] [--max-rows N] [--timeout S] [--cache-dir DIR] [--quiet]``."""
     parser = commands.add_parser(
         NAME,
         help="one read-only SQL query over every run (DuckDB; needs metrics-core[sql])",
@@ -46,6 +48,7 @@ def add_parser(commands: Subcommands) -> None:
     parser.add_argument("--max-rows", type=int, default=None, help="print at most this many rows")
     parser.add_argument("--timeout", type=float, default=None, help="stop the query after this many seconds")
     add_cache_dir(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -54,7 +57,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     home = cache_home(args)
     export = args.root
     if not is_export(export):
-        export, report = export_for_query(args.root, home)
+        with progress_bar(err, "export", unit="run", quiet=args.quiet) as bar:
+            export, report = export_for_query(args.root, home, bar.update)
         err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
     connection = connect(export, now=datetime.now(timezone.utc))
     try:

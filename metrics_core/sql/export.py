@@ -41,7 +41,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -201,20 +201,22 @@ def export_root(
     *,
     cache: CachePolicy | None = None,
     filesystem: pafs.FileSystem | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
     """Export every run under the runs ``root`` (a directory or a bucket prefix) into ``out``
     (module docstring).
 
     ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
     is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
-    (default from the environment).  Raises ``ExportError`` when ``out`` cannot be listed or
-    written, ``RunPathError`` when it lies inside ``root``, ``RunNotFoundError`` when ``root``
-    cannot be listed; a run that cannot be read is reported, not raised.
+    (default from the environment).  ``progress(runs done, runs)`` before each run and at the end.
+    Raises ``ExportError`` when ``out`` cannot be listed or written, ``RunPathError`` when it lies
+    inside ``root``, ``RunNotFoundError`` when ``root`` cannot be listed; a run that cannot be read
+    is reported, not raised.
     """
     destination = Destination.of(out, filesystem)
     runs = open_root(root, watch=False)
     try:
-        return _export(runs, destination, cache)
+        return _export(runs, destination, cache, progress)
     finally:
         runs.close()
 
@@ -228,7 +230,9 @@ def root_name(root: str | os.PathLike[str]) -> str:
     return str(Path(root).resolve())
 
 
-def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None) -> ExportReport:
+def _export(
+    root: RunsRoot, destination: Destination, cache: CachePolicy | None, progress: Callable[[int, int], None] | None
+) -> ExportReport:
     root_id = root_name(root.location)
     if destination.inside(root_id):
         raise RunPathError(f"{destination.url}: inside the runs root {root.location}: an export must live elsewhere")
@@ -240,7 +244,9 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
         before: Mapping[str, dict[str, Any]] = manifest.get("runs", {})
         present = destination.listing()
         plan = _Plan()
-        for run in listing.runs:
+        for done, run in enumerate(listing.runs):
+            if progress is not None:
+                progress(done, len(listing.runs))
             entry, stamp = before.get(run.name), root.stamp(run)
             if entry is not None and _unchanged(entry, stamp, present):
                 plan.entries[run.name] = entry
@@ -254,6 +260,8 @@ def _export(root: RunsRoot, destination: Destination, cache: CachePolicy | None)
                 plan.failed.append((run.name, _first_line(exc)))
                 if entry is not None:
                     plan.entries[run.name] = entry  # kept as last exported: nothing already exported is lost
+        if progress is not None:
+            progress(len(listing.runs), len(listing.runs))
         removed = sorted(set(before) - set(plan.entries))
         if plan.written or removed or not manifest:
             document = {"format": FORMAT, "root": root_id, "runs": plan.entries}

@@ -375,17 +375,19 @@ def run_query(
     return QueryResult(pa.Table.from_batches(kept, schema=schema), truncated)
 
 
-def export_for_query(root: Path | str, cache_home: Path) -> tuple[Path, ExportReport]:
+def export_for_query(
+    root: Path | str, cache_home: Path, progress: Callable[[int, int], None] | None = None
+) -> tuple[Path, ExportReport]:
     """Bring the export of the runs ``root`` (a directory or a bucket prefix) in ``cache_home`` up
     to date; its directory and what the export did.  The cache may not lie inside the root
-    (nothing is written there)."""
+    (nothing is written there).  ``progress``: as ``export.export_root`` takes it."""
     from metrics_core.read.column_cache import CachePolicy
     from metrics_core.sql.export import export_root, root_name
 
     check_cache_outside(root, cache_home)
     key = hashlib.blake2b(root_name(root).encode(), digest_size=8).hexdigest()
     directory = cache_home.resolve() / "sql" / key
-    return directory, export_root(root, directory, cache=CachePolicy(cache_home.resolve()))
+    return directory, export_root(root, directory, cache=CachePolicy(cache_home.resolve()), progress=progress)
 
 
 def check_cache_outside(root: Path | str, cache_home: Path) -> None:
