@@ -10,9 +10,10 @@ The bar: tqdm, which training scripts already use, where it is installed (the he
 extras bring it); else, on a training node with orjson alone, one plain line of its own
 (``progress_line``) redrawn in place.  Both redraw at most every ``MIN_INTERVAL_S``, so an update
 between two redraws costs a clock read.  A bar starts at the first figure that leaves work to do
-(none for work already done), shows its total before it ends, then clears its line: the
-command's own output follows in its place.  ``clear`` takes it off the line before a command
-writes to the same terminal mid-work (``tail``); the next redraw puts it back.
+(none for work already done, nor a read of one block: tqdm is imported only then), shows its
+total before it ends, then clears its line: the command's own output follows in its place.
+``clear`` takes it off the line before a command writes to the same terminal mid-work (``tail``);
+the next redraw puts it back.
 """
 
 from __future__ import annotations
@@ -174,21 +175,44 @@ class Bar(Protocol):
     def close(self) -> None: ...
 
 
+class _Terminal:
+    """A bar on a terminal, tqdm's or the built-in line, chosen at the first figure that leaves work
+    to do: work too short for a bar never imports tqdm."""
+
+    def __init__(self, err: TextIO, label: str, unit: str) -> None:
+        self.err, self.label, self.unit = err, label, unit
+        self._bar: _LineBar | _TqdmBar | None = None
+
+    def update(self, done: int, total: int) -> None:
+        """Note ``done`` of ``total`` (module docstring)."""
+        if self._bar is None:
+            if done >= total:
+                return
+            try:
+                from tqdm import tqdm  # the head node's extras install it; a training node may not have it
+            except ImportError:
+                self._bar = _LineBar(self.err, self.label, self.unit)
+            else:
+                self._bar = _TqdmBar(tqdm, self.err, self.label, self.unit)
+        self._bar.update(done, total)
+
+    def clear(self) -> None:
+        """Take the bar off its line."""
+        if self._bar is not None:
+            self._bar.clear()
+
+    def close(self) -> None:
+        """End the bar; a later update starts a new one."""
+        if self._bar is not None:
+            self._bar.close()
+
+
 @contextmanager
 def progress_bar(err: TextIO, label: str, *, unit: str, quiet: bool = False) -> Iterator[Bar]:
     """A bar on ``err`` for work counted in ``unit`` (``BYTES`` or a noun), closed on the way out:
     silent unless ``err`` is a terminal and not ``quiet`` (module docstring).  Its ``update`` is
     the ``Progress`` callback to hand the library."""
-    bar: Bar
-    if quiet or not err.isatty():
-        bar = _Silent()
-    else:
-        try:
-            from tqdm import tqdm  # the head node's extras install it; a training node may not have it
-        except ImportError:
-            bar = _LineBar(err, label, unit)
-        else:
-            bar = _TqdmBar(tqdm, err, label, unit)
+    bar: Bar = _Silent() if quiet or not err.isatty() else _Terminal(err, label, unit)
     try:
         yield bar
     finally:
