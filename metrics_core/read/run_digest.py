@@ -198,7 +198,7 @@ def last_records(
                     going, unread = False, len(lines) - taken
                     break
             buffer = buffer[: first + 1]  # a line that began in an earlier chunk, up to its newline
-            if progress is not None:
+            if going and progress is not None:  # not when the first chunk held the answer: no bar then
                 progress(end - position, end)
             if going and len(buffer) > max_record_bytes + 1:
                 long_end, buffer = start + len(buffer) - 1, b""  # too long to be a record: find its start
