@@ -1,8 +1,8 @@
 """Long work shown on a terminal, and nothing in a log: the progress bar of the terminal commands.
 
 The library functions behind ``export``, ``query``, ``sync``, ``summary`` and ``tail`` take a
-progress callback, ``Progress``: ``(done, total)`` after each unit of their work (runs, or bytes
-of a file), absolute figures, so the library keeps no state for it.  ``progress_bar`` turns that
+progress callback, ``progress(done, total)``, called after each unit of their work (runs, or
+bytes of a file) with absolute figures, so the library keeps no state for it.  ``progress_bar`` turns that
 into a bar on stderr, only when stderr is a terminal and ``--quiet`` was not given; in cron, a
 pipe or a CI log the callback draws nothing and ``tqdm`` is never imported.
 
@@ -27,9 +27,8 @@ from typing import Any, Protocol, TextIO
 from metrics_core.cli.terminal import bytes_text, count_text
 from metrics_core.text import duration, fit, width
 
-Progress = Callable[[int, int], None]  # (done, total): what the library functions report to
 MIN_INTERVAL_S = 0.1  # redraws at most this often: a bar costs the work nothing measurable
-BYTES = "B"  # the unit of a bar over a file's bytes; any other unit is counted ("run")
+BYTES = "B"  # the unit of a bar over a file's bytes; any other unit is a noun, counted ("run")
 _BAR_COLUMNS = 20  # the built-in line's bar, in characters
 
 
@@ -39,18 +38,17 @@ def progress_line(label: str, done: int, total: int, *, rate: float | None, unit
     share = min(done / total, 1.0) if total > 0 else 1.0
     filled = round(share * _BAR_COLUMNS)
     bar = "#" * filled + "-" * (_BAR_COLUMNS - filled)
-    line = f"{label} {share:4.0%} [{bar}] {_amount(done, unit)}/{_amount(total, unit)}"
+    if unit == BYTES:
+        line = f"{label} {share:4.0%} [{bar}] {bytes_text(done)}/{bytes_text(total)}"
+        speed = "" if rate is None else f"{bytes_text(round(rate))}/s"
+    else:
+        line = f"{label} {share:4.0%} [{bar}] {count_text(done)}/{count_text(total)} {unit}s"
+        speed = "" if rate is None else f"{rate:.3g} {unit}s/s"
     if rate is not None and rate > 0:
-        line += f" {_amount(rate, unit)}/s"
+        line += f" {speed}"
         if done < total:
             line += f" {duration((total - done) / rate)} left"
     return fit(line, columns)
-
-
-def _amount(value: float, unit: str) -> str:
-    if unit == BYTES:
-        return bytes_text(int(value))
-    return f"{count_text(int(value))} {unit}" if value >= 1 or value == 0 else f"{value:.2f} {unit}"
 
 
 class _Silent:
@@ -166,7 +164,7 @@ class _TqdmBar:
 
 
 class Bar(Protocol):
-    """What ``progress_bar`` yields: ``update`` is the ``Progress`` callback (module docstring)."""
+    """What ``progress_bar`` yields: ``update`` is the progress callback (module docstring)."""
 
     def update(self, done: int, total: int) -> None: ...
 
@@ -211,7 +209,7 @@ class _Terminal:
 def progress_bar(err: TextIO, label: str, *, unit: str, quiet: bool = False) -> Iterator[Bar]:
     """A bar on ``err`` for work counted in ``unit`` (``BYTES`` or a noun), closed on the way out:
     silent unless ``err`` is a terminal and not ``quiet`` (module docstring).  Its ``update`` is
-    the ``Progress`` callback to hand the library."""
+    the progress callback to hand the library."""
     bar: Bar = _Silent() if quiet or not err.isatty() else _Terminal(err, label, unit)
     try:
         yield bar

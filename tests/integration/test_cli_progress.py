@@ -26,12 +26,14 @@ WITHOUT_TQDM = "import sys; sys.modules['tqdm'] = None; from metrics_core.cli.ma
 PERCENT = re.compile(rb"(\d+)%")
 
 
-def on_terminal(*args: str, hide_tqdm: bool = False) -> tuple[bytes, bytes, int]:
-    """The CLI with stderr a terminal of 100 columns and stdout a pipe: (stderr, stdout, status)."""
+def on_terminal(*args: str, hide_tqdm: bool = False, stdout_too: bool = False) -> tuple[bytes, bytes, int]:
+    """The CLI with stderr a terminal of 100 columns and stdout a pipe (or the same terminal with
+    ``stdout_too``): (what the terminal got, what the pipe got, status)."""
     master, slave = os.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))
     start = [sys.executable, "-c", WITHOUT_TQDM] if hide_tqdm else [sys.executable, "-m", "metrics_core"]
-    with subprocess.Popen([*start, *args], stdout=subprocess.PIPE, stderr=slave, cwd=REPO) as process:
+    stdout = slave if stdout_too else subprocess.PIPE
+    with subprocess.Popen([*start, *args], stdout=stdout, stderr=slave, cwd=REPO) as process:
         os.close(slave)
         err = b""
         while True:
@@ -42,7 +44,7 @@ def on_terminal(*args: str, hide_tqdm: bool = False) -> tuple[bytes, bytes, int]
             if not data:
                 break
             err += data
-        out = process.stdout.read()
+        out = b"" if stdout_too else process.stdout.read()
         status = process.wait(timeout=60)
     os.close(master)
     return err, out, status
@@ -115,6 +117,21 @@ def test_tail_reading_forward_or_back_for_a_rare_event_draws_the_bar(big_run: Pa
     append_records(tmp_path / "metrics.jsonl", *(base_record(step) for step in range(5000)))
     err, out, status = on_terminal("tail", str(tmp_path), "-n", "3")
     assert status == 0 and err == b"" and out.count(b"\n") == 3
+
+
+@pytest.mark.parametrize("hide_tqdm", [False, True], ids=["tqdm", "without-tqdm"])
+def test_tail_takes_the_bar_off_the_line_before_each_record_line_on_a_shared_terminal(
+    big_run: Path, hide_tqdm: bool
+) -> None:
+    """stdout and stderr one terminal: each record line starts on a line of its own, whole, after
+    whatever cleared the bar (a carriage return); the bar still ends at its total."""
+    shown, _, status = on_terminal("tail", str(big_run), "-n", "+60", hide_tqdm=hide_tqdm, stdout_too=True)
+    assert status == 0
+    *lines, last = shown.split(b"\r\n")  # the terminal turns each newline into CR LF
+    assert [line.rsplit(b"\r", 1)[-1] for line in lines] == in_a_pipe(
+        "tail", str(big_run), "-n", "+60"
+    ).stdout.splitlines()
+    assert frames(last, b"tail")[-1] == 100 and not last.rsplit(b"\r", 2)[-2].strip()
 
 
 def test_export_and_query_draw_a_bar_of_runs(tmp_path: Path) -> None:

@@ -32,9 +32,9 @@ def test_a_line_says_how_far_how_fast_and_how_long_is_left() -> None:
     line = progress_line("summary", 300 << 20, 1200 << 20, rate=100 << 20, unit=BYTES, columns=99)
     assert line == "summary  25% [#####---------------] 300 MB/1.17 GB 100 MB/s 9 s left"
     assert progress_line("export", 3, 12, rate=None, unit="run", columns=99) == (
-        "export  25% [#####---------------] 3 run/12 run"
+        "export  25% [#####---------------] 3/12 runs"
     )
-    assert progress_line("export", 12, 12, rate=0.5, unit="run", columns=99).endswith("12 run/12 run 0.50 run/s")
+    assert progress_line("export", 3, 12, rate=0.5, unit="run", columns=99).endswith("3/12 runs 0.5 runs/s 18 s left")
 
 
 def test_a_line_fits_the_terminal_and_survives_a_zero_total() -> None:
