@@ -15,6 +15,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 from pathlib import Path
 
 import pytest
@@ -35,6 +36,10 @@ def on_terminal(*args: str, hide_tqdm: bool = False, stdout_too: bool = False) -
     stdout = slave if stdout_too else subprocess.PIPE
     with subprocess.Popen([*start, *args], stdout=stdout, stderr=slave, cwd=REPO) as process:
         os.close(slave)
+        out: list[bytes] = []
+        if not stdout_too:  # read beside the terminal: a child blocked on a full pipe never closes it
+            pipe = threading.Thread(target=lambda: out.append(process.stdout.read()))
+            pipe.start()
         err = b""
         while True:
             try:
@@ -44,10 +49,11 @@ def on_terminal(*args: str, hide_tqdm: bool = False, stdout_too: bool = False) -
             if not data:
                 break
             err += data
-        out = b"" if stdout_too else process.stdout.read()
         status = process.wait(timeout=60)
+        if not stdout_too:
+            pipe.join(timeout=60)
     os.close(master)
-    return err, out, status
+    return err, b"".join(out), status
 
 
 def in_a_pipe(*args: str) -> subprocess.CompletedProcess:
