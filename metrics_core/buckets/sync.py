@@ -102,21 +102,26 @@ class RunSync:
             )
         self.uploaded = end
 
-    def step(self, path: Path) -> Pass:
+    def step(self, path: Path, progress: Callable[[int, int], None] | None = None) -> Pass:
         """One pass over the local file ``path``: check it still holds what is uploaded, then upload
-        the lines completed since the last pass."""
+        the lines completed since the last pass; ``progress(bytes uploaded, file size)`` before
+        the first part and after each."""
         local = LocalFile(path)
         local.open()
         try:
             size = local.size()
             self._check(local, size)
             uploaded = []
+            if progress is not None:
+                progress(self.uploaded, size)
             while data := self._complete_lines(local, size):
                 uploaded.append((upload_part(self.filesystem, self.parts, self.uploaded, data), len(data)))
                 if not self.uploaded:
                     self._head = data[:HEAD_BYTES]
                 self._tail = (self._tail + data[-TAIL_BYTES:])[-TAIL_BYTES:]
                 self.uploaded += len(data)
+                if progress is not None:
+                    progress(self.uploaded, size)
             ended = size == self.uploaded and local.writer_alive() is False and self._session_ended()
             return Pass(uploaded, ended)
         finally:
@@ -207,14 +212,16 @@ def upload(
     interval: float = INTERVAL_S,
     on_pass: Callable[[Pass], None],
     on_wait: Callable[[Path], None],
+    progress: Callable[[int, int], None] | None = None,
 ) -> None:
     """One pass of ``sync`` over the run in ``run_dir``; with ``follow``, a pass every ``interval``
     seconds until the run is over or Ctrl-C / SIGTERM (module docstring), calling ``on_pass``
-    after each pass and ``on_wait`` (with the file's path) once if the file is not there yet.
+    after each pass and ``on_wait`` (with the file's path) once if the file is not there yet;
+    ``progress`` as ``RunSync.step`` takes it.
     ``MetricsError`` on the first error: nothing more is uploaded."""
     with _stop_on_signals() as stop:
         if not follow:
-            on_pass(sync.step(metrics_path(run_dir)))
+            on_pass(sync.step(metrics_path(run_dir), progress))
             return
         waiting = False
         while True:
@@ -226,7 +233,7 @@ def upload(
                     on_wait(run_file_path(run_dir))
                 waiting, done = True, None
             else:
-                done = sync.step(path)
+                done = sync.step(path, progress)
                 on_pass(done)
             if stopping or (done is not None and done.ended):
                 return

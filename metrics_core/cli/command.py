@@ -77,3 +77,8 @@ def pass_through(commands: Subcommands, name: str, *, help: str) -> None:
     # positional, and REMAINDER keeps them all in order ("--" included).
     parser = commands.add_parser(name, add_help=False, prefix_chars="\0", help=help)
     parser.add_argument("argv", nargs=argparse.REMAINDER)
+
+
+def add_quiet(parser: argparse.ArgumentParser) -> None:
+    """``--quiet``, for the commands that draw a progress bar on a terminal (``cli.progress``)."""
+    parser.add_argument("--quiet", "-q", action="store_true", help="no progress bar, even on a terminal")

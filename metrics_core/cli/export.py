@@ -1,8 +1,9 @@
 """``python -m metrics_core export ROOT OUT``: every run of a root as Parquet, one file per run, incrementally.
 
 The export is ``metrics_core.sql.export``'s (``export_root``); this command reads its options and
-prints the export's report.  Exit status 0 when done, 1 when some run could not be exported, 2
-when refused or failed (one line on stderr).
+prints the export's report; on a terminal, stderr shows a bar of the runs done (``cli.progress``).
+Exit status 0 when done, 1 when some run could not be exported, 2 when refused or failed (one line
+on stderr).
 """
 
 from __future__ import annotations
@@ -10,7 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING, TextIO
 
-from metrics_core.cli.command import add_cache_dir, cache_home
+from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
+from metrics_core.cli.progress import progress_bar
 from metrics_core.text import clean
 
 if TYPE_CHECKING:
@@ -20,11 +22,12 @@ NAME = "export"
 
 
 def add_parser(commands: Subcommands) -> None:
-    """``export ROOT OUT [--cache-dir DIR]``."""
+    """``export ROOT OUT [--cache-dir DIR] [--quiet]``."""
     parser = commands.add_parser(NAME, help="every run's records as Parquet, one file per run, incrementally")
     parser.add_argument("root", help="the runs root: a directory, or s3://bucket/prefix, gs://… or az://container/…")
     parser.add_argument("out", help="the export directory: a local directory, or a bucket prefix (s3://, gs://, az://)")
     add_cache_dir(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -35,6 +38,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     home = cache_home(args)
     check_cache_outside(args.root, home)
-    report = export_root(args.root, args.out, cache=CachePolicy(home))
+    with progress_bar(err, NAME, unit="run", quiet=args.quiet) as bar:
+        report = export_root(args.root, args.out, cache=CachePolicy(home), progress=bar.update)
     out.write("".join(clean(line) + "\n" for line in report.lines()))
     return 1 if report.failed else 0

@@ -2,10 +2,11 @@
 
 The statement check, the export and the locked-down connection are ``metrics_core.sql.query``'s;
 this command reads its options, exports a runs root into the cache first (an export directory is
-read as it is) and prints the rows: an aligned table of at most ``--max-rows`` (1,000 by default)
-and ``TABLE_BYTES``, or CSV streamed batch by batch.  ``--timeout`` covers the whole command:
-the export, the query and its printing.  Exit status 0 when done, 2 when refused or failed (one line on
-stderr).  Importing it loads neither DuckDB nor pyarrow.
+read as it is; on a terminal, stderr shows a bar of the runs exported) and prints the rows: an
+aligned table of at most ``--max-rows`` (1,000 by default) and ``TABLE_BYTES``, or CSV streamed
+batch by batch.  ``--timeout`` covers the whole command: the export, the query and its printing.
+Exit status 0 when done, 2 when refused or failed (one line on stderr).  Importing it loads
+neither DuckDB nor pyarrow.
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, Any, TextIO
 
-from metrics_core.cli.command import add_cache_dir, cache_home
+from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
+from metrics_core.cli.progress import progress_bar
 from metrics_core.sql.query import (
     QueryError,
     check_read_only,
@@ -43,7 +45,7 @@ TABLE_BYTES = 256 << 20  # what a table keeps in memory to align its columns, wh
 
 
 def add_parser(commands: Subcommands) -> None:
-    """``query ROOT SQL [--format table|csv] [--max-rows N] [--timeout S] [--cache-dir DIR]``."""
+    """``query ROOT SQL [--format table|csv] [--max-rows N] [--timeout S] [--cache-dir DIR] [--quiet]``."""
     parser = commands.add_parser(
         NAME,
         help="one read-only SQL query over every run (DuckDB; needs metrics-core[sql])",
@@ -58,6 +60,7 @@ def add_parser(commands: Subcommands) -> None:
     parser.add_argument("--max-rows", type=int, default=None, help="print at most this many rows")
     parser.add_argument("--timeout", type=float, default=None, help="stop after this many seconds, export included")
     add_cache_dir(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -68,7 +71,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     export = args.root
     if not is_export(export):
         deadline = None if args.timeout is None else started + args.timeout
-        export, report = export_for_query(args.root, home, deadline=deadline)
+        with progress_bar(err, "export", unit="run", quiet=args.quiet) as bar:
+            export, report = export_for_query(args.root, home, bar.update, deadline=deadline)
         err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
         if report.left:
             raise QueryError(f"stopped after {args.timeout:g} s: the export took too long; run it again to go on")

@@ -2,7 +2,7 @@
 
 Runs with the package's own dependency only (orjson), as ``tail`` does: it reads the file through
 ``metrics_core.read.run_digest`` (the session and replay rules of ``RunReader``), never through
-numpy or pandas.
+numpy or pandas.  On a terminal, stderr shows a bar of the bytes read (``cli.progress``).
 
 Output contract: every line at most ``WIDTH`` columns whatever the file holds ("…" where a value
 is cut), "—" where a value is missing, never ``NaN``/``None``; strings from the file go through
@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from datetime import datetime, timezone
 from typing import TYPE_CHECKING, TextIO
 
-from metrics_core.cli.command import add_run_dir
+from metrics_core.cli.command import add_quiet, add_run_dir
+from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.cli.terminal import ID_COLUMNS, bytes_text, count_text, loss_text, pad
 from metrics_core.read.health import Finding
 from metrics_core.read.run_digest import RunDigest
@@ -33,15 +34,18 @@ CLOCK_SLACK_S = 1.0  # a record this far in the future is the writer's clock ahe
 
 
 def add_parser(commands: Subcommands) -> None:
-    """``summary RUN_DIR``."""
-    add_run_dir(commands.add_parser(NAME, help="status, sessions, lost work and health checks"))
+    """``summary RUN_DIR [--quiet]``."""
+    parser = commands.add_parser(NAME, help="status, sessions, lost work and health checks")
+    add_run_dir(parser)
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
-    """Read the run once and print its summary."""
+    """Read the run once, with a progress bar on a terminal, and print its summary."""
     digest = RunDigest(metrics_path(args.run_dir))
     try:
-        digest.refresh()
+        with progress_bar(err, NAME, unit=BYTES, quiet=args.quiet) as bar:
+            digest.refresh(bar.update)
         out.write("".join(line + "\n" for line in summary_lines(digest, now=datetime.now(timezone.utc))))
     finally:
         digest.close()

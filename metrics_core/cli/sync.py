@@ -1,7 +1,8 @@
 """``python -m metrics_core sync RUN_DIR s3://bucket/prefix/RUN``: a run's file into a bucket as it grows.
 
 The uploads, their checks and the following are ``metrics_core.buckets.sync``'s (``RunSync``,
-``upload``); this command reads its options and prints a line per part uploaded.  It needs
+``upload``); this command reads its options and prints a line per part uploaded; on a terminal,
+stderr shows a bar of a pass's bytes while its parts go up (``cli.progress``).  It needs
 pyarrow (the ``s3`` extra), and its options name figures of the bucket layer, so they are parsed
 when it runs (``command.pass_through``): without pyarrow, ``sync`` says what to install in one line.
 Exit status 0 when done (or stopped by a signal), 2 on an error, said in one line.
@@ -13,7 +14,8 @@ import argparse
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from metrics_core.cli.command import PROG, add_run_dir, interval_arg, pass_through
+from metrics_core.cli.command import PROG, add_quiet, add_run_dir, interval_arg, pass_through
+from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.text import clean
 
 if TYPE_CHECKING:
@@ -43,6 +45,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     options = _parser().parse_args(args.argv)
 
     def on_pass(done: Pass) -> None:
+        bar.close()  # the pass's bar ends before its lines; the next pass starts its own
         out.write("".join(f"uploaded {clean(where.url)} ({size:,} bytes)\n" for where, size in done.uploaded))
         out.flush()
 
@@ -53,9 +56,16 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     destination = parse_bucket_url(options.destination)
     run_sync = sync.RunSync(destination, bucket_filesystem(destination))
     run_sync.resume()
-    sync.upload(
-        run_sync, options.run_dir, follow=options.follow, interval=options.interval, on_pass=on_pass, on_wait=on_wait
-    )
+    with progress_bar(err, NAME, unit=BYTES, quiet=options.quiet) as bar:
+        sync.upload(
+            run_sync,
+            options.run_dir,
+            follow=options.follow,
+            interval=options.interval,
+            on_pass=on_pass,
+            on_wait=on_wait,
+            progress=bar.update,
+        )
     return 0
 
 
@@ -99,4 +109,5 @@ def _parser() -> argparse.ArgumentParser:
             "reaches the bucket within S seconds"
         ),
     )
+    add_quiet(parser)
     return parser

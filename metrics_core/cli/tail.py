@@ -13,7 +13,8 @@ K-th record, like tail(1).  ``--follow`` prints new complete records as they lan
 file is cut or replaced, says so on stderr and prints the new content from its start.  Strings
 from the file go through ``text.clean``: a hostile session id cannot move the cursor or recolour
 the terminal.  Exit status 0, also on Ctrl-C and when the reader of a pipe goes away (``| head``);
-2 when the run does not exist.
+2 when the run does not exist.  A long read before the first line (``-n +K``, a rare ``--event``) shows
+a bar on stderr when it is a terminal (``cli.progress``), never in the output.
 """
 
 from __future__ import annotations
@@ -24,7 +25,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
-from metrics_core.cli.command import add_run_dir, interval_arg
+from metrics_core.cli.command import add_quiet, add_run_dir, interval_arg
+from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.cli.terminal import ID_COLUMNS, pad, rate_text, stamp, value_text
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_digest import Rates, batches, follow_file, last_records
@@ -38,7 +40,7 @@ NAME = "tail"
 
 
 def add_parser(commands: Subcommands) -> None:
-    """``tail RUN_DIR [-n N|+K] [--follow] [--event E]... [--interval S]``."""
+    """``tail RUN_DIR [-n N|+K] [--follow] [--event E]... [--interval S] [--quiet]``."""
     parser = commands.add_parser(NAME, help="print records as lines; --follow to keep printing new ones")
     add_run_dir(parser)
     parser.add_argument(
@@ -52,6 +54,7 @@ def add_parser(commands: Subcommands) -> None:
     parser.add_argument("--follow", "-f", action="store_true", help="keep printing records as they arrive")
     parser.add_argument("--event", action="append", help="only this event (repeatable)")
     parser.add_argument("--interval", type=interval_arg, default=1.0, help="seconds between checks with --follow")
+    add_quiet(parser)
 
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
@@ -66,6 +69,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         follow=args.follow,
         events=args.event,
         interval=args.interval,
+        quiet=args.quiet,
     )
     out.flush()
     return 0
@@ -137,14 +141,18 @@ def skipped_note(skipped: Sequence[BadLine]) -> str:
 
 
 class _Printer:
-    """Writes record lines in file order, computing each train record's tokens/s on the way."""
+    """Writes record lines in file order, computing each train record's tokens/s on the way;
+    ``before_line`` is called before each line (it takes a progress bar off a shared terminal)."""
 
-    def __init__(self, out: TextIO, keep: Callable[[Mapping[str, Any]], bool]) -> None:
-        self.out, self.keep, self.rates = out, keep, Rates()
+    def __init__(
+        self, out: TextIO, keep: Callable[[Mapping[str, Any]], bool], before_line: Callable[[], None] = lambda: None
+    ) -> None:
+        self.out, self.keep, self.rates, self.before_line = out, keep, Rates(), before_line
 
     def feed(self, record: Mapping[str, Any], *, show: bool = True) -> None:
         rate = self.rates(record) if record["event"] == "train" else None
         if show and self.keep(record):
+            self.before_line()
             self.out.write(record_line(record, rate) + "\n")
 
 
@@ -158,8 +166,13 @@ def tail(
     follow: bool = False,
     events: Sequence[str] | None = None,
     interval: float = 1.0,
+    quiet: bool = False,
 ) -> None:
-    """Print the last ``count`` records (or those from the ``from_record``-th on), then follow."""
+    """Print the last ``count`` records (or those from the ``from_record``-th on), then follow.
+
+    On a terminal, unless ``quiet``, stderr shows a bar of the bytes read until then
+    (``cli.progress``), taken off the line before each record line when stdout is that terminal too.
+    """
     wanted = frozenset(events or ())
     keep = (lambda record: record["event"] in wanted) if wanted else (lambda record: True)
     printer = _Printer(out, keep)
@@ -167,13 +180,17 @@ def tail(
         follower = follow_file(path)
         skipped: list[BadLine] = []
         seen = 0
-        for batch in batches(follower):
-            for record in batch.records:
-                seen += keep(record)
-                printer.feed(record, show=seen >= from_record)
-            skipped += batch.skipped
+        with progress_bar(err, NAME, unit=BYTES, quiet=quiet) as bar:
+            if out.isatty():
+                printer.before_line = bar.clear  # does nothing once the bar is closed
+            for batch in batches(follower, bar.update):
+                for record in batch.records:
+                    seen += keep(record)
+                    printer.feed(record, show=seen >= from_record)
+                skipped += batch.skipped
     else:
-        found = last_records(path, count, keep=keep)
+        with progress_bar(err, NAME, unit=BYTES, quiet=quiet) as bar:
+            found = last_records(path, count, keep=keep, progress=bar.update)
         for record in found.context:
             printer.feed(record, show=False)
         for record in found.records:

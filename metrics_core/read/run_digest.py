@@ -58,8 +58,11 @@ def follow_file(
     return follower
 
 
-def batches(follower: LineFollower) -> Iterator[Batch]:
-    """What ``follower`` finds appended since the last call, parsed by ``records.check_lines``."""
+def batches(follower: LineFollower, progress: Callable[[int, int], None] | None = None) -> Iterator[Batch]:
+    """What ``follower`` finds appended since the last call, parsed by ``records.check_lines``.
+
+    ``progress(offset, size)`` after each batch: how far into the file the read is (one
+    ``fstat`` a block of up to ``line_follower.READ_CHUNK`` bytes)."""
     for item in follower.follow():
         if isinstance(item, Restart):
             yield Batch([], [], item.reason)
@@ -67,6 +70,8 @@ def batches(follower: LineFollower) -> Iterator[Batch]:
             yield Batch([], [item.bad])
         elif isinstance(item, Lines):
             yield _parsed(item, follower.max_record_bytes)
+        if progress is not None:
+            progress(follower.offset, follower.file.size())
 
 
 def _parsed(block: Lines, max_record_bytes: int) -> Batch:
@@ -113,6 +118,7 @@ def last_records(
     keep: Callable[[dict[str, Any]], bool],
     max_record_bytes: int = MAX_RECORD_BYTES,
     chunk: int = BACK_CHUNK,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Tail:
     """The last ``count`` records that ``keep`` accepts, reading backwards from the last ``\\n``.
 
@@ -121,6 +127,7 @@ def last_records(
     ``RATE_CONTEXT_LINES`` lines) until each session of a printed ``train`` record has an earlier
     ``train`` record or its ``session_start``, so that the first lines printed get their tokens/s.
     Bad lines are located by line number when the scan reached the file's start, else by offset.
+    ``progress(scanned, end)`` after each chunk: the bytes read back from the end, of those there are.
     """
     fd = open_regular(path)
     try:
@@ -191,6 +198,8 @@ def last_records(
                     going, unread = False, len(lines) - taken
                     break
             buffer = buffer[: first + 1]  # a line that began in an earlier chunk, up to its newline
+            if going and progress is not None:  # not when the first chunk held the answer: no bar then
+                progress(end - position, end)
             if going and len(buffer) > max_record_bytes + 1:
                 long_end, buffer = start + len(buffer) - 1, b""  # too long to be a record: find its start
         total = lines_seen + unread if position == 0 and long_end is None else None
@@ -297,10 +306,11 @@ class RunDigest(FollowedLog, AccountedSessions):
     def close(self) -> None:
         self._follower.close()
 
-    def refresh(self) -> int:
-        """Read the complete lines appended since the last call; return how many records."""
+    def refresh(self, progress: Callable[[int, int], None] | None = None) -> int:
+        """Read the complete lines appended since the last call; return how many records.
+        ``progress``: as ``batches`` takes it."""
         before = self.records
-        for batch in batches(self._follower):
+        for batch in batches(self._follower, progress):
             if batch.reset is not None:
                 self._clear()
                 before = 0

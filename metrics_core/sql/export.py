@@ -45,7 +45,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -231,13 +231,15 @@ def export_root(
     cache: CachePolicy | None = None,
     filesystem: pafs.FileSystem | None = None,
     deadline: float | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> ExportReport:
     """Export every run under the runs ``root`` (a directory or a bucket prefix) into ``out``
     (module docstring).
 
     ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
     is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
-    (default from the environment).  ``deadline`` (a ``time.monotonic()``): past it, no run is
+    (default from the environment).  ``progress(runs done, runs)`` before each run and at the end.
+    ``deadline`` (a ``time.monotonic()``): past it, no run is
     begun once one has been read; the runs not reached keep their entries as last exported
     (``ExportReport.left``), so an export cut short writes what it did and the next one goes on
     from there, one run further at least.  Raises
@@ -248,7 +250,7 @@ def export_root(
     destination = Destination.of(out, filesystem)
     runs = open_root(root, watch=False)
     try:
-        return _export(runs, destination, cache, deadline)
+        return _export(runs, destination, cache, deadline, progress)
     finally:
         runs.close()
 
@@ -263,7 +265,11 @@ def root_name(root: str | os.PathLike[str]) -> str:
 
 
 def _export(
-    root: RunsRoot, destination: Destination, cache: CachePolicy | None, deadline: float | None
+    root: RunsRoot,
+    destination: Destination,
+    cache: CachePolicy | None,
+    deadline: float | None,
+    progress: Callable[[int, int], None] | None,
 ) -> ExportReport:
     root_id = root_name(root.location)
     if destination.inside(root_id):
@@ -276,7 +282,9 @@ def _export(
         before: Mapping[str, dict[str, Any]] = manifest.get("runs", {})
         present = destination.listing()
         plan = _Plan()
-        for run in listing.runs:
+        for done, run in enumerate(listing.runs):
+            if progress is not None:
+                progress(done, len(listing.runs))
             if deadline is not None and (plan.written or plan.failed) and time.monotonic() > deadline:
                 plan.left.append(run.name)
                 if run.name in before:
@@ -295,6 +303,8 @@ def _export(
                 plan.failed.append((run.name, _first_line(exc)))
                 if entry is not None:
                     plan.entries[run.name] = entry  # kept as last exported: nothing already exported is lost
+        if progress is not None:
+            progress(len(listing.runs), len(listing.runs))
         removed = sorted(set(before) - set(plan.entries))
         if plan.written or removed or not manifest:
             document = {"format": FORMAT, "root": root_id, "runs": plan.entries}

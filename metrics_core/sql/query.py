@@ -197,18 +197,25 @@ def _fitting(batch: pa.RecordBatch, room: int) -> pa.RecordBatch:
     return batch.slice(0, low)
 
 
-def export_for_query(root: Path | str, cache_home: Path, *, deadline: float | None = None) -> tuple[Path, ExportReport]:
+def export_for_query(
+    root: Path | str,
+    cache_home: Path,
+    progress: Callable[[int, int], None] | None = None,
+    *,
+    deadline: float | None = None,
+) -> tuple[Path, ExportReport]:
     """Bring the export of the runs ``root`` (a directory or a bucket prefix) in ``cache_home`` up
     to date; its directory and what the export did.  The cache may not lie inside the root
-    (nothing is written there).  ``deadline`` (a ``time.monotonic()``): runs not reached by then
-    are left for the next export (``ExportReport.left``)."""
+    (nothing is written there).  ``progress``: as ``export.export_root`` takes it.  ``deadline``
+    (a ``time.monotonic()``): runs not reached by then are left for the next export
+    (``ExportReport.left``)."""
     from metrics_core.read.column_cache import CachePolicy
     from metrics_core.sql.export import export_root, root_name
 
     check_cache_outside(root, cache_home)
     key = hashlib.blake2b(root_name(root).encode(), digest_size=8).hexdigest()
     directory = cache_home.resolve() / "sql" / key
-    report = export_root(root, directory, cache=CachePolicy(cache_home.resolve()), deadline=deadline)
+    report = export_root(root, directory, cache=CachePolicy(cache_home.resolve()), progress=progress, deadline=deadline)
     return directory, report
 
 
