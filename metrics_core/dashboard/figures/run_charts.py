@@ -3,7 +3,8 @@
 ``run_charts`` draws every chart of the run page in one pass over its specs (``metric_figure``,
 ``straggler_figure``), with the replay windows shaded in the sessions history mode
 (``replay_highlights``); ``session_overlay`` and ``compare_chart`` are the sessions and compare
-pages' charts.  Nothing here memoises (``chart_memo`` does, per snapshot) and nothing here decides
+pages' charts (a compare chart of groups of runs: ``group_figures``).  Nothing here memoises
+(``chart_memo`` does, per snapshot) and nothing here decides
 which rows a chart draws (its spec does): this module only calls down, into the views and the
 figure builders beside it.
 """
@@ -17,6 +18,7 @@ import pandas as pd
 
 from metrics_core.analysis.derived import replay_windows
 from metrics_core.dashboard.figures.figure_dicts import Figure
+from metrics_core.dashboard.figures.group_figures import group_figure
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import straggler_figure
@@ -30,7 +32,7 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_spec,
     chart_specs,
 )
-from metrics_core.dashboard.views.compare import compare_series
+from metrics_core.dashboard.views.compare import compare_series, group_series
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
@@ -63,7 +65,7 @@ def run_charts(
     """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
     with a budget of ``max_points`` drawn points."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
-    specs = chart_specs(view, options.history, only=options.only, charts=charts)
+    specs = chart_specs(view, options.history, only=options.only, charts=charts, x=options.x)
     return {key: spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
 
 
@@ -103,7 +105,7 @@ def session_overlay(
 ) -> Figure:
     """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
     replay windows shaded."""
-    spec = chart_spec(view, chart, "sessions")
+    spec = chart_spec(view, chart, "sessions", x=x)
     return metric_figure(
         spec.series,
         title=f"{spec.title} by session",
@@ -124,11 +126,28 @@ def compare_chart(
     smoothing: float,
     log_y: bool,
     theme: str = "light",
+    groups: Mapping[str, list[str]] | None = None,
+    band: str = "minmax",
 ) -> Figure:
     """One metric of several runs (``compare_series``), each run a colour and named by its path in
-    the chart's legend (every chart has its own: on a phone the charts are far apart).  A metric
-    none of the runs logged is an empty chart titled by its name."""
-    label, series = compare_series(views, metric)
+    the chart's legend (every chart has its own: on a phone the charts are far apart).  With
+    ``groups`` (group name -> its runs, ``views.groups.run_groups``), one line per group instead:
+    the mean of its runs over a ``band`` (``group_figure``).  A metric none of the runs logged is an
+    empty chart titled by its name."""
+    revision = f"compare:{metric}:{x}:{log_y}:{','.join(views)}"
+    if groups is not None:
+        label, grouped = group_series(views, metric, groups, x=x)
+        return group_figure(
+            grouped,
+            title=label,
+            x=x,
+            smoothing=smoothing,
+            log_y=log_y,
+            band=band,
+            revision=f"{revision}:{band}:{','.join(groups)}",
+            theme=theme,
+        )
+    label, series = compare_series(views, metric, x=x)
     return metric_figure(
         series,
         title=label,
@@ -136,6 +155,6 @@ def compare_chart(
         x=x,
         smoothing=smoothing,
         log_y=log_y,
-        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}",
+        revision=revision,
         theme=theme,
     )

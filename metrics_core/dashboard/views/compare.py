@@ -1,12 +1,17 @@
 """The compare page's series: one metric of several runs, each run a colour, from the effective
-history of each (a view of snapshots, as ``chart_specs`` is of one)."""
+history of each (a view of snapshots, as ``chart_specs`` is of one); or of groups of runs
+(``views.groups``), each group a colour, its runs' series together (``group_series``).  The x
+axis may be a logged key that grows (``views.x_keys``): ``compare_x_keys`` says which."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import WRITER_FIELDS, Series, logged_keys, with_derived
+from metrics_core.dashboard.views.memo import view_x_keys
+from metrics_core.dashboard.views.x_keys import X_MODES, fill_x
 
 RUN_COLOURS = ("#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#17becf", "#8c564b", "#e377c2")
 
@@ -33,15 +38,53 @@ def compare_metrics(views: Mapping[str, RunView]) -> dict[str, tuple[str, str]]:
     return COMPARE_METRICS | {column: (logged[column], column) for column in sorted(logged)}
 
 
-def compare_series(views: Mapping[str, RunView], metric: str) -> tuple[str, list[Series]]:
+def compare_x_keys(views: Mapping[str, RunView]) -> list[str]:
+    """The logged keys the compare page offers as x: each grows within the sessions of every run
+    that logs it numerically (``view_x_keys``), and is not refused by one that logs it otherwise."""
+    growing: set[str] = set()
+    refused: set[str] = set()
+    for view in views.values():
+        keys = set(view_x_keys(view))
+        growing |= keys
+        refused |= {key for key, events in logged_keys(view).items() if "train" in events} - keys
+    return sorted(growing - refused)
+
+
+def compare_series(views: Mapping[str, RunView], metric: str, *, x: str = "step") -> tuple[str, list[Series]]:
     """One metric of several runs (effective histories), as its label and a series per run, each run
-    a colour and named by its path.  A metric none of the runs logged is labelled by its name."""
+    a colour and named by its path; each frame holds ``x`` when it is a logged key (``fill_x``).  A
+    metric none of the runs logged is labelled by its name."""
     event, label = compare_metrics(views).get(metric, ("train", metric))
+    fields = WRITER_FIELDS | {metric} | ({x} if x not in X_MODES else set())
     series = []
     for number, (name, view) in enumerate(views.items()):
-        frame = with_derived(view.effective(event, WRITER_FIELDS | {metric}), metric)
+        frame = with_derived(view.effective(event, fields), metric)
+        if x not in X_MODES:
+            frame = fill_x(frame, x, view.effective("train", ("step", x)))
         # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
         series.append(
             Series(frame, metric, name, markers=event == "validation", colour=RUN_COLOURS[number % len(RUN_COLOURS)])
         )
     return label, series
+
+
+@dataclass(frozen=True, slots=True)
+class GroupSeries:
+    """One group of runs on a compare chart: its name, its runs' series, its colour."""
+
+    label: str
+    runs: tuple[Series, ...]
+    colour: str
+
+
+def group_series(
+    views: Mapping[str, RunView], metric: str, groups: Mapping[str, list[str]], *, x: str = "step"
+) -> tuple[str, list[GroupSeries]]:
+    """One metric of the runs of ``groups`` (group name -> run names, ``groups.run_groups``), as its
+    label and a ``GroupSeries`` per group, each group a colour (in ``groups``' order)."""
+    label, series = compare_series(views, metric, x=x)
+    by_run = dict(zip(views, series, strict=True))
+    return label, [
+        GroupSeries(name, tuple(by_run[run] for run in runs if run in by_run), RUN_COLOURS[number % len(RUN_COLOURS)])
+        for number, (name, runs) in enumerate(groups.items())
+    ]
