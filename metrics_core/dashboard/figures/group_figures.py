@@ -7,7 +7,10 @@ common to the group: every x any run logged when they number at most ``GROUP_POI
 logged at the same steps are averaged at exactly those steps), else ``GROUP_POINTS`` evenly spaced
 x between the group's first and last.  A run counts only between its own first and last x: a run
 that stopped early leaves the mean to the runs that went on, with no cliff where it stopped.
-Missing values (a window with no number) are left out of a run's points before interpolation.
+Missing values (a window with no number) are left out of a run's points before interpolation; a
+run of more than ``RUN_POINTS`` points is first reduced to the means of consecutive points
+(``run_points``: what a page keeps of each run per snapshot, so a refresh of a group whose runs
+did not change costs the alignment only).
 
 The band (``band_edges``) is the min–max of the runs at each x, or the mean ± one standard
 deviation (the population's: the runs there are the whole group, and one run has a band of 0).
@@ -16,7 +19,7 @@ Pure functions: frames in, a ``Figure`` out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +35,7 @@ from metrics_core.dashboard.views.compare import GroupSeries
 from metrics_core.dashboard.views.groups import legend_name
 
 GROUP_POINTS = 2000  # grid points per group
+RUN_POINTS = 4000  # points kept of one run (``run_points``)
 BANDS = {"minmax": "min–max", "std": "± 1 std"}
 BAND_OPACITY = 0.18
 
@@ -47,12 +51,25 @@ class GroupStats:
     runs: np.ndarray
 
 
-def run_points(item: Series, x: str, smoothing: float) -> tuple[np.ndarray, np.ndarray]:
+@dataclass(frozen=True, slots=True)
+class RunCurve:
+    """One run's points of a metric, ready to align (``run_points``), and how its axis reads."""
+
+    x: np.ndarray
+    y: np.ndarray
+    axis: Axis
+    markers: bool = False
+
+
+def run_points(item: Series, x: str, smoothing: float, *, points: int = RUN_POINTS) -> RunCurve:
     """One run's finite points of ``item`` in x order (smoothed first when ``smoothing`` > 0 and the
-    series is dense), the values of an x logged more than once averaged."""
+    series is dense), the values of an x logged more than once averaged; beyond ``points`` points,
+    the means of as many runs of consecutive points (x and value alike), so what a chart keeps of a
+    run per snapshot is bounded however long the run."""
     frame = item.frame
+    axis = axis_of(item.column, frame)
     if item.column not in frame.columns or not len(frame):
-        return np.zeros(0), np.zeros(0)
+        return RunCurve(np.zeros(0), np.zeros(0), axis, item.markers)
     xs = np.asarray(x_values(frame, x, None), dtype=np.float64)
     ys = column_numbers(frame, item.column)
     if smoothing > 0 and not item.markers:
@@ -62,7 +79,11 @@ def run_points(item: Series, x: str, smoothing: float) -> tuple[np.ndarray, np.n
     if len(xs) > 1 and not (np.diff(xs) > 0).all():  # the usual case, a growing step, skips the sort
         xs, inverse = np.unique(xs, return_inverse=True)
         ys = np.bincount(inverse, weights=ys) / np.bincount(inverse)
-    return xs, ys
+    if len(xs) > points:
+        bucket = np.arange(len(xs)) * points // len(xs)
+        sizes = np.bincount(bucket)
+        xs, ys = np.bincount(bucket, weights=xs) / sizes, np.bincount(bucket, weights=ys) / sizes
+    return RunCurve(xs, ys, axis, item.markers)
 
 
 def align(
@@ -89,48 +110,45 @@ def band_edges(grid: np.ndarray, matrix: np.ndarray, band: str) -> GroupStats:
     runs = np.isfinite(matrix).sum(axis=0)
     reached = runs > 0
     values = matrix[:, reached]
-    mean = np.nanmean(values, axis=0) if values.size else np.zeros(0)
+    if not values.size:
+        empty = np.zeros(0)
+        return GroupStats(empty, empty, empty, empty, runs[reached])
+    mean = np.nanmean(values, axis=0)
     if band == "std":
-        spread = np.nanstd(values, axis=0) if values.size else np.zeros(0)
+        spread = np.nanstd(values, axis=0)
         low, high = mean - spread, mean + spread
     else:
-        low = np.nanmin(values, axis=0) if values.size else np.zeros(0)
-        high = np.nanmax(values, axis=0) if values.size else np.zeros(0)
+        low, high = np.nanmin(values, axis=0), np.nanmax(values, axis=0)
     return GroupStats(grid[reached], mean, low, high, runs[reached])
-
-
-def group_stats(group: GroupSeries, *, x: str, smoothing: float, band: str) -> GroupStats:
-    """``group``'s mean and band on its common grid."""
-    grid, matrix = align([run_points(item, x, smoothing) for item in group.runs])
-    return band_edges(grid, matrix, band)
 
 
 def group_figure(
     groups: Sequence[GroupSeries],
+    curves: Mapping[str, RunCurve],
     *,
     title: str,
     x: str = "step",
-    smoothing: float = 0.0,
     log_y: bool = False,
     band: str = "minmax",
     revision: str = "",
     theme: str = "light",
 ) -> Figure:
-    """One line per group, the mean of its runs, over a band (``band_edges``), each group a colour,
-    named in the legend with its run count ("peak_lr=0.0003 (4 runs)"); the hover gives the band's
-    edges and the runs at that x.  One legend entry per group, however many runs."""
+    """One line per group, the mean of its runs' ``curves`` (by run name, ``run_points``) over a
+    band (``band_edges``), each group a colour, named in the legend with its run count
+    ("peak_lr=0.0003 (4 runs)"); the hover gives the band's edges and the runs at that x.  One
+    legend entry per group, however many runs."""
     traces: list[dict[str, Any]] = []
     drawn: list[np.ndarray] = []
     spans: list[float] = []
-    axis = None
+    axis = next((curve.axis for curve in curves.values()), Axis(title))
     for group in groups:
-        stats = group_stats(group, x=x, smoothing=smoothing, band=band)
-        first = next((item for item in group.runs if item.column in item.frame.columns), None)
-        if first is not None and axis is None:
-            axis = axis_of(first.column, first.frame)
+        members = [curves[run] for run in group.runs]
+        grid, matrix = align([(curve.x, curve.y) for curve in members])
+        stats = band_edges(grid, matrix, band)
         if not len(stats.x):
             continue
-        traces += _group_traces(group, stats, band)
+        sparse = any(curve.markers for curve in members) and len(stats.x) <= MARKED_POINTS
+        traces += _group_traces(group, stats, band, axis=axis, sparse=sparse)
         drawn += [stats.mean, stats.low, stats.high]
         spans += [float(stats.x[0]), float(stats.x[-1])]
     if not traces:  # plotly draws no axis without a trace
@@ -147,20 +165,20 @@ def group_figure(
         theme=theme,
         spans=spans,
     )
-    sides = {False: axis or Axis(title), True: None}
-    robust = y_axes(layout, sides, {False: drawn, True: []}, log_y=log_y, theme=theme)
+    robust = y_axes(layout, {False: axis, True: None}, {False: drawn, True: []}, log_y=log_y, theme=theme)
     layout["height"] = chart_height(traces, layout["margin"]["r"])
     if robust is not None:
         traces += off_scale_markers(traces, robust, log=log_y, theme=theme)
     return figure_of(traces, layout)
 
 
-def _group_traces(group: GroupSeries, stats: GroupStats, band: str) -> list[dict[str, Any]]:
+def _group_traces(
+    group: GroupSeries, stats: GroupStats, band: str, *, axis: Axis, sparse: bool
+) -> list[dict[str, Any]]:
     """The band's lower edge, its upper edge filled down to it, and the mean line on top."""
     name = plotly_text(shorten(legend_name(group.label, len(group.runs)), LABEL_CHARS))
     edge = {"color": group.colour, "width": 0}
-    sparse = any(item.markers for item in group.runs) and len(stats.x) <= MARKED_POINTS
-    fmt = axis_of(group.runs[0].column, group.runs[0].frame).hoverformat if group.runs else ".4~g"
+    fmt = axis.hoverformat
     common = {"legendgroup": name, "showlegend": False, "hoverinfo": "skip", "connectgaps": False, "mode": "lines"}
     return [
         dict(x=stats.x, y=compact(stats.low), name=f"{name} low", line=edge, **common),

@@ -11,14 +11,15 @@ figure builders beside it.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from metrics_core.analysis.derived import replay_windows
 from metrics_core.dashboard.figures.figure_dicts import Figure
-from metrics_core.dashboard.figures.group_figures import group_figure
+from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure, run_points
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import straggler_figure
@@ -32,7 +33,9 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_spec,
     chart_specs,
 )
-from metrics_core.dashboard.views.compare import compare_series, group_series
+from metrics_core.dashboard.views.compare import compare_series, group_series, run_series
+
+KEPT_SMOOTHINGS = 2
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
@@ -136,17 +139,10 @@ def compare_chart(
     empty chart titled by its name."""
     revision = f"compare:{metric}:{x}:{log_y}:{','.join(views)}"
     if groups is not None:
-        label, grouped = group_series(views, metric, groups, x=x)
-        return group_figure(
-            grouped,
-            title=label,
-            x=x,
-            smoothing=smoothing,
-            log_y=log_y,
-            band=band,
-            revision=f"{revision}:{band}:{','.join(groups)}",
-            theme=theme,
-        )
+        (event, label), grouped = group_series(views, metric, groups)
+        curves = {run: _run_curve(views[run], run, event, metric, x, smoothing) for g in grouped for run in g.runs}
+        revision = f"{revision}:{band}:{','.join(groups)}"
+        return group_figure(grouped, curves, title=label, x=x, log_y=log_y, band=band, revision=revision, theme=theme)
     label, series = compare_series(views, metric, x=x)
     return metric_figure(
         series,
@@ -158,3 +154,27 @@ def compare_chart(
         revision=revision,
         theme=theme,
     )
+
+
+def _run_curve(view: RunView, name: str, event: str, metric: str, x: str, smoothing: float) -> RunCurve:
+    """``run_points`` of one run's ``metric``, kept with the snapshot: a run that did not change
+    since the last refresh (a finished seed of a sweep) costs nothing to draw again in its group."""
+    kept = view.memo(("group_points", event, metric, x), _KeptCurves)
+    return kept.get(smoothing, lambda: run_points(run_series(view, name, event, metric, x=x), x, smoothing))
+
+
+class _KeptCurves:
+    """One run's curves of one metric and x by smoothing, the last ``KEPT_SMOOTHINGS`` kept: a
+    smoothing slider dragged across its range leaves no more than that per run.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[float, RunCurve] = {}
+
+    def get(self, smoothing: float, compute: Callable[[], RunCurve]) -> RunCurve:
+        with self._lock:  # tabs drawing the same run wait for one computation, not one each
+            found = self._kept.pop(smoothing, None)
+            self._kept[smoothing] = found = compute() if found is None else found
+            while len(self._kept) > KEPT_SMOOTHINGS:
+                del self._kept[next(iter(self._kept))]
+            return found

@@ -52,39 +52,43 @@ def compare_x_keys(views: Mapping[str, RunView]) -> list[str]:
 
 def compare_series(views: Mapping[str, RunView], metric: str, *, x: str = "step") -> tuple[str, list[Series]]:
     """One metric of several runs (effective histories), as its label and a series per run, each run
-    a colour and named by its path; each frame holds ``x`` when it is a logged key (``fill_x``).  A
-    metric none of the runs logged is labelled by its name."""
+    a colour and named by its path (``run_series``).  A metric none of the runs logged is labelled
+    by its name."""
     event, label = compare_metrics(views).get(metric, ("train", metric))
-    fields = WRITER_FIELDS | {metric} | ({x} if x not in X_MODES else set())
-    series = []
-    for number, (name, view) in enumerate(views.items()):
-        frame = with_derived(view.effective(event, fields), metric)
-        if x not in X_MODES:
-            frame = fill_x(frame, x, view.effective("train", ("step", x)))
-        # Validation is sparse (every N steps): drawn raw with markers, as on the run page, not smoothed.
-        series.append(
-            Series(frame, metric, name, markers=event == "validation", colour=RUN_COLOURS[number % len(RUN_COLOURS)])
-        )
-    return label, series
+    return label, [
+        run_series(view, name, event, metric, x=x, colour=RUN_COLOURS[number % len(RUN_COLOURS)])
+        for number, (name, view) in enumerate(views.items())
+    ]
+
+
+def run_series(view: RunView, name: str, event: str, metric: str, *, x: str, colour: str | None = None) -> Series:
+    """``metric`` of ``event``'s records of one run (its effective history), named ``name``; the
+    frame holds ``x`` when it is a logged key (``fill_x``).  Validation is sparse (every N steps):
+    drawn raw with markers, as on the run page, not smoothed."""
+    frame = with_derived(view.effective(event, WRITER_FIELDS | {metric} | ({x} - X_MODES.keys())), metric)
+    if x not in X_MODES:
+        frame = fill_x(frame, x, view.effective("train", ("step", x)))
+    return Series(frame, metric, name, markers=event == "validation", colour=colour)
 
 
 @dataclass(frozen=True, slots=True)
 class GroupSeries:
-    """One group of runs on a compare chart: its name, its runs' series, its colour."""
+    """One group of runs on a compare chart: its name, its runs (names), its colour."""
 
     label: str
-    runs: tuple[Series, ...]
+    runs: tuple[str, ...]
     colour: str
 
 
 def group_series(
-    views: Mapping[str, RunView], metric: str, groups: Mapping[str, list[str]], *, x: str = "step"
-) -> tuple[str, list[GroupSeries]]:
-    """One metric of the runs of ``groups`` (group name -> run names, ``groups.run_groups``), as its
-    label and a ``GroupSeries`` per group, each group a colour (in ``groups``' order)."""
-    label, series = compare_series(views, metric, x=x)
-    by_run = dict(zip(views, series, strict=True))
-    return label, [
-        GroupSeries(name, tuple(by_run[run] for run in runs if run in by_run), RUN_COLOURS[number % len(RUN_COLOURS)])
+    views: Mapping[str, RunView], metric: str, groups: Mapping[str, list[str]]
+) -> tuple[tuple[str, str], list[GroupSeries]]:
+    """The event and label of ``metric`` and a ``GroupSeries`` per group of ``groups`` (group name
+    -> run names, ``groups.run_groups``; runs not in ``views`` left out), each group a colour in
+    ``groups``' order.  No run's rows are read here: a chart asks ``run_series`` per run, and may
+    keep what it drew of it per snapshot."""
+    event_label = compare_metrics(views).get(metric, ("train", metric))
+    return event_label, [
+        GroupSeries(name, tuple(run for run in runs if run in views), RUN_COLOURS[number % len(RUN_COLOURS)])
         for number, (name, runs) in enumerate(groups.items())
     ]
