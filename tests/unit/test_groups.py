@@ -10,8 +10,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import plotly.graph_objects as go
 import pytest
 
+from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.figures.group_figures import align, band_edges
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
 from metrics_core.dashboard.store.run_store import RunStore
@@ -97,6 +99,8 @@ def test_group_means_and_bands_equal_those_computed_from_the_files(sweep, band: 
         assert list(line["customdata"][:, 2]) == [len(v) for v in values]
     counts = traces["peak_lr=0.001 (4 runs)"]["customdata"][:, 2]
     assert counts[0] == 4 and counts[-1] == 3  # past the short run's end, the three that went on
+    validated = go.Figure(figure)  # plotly accepts every property the figure sets
+    assert json.loads(validated.to_json()) == json.loads(figure_json(figure))
 
 
 def test_runs_on_different_steps_are_interpolated_onto_one_grid_and_count_only_where_they_ran() -> None:

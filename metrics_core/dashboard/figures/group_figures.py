@@ -141,14 +141,14 @@ def group_figure(
     drawn: list[np.ndarray] = []
     spans: list[float] = []
     axis = next((curve.axis for curve in curves.values()), Axis(title))
-    for group in groups:
+    for number, group in enumerate(groups):
         members = [curves[run] for run in group.runs]
         grid, matrix = align([(curve.x, curve.y) for curve in members])
         stats = band_edges(grid, matrix, band)
         if not len(stats.x):
             continue
         sparse = any(curve.markers for curve in members) and len(stats.x) <= MARKED_POINTS
-        traces += _group_traces(group, stats, band, axis=axis, sparse=sparse)
+        traces += _group_traces(group, number, stats, band, axis=axis, sparse=sparse)
         drawn += [stats.mean, stats.low, stats.high]
         spans += [float(stats.x[0]), float(stats.x[-1])]
     if not traces:  # plotly draws no axis without a trace
@@ -173,13 +173,14 @@ def group_figure(
 
 
 def _group_traces(
-    group: GroupSeries, stats: GroupStats, band: str, *, axis: Axis, sparse: bool
+    group: GroupSeries, number: int, stats: GroupStats, band: str, *, axis: Axis, sparse: bool
 ) -> list[dict[str, Any]]:
     """The band's lower edge, its upper edge filled down to it, and the mean line on top."""
-    name = plotly_text(shorten(legend_name(group.label, len(group.runs)), LABEL_CHARS))
+    name = plotly_text(legend_name(shorten(group.label, LABEL_CHARS), len(group.runs)))  # the count never cut off
+    key = f"group:{number}"  # legend groups apart even when shortened names collide
     edge = {"color": group.colour, "width": 0}
     fmt = axis.hoverformat
-    common = {"legendgroup": name, "showlegend": False, "hoverinfo": "skip", "connectgaps": False, "mode": "lines"}
+    common = {"legendgroup": key, "showlegend": False, "hoverinfo": "skip", "connectgaps": False, "mode": "lines"}
     return [
         dict(x=stats.x, y=compact(stats.low), name=f"{name} low", line=edge, **common),
         dict(
@@ -195,7 +196,7 @@ def _group_traces(
             x=stats.x,
             y=compact(stats.mean),
             name=name,
-            legendgroup=name,
+            legendgroup=key,
             mode="lines+markers" if sparse else "lines",
             line={"color": group.colour, "width": 2},
             marker={"size": 5},
