@@ -63,7 +63,8 @@ def growing_keys(columns: EventColumns, keys: Iterable[str]) -> tuple[str, ...]:
     if columns.rows < 2:
         return ()
     codes = session_codes(columns)
-    arrays = {key: np.asarray(columns.array(key)) for key in keys if key not in X_MODES and key in columns.names}
+    names = set(columns.names)  # a tuple: ``in`` on it would make this O(keys²)
+    arrays = {key: np.asarray(columns.array(key)) for key in keys if key not in X_MODES and key in names}
     arrays = {key: values for key, values in arrays.items() if values.dtype.kind in "iuf"}
     if not arrays:
         return ()
