@@ -1,9 +1,11 @@
-"""`/compare?run=<a>&run=<b>…` — several metrics of several runs, one colour per run, and the
-config keys that differ between them; controls in the sidebar, the URL is shareable."""
+"""`/compare?run=<a>&run=<b>…` — several metrics of several runs, one colour per run (or per group
+of runs: `group=<config key>`, `band=std`), and the config keys that differ between them; controls
+in the sidebar (`compare_controls`), the URL is shareable."""
 
 import pandas as pd
 import streamlit as st
 
+from metrics_core.dashboard.compare_controls import compare_controls
 from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.figures.run_charts import compare_chart
 from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
@@ -41,7 +43,8 @@ with st.sidebar:
         default=[name for name in asked if name in names],
         key="compare_runs",
     )
-    choices = compare_metrics(views_or_warn(store, picked))  # the mission's metrics, then every logged key
+    opened = views_or_warn(store, picked)
+    choices = compare_metrics(opened)  # the mission's metrics, then every logged key
     metrics = st.multiselect(
         "Metrics",
         list(choices),
@@ -49,7 +52,7 @@ with st.sidebar:
         key="compare_metrics",
         format_func=lambda m: choices.get(m, (None, m))[1],
     )
-    x = st.segmented_control("x axis", ["step", "tokens_seen"], default="step", key="compare_x") or "step"
+    chosen = compare_controls(opened)  # x, groups and band, each in the URL
     smoothing = st.slider("Smoothing", 0.0, 0.99, 0.6, 0.01, key="smoothing")
     log_y = st.toggle("Log-scale y", key="log_y")
 st.query_params["run"] = picked
@@ -64,7 +67,8 @@ def chart() -> None:
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     columns = st.columns(2)
     for number, metric in enumerate(metrics):
-        figure = compare_chart(views, metric, x=x, smoothing=smoothing, log_y=log_y, theme=theme)
+        drawn = {"x": chosen.x, "groups": chosen.groups, "band": chosen.band, "theme": theme}
+        figure = compare_chart(views, metric, smoothing=smoothing, log_y=log_y, **drawn)
         with columns[number % 2]:
             live_chart(figure, key=f"chart_compare_{metric}")
     config_diff_panel({name: config.values if (config := view_config(view)) else None for name, view in views.items()})

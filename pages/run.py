@@ -21,7 +21,8 @@ config = settings()
 store = get_store(config)
 alerter = get_alerter(config)
 load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js while the rest arrives
-name = run_or_pick(store, refresh=config.refresh).name  # as resolved: "a/./b" is "a/b"
+opened = run_or_pick(store, refresh=config.refresh)
+name = opened.name  # as resolved: "a/./b" is "a/b"
 st.title(md_text(shorten(name)), wrap=False)  # one line: the charts' place does not depend on the name
 sessions_link, compare_link, _ = st.columns([1, 2, 3])
 sessions_link.page_link(
@@ -30,7 +31,7 @@ sessions_link.page_link(
 compare_link.page_link(
     "pages/compare.py", label="Compare with other runs", icon=":material/compare_arrows:", query_params={"run": name}
 )
-options, paused = chart_controls()
+options, paused = chart_controls(opened)  # the x axis offers the keys the run logs that grow
 
 
 pushed = routes_served() and not paused  # the server says when the run changed, and what: no rerun per period

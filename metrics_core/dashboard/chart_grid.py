@@ -13,7 +13,6 @@ import streamlit as st
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.downloads import csv_file_name, csv_link
 from metrics_core.dashboard.figures.chart_memo import view_chart_groups, zoom_chart
-from metrics_core.dashboard.figures.layout import X_MODES
 from metrics_core.dashboard.live.chart_component import live_chart
 from metrics_core.dashboard.live.feed import status_line
 from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
@@ -29,15 +28,23 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_key,
 )
 from metrics_core.dashboard.views.config_tables import view_config
-from metrics_core.dashboard.views.memo import view_findings
-from metrics_core.dashboard.widgets import csv_button
+from metrics_core.dashboard.views.memo import view_findings, view_x_keys
+from metrics_core.dashboard.views.x_keys import X_MODES, x_error
+from metrics_core.dashboard.widgets import csv_button, to_url, url_choice
 
 
-def chart_controls() -> tuple[ChartOptions, bool]:
-    """The sidebar's chart options (the theme is the fragment's to read: see ``page_theme``) and
-    whether live updates are paused.  A refused chart filter is said, and filters nothing."""
+def chart_controls(view: RunView) -> tuple[ChartOptions, bool]:
+    """The sidebar's chart options for ``view``'s run (the theme is the fragment's to read: see
+    ``page_theme``) and whether live updates are paused.  The x axis is a mode of ``X_MODES`` or a
+    key the run logs that grows within each session (``view_x_keys``), and lives in the URL
+    (``?x=epoch``); one that does not grow is refused with a message.  A refused chart filter is
+    said, and filters nothing."""
+    keys = view_x_keys(view)
+    choices = [*X_MODES, *keys]
     with st.sidebar:
-        x = st.selectbox("x axis", list(X_MODES), format_func=X_MODES.get, key="x_axis")
+        url_choice("x", "x_axis", choices, default="step", refusal=lambda asked: x_error(asked, keys))
+        x = st.selectbox("x axis", choices, format_func=lambda x: X_MODES.get(x, x), key="x_axis")
+        to_url("x", x, default="step")
         smoothing = st.slider("Smoothing", 0.0, SMOOTHING_MAX, 0.6, SMOOTHING_STEP, key="smoothing")
         log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
         history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)

@@ -294,3 +294,37 @@ def csv_button(label: str, make: Callable[[], str], file_name: str, key: str) ->
         on_click="ignore",
         type="tertiary",
     )
+
+
+# Controls that live in the URL: a link to a page shows the view its sender saw.  A value from the
+# URL is data: checked against the choices, and a refused one is said (as text).
+def url_choice(
+    param: str,
+    key: str,
+    choices: Sequence[str],
+    *,
+    default: str,
+    refusal: Callable[[str], str | None] | None = None,
+) -> None:
+    """Seed the widget ``key`` with ``?param=`` on the session's first run of the page, when it
+    is one of ``choices``; else say why not (``refusal(value)``, or a plain "not one of"), and
+    start from ``default``.  Later runs keep what the user picked; a value that left ``choices``
+    (a key the runs no longer log) falls back to ``default``."""
+    state = st.session_state
+    if key not in state:
+        asked = st.query_params.get(param)
+        if asked is not None and asked not in choices:
+            why = refusal(asked) if refusal is not None else None
+            st.warning(md_text(why or f"{param}={asked!r} is not one of the choices here; showing {default}"))
+        state[key] = asked if asked in choices else default
+    elif state[key] not in choices:
+        state[key] = default
+
+
+def to_url(param: str, value: str, *, default: str) -> None:
+    """Write ``value`` to ``?param=``, or leave the parameter out while it is ``default``."""
+    if value == default:
+        if param in st.query_params:
+            del st.query_params[param]
+    elif st.query_params.get(param) != value:
+        st.query_params[param] = value

@@ -133,14 +133,16 @@ def test_a_sparse_series_keeps_its_markers_until_they_would_run_together(
 
 
 def test_x_axis_modes(reader: RunReader) -> None:
-    """Tokens, wall time and relative hours place the session boundary accordingly."""
+    """Tokens, wall time and relative hours place the session boundary accordingly; a logged key as
+    x (any name) titles the axis, draws no boundary it cannot place, and a row without it no point."""
     series = [Series(reader.effective("train"), "train_loss", "train")]
     tokens = metric_figure(series, title="t", sessions=reader.sessions, x="tokens_seen")
     assert tokens.layout.shapes[0].x0 == 6000
     relative = metric_figure(series, title="t", sessions=reader.sessions, x="relative")
     assert relative.layout.shapes[0].x0 == pytest.approx(60 / 3600)
-    with pytest.raises(ValueError, match="x must be one of"):
-        metric_figure(series, title="t", sessions=reader.sessions, x="epoch")
+    keyed = metric_figure(series, title="t", sessions=reader.sessions, x="epoch")
+    assert keyed.layout.xaxis.title.text == "epoch" and not keyed.layout.shapes
+    assert all(np.isnan(np.asarray(trace.x, dtype=float)).all() for trace in traces(keyed, "train ·"))
 
 
 def test_downsampling_keeps_spikes_gaps_and_the_last_point() -> None:

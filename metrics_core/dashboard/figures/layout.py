@@ -44,7 +44,6 @@ SESSION_COLOURS = (
     "#bcbd22",
     "#17becf",
 )
-X_MODES = {"step": "step", "tokens_seen": "tokens seen", "time": "wall time", "relative": "hours since start"}
 SUPERSEDED_OPACITY = 0.3
 CHART_POINTS = 8000  # drawn points per chart, shared by its traces
 TRACE_POINTS = 4000
@@ -105,12 +104,19 @@ class Highlight:
     colour: str
 
 
+def rgba(colour: str, alpha: float) -> str:
+    """``colour`` (``#rrggbb``) at opacity ``alpha``: a band's fill under its line."""
+    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
+    return f"rgba({red},{green},{blue},{alpha})"
+
+
 def session_colour(index: int) -> str:
     return SESSION_COLOURS[index % len(SESSION_COLOURS)]
 
 
 def x_values(frame: pd.DataFrame, x: str, origin: pd.Timestamp | None) -> np.ndarray:
-    """The x coordinate of each row for an x-axis mode (``X_MODES``).
+    """The x coordinate of each row for an x-axis mode (``X_MODES``) or a logged key (NaN where a
+    row does not hold it: plotly.js leaves such a point out).
 
     Wall time is milliseconds since the epoch on a date axis: 8 bytes a point in the figure's
     binary encoding, a fraction of an ISO string's.
@@ -120,14 +126,27 @@ def x_values(frame: pd.DataFrame, x: str, origin: pd.Timestamp | None) -> np.nda
         return ((frame["time"] - start).dt.total_seconds() / 3600.0).to_numpy()
     if x == "time":
         return frame["time"].astype("int64").to_numpy() / 1e6
-    return frame[x].to_numpy()
+    if x in ("step", "tokens_seen"):
+        return frame[x].to_numpy()
+    if x not in frame.columns:
+        return np.full(len(frame), np.nan)
+    return pd.to_numeric(frame[x], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+
+
+def x_axis(x: str) -> Axis:
+    """How the x axis of mode or key ``x`` reads: its ``X_AXES`` entry, else titled by the key."""
+    return X_AXES.get(x) or Axis(x, "~s", ",.4~g")
 
 
 def session_x(session: Session, x: str, origin: pd.Timestamp | None) -> object:
+    """Where ``session`` starts on the x axis of ``x``; None on a logged key's axis, where a
+    session's start is not recorded (its lines still start where its records do)."""
     if x == "step":
         return session.first_step
     if x == "tokens_seen":
         return session.first_tokens_seen
+    if x != "time" and x != "relative":
+        return None
     start = pd.Timestamp(session.start_time)
     if x == "time":
         return start.value / 1e6
@@ -178,7 +197,7 @@ def chart_layout(
     appends the session-start markers' trace to ``traces``."""
     palette = THEMES[theme]
     shapes, annotations = [], []
-    boundaries = [(session_x(session, x, origin), session) for session in sessions[1:]]
+    boundaries = [(at, session) for session in sessions[1:] if (at := session_x(session, x, origin)) is not None]
     edges = [float(at) for at, _ in boundaries] + [float(value) for value in spans]
     span = max(edges) - min(edges) if edges else 0.0
     labels = resume_labels(
@@ -262,7 +281,7 @@ def chart_layout(
                 "font": {"size": 10},
             }
         )
-    x_axis = X_AXES[x]
+    axis = x_axis(x)
     layout = dict(
         template=NO_TEMPLATE,  # no default template: its styling JSON would ride with every update
         font={"family": "sans-serif", "size": 11, "color": palette["font"]},
@@ -278,10 +297,10 @@ def chart_layout(
         # (the sessions) rows of its own, a column of entries on a phone.
         legend={"orientation": "h", "y": -0.14, "yanchor": "top", "font": {"size": 10}, "traceorder": "normal"},
         xaxis={
-            "title": {"text": x_axis.title, "standoff": 2, "font": {"size": 11}},
+            "title": {"text": plotly_text(shorten(axis.title)), "standoff": 2, "font": {"size": 11}},
             "type": "date" if x == "time" else "linear",
-            "tickformat": x_axis.tickformat,
-            "hoverformat": x_axis.hoverformat,
+            "tickformat": axis.tickformat,
+            "hoverformat": axis.hoverformat,
             "gridcolor": palette["grid"],
             "zeroline": False,
         },

@@ -37,7 +37,6 @@ from metrics_core.dashboard.figures.layout import (
     MIN_TRACE_POINTS,
     SUPERSEDED_OPACITY,
     TRACE_POINTS,
-    X_MODES,
     Axis,
     Highlight,
     chart_height,
@@ -115,11 +114,10 @@ def metric_figure(
 
     ``max_points`` is the chart's budget of drawn points, shared among its traces in proportion
     to their rows (at most ``TRACE_POINTS`` each), which bounds any chart's JSON however long the
-    run.  ``revision`` becomes ``layout.uirevision``: while it stays the same,
+    run.  ``x`` is a mode of ``X_MODES`` or a logged key (``views.x_keys``).  ``revision`` becomes
+    ``layout.uirevision``: while it stays the same,
     a redraw with new data keeps the user's zoom and pan.
     """
-    if x not in X_MODES:
-        raise ValueError(f"x must be one of {sorted(X_MODES)}, got {x!r}")
     origin = pd.Timestamp(sessions[0].start_time) if sessions else None
     traces: list[dict[str, Any]] = []
     drawn_rows = sum(len(item.frame) for item in series if item.column in item.frame.columns)

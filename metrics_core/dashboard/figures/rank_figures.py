@@ -28,10 +28,10 @@ from metrics_core.dashboard.figures.layout import (
     MIN_TRACE_POINTS,
     SUPERSEDED_OPACITY,
     TRACE_POINTS,
-    X_MODES,
     Highlight,
     chart_layout,
     compact,
+    rgba,
     session_colour,
     x_values,
 )
@@ -96,11 +96,6 @@ def rank_spread(frame: pd.DataFrame) -> RankSpread:
     return RankSpread(latest, int(rank), len(mine), len(recent), float(np.median(ratio[mine])))
 
 
-def _rgba(colour: str, alpha: float) -> str:
-    red, green, blue = (int(colour[i : i + 2], 16) for i in (1, 3, 5))
-    return f"rgba({red},{green},{blue},{alpha})"
-
-
 def straggler_figure(
     frame: pd.DataFrame,
     *,
@@ -121,8 +116,6 @@ def straggler_figure(
     edges are downsampled together (each edge's min/max buckets are kept for both), so a spike of
     either edge survives.
     """
-    if x not in X_MODES:
-        raise ValueError(f"x must be one of {sorted(X_MODES)}, got {x!r}")
     origin = pd.Timestamp(sessions[0].start_time) if sessions else None
     traces: list[dict[str, Any]] = []
     if len(frame):
@@ -225,7 +218,7 @@ def _add_band(
                     mode="lines",
                     opacity=opacity,
                     fill="tonexty",
-                    fillcolor=_rgba(colour, BAND_OPACITY),
+                    fillcolor=rgba(colour, BAND_OPACITY),
                     line={"color": colour, "width": 1.5},
                     connectgaps=False,
                     customdata=np.column_stack([rank_text[keep], ratio[keep]]),

@@ -3,20 +3,23 @@
 ``run_charts`` draws every chart of the run page in one pass over its specs (``metric_figure``,
 ``straggler_figure``), with the replay windows shaded in the sessions history mode
 (``replay_highlights``); ``session_overlay`` and ``compare_chart`` are the sessions and compare
-pages' charts.  Nothing here memoises (``chart_memo`` does, per snapshot) and nothing here decides
+pages' charts (a compare chart of groups of runs: ``group_figures``).  Nothing here memoises
+(``chart_memo`` does, per snapshot) and nothing here decides
 which rows a chart draws (its spec does): this module only calls down, into the views and the
 figure builders beside it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
 from metrics_core.analysis.derived import replay_windows
 from metrics_core.dashboard.figures.figure_dicts import Figure
+from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure, run_points
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import straggler_figure
@@ -30,7 +33,9 @@ from metrics_core.dashboard.views.chart_specs import (
     chart_spec,
     chart_specs,
 )
-from metrics_core.dashboard.views.compare import compare_series
+from metrics_core.dashboard.views.compare import compare_series, group_series, run_series
+
+KEPT_SMOOTHINGS = 2
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
@@ -63,7 +68,7 @@ def run_charts(
     """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
     with a budget of ``max_points`` drawn points."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
-    specs = chart_specs(view, options.history, only=options.only, charts=charts)
+    specs = chart_specs(view, options.history, only=options.only, charts=charts, x=options.x)
     return {key: spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
 
 
@@ -103,7 +108,7 @@ def session_overlay(
 ) -> Figure:
     """The sessions page's chart: every session's ``chart`` (the loss unless picked) on one axis,
     replay windows shaded."""
-    spec = chart_spec(view, chart, "sessions")
+    spec = chart_spec(view, chart, "sessions", x=x)
     return metric_figure(
         spec.series,
         title=f"{spec.title} by session",
@@ -124,11 +129,21 @@ def compare_chart(
     smoothing: float,
     log_y: bool,
     theme: str = "light",
+    groups: Mapping[str, list[str]] | None = None,
+    band: str = "minmax",
 ) -> Figure:
     """One metric of several runs (``compare_series``), each run a colour and named by its path in
-    the chart's legend (every chart has its own: on a phone the charts are far apart).  A metric
-    none of the runs logged is an empty chart titled by its name."""
-    label, series = compare_series(views, metric)
+    the chart's legend (every chart has its own: on a phone the charts are far apart).  With
+    ``groups`` (group name -> its runs, ``views.groups.run_groups``), one line per group instead:
+    the mean of its runs over a ``band`` (``group_figure``).  A metric none of the runs logged is an
+    empty chart titled by its name."""
+    revision = f"compare:{metric}:{x}:{log_y}:{','.join(views)}"
+    if groups is not None:
+        (event, label), grouped = group_series(views, metric, groups)
+        curves = {run: _run_curve(views[run], run, event, metric, x, smoothing) for g in grouped for run in g.runs}
+        revision = f"{revision}:{band}:{','.join(groups)}"
+        return group_figure(grouped, curves, title=label, x=x, log_y=log_y, band=band, revision=revision, theme=theme)
+    label, series = compare_series(views, metric, x=x)
     return metric_figure(
         series,
         title=label,
@@ -136,6 +151,30 @@ def compare_chart(
         x=x,
         smoothing=smoothing,
         log_y=log_y,
-        revision=f"compare:{metric}:{x}:{log_y}:{','.join(views)}",
+        revision=revision,
         theme=theme,
     )
+
+
+def _run_curve(view: RunView, name: str, event: str, metric: str, x: str, smoothing: float) -> RunCurve:
+    """``run_points`` of one run's ``metric``, kept with the snapshot: a run that did not change
+    since the last refresh (a finished seed of a sweep) costs nothing to draw again in its group."""
+    kept = view.memo(("group_points", event, metric, x), _KeptCurves)
+    return kept.get(smoothing, lambda: run_points(run_series(view, name, event, metric, x=x), x, smoothing))
+
+
+class _KeptCurves:
+    """One run's curves of one metric and x by smoothing, the last ``KEPT_SMOOTHINGS`` kept: a
+    smoothing slider dragged across its range leaves no more than that per run.  Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._kept: dict[float, RunCurve] = {}
+
+    def get(self, smoothing: float, compute: Callable[[], RunCurve]) -> RunCurve:
+        with self._lock:  # tabs drawing the same run wait for one computation, not one each
+            found = self._kept.pop(smoothing, None)
+            self._kept[smoothing] = found = compute() if found is None else found
+            while len(self._kept) > KEPT_SMOOTHINGS:
+                del self._kept[next(iter(self._kept))]
+            return found

@@ -49,13 +49,15 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from metrics_core.dashboard.figures.layout import THEMES, X_MODES
+from metrics_core.dashboard.figures.layout import THEMES
 from metrics_core.dashboard.live.chart_component import pages_hold
 from metrics_core.dashboard.live.feed import DETAILS_S, feed_answer, page_signature, status_line
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_filter import filter_error
 from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, SMOOTHING_MAX, SMOOTHING_STEP, ChartOptions
+from metrics_core.dashboard.views.memo import view_x_keys
+from metrics_core.dashboard.views.x_keys import X_MODES
 from metrics_core.errors import MetricsError, RunPathError
 
 CHANGES_PATH = "/api/changes"  # outside the paths Streamlit serves (``serving.STREAMLIT_PATHS``)
@@ -67,6 +69,7 @@ ANSWERS_KEPT = 64  # answers kept for tabs still to ask: one per (snapshot, opti
 # poll is answered 503 and its tab asks again a refresh period later.  Each holds a connection
 # (a file descriptor: the process has a thousand or so) and a coroutine.
 LONG_POLLS_MAX = 256
+X_KEY_MAX_CHARS = 200  # a logged key named as x: longer than any the page offers
 _LOG = logging.getLogger(__name__)
 _ASSETS = Path(__file__).parent.parent / "assets"
 
@@ -151,7 +154,9 @@ def parse_options(text: str) -> ChartOptions:
 
     Only options the run page's controls can produce are taken: each distinct one costs the run a
     set of figures (bounded per run, ``snapshot.BOUNDED_KEPT``, but each one built), and a
-    smoothing near 1 a warm-up of millions of rows per update (``chart_specs.warmup_rows``)."""
+    smoothing near 1 a warm-up of millions of rows per update (``chart_specs.warmup_rows``).  An x
+    that is no mode of ``X_MODES`` must be a key of the run that can be x (``x_allowed``: the route
+    checks it once it holds the run's snapshot)."""
     fields = json.loads(text)
     defaults = dataclasses.asdict(ChartOptions())
     if not isinstance(fields, dict) or fields.keys() != defaults.keys():
@@ -162,14 +167,22 @@ def parse_options(text: str) -> ChartOptions:
             raise ValueError(f"opts: {name} is not a {kind.__name__}")
     options = ChartOptions(**fields)
     steps = options.smoothing / SMOOTHING_STEP
-    for name, allowed in (("x", X_MODES), ("history", HISTORY_MODES), ("theme", THEMES)):
+    for name, allowed in (("history", HISTORY_MODES), ("theme", THEMES)):
         if getattr(options, name) not in allowed:
             raise ValueError(f"opts: {name} must be one of {sorted(allowed)}")
+    if not options.x or len(options.x) > X_KEY_MAX_CHARS:
+        modes = sorted(X_MODES)
+        raise ValueError(f"opts: x must be one of {modes} or a logged key of at most {X_KEY_MAX_CHARS} characters")
     if not (0 <= options.smoothing <= SMOOTHING_MAX and abs(steps - round(steps)) < 1e-6):
         raise ValueError(f"opts: smoothing must be a multiple of {SMOOTHING_STEP} from 0 to {SMOOTHING_MAX}")
     if error := filter_error(options.only):
         raise ValueError(f"opts: only: {error}")
     return options
+
+
+def x_allowed(view: RunView, x: str) -> bool:
+    """Whether the run page can draw ``view``'s run against ``x``: a mode, or a key that grows."""
+    return x in X_MODES or x in view_x_keys(view)
 
 
 def _held(text: str) -> dict[str, int]:
@@ -255,6 +268,8 @@ def changes_route(
                 body["rerun"] = True  # the run cannot be shown: the page says why
             else:
                 drawn, options, held = feed
+                if not await to_thread.run_sync(x_allowed, view, options.x):
+                    return JSONResponse({"error": f"bad query: opts: x {options.x!r} is no x of this run"}, 400)
                 key = (serial, drawn, query["opts"], tuple(sorted(held.items())))
                 body.update(await answers.get(key, lambda: _feed(view, options, alerts(name), drawn, held)))
         return JSONResponse(body)

@@ -23,6 +23,7 @@ import pandas as pd
 from metrics_core.analysis.derived import tokens_per_second
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_filter import chart_filter, filter_error
+from metrics_core.dashboard.views.x_keys import X_MODES, column_numbers, fill_x
 
 HISTORY_MODES = {
     "effective": "effective history",
@@ -185,13 +186,6 @@ def is_distributed(frame: pd.DataFrame) -> bool:
     return bool((pd.to_numeric(frame["world_size"], errors="coerce") > 1).any())
 
 
-def column_numbers(frame: pd.DataFrame, column: str) -> np.ndarray:
-    """``frame``'s ``column`` as float64, NaN where it holds no number (all NaN when it is missing)."""
-    if column not in frame.columns:
-        return np.full(len(frame), np.nan)
-    return pd.to_numeric(frame[column], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
-
-
 def rank_time_ratio(frame: pd.DataFrame) -> np.ndarray:
     """Per window, the slowest rank's time per step over the fastest's (NaN where either is missing):
     the straggler chart draws it and its CSV holds it."""
@@ -311,25 +305,35 @@ def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
     return LINE_FIELDS.union(line.column for chart in charts for line in chart.lines)
 
 
-def _rows_of(view: RunView, history: str, fields: frozenset[str]) -> dict[str, tuple[pd.DataFrame, np.ndarray | None]]:
-    """Per charted event, the rows a history mode draws (their ``fields``), and which of them to dim."""
+def _rows_of(
+    view: RunView, history: str, fields: frozenset[str], x: str = "step"
+) -> dict[str, tuple[pd.DataFrame, np.ndarray | None]]:
+    """Per charted event, the rows a history mode draws (their ``fields``, and a logged key ``x``,
+    filled in where a record lacks it: ``fill_x``), and which of them to dim."""
+    if x not in X_MODES:
+        fields = fields | {x}
     if history == "effective":
-        return {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
-    return {
-        event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
-        for event in CHARTED_EVENTS
-    }
+        rows = {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
+    else:
+        rows = {
+            event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
+            for event in CHARTED_EVENTS
+        }
+    if x not in X_MODES:
+        train = view.effective("train", ("step", x))
+        rows = {event: (fill_x(frame, x, train), dim) for event, (frame, dim) in rows.items()}
+    return rows
 
 
 def chart_specs(
-    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None
+    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None, x: str = "step"
 ) -> dict[str, ChartSpec]:
     """The charts ``only`` keeps (``pick_charts``) of ``charts`` (default ``charts_of(view)``),
-    keyed by chart key, with their rows for ``history``; and for a data-parallel run
-    (``world_size`` > 1), the ranks' step-time spread."""
+    keyed by chart key, with their rows for ``history`` (holding ``x`` when it is a logged key);
+    and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
     picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
     defaults, logged = [chart for chart in picked if not chart.group], [chart for chart in picked if chart.group]
-    rows = _rows_of(view, history, chart_fields(defaults))
+    rows = _rows_of(view, history, chart_fields(defaults), x)
     specs = {chart.key: _spec(rows, chart) for chart in defaults}
     if is_distributed(view.frame("train", WRITER_FIELDS)):
         train, dim = rows["train"]
@@ -347,13 +351,13 @@ def chart_specs(
             False,
             kind="straggler",
         )
-    rows = _rows_of(view, history, chart_fields(logged))
+    rows = _rows_of(view, history, chart_fields(logged), x)
     return specs | {chart.key: _spec(rows, chart) for chart in logged}
 
 
-def chart_spec(view: RunView, chart: Chart, history: str) -> ChartSpec:
-    """``chart`` with its rows for ``history``."""
-    return _spec(_rows_of(view, history, chart_fields([chart])), chart)
+def chart_spec(view: RunView, chart: Chart, history: str, *, x: str = "step") -> ChartSpec:
+    """``chart`` with its rows for ``history`` (holding ``x`` when it is a logged key)."""
+    return _spec(_rows_of(view, history, chart_fields([chart]), x), chart)
 
 
 def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
@@ -407,4 +411,4 @@ def chart_csv(spec: ChartSpec) -> str:
 
 def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
     """``chart_csv`` of the run page's chart ``key`` as ``options`` draw it."""
-    return chart_csv(chart_specs(view, options.history, only=options.only)[key])
+    return chart_csv(chart_specs(view, options.history, only=options.only, x=options.x)[key])

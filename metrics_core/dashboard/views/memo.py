@@ -8,6 +8,7 @@ per snapshot (``RunView.memo``) and, on a live run, from the previous snapshot's
 * ``view_charts_of``: the run page's charts (``chart_specs.charts_of``), the same list while the
   logged keys stay the same.
 * ``view_findings``: the run's diagnostics, extended per snapshot (``diagnose(since=...)``).
+* ``view_x_keys``: the logged keys that can be the x axis (``x_keys.growing_keys``).
 
 Diagnostics from scratch, and full builds of a live run's charts (``figures.chart_memo``), take at
 most ``REBUILD_CPU_SHARE`` of a core each: the rate of rebuilds is their cost over that share.
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 from metrics_core.analysis.diagnostics import Finding, diagnose
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import WRITER_FIELDS, Chart, charts_of, logged_keys
+from metrics_core.dashboard.views.x_keys import growing_keys
 
 _log = logging.getLogger(__name__)
 REBUILD_CPU_SHARE = 0.02
@@ -33,6 +35,17 @@ def view_charts_of(view: RunView) -> list[Chart]:
     same: the charts, their groups and their CSVs all ask for it, and making a chart per key of a
     run that logs hundreds of them is most of its cost."""
     return view.memo("charts_of", lambda: _carried_charts_of(view))
+
+
+def view_x_keys(view: RunView) -> tuple[str, ...]:
+    """The keys of the run's train records that grow within each session (``x_keys.growing_keys``),
+    once per snapshot: the run and compare pages offer them as x."""
+    return view.memo(
+        "x_keys",
+        lambda: growing_keys(
+            view.columns["train"], [key for key, events in logged_keys(view).items() if "train" in events]
+        ),
+    )
 
 
 def _carried_charts_of(view: RunView) -> list[Chart]:

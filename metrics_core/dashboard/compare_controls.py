@@ -1,0 +1,103 @@
+"""The compare page's chart controls, each in the URL (``widgets.url_choice``):
+``/compare?run=a&run=b&group=peak_lr&band=std&x=epoch`` opens the view it names.
+
+* ``x``: a mode of ``X_MODES`` or a key every compared run that logs it lets grow
+  (``compare_x_keys``); one that does not is refused with a message;
+* ``group``: the runs as single lines (``none``), grouped by a config key, or by a run-name
+  pattern (``name:<pattern>``, ``views.groups``); with no ``group`` asked, ``default_group``
+  (beyond ``MANY_RUNS`` runs the swept key of fewest values, so a hundred runs open grouped);
+* ``band``: the groups' band, min–max or ± one standard deviation.
+
+Widgets are found by key (``compare_x``, ``compare_group``, ``compare_group_pattern``,
+``compare_band``); what they choose is a ``CompareOptions``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import streamlit as st
+
+from metrics_core.dashboard.display_text import md_text
+from metrics_core.dashboard.figures.group_figures import BANDS
+from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.dashboard.views.compare import compare_x_keys
+from metrics_core.dashboard.views.config_tables import view_config
+from metrics_core.dashboard.views.groups import NAME_PREFIX, SINGLE, default_group, group_error, run_groups, swept_keys
+from metrics_core.dashboard.views.x_keys import X_MODES, x_error
+from metrics_core.dashboard.widgets import to_url, url_choice
+
+BY_NAME = "(run-name pattern)"  # the group choice whose pattern is typed beside it
+GROUP_KEY, PATTERN_KEY = "compare_group", "compare_group_pattern"
+
+
+@dataclass(frozen=True)
+class CompareOptions:
+    """What the compare page's chart controls chose: the x axis, and the runs' groups (None: each
+    run its own line) with their band."""
+
+    x: str
+    groups: dict[str, list[str]] | None
+    band: str
+
+
+def compare_controls(views: Mapping[str, RunView]) -> CompareOptions:
+    """The x axis, grouping and band controls of ``views`` (the picked runs), seeded from the URL
+    and written back to it."""
+    keys = compare_x_keys(views)
+    choices = [*X_MODES, *keys]
+    url_choice("x", "compare_x", choices, default="step", refusal=lambda asked: x_error(asked, keys))
+    x = st.selectbox("x axis", choices, format_func=lambda x: X_MODES.get(x, x), key="compare_x")
+    to_url("x", x, default="step")
+    configs = {name: config.values if (config := view_config(view)) else None for name, view in views.items()}
+    group = _group_control(configs)
+    grouped = group != SINGLE
+    band = "minmax"
+    if grouped:
+        url_choice("band", "compare_band", list(BANDS), default="minmax")
+        band = st.radio("Band", list(BANDS), format_func=BANDS.get, key="compare_band", horizontal=True)
+    to_url("band", band, default="minmax")
+    return CompareOptions(x, run_groups(list(views), configs, group) if grouped else None, band)
+
+
+def _group_control(configs: Mapping[str, Mapping[str, str] | None]) -> str:
+    """The grouping chosen (``views.groups``' syntax): a select of single runs, the config keys
+    (those the runs differ in first) and a run-name pattern typed beside it."""
+    swept = swept_keys(configs)
+    others = sorted({key for config in configs.values() if config for key in config} - set(swept))
+    options = [SINGLE, *swept, *others, BY_NAME]
+    default = default_group(configs)
+    state = st.session_state
+    if GROUP_KEY not in state:
+        asked = st.query_params.get("group", default)
+        if asked.startswith(NAME_PREFIX):
+            state[GROUP_KEY], state[PATTERN_KEY] = BY_NAME, asked[len(NAME_PREFIX) :]
+        elif asked in options:
+            state[GROUP_KEY] = asked
+        else:
+            st.warning(md_text(f"group={asked!r} is not a config key of these runs; each run is its own line"))
+            state[GROUP_KEY] = SINGLE
+    elif state[GROUP_KEY] not in options:
+        state[GROUP_KEY] = SINGLE
+    picked = st.selectbox(
+        "Group runs",
+        options,
+        key=GROUP_KEY,
+        format_func=lambda key: "single runs" if key == SINGLE else key,
+        help="One line per group: the mean of its runs at each x, over a band.",
+    )
+    group = picked
+    if picked == BY_NAME:
+        pattern = st.text_input(
+            "Run-name pattern",
+            key=PATTERN_KEY,
+            placeholder="e.g. -seed*",
+            help="Runs whose names are equal once the first match is cut out form a group; * is any text.",
+        )
+        group = NAME_PREFIX + pattern
+        if error := group_error(group):
+            st.error(md_text(error))
+            group = SINGLE
+    to_url("group", group, default=default)
+    return group

@@ -1,0 +1,64 @@
+"""Grouped runs and a logged key as x, in a real Chromium: a sweep of 3 peak learning rates × 4
+seeds on the compare page, one line and band per group with its run count in the legend, and the
+run page drawn against the epoch, each opened from a URL that names the view."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from urllib.parse import urlencode
+
+from metrics_core.testing.live_server import wait_until
+from metrics_core.testing.sweep import sweep_name, write_sweep
+
+PREFIX = "groups-sweep/"
+
+
+def served_runs(root: Path) -> None:
+    """The sweep: ``groups-sweep/lr<peak_lr>-seed<n>``, 12 runs of 200 steps, epoch logged."""
+    write_sweep(root, prefix=PREFIX, steps=200)
+
+
+# In the page: per chart, its title, x-axis title, legend entries as drawn, and its traces'
+# names, fills and largest x.
+CHARTS_JS = """() => [...document.querySelectorAll('.js-plotly-plot')].map(g => ({
+  title: g.layout.title.text, xtitle: g.layout.xaxis.title.text,
+  entries: [...g.querySelectorAll('.infolayer .legend .traces')].map(t => t.textContent),
+  traces: g.data.map(t => ({name: t.name, fill: t.fill || null,
+                            xmax: t.x && t.x.length ? Math.max(...Array.from(t.x).filter(v => v !== null)) : null})),
+}))"""
+
+
+def sweep_runs() -> list[str]:
+    return [sweep_name(PREFIX, lr, seed) for lr in (1e-4, 3e-4, 1e-3) for seed in range(4)]
+
+
+def test_the_compare_page_draws_one_line_and_band_per_group_from_its_url(page: object, server: str) -> None:
+    """/compare?run=…&group=peak_lr&band=std: each chart has three legend entries, one per peak_lr
+    with its run count, each a mean line over a filled band; group=none draws the twelve runs."""
+    query = urlencode([*(("run", name) for name in sweep_runs()), ("group", "peak_lr"), ("band", "std")])
+    page.goto(f"{server}/compare?{query}")
+    charts = wait_until(page, lambda: [c for c in page.evaluate(CHARTS_JS) if c["entries"]], timeout=60)
+    loss = next(chart for chart in charts if chart["title"].startswith("train loss"))
+    assert loss["title"] == "train loss · mean, band ± 1 std"
+    assert loss["entries"] == ["peak_lr=0.0001 (4 runs)", "peak_lr=0.0003 (4 runs)", "peak_lr=0.001 (4 runs)"]
+    assert sum(trace["fill"] == "tonexty" for trace in loss["traces"]) == 3
+    assert "group=peak_lr" in page.url and "band=std" in page.url
+    page.goto(f"{server}/compare?{urlencode([*(('run', name) for name in sweep_runs()), ('group', 'none')])}")
+    single = wait_until(
+        page, lambda: [c for c in page.evaluate(CHARTS_JS) if c["title"] == "train loss" and c["entries"]], timeout=60
+    )
+    runs = [entry for entry in single[0]["entries"] if entry.startswith(PREFIX)]
+    assert len(runs) == 12 and not any(trace["fill"] for trace in single[0]["traces"])
+
+
+def test_the_run_page_draws_against_the_epoch_named_in_its_url(page: object, server: str) -> None:
+    """/run?run=…&x=epoch: the loss chart's x axis is the epoch (200 steps, 50 a epoch: up to 4),
+    and the sidebar's x-axis control says so."""
+    page.goto(f"{server}/run?{urlencode({'run': sweep_runs()[0], 'x': 'epoch'})}")
+    charts = wait_until(page, lambda: [c for c in page.evaluate(CHARTS_JS) if c["title"] == "Loss"], timeout=60)
+    loss = charts[0]
+    assert loss["xtitle"] == "epoch"
+    assert max(trace["xmax"] for trace in loss["traces"] if trace["xmax"] is not None) == 4
+    shown = "e => e.textContent + [...e.querySelectorAll('input')].map(i => i.value + i.placeholder).join('')"
+    assert "epoch" in page.locator(".st-key-x_axis").evaluate(shown)
+    assert "x=epoch" in page.url
