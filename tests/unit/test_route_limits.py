@@ -15,7 +15,14 @@ from starlette.routing import Route
 
 from metrics_core.dashboard.downloads import csv_route
 from metrics_core.dashboard.figures.chart_memo import view_charts
-from metrics_core.dashboard.live.push import changes_route, options_query, parse_options, snapshot_serial
+from metrics_core.dashboard.live.push import (
+    X_KEY_MAX_CHARS,
+    changes_route,
+    options_query,
+    parse_options,
+    snapshot_serial,
+    x_allowed,
+)
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, canonical
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT
@@ -29,7 +36,7 @@ from metrics_core.dashboard.views.chart_specs import (
     key_charts,
     pick_charts,
 )
-from tests.support import small_run
+from tests.support import append_records, base_record, small_run
 from tests.support.dashboard import BUNDLE, IMMUTABLE, fetch, static_app
 
 CATASTROPHIC = "(.|.|.|.)*!"  # exponential for a backtracking regular expression on any title
@@ -117,7 +124,8 @@ def test_a_chart_filter_longer_than_the_cap_is_refused_with_its_reason() -> None
 
 def test_the_changes_route_takes_only_options_the_page_can_produce() -> None:
     """Every smoothing of the slider, as Python adds its steps up, is taken; a value between them,
-    beyond it, an x axis, history or theme the page has not, or a refused filter is refused."""
+    beyond it, an empty or over-long x, a history or theme the page has not, or a refused filter is
+    refused.  An x that names a key is the route's to check against the run (``x_allowed``)."""
     steps = round(SMOOTHING_MAX / SMOOTHING_STEP)
     for step in range(steps + 1):
         for smoothing in (step * SMOOTHING_STEP, round(step * SMOOTHING_STEP, 2)):
@@ -127,7 +135,8 @@ def test_the_changes_route_takes_only_options_the_page_can_produce() -> None:
         {"smoothing": 0.123},
         {"smoothing": 0.995},
         {"smoothing": -0.01},
-        {"x": "bogus"},
+        {"x": ""},
+        {"x": "k" * (X_KEY_MAX_CHARS + 1)},
         {"history": "bogus"},
         {"theme": "bogus"},
         {"only": "x" * (FILTER_MAX_CHARS + 1)},
@@ -181,6 +190,22 @@ def test_long_polls_for_unknown_runs_are_answered_404_at_once_and_long_polls_are
     assert [status for status, _ in unknown] == [404] * 4 and views == 4
     assert all(str(tmp_path) not in body and "error" in json.loads(body) for _, body in unknown)
     assert still == 3 and [status for status, _ in beyond] == [503, 503]
+
+
+def test_a_key_is_an_x_only_where_the_run_logs_it_growing(tmp_path: Path) -> None:
+    """The modes are always an x; a key is one only where the run logs it and it grows (``epoch``),
+    never a key it lacks or one that does not grow (``train_loss`` falls)."""
+    append_records(
+        tmp_path / "r" / "metrics.jsonl",
+        *(base_record(step, train_loss=1.0 / step, epoch=step // 10) for step in range(1, 60)),
+    )
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        view = store.view("r")
+        assert x_allowed(view, "step") and x_allowed(view, "time") and x_allowed(view, "epoch")
+        assert not x_allowed(view, "bogus") and not x_allowed(view, "train_loss")
+    finally:
+        store.close()
 
 
 def test_the_csv_route_names_no_server_path_and_refuses_an_over_long_filter(tmp_path: Path) -> None:
