@@ -154,7 +154,7 @@ def runs_table_rows(page: object, pattern: str, read: int | None = None) -> dict
     """The runs table's rows (by run name) after filtering by ``pattern``, read from the grid's cells;
     with ``read``, once no row's cell in that column is still "—" (the store lists a run at once and
     fills in what needs the whole file, such as its bad lines, as its loader reads it)."""
-    box = page.get_by_label("Filter runs")
+    box = page.get_by_label("Filter runs", exact=True)
     box.fill(pattern)
     box.press("Enter")
     kept = chart_filter(pattern)
