@@ -300,6 +300,7 @@ PAGE_ELEMENTS = {
         "ButtonGroup",
         "Checkbox",
         "Slider",
+        "DataFrame",
     ),
     "sweep": ("BidiComponent", "Html", "Selectbox", "ButtonGroup", "PageLink", "DataFrame"),
 }
