@@ -344,12 +344,16 @@ def dashboard(
                 process.wait()
 
 
-# In the page: the runs table's row names (its run links) in drawn order, and the canvas it is drawn on.
+# In the page: the runs table's row names (its run links) in drawn order (the grid draws only the rows
+# in its view, and a few beyond), how many rows it holds (its header is one of aria-rowcount), and
+# the canvas it is drawn on.
 RUN_ROWS_JS = """() => {
   const frame = document.querySelector('[data-testid=stDataFrame]');
-  if (!frame || !frame.querySelector('canvas')) return {names: []};
+  const grid = frame && frame.querySelector('table[aria-rowcount]');
+  if (!grid || !frame.querySelector('canvas')) return {names: [], rows: 0};
   const box = frame.querySelector('canvas').getBoundingClientRect();
   return {names: [...frame.querySelectorAll('tbody tr')].map(r => r.querySelector('td').textContent),
+          rows: +grid.getAttribute('aria-rowcount') - 1,
           x: box.x, y: box.y, height: box.height};
 }"""
 
@@ -363,6 +367,24 @@ def row_point(page: object, name: str, x_offset: float) -> tuple[float, float]:
     marker column is ~34 px)."""
     table = wait_until(page, lambda: (t := page.evaluate(RUN_ROWS_JS)) and f"run?run={name}" in t["names"] and t)
     return table["x"] + x_offset, table["y"] + GRID_ROW_PX * (table["names"].index(f"run?run={name}") + 1.5)
+
+
+def list_only(page: object, pattern: str, names: Sequence[str]) -> None:
+    """Type ``pattern`` in the runs page's "Filter runs" box and wait until the table lists exactly
+    the runs ``names``.  A shared root holds other tests' runs: unfiltered, a run may sit below the
+    rows the grid draws (it draws only those in view), and the swept-key columns are those of every
+    run listed.  The wait is on the grid's row count as well as the names drawn: unfiltered, the grid
+    may draw just these runs at its top, the others below its view."""
+    box = page.get_by_label("Filter runs", exact=True)
+    box.fill(pattern)
+    box.press("Enter")
+    expected = sorted(f"run?run={name}" for name in names)
+
+    def listed() -> bool:
+        table = page.evaluate(RUN_ROWS_JS)
+        return table["rows"] == len(expected) and sorted(table["names"]) == expected
+
+    wait_until(page, listed, timeout=30)
 
 
 def click(page: object, x: float, y: float) -> None:

@@ -37,8 +37,12 @@ def test_the_compare_page_draws_one_line_and_band_per_group_from_its_url(page: o
     with its run count, each a mean line over a filled band; group=none draws the twelve runs."""
     query = urlencode([*(("run", name) for name in sweep_runs()), ("group", "peak_lr"), ("band", "std")])
     page.goto(f"{server}/compare?{query}")
-    charts = wait_until(page, lambda: [c for c in page.evaluate(CHARTS_JS) if c["entries"]], timeout=60)
-    loss = next(chart for chart in charts if chart["title"].startswith("train loss"))
+    # The charts draw in no set order: wait for the one read here, not for the first with a legend.
+    (loss,) = wait_until(
+        page,
+        lambda: [c for c in page.evaluate(CHARTS_JS) if c["title"].startswith("train loss") and c["entries"]],
+        timeout=60,
+    )
     assert loss["title"] == "train loss · mean, band ± 1 std"
     assert loss["entries"] == ["peak_lr=0.0001 (4 runs)", "peak_lr=0.0003 (4 runs)", "peak_lr=0.001 (4 runs)"]
     assert sum(trace["fill"] == "tonexty" for trace in loss["traces"]) == 3

@@ -290,7 +290,18 @@ PAGE_ELEMENTS = {
         "Selectbox",
         "remark-emoji",
     ),
-    "compare": ("BidiComponent", "Html", "Multiselect", "TextInput", "ButtonGroup", "Checkbox", "Slider"),
+    "compare": (
+        "BidiComponent",
+        "Html",
+        "Multiselect",
+        "TextInput",
+        "Selectbox",
+        "Radio",
+        "ButtonGroup",
+        "Checkbox",
+        "Slider",
+        "DataFrame",
+    ),
     "sweep": ("BidiComponent", "Html", "Selectbox", "ButtonGroup", "PageLink", "DataFrame"),
 }
 
