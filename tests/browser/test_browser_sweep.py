@@ -70,7 +70,11 @@ def test_the_sweep_page_charts_the_swept_keys_and_a_zoom_narrows_its_runs(page: 
     charts = {chart["key"]: chart for chart in page.evaluate(SWEEP_CHARTS_JS)}
     assert sorted(charts) == SWEPT and charts["peak_lr"]["type"] == "log"
     assert all(chart["chosen"] == len(NAMES) and chart["y"] == "val_acc (best, max)" for chart in charts.values())
-    listed = lambda: [row[0] for row in page.evaluate(GRID_JS, "")[0][1:]]  # noqa: E731
+
+    def listed() -> list[str]:  # the runs table's names, none while it is not drawn yet
+        grids = page.evaluate(GRID_JS, "")
+        return [row[0] for row in grids[0][1:]] if grids else []
+
     wait_until(page, lambda: len(listed()) == len(NAMES), timeout=30)
     page.evaluate(
         """([low, high]) => {
@@ -91,5 +95,5 @@ def test_the_sweep_page_charts_the_swept_keys_and_a_zoom_narrows_its_runs(page: 
     fresh = page.context.new_page()
     fresh.goto(shared)
     wait_until(fresh, lambda: live_charts_drawn(fresh, len(SWEPT)), timeout=60)
-    again = lambda: [row[0] for row in fresh.evaluate(GRID_JS, "")[0][1:]]  # noqa: E731
+    again = lambda: [row[0] for grid in fresh.evaluate(GRID_JS, "")[:1] for row in grid[1:]]  # noqa: E731
     wait_until(fresh, lambda: sorted(name.removeprefix("run?run=") for name in again()) == kept, timeout=30)

@@ -230,8 +230,10 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
             page = context.new_page()
             page.goto(f"{url}/run?run=big")
             wait_until(page, lambda: live_charts_drawn(page), timeout=90)
-            # the cold parse of 60,000 records is saved by the store's saver thread, soon after
-            (saved,) = wait_until(page, lambda: list(cache.glob("*.mcc")), timeout=60)
+            # the cold parse of 60,000 records, saved by the store's saver thread soon after: the cache
+            # file, not the temporary one it is written to before the rename (".tmp-….mcc")
+            done = lambda: [path for path in cache.glob("*.mcc") if not path.name.startswith(".")]  # noqa: E731
+            (saved,) = wait_until(page, done, timeout=60)
             after_load = saved.stat().st_mtime_ns
             append_records(run, *(base_record(step, train_loss=0.01) for step in range(60_001, 60_011)))
             graph = "document.querySelector('.js-plotly-plot')"  # the live chart, once drawn
