@@ -27,9 +27,9 @@ import orjson
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.bench_snapshot import kept_run
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.testing.generate import write_run
 
 APPEND_S = 0.1
 
@@ -47,7 +47,10 @@ def measure(kept: Path, *, seconds: float, interval: float | None) -> dict[str, 
         store = RunStore(root, cache=policy, safety_interval=0.0, saver_delay_s=0.0)
         try:
             store.view("r")  # the cold parse (its save runs on the saver thread)
+            deadline = time.monotonic() + 120
             while policy is not None and store.stats["cache_saves"] < 1:
+                if time.monotonic() > deadline:  # a run below the cache's threshold is never saved
+                    raise SystemExit(f"no cache save in 120 s: --records must be at least {policy.min_records:,}")
                 time.sleep(0.1)
             saves_before, times = store.stats["cache_saves"], []
             end, number = time.monotonic() + seconds, 0
@@ -81,9 +84,7 @@ def main() -> None:
     parser.add_argument("--interval", type=float, default=10.0, help="the cache's save period, seconds")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "metrics_bench_cache_saves")
     args = parser.parse_args()
-    kept = args.dir / f"run-{args.records}" / "metrics.jsonl"
-    if not kept.exists():
-        write_run(kept, args.records)
+    kept = kept_run(args.dir, args.records)
     for label, interval in (("no cache", None), (f"a save every {args.interval:.0f} s", args.interval)):
         found = measure(kept, seconds=args.seconds, interval=interval)
         median, p99 = found["median"], found["p99"]
