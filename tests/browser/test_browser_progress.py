@@ -49,9 +49,16 @@ def reading(page: object) -> dict:
     return page.evaluate(READING_JS)
 
 
-def shown_reading(page: object) -> dict:
-    """The page's state once a progress bar with its text is shown (fails after the deadline)."""
-    return wait_until(page, lambda: (state := reading(page))["bars"] and state["bars"][0]["text"] and state, timeout=60)
+def shown_reading(page: object, saying: str = "") -> dict:
+    """The page's state once a progress bar whose text holds ``saying`` is shown (fails after the
+    deadline).  A bar first says the file is being opened, then how many bytes of it are read."""
+
+    def says() -> dict | None:
+        state = reading(page)
+        text = state["bars"][0]["text"] if state["bars"] else ""
+        return state if text and saying in text else None
+
+    return wait_until(page, says, timeout=60)
 
 
 def test_a_big_run_page_shows_its_title_and_read_progress_then_its_charts(
@@ -60,10 +67,10 @@ def test_a_big_run_page_shows_its_title_and_read_progress_then_its_charts(
     """/run of a big run not read yet: its title and a progress bar saying bytes read of the file's
     size, before any chart; then the charts, and the bar is gone."""
     page.goto(f"{server}/run?run=big")
-    shown = shown_reading(page)
+    size = byte_text((root / "big" / "metrics.jsonl").stat().st_size)
+    shown = shown_reading(page, saying=f" of {size}")
     assert "big" in shown["titles"][0]
     [bar] = shown["bars"]
-    size = byte_text((root / "big" / "metrics.jsonl").stat().st_size)
     assert "Reading run 'big'" in bar["text"] and f" of {size}" in bar["text"]
     assert not live_charts_drawn(page)
     wait_until(page, lambda: live_charts_drawn(page), timeout=120)
