@@ -18,6 +18,12 @@ defaults and ``views.MAX_LOGGED_CHARTS`` of them), next to one that logs none.  
 gives the runs of each refresh period N records in three sessions first (``bench_rivals.py``'s
 1k-record run: every append then redraws three sessions' traces), not 10 of one session.
 
+``--soak S`` measures the same for S seconds on a live run of ``--big`` records (1M when not given)
+whose columnar cache the server keeps in a directory of the benchmark's, once the server settled:
+the spread of write -> visible (p99 against the median) across the cache saves that fall inside,
+each counted as the cache file changes.  The dashboard saves a growing run's cache every 5 minutes,
+so ten minutes hold two saves.
+
 ``--floor S`` measures, over S seconds with nothing appended, what a live tab costs when nothing
 changes, next to what Streamlit itself costs: the same refresh of a fragment with nothing in it
 (the floor no page can go below), and of the run page on an idle 100-record run.
@@ -111,17 +117,32 @@ def settle(pid: int, *, share: float = 0.10, window: float = 5.0, limit: float =
     return time.monotonic() - start
 
 
-def live(appends: int, *, refresh: float, history: int = 0, keys: int = 0, settled: bool = False) -> dict[str, object]:
-    """Write -> visible delays, server CPU share and websocket bytes per append on a live run whose
-    records carry ``keys`` logged numbers besides the writer's own (each a chart the page may draw).
-    ``settled``: the same again once the server is idle (``settle``), under ``"settled"``."""
+def cache_files(directory: Path) -> set[tuple[str, int]]:
+    """The columnar cache files in ``directory``, each with its modification time: a save changes it."""
+    return {(path.name, path.stat().st_mtime_ns) for path in directory.glob("*.mcc")}
+
+
+def live(
+    appends: int,
+    *,
+    refresh: float,
+    history: int = 0,
+    keys: int = 0,
+    settled: bool = False,
+    only_settled: bool = False,
+) -> dict[str, object]:
+    """Write -> visible delays, server CPU share, websocket bytes and cache saves per append on a live
+    run whose records carry ``keys`` logged numbers besides the writer's own (each a chart the page
+    may draw).  ``settled``: the same again once the server is idle (``settle``), under
+    ``"settled"``; ``only_settled``: only that measurement (a soak across cache saves)."""
     logged = lambda step: {f"k/{n:03}": float(step % 97 + n) for n in range(keys)}  # noqa: E731
     with tempfile.TemporaryDirectory() as tmp:
-        root = Path(tmp)
+        root, cache = Path(tmp) / "runs", Path(tmp) / "cache"
         run = live_run(root, history)
         state = TrainingState()
         received: list[int] = []
-        with streamlit_server(root, refresh=refresh) as url, chromium() as browser, MetricsWriter(run) as writer:
+        server = streamlit_server(root, "--cache-dir", str(cache), refresh=refresh)
+        with server as url, chromium() as browser, MetricsWriter(run) as writer:
             first = 10**8 if history else 10
             for step in range(first, first + 100, 10):
                 state.step = step
@@ -137,19 +158,31 @@ def live(appends: int, *, refresh: float, history: int = 0, keys: int = 0, settl
             def measure(offset: int) -> dict[str, object]:
                 written: dict[int, float] = {}
                 received.clear()
+                saves, files = 0, cache_files(cache)
                 cpu, wall = cpu_seconds(pid), time.monotonic()
                 for number in range(offset, offset + appends):
                     state.step = first + 1000 + 10 * number
                     writer.write("train", state, train_loss=0.5, **logged(state.step))
                     written[state.step] = time.time() * 1000
                     time.sleep(1.3)
+                    now = cache_files(cache)
+                    saves, files = saves + len(now - files), now
                 time.sleep(3)
                 cpu_share = (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)
                 seen = {int(float(k)): v for k, v in page.evaluate("window.__seen").items()}
                 missing = [step for step in written if step not in seen]
                 delays = sorted(seen[step] - written[step] for step in written if step in seen)
-                return {"delays": delays, "missing": len(missing), "cpu": cpu_share, "bytes": sum(received) / appends}
+                return {
+                    "delays": delays,
+                    "missing": len(missing),
+                    "cpu": cpu_share,
+                    "bytes": sum(received) / appends,
+                    "saves": saves,
+                }
 
+            if only_settled:
+                waited = settle(pid)
+                return {**measure(0), "waited": waited}
             found = measure(0)
             if settled:
                 waited = settle(pid)
@@ -192,11 +225,18 @@ def idle_cpu(seconds: float, *, refresh: float) -> dict[str, float]:
     return shares
 
 
+def percentile(delays: list[float], share: float) -> float:
+    """The ``share`` quantile of sorted ``delays`` (nearest rank)."""
+    return delays[min(len(delays) - 1, round(share * (len(delays) - 1)))]
+
+
 def summary(delays: list[float]) -> str:
     if not delays:
         return "no append became visible"
-    p95 = delays[min(len(delays) - 1, round(0.95 * (len(delays) - 1)))]
-    return f"median {statistics.median(delays):.0f} ms, p95 {p95:.0f} ms, max {delays[-1]:.0f} ms"
+    return (
+        f"median {statistics.median(delays):.0f} ms, p95 {percentile(delays, 0.95):.0f} ms, "
+        f"p99 {percentile(delays, 0.99):.0f} ms, max {delays[-1]:.0f} ms"
+    )
 
 
 def missing_text(found: dict[str, object]) -> str:
@@ -219,6 +259,22 @@ def figure_bytes(records: int) -> tuple[int, int, int]:
     return count, max(sizes), sum(sizes)
 
 
+def soak(seconds: float, *, records: int, refresh: float) -> None:
+    """Write -> visible over ``seconds`` of appends to a live ``records``-record run once the server
+    settled, with the cache saves that fell inside (see the module docstring)."""
+    appends = round(seconds / 1.3)
+    found = live(appends, refresh=refresh, history=records, only_settled=True)
+    delays = found["delays"]
+    print(
+        f"{records}-record run, {appends} appends over {seconds:.0f} s at refresh {refresh:g} s, "
+        f"{found['saves']} cache saves inside (server settled {found['waited']:.0f} s first): "
+        f"write -> visible {summary(delays)}{missing_text(found)}"
+    )
+    if delays:
+        ratio = percentile(delays, 0.99) / statistics.median(delays)
+        print(f"p99 / median: {ratio:.2f}x (goal <= 2x); server CPU {found['cpu']:.1%} of a core")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--appends", type=int, default=25, help="appends per live measurement (0: none)")
@@ -228,7 +284,10 @@ def main() -> None:
     parser.add_argument("--floor", type=float, default=0, help="seconds of idle CPU: empty fragment vs run page")
     parser.add_argument("--history", type=int, default=0, help="records the runs of each refresh period start with")
     parser.add_argument("--keys", type=int, default=0, help="also a live run logging this many keys (e.g. 200)")
+    parser.add_argument("--soak", type=float, default=0, help="seconds of appends to a --big run, cache saves in")
     args = parser.parse_args()
+    if args.soak:
+        soak(args.soak, records=args.big or 1_000_000, refresh=args.refresh[-1])
     if args.floor:
         for refresh in args.refresh:
             shares = idle_cpu(args.floor, refresh=refresh)
