@@ -1,7 +1,7 @@
 """The dashboard server's resident memory: what a run's page costs over the import floor, and
 whether a live page's memory grows with time.  A real server, a real headless Chromium.
 
-Run: python benchmarks/bench_memory.py [--records 100000] [--settle 25] [--soak 6] [--period 0.2]
+Run: python benchmarks/bench_memory.py [--records 100000] [--settle 25] [--soak 6] [--period 0.2] [--soak-history 0]
 
 * ``floor``: the RSS of a process that imports what the server imports (streamlit, pandas,
   plotly and the dashboard's modules) and nothing else: no page can cost less.
@@ -14,7 +14,9 @@ Run: python benchmarks/bench_memory.py [--records 100000] [--settle 25] [--soak 
   it drew.
 * ``--soak M`` (0: skipped): one tab on a live run logging a window every ``--period`` seconds for
   M minutes; the RSS at minute 1 and at the end, and the growth between per record appended.
-  It stops by itself after M minutes.
+  It stops by itself after M minutes.  ``--soak-history N``: the run holds N generated records
+  before the tab opens; past ``CHART_POINTS`` per chart, the points a page draws no longer grow
+  with the run, and what is left is the run's own records.
 """
 
 from __future__ import annotations
@@ -83,17 +85,20 @@ def page_rss(records: int, settle: float) -> tuple[int, int]:
             return drawn, rss(pid)
 
 
-def soak(minutes: float, period: float) -> tuple[int, int, int]:
-    """(RSS at minute 1, RSS at the end, records appended between) with one tab on a live run."""
+def soak(minutes: float, period: float, history: int = 0) -> tuple[int, int, int]:
+    """(RSS at minute 1, RSS at the end, records appended between) with one tab on a live run that
+    holds ``history`` generated records (``generate.write_run``) before it, else 10 of its own."""
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp) / "runs"
         run = RunContext(root / "live", "live", "s1")
-        state = TrainingState()
+        if history:
+            write_run(run.directory / "metrics.jsonl", history)
+        state = TrainingState(step=10**8 if history else 0)
         cache = ("--cache-dir", str(Path(tmp) / "cache"))
         with MetricsWriter(run) as writer, streamlit_server(root, *cache, refresh=0.5) as url:
-            for step in range(1, 11):
-                state.step = step
-                writer.write("train", state, train_loss=1.0 / step, grad_norm_avg=0.5)
+            for _ in range(10):
+                state.step += 1
+                writer.write("train", state, train_loss=1.0 / state.step, grad_norm_avg=0.5)
             with chromium() as browser:
                 open_run_page(browser, url, "live", 1)
                 pid = server_pid(url)
@@ -139,6 +144,7 @@ def main() -> None:
     parser.add_argument("--live-cpu", type=int, default=0, help="records of a live run whose CPU is measured")
     parser.add_argument("--soak", type=float, default=0.0, help="minutes of a live page (0: no soak)")
     parser.add_argument("--period", type=float, default=0.2, help="seconds between two records of the soak")
+    parser.add_argument("--soak-history", type=int, default=0, help="records the soak's run holds before its tab opens")
     args = parser.parse_args()
     mb = 1e6
     floor = import_floor()
@@ -156,9 +162,10 @@ def main() -> None:
             "to minute 2 after its page opened (goal <= 10%)"
         )
     if args.soak:
-        before, after, appended = soak(args.soak, args.period)
+        before, after, appended = soak(args.soak, args.period, args.soak_history)
         print(
-            f"soak, {args.soak:g} min, a record every {args.period:g} s: {before / mb:.0f} MB at minute 1, "
+            f"soak, {args.soak:g} min, a record every {args.period:g} s after {args.soak_history:,} records: "
+            f"{before / mb:.0f} MB at minute 1, "
             f"{after / mb:.0f} MB at the end: +{(after - before) / mb:.1f} MB over {appended:,} records "
             f"({(after - before) / max(appended, 1) / 1e3:.2f} KB per record; goal <= 5 MB)"
         )
