@@ -28,6 +28,7 @@ import orjson
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from benchmarks.bench_snapshot import kept_run
+from benchmarks.timing import percentile
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.read.column_cache import CachePolicy
 
@@ -73,8 +74,13 @@ def measure(kept: Path, *, seconds: float, interval: float | None) -> dict[str, 
         finally:
             store.close()
     times.sort()
-    p99 = times[min(len(times) - 1, round(0.99 * (len(times) - 1)))]
-    return {**found, "appends": len(times), "median": statistics.median(times), "p99": p99, "max": times[-1]}
+    return {
+        **found,
+        "appends": len(times),
+        "median": statistics.median(times),
+        "p99": percentile(times, 0.99),
+        "max": times[-1],
+    }
 
 
 def main() -> None:

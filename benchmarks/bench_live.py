@@ -41,6 +41,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.timing import percentile
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store.run_store import RunStore
@@ -223,11 +224,6 @@ def idle_cpu(seconds: float, *, refresh: float) -> dict[str, float]:
                 shares[label] = (cpu_seconds(pid) - cpu) / (time.monotonic() - wall)
                 page.close()
     return shares
-
-
-def percentile(delays: list[float], share: float) -> float:
-    """The ``share`` quantile of sorted ``delays`` (nearest rank)."""
-    return delays[min(len(delays) - 1, round(share * (len(delays) - 1)))]
 
 
 def summary(delays: list[float]) -> str:

@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np
 
 from benchmarks.bench_live import cpu_seconds, live_run, server_pid
+from benchmarks.timing import percentile
 from metrics_core import MetricsWriter, TrainingState
 from metrics_core.testing.live_server import ACCESS_TOKEN, REPO, streamlit_app
 
@@ -287,10 +288,6 @@ def tree_of(rev: str) -> Iterator[Path]:
         archive = subprocess.run(["git", "-C", str(REPO), "archive", rev], check=True, capture_output=True).stdout
         subprocess.run(["tar", "-x", "-C", tmp], input=archive, check=True)
         yield Path(tmp)
-
-
-def percentile(values: list[float], share: float) -> float:
-    return values[min(len(values) - 1, round(share * (len(values) - 1)))]
 
 
 def ms(delay: float) -> str:

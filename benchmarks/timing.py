@@ -19,3 +19,8 @@ def median_us_interleaved(
                 fn()
             per_call[name].append((time.perf_counter_ns() - start) / calls / 1000)
     return {name: statistics.median(values) for name, values in per_call.items()}
+
+
+def percentile(values: list[float], share: float) -> float:
+    """The ``share`` quantile of sorted ``values``, nearest rank (0.5: the median's rank, 0.99: p99)."""
+    return values[min(len(values) - 1, round(share * (len(values) - 1)))]
