@@ -4,12 +4,16 @@ one built from scratch."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import random
 from pathlib import Path
+from urllib.parse import urlencode
 
 import numpy as np
 import pandas as pd
+from starlette.requests import Request
+from starlette.routing import Route
 from streamlit import file_util
 
 from metrics_core.dashboard.server.asgi_gzip import StaticGzip
@@ -90,3 +94,23 @@ async def fetch(middleware: StaticGzip, path: str) -> tuple[dict[bytes, bytes], 
     scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"accept-encoding", b"gzip")]}
     await middleware(scope, None, send)
     return dict(sent[0]["headers"]), b"".join(message.get("body", b"") for message in sent[1:])
+
+
+async def route_get(
+    route: Route, path: str, *, gone: asyncio.Event | None = None, **query: object
+) -> tuple[int, bytes]:
+    """``GET path?query`` answered by ``route``'s endpoint as an ASGI server calls it: its ``receive``
+    gives the request's empty body, then waits until the client is ``gone`` (never, without it)."""
+    sent_body = False
+
+    async def receive() -> dict:
+        nonlocal sent_body
+        if not sent_body:
+            sent_body = True
+            return {"type": "http.request", "body": b"", "more_body": False}
+        await (gone or asyncio.Event()).wait()
+        return {"type": "http.disconnect"}
+
+    scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": urlencode(query).encode()}
+    response = await route.endpoint(Request(scope, receive))
+    return response.status_code, response.body

@@ -9,25 +9,22 @@ import json
 import threading
 import time
 from pathlib import Path
-from urllib.parse import urlencode
 
-from starlette.requests import Request
 from starlette.routing import Route
 
 from metrics_core.dashboard.live.chart_component import encode
 from metrics_core.dashboard.live.feed import drawn_charts, page_signature
-from metrics_core.dashboard.live.push import changes_route, options_query, snapshot_serial
+from metrics_core.dashboard.live.push import CHANGES_PATH, changes_route, options_query, snapshot_serial
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.widgets import refresh_slot
-from tests.support import append_records, base_record
+from tests.support import append_records, base_record, run_async
+from tests.support.dashboard import route_get
 
 
 async def answer(route: Route, **query: object) -> tuple[int, dict]:
-    scope = {"type": "http", "method": "GET", "path": "/api/changes", "headers": [],
-             "query_string": urlencode(query).encode()}  # fmt: skip
-    response = await route.endpoint(Request(scope))
-    return response.status_code, json.loads(response.body)
+    status, body = await route_get(route, CHANGES_PATH, **query)
+    return status, json.loads(body)
 
 
 async def ask(route: Route, run: str, seen: int) -> int:
@@ -56,7 +53,7 @@ def test_the_changes_route_answers_a_tab_once_its_run_has_a_newer_snapshot(tmp_p
             append_records(path, base_record(60, train_loss=0.5))
             return older, unchanged, await later, waited
 
-        older, unchanged, newer, waited = asyncio.run(scenario())
+        older, unchanged, newer, waited = run_async(scenario())
         assert older == drawn and unchanged == drawn and waited >= 0.5
         assert newer > drawn and newer == snapshot_serial(store.view("r"))
     finally:
@@ -93,7 +90,7 @@ def test_tabs_in_step_get_the_appended_points_from_one_answer_and_a_changed_page
             stale = await answer(route, **(query | {"sig": "drawn-elsewhere"}))
             return answers, computations, stale, await answer(route, **(query | {"opts": '{"x": 1}'}))
 
-        answers, computations, stale, refused = asyncio.run(scenario())
+        answers, computations, stale, refused = run_async(scenario())
     finally:
         store.close()
     assert computations == 1 and all(found == answers[0] for found in answers)

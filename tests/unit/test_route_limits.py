@@ -7,10 +7,8 @@ from __future__ import annotations
 import asyncio
 import json
 from pathlib import Path
-from urllib.parse import urlencode
 
 import pytest
-from starlette.requests import Request
 from starlette.routing import Route
 
 from metrics_core.dashboard.downloads import csv_route
@@ -36,8 +34,8 @@ from metrics_core.dashboard.views.chart_specs import (
     key_charts,
     pick_charts,
 )
-from tests.support import append_records, base_record, small_run
-from tests.support.dashboard import BUNDLE, IMMUTABLE, fetch, static_app
+from tests.support import append_records, base_record, run_async, small_run
+from tests.support.dashboard import BUNDLE, IMMUTABLE, fetch, route_get, static_app
 
 CATASTROPHIC = "(.|.|.|.)*!"  # exponential for a backtracking regular expression on any title
 
@@ -146,9 +144,8 @@ def test_the_changes_route_takes_only_options_the_page_can_produce() -> None:
 
 
 async def ask(route: Route, path: str, **query: object) -> tuple[int, str]:
-    scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": urlencode(query).encode()}
-    response = await route.endpoint(Request(scope))
-    return response.status_code, response.body.decode()
+    status, body = await route_get(route, path, **query)
+    return status, body.decode()
 
 
 class CountingStore:
@@ -184,12 +181,37 @@ def test_long_polls_for_unknown_runs_are_answered_404_at_once_and_long_polls_are
                 task.cancel()
             return unknown_answers, views, beyond, still
 
-        unknown, views, beyond, still = asyncio.run(scenario())
+        unknown, views, beyond, still = run_async(scenario())
     finally:
         store.store.close()
     assert [status for status, _ in unknown] == [404] * 4 and views == 4
     assert all(str(tmp_path) not in body and "error" in json.loads(body) for _, body in unknown)
     assert still == 3 and [status for status, _ in beyond] == [503, 503]
+
+
+def test_a_long_poll_whose_client_is_gone_ends_at_once_and_gives_its_place_back(tmp_path: Path) -> None:
+    """A closed tab's long poll ends when its connection closes, not at the poll's end: its place
+    under the cap is free again at once, and a server stopping (it waits for the requests in
+    flight) is not kept waiting by it."""
+    small_run(tmp_path / "r" / "metrics.jsonl")
+    store = RunStore(tmp_path, safety_interval=0.0)
+    route = changes_route(lambda: store, lambda: 0.05, long_poll_s=3600.0, long_polls_max=1)
+    try:
+        seen = snapshot_serial(store.view("r"))
+
+        async def scenario() -> tuple[int, int, int]:
+            gone = asyncio.Event()
+            waiting = asyncio.create_task(route_get(route, "/api/changes", gone=gone, run="r", seen=seen))
+            while (refused := await ask(route, "/api/changes", run="r", seen=0))[0] != 503:
+                await asyncio.sleep(0.01)  # until the long poll holds the one place
+            gone.set()
+            ended, _ = await asyncio.wait_for(waiting, 60)
+            return refused[0], ended, (await ask(route, "/api/changes", run="r", seen=0))[0]
+
+        refused, ended, after = run_async(scenario())
+    finally:
+        store.close()
+    assert (refused, ended, after) == (503, 204, 200)
 
 
 def test_a_key_is_an_x_only_where_the_run_logs_it_growing(tmp_path: Path) -> None:
@@ -227,7 +249,7 @@ def test_the_csv_route_names_no_server_path_and_refuses_an_over_long_filter(tmp_
         ]
 
     try:
-        missing, outside, no_chart, too_long, rows = asyncio.run(scenario())
+        missing, outside, no_chart, too_long, rows = run_async(scenario())
     finally:
         store.close()
     assert missing[0] == outside[0] == no_chart[0] == 404
@@ -275,15 +297,15 @@ def test_one_gzip_copy_per_file_however_its_path_is_spelled_and_copies_bounded()
     assert canonical("/static/js/a.js") and not any(canonical(path) for path in spellings)
     middleware = StaticGzip(static_app(IMMUTABLE))
     for path in [*spellings, "/static/js/a.js", *(f"/static/js//a.js?{n}" for n in range(20))]:
-        asyncio.run(fetch(middleware, path))
+        run_async(fetch(middleware, path))
     assert len(middleware.copies) == 1
 
     probe = GzipCopies()
-    asyncio.run(probe.copy("/static/js/probe.js", BUNDLE))
-    size = len(asyncio.run(probe.copy("/static/js/probe.js", BUNDLE)))
+    run_async(probe.copy("/static/js/probe.js", BUNDLE))
+    size = len(run_async(probe.copy("/static/js/probe.js", BUNDLE)))
     bounded = StaticGzip(static_app(IMMUTABLE), copies=GzipCopies(max_bytes=2 * size + size // 2))
     for name in ("a", "b", "a", "c"):  # "a" asked for again before "c": "b" is the one dropped
-        headers, _ = asyncio.run(fetch(bounded, f"/static/js/{name}.js"))
+        headers, _ = run_async(fetch(bounded, f"/static/js/{name}.js"))
         assert headers[b"content-encoding"] == b"gzip"
     assert len(bounded.copies) == 2
     assert bounded.copies._made.keys() == {("/static/js/a.js", len(BUNDLE)), ("/static/js/c.js", len(BUNDLE))}

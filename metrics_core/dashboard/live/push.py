@@ -37,7 +37,7 @@ import logging
 import threading
 import weakref
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -258,9 +258,11 @@ def changes_route(
             ticker = tickers[name] = _Ticker(store, name, refresh())
         waiting += 1
         try:
-            serial = await ticker.newer_than(seen, long_poll_s)
+            serial = await _unless_gone(request, ticker.newer_than(seen, long_poll_s))
         finally:
             waiting -= 1
+        if serial is None:
+            return Response(status_code=204)  # nobody is left to read it
         view = ticker.view  # no await since: the snapshot of ``serial``
         body: dict[str, Any] = {"serial": serial}
         if serial > seen and feed is not None:
@@ -275,6 +277,27 @@ def changes_route(
         return JSONResponse(body)
 
     return Route(f"{base_path(base_url)}{CHANGES_PATH}", answer, methods=["GET"])
+
+
+async def _unless_gone(request: Request, waited: Coroutine[Any, Any, int]) -> int | None:
+    """``waited``'s result, or None once the client of ``request`` closed its connection first: a closed
+    tab's long poll gives its place (``LONG_POLLS_MAX``) back at once, and a server stopping (which
+    waits for the requests in flight) is not kept waiting by it."""
+    result = asyncio.ensure_future(waited)
+    gone = asyncio.ensure_future(_client_gone(request))
+    try:
+        await asyncio.wait({result, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        result.cancel()  # nothing when it is done
+    return result.result() if result.done() and not result.cancelled() else None
+
+
+async def _client_gone(request: Request) -> None:
+    """Returns once the client of ``request`` is gone: an ASGI server's ``receive`` gives a GET's
+    empty body, then waits for the disconnect."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def run_refusal(run: str, exc: BaseException) -> str:
