@@ -9,7 +9,6 @@ Every request of this module goes through ``get``: the one place that says how a
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 import threading
@@ -24,7 +23,7 @@ import pytest
 from metrics_core.dashboard.live.push import options_query
 from metrics_core.dashboard.views.chart_specs import SMOOTHING_STEP, ChartOptions
 from metrics_core.testing.live_server import ACCESS_TOKEN, http_get, streamlit_server
-from tests.support import append_records, base_record
+from tests.support import append_records, base_record, run_async
 
 CATASTROPHIC = "(.|.|.|.)*!"  # a regular expression that backtracks for ever on any chart title
 BIG_RUN_RECORDS = 20_000  # records of the run whose figures each option set builds
@@ -186,9 +185,8 @@ def test_the_websocket_refuses_a_stranger_and_a_foreign_origin(server: tuple[str
         except InvalidStatus:
             return False
 
-    def tried(headers: dict[str, str], origin: str) -> bool:  # in a thread: Playwright's loop runs in this one
-        with ThreadPoolExecutor(1) as pool:
-            return pool.submit(asyncio.run, opens(headers, origin)).result()
+    def tried(headers: dict[str, str], origin: str) -> bool:
+        return run_async(opens(headers, origin))
 
     assert tried(owner, url)
     assert not tried({}, url)

@@ -3,14 +3,12 @@ on the listener's connections, METRICS_SERVE_PLAIN as one switch, and Nagle's st
 
 from __future__ import annotations
 
-import asyncio
 import http.client
 import os
 import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from metrics_core.dashboard.server.asgi_gzip import StaticGzip
 from metrics_core.dashboard.server.page_head import PreloadHints
 from metrics_core.dashboard.server.serving import tcp_no_delay
 from metrics_core.testing.live_server import ACCESS_TOKEN, dashboard, free_port
-from tests.support import REPO
+from tests.support import REPO, run_async
 
 
 def test_warm_first_script_run_does_streamlits_once_per_process_work() -> None:
@@ -77,9 +75,8 @@ def test_serve_plain_is_one_switch_that_turns_every_part_off(monkeypatch: pytest
         async with options["lifespan"](object()):
             pass
 
-    def start_and_stop(options: dict) -> None:  # in a thread: a browser test's event loop may be running here
-        with ThreadPoolExecutor(1) as pool:
-            pool.submit(asyncio.run, start_and_stop_lifespan(options)).result()
+    def start_and_stop(options: dict) -> None:
+        run_async(start_and_stop_lifespan(options))
 
     plain = serving.app_options(
         REPO / "app.py", shutdown=lambda: closed.append(True), environ={"METRICS_SERVE_PLAIN": "1"}

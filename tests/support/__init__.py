@@ -8,6 +8,7 @@ and Chromium, buckets and their emulators, hand-crafted and generated runs), imp
 
 from __future__ import annotations
 
+import asyncio
 import math
 import os
 import signal
@@ -15,12 +16,13 @@ import subprocess
 import sys
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Coroutine, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime, timezone
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import orjson
 
@@ -39,6 +41,16 @@ APP = str(REPO / "app.py")
 
 
 # -- records and files ---------------------------------------------------------------------------
+
+
+T = TypeVar("T")
+
+
+def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
+    """``asyncio.run(coroutine)`` in a thread of its own: Playwright's sync API keeps an event loop
+    running in the thread of any browser test, and a worker of ``pytest -n`` runs tests of every tier."""
+    with ThreadPoolExecutor(1) as pool:
+        return pool.submit(asyncio.run, coroutine).result()
 
 
 def read_records(path: Path) -> list[dict]:

@@ -3,8 +3,6 @@ who gets through, what the refused see, and what a request carrying the token ge
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from metrics_core.dashboard.server.access import (
@@ -16,6 +14,7 @@ from metrics_core.dashboard.server.access import (
     refuse_open_bind,
     server_token,
 )
+from tests.support import run_async
 
 TOKEN = "s3cret-token"
 ACCESS = Access(token=TOKEN, loopback=True)
@@ -57,7 +56,7 @@ def call(
         "scheme": "http" if kind == "http" else "ws",
         "server": ("127.0.0.1", 8501),
     }
-    asyncio.run(AccessGuard(app, access=access, base_url=base_url)(scope, receive, send))
+    run_async(AccessGuard(app, access=access, base_url=base_url)(scope, receive, send))
     return sent, bool(reached)
 
 

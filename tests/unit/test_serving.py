@@ -22,6 +22,7 @@ from metrics_core.dashboard.server import asgi_gzip, page_head, serving
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, accepts_gzip, route_path
 from metrics_core.dashboard.server.page_head import BASE_URL_SCRIPT, PreloadHints, chunk_preloads, static_files
 from metrics_core.dashboard.server.serving import lifespan
+from tests.support import run_async
 from tests.support.dashboard import BUNDLE, IMMUTABLE, STATIC, fetch, static_app
 
 
@@ -50,7 +51,7 @@ def test_a_client_gone_while_its_bundle_is_compressed_does_not_break_that_bundle
             requests.cancel_scope.cancel()
         return await fetch(middleware, "/static/js/index.js")
 
-    headers, body = asyncio.run(scenario())
+    headers, body = run_async(scenario())
     assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
     assert headers[b"etag"] == b'W/"abc-Def"' and b"accept-ranges" not in headers
     assert headers[b"content-length"] == str(len(body)).encode()
@@ -61,7 +62,7 @@ def test_made_up_static_paths_are_neither_compressed_nor_kept() -> None:
     through, so made-up paths cannot make the server compress and keep a copy each."""
     middleware = StaticGzip(static_app([(b"content-type", b"text/html"), (b"cache-control", b"no-cache")]))
     for number in range(20):
-        headers, body = asyncio.run(fetch(middleware, f"/static/x{number}.js"))
+        headers, body = run_async(fetch(middleware, f"/static/x{number}.js"))
         assert b"content-encoding" not in headers and body == BUNDLE
     assert len(middleware.copies) == 0
 
@@ -80,11 +81,11 @@ def test_hashed_component_assets_are_compressed_once_and_marked_immutable() -> N
 
     middleware = StaticGzip(app, hashed=["/_stcore/bidi-components/c.x/plotly-"])
     for _ in range(3):
-        headers, body = asyncio.run(fetch(middleware, "/_stcore/bidi-components/c.x/plotly-0123.min.js"))
+        headers, body = run_async(fetch(middleware, "/_stcore/bidi-components/c.x/plotly-0123.min.js"))
         assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
         assert headers[b"cache-control"] == b"public, max-age=31536000, immutable"
     assert len(middleware.copies) == 1 and all(b"accept-encoding" not in dict(h) for h in asked)
-    headers, body = asyncio.run(fetch(middleware, "/_stcore/bidi-components/c.x/chart.js"))
+    headers, body = run_async(fetch(middleware, "/_stcore/bidi-components/c.x/chart.js"))
     assert headers[b"cache-control"] == b"public" and b"content-encoding" not in headers and body == BUNDLE
 
 
@@ -99,7 +100,7 @@ def test_prewarmed_copies_answer_the_first_request_under_any_base_url(tmp_path: 
     copies.prewarm([("/static/js/index.js", on_disk), ("/static/js/gone.js", tmp_path / "gone.js")])
     assert len(copies) == 1  # a file that cannot be read is left to its first request
     middleware = StaticGzip(static_app(IMMUTABLE), base_url="metrics", copies=copies)
-    headers, body = asyncio.run(fetch(middleware, "/metrics/static/js/index.js"))
+    headers, body = run_async(fetch(middleware, "/metrics/static/js/index.js"))
     assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE.swapcase()
     assert len(copies) == 1
 
@@ -134,7 +135,7 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
         release.set()
         return await waiting
 
-    headers, body = asyncio.run(request_then_release())
+    headers, body = run_async(request_then_release())
     warm.join(10)
     assert gzip.decompress(body) == BUNDLE and calls == [len(BUNDLE)]
 
@@ -145,7 +146,7 @@ def test_a_request_waits_for_the_copy_being_prewarmed_instead_of_compressing_aga
     copies.prewarm([("/static/js/other.js", on_disk)])
     assert len(copies) == 1  # forgotten
     monkeypatch.setattr(asgi_gzip, "_gzip", real_gzip)
-    headers, body = asyncio.run(fetch(StaticGzip(static_app(IMMUTABLE), copies=copies), "/static/js/other.js"))
+    headers, body = run_async(fetch(StaticGzip(static_app(IMMUTABLE), copies=copies), "/static/js/other.js"))
     assert headers[b"content-encoding"] == b"gzip" and gzip.decompress(body) == BUNDLE
 
 
@@ -195,7 +196,7 @@ def test_lifespan_imports_what_the_scripts_import_without_running_them(
         async with lifespan([page], lambda: None)(object()):
             pass
 
-    asyncio.run(start_and_stop())
+    run_async(start_and_stop())
     deadline = time.monotonic() + 20
     while not {"warm_probe_a", "warm_probe_z"} <= sys.modules.keys() and time.monotonic() < deadline:
         time.sleep(0.01)
@@ -232,7 +233,7 @@ def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> No
     cases = [("/", "", "", True), ("/run", "", "run", True), ("/m/run", "m", "run", True), ("/m/", "m", "", True),
              ("/m", "m", "", False), ("/a/b", "", "a", False)]  # fmt: skip
     for path, base_url, page, named in cases:
-        head = asyncio.run(head_of(path, base_url))
+        head = run_async(head_of(path, base_url))
         first, last = f"<meta name=first content={page!r}>", f"<meta name=last content={page!r}>"
         start = "<meta charset=utf-8><title>x</title>" + (BASE_URL_SCRIPT if named else "") + first
         assert head == f"<html><head>{start}<script>st()</script>{last}", path
