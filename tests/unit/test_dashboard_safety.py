@@ -141,6 +141,15 @@ def test_unreadable_entries_lead_the_runs_table() -> None:
     assert newest_first(table)["run"].tolist() == ["bad", "new", "old", "cold"]
 
 
+def test_runs_of_the_same_age_keep_their_rows_whatever_order_the_store_read_them_in() -> None:
+    """Runs whose last records are as old go by name, so the page does not change when the store's
+    rows come in another order (after a run off the page was read again)."""
+    ages = [60.0, 60.0, 60.0, 5.0]
+    table = pd.DataFrame({"run": ["b", "c", "a", "z"], "status": ["finished"] * 4, "last record age (s)": ages})
+    orders = {tuple(newest_first(table.sample(frac=1, random_state=seed))["run"]) for seed in range(20)}
+    assert orders == {("z", "a", "b", "c")}
+
+
 def test_figure_text_fields_are_escaped_for_plotly() -> None:
     """Trace names, titles and highlight labels carry no HTML a plotly.js label would render."""
     frame = pd.DataFrame({"step": [1, 2], "train_loss": [1.0, 0.5], "session_id": ["s", "s"]})

@@ -112,8 +112,10 @@ PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws
 def newest_first(table: pd.DataFrame) -> pd.DataFrame:
     """``table`` (the store's runs page) ordered by its last record's age, runs never read last;
     entries of the root that cannot be looked into first: they hide runs until someone fixes them,
-    and would otherwise wait on the last page of a big root."""
-    by_age = table.sort_values("last record age (s)", na_position="last", kind="stable")
+    and would otherwise wait on the last page of a big root.  Runs of the same age go by name: the
+    store's rows come in the order it read them, which changes, and a row must not move (and the
+    page be redrawn under a pointer) because another run was read."""
+    by_age = table.sort_values(["last record age (s)", "run"], na_position="last", kind="stable")
     return by_age.loc[(by_age["status"] != "unreadable").sort_values(kind="stable").index]
 
 
