@@ -231,20 +231,19 @@ def test_a_link_clicked_with_ctrl_still_opens_a_new_tab(page: object, server: st
 
 
 def test_the_runs_table_of_a_big_root_is_drawn_before_every_run_is_read(browser: object, tmp_path: Path) -> None:
-    """150 small runs and 3 big ones: the table is drawn (first page of 100, a caption counting all 153) while
+    """150 small runs and 6 big ones: the table is drawn (first page of 100, a caption counting all 156) while
     the big runs, newest by their tails, still show ``loading`` (the store's loader reads them after the
-    small ones; the old page drew nothing until every run was read), and page 2 holds the rest."""
-    cold_root(tmp_path, small=150, big=3, big_records=40_000)  # ~10 MB per big run
+    small ones, for seconds: long enough to be seen on a loaded machine), and page 2 holds the rest."""
+    cold_root(tmp_path, small=150, big=6, big_records=120_000)  # ~30 MB per big run
     context = browser.new_context(viewport={"width": 1400, "height": 3000})
     try:
         page = context.new_page()
         with streamlit_server(tmp_path) as url:
             page.goto(url + "/")
             wait_until(page, lambda: "loading" in page.evaluate(ROW_STATUSES_JS), timeout=60, interval=0.02)
-            assert page.get_by_text("Showing 1–100 of 153 runs").count() == 1
-            wait_until(page, lambda: "loading" not in page.evaluate(ROW_STATUSES_JS), timeout=120)
+            assert page.get_by_text("Showing 1–100 of 156 runs").count() == 1
             page.get_by_test_id("stNumberInputField").fill("2")
             page.get_by_test_id("stNumberInputField").press("Enter")
-            wait_until(page, lambda: page.get_by_text("Showing 101–153 of 153 runs").count() == 1, timeout=30)
+            wait_until(page, lambda: page.get_by_text("Showing 101–156 of 156 runs").count() == 1, timeout=30)
     finally:
         context.close()
