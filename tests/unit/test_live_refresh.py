@@ -5,9 +5,11 @@ slot every tab's refresh takes (``widgets.refresh_slot``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
+import weakref
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -104,6 +106,29 @@ def test_tabs_in_step_get_the_appended_points_from_one_answer_and_a_changed_page
     assert [60] in [xs for step in loss["steps"] for xs in step["update"]["x"]]
     assert stale == (200, {"serial": body["serial"], "rerun": True})
     assert refused[0] == 400 and "opts" in refused[1]["error"]
+
+
+def test_a_superseded_snapshots_figures_are_freed_without_the_cyclic_collector(tmp_path: Path) -> None:
+    """A live run's charts, drawn and encoded for a tab (whole figure JSON included), are freed as
+    soon as a newer snapshot replaces them, by reference counting alone: on a server's large heap
+    the cyclic collector's full passes come minutes apart, and every append's figures would wait."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    drawn: list[list[weakref.ref]] = []
+    gc.disable()
+    try:
+        for step in range(60, 160, 10):
+            append_records(path, base_record(step, train_loss=1.0 / step))
+            figures = drawn_charts(store.view("r"), ChartOptions())
+            assert all(encode(figure).json for figure in figures.values())
+            drawn.append([weakref.ref(figure) for figure in figures.values()])
+        del figures
+        alive = [sum(ref() is not None for ref in refs) for refs in drawn]
+    finally:
+        gc.enable()
+        store.close()
+    assert alive == [0] * (len(drawn) - 1) + [len(drawn[-1])] and alive[-1] > 0
 
 
 def test_refresh_slot_lets_one_live_fragment_draw_at_a_time() -> None:
