@@ -5,16 +5,19 @@ slot every tab's refresh takes (``widgets.refresh_slot``)."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import threading
 import time
+import weakref
+from collections.abc import Callable
 from pathlib import Path
 
 from starlette.routing import Route
 
 from metrics_core.dashboard.live.chart_component import encode
 from metrics_core.dashboard.live.feed import drawn_charts, page_signature
-from metrics_core.dashboard.live.push import CHANGES_PATH, changes_route, options_query, snapshot_serial
+from metrics_core.dashboard.live.push import CHANGES_PATH, SharedAnswers, changes_route, options_query, snapshot_serial
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.widgets import refresh_slot
@@ -101,6 +104,63 @@ def test_tabs_in_step_get_the_appended_points_from_one_answer_and_a_changed_page
     assert [60] in [xs for step in loss["steps"] for xs in step["update"]["x"]]
     assert stale == (200, {"serial": body["serial"], "rerun": True})
     assert refused[0] == 400 and "opts" in refused[1]["error"]
+
+
+def test_shared_answers_keep_a_runs_newest_snapshot_only_and_stay_under_their_byte_bound() -> None:
+    """Twenty tabs in step share one answer.  Once a run's newer snapshot is asked for, the answers
+    of its older ones are dropped (their tabs do not ask again) and other runs' are kept; answers
+    past the byte bound are dropped oldest first, the newest always kept."""
+    computed: list[str] = []
+
+    def compute(name: str, size: int = 1000) -> Callable[[], dict]:
+        def answer() -> dict:
+            computed.append(name)
+            return {"charts": {"chart_loss": {"op": "full", "figure": "x" * size}}}
+
+        return answer
+
+    async def scenario() -> tuple[list[dict], int]:
+        answers = SharedAnswers(max_bytes=3_000_000)
+        tabs = await asyncio.gather(*(answers.get("r", 1, ("opts",), compute("r@1")) for _ in range(20)))
+        await answers.get("other", 1, ("opts",), compute("other@1"))
+        await answers.get("r", 2, ("opts",), compute("r@2"))
+        await answers.get("r", 2, ("opts",), compute("r@2 again"))
+        await answers.get("other", 1, ("opts",), compute("other@1 again"))
+        await answers.get("r", 1, ("opts",), compute("r@1 again"))
+        for held in range(5):
+            await answers.get("big", 1, (held,), compute(f"big {held}", 1_000_000))
+        kept = answers.kept_bytes()
+        await answers.get("big", 1, (4,), compute("big 4 again"))
+        await answers.get("big", 1, (0,), compute("big 0 again"))
+        return tabs, kept
+
+    tabs, kept = asyncio.run(scenario())
+    assert all(tab is tabs[0] for tab in tabs)
+    assert computed == ["r@1", "other@1", "r@2", "r@1 again", *(f"big {held}" for held in range(5)), "big 0 again"]
+    assert 2_000_000 < kept <= 3_000_000
+
+
+def test_a_superseded_snapshots_figures_are_freed_without_the_cyclic_collector(tmp_path: Path) -> None:
+    """A live run's charts, drawn and encoded for a tab (whole figure JSON included), are freed as
+    soon as a newer snapshot replaces them, by reference counting alone: on a server's large heap
+    the cyclic collector's full passes come minutes apart, and every append's figures would wait."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    drawn: list[list[weakref.ref]] = []
+    gc.disable()
+    try:
+        for step in range(60, 160, 10):
+            append_records(path, base_record(step, train_loss=1.0 / step))
+            figures = drawn_charts(store.view("r"), ChartOptions())
+            assert all(encode(figure).json for figure in figures.values())
+            drawn.append([weakref.ref(figure) for figure in figures.values()])
+        del figures
+        alive = [sum(ref() is not None for ref in refs) for refs in drawn]
+    finally:
+        gc.enable()
+        store.close()
+    assert alive == [0] * (len(drawn) - 1) + [len(drawn[-1])] and alive[-1] > 0
 
 
 def test_refresh_slot_lets_one_live_fragment_draw_at_a_time() -> None:

@@ -104,7 +104,10 @@ class Encoded:
     """
 
     def __init__(self, figure: Figure, head: str, arrays: tuple[dict[str, np.ndarray], ...], layout: str) -> None:
-        self._figure, self.head, self.arrays, self.layout = figure, head, arrays, layout
+        # The figure's parts, not the figure: it keeps its ``Encoded`` (``encode``), and a cycle is
+        # freed only by the cyclic collector, whose full passes a server's large heap makes rare, so
+        # every figure a live run superseded (points, JSON and all) would wait minutes for one.
+        self._parts, self.head, self.arrays, self.layout = dict(figure), head, arrays, layout
         self._lock = threading.Lock()
         with _token_lock:
             self.token = next(_tokens)  # what a page holds once it drew this figure
@@ -114,7 +117,7 @@ class Encoded:
 
     @cached_property
     def json(self) -> str:
-        return figure_json(self._figure)
+        return figure_json(self._parts)
 
     def steps_from(self, old: Encoded) -> list[dict[str, Any]] | None:
         """``extension(old, self)``, once per ``old``: twenty tabs that drew ``old`` pay one O(points)

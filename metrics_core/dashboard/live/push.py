@@ -18,7 +18,8 @@ Per run, one ``_Ticker`` asks the store for the run's view ``POLLS_PER_REFRESH``
 period while any tab waits, and wakes every waiting tab when it gets a newer one: twenty idle tabs
 cost those few ``store.view`` calls between them (a ``stat`` at most, when nothing changed), and
 nothing per tab; a record waits a quarter of a period on average to be noticed, not half of one.
-Tabs in step (same snapshot, options and figures) get one answer, computed once (``_Answers``).
+Tabs in step (same snapshot, options and figures) get one answer, computed once (``SharedAnswers``,
+which keeps those of each run's newest snapshot only, within a byte bound).
 A run the store cannot show gets a new serial at each poll, so its tabs rerun every period (the
 watch pauses a period after each trigger), as they did, and say why.  A name that is no run gets no
 ticker: it is answered 404 at once, and its tab asks again a period later (the first ask after the
@@ -64,7 +65,10 @@ CHANGES_PATH = "/api/changes"  # outside the paths Streamlit serves (``serving.S
 WATCH_KEY = "metrics_live_watch"  # the element that shows the run's status line
 POLLS_PER_REFRESH = 2
 LONG_POLL_S = 20.0  # an unchanged run is answered after this long; the page asks again
-ANSWERS_KEPT = 64  # answers kept for tabs still to ask: one per (snapshot, options, figures held)
+ANSWERS_KEPT = 64  # answers kept for tabs still to ask: one per (run, options, figures held)
+# Bytes of answers kept at most (``answer_bytes``): dozens of whole-figure answers of pages of many
+# charts; beyond it, tabs asking late compute theirs again.
+ANSWERS_BYTES = 16 * 2**20
 # Long polls waiting at once, per server: a tab holds one, so this is hundreds of tabs; beyond it a
 # poll is answered 503 and its tab asks again a refresh period later.  Each holds a connection
 # (a file descriptor: the process has a thousand or so) and a coroutine.
@@ -192,20 +196,65 @@ def _held(text: str) -> dict[str, int]:
     return held
 
 
-class _Answers:
+class SharedAnswers:
     """The route's answers for tabs in step, computed once: the first tab to ask for one computes it
-    (in a worker thread), the others await the same result; the last ``ANSWERS_KEPT`` are kept."""
+    (in a worker thread), the others await the same result.
 
-    def __init__(self) -> None:
+    A tab asks for the serial its run's ticker holds now, so a run's answers of older snapshots are
+    dropped once one of a newer snapshot is asked for (a tab that asks for an older one after that,
+    having waited in the instant the newer one arrived, computes its answer again).  Of the rest,
+    at most ``ANSWERS_KEPT`` and about ``ANSWERS_BYTES`` (``answer_bytes``) are kept, the oldest
+    dropped first: past the charts' point cap an append moves downsampled points, and then an
+    answer carries whole figures.
+    """
+
+    def __init__(self, max_bytes: int = ANSWERS_BYTES) -> None:
         self._kept: OrderedDict[tuple[Any, ...], asyncio.Future[dict[str, Any]]] = OrderedDict()
+        self._sizes: dict[tuple[Any, ...], int] = {}  # of the kept answers computed
+        self._max_bytes = max_bytes
 
-    async def get(self, key: tuple[Any, ...], compute: Callable[[], dict[str, Any]]) -> dict[str, Any]:
+    async def get(
+        self, run: str, serial: int, key: tuple[Any, ...], compute: Callable[[], dict[str, Any]]
+    ) -> dict[str, Any]:
+        """The answer of run ``run``'s snapshot ``serial`` for what ``key`` names, computed once."""
+        for stale in [kept for kept in self._kept if kept[0] == run and kept[1] < serial]:
+            self._drop(stale)
+        key = (run, serial, *key)
         future = self._kept.get(key)
         if future is None:
             future = self._kept[key] = asyncio.ensure_future(to_thread.run_sync(compute))
-            while len(self._kept) > ANSWERS_KEPT:
-                self._kept.popitem(last=False)
+            future.add_done_callback(lambda done: self._computed(key, done))
+            self._trim()
         return await asyncio.shield(future)
+
+    def kept_bytes(self) -> int:
+        """About how many bytes the kept answers hold (``answer_bytes``)."""
+        return sum(self._sizes.values())
+
+    def _computed(self, key: tuple[Any, ...], future: asyncio.Future[dict[str, Any]]) -> None:
+        if self._kept.get(key) is future and not future.cancelled() and future.exception() is None:
+            self._sizes[key] = answer_bytes(future.result())
+            self._trim()
+
+    def _trim(self) -> None:
+        while len(self._kept) > 1 and (len(self._kept) > ANSWERS_KEPT or self.kept_bytes() > self._max_bytes):
+            self._drop(next(iter(self._kept)))
+
+    def _drop(self, key: tuple[Any, ...]) -> None:
+        del self._kept[key]  # a tab awaiting it still gets it: only later ones compute it again
+        self._sizes.pop(key, None)
+
+
+def answer_bytes(value: object) -> int:
+    """About what ``value`` (an answer: dicts, lists, strings and numbers) holds, in bytes: its
+    strings' lengths (a whole figure is one JSON string) and eight bytes per other item."""
+    if isinstance(value, str):
+        return len(value)
+    if isinstance(value, dict):
+        return sum(answer_bytes(key) + answer_bytes(item) for key, item in value.items())
+    if isinstance(value, (list, tuple)):
+        return 8 + sum(answer_bytes(item) for item in value)
+    return 8
 
 
 def changes_route(
@@ -227,7 +276,7 @@ def changes_route(
     A name that is no run (or outside the runs root) is answered 404 at once (``run_refusal``): only
     runs get a ticker.  Beyond ``long_polls_max`` polls waiting at once, a poll is answered 503."""
     tickers: dict[str, _Ticker] = {}
-    answers = _Answers()
+    answers = SharedAnswers()
     waiting = 0
 
     async def answer(request: Request) -> Response:
@@ -272,8 +321,10 @@ def changes_route(
                 drawn, options, held = feed
                 if not await to_thread.run_sync(x_allowed, view, options.x):
                     return JSONResponse({"error": f"bad query: opts: x {options.x!r} is no x of this run"}, 400)
-                key = (serial, drawn, query["opts"], tuple(sorted(held.items())))
-                body.update(await answers.get(key, lambda: _feed(view, options, alerts(name), drawn, held)))
+                key = (drawn, query["opts"], tuple(sorted(held.items())))
+                body.update(
+                    await answers.get(name, serial, key, lambda: _feed(view, options, alerts(name), drawn, held))
+                )
         return JSONResponse(body)
 
     return Route(f"{base_path(base_url)}{CHANGES_PATH}", answer, methods=["GET"])
