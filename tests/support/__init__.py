@@ -48,7 +48,7 @@ T = TypeVar("T")
 
 def run_async(coroutine: Coroutine[Any, Any, T]) -> T:
     """``asyncio.run(coroutine)`` in a thread of its own: Playwright's sync API keeps an event loop
-    running in the thread of any browser test, and a worker of ``pytest -n`` runs tests of every tier."""
+    running in the thread of any browser test, and a test may run after one in the same process."""
     with ThreadPoolExecutor(1) as pool:
         return pool.submit(asyncio.run, coroutine).result()
 
