@@ -20,7 +20,7 @@ from metrics_core.testing.live_server import chromium, streamlit_server
 @pytest.fixture(scope="session")
 def browser() -> Iterator[object]:
     """One headless Debian Chromium for the session (metrics_core.testing.live_server.chromium); each test gets a
-    context of its own (``page``)."""
+    tab of its own in one shared context (``page``)."""
     pytest.importorskip("playwright", reason="playwright (the test extra) is not installed")
     with chromium() as instance:
         yield instance
@@ -59,10 +59,25 @@ def server(served_root: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def page(browser: object) -> Iterator[object]:
-    """A fresh desktop-sized browser context and tab (cookies, cache and storage of its own)."""
+@pytest.fixture(scope="session")
+def desktop(browser: object) -> Iterator[object]:
+    """One desktop-sized browser context for the session's ``page`` tabs: they share its HTTP cache
+    (Streamlit's scripts and plotly.js compiled once, as in a user's browser) and its cookies."""
     context = browser.new_context(viewport={"width": 1400, "height": 1100})
-    tab = context.new_page()
-    yield tab
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(request: pytest.FixtureRequest, browser: object, desktop: object) -> Iterator[object]:
+    """A new tab of the session's desktop context, closed after the test with any other tab it
+    opened; for a test marked ``first_visit``, a tab in a desktop-sized context of its own (an
+    empty cache, no cookies)."""
+    if request.node.get_closest_marker("first_visit") is None:
+        yield desktop.new_page()
+        for tab in desktop.pages:
+            tab.close()
+        return
+    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    yield context.new_page()
     context.close()

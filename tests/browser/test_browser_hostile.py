@@ -119,14 +119,21 @@ def server(root: Path) -> Iterator[str]:
         yield url
 
 
-@pytest.fixture
-def page(browser: object) -> Iterator[object]:
+@pytest.fixture(scope="module")
+def alerts_recorded(browser: object) -> Iterator[object]:
+    """The module's browser context: its tabs record what a page passes to ``alert()``."""
     context = browser.new_context(viewport=VIEWPORT)
     context.add_init_script("window.__alerts = []; window.alert = (m) => window.__alerts.push(String(m));")
-    tab = context.new_page()
+    yield context
+    context.close()
+
+
+@pytest.fixture
+def page(alerts_recorded: object) -> Iterator[object]:
+    tab = alerts_recorded.new_page()
     tab.on("dialog", lambda dialog: dialog.dismiss())
     yield tab
-    context.close()
+    tab.close()
 
 
 def url_of(server: str, page: str, *runs: str) -> str:

@@ -1,6 +1,7 @@
 """A big run opened cold: the page shows its title and the read's progress before the run is read,
 and its charts replace the progress once it is.  A root of its own, served without a columnar
-cache, so every read is cold: copies of one generated run, one per test."""
+cache, so every read is cold: copies of one generated run, one per test, each made as its test
+starts."""
 
 from __future__ import annotations
 
@@ -31,12 +32,24 @@ POINTS_JS = "[...document.querySelectorAll('.js-plotly-plot')].some(g => (g.data
 
 
 @pytest.fixture(scope="module")
+def generated(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The big run, written once, outside the served root."""
+    path = tmp_path_factory.mktemp("generated") / "metrics.jsonl"
+    write_run(path, RECORDS)
+    return path
+
+
+@pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    runs = tmp_path_factory.mktemp("progress")
-    write_run(runs / "big" / "metrics.jsonl", RECORDS)
-    for copy in ("big-compare", "big-sessions"):
-        shutil.copytree(runs / "big", runs / copy)
-    return runs
+    return tmp_path_factory.mktemp("progress")
+
+
+def new_run(root: Path, generated: Path, name: str) -> str:
+    """A copy of the big run under ``root`` as ``name``, made just before its page opens: the server's
+    alerter, which reads every run it lists, has not read it by then."""
+    (root / name).mkdir()
+    shutil.copyfile(generated, root / name / "metrics.jsonl")
+    return name
 
 
 @pytest.fixture(scope="module")
@@ -62,11 +75,11 @@ def shown_reading(page: object, saying: str = "") -> dict:
 
 
 def test_a_big_run_page_shows_its_title_and_read_progress_then_its_charts(
-    server: str, root: Path, page: object
+    server: str, root: Path, generated: Path, page: object
 ) -> None:
     """/run of a big run not read yet: its title and a progress bar saying bytes read of the file's
     size, before any chart; then the charts, and the bar is gone."""
-    page.goto(f"{server}/run?run=big")
+    page.goto(f"{server}/run?run={new_run(root, generated, 'big')}")
     size = byte_text((root / "big" / "metrics.jsonl").stat().st_size)
     shown = shown_reading(page, saying=f" of {size}")
     assert "big" in shown["titles"][0]
@@ -77,19 +90,23 @@ def test_a_big_run_page_shows_its_title_and_read_progress_then_its_charts(
     assert reading(page)["bars"] == []
 
 
-def test_the_sessions_page_shows_its_own_title_while_its_run_is_read(server: str, page: object) -> None:
+def test_the_sessions_page_shows_its_own_title_while_its_run_is_read(
+    server: str, root: Path, generated: Path, page: object
+) -> None:
     """/sessions of a big run not read yet: "Sessions of …" and the bar, then the page itself."""
-    page.goto(f"{server}/sessions?run=big-sessions")
+    page.goto(f"{server}/sessions?run={new_run(root, generated, 'big-sessions')}")
     shown = shown_reading(page)
     assert shown["titles"][0].startswith("Sessions of big-sessions")
     wait_until(page, lambda: live_charts_drawn(page), timeout=120)
     assert reading(page)["bars"] == []
 
 
-def test_the_compare_page_shows_a_run_being_read_where_its_charts_go(server: str, page: object) -> None:
+def test_the_compare_page_shows_a_run_being_read_where_its_charts_go(
+    server: str, root: Path, generated: Path, page: object
+) -> None:
     """/compare of a big run not read yet: the page's title and controls at once, the run's progress
     bar in the chart area, then the run's lines in the charts."""
-    page.goto(f"{server}/compare?run=big-compare")
+    page.goto(f"{server}/compare?run={new_run(root, generated, 'big-compare')}")
     shown = shown_reading(page)
     assert shown["titles"][0] == "Compare runs"
     assert "Reading run 'big-compare'" in shown["bars"][0]["text"]

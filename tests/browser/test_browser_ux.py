@@ -37,6 +37,7 @@ def served_runs(root: Path) -> None:
     small_run(root / "live" / "metrics.jsonl")
 
 
+@pytest.mark.first_visit
 def test_no_request_goes_to_another_host(page: object, server: str) -> None:
     """Every page, opened cold: each request Chromium makes (icons, fonts, scripts) goes to the dashboard server."""
     requests: list[str] = []

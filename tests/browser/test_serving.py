@@ -75,6 +75,7 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
 @pytest.mark.parametrize(
     "path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run", "/sweep?run=small"]
 )
+@pytest.mark.first_visit
 def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_once(
     server: str, page: object, path: str
 ) -> None:
@@ -103,6 +104,7 @@ def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_
     assert [url for url in requested if "/_stcore/health" in url] == [f"{server}/_stcore/health"]
 
 
+@pytest.mark.first_visit
 def test_static_bundles_arrive_gzip_encoded_and_decode_to_streamlits_bytes(server: str, page: object) -> None:
     """A first load of /run in Chromium: every static JS/CSS file over 1 KB came gzip-encoded, and
     what the browser decoded is byte for byte the file in Streamlit's static directory."""
