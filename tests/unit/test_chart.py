@@ -10,8 +10,10 @@ import plotly
 
 from metrics_core.dashboard.figures.chart_memo import view_charts
 from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
+from metrics_core.dashboard.figures.layout import CHART_POINTS
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts, session_overlay
 from metrics_core.dashboard.live.chart_component import (
+    HISTORY,
     encode,
     encoded_by_token,
     extension,
@@ -122,6 +124,37 @@ def test_two_tabs_on_one_run_share_its_snapshot_charts_and_update(tmp_path: Path
     assert [sent.payload["op"] for sent in updated] == ["extend", "extend"]
     assert updated[0].payload["seq"] == updated[1].payload["seq"] == encode(view_charts(tabs[0], options)["loss"]).token
     assert updated[0].payload["steps"] is updated[1].payload["steps"]
+
+
+def test_a_session_keeps_only_the_figures_its_newest_extends(tmp_path: Path) -> None:
+    """Kept for a page that missed payloads: the figures the newest one extends, at most HISTORY in
+    all.  A figure that replaced the one before (every snapshot of a chart past CHART_POINTS, its
+    points downsampled anew) leaves none: a page holding one gets the whole figure anyway, and a
+    live long run's charts would otherwise keep HISTORY whole figures per chart and tab."""
+    appended = [encode(line([float(x) for x in range(1, n + 1)])) for n in range(1, 7)]
+    sent = None
+    for figure in appended:
+        sent = next_payload(sent, figure, resync=False)
+    assert sent.earlier == tuple(reversed(appended[-HISTORY:-1]))
+    replaced = next_payload(sent, encode(line([1.0, 3.0, 5.0, 7.0])), resync=False)
+    assert replaced.payload["op"] == "full" and replaced.earlier == ()
+
+    path = tmp_path / "r" / "metrics.jsonl"
+    steps = range(1, CHART_POINTS + 2_001)
+    append_records(path, *(base_record(s, train_loss=5.0 / s, grad_norm_avg=1.0 + s % 3) for s in steps))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        options = ChartOptions(smoothing=0.6)
+        charts = run_charts(store.view("r"), options)
+        sent = {key: next_payload(None, encode(figure), resync=False) for key, figure in charts.items()}
+        for start in range(steps.stop, steps.stop + 3 * 50, 50):
+            append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(start, start + 50)))
+            charts = run_charts(store.view("r"), options)
+            sent = {key: next_payload(sent[key], encode(charts[key]), resync=False) for key in sent}
+    finally:
+        store.close()
+    assert {key for key, kept in sent.items() if kept.payload["op"] == "full"} >= {"loss", "grad_norm", "throughput"}
+    assert {key: len(kept.earlier) for key, kept in sent.items()} == dict.fromkeys(sent, 0)
 
 
 BASIC_TRACE_TYPES = {"scatter", "bar", "pie"}  # what plotly.js's basic bundle can draw (vendor/README.md)

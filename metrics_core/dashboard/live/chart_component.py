@@ -144,7 +144,8 @@ def encoded_by_token(token: object) -> Encoded | None:
 @dataclass(frozen=True, slots=True)
 class _Sent:
     """What this session last showed of one chart (the page holds ``shown`` once it applied
-    ``payload``), and the figures shown before, newest first, for a page that missed the newest."""
+    ``payload``), and the figures shown before that ``shown`` extends, newest first, for a page that
+    missed the newest."""
 
     shown: Encoded
     payload: dict[str, Any]
@@ -261,7 +262,11 @@ def next_payload(previous: _Sent | None, encoded: Encoded, *, resync: bool, held
     payload = chart_payload(encoded, base)
     shown = base if payload["op"] == "same" else encoded
     kept = () if previous is None else (previous.shown, *previous.earlier)
-    return _Sent(shown, payload, tuple(old for old in kept if old is not shown)[: HISTORY - 1])
+    # Points are appended, never changed: only a figure ``shown`` extends can be extended to a later
+    # one; a page holding any other gets the whole figure whatever is kept.  Past ``CHART_POINTS``
+    # each downsampled figure replaces the one before, so a long run's chart keeps one, not HISTORY.
+    earlier = tuple(old for old in kept if old is not shown and shown.steps_from(old) is not None)
+    return _Sent(shown, payload, earlier[: HISTORY - 1])
 
 
 def pages_hold(held: dict[str, object]) -> None:
