@@ -93,6 +93,22 @@ def test_smoothing_matches_the_debiased_ema_by_hand() -> None:
     assert list(ema_smooth(np.array([1.0, 2.0]), 0.0)) == [1.0, 2.0]
 
 
+@pytest.mark.parametrize("weight", [0.3, 0.6, 0.99])
+def test_smoothing_a_long_series_matches_the_recurrence_point_by_point(weight: float) -> None:
+    """Across many blocks and NaNs: the vectorised EMA is the per-point recurrence of its docstring."""
+    rng = np.random.default_rng(7)
+    values = rng.normal(size=20_000) * 10.0 ** rng.uniform(-3, 3, size=20_000)
+    values[rng.random(20_000) < 0.05] = math.nan
+    expected, last, n = [], 0.0, 0
+    for value in values:
+        if math.isnan(value):
+            expected.append(math.nan)
+            continue
+        last, n = weight * last + (1 - weight) * value, n + 1
+        expected.append(last / (1 - weight**n))
+    assert np.allclose(ema_smooth(values, weight), expected, rtol=1e-9, atol=0.0, equal_nan=True)
+
+
 def test_smoothed_chart_keeps_the_raw_line_faint(reader: RunReader) -> None:
     """With smoothing, each session has a faint raw trace and a solid smoothed one."""
     figure = metric_figure([Series(reader.effective("train"), "train_loss", "train")], title="Loss",

@@ -64,8 +64,8 @@ def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
     """TensorBoard's debiased EMA: ``last = w·last + (1−w)·y`` from 0, shown as ``last / (1 − wⁿ)``.
 
     ``n`` counts finite points; non-finite points stay NaN and do not advance the average.
-    Vectorised in blocks short enough that ``w⁻ᵏ`` stays finite (a Python loop per point is the
-    cost this avoids on a long run).
+    Vectorised: a Python loop per point, or per block of points, is what a long run's first chart
+    would wait for.
     """
     y = np.asarray(values, dtype=np.float64)
     if weight <= 0:
@@ -75,17 +75,25 @@ def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
     v = y[finite]
     if not len(v):
         return out
-    block = max(1, int(500 / -np.log(weight)))
-    smoothed = np.empty_like(v)
+    # Blocks short enough that w⁻ᵏ stays finite, a row each: within a block,
+    # last_k = wᵏ·last + (1−w)·Σ_{j≤k} wᵏ⁻ʲ·v_j, written with cumulative sums along the rows; only
+    # the ``last`` carried from one block into the next is a loop, one step per block.
+    block = min(len(v), max(1, int(500 / -np.log(weight))))
+    rows = -(-len(v) // block)
+    padded = np.zeros(rows * block)
+    padded[: len(v)] = v
+    powers = weight ** np.arange(1, block + 1)
+    sums = (1 - weight) * powers / weight * np.cumsum(padded.reshape(rows, block) * weight / powers, axis=1)
+    carried = np.empty(rows)
     last = 0.0
-    for start in range(0, len(v), block):
-        chunk = v[start : start + block]
-        powers = weight ** np.arange(1, len(chunk) + 1)
-        # last_k = w^k·last + (1−w)·Σ_{j≤k} w^{k−j}·v_j, written with cumulative sums.
-        acc = last * powers + (1 - weight) * powers / weight * np.cumsum(chunk * weight / powers)
-        smoothed[start : start + len(chunk)] = acc
-        last = acc[-1]
-    out[finite] = smoothed / (1 - weight ** np.arange(1, len(v) + 1))
+    for row in range(rows):
+        carried[row] = last
+        last = last * powers[-1] + sums[row, -1]
+    smoothed = (carried[:, None] * powers + sums).reshape(-1)[: len(v)]
+    # 1 − wⁿ is exactly 1 once wⁿ < 2⁻⁵⁴: only the first points are divided.
+    head = min(len(v), int(np.ceil(-54 * np.log(2) / np.log(weight))) + 1)
+    smoothed[:head] /= 1 - weight ** np.arange(1, head + 1)
+    out[finite] = smoothed
     return out
 
 
