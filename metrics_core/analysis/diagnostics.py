@@ -134,17 +134,24 @@ def _outside(values: np.ndarray, median: float) -> tuple[int, int]:
 
 
 def _tally(
-    counts: dict[str, tuple[int, int, int]], bad: np.ndarray, sessions: np.ndarray, steps: np.ndarray
+    counts: dict[str, tuple[int, int, int]],
+    bad: np.ndarray,
+    codes: np.ndarray,
+    categories: np.ndarray,
+    steps: np.ndarray,
 ) -> dict[str, tuple[int, int, int]]:
-    """``counts`` (session -> first and last flagged step, windows) with the rows flagged in ``bad``;
-    new sessions in the order of their first flagged row, as ``per_session`` lists them."""
+    """``counts`` (session -> first and last flagged step, windows) with the rows flagged in ``bad``,
+    each row's session ``categories[codes[row]]`` (integers compared, not names: a run's every row
+    may be flagged); new sessions in the order of their first flagged row, as ``per_session`` lists them."""
     rows = np.flatnonzero(bad)
     if not len(rows):
         return counts
     counts = dict(counts)
-    flagged, at = np.unique(sessions[rows], return_index=True)
-    for session in flagged[np.argsort(at)]:
-        steps_of = steps[rows[sessions[rows] == session]]
+    flagged_codes = codes[rows]
+    flagged, at = np.unique(flagged_codes, return_index=True)
+    for code in flagged[np.argsort(at)]:
+        session = str(categories[code])
+        steps_of = steps[rows[flagged_codes == code]]
         first, last, windows = counts.get(session, (int(steps_of[0]), int(steps_of[0]), 0))
         counts[session] = (min(first, int(steps_of.min())), max(last, int(steps_of.max())), windows + len(steps_of))
     return counts
@@ -221,18 +228,18 @@ class Running:
         codes = batch["session_id"].cat.codes.to_numpy()
         if (codes < 0).any():
             return None  # a window without a session: groupby leaves it out, the pandas checks know how
-        names = np.asarray(batch["session_id"].cat.categories, dtype=object)[codes]
+        categories = np.asarray(batch["session_id"].cat.categories, dtype=object)
         steps = batch["step"].to_numpy()
         column = {name: batch[name].to_numpy() for name in self.columns & _NUMERIC}
         times = batch["time"].to_numpy(dtype=batch["time"].dtype.base).view(np.int64)  # NaT: the int64 minimum
         order, at = np.unique(codes, return_index=True)
-        groups = [(str(names[at[k]]), np.flatnonzero(codes == order[k])) for k in np.argsort(at)]
+        groups = [(str(categories[order[k]]), np.flatnonzero(codes == order[k])) for k in np.argsort(at)]
         seen = dict.fromkeys(self.seen)
         last = dict(self.last)
         flagged = dict(self.flagged)
 
         def tally(check: str, bad: np.ndarray) -> None:
-            flagged[check] = _tally(flagged.get(check, {}), bad, names, steps)
+            flagged[check] = _tally(flagged.get(check, {}), bad, codes, categories, steps)
 
         if set(COUNTS) <= self.columns:
             attempted, updates, skipped = (column[name] for name in COUNTS)
@@ -268,7 +275,7 @@ class Running:
             tally(NO_UPDATE[0], column["updates"] == 0)
         grown = replace(self, rows=len(train), seen=tuple(seen), last=last, flagged=flagged)
         if "tokens" in self.columns:
-            grown = grown.tokens_per_update(train, batch, column, first_window, names, steps)
+            grown = grown.tokens_per_update(train, batch, column, first_window, (codes, categories), steps)
         if {"tokens", "updates"} <= self.columns:
             per_step = dict(self.per_step)
             for session, rows in groups:
@@ -289,7 +296,7 @@ class Running:
         batch: pd.DataFrame,
         column: dict[str, np.ndarray],
         first_window: np.ndarray,
-        names: np.ndarray,
+        session_codes: tuple[np.ndarray, np.ndarray],
         steps: np.ndarray,
     ) -> Running:
         attempts = column["attempted_updates"] if "attempted_updates" in column else np.ones(len(batch))
@@ -304,11 +311,13 @@ class Running:
             return replace(self, flagged=flagged, per_update=values, band=None)
         if self.band is not None and _outside(self.per_update, median) == self.band[1:]:
             # The moved median leaves every old window's verdict as it was: judge the new ones.
-            counts = _tally(flagged.get(TOKENS_PER_UPDATE, {}), judged & far_off(per_update, median), names, steps)
+            bad = judged & far_off(per_update, median)
+            counts = _tally(flagged.get(TOKENS_PER_UPDATE, {}), bad, *session_codes, steps)
         else:  # a window on the band's edge changed sides (or there was no band): all of them, O(rows)
             every, judged_every = tokens_per_attempt(train)
-            all_names = np.asarray(train["session_id"].astype(object))
-            counts = _tally({}, judged_every & far_off(every, median), all_names, train["step"].to_numpy())
+            every_code = train["session_id"].cat.codes.to_numpy()
+            bad = judged_every & far_off(every, median)
+            counts = _tally({}, bad, every_code, session_codes[1], train["step"].to_numpy())
         flagged[TOKENS_PER_UPDATE] = counts
         return replace(self, flagged=flagged, per_update=values, band=(median, *_outside(values, median)))
 
