@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.testing.live_server import chromium, streamlit_server
+from tests.support import DESKTOP
 
 
 @pytest.fixture(scope="session")
@@ -63,7 +64,7 @@ def server(served_root: Path) -> Iterator[str]:
 def desktop(browser: object) -> Iterator[object]:
     """One desktop-sized browser context for the session's ``page`` tabs: they share its HTTP cache
     (Streamlit's scripts and plotly.js compiled once, as in a user's browser) and its cookies."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     yield context
     context.close()
 
@@ -78,6 +79,6 @@ def page(request: pytest.FixtureRequest, browser: object, desktop: object) -> It
         for tab in desktop.pages:
             tab.close()
         return
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     yield context.new_page()
     context.close()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from metrics_core.testing.generate import write_run
 from metrics_core.testing.live_server import ACCESS_TOKEN, wait_until
+from tests.support import DESKTOP
 
 RUN = "secret-run-7f3a"  # a name that appears nowhere but in what the server shows of this run
 
@@ -38,7 +39,7 @@ def test_a_strangers_browser_sees_how_to_get_in_and_nothing_of_the_runs(server: 
 def test_the_printed_url_lets_a_fresh_browser_in_and_its_cookie_keeps_it_in(server: str, browser: object) -> None:
     """The URL with ``?token=`` is answered with a redirect to the same page without the token and
     an HttpOnly, SameSite=Strict cookie; pages opened later carry only the cookie."""
-    context = browser.anonymous_context(viewport={"width": 1400, "height": 1100})
+    context = browser.anonymous_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         page.goto(f"{server}/?token={ACCESS_TOKEN}")

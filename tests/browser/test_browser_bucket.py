@@ -16,7 +16,7 @@ from pathlib import Path
 from pyarrow import fs as pafs
 
 from metrics_core.testing.live_server import GRAPH_JS, RUN_ROWS_JS, live_charts_drawn, streamlit_server, wait_until
-from tests.support import BUCKET, append_records, base_record, bucket_run, line, put_object
+from tests.support import BUCKET, DESKTOP, append_records, base_record, bucket_run, line, put_object
 
 
 def loss_steps(page: object) -> list[float]:
@@ -38,7 +38,7 @@ def test_a_bucket_root_is_listed_its_run_follows_uploads_and_a_deleted_object_is
     put_object(bucket, "exp/a/metrics.jsonl", bucket_run(live=False))
     put_object(bucket, "exp/b/c/metrics.jsonl", bucket_run(live=False))
     put_object(bucket, "exp/live/metrics.jsonl", live)
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         with streamlit_server(f"s3://{BUCKET}/exp", "--list-interval", "2") as url:
@@ -77,7 +77,7 @@ def test_a_run_appended_through_sync_follow_shows_its_new_points(
          "--interval", "1"],
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=os.environ.copy(),
     )  # fmt: skip
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         with streamlit_server(f"s3://{BUCKET}/exp", "--list-interval", "2") as url:

@@ -23,7 +23,7 @@ from metrics_core.testing.live_server import (
     streamlit_server,
     wait_until,
 )
-from tests.support import small_run
+from tests.support import DESKTOP, small_run
 
 PLOTLY_ROUTE = "/_stcore/bidi-components/metrics-core.plotly/plotly-"
 BUDGET_FACTOR, BUDGET_SLACK = 3, 200_000
@@ -46,7 +46,7 @@ def reload_bytes(browser: object, url: str, settle_ms: int = 2000) -> Wire:
     """Open ``url`` until its live chart is drawn, then reload it in the same context (so with its HTTP
     cache) and count what the reload received until the live chart is drawn again and ``settle_ms``
     have passed."""
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         wire = Wire(context, page)

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from metrics_core.testing.live_server import list_only, wait_until
-from tests.support import append_records, base_record, spawn_python
+from tests.support import DESKTOP, append_records, base_record, spawn_python
 
 REASON = "ValueError: loss went to the moon"
-VIEWS = {"desktop": {"width": 1400, "height": 1100}, "phone": {"width": 390, "height": 844}}
+VIEWS = {"desktop": DESKTOP, "phone": {"width": 390, "height": 844}}
 
 
 def served_runs(root: Path) -> None:

@@ -20,7 +20,7 @@ import pytest
 from metrics_core.dashboard.views.chart_filter import chart_filter
 from metrics_core.testing.live_server import GRAPH_JS, GRID_JS, popover_text, streamlit_server, wait_until
 from metrics_core.text import fit_middle
-from tests.support import REPO, append_bytes, append_records, base_record, without_permission_override
+from tests.support import DESKTOP, REPO, append_bytes, append_records, base_record, without_permission_override
 
 NORMAL = ("normal-a", "normal-b", "normal-c")
 
@@ -67,7 +67,6 @@ DOM_CHECK_JS = """() => {
     alerts: window.__alerts || [],
   };
 }"""
-VIEWPORT = {"width": 1400, "height": 1100}
 
 
 def make_root(root: Path) -> None:
@@ -122,7 +121,7 @@ def server(root: Path) -> Iterator[str]:
 @pytest.fixture(scope="module")
 def alerts_recorded(browser: object) -> Iterator[object]:
     """The module's browser context: its tabs record what a page passes to ``alert()``."""
-    context = browser.new_context(viewport=VIEWPORT)
+    context = browser.new_context(viewport=DESKTOP)
     context.add_init_script("window.__alerts = []; window.alert = (m) => window.__alerts.push(String(m));")
     yield context
     context.close()

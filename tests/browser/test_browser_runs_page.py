@@ -19,7 +19,7 @@ from metrics_core.testing.live_server import (
     streamlit_server,
     wait_until,
 )
-from tests.support import append_records, base_record, cold_root, in_background
+from tests.support import DESKTOP, append_records, base_record, cold_root, in_background
 
 
 def appending(path: Path, steps: range, every: float = 0.3) -> AbstractContextManager[None]:
@@ -54,7 +54,7 @@ def test_rows_changing_off_the_page_shown_do_not_redraw_it(browser: object, tmp_
     cold_root(tmp_path, small=119, big=0, big_records=0)
     old = tmp_path / "old" / "metrics.jsonl"
     append_records(old, *(base_record(s, train_loss=1.0, time="2026-11-29T09:00:00.000000+00:00") for s in (1, 2)))
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         wire = Wire(context, page)
@@ -81,7 +81,7 @@ def test_a_click_on_a_run_while_a_cold_root_loads_opens_it_in_this_tab(browser: 
     click on a small run's link while the big ones, drawn first (newest by their tails), still read
     ``loading`` opens that run's page in this tab."""
     cold_root(tmp_path, small=80, big=6, big_records=120_000)  # ~30 MB per big run: seconds to read
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         with streamlit_server(tmp_path) as url:

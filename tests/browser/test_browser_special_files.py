@@ -19,7 +19,7 @@ from urllib.parse import unquote
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.run_file import LocalFile
 from metrics_core.testing.live_server import ACCESS_TOKEN, free_port, wait_for_http, wait_until
-from tests.support import REPO, small_run
+from tests.support import DESKTOP, REPO, small_run
 
 SPECIAL = {"piped": "a FIFO (named pipe)", "folder/deep": "a directory"}
 NORMAL = ("alpha", "beta")
@@ -77,7 +77,7 @@ def test_special_files_leave_the_page_responsive_and_sigterm_stops_the_server(br
             cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
             env={**os.environ, "PYTHONPATH": str(REPO), "METRICS_TOKEN": ACCESS_TOKEN},
         )  # fmt: skip
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             wait_for_http(f"{url}/_stcore/health", server, log, what="the dashboard")
             page = context.new_page()

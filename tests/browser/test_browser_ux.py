@@ -25,7 +25,7 @@ from metrics_core.testing.live_server import (
     streamlit_server,
     wait_until,
 )
-from tests.support import append_records, base_record, cold_root, eight_sessions, in_background, small_run
+from tests.support import DESKTOP, append_records, base_record, cold_root, eight_sessions, in_background, small_run
 
 PAGES = ("/", "/run?run=eight", "/sessions?run=eight", "/compare?run=eight&run=live", "/run", "/sessions")
 
@@ -160,7 +160,7 @@ def test_dark_theme_gives_dark_charts(browser: object, served_root: Path, monkey
     """A server started with theme.base dark: the charts' plot background is dark, their text light."""
     monkeypatch.setenv("STREAMLIT_THEME_BASE", "dark")
     with streamlit_server(served_root) as url:
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             page = context.new_page()
             page.goto(f"{url}/run?run=eight")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support import Receiver
+from tests.support import DESKTOP, Receiver
 from tests.support.alerts import nan_and_healthy_runs
 
 
@@ -17,7 +17,7 @@ def test_the_server_posts_each_alert_once_with_two_tabs_open(browser: object, tm
     root = tmp_path / "runs"
     nan_and_healthy_runs(root)
     receiver = Receiver()
-    context = browser.new_context(viewport={"width": 1400, "height": 1100})
+    context = browser.new_context(viewport=DESKTOP)
     try:
         with streamlit_server(root, "--webhook", receiver.url) as url:
             tabs = [context.new_page(), context.new_page()]

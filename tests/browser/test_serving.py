@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.testing.live_server import ACCESS_TOKEN, Wire, dashboard, live_charts_drawn, wait_until
-from tests.support import REPO, append_records, base_record, small_run
+from tests.support import DESKTOP, REPO, append_records, base_record, small_run
 from tests.support.dashboard import ONE_YEAR, STATIC
 
 
@@ -204,7 +204,7 @@ def test_a_deep_link_as_the_first_request_runs_through_the_navigation(served_roo
     mode, which Streamlit enters for an app with a folder named ``pages/`` beside it."""
     assert (REPO / "pages").is_dir()
     with dashboard(served_root) as (url, _, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             page = context.new_page()
             page.goto(f"{url}/run?run=small")
@@ -227,7 +227,7 @@ def test_sigterm_still_saves_the_caches_of_what_was_parsed(tmp_path: Path, brows
     run = root / "big" / "metrics.jsonl"
     append_records(run, *(base_record(step, train_loss=5.0 / step) for step in range(1, 60_001)))  # > min_records
     with dashboard(root, args=("--cache-dir", str(cache), "--refresh", "0.5")) as (url, process, log):
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             page = context.new_page()
             page.goto(f"{url}/run?run=big")
@@ -256,7 +256,7 @@ def test_base_url_path_still_serves_the_page_and_compressed_bundles(served_root:
     there at once (the base URL named in the page is /metrics/, not the page's own path), and the
     bundles under /metrics/static/ come gzip-encoded."""
     with dashboard(served_root, "--server.baseUrlPath", "metrics") as (url, _, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             page = context.new_page()
             responses = []
@@ -303,7 +303,7 @@ def test_plotly_js_runs_from_its_url_before_the_charts_arrive_or_from_a_cached_b
     if plain:
         monkeypatch.setenv("METRICS_SERVE_PLAIN", "1")
     with dashboard(served_root) as (url, _, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             context.add_init_script(PLOTLY_SETTER)
             page = context.new_page()
@@ -337,7 +337,7 @@ def test_the_runs_page_once_drawn_prepares_the_chart_pages(served_root: Path, br
     preloads the chart pages' element chunks: a click to a run then fetches no script at all, and
     the run's chart draws with the plotly.js that was already running."""
     with dashboard(served_root) as (url, _, _):
-        context = browser.new_context(viewport={"width": 1400, "height": 1100})
+        context = browser.new_context(viewport=DESKTOP)
         try:
             page = context.new_page()
             requested: list[str] = []

@@ -38,6 +38,8 @@ if TYPE_CHECKING:
 
 REPO = Path(__file__).resolve().parents[2]
 APP = str(REPO / "app.py")
+# The browser tier's window: a laptop's, tall enough that a run page's first charts are in view.
+DESKTOP = {"width": 1400, "height": 1100}
 
 
 # -- records and files ---------------------------------------------------------------------------
