@@ -25,29 +25,32 @@ def minmax_indices(values: np.ndarray, max_points: int = 4000) -> np.ndarray:
     buckets = max(1, max_points // 4)
     edges = np.linspace(0, count, buckets + 1).astype(np.int64)
     starts = edges[:-1]
+    bucket_of_row = np.repeat(np.arange(buckets), np.diff(edges))
     finite = np.isfinite(values)
     # argmin/argmax per bucket with NaN masked out: +inf/-inf never win where a real value exists.
     low = np.where(finite, values, np.inf)
     high = np.where(finite, values, -np.inf)
-    mins = _bucket_arg(low, edges, np.minimum)
-    maxs = _bucket_arg(high, edges, np.maximum)
+    mins = _bucket_arg(low, starts, bucket_of_row, np.minimum)
+    maxs = _bucket_arg(high, starts, bucket_of_row, np.maximum)
     gaps = _first_per_bucket(np.flatnonzero(~finite), edges)
     return np.unique(np.concatenate([starts, mins, maxs, gaps, [count - 1]]))
 
 
-def _bucket_arg(values: np.ndarray, edges: np.ndarray, reduce: np.ufunc) -> np.ndarray:
-    """Index of the reduce-extreme value within each bucket [edges[i], edges[i+1])."""
-    starts = edges[:-1]
+def _bucket_arg(values: np.ndarray, starts: np.ndarray, bucket_of_row: np.ndarray, reduce: np.ufunc) -> np.ndarray:
+    """Index of the reduce-extreme value within each bucket (``starts``; row -> bucket: ``bucket_of_row``)."""
     extremes = reduce.reduceat(values, starts)
-    bucket_of_row = np.repeat(np.arange(len(starts)), np.diff(edges))
     hits = np.flatnonzero(values == extremes[bucket_of_row])
-    first_hit = np.unique(bucket_of_row[hits], return_index=True)[1]
-    return hits[first_hit]
+    return hits[_run_starts(bucket_of_row[hits])]
 
 
 def _first_per_bucket(rows: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """The first of ``rows`` (sorted) inside each bucket that holds any."""
     if not len(rows):
         return rows
-    buckets = np.searchsorted(edges, rows, side="right") - 1
-    return rows[np.unique(buckets, return_index=True)[1]]
+    return rows[_run_starts(np.searchsorted(edges, rows, side="right") - 1)]
+
+
+def _run_starts(keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal values in sorted ``keys`` begins: ``np.unique(keys, return_index=True)[1]``
+    without its sort."""
+    return np.flatnonzero(np.concatenate((np.ones(min(len(keys), 1), dtype=bool), keys[1:] != keys[:-1])))
