@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from metrics_core.dashboard.store import run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS
 from metrics_core.dashboard.store.run_store import RunStore
@@ -73,6 +74,51 @@ def test_prepare_reads_a_big_run_beside_the_caller_and_says_how_far_it_came(tmp_
         assert_same_view(store.view("big"), full_view(store, "big"))
         assert store.prepare("small") is None and store.stats["prepared"] == 1
     finally:
+        store.close()
+
+
+def test_prepare_says_the_read_goes_on_from_its_first_moment_until_its_view_is_built(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """Before the reader found the file's size, prepare() says nothing read of the size it was asked
+    for; once every byte is read, while the summary and the view are built under the run's lock,
+    all of them.  Never None before view() would not wait: a page told the read is over would wait
+    for the view blind, on the lock.  (The reader's refresh and the view's build are held back on
+    purpose, each until the test saw the store's answer.)"""
+    runs = tmp_path / "runs"
+    big_run(runs / "big" / "metrics.jsonl")
+    size = (runs / "big" / "metrics.jsonl").stat().st_size
+    reading, read, building, built = (threading.Event() for _ in range(4))
+    refresh, build_view = RunReader.refresh, run_entry.build_view
+
+    def held_refresh(reader: RunReader, *args, **kwargs):
+        reading.set()
+        assert read.wait(20)
+        return refresh(reader, *args, **kwargs)
+
+    def held_build(*args, **kwargs):
+        building.set()
+        assert built.wait(20)
+        return build_view(*args, **kwargs)
+
+    monkeypatch.setattr(RunReader, "refresh", held_refresh)
+    monkeypatch.setattr(run_entry, "build_view", held_build)
+    store = RunStore(runs)
+    try:
+        assert store.prepare("big") is not None
+        assert reading.wait(20)
+        now = store.prepare("big")
+        assert (now.done, now.total) == (0, size)
+        read.set()
+        assert building.wait(20)
+        now = store.prepare("big")
+        assert (now.done, now.total) == (size, size)
+        built.set()
+        eventually(lambda: store.prepare("big") is None)
+        assert_same_view(store.view("big"), full_view(store, "big"))
+    finally:
+        read.set()
+        built.set()
         store.close()
 
 

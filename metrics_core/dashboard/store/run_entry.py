@@ -124,7 +124,10 @@ class RunEntry:
     failed_at: float = float("-inf")
     hinted: bool = False  # the root said the run's file changed since its last read
     queued: bool = False  # waiting in the store's cold queue
-    read_began: float | None = None  # the clock when a read with a new reader began, until it ends
+    # The clock when a read with a new reader began, until it ends (``snapshot``: until the view it
+    # is for is built), and the file's size as that read was asked for (``reading``).
+    read_began: float | None = None
+    read_size: int = 0
 
     @property
     def held(self) -> int:
@@ -143,17 +146,22 @@ class RunEntry:
             if self.failure is not None or (self.reader is not None and self.summary is not None):
                 return None, False
             size = self.ctx.source.size(info)
-            return (None, False) if size <= caller_bytes else (ReadProgress(0, size, 0.0), True)
+            if size <= caller_bytes:
+                return None, False
+            self.read_size = size
+            return ReadProgress(0, size, 0.0), True
         finally:
             self.lock.release()
 
     def progress(self) -> ReadProgress | None:
-        """How far the read under way with a new reader has come, or None if none is; no lock."""
+        """How far the read under way with a new reader has come, or None if none is; no lock.
+        Before the reader found the file's size, the size the read was asked for; once every byte is
+        read, all of them, while the summary and the view are built."""
         began, reader = self.read_began, self.reader
-        if began is None or reader is None:
+        if began is None:
             return None
-        done, total = reader.read_position
-        return ReadProgress(done, total, self.ctx.clock() - began)
+        done, total = (0, 0) if reader is None else reader.read_position
+        return ReadProgress(done, total or self.read_size, self.ctx.clock() - began)
 
     def snapshot(self, info: RunInfo, now: datetime) -> RunView:
         """A fresh ``RunView`` of the run, extending the last one built while it is held.
@@ -161,30 +169,35 @@ class RunEntry:
         Raises RunViewError when the run cannot be read or shown, RunNotFoundError when it vanished.
         """
         with self.lock:
-            self.update(info, now, need_reader=True)
-            if self.view is None:
-                try:
-                    previous = self.built() if self.built is not None else None
-                    self.view = build_view(
-                        info.name,
-                        self.reader,
-                        self.summary.status,
-                        self.lineage,
-                        previous=previous,
-                        reason=self.summary.reason,
-                    )
-                    self.built = weakref.ref(self.view)
-                except Exception as exc:
-                    raise self._failed(info, exc) from exc
-                self.ctx.stats["views"] += 1
-            elif (self.view.status, self.view.reason) != (self.summary.status, self.summary.reason):
-                # same data, derived data rebuilt
-                self.view = replace(self.view, status=self.summary.status, reason=self.summary.reason)
-            return self.view
+            try:
+                self.update(info, now, need_reader=True, until_viewed=True)
+                if self.view is None:
+                    try:
+                        previous = self.built() if self.built is not None else None
+                        self.view = build_view(
+                            info.name,
+                            self.reader,
+                            self.summary.status,
+                            self.lineage,
+                            previous=previous,
+                            reason=self.summary.reason,
+                        )
+                        self.built = weakref.ref(self.view)
+                    except Exception as exc:
+                        raise self._failed(info, exc) from exc
+                    self.ctx.stats["views"] += 1
+                elif (self.view.status, self.view.reason) != (self.summary.status, self.summary.reason):
+                    # same data, derived data rebuilt
+                    self.view = replace(self.view, status=self.summary.status, reason=self.summary.reason)
+                return self.view
+            finally:
+                self.read_began = None  # the view a cold read was for is built: a page may ask for it
 
-    def update(self, info: RunInfo, now: datetime, *, need_reader: bool = False) -> None:
+    def update(self, info: RunInfo, now: datetime, *, need_reader: bool = False, until_viewed: bool = False) -> None:
         """Refresh the run if due and bring its summary up to date.  ``need_reader``: a snapshot is
-        wanted, so a released run gets a reader again.
+        wanted, so a released run gets a reader again.  ``until_viewed``: the caller (``snapshot``)
+        ends the read's ``progress`` once its view is built: a page told the read is over before
+        then would wait for the view blind, on the lock.
 
         Cost when nothing changed: one ``stat`` (a bucket: a HEAD) per ``safety_interval`` for a run
         the root polls, else nothing until a hint (plus ``run_status`` for a run that has not
@@ -233,7 +246,8 @@ class RunEntry:
         except Exception as exc:
             raise self._failed(info, exc) from exc
         finally:
-            self.read_began = None
+            if not until_viewed:
+                self.read_began = None
         self.failure = self.failure_stamp = None
 
     def _save_cache(self, reader: RunReader) -> None:
