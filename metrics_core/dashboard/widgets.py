@@ -99,8 +99,7 @@ def show_reading(name: str, progress: ReadProgress) -> None:
     size, the rate and the time left.  A read that fails is said by the page's next ``view`` call
     (``view_or_stop``, ``views_or_warn``), where this bar was."""
     with st.container(key=f"{READING_KEY}_{abs(hash(name))}"):
-        what = progress.text() if progress.total else "opening its file"
-        st.progress(progress.fraction, text=f"Reading run {name_text(name)}: {what}")
+        st.progress(progress.fraction, text=f"Reading run {name_text(name)}: {progress.text()}")
 
 
 def wait_for_read(store: RunStore, name: str, *, title: str, refresh: float) -> None:

@@ -42,7 +42,10 @@ class ReadProgress:
         return time_left(self.done, self.total, self.rate)
 
     def text(self) -> str:
-        """One line: "312 MB of 780 MB · 95 MB/s · 5 s left" (rate and time left once known)."""
+        """One line: "312 MB of 780 MB · 95 MB/s · 5 s left" (rate and time left once known);
+        "opening its file" before the file's size is known."""
+        if self.total <= 0:
+            return "opening its file"
         parts = [f"{byte_text(min(self.done, self.total))} of {byte_text(self.total)}"]
         rate, left = self.rate, self.time_left_s
         if rate is not None:

@@ -35,7 +35,9 @@ def test_a_progress_gives_its_share_rate_and_time_left() -> None:
 
 
 def test_a_progress_says_bytes_of_size_then_the_rate_and_time_left_once_known() -> None:
-    """One line a user reads at a glance; the rate and time left only once there is a rate."""
+    """One line a user reads at a glance; the rate and time left only once there is a rate; no
+    "0 B of 0 B" before the file's size is known."""
+    assert ReadProgress(0, 0, 0.2).text() == "opening its file"
     assert ReadProgress(312_000_000, 780_000_000, 3.12).text() == "312 MB of 780 MB · 100 MB/s · 5 s left"
     assert ReadProgress(0, 780_000_000, 0.0).text() == "0 B of 780 MB"
     assert ReadProgress(780_000_000, 780_000_000, 8.0).text() == "780 MB of 780 MB · 98 MB/s · < 1 s left"

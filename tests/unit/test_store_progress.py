@@ -122,6 +122,41 @@ def test_prepare_says_the_read_goes_on_from_its_first_moment_until_its_view_is_b
         store.close()
 
 
+def test_a_run_re_read_beside_the_runs_table_is_not_shown_as_being_read(tmp_path: Path, monkeypatch) -> None:
+    """A run whose row is drawn from its data, reopened by another of the store's readers (the
+    server's alerter) while the runs table is built: the table says no read is under way.  A
+    progress column that comes and goes with such a reopen changes the table's shape, and the
+    page redraws every row it shows for it; only rows still loading say how far their read came."""
+    runs = tmp_path / "runs"
+    path = runs / "old" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0) for s in range(1, 51)))
+    store = RunStore(runs, idle_s=0.0, safety_interval=0.0)  # an idle run's reader is released at once
+    reading, read = threading.Event(), threading.Event()
+    refresh = RunReader.refresh
+
+    def held_refresh(reader: RunReader, *args, **kwargs):
+        reading.set()
+        assert read.wait(20)
+        return refresh(reader, *args, **kwargs)
+
+    try:
+        assert store.runs_table()["progress"].isna().all()
+        [info] = store.runs()
+        store.read_run(info, lambda *_: None)  # as the alerter does: the idle run's reader released after
+        assert store.stats["releases"] == 1
+        append_records(path, base_record(51, train_loss=0.5))
+        monkeypatch.setattr(RunReader, "refresh", held_refresh)
+        alerter = threading.Thread(target=store.read_run, args=(info, lambda *_: None), kwargs={"need_reader": True})
+        alerter.start()
+        assert reading.wait(20)  # the reopen is under way, the run's lock held
+        table = store.runs_table()
+        assert table["progress"].isna().all() and table.loc[0, "run"] == "old"
+    finally:
+        read.set()
+        store.close()
+    alerter.join(20)
+
+
 def test_cache_saves_are_written_by_the_saver_thread_never_in_a_view(tmp_path: Path, monkeypatch) -> None:
     """A cold parse's save and a growing run's periodic save are both written by the store's saver
     thread, never by the thread that asked for the view; what they wrote reopens the run."""

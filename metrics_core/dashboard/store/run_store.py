@@ -425,8 +425,8 @@ class RunStore:
     def _overview_table(
         self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
     ) -> pd.DataFrame:
-        """The runs table, rebuilt only when a row changed (O(runs)); else only its ages."""
-        reading = [entry.progress() for entry in entries]
+        """The runs table, rebuilt when a row changed (O(runs)), else only its ages; progress in loading rows."""
+        reading = [entry.progress() if entry.summary is None else None for entry in entries]
         if any(progress is not None for progress in reading):
             self._row_changed()  # the progress moves: rebuilt per call while a run is read
         key, cached = self.runs_table_generation(), self._table
