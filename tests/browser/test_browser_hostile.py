@@ -314,26 +314,45 @@ def test_hostile_names_on_compare_and_overview(page: object, server: str) -> Non
 # -- no tracebacks -------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("path", "expect"),
-    [
-        ("/", "Runs"),
-        ("/run", "Choose a run"),  # opened from the top bar: a run picker
-        ("/run?run=../../etc", "without '..'"),
-        ("/run?run=nonexistent", "no run there"),
-        ("/run?run=" + "n" * 5000, "Cannot show run"),
-        ("/run?run=normal-a", "normal-a"),
-        ("/sessions", "Choose a run"),
-        ("/sessions?run=../../etc", "without '..'"),
-        ("/sessions?run=normal-a", "Sessions of normal-a"),
-        ("/compare", "Pick one or more runs"),
-        ("/compare?run=x&run=**y**", "Not runs under the root, ignored: 'x', '**y**'"),
-        ("/compare?run=normal-a&run=normal-b", "train loss"),
-    ],
-)
-def test_no_page_shows_a_traceback(page: object, server: str, path: str, expect: str) -> None:
-    """Good and bad query parameters alike: a plain page or a plain message, never a stack trace."""
-    page.goto(server + path)
-    wait_until(page, lambda: expect in body_text(page), timeout=30)
-    page.wait_for_timeout(1500)  # a live fragment's next run must not fail either
-    assert_nothing_injected(page)
+# Each path and what its page says: good and bad query parameters alike.
+PAGES_SHOWN = {
+    "/": "Runs",
+    "/run": "Choose a run",  # opened from the top bar: a run picker
+    "/run?run=../../etc": "without '..'",
+    "/run?run=nonexistent": "no run there",
+    "/run?run=" + "n" * 5000: "Cannot show run",
+    "/run?run=normal-a": "normal-a",
+    "/sessions": "Choose a run",
+    "/sessions?run=../../etc": "without '..'",
+    "/sessions?run=normal-a": "Sessions of normal-a",
+    "/compare": "Pick one or more runs",
+    "/compare?run=x&run=**y**": "Not runs under the root, ignored: 'x', '**y**'",
+    "/compare?run=normal-a&run=normal-b": "train loss",
+}
+
+
+def test_no_page_shows_a_traceback(alerts_recorded: object, server: str) -> None:
+    """Good and bad query parameters alike: a plain page or a plain message, never a stack trace.
+    The pages open side by side, one tab each; each is checked once its message is shown and again
+    after its live fragment's next run."""
+    tabs = {}
+    for path in PAGES_SHOWN:
+        tabs[path] = alerts_recorded.new_page()
+        tabs[path].on("dialog", lambda dialog: dialog.dismiss())
+        tabs[path].goto(server + path, wait_until="commit")
+    try:
+        for path, tab in tabs.items():
+            try:
+                wait_until(tab, lambda tab=tab, path=path: PAGES_SHOWN[path] in body_text(tab), timeout=30)
+                assert_nothing_injected(tab)
+            except AssertionError as error:
+                raise AssertionError(f"{path[:100]}: {error}") from error
+        next(iter(tabs.values())).wait_for_timeout(1500)  # a live fragment's next run must not fail either
+        for path, tab in tabs.items():
+            try:
+                assert_nothing_injected(tab)
+            except AssertionError as error:
+                raise AssertionError(f"{path[:100]}, after its next run: {error}") from error
+    finally:
+        for tab in tabs.values():
+            tab.close()

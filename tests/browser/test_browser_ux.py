@@ -39,19 +39,23 @@ def served_runs(root: Path) -> None:
 
 @pytest.mark.first_visit
 def test_no_request_goes_to_another_host(page: object, server: str) -> None:
-    """Every page, opened cold: each request Chromium makes (icons, fonts, scripts) goes to the dashboard server."""
+    """Every page, opened cold (side by side, a tab each): each request Chromium makes (icons, fonts,
+    scripts) goes to the dashboard server."""
     requests: list[str] = []
-    page.on("request", lambda request: requests.append(request.url))
-    for path in PAGES:
-        page.goto(server + path)
+    page.context.on("request", lambda request: requests.append(request.url))
+    tabs = [page, *(page.context.new_page() for _ in PAGES[1:])]
+    for tab, path in zip(tabs, PAGES, strict=True):
+        tab.goto(server + path, wait_until="commit")
+    for tab, path in zip(tabs, PAGES, strict=True):
         # Not "networkidle": a run page's live watch keeps a long poll open from its first moments.
-        page.wait_for_selector("[data-testid=stMainBlockContainer] [data-testid=stElementContainer]", state="attached")
+        tab.wait_for_selector("[data-testid=stMainBlockContainer] [data-testid=stElementContainer]", state="attached")
         if "run=" in path:
-            wait_until(page, lambda: live_charts_drawn(page), timeout=30)
-        page.wait_for_timeout(1500)
+            wait_until(tab, lambda tab=tab: live_charts_drawn(tab), timeout=30)
+    page.wait_for_timeout(1500)  # what the pages would fetch late
     hosts = {urlsplit(url).hostname for url in requests if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
     assert hosts == {"127.0.0.1"}, sorted(url for url in requests if urlsplit(url).hostname != "127.0.0.1")
-    assert page.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")
+    for tab in tabs:
+        assert tab.evaluate("document.querySelector(\"link[rel='shortcut icon']\").href").startswith("data:")
 
 
 # Per sample: the lowest opacity of any chart's element container (and its ancestors), and whether the

@@ -72,36 +72,46 @@ def test_the_page_html_names_its_base_url_and_the_chunks_of_its_elements(server:
             assert bool(later) is (path == "/"), (path, later)
 
 
-@pytest.mark.parametrize(
-    "path", ["/", "/run?run=small", "/sessions?run=small", "/compare?run=small", "/run", "/sweep?run=small"]
-)
-@pytest.mark.first_visit
+# Each page and what shows it drawn.  The sweep page of one run (runs sharing every key) says so;
+# /sweep alone would chart every run of the shared root, whatever the other modules wrote there.
+DRAWN = {
+    "/": "[data-testid=stDataFrame]",
+    "/run?run=small": ".main-svg",
+    "/sessions?run=small": ".main-svg",
+    "/compare?run=small": ".main-svg",
+    "/run": "[data-testid=stSelectbox]",
+    "/sweep?run=small": "[data-testid=stAlert]",
+}
+
+
 def test_a_page_loads_every_chunk_it_uses_from_its_html_and_finds_its_server_at_once(
-    server: str, page: object, path: str
+    server: str, browser: object
 ) -> None:
-    """In Chromium, after the page has drawn: every JavaScript chunk it asked for was named in its
-    HTML (none discovered one import at a time as the elements arrived), each was fetched once,
-    and the page asked for the server's health once, at the base URL (a deep link used to ask
-    /run/_stcore/health first, get a 404 and wait 100 ms)."""
-    requested: list[str] = []
-    page.on("request", lambda request: requested.append(request.url))
-    page.goto(server + path)
-    # The sweep page of one run (runs sharing every key) says so; /sweep alone would chart every run
-    # of the shared root, whatever the other modules wrote there.
-    drawn = {
-        "/": "[data-testid=stDataFrame]",
-        "/run": "[data-testid=stSelectbox]",
-        "/sweep?run=small": "[data-testid=stAlert]",
-    }
-    drawn = drawn.get(path, ".main-svg")
-    wait_until(page, lambda: page.evaluate(f"!!document.querySelector({drawn!r})"), timeout=60)
-    page.wait_for_timeout(1500)  # the rest of the page's elements, and any chunk they would fetch late
-    chunks = [url.rsplit("/", 1)[1] for url in requested if "/static/js/" in url]
-    _, html = get(server + path, None, accept="text/html")  # as served: the page adds preloads as it imports
-    preloaded = preloaded_chunks(html.decode(), later=True)
-    assert set(chunks) <= preloaded, set(chunks) - preloaded
-    assert len(chunks) == len(set(chunks)) and len(chunks) > 60
-    assert [url for url in requested if "/_stcore/health" in url] == [f"{server}/_stcore/health"]
+    """In Chromium, each page on a first visit (side by side, a context each), after it has drawn:
+    every JavaScript chunk it asked for was named in its HTML (none discovered one import at a time
+    as the elements arrived), each was fetched once, and the page asked for the server's health
+    once, at the base URL (a deep link used to ask /run/_stcore/health first, get a 404 and wait 100 ms)."""
+    contexts = {path: browser.new_context(viewport=DESKTOP) for path in DRAWN}
+    try:
+        pages, requested = {}, {path: [] for path in DRAWN}
+        for path, context in contexts.items():
+            pages[path] = context.new_page()
+            pages[path].on("request", lambda request, urls=requested[path]: urls.append(request.url))
+            pages[path].goto(server + path, wait_until="commit")
+        for path, page in pages.items():
+            drawn = f"!!document.querySelector({DRAWN[path]!r})"
+            wait_until(page, lambda page=page, drawn=drawn: page.evaluate(drawn), timeout=60)
+        pages["/"].wait_for_timeout(1500)  # the rest of the pages' elements, and any chunk they would fetch late
+        for path, urls in requested.items():
+            chunks = [url.rsplit("/", 1)[1] for url in urls if "/static/js/" in url]
+            _, html = get(server + path, None, accept="text/html")  # as served: the page adds preloads as it imports
+            preloaded = preloaded_chunks(html.decode(), later=True)
+            assert set(chunks) <= preloaded, (path, set(chunks) - preloaded)
+            assert len(chunks) == len(set(chunks)) and len(chunks) > 60, (path, chunks)
+            assert [url for url in urls if "/_stcore/health" in url] == [f"{server}/_stcore/health"], path
+    finally:
+        for context in contexts.values():
+            context.close()
 
 
 @pytest.mark.first_visit
