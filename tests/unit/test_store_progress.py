@@ -38,6 +38,21 @@ def big_run(path: Path) -> None:
     append_records(path, *(base_record(s, train_loss=1.0 / (s + 1), pad="x" * 40) for s in range(records)))
 
 
+def held_refreshes(monkeypatch) -> tuple[threading.Event, threading.Event]:
+    """Every ``RunReader.refresh`` from now on sets the first event, then waits for the second: a
+    read held under way on purpose until the test saw what the store says meanwhile."""
+    reading, read = threading.Event(), threading.Event()
+    refresh = RunReader.refresh
+
+    def held(reader: RunReader, *args, **kwargs):
+        reading.set()
+        assert read.wait(20)
+        return refresh(reader, *args, **kwargs)
+
+    monkeypatch.setattr(RunReader, "refresh", held)
+    return reading, read
+
+
 def test_the_follower_publishes_bytes_read_of_the_size_it_reads_up_to_block_by_block(tmp_path: Path) -> None:
     """Between two blocks of one follow, offset says how far it came and target the size it reads up
     to; the reader's read_position is the same pair, equal once the refresh is done."""
@@ -88,20 +103,15 @@ def test_prepare_says_the_read_goes_on_from_its_first_moment_until_its_view_is_b
     runs = tmp_path / "runs"
     big_run(runs / "big" / "metrics.jsonl")
     size = (runs / "big" / "metrics.jsonl").stat().st_size
-    reading, read, building, built = (threading.Event() for _ in range(4))
-    refresh, build_view = RunReader.refresh, run_entry.build_view
-
-    def held_refresh(reader: RunReader, *args, **kwargs):
-        reading.set()
-        assert read.wait(20)
-        return refresh(reader, *args, **kwargs)
+    reading, read = held_refreshes(monkeypatch)
+    building, built = threading.Event(), threading.Event()
+    build_view = run_entry.build_view
 
     def held_build(*args, **kwargs):
         building.set()
         assert built.wait(20)
         return build_view(*args, **kwargs)
 
-    monkeypatch.setattr(RunReader, "refresh", held_refresh)
     monkeypatch.setattr(run_entry, "build_view", held_build)
     store = RunStore(runs)
     try:
@@ -131,30 +141,24 @@ def test_a_run_re_read_beside_the_runs_table_is_not_shown_as_being_read(tmp_path
     path = runs / "old" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0) for s in range(1, 51)))
     store = RunStore(runs, idle_s=0.0, safety_interval=0.0)  # an idle run's reader is released at once
-    reading, read = threading.Event(), threading.Event()
-    refresh = RunReader.refresh
-
-    def held_refresh(reader: RunReader, *args, **kwargs):
-        reading.set()
-        assert read.wait(20)
-        return refresh(reader, *args, **kwargs)
-
     try:
         assert store.runs_table()["progress"].isna().all()
         [info] = store.runs()
         store.read_run(info, lambda *_: None)  # as the alerter does: the idle run's reader released after
         assert store.stats["releases"] == 1
         append_records(path, base_record(51, train_loss=0.5))
-        monkeypatch.setattr(RunReader, "refresh", held_refresh)
+        reading, read = held_refreshes(monkeypatch)
         alerter = threading.Thread(target=store.read_run, args=(info, lambda *_: None), kwargs={"need_reader": True})
         alerter.start()
-        assert reading.wait(20)  # the reopen is under way, the run's lock held
-        table = store.runs_table()
-        assert table["progress"].isna().all() and table.loc[0, "run"] == "old"
+        try:
+            assert reading.wait(20)  # the reopen is under way, the run's lock held
+            table = store.runs_table()
+            assert table["progress"].isna().all() and table.loc[0, "run"] == "old"
+        finally:
+            read.set()
+            alerter.join(20)
     finally:
-        read.set()
         store.close()
-    alerter.join(20)
 
 
 def test_cache_saves_are_written_by_the_saver_thread_never_in_a_view(tmp_path: Path, monkeypatch) -> None:
