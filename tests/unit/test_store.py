@@ -19,7 +19,7 @@ from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store import run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, Lineage, RunView
 from metrics_core.dashboard.views import chart_specs as views_module
 from metrics_core.dashboard.views.chart_specs import (
     MAX_LOGGED_CHARTS,
@@ -156,6 +156,41 @@ def test_a_memo_computation_may_ask_for_another_key_without_deadlocking(tmp_path
         assert view.memo("outer", lambda: 0) == 2
     finally:
         store.close()
+
+
+def test_a_lineage_carries_different_keys_side_by_side_and_one_key_an_update_at_a_time() -> None:
+    """A run's first view builds its charts and its diagnostics on two threads at once: an update
+    of one key never waits for another key's.  Updates of one key never overlap: each extends the
+    one before (none is lost).  A bounded key dropped from the lineage leaves nothing behind."""
+    lineage = Lineage()
+    updating, other_done = threading.Event(), threading.Event()
+
+    def slow(previous: object) -> str:
+        updating.set()
+        assert other_done.wait(10), "the other key's update waited for this one"
+        return "slow"
+
+    thread = threading.Thread(target=lineage.carry, args=("charts", slow))
+    thread.start()
+    assert updating.wait(10)
+    assert lineage.carry("findings", lambda previous: "quick") == "quick"  # while "charts" is updated
+    other_done.set()
+    thread.join(10)
+    assert lineage.carry("charts", lambda previous: previous) == "slow"
+
+    def bump(previous: int | None) -> int:
+        time.sleep(0.01)  # two overlapping updates would both extend the same previous state
+        return (previous or 0) + 1
+
+    threads = [threading.Thread(target=lineage.carry, args=("count", bump)) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+    assert lineage.carry("count", lambda previous: previous) == 8
+    for number in range(10 * BOUNDED_KEPT):  # a client asking for ever new options
+        lineage.carry(("options", number), lambda previous: previous, bounded=True)
+    assert len(lineage._key_locks) == BOUNDED_KEPT + 3  # the bounded keys kept, "charts", "findings", "count"
 
 
 # -- the runs page is O(runs), and each run's row is kept incrementally ------------------

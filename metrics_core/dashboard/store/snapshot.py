@@ -46,25 +46,36 @@ class Lineage:
 
     Shared by every snapshot built from one reader, so a live update can extend what the previous
     snapshot computed instead of recomputing the run; a new reader (a reset after a failure)
-    starts a new lineage.  ``carry`` is thread-safe: one lock per lineage.
+    starts a new lineage.  ``carry`` is thread-safe, one lock per key: two threads carrying
+    different keys (the charts and the diagnostics of a run's first view) compute side by side.
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the dicts below; never held while an update runs
+        self._key_locks: dict[Hashable, threading.Lock] = {}
         self._state: dict[Hashable, Any] = {}
         self._recent: OrderedDict[Hashable, None] = OrderedDict()  # the bounded keys, least recent first
 
     def carry(self, key: Hashable, update: Callable[[Any], Any], *, bounded: bool = False) -> Any:
-        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically.
-        ``bounded``: a key of which there may be many (``BOUNDED_KEPT``): a dropped one starts again
-        from None."""
+        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically
+        for that key (``update`` must not carry the same key).  ``bounded``: a key of which there
+        may be many (``BOUNDED_KEPT``): a dropped one starts again from None."""
         with self._lock:
-            self._state[key] = value = update(self._state.get(key))
-            if bounded:
-                self._recent[key] = None
-                self._recent.move_to_end(key)
-                while len(self._recent) > BOUNDED_KEPT:
-                    del self._state[self._recent.popitem(last=False)[0]]
+            lock = self._key_locks.setdefault(key, threading.Lock())
+        with lock:
+            with self._lock:
+                previous = self._state.get(key)
+            value = update(previous)
+            with self._lock:
+                self._state[key] = value
+                self._key_locks.setdefault(key, lock)  # dropped meanwhile: kept again with its state
+                if bounded:
+                    self._recent[key] = None
+                    self._recent.move_to_end(key)
+                    while len(self._recent) > BOUNDED_KEPT:
+                        dropped = self._recent.popitem(last=False)[0]
+                        del self._state[dropped]
+                        self._key_locks.pop(dropped, None)
             return value
 
 
