@@ -18,6 +18,7 @@ from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.store.run_store import RECENT_S, RunStore
+from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.errors import MetricsError
 from metrics_core.read.column_cache import CachePolicy, default_directory
 from metrics_core.roots.discovery import find_runs
@@ -149,6 +150,7 @@ def _store(runs: Path | str, poll: bool, cache: Path | None, refresh: float, lis
         cache=None if cache is None else CachePolicy(cache),
         recent_s=recent_s,
         list_interval=list_interval,
+        warm=view_findings,  # the run and sessions pages show its health: computed beside their charts
         **polling,
     )
     _OPEN_STORES.append(store)

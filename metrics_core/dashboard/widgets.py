@@ -91,6 +91,9 @@ def reason_text(exc: BaseException, root: Path) -> str:
 
 READING_KEY = "run_reading"  # the container of a run's read progress (``show_reading``)
 PROGRESS_S = 0.5  # the longest between two draws of a read's progress
+# The share of that period each draw then waits for the read's end: the page reruns as the read
+# ends, not at the next draw, and a click on the page waits no longer than that share.
+READ_END_WAIT = 0.6
 _READING = "_metrics_reading"  # st.session_state: the runs ``views_or_warn`` last drew as being read
 
 
@@ -105,8 +108,9 @@ def show_reading(name: str, progress: ReadProgress) -> None:
 def wait_for_read(store: RunStore, name: str, *, title: str, refresh: float) -> None:
     """Return at once unless showing run ``name`` would wait for a read (a big run not read yet,
     or being read by the store's loader); then draw the page's ``title`` (markdown) and the read's
-    progress, moving every ``PROGRESS_S`` at most, until the run can be shown, rerun the page then,
-    and stop the script here: a page never waits blind.  The read runs beside the page
+    progress, moving every ``PROGRESS_S`` at most, until the run can be shown, rerun the page as
+    soon as it can (each draw waits ``READ_END_WAIT`` of the period for the read's end), and stop
+    the script here: a page never waits blind.  The read runs beside the page
     (``RunStore.prepare``), so closing the tab costs it nothing."""
     try:
         reading = store.prepare(name)
@@ -116,15 +120,21 @@ def wait_for_read(store: RunStore, name: str, *, title: str, refresh: float) -> 
         return
     st.title(title, wrap=False)
 
-    @st.fragment(run_every=min(refresh, PROGRESS_S))
-    def progress() -> None:
+    period = min(refresh, PROGRESS_S)
+
+    def progress_or_rerun(wait: float) -> ReadProgress:
         try:
-            now = store.prepare(name)
+            now = store.prepare(name, wait=wait)
         except STORE_ERRORS:
             now = None  # the page's own call says why
         if now is None:
             st.rerun()
-        show_reading(name, now)
+        return now
+
+    @st.fragment(run_every=period)
+    def progress() -> None:
+        show_reading(name, progress_or_rerun(0.0))
+        progress_or_rerun(READ_END_WAIT * period)
 
     progress()
     st.stop()

@@ -9,11 +9,13 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pandas as pd
+import pytest
 
 from metrics_core.dashboard.store import run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.views.runs_table import readable_runs
 from metrics_core.read import column_cache
 from metrics_core.read.column_cache import CachePolicy
@@ -129,6 +131,50 @@ def test_prepare_says_the_read_goes_on_from_its_first_moment_until_its_view_is_b
     finally:
         read.set()
         built.set()
+        store.close()
+
+
+def test_a_page_waiting_for_a_read_is_answered_as_it_ends_and_its_findings_are_warmed_beside_it(
+    tmp_path: Path, monkeypatch
+) -> None:
+    """prepare(wait=) returns the read's progress after ``wait`` while the read goes on, and None as
+    soon as it ends, not when its wait would have: the page's charts are not a period late.  Then
+    the store's ``warm`` gets the view the page is shown, on the read's thread, not the page's."""
+    runs = tmp_path / "runs"
+    big_run(runs / "big" / "metrics.jsonl")
+    reading, read = held_refreshes(monkeypatch)
+    warmed: list[tuple[object, str]] = []
+    done = threading.Event()
+
+    def warm(view: object) -> None:
+        view_findings(view)
+        warmed.append((view, threading.current_thread().name))
+        done.set()
+
+    store = RunStore(runs, warm=warm)
+    try:
+        assert store.prepare("big") is not None
+        assert reading.wait(20)
+        start = time.monotonic()
+        assert store.prepare("big", wait=0.2) is not None
+        assert time.monotonic() - start >= 0.2
+        answers: list[tuple[object, float]] = []
+        page = threading.Thread(
+            target=lambda: answers.append((store.prepare("big", wait=60), time.monotonic())), daemon=True
+        )
+        page.start()
+        time.sleep(0.2)
+        assert not answers, "prepare(wait=) returned before the read ended"
+        ended = time.monotonic()
+        read.set()
+        page.join(30)
+        assert answers and answers[0][0] is None and answers[0][1] - ended < 20
+        assert done.wait(20)
+        view = store.view("big")
+        assert warmed == [(view, "RunStore prepare")]
+        assert view.memo("findings", lambda: pytest.fail("the findings were computed again")) == view_findings(view)
+    finally:
+        read.set()
         store.close()
 
 

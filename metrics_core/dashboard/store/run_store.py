@@ -80,6 +80,7 @@ import pandas as pd
 
 from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
+from metrics_core.dashboard.store.page_reads import PageReads
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, unreadable_row
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
@@ -121,6 +122,7 @@ class RunStore:
         idle_s: float = IDLE_S,
         recent_s: float = RECENT_S,
         view_budget_records: int = VIEW_BUDGET_RECORDS,
+        warm: Callable[[RunView], object] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """``root``: a directory, ``s3://bucket/prefix``, or a ``RunsRoot`` (``roots.open_root``
@@ -131,7 +133,8 @@ class RunStore:
         it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
         ``saver_delay_s``: how long a cache save waits, so the pages draw first (``cache_saver``).
         ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
-        "Memory")."""
+        "Memory").  ``warm``: called with the view of each read ``prepare`` started, on its thread,
+        once the pages may have it (``page_reads``)."""
         self.source = (
             open_root(root, force_polling=force_polling, list_interval=list_interval)
             if isinstance(root, (str, Path))
@@ -171,7 +174,7 @@ class RunStore:
             "prepared": 0,
         }
         self.saver = CacheSaver(self.stats, delay_s=saver_delay_s)
-        self._preparing: set[str] = set()  # runs a ``prepare`` thread is reading
+        self._page_reads = PageReads(warm=warm)
         self._context = EntryContext(
             source=self.source,
             cache=None if cache is None else replace(cache, save_inline=False),  # saved by ``saver``'s thread
@@ -264,31 +267,26 @@ class RunStore:
             self._viewed.move_to_end(info.name)
         return entry
 
-    def prepare(self, name: str) -> ReadProgress | None:
+    def prepare(self, name: str, *, wait: float = 0.0) -> ReadProgress | None:
         """Whether ``view(name)`` would wait for a read, without waiting: None if not, else how far
-        the read (started on a thread of its own if none is under way) has come: a page shows that,
-        then calls ``view`` once this says None (which says why a read failed).  Raises as ``view``."""
+        the read (started on a thread of its own if none is under way: ``page_reads``) has come: a
+        page shows that, then calls ``view`` once this says None (which says why a read failed).
+        ``wait``: if such a read is under way, wait for its end up to that long first.  Raises as ``view``."""
         info = self._resolve(name)
         entry = self._entry(info)
         reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
-        with self._lock:
-            start = start and info.name not in self._preparing
-            if start:
-                self._preparing.add(info.name)
         if start:
             self._viewed_entry(info)  # asked for by a page: not released as idle before it is shown
-            threading.Thread(target=self._prepare, args=(entry, info), name="RunStore prepare", daemon=True).start()
+            self._page_reads.start(info.name, lambda: self._prepared_view(entry, info))
+        elif reading is not None and wait > 0:
+            self._page_reads.wait(info.name, wait)
+            reading, _ = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
         return reading
 
-    def _prepare(self, entry: RunEntry, info: RunInfo) -> None:
-        try:
-            entry.snapshot(info, datetime.now(timezone.utc))
-            self.stats["prepared"] += 1
-        except Exception:  # the entry keeps why (``failure``): the page's ``view`` says it
-            pass
-        finally:
-            with self._lock:
-                self._preparing.discard(info.name)
+    def _prepared_view(self, entry: RunEntry, info: RunInfo) -> RunView:
+        view = entry.snapshot(info, datetime.now(timezone.utc))
+        self.stats["prepared"] += 1
+        return view
 
     def _return_memory(self) -> None:
         """Give freed memory back to the OS at most once per ``TRIM_S``: a live page's snapshots,
