@@ -246,8 +246,9 @@ def _add_series(
             )
         )
     for code in np.unique(session_codes):
+        in_session = session_codes == code
         for dimmed in (False, True):
-            rows = np.flatnonzero((session_codes == code) & (superseded == dimmed))
+            rows = np.flatnonzero(in_session & (superseded if dimmed else ~superseded))
             if not len(rows):
                 continue
             suffix = "" if item.colour else f" · S{code + 1}"
@@ -255,17 +256,19 @@ def _add_series(
             where = full + suffix + (" (superseded)" if dimmed else "")
             colour = item.colour or session_colour(int(code))
             opacity = SUPERSEDED_OPACITY if dimmed else 1.0
-            raw, smooth = ys[rows], ema_smooth(ys[rows], smoothing) if smoothing > 0 else None
+            raw = ys[rows]
+            smooth = ema_smooth(raw, smoothing) if smoothing > 0 else None
             budget = int(min(TRACE_POINTS, max(MIN_TRACE_POINTS, points_per_row * len(rows))))
             keep = minmax_indices(raw, budget)
             drawn.append(raw[keep])
+            kept = rows[keep]  # the rows drawn: x and steps gathered for them only
             marked = item.markers and len(keep) <= MARKED_POINTS
             mode = "markers" if events else "lines+markers" if marked else "lines"
             at_step = "" if steps is None else " · step %{customdata:,}"
             hover = f"{where}: %{{y:{style.hoverformat}}}{at_step}<extra></extra>"
             traces.append(
                 dict(
-                    x=xs[rows][keep],
+                    x=xs[kept],
                     y=compact(raw[keep]),
                     name=name,
                     legendgroup=group,  # unique per series even when shortened labels collide
@@ -281,15 +284,16 @@ def _add_series(
                     marker={"size": 7 if events else 4},
                     showlegend=not per_session and smooth is None,
                     connectgaps=False,
-                    customdata=None if steps is None else steps[rows][keep],
+                    customdata=None if steps is None else steps[kept],
                     hovertemplate=hover,
                 )
             )
             if smooth is not None:
                 keep = minmax_indices(smooth, budget)
+                kept = rows[keep]
                 traces.append(
                     dict(
-                        x=xs[rows][keep],
+                        x=xs[kept],
                         y=compact(smooth[keep]),
                         name=f"{name} (smoothed)",
                         legendgroup=group,
@@ -299,7 +303,7 @@ def _add_series(
                         line={"color": colour, "dash": dash, "width": 2},
                         connectgaps=False,
                         showlegend=not per_session,
-                        customdata=None if steps is None else steps[rows][keep],
+                        customdata=None if steps is None else steps[kept],
                         hovertemplate=f"{where} (smoothed): %{{y:{style.hoverformat}}}{at_step}<extra></extra>",
                     )
                 )
