@@ -24,30 +24,36 @@ def minmax_indices(values: np.ndarray, max_points: int = 4000) -> np.ndarray:
         return np.arange(count)
     buckets = max(1, max_points // 4)
     edges = np.linspace(0, count, buckets + 1).astype(np.int64)
-    starts = edges[:-1]
-    bucket_of_row = np.repeat(np.arange(buckets), np.diff(edges))
     finite = np.isfinite(values)
-    # argmin/argmax per bucket with NaN masked out: +inf/-inf never win where a real value exists.
-    low = np.where(finite, values, np.inf)
-    high = np.where(finite, values, -np.inf)
-    mins = _bucket_arg(low, starts, bucket_of_row, np.minimum)
-    maxs = _bucket_arg(high, starts, bucket_of_row, np.maximum)
-    gaps = _first_per_bucket(np.flatnonzero(~finite), edges)
-    return np.unique(np.concatenate([starts, mins, maxs, gaps, [count - 1]]))
+    if finite.all():  # no copy of a long series to mask what it does not hold
+        low = high = values
+        gaps = np.empty(0, dtype=np.int64)
+    else:  # argmin/argmax per bucket with NaN masked out: +inf/-inf never win where a real value exists
+        low = np.where(finite, values, np.inf)
+        high = np.where(finite, values, -np.inf)
+        gaps = _first_per_bucket(np.flatnonzero(~finite), edges)
+    mins = _bucket_arg(low, edges, np.minimum)
+    maxs = _bucket_arg(high, edges, np.maximum)
+    return np.unique(np.concatenate([edges[:-1], mins, maxs, gaps, [count - 1]]))
 
 
-def _bucket_arg(values: np.ndarray, starts: np.ndarray, bucket_of_row: np.ndarray, reduce: np.ufunc) -> np.ndarray:
-    """Index of the reduce-extreme value within each bucket (``starts``; row -> bucket: ``bucket_of_row``)."""
-    extremes = reduce.reduceat(values, starts)
-    hits = np.flatnonzero(values == extremes[bucket_of_row])
-    return hits[_run_starts(bucket_of_row[hits])]
+def _bucket_arg(values: np.ndarray, edges: np.ndarray, reduce: np.ufunc) -> np.ndarray:
+    """Index of the first reduce-extreme value within each bucket (rows ``edges[i]`` to ``edges[i + 1]``)."""
+    extremes = reduce.reduceat(values, edges[:-1])
+    hits = np.flatnonzero(values == np.repeat(extremes, np.diff(edges)))
+    return hits[_run_starts(_bucket_of(hits, edges))]
+
+
+def _bucket_of(rows: np.ndarray, edges: np.ndarray) -> np.ndarray:
+    """The bucket of each of ``rows``: only the rows asked about, never a map of every row."""
+    return np.searchsorted(edges, rows, side="right") - 1
 
 
 def _first_per_bucket(rows: np.ndarray, edges: np.ndarray) -> np.ndarray:
     """The first of ``rows`` (sorted) inside each bucket that holds any."""
     if not len(rows):
         return rows
-    return rows[_run_starts(np.searchsorted(edges, rows, side="right") - 1)]
+    return rows[_run_starts(_bucket_of(rows, edges))]
 
 
 def _run_starts(keys: np.ndarray) -> np.ndarray:

@@ -171,6 +171,37 @@ def test_downsampling_keeps_spikes_gaps_and_the_last_point() -> None:
     assert list(minmax_indices(np.arange(10.0), 4000)) == list(range(10))
 
 
+def test_downsampling_keeps_per_bucket_its_first_row_first_min_first_max_and_first_gap() -> None:
+    """The rule, against a loop over the buckets (equal-count, as ``np.linspace`` cuts them): from
+    each, the first row, the first row of its smallest and of its largest finite value (its first
+    row when it holds none), its first missing or infinite row, and the last row of the series;
+    on series with gaps, infinities, ties and integers."""
+    rng = np.random.default_rng(7)
+
+    def expected(values: np.ndarray, max_points: int) -> list[int]:
+        edges = np.linspace(0, len(values), max_points // 4 + 1).astype(np.int64)
+        kept = {len(values) - 1}
+        for start, stop in itertools.pairwise(edges):
+            bucket = values[start:stop].astype(float)
+            finite = np.isfinite(bucket)
+            kept.add(int(start))
+            if finite.any():
+                kept |= {int(start + np.nanargmin(np.where(finite, bucket, np.nan))),
+                         int(start + np.nanargmax(np.where(finite, bucket, np.nan)))}  # fmt: skip
+            if not finite.all():
+                kept.add(int(start + np.flatnonzero(~finite)[0]))
+        return sorted(kept)
+
+    for count in (4001, 10_007, 50_000):
+        gaps = rng.normal(size=count)
+        gaps[rng.random(count) < 0.05] = math.nan
+        gaps[rng.random(count) < 0.01] = math.inf
+        gaps[rng.random(count) < 0.01] = -math.inf
+        for values in (rng.normal(size=count), gaps, np.round(rng.random(count) * 3), rng.integers(0, 4, count)):
+            for max_points in (40, 400, 4000):
+                assert minmax_indices(values, max_points).tolist() == expected(values, max_points)
+
+
 def test_run_charts_builds_every_chart(reader: RunReader, tmp_path: Path) -> None:
     """Loss, clipped fraction, skipped updates, grad norm, LR and throughput are all there."""
     store = RunStore(reader.path.parent.parent)
