@@ -31,16 +31,15 @@ class PageReads:
         self._ended = threading.Condition()
         self._running: set[str] = set()
 
-    def start(self, name: str, read: Callable[[], RunView]) -> bool:
+    def start(self, name: str, read: Callable[[], RunView]) -> None:
         """Run ``read()`` of run ``name`` on a thread of its own, then ``warm`` its view, unless a
-        read of ``name`` runs; whether this call started one.  A read that fails is the entry's to
-        say (its ``failure``): the page's own ``view`` call raises it."""
+        read of ``name`` runs.  A read that fails is the entry's to say (its ``failure``): the
+        page's own ``view`` call raises it."""
         with self._ended:
             if name in self._running:
-                return False
+                return
             self._running.add(name)
         threading.Thread(target=self._run, args=(name, read), name="RunStore prepare", daemon=True).start()
-        return True
 
     def wait(self, name: str, timeout: float) -> None:
         """Return once no read of run ``name`` runs, or ``timeout`` seconds from now."""
