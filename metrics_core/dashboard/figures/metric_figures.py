@@ -245,10 +245,11 @@ def _add_series(
                 marker={"color": KEY_COLOUR, "size": 6},
             )
         )
+    effective = ~superseded
     for code in np.unique(session_codes):
         in_session = session_codes == code
         for dimmed in (False, True):
-            rows = np.flatnonzero(in_session & (superseded if dimmed else ~superseded))
+            rows = np.flatnonzero(in_session & (superseded if dimmed else effective))
             if not len(rows):
                 continue
             suffix = "" if item.colour else f" · S{code + 1}"
