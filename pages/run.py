@@ -9,7 +9,7 @@ from metrics_core.dashboard.alerting import run_alerts, show_run_alerts
 from metrics_core.dashboard.chart_grid import chart_controls, chart_grid, run_panels, status_caption
 from metrics_core.dashboard.display_text import md_text, shorten
 from metrics_core.dashboard.live.chart_component import load_plotly
-from metrics_core.dashboard.live.push import live_watch
+from metrics_core.dashboard.live.push import live_watch, watched_hold
 from metrics_core.dashboard.panels import stopped_panel
 from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.server.serving import routes_served
@@ -39,6 +39,8 @@ pushed = routes_served() and not paused  # the server says when the run changed,
 
 @st.fragment(run_every=None if paused or pushed else config.refresh)
 def charts() -> None:
+    if pushed:
+        watched_hold()
     view = live_view(store, name)  # outside the slot: it may wait for the run's reader
     if view is not None:
         with refresh_slot():
@@ -49,17 +51,20 @@ def charts() -> None:
 
 def draw_charts(view: RunView) -> None:
     # Above the charts: the status line, why the run stopped and its firing alerts (only when there
-    # are), the health and config buttons, the session key.  Details open on demand.
-    # The theme is read here: the browser reports it with each rerun, not always the first.
+    # are), the health and config buttons, the session key.  Details open on demand.  Drawn after
+    # the charts, which a big run's page shows one by one as they are built, without waiting for
+    # its health checks.  The theme is read here: the browser reports it with each rerun, not always the first.
     drawn, alerts = replace(options, theme=page_theme()), run_alerts(alerter, name)
-    if pushed:  # the status line, kept current with the charts by the server's answers
-        live_watch(name, view, refresh=config.refresh, options=drawn, alerts=alerts)
-    else:
-        status_caption(view)
-    stopped_panel(view)
-    show_run_alerts(alerts)
-    run_panels(view)
+    above = st.container()
     chart_grid(view, drawn)
+    with above:
+        if pushed:  # the status line, kept current with the charts by the server's answers
+            live_watch(name, view, refresh=config.refresh, options=drawn, alerts=alerts)
+        else:
+            status_caption(view)
+        stopped_panel(view)
+        show_run_alerts(alerts)
+        run_panels(view)
 
 
 charts()

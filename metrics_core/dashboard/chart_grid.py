@@ -12,7 +12,7 @@ import streamlit as st
 
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.downloads import csv_file_name, csv_link
-from metrics_core.dashboard.figures.chart_memo import view_chart_groups, zoom_chart
+from metrics_core.dashboard.figures.chart_memo import view_chart_grid, zoom_chart
 from metrics_core.dashboard.live.chart_component import live_chart
 from metrics_core.dashboard.live.feed import status_line
 from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
@@ -81,21 +81,21 @@ def chart_grid(view: RunView, options: ChartOptions) -> None:
     """Every chart ``options`` keeps, two a row under their group's heading, each with a CSV of
     exactly what it draws; a zoom draws that x-range's raw records (``zoom_chart``).  Says how many
     logged keys' charts the filter matched beyond ``MAX_LOGGED_CHARTS``."""
-    groups, logged = view_chart_groups(view, options)  # once per snapshot, options and theme, shared by tabs
-    for group, figures in groups.items():
+    grid = view_chart_grid(view, options)  # once per snapshot, options and theme, shared by tabs
+    for group, keys in grid.groups.items():
         if group:
             st.subheader(md_text(group), divider="gray")
         left, right = st.columns(2)
-        for number, (key, figure) in enumerate(figures.items()):
+        for number, key in enumerate(keys):
             with left if number % 2 == 0 else right:
                 zoom = lambda xrange, key=key: zoom_chart(view, options, key, xrange)  # noqa: E731
                 link = csv_link(view.name, key, options)  # a link in the chart: no widget per refresh
-                live_chart(figure, key=chart_key(key), zoom=zoom, csv=link)
+                live_chart(grid.figure(key), key=chart_key(key), zoom=zoom, csv=link)  # sent as soon as drawn
                 if link is None:  # no server route here (plain serving, AppTest): a button
                     rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
                     csv_button("CSV of this chart", rows, csv_file_name(view.name, key), key=f"csv_{key}")
-    if logged > MAX_LOGGED_CHARTS:
+    if grid.logged > MAX_LOGGED_CHARTS:
         st.caption(
-            f"Showing the charts of {MAX_LOGGED_CHARTS} of the {logged} logged keys that match: "
+            f"Showing the charts of {MAX_LOGGED_CHARTS} of the {grid.logged} logged keys that match: "
             "narrow the chart filter in the sidebar to see the others."
         )

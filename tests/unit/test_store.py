@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import threading
 import time
+from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import orjson
 import pandas as pd
 import pytest
 
-from metrics_core.dashboard.figures.chart_memo import view_chart_groups, view_charts
+from metrics_core.dashboard.figures.chart_memo import view_chart_grid, view_chart_groups, view_charts
 from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store import run_entry
@@ -788,8 +789,16 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
     long_run(path, range(10, 300_001, 10))
     rows_seen: list[int] = []
     original = chart_memo.run_charts
-    monkeypatch.setattr(chart_memo, "run_charts", lambda view, options, **kw:
-                        rows_seen.append(len(view.frames["train"])) or original(view, options, **kw))  # fmt: skip
+
+    def counted(drawing: Callable[..., object]) -> Callable[..., object]:
+        def draw(view: RunView, options: ChartOptions, **kw: object) -> object:
+            rows_seen.append(len(view.frames["train"]))
+            return drawing(view, options, **kw)
+
+        return draw
+
+    for drawing in ("run_charts", "chart_builders"):  # a tail's charts; a full build's, drawn one by one
+        monkeypatch.setattr(chart_memo, drawing, counted(getattr(chart_memo, drawing)))
     store = RunStore(tmp_path, safety_interval=0.0)
     try:
         options = ChartOptions(smoothing=0.6)
@@ -815,6 +824,53 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
         rows_seen.clear()
         view_charts(store.view("r"), options)
         assert rows_seen == [30_030 + 11]
+    finally:
+        store.close()
+
+
+def test_a_first_build_draws_each_chart_when_the_page_asks_and_a_live_update_extends_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a run's first view the grid draws a chart only when the page asks for it (a big run's
+    first chart is shown while the others are drawn); ``view_charts`` then takes those figures, each
+    drawn once.  Once the lineage carries the options, the grid holds the extended charts."""
+    from metrics_core.dashboard.figures import run_charts as run_charts_module
+
+    path = tmp_path / "run" / "metrics.jsonl"
+    long_run(path, range(10, 25_001, 10))
+    append_records(path, base_record(25_010, **{"opt/mfu": 0.4}))
+    drawn_keys: list[str] = []
+    original = run_charts_module.spec_figure
+
+    def counted(view: RunView, key: str, *args: object) -> object:
+        drawn_keys.append(key)
+        return original(view, key, *args)
+
+    monkeypatch.setattr(run_charts_module, "spec_figure", counted)
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        options = ChartOptions(smoothing=0.6)
+        view = store.view("run")
+        grid = view_chart_grid(view, options)
+        assert grid.groups == {
+            "": ["loss", "clipped", "skipped", "grad_norm", "lr", "throughput"],
+            "opt": ["key:opt/mfu"],
+        }
+        first = grid.figure("loss")
+        assert drawn_keys == ["loss"]
+        figures = view_charts(view, options)
+        assert figures["loss"] is first and sorted(drawn_keys) == sorted(figures)
+        assert all(grid.figure(key) is figure for key, figure in figures.items())
+        assert grid.groups == {group: list(keyed) for group, keyed in view_chart_groups(view, options)[0].items()}
+        assert figure_json(figures) == figure_json(run_charts(view, options))
+        long_run(path, range(25_020, 25_101, 10))
+        drawn_keys.clear()
+        view = store.view("run")
+        grid = view_chart_grid(view, options)
+        carried = view_charts(view, options)
+        assert all(grid.figure(key) is figure for key, figure in carried.items())
+        assert len(drawn_keys) == len(carried)  # once each, from a short tail (the test above)
+        assert figure_json(carried["loss"]) != figure_json(figures["loss"])
     finally:
         store.close()
 

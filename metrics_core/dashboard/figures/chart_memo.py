@@ -12,6 +12,9 @@ options asked for last, ``snapshot.BOUNDED_KEPT``: a client may ask for any numb
   old enough to fold into a new full build.  A run shorter than ``INCREMENTAL_FROM_ROWS`` is always
   built whole.  Full builds take at most ``views.memo.REBUILD_CPU_SHARE`` of a core.
 * ``view_chart_groups``: those charts under their headings.
+* ``view_chart_grid``: the same grid for a page that draws it chart by chart: on a first build
+  each chart is drawn when the page asks for it, so a big run's first chart is shown while the
+  others are drawn.
 * ``zoom_chart``: a chart drawn from only the records in the x-range the user zoomed to.
 
 Calls go one way: down into the views (the chart list, ``views.memo``; the specs, through
@@ -20,8 +23,9 @@ Calls go one way: down into the views (the chart list, ``views.memo``; the specs
 
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -30,7 +34,7 @@ import pandas as pd
 from metrics_core.dashboard.figures.figure_dicts import Figure
 from metrics_core.dashboard.figures.layout import x_values
 from metrics_core.dashboard.figures.metric_axes import OFF_SCALE
-from metrics_core.dashboard.figures.run_charts import run_charts
+from metrics_core.dashboard.figures.run_charts import chart_builders, run_charts
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import Chart, ChartOptions, grouped_figures, warmup_rows
 from metrics_core.dashboard.views.memo import REBUILD_CPU_SHARE, view_charts_of
@@ -72,6 +76,62 @@ def view_chart_groups(view: RunView, options: ChartOptions) -> tuple[dict[str, d
     )
 
 
+@dataclass(frozen=True)
+class ChartGrid:
+    """What the run page's grid draws: the chart keys under their headings (``view_chart_groups``),
+    how many logged keys' charts the filter matched, and each chart's figure by key."""
+
+    groups: dict[str, list[str]]
+    logged: int
+    figure: Callable[[str], Figure]
+
+
+def view_chart_grid(view: RunView, options: ChartOptions) -> ChartGrid:
+    """``view_chart_groups`` for a page that draws the charts one at a time.  Where the lineage
+    carries these options' charts they come whole (``view_charts``: a live update extends them);
+    on a first build (a run just read, options just picked) each is drawn when the page asks for
+    it, so the first is shown while the others are drawn, and ``view_charts`` takes the same ones."""
+    if view.lineage.holds(("charts", options)):
+        groups, logged = view_chart_groups(view, options)
+        figures = {key: figure for keyed in groups.values() for key, figure in keyed.items()}
+        return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, figures.__getitem__)
+    charts = view_charts_of(view)
+    build = _full_build(view, options, charts)
+    groups, logged = grouped_figures(view, options, dict.fromkeys(build.keys), charts=charts)
+    return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, build.figure)
+
+
+class _Build:
+    """The run page's charts of one snapshot and options (``chart_builders``), each drawn once, when
+    first asked for, whichever thread asks: the tabs drawing them one by one and the lineage's full
+    build share them.  ``cost_s``: the time drawing them took, however many threads asked."""
+
+    def __init__(self, view: RunView, options: ChartOptions, charts: list[Chart]) -> None:
+        start = time.perf_counter()
+        self._builders = chart_builders(view, options, charts=charts)
+        self.keys = tuple(self._builders)
+        self.cost_s = time.perf_counter() - start
+        self._figures: dict[str, Figure] = {}
+        self._lock = threading.Lock()
+
+    def figure(self, key: str) -> Figure:
+        with self._lock:
+            found = self._figures.get(key)
+            if found is None:
+                start = time.perf_counter()
+                found = self._figures[key] = self._builders[key]()
+                del self._builders[key]  # its rows are the snapshot's to keep, no longer this build's
+                self.cost_s += time.perf_counter() - start
+            return found
+
+    def figures(self) -> dict[str, Figure]:
+        return {key: self.figure(key) for key in self.keys}
+
+
+def _full_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
+    return view.memo(("build", options), lambda: _Build(view, options, charts), bounded=True)
+
+
 def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
     stale: list[bool] = []
     charts = view_charts_of(view)  # not under the lineage's lock, which it takes itself
@@ -85,9 +145,9 @@ def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
         extended = _extend_charts(previous, view, options, charts) if previous is not None else None
         if extended is not None:
             return extended
-        start = time.perf_counter()
-        figures = run_charts(view, options, charts=charts)
-        return _Charts(view, figures, view, time.monotonic(), time.perf_counter() - start)
+        build = _full_build(view, options, charts)
+        figures = build.figures()
+        return _Charts(view, figures, view, time.monotonic(), build.cost_s)
 
     carried = view.lineage.carry(("charts", options), update, bounded=True)
     return run_charts(view, options) if stale else carried.figures

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from functools import partial
 
 import numpy as np
 import pandas as pd
@@ -67,9 +68,18 @@ def run_charts(
 ) -> dict[str, Figure]:
     """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
     with a budget of ``max_points`` drawn points."""
+    builders = chart_builders(view, options, max_points=max_points, charts=charts)
+    return {key: build() for key, build in builders.items()}
+
+
+def chart_builders(
+    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
+) -> dict[str, Callable[[], Figure]]:
+    """``run_charts``, each chart a call that draws it, in the page's order: a page can show the
+    first chart of a big run while the others are drawn."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
     specs = chart_specs(view, options.history, only=options.only, charts=charts, x=options.x)
-    return {key: spec_figure(view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
+    return {key: partial(spec_figure, view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
 
 
 def spec_figure(

@@ -376,17 +376,24 @@ def _watch() -> object:
     return st.components.v2.component("metrics_live_watch", js=(_ASSETS / "live_watch.js").read_text(encoding="utf-8"))
 
 
-def live_watch(
-    name: str, view: RunView | None, *, refresh: float, options: ChartOptions, alerts: Sequence[str] = ()
-) -> None:
-    """In a live fragment without ``run_every``: show ``view``'s status line (none when None: the run
-    could not be shown, and the page says why) and keep the page on run ``name``'s newest snapshot,
-    the charts drawn with ``options`` and the run's firing ``alerts``: through the route's answers,
-    or a rerun of the fragment when anything else changed (None: every ``refresh`` seconds)."""
+def watched_hold() -> None:
+    """At the start of a live fragment that ``live_watch`` reran: the figures the page says its
+    charts hold (``chart_component.pages_hold``), which this run's charts extend.  Before the
+    charts are built, and before ``live_watch``, which may be drawn after them."""
     state = st.session_state.get(WATCH_KEY)
     changed = state.get("changed") if hasattr(state, "get") else None
     if isinstance(changed, dict) and isinstance(changed.get("held"), dict):
-        pages_hold(changed["held"])  # before the charts: they extend what the page holds
+        pages_hold(changed["held"])
+
+
+def live_watch(
+    name: str, view: RunView | None, *, refresh: float, options: ChartOptions, alerts: Sequence[str] = ()
+) -> None:
+    """In a live fragment without ``run_every`` (that called ``watched_hold`` first): show ``view``'s
+    status line (none when None: the run could not be shown, and the page says why) and keep the
+    page on run ``name``'s newest snapshot, the charts drawn with ``options`` and the run's firing
+    ``alerts``: through the route's answers, or a rerun of the fragment when anything else changed
+    (None: every ``refresh`` seconds)."""
     query = {"run": name, "seen": 0 if view is None else snapshot_serial(view)}
     data: dict[str, Any] = {"retry_ms": round(refresh * 1000)}
     if view is not None:

@@ -78,6 +78,11 @@ class Lineage:
                         self._key_locks.pop(dropped, None)
             return value
 
+    def holds(self, key: Hashable) -> bool:
+        """Whether state is carried under ``key``: ``carry`` would not start from None."""
+        with self._lock:
+            return key in self._state
+
 
 class EventColumns:
     """One event's records as of one snapshot: an array per field, in the reader's order, each as
