@@ -23,9 +23,10 @@ from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, Lineage, RunView
 from metrics_core.dashboard.views import chart_specs as views_module
 from metrics_core.dashboard.views.chart_specs import (
+    LINE_FIELDS,
     MAX_LOGGED_CHARTS,
-    WRITER_FIELDS,
     ChartOptions,
+    chart_fields,
     chart_specs,
 )
 from metrics_core.dashboard.views.config_tables import view_config
@@ -366,10 +367,10 @@ def test_overview_work_grows_linearly_with_runs_and_an_append_touches_one_row(
 def test_live_appends_to_a_run_logging_200_keys_build_only_what_the_page_draws(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Live appends to a run whose records log 200 keys: no frame of every field is built (the
-    charts draw from frames of the writer's fields and the drawn keys), the keys' charts are made
-    once while the keys stay the same and again when one is added, and the carried charts equal a
-    full build."""
+    """Live appends to a run whose records log 200 keys: no frame of every field is built (each
+    default chart draws from a frame of its own fields, the keys' charts from one of the drawn
+    keys), the keys' charts are made once while the keys stay the same and again when one is added,
+    and the carried charts equal a full build."""
     logged = lambda step: {f"k/{n:03}": float(step % 7 + n) for n in range(200)}  # noqa: E731
     path = tmp_path / "run" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s, **logged(s)) for s in range(10, 40, 10)))
@@ -387,7 +388,9 @@ def test_live_appends_to_a_run_logging_200_keys_build_only_what_the_page_draws(
         specs = chart_specs(view, options.history, charts=view_charts_of(view))
         assert (len(frames), len(made)) == (0, 0)
         assert max(len(series.frame.columns) for spec in specs.values() for series in spec.series) <= len(
-            WRITER_FIELDS) + MAX_LOGGED_CHARTS  # fmt: skip
+            LINE_FIELDS) + MAX_LOGGED_CHARTS  # fmt: skip
+        own = {chart.key: chart_fields([chart]) for chart in view_charts_of(view) if not chart.group}
+        assert all(set(series.frame.columns) <= own[key] for key in own for series in specs[key].series)
         append_records(path, base_record(70, train_loss=0.5, **logged(70), extra=1.5))
         view = store.view("run")
         assert "key:extra" in {chart.key for chart in view_charts_of(view)} and len(made) == 201

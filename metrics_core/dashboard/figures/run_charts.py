@@ -32,7 +32,7 @@ from metrics_core.dashboard.views.chart_specs import (
     ChartOptions,
     ChartSpec,
     chart_spec,
-    chart_specs,
+    spec_makers,
 )
 from metrics_core.dashboard.views.compare import compare_series, group_series, run_series
 
@@ -78,8 +78,19 @@ def chart_builders(
     """``run_charts``, each chart a call that draws it, in the page's order: a page can show the
     first chart of a big run while the others are drawn."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
-    specs = chart_specs(view, options.history, only=options.only, charts=charts, x=options.x)
-    return {key: partial(spec_figure, view, key, spec, options, highlights, max_points) for key, spec in specs.items()}
+    makers = spec_makers(view, options.history, only=options.only, charts=charts, x=options.x)
+    return {key: partial(_drawn, view, key, make, options, highlights, max_points) for key, make in makers.items()}
+
+
+def _drawn(
+    view: RunView,
+    key: str,
+    make: Callable[[], ChartSpec],
+    options: ChartOptions,
+    highlights: Sequence[Highlight],
+    max_points: int,
+) -> Figure:
+    return spec_figure(view, key, make(), options, highlights, max_points)
 
 
 def spec_figure(

@@ -13,8 +13,9 @@ the figures.
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache, partial
 from typing import TypeVar
 
 import numpy as np
@@ -296,28 +297,28 @@ def with_derived(frame: pd.DataFrame, column: str) -> pd.DataFrame:
 
 
 def chart_fields(charts: Sequence[Chart]) -> frozenset[str]:
-    """The fields a frame must hold to draw ``charts``: for the defaults the writer's own (the
-    straggler chart, derived columns and the diagnostics read them too, from the same frame), for
-    logged keys' charts what a line is drawn from (``LINE_FIELDS``) and their keys.  A run's other
-    keys stay out: each column a frame holds costs a check per snapshot."""
-    if all(not chart.group for chart in charts):
-        return WRITER_FIELDS | frozenset(DERIVED)  # derived: the snapshot's own, extended per append
+    """The fields a frame must hold to draw ``charts``: what a line is drawn from (``LINE_FIELDS``)
+    and their columns (a derived one is the snapshot's own, extended per append).  A run's other
+    fields stay out: each column a frame holds costs a check per snapshot, and on a run a later
+    session redid, the effective rows of each field an O(rows) pick."""
     return LINE_FIELDS.union(line.column for chart in charts for line in chart.lines)
 
 
+_Rows = dict[str, tuple[pd.DataFrame, np.ndarray | None]]
+
+
 def _rows_of(
-    view: RunView, history: str, fields: frozenset[str], x: str = "step"
-) -> dict[str, tuple[pd.DataFrame, np.ndarray | None]]:
-    """Per charted event, the rows a history mode draws (their ``fields``, and a logged key ``x``,
+    view: RunView, history: str, fields: frozenset[str], x: str = "step", events: Sequence[str] = CHARTED_EVENTS
+) -> _Rows:
+    """Per event of ``events``, the rows a history mode draws (their ``fields``, and a logged key ``x``,
     filled in where a record lacks it: ``fill_x``), and which of them to dim."""
     if x not in X_MODES:
         fields = fields | {x}
     if history == "effective":
-        rows = {event: (view.effective(event, fields), None) for event in CHARTED_EVENTS}
+        rows = {event: (view.effective(event, fields), None) for event in events}
     else:
         rows = {
-            event: (view.frame(event, fields), view.superseded[event] if history == "all" else None)
-            for event in CHARTED_EVENTS
+            event: (view.frame(event, fields), view.superseded[event] if history == "all" else None) for event in events
         }
     if x not in X_MODES:
         train = view.effective("train", ("step", x))
@@ -328,36 +329,58 @@ def _rows_of(
 def chart_specs(
     view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None, x: str = "step"
 ) -> dict[str, ChartSpec]:
+    """Every spec of ``spec_makers``, found now."""
+    return {key: make() for key, make in spec_makers(view, history, only=only, charts=charts, x=x).items()}
+
+
+def spec_makers(
+    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None, x: str = "step"
+) -> dict[str, Callable[[], ChartSpec]]:
     """The charts ``only`` keeps (``pick_charts``) of ``charts`` (default ``charts_of(view)``),
-    keyed by chart key, with their rows for ``history`` (holding ``x`` when it is a logged key);
-    and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread."""
+    keyed by chart key, each a call that finds its rows for ``history`` (holding ``x`` when it is a
+    logged key); and for a data-parallel run (``world_size`` > 1), the ranks' step-time spread.
+    A default chart finds only its own fields' rows, so a big run's first chart does not wait for
+    every other's; the logged keys' charts share one frame, found for the first of them."""
     picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
     defaults, logged = [chart for chart in picked if not chart.group], [chart for chart in picked if chart.group]
-    rows = _rows_of(view, history, chart_fields(defaults), x)
-    specs = {chart.key: _spec(rows, chart) for chart in defaults}
+    makers: dict[str, Callable[[], ChartSpec]] = {
+        chart.key: partial(chart_spec, view, chart, history, x=x) for chart in defaults
+    }
     if is_distributed(view.frame("train", WRITER_FIELDS)):
-        train, dim = rows["train"]
-        ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
-        specs["straggler"] = ChartSpec(
-            STRAGGLER_TITLE,
-            [
-                Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
-                Series(ranks, "rank_step_time_max_s", "slowest rank's time", dim),
-                Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
-                Series(ranks, "slowest_rank", "slowest rank", dim),
-                Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim),
-            ],
-            False,
-            False,
-            kind="straggler",
-        )
-    rows = _rows_of(view, history, chart_fields(logged), x)
-    return specs | {chart.key: _spec(rows, chart) for chart in logged}
+        makers["straggler"] = partial(_straggler_spec, view, history, x)
+    shared = cache(partial(_rows_of, view, history, chart_fields(logged), x))
+    return makers | {chart.key: partial(_shared_spec, shared, chart) for chart in logged}
 
 
 def chart_spec(view: RunView, chart: Chart, history: str, *, x: str = "step") -> ChartSpec:
     """``chart`` with its rows for ``history`` (holding ``x`` when it is a logged key)."""
-    return _spec(_rows_of(view, history, chart_fields([chart]), x), chart)
+    events = tuple(dict.fromkeys(line.event for line in chart.lines))
+    return _spec(_rows_of(view, history, chart_fields([chart]), x, events), chart)
+
+
+STRAGGLER_FIELDS = LINE_FIELDS | {"rank_step_time_min_s", "rank_step_time_max_s", "slowest_rank", "ranks_in_lockstep"}
+
+
+def _straggler_spec(view: RunView, history: str, x: str) -> ChartSpec:
+    train, dim = _rows_of(view, history, STRAGGLER_FIELDS, x, ("train",))["train"]
+    ranks = train.assign(rank_step_time_ratio=rank_time_ratio(train))
+    return ChartSpec(
+        STRAGGLER_TITLE,
+        [
+            Series(ranks, "rank_step_time_min_s", "fastest rank's time", dim),
+            Series(ranks, "rank_step_time_max_s", "slowest rank's time", dim),
+            Series(ranks, "rank_step_time_ratio", "slowest / fastest", dim),
+            Series(ranks, "slowest_rank", "slowest rank", dim),
+            Series(ranks, "ranks_in_lockstep", "ranks in lockstep", dim),
+        ],
+        False,
+        False,
+        kind="straggler",
+    )
+
+
+def _shared_spec(rows: Callable[[], _Rows], chart: Chart) -> ChartSpec:
+    return _spec(rows(), chart)
 
 
 def _spec(rows: Mapping[str, tuple[pd.DataFrame, np.ndarray | None]], chart: Chart) -> ChartSpec:
@@ -411,4 +434,4 @@ def chart_csv(spec: ChartSpec) -> str:
 
 def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
     """``chart_csv`` of the run page's chart ``key`` as ``options`` draw it."""
-    return chart_csv(chart_specs(view, options.history, only=options.only, x=options.x)[key])
+    return chart_csv(spec_makers(view, options.history, only=options.only, x=options.x)[key]())
