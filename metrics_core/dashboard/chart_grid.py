@@ -17,6 +17,7 @@ from metrics_core.dashboard.live.chart_component import live_chart
 from metrics_core.dashboard.live.feed import status_line
 from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel, session_key_panel
 from metrics_core.dashboard.store.run_store import RunView
+from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_HELP, FILTER_MAX_CHARS, filter_error
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
@@ -24,7 +25,6 @@ from metrics_core.dashboard.views.chart_specs import (
     SMOOTHING_MAX,
     SMOOTHING_STEP,
     ChartOptions,
-    chart_csv_of,
     chart_key,
 )
 from metrics_core.dashboard.views.config_tables import view_config
@@ -92,7 +92,7 @@ def chart_grid(view: RunView, options: ChartOptions) -> None:
                 link = csv_link(view.name, key, options)  # a link in the chart: no widget per refresh
                 live_chart(grid.figure(key), key=chart_key(key), zoom=zoom, csv=link)  # sent as soon as drawn
                 if link is None:  # no server route here (plain serving, AppTest): a button
-                    rows = lambda key=key: chart_csv_of(view, options, key)  # noqa: E731 - built on click
+                    rows = lambda key=key: "".join(chart_csv_pieces_of(view, options, key))  # noqa: E731 - on click
                     csv_button("CSV of this chart", rows, csv_file_name(view.name, key), key=f"csv_{key}")
     if grid.logged > MAX_LOGGED_CHARTS:
         st.caption(

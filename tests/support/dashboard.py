@@ -99,8 +99,9 @@ async def fetch(middleware: StaticGzip, path: str) -> tuple[dict[bytes, bytes], 
 async def route_get(
     route: Route, path: str, *, gone: asyncio.Event | None = None, **query: object
 ) -> tuple[int, bytes]:
-    """``GET path?query`` answered by ``route``'s endpoint as an ASGI server calls it: its ``receive``
-    gives the request's empty body, then waits until the client is ``gone`` (never, without it)."""
+    """``GET path?query`` answered by ``route``'s endpoint as an ASGI server calls it, the answer
+    sent: its ``receive`` gives the request's empty body, then waits until the client is ``gone``
+    (never, without it)."""
     sent_body = False
 
     async def receive() -> dict:
@@ -113,4 +114,10 @@ async def route_get(
 
     scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": urlencode(query).encode()}
     response = await route.endpoint(Request(scope, receive))
-    return response.status_code, response.body
+    sent: list[dict] = []
+
+    async def send(message: dict) -> None:
+        sent.append(message)
+
+    await response(scope, receive, send)
+    return sent[0]["status"], b"".join(message.get("body", b"") for message in sent[1:])

@@ -20,6 +20,7 @@ from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, ema_smo
 from metrics_core.dashboard.figures.rank_figures import out_of_lockstep, straggler_figure
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_csv import CSV_PIECE_ROWS, chart_csv, chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
@@ -27,7 +28,6 @@ from metrics_core.dashboard.views.chart_specs import (
     STRAGGLER_TITLE,
     ChartOptions,
     Series,
-    chart_csv,
     chart_specs,
     charts_of,
     grouped_figures,
@@ -312,6 +312,23 @@ def test_straggler_chart_only_for_a_multi_rank_run_and_its_csv(tmp_path: Path) -
         assert "straggler" not in run_charts(store.view("single"), ChartOptions())
     finally:
         store.close()
+
+
+def test_a_long_runs_csv_comes_in_pieces_of_every_row_once_the_header_first(tmp_path: Path) -> None:
+    """45k records: three pieces of at most ``CSV_PIECE_ROWS`` rows, the header in the first only;
+    together every record's value once, in order."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0, lr=s * 1e-9) for s in range(1, 45_001)))
+    store = RunStore(tmp_path)
+    try:
+        pieces = list(chart_csv_pieces_of(store.view("r"), ChartOptions(), "lr"))
+    finally:
+        store.close()
+    assert len(pieces) == 3 and [piece.startswith("series,metric") for piece in pieces] == [True, False, False]
+    assert [piece.count("\n") for piece in pieces] == [CSV_PIECE_ROWS + 1, CSV_PIECE_ROWS, 5_000]
+    table = pd.read_csv(io.StringIO("".join(pieces)))
+    assert table["step"].tolist() == list(range(1, 45_001))
+    assert table["value"].to_numpy() == pytest.approx(np.arange(1, 45_001) * 1e-9, rel=1e-12)
 
 
 def test_straggler_chart_of_a_long_run_stays_small(tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from metrics_core.dashboard.live.push import (
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, canonical
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT
+from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, chart_filter, filter_error
 from metrics_core.dashboard.views.chart_specs import (
     DEFAULT_CHARTS,
@@ -258,6 +260,55 @@ def test_the_csv_route_names_no_server_path_and_refuses_an_over_long_filter(tmp_
     )
     assert too_long[0] == 400 and str(FILTER_MAX_CHARS) in too_long[1]
     assert rows[0] == 200 and rows[1].startswith("series,metric")
+
+
+def test_chart_csvs_are_built_a_few_at_a_time_the_next_ones_wait_and_the_rest_are_refused(tmp_path: Path) -> None:
+    """Seven CSVs asked for at once while the store is slow: two are built at once, three wait and
+    are then answered in full, two are refused at once (503, with when to ask again).  A client that
+    leaves while its CSV is sent gives its turn back."""
+    small_run(tmp_path / "r" / "metrics.jsonl")
+    store = RunStore(tmp_path, safety_interval=0.0)
+    gate, lock = threading.Event(), threading.Lock()
+    building = {"now": 0, "most": 0}
+
+    def slow_store() -> RunStore:  # each build waits here until the gate opens
+        with lock:
+            building["now"] += 1
+            building["most"] = max(building["most"], building["now"])
+        gate.wait(30)
+        with lock:
+            building["now"] -= 1
+        return store
+
+    route = csv_route(slow_store, answers_max=2, waiting_max=3)
+    query = {"run": "r", "chart": "loss", "history": "effective"}
+
+    async def scenario() -> tuple[list[tuple[int, str]], list[tuple[int, str]], int]:
+        asks = [asyncio.create_task(ask(route, "/api/csv", **query)) for _ in range(7)]
+        for _ in range(500):
+            if building["now"] == 2 and sum(task.done() for task in asks) == 2:
+                break
+            await asyncio.sleep(0.01)
+        refused = [task.result() for task in asks if task.done()]
+        gate.set()
+        answered = await asyncio.gather(*asks)
+
+        left = asyncio.Event()
+        left.set()
+        for _ in range(3):  # more than the turns there are: each given back
+            await asyncio.wait_for(route_get(route, "/api/csv", gone=left, **query), 10)
+        return refused, answered, (await ask(route, "/api/csv", **query))[0]
+
+    try:
+        refused, answered, after = run_async(scenario())
+        rows = "".join(chart_csv_pieces_of(store.view("r"), ChartOptions(), "loss"))
+    finally:
+        store.close()
+    assert [status for status, _ in refused] == [503, 503] and "ask again" in refused[0][1]
+    assert building["most"] == 2
+    assert sorted(status for status, _ in answered) == [200] * 5 + [503] * 2
+    assert all(body == rows for status, body in answered if status == 200) and rows.startswith("series,metric")
+    assert after == 200
 
 
 def test_a_run_keeps_the_figures_of_the_last_options_asked_for_only(tmp_path: Path) -> None:

@@ -3,8 +3,8 @@
 ``chart_specs`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
 key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
-their replays shaded), as ``ChartSpec``s of ``Series``; ``chart_csv`` gives exactly the rows a chart
-draws (the compare page's series are ``views.compare``'s).  This is the views layer: it reads snapshots
+their replays shaded), as ``ChartSpec``s of ``Series`` (their rows as CSV: ``views.chart_csv``; the
+compare page's series are ``views.compare``'s).  This is the views layer: it reads snapshots
 (``store.snapshot``) and knows nothing of figures: ``figures.run_charts`` draws the specs.  Nothing
 here memoises: ``views.memo`` keeps the chart list and findings per snapshot, ``figures.chart_memo``
 the figures.
@@ -414,24 +414,3 @@ def warmup_rows(options: ChartOptions) -> int:
     if options.smoothing <= 0:
         return 2
     return int(np.ceil(np.log(EMA_FORGET) / np.log(options.smoothing))) + 2
-
-
-def chart_csv(spec: ChartSpec) -> str:
-    """Exactly the rows a chart draws (raw, not downsampled, not smoothed), as CSV."""
-    parts = []
-    for item in spec.series:
-        if item.column not in item.frame.columns:
-            continue
-        part = item.frame[["session_id", "step", "tokens_seen", "time", item.column]].rename(
-            columns={item.column: "value"}
-        )
-        part.insert(0, "series", item.label)
-        part.insert(1, "metric", item.column)
-        part["superseded"] = item.superseded if item.superseded is not None else False
-        parts.append(part)
-    return pd.concat(parts).to_csv(index=False) if parts else ""
-
-
-def chart_csv_of(view: RunView, options: ChartOptions, key: str) -> str:
-    """``chart_csv`` of the run page's chart ``key`` as ``options`` draw it."""
-    return chart_csv(spec_makers(view, options.history, only=options.only, x=options.x)[key]())
