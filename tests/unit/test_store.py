@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import gc
 import itertools
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -875,6 +877,27 @@ def test_a_first_build_draws_each_chart_when_the_page_asks_and_a_live_update_ext
         assert len(drawn_keys) == len(carried)  # once each, from a short tail (the test above)
         assert figure_json(carried["loss"]) != figure_json(figures["loss"])
     finally:
+        store.close()
+
+
+def test_a_first_build_left_half_drawn_does_not_keep_its_snapshot_alive(tmp_path: Path) -> None:
+    """A page interrupted after its first chart leaves the build in the snapshot's memo: once the
+    run moved on, the old snapshot is freed as soon as nothing uses it, not by the garbage
+    collector (which may not run for minutes while it holds a big run's rows)."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 200)))
+    store = RunStore(tmp_path, safety_interval=0.0)
+    gc.disable()
+    try:
+        view = store.view("r")
+        view_chart_grid(view, ChartOptions(smoothing=0.2)).figure("loss")
+        old = weakref.ref(view)
+        del view
+        append_records(path, base_record(300, train_loss=0.5))
+        store.view("r")
+        assert old() is None
+    finally:
+        gc.enable()
         store.close()
 
 

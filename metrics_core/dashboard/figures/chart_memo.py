@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import threading
 import time
+import weakref
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 
@@ -108,7 +109,9 @@ class _Build:
 
     def __init__(self, view: RunView, options: ChartOptions, charts: list[Chart]) -> None:
         start = time.perf_counter()
-        self._builders = chart_builders(view, options, charts=charts)
+        # Through a weak proxy: the snapshot's memo holds this build, and one a page left half
+        # drawn must not hold the snapshot in a cycle, which only the garbage collector frees.
+        self._builders = chart_builders(weakref.proxy(view), options, charts=charts)
         self.keys = tuple(self._builders)
         self.cost_s = time.perf_counter() - start
         self._figures: dict[str, Figure] = {}
