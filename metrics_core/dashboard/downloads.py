@@ -11,10 +11,10 @@ per refresh), and the CSV is built when the link is followed, from the run's lat
 serving, ``AppTest``), ``csv_link`` is None and the page draws the download button.
 
 A chart's CSV is sent as it is written, a piece at a time (``chart_csv_pieces``), never held whole
-as text; while it is sent it holds a copy of its rows, O(the run's records): a few hundred MB for
-a run of millions.  So at most ``CSV_ANSWERS_MAX`` are written or sent at once, per route; up to
-``CSV_WAITING_MAX`` more wait their turn, holding nothing but their connection, and beyond those
-a request is answered 503: however many are asked for, the memory they take is bounded.
+as text; while it is sent it holds a copy of its rows, O(the run's records).  So at most
+``CSV_ANSWERS_MAX`` are written or sent at once, per route; up to ``CSV_WAITING_MAX`` more wait
+their turn, holding nothing but their connection, and beyond those a request is answered 503:
+however many are asked for, the memory they take is bounded.
 
 The routes read the same server-wide store and alerter every page reads (``settings.open_store``,
 ``settings.open_alerter``); a name the store refuses (outside the runs root, not a run) is answered
