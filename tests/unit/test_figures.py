@@ -20,7 +20,7 @@ from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, ema_smo
 from metrics_core.dashboard.figures.rank_figures import out_of_lockstep, straggler_figure
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.views.chart_csv import CSV_PIECE_ROWS, chart_csv, chart_csv_pieces_of
+from metrics_core.dashboard.views.chart_csv import CSV_PIECE_ROWS, chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
 from metrics_core.dashboard.views.chart_specs import (
     HISTORY_MODES,
@@ -28,7 +28,6 @@ from metrics_core.dashboard.views.chart_specs import (
     STRAGGLER_TITLE,
     ChartOptions,
     Series,
-    chart_specs,
     charts_of,
     grouped_figures,
     pick_charts,
@@ -305,7 +304,7 @@ def test_straggler_chart_only_for_a_multi_rank_run_and_its_csv(tmp_path: Path) -
         for history in HISTORY_MODES:
             figures = run_charts(view, ChartOptions(history=history))
             assert list(figures)[-1] == "straggler" and figures["straggler"].layout.title.text == STRAGGLER_TITLE
-        csv = pd.read_csv(io.StringIO(chart_csv(chart_specs(view, "effective")["straggler"])))
+        csv = pd.read_csv(io.StringIO("".join(chart_csv_pieces_of(view, ChartOptions(), "straggler"))))
         assert set(csv["metric"]) == {"rank_step_time_min_s", "rank_step_time_max_s", "rank_step_time_ratio",
                                       "slowest_rank", "ranks_in_lockstep"}  # fmt: skip
         assert len(csv[csv["metric"] == "slowest_rank"]) == 15  # effective history: S1 to 60, S2 from 70

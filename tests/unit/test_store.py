@@ -29,7 +29,7 @@ from metrics_core.dashboard.views.chart_specs import (
     MAX_LOGGED_CHARTS,
     ChartOptions,
     chart_fields,
-    chart_specs,
+    spec_makers,
 )
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.memo import view_charts_of, view_findings
@@ -387,7 +387,7 @@ def test_live_appends_to_a_run_logging_200_keys_build_only_what_the_page_draws(
             append_records(path, base_record(step, train_loss=1.0 / step, **logged(step)))
             view = store.view("run")
             page(view)
-        specs = chart_specs(view, options.history, charts=view_charts_of(view))
+        specs = {key: make() for key, make in spec_makers(view, options.history, charts=view_charts_of(view)).items()}
         assert (len(frames), len(made)) == (0, 0)
         assert max(len(series.frame.columns) for spec in specs.values() for series in spec.series) <= len(
             LINE_FIELDS) + MAX_LOGGED_CHARTS  # fmt: skip

@@ -1,5 +1,5 @@
 """A chart's rows as CSV: exactly what it draws (raw, not downsampled, not smoothed), from its
-spec (``chart_specs``), written a piece at a time so a big run's CSV is sent as it is written."""
+spec (``chart_specs.spec_makers``), written a piece at a time so a big run's CSV is sent as it is written."""
 
 from __future__ import annotations
 
@@ -13,14 +13,10 @@ from metrics_core.dashboard.views.chart_specs import ChartOptions, ChartSpec, sp
 CSV_PIECE_ROWS = 20_000  # rows per piece of a chart's CSV, and per chunk pandas writes
 
 
-def chart_csv(spec: ChartSpec) -> str:
-    """Exactly the rows a chart draws (raw, not downsampled, not smoothed), as CSV."""
-    return "".join(chart_csv_pieces(spec))
-
-
 def chart_csv_pieces(spec: ChartSpec) -> Iterator[str]:
-    """``chart_csv`` in pieces of ``CSV_PIECE_ROWS`` rows, the header first: a big run's CSV is
-    sent as it is written, never held whole as text.  Each piece is one chunk of pandas' writer
+    """Exactly the rows a chart draws (raw, not downsampled, not smoothed) as CSV, in pieces of
+    ``CSV_PIECE_ROWS`` rows, the header first: a big run's CSV is sent as it is written, never
+    held whole as text.  Each piece is one chunk of pandas' writer
     (which picks a time column's precision per chunk), so the pieces are the whole's text."""
     parts = []
     for item in spec.series:

@@ -1,6 +1,6 @@
 """What the pages chart: pure functions of ``RunView`` snapshots and page options to chart specs.
 
-``chart_specs`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
+``spec_makers`` picks, per chart of the run page (the defaults in ``DEFAULT_CHARTS``, then one per
 key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
 their replays shaded), as ``ChartSpec``s of ``Series`` (their rows as CSV: ``views.chart_csv``; the
@@ -277,7 +277,7 @@ _Drawn = TypeVar("_Drawn")
 def grouped_figures(
     view: RunView, options: ChartOptions, figures: Mapping[str, _Drawn], *, charts: Sequence[Chart] | None = None
 ) -> tuple[dict[str, dict[str, _Drawn]], int]:
-    """``figures`` (by chart key, in ``chart_specs``' order) under their headings ("" first: the
+    """``figures`` (by chart key, in ``spec_makers``' order) under their headings ("" first: the
     defaults and the straggler chart), and how many logged keys' charts the filter matched in all.
     ``charts``: ``charts_of(view)``, where the caller has it."""
     picked, logged = pick_charts(charts_of(view) if charts is None else charts, options.only)
@@ -324,13 +324,6 @@ def _rows_of(
         train = view.effective("train", ("step", x))
         rows = {event: (fill_x(frame, x, train), dim) for event, (frame, dim) in rows.items()}
     return rows
-
-
-def chart_specs(
-    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None, x: str = "step"
-) -> dict[str, ChartSpec]:
-    """Every spec of ``spec_makers``, found now."""
-    return {key: make() for key, make in spec_makers(view, history, only=only, charts=charts, x=x).items()}
 
 
 def spec_makers(
