@@ -94,12 +94,13 @@ def view_chart_grid(view: RunView, options: ChartOptions) -> ChartGrid:
     it, so the first is shown while the others are drawn, and ``view_charts`` takes the same ones."""
     if view.lineage.holds(("charts", options)):
         groups, logged = view_chart_groups(view, options)
-        figures = {key: figure for keyed in groups.values() for key, figure in keyed.items()}
-        return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, figures.__getitem__)
-    charts = view_charts_of(view)
-    build = _full_build(view, options, charts)
-    groups, logged = grouped_figures(view, options, dict.fromkeys(build.keys), charts=charts)
-    return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, build.figure)
+        figure = {key: figure for keyed in groups.values() for key, figure in keyed.items()}.__getitem__
+    else:
+        charts = view_charts_of(view)
+        build = _full_build(view, options, charts)
+        groups, logged = grouped_figures(view, options, dict.fromkeys(build.keys), charts=charts)
+        figure = build.figure
+    return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, figure)
 
 
 class _Build:
