@@ -85,15 +85,21 @@ def static_app(headers: list[tuple[bytes, bytes]]) -> object:
     return app
 
 
+class Sent(list):
+    """An ASGI ``send`` that keeps what it was given: the response's start, then its body messages."""
+
+    async def __call__(self, message: dict) -> None:
+        self.append(message)
+
+    def body(self) -> bytes:
+        return b"".join(message.get("body", b"") for message in self[1:])
+
+
 async def fetch(middleware: StaticGzip, path: str) -> tuple[dict[bytes, bytes], bytes]:
-    sent: list[dict] = []
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
+    sent = Sent()
     scope = {"type": "http", "method": "GET", "path": path, "headers": [(b"accept-encoding", b"gzip")]}
-    await middleware(scope, None, send)
-    return dict(sent[0]["headers"]), b"".join(message.get("body", b"") for message in sent[1:])
+    await middleware(scope, None, sent)
+    return dict(sent[0]["headers"]), sent.body()
 
 
 async def route_get(
@@ -114,10 +120,6 @@ async def route_get(
 
     scope = {"type": "http", "method": "GET", "path": path, "headers": [], "query_string": urlencode(query).encode()}
     response = await route.endpoint(Request(scope, receive))
-    sent: list[dict] = []
-
-    async def send(message: dict) -> None:
-        sent.append(message)
-
-    await response(scope, receive, send)
-    return sent[0]["status"], b"".join(message.get("body", b"") for message in sent[1:])
+    sent = Sent()
+    await response(scope, receive, sent)
+    return sent[0]["status"], sent.body()

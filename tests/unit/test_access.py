@@ -15,6 +15,7 @@ from metrics_core.dashboard.server.access import (
     server_token,
 )
 from tests.support import run_async
+from tests.support.dashboard import Sent
 
 TOKEN = "s3cret-token"
 ACCESS = Access(token=TOKEN, loopback=True)
@@ -38,10 +39,7 @@ def call(
         await send({"type": "http.response.start", "status": 200, "headers": [(b"content-type", b"text/plain")]})
         await send({"type": "http.response.body", "body": b"run data"})
 
-    sent: list[dict] = []
-
-    async def send(message: dict) -> None:
-        sent.append(message)
+    sent = Sent()
 
     async def receive() -> dict:
         return {"type": "http.request"}
@@ -56,7 +54,7 @@ def call(
         "scheme": "http" if kind == "http" else "ws",
         "server": ("127.0.0.1", 8501),
     }
-    run_async(AccessGuard(app, access=access, base_url=base_url)(scope, receive, send))
+    run_async(AccessGuard(app, access=access, base_url=base_url)(scope, receive, sent))
     return sent, bool(reached)
 
 

@@ -23,7 +23,7 @@ from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, acce
 from metrics_core.dashboard.server.page_head import BASE_URL_SCRIPT, PreloadHints, chunk_preloads, static_files
 from metrics_core.dashboard.server.serving import lifespan
 from tests.support import run_async
-from tests.support.dashboard import BUNDLE, IMMUTABLE, STATIC, fetch, static_app
+from tests.support.dashboard import BUNDLE, IMMUTABLE, STATIC, Sent, fetch, static_app
 
 
 @pytest.mark.parametrize(
@@ -217,17 +217,14 @@ def test_the_base_url_is_named_only_where_the_page_directory_is_the_base() -> No
         await send({"type": "http.response.body", "body": html, "more_body": False})
 
     async def head_of(path: str, base_url: str = "") -> str:
-        sent: list[dict] = []
-
-        async def send(message: dict) -> None:
-            sent.append(message)
+        sent = Sent()
 
         def tags(page: str) -> tuple[str, str]:
             return f"<meta name=first content={page!r}>", f"<meta name=last content={page!r}>"
 
         middleware = PreloadHints(index, head=tags, base_url=base_url)
         await middleware({"type": "http", "method": "GET", "path": path, "headers": [(b"accept", b"text/html")]},
-                         None, send)  # fmt: skip
+                         None, sent)  # fmt: skip
         return sent[1]["body"].decode().split("</head>")[0]
 
     cases = [("/", "", "", True), ("/run", "", "run", True), ("/m/run", "m", "run", True), ("/m/", "m", "", True),
