@@ -70,6 +70,16 @@ def test_a_checkouts_app_py_runs_the_checkouts_code_beside_an_installed_copy(whe
     assert f"metrics_core: {REPO / 'metrics_core'}, the app script's own ({REPO / 'app.py'})" in said, said
 
 
+def test_the_installed_package_answers_sql_over_a_root(wheel_venv: Path, tmp_path: Path) -> None:
+    """``pip install 'metrics-core[app]'`` brings the SQL box's engine: ``query`` answers over a root."""
+    small_run(tmp_path / "runs" / "small" / "metrics.jsonl")
+    command = [str(wheel_venv / "bin" / "python"), "-m", "metrics_core", "query", str(tmp_path / "runs"),
+               "SELECT run FROM runs", "--format", "csv", "--cache-dir", str(tmp_path / "cache"), "--quiet"]  # fmt: skip
+    answered = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
+                              env=outside_checkout(dict(os.environ)))  # fmt: skip
+    assert answered.returncode == 0 and answered.stdout.split() == ["run", "small"], answered
+
+
 def test_python_m_metrics_core_serve_is_metrics_dashboard() -> None:
     """``python -m metrics_core serve --help`` is the dashboard command's help."""
     helped = subprocess.run([sys.executable, "-m", "metrics_core", "serve", "--help"], capture_output=True, text=True,

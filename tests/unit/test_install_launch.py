@@ -64,3 +64,19 @@ def test_the_app_script_is_the_packaged_entry_when_installed_else_the_checkouts(
     assert app_script() == REPO / "app.py"
     with pytest.raises(SystemExit, match="no app script"):
         app_script(tmp_path / "elsewhere" / "metrics_core" / "dashboard")
+
+
+def test_the_readme_install_brings_everything_the_installed_dashboard_uses() -> None:
+    """requirements.txt (the README's one-line install) names every dependency of the ``app`` extra,
+    the SQL box's engine among them: what the dashboard offers works after either install."""
+    import re
+    import tomllib
+
+    def name(requirement: str) -> str:
+        return re.split(r"[<>=;\[ ]", requirement, maxsplit=1)[0].strip().lower()
+
+    app = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["optional-dependencies"]["app"]
+    lines = (REPO / "requirements.txt").read_text().splitlines()
+    installed = {name(line) for line in lines if line.strip() and not line.startswith("#")}
+    assert "duckdb" in {name(r) for r in app}
+    assert {name(r) for r in app} <= installed, sorted({name(r) for r in app} - installed)
