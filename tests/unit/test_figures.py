@@ -427,14 +427,14 @@ def test_resume_label_layout_prefers_full_then_short_then_hover_only() -> None:
     assert close[:2] == [("S2 · resume @ 100", 0), ("S3 · resume @ 101", 1)] and close[2:] == [None, None]
 
 
-def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_path: Path) -> None:
-    """An initial loss of 10 over a curve living around 2: the default range hugs the curve, the note counts
-    the off-scale point, a marker on the chart's top edge shows where it is (its value in the
-    hover), and plotly's autoscale (autorange) is not disabled."""
+def test_a_spike_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_path: Path) -> None:
+    """One bad batch's loss of 10 over a curve living around 2: the default range hugs the curve, the
+    note counts the off-scale point, a marker on the chart's top edge shows where it is (its value in
+    the hover), and plotly's autoscale (autorange) is not disabled."""
     path = tmp_path / "r" / "metrics.jsonl"
     noise = np.random.default_rng(0).normal(0, 0.05, 500)
     append_records(
-        path, *(base_record(s, train_loss=10.0 if s == 1 else 2.0 + float(noise[s - 1])) for s in range(1, 501))
+        path, *(base_record(s, train_loss=10.0 if s == 250 else 2.0 + float(noise[s - 1])) for s in range(1, 501))
     )
     reader = RunReader(path)
     reader.refresh()
@@ -445,21 +445,48 @@ def test_an_outlier_does_not_squash_the_curve_and_autoscale_still_shows_it(tmp_p
     assert any("1 point off-scale" in a.text for a in figure.layout.annotations)
     assert figure.layout.yaxis.fixedrange is not True
     (marker,) = [trace for trace in figure.data if trace.meta == "off-scale"]
-    assert list(marker.x) == [1] and list(marker.y) == [1.0] and marker.yaxis == "y3"  # the top edge
+    assert list(marker.x) == [250] and list(marker.y) == [1.0] and marker.yaxis == "y3"  # the top edge
     assert list(marker.customdata) == [10.0]
     assert marker.marker.symbol == "triangle-up" and marker.cliponaxis is False
     log = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss", sessions=reader.sessions,
                         log_y=True)  # fmt: skip
     assert log.layout.yaxis.range[1] < math.log10(10.0)
     (marker,) = [trace for trace in log.data if trace.meta == "off-scale"]
-    assert list(marker.x) == [1] and list(marker.y) == [1.0]
+    assert list(marker.x) == [250] and list(marker.y) == [1.0]
+
+
+def test_a_loss_falling_200x_is_drawn_whole_from_its_first_point(tmp_path: Path) -> None:
+    """A real decaying loss, 3.1 at step 1 down to 0.015, noisy in proportion: no point of the curve
+    is off-scale on a linear or a log axis, the first value included, live or finished; a spike late
+    in training is the one point left out."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    rng = np.random.default_rng(1)
+    steps = np.arange(1, 2001)
+    loss = 0.015 + 3.1 * np.exp(-steps / 120) * (1 + rng.normal(0, 0.05, len(steps)))
+    append_records(path, *(base_record(int(s), train_loss=float(v)) for s, v in zip(steps[:400], loss[:400])))
+    reader = RunReader(path)
+    reader.refresh()
+    for log_y in (False, True):
+        early = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss",
+                              sessions=reader.sessions, log_y=log_y)  # fmt: skip
+        assert not [t for t in early.data if t.meta == "off-scale"], log_y
+    loss[1500] = 40.0  # one bad batch, far above even the first loss
+    append_records(path, *(base_record(int(s), train_loss=float(v)) for s, v in zip(steps[400:], loss[400:])))
+    reader.refresh()
+    linear = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions)  # fmt: skip
+    low, high = linear.layout.yaxis.range
+    assert low <= loss.min() and loss[0] <= high < 40.0
+    (marker,) = [t for t in linear.data if t.meta == "off-scale"]
+    assert list(marker.x) == [1501] and list(marker.customdata) == [40.0]
 
 
 def test_a_well_behaved_curve_keeps_plotly_autorange() -> None:
-    """No outliers: no range is imposed (plotly's own autorange), no note."""
+    """No spikes: no range is imposed (plotly's own autorange), no note; a steep start is no spike."""
     from metrics_core.dashboard.figures.metric_axes import robust_range
 
     assert robust_range([np.linspace(3.0, 2.0, 500)]) is None
+    assert robust_range([np.r_[10.0, np.linspace(3.0, 2.0, 499)]]) is None  # the first loss is the curve's
     assert robust_range([np.array([1.0, 2.0])]) is None  # too few points to judge
     (low, high), outside = robust_range([np.r_[np.full(100, 55e3), [30e6, 40e6], np.full(100, 56e3)]])
     assert low >= 0 and high < 1e5 and outside == 2  # throughput spikes off-scale, the floor at 0

@@ -8,10 +8,11 @@ read, so a rule about axes is written once whatever draws on them:
   tokens/s, learning rate in ``2.5e-4`` notation, so no ``250µ`` stands next to ``2k``;
 * a count axis starts at 0 with whole ticks, and a constant series sits on a small band around its
   value (``fitted_range``), where plotly's autorange would mislead;
-* the default y-range is robust (``robust_range``): an initial loss of 10 does not flatten a
-  curve that lives around 2; plotly's autoscale button (or a double-click) shows the full range,
-  a note on the chart says how many points are off-scale, and each such point is a marker on the
-  chart's edge (``off_scale_markers``), so the start of training stays in the chart itself.
+* the default y-range is the whole curve, the start of training included, less its isolated spikes
+  (``robust_range``): a loss falling 200× is drawn whole, one bad batch's loss of 40 does not
+  flatten a curve that lives around 2; plotly's autoscale button (or a double-click) shows the full
+  range, a note on the chart says how many points are off-scale, and each such point is a marker on
+  the chart's edge (``off_scale_markers``), so a spike stays in the chart itself.
 """
 
 from __future__ import annotations
@@ -26,8 +27,8 @@ from metrics_core.dashboard.display_text import plotly_text
 from metrics_core.dashboard.figures.layout import THEMES, Axis
 
 RIGHT_AXIS_PX = 65  # the right margin of a chart with a right axis
-ROBUST_SKIP = 0.1  # the first 10% of a series (warm-up: the initial loss of 10) does not set the range
-ROBUST_FENCE = 3.0  # interquartile ranges beyond the quartiles
+SPIKE_NEIGHBOURS = 5  # the points on each side a spike is judged against
+SPIKE_FENCE = 8.0  # a spike stands this many times the series' noise beyond both sides (Gaussian noise: ~5σ)
 ROBUST_MIN_POINTS = 20
 
 AXES = {
@@ -72,17 +73,42 @@ def fitted_range(values: np.ndarray, axis: Axis, *, log: bool) -> dict[str, Any]
     return {"range": [value - pad, value + pad]}
 
 
-def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[tuple[float, float], int] | None:
-    """A default y-range outliers cannot squash, and how many points lie outside it.
+def isolated_spikes(values: np.ndarray) -> np.ndarray:
+    """Which points of one series (in x order) are isolated spikes: beyond both the median of the
+    ``SPIKE_NEIGHBOURS`` points before and of those after by more than ``SPIKE_FENCE`` times the
+    series' noise (the median distance of a point from its neighbours' middle).
 
-    From each array (one series, in x order) the first ``ROBUST_SKIP`` is left out (warm-up: an
-    initial loss of 10 above a curve living at 2), then the rest within 3 interquartile ranges of its
-    quartiles (a noisy curve keeps all its points, rare spikes fall outside), padded by 10%, widened
-    to keep every series' latest value in view ("the latest datum should always be included").
-    None when the full range is not more than 1.5× that (nothing to hide) or there are too few points.
-    With ``log`` the range is in log10 units, as plotly wants it.
+    A point on the curve's own trend lies between its neighbours, however fast the curve falls, and
+    the first and last points have neighbours on one side only: neither is ever a spike.  A
+    plateau longer than half a neighbourhood is part of the story, not a spike.
     """
-    later, every, latest = [], [], []
+    spikes = np.zeros(len(values), dtype=bool)
+    if len(values) < 2 * SPIKE_NEIGHBOURS + 1:
+        return spikes
+    series = pd.Series(values)
+    before = series.rolling(SPIKE_NEIGHBOURS).median().shift(1).to_numpy()
+    after = series[::-1].rolling(SPIKE_NEIGHBOURS).median().shift(1).to_numpy()[::-1]
+    both = np.isfinite(before) & np.isfinite(after)
+    residual = np.abs(values - (before + after) / 2)[both]
+    noise = max(float(np.median(residual)), 1e-9 * float(np.max(np.abs(values))))
+    fence = SPIKE_FENCE * noise
+    with np.errstate(invalid="ignore"):
+        spikes[both] = (values[both] > np.fmax(before, after)[both] + fence) | (
+            values[both] < np.fmin(before, after)[both] - fence
+        )
+    return spikes
+
+
+def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[tuple[float, float], int] | None:
+    """A default y-range that isolated spikes cannot squash, and how many points lie outside it.
+
+    The range holds every point of every array (one series, in x order) but its isolated spikes
+    (``isolated_spikes``): the whole curve, its start of training included, as TensorBoard draws
+    it, with a 1000× throughput spike or a single bad batch's loss left out.  Padded by 5%.  None
+    when the full range is not more than 1.5× that (nothing worth hiding) or there are too few
+    points.  With ``log`` the range is in log10 units, as plotly wants it.
+    """
+    kept, every = [], []
     for values in columns:
         values = np.asarray(values, dtype=np.float64)
         values = values[np.isfinite(values) & (values > 0)] if log else values[np.isfinite(values)]
@@ -91,16 +117,12 @@ def robust_range(columns: Sequence[np.ndarray], *, log: bool = False) -> tuple[t
         if not len(values):
             continue
         every.append(values)
-        later.append(values[int(len(values) * ROBUST_SKIP) :])
-        latest.append(values[-1])
+        kept.append(values[~isolated_spikes(values)])
     if not every or sum(map(len, every)) < ROBUST_MIN_POINTS:
         return None
-    body = np.concatenate(later)
-    q1, q3 = np.quantile(body, (0.25, 0.75))
-    fence = ROBUST_FENCE * (q3 - q1)  # Tukey's fences, wide: noise stays in, a 1% spike stays out
-    low, high = max(float(body.min()), q1 - fence), min(float(body.max()), q3 + fence)
-    low, high = min(low, *latest), max(high, *latest)
-    pad = (high - low) * 0.1 or abs(high) * 0.1 or 1.0
+    body = np.concatenate(kept)
+    low, high = float(body.min()), float(body.max())
+    pad = (high - low) * 0.05 or abs(high) * 0.1 or 1.0
     low, high = low - pad, high + pad
     full = np.concatenate(every)
     full_low, full_high = float(full.min()), float(full.max())
@@ -120,8 +142,8 @@ def off_scale_markers(
     traces: Sequence[dict[str, Any]], y_range: tuple[float, float], *, log: bool, theme: str
 ) -> list[dict[str, Any]]:
     """Each raw point of the left axis outside ``y_range`` as a marker on the chart's edge (a
-    triangle pointing where it lies, its value in the hover): the start of training that the
-    default range leaves out stays in the chart itself.  An even sample of at most
+    triangle pointing where it lies, its value in the hover): a spike that the default range
+    leaves out stays in the chart itself.  An even sample of at most
     ``MAX_OFF_SCALE_MARKERS`` per edge."""
     low, high = y_range
     xs, ys = [], []
