@@ -442,3 +442,22 @@ def test_a_chart_that_cannot_be_drawn_says_why_in_its_place(page: object, server
     assert text == "This chart could not be drawn (injected draw failure). Reload the page to try again."
     drawn = "[...document.querySelectorAll('.metrics-chart')].filter(g => g.querySelector('.main-svg')).length"
     assert wait_until(page, lambda: page.evaluate(drawn) == 5, timeout=30)  # every chart but the loss
+
+
+def test_a_double_click_shows_every_point_and_a_live_update_keeps_it_so(
+    page: object, server: str, served_root: Path
+) -> None:
+    """A decaying loss with one bad batch of 40: the default range draws the whole curve from its
+    first point and leaves the spike at the edge; a double-click shows every point, and the live
+    update that brings a new default range keeps showing them."""
+    path = served_root / "spike" / "metrics.jsonl"
+    losses = {s: 40.0 if s == 150 else 3.0 / (1 + s / 20) for s in range(1, 301)}
+    append_records(path, *(base_record(s, train_loss=losses[s]) for s in range(1, 301)))
+    open_run(page, server, "spike", 300)
+    low, high = wait_until(page, lambda: page.evaluate(AXIS_JS, ["Loss", "yaxis"]))["range"]
+    assert low <= min(losses.values()) and losses[1] <= high < 40.0
+    page.locator(".st-key-chart_loss .nsewdrag").first.dblclick()
+    assert wait_until(page, lambda: page.evaluate(AXIS_JS, ["Loss", "yaxis"])["range"][1] >= 40.0)
+    append_records(path, *(base_record(s, train_loss=3.0 / (1 + s / 20)) for s in range(301, 601)))
+    wait_until(page, lambda: last_step(page) == 600)
+    assert page.evaluate(AXIS_JS, ["Loss", "yaxis"])["range"][1] >= 40.0
