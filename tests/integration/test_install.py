@@ -74,7 +74,8 @@ def test_the_installed_package_answers_sql_over_a_root(wheel_venv: Path, tmp_pat
     """``pip install 'metrics-core[app]'`` brings the SQL box's engine: ``query`` answers over a root."""
     small_run(tmp_path / "runs" / "small" / "metrics.jsonl")
     command = [str(wheel_venv / "bin" / "python"), "-m", "metrics_core", "query", str(tmp_path / "runs"),
-               "SELECT run FROM runs", "--format", "csv", "--cache-dir", str(tmp_path / "cache"), "--quiet"]  # fmt: skip
+               "SELECT run FROM runs", "--format", "csv", "--cache-dir", str(tmp_path / "cache"),
+               "--quiet"]  # fmt: skip
     answered = subprocess.run(command, capture_output=True, text=True, timeout=120, cwd=tmp_path,
                               env=outside_checkout(dict(os.environ)))  # fmt: skip
     assert answered.returncode == 0 and answered.stdout.split() == ["run", "small"], answered

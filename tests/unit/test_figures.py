@@ -463,7 +463,9 @@ def test_a_loss_falling_200x_is_drawn_whole_from_its_first_point(tmp_path: Path)
     rng = np.random.default_rng(1)
     steps = np.arange(1, 2001)
     loss = 0.015 + 3.1 * np.exp(-steps / 120) * (1 + rng.normal(0, 0.05, len(steps)))
-    append_records(path, *(base_record(int(s), train_loss=float(v)) for s, v in zip(steps[:400], loss[:400])))
+    append_records(
+        path, *(base_record(int(s), train_loss=float(v)) for s, v in zip(steps[:400], loss[:400], strict=True))
+    )
     reader = RunReader(path)
     reader.refresh()
     for log_y in (False, True):
@@ -471,7 +473,9 @@ def test_a_loss_falling_200x_is_drawn_whole_from_its_first_point(tmp_path: Path)
                               sessions=reader.sessions, log_y=log_y)  # fmt: skip
         assert not [t for t in early.data if t.meta == "off-scale"], log_y
     loss[1500] = 40.0  # one bad batch, far above even the first loss
-    append_records(path, *(base_record(int(s), train_loss=float(v)) for s, v in zip(steps[400:], loss[400:])))
+    append_records(
+        path, *(base_record(int(s), train_loss=float(v)) for s, v in zip(steps[400:], loss[400:], strict=True))
+    )
     reader.refresh()
     linear = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss",
                            sessions=reader.sessions)  # fmt: skip

@@ -70,6 +70,7 @@ def test_the_readme_install_brings_everything_the_installed_dashboard_uses() -> 
     """requirements.txt (the README's one-line install) names every dependency of the ``app`` extra,
     the SQL box's engine among them: what the dashboard offers works after either install."""
     import re
+
     import tomllib
 
     def name(requirement: str) -> str:
