@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -24,6 +24,24 @@ if TYPE_CHECKING:
 def run(tmp_path: Path) -> RunContext:
     """A run context in a fresh, not yet existing run directory."""
     return RunContext(tmp_path / "runs" / "exp1", run_id="exp1", session_id="s1")
+
+
+@pytest.fixture
+def writer_lock() -> Iterator[Callable[[Path], None]]:
+    """Hold the writer's lock on a run file until the test ends, as a living trainer does: on a local
+    disk a run whose lock nobody holds and that did not end is crashed (``run_status``)."""
+    from metrics_core.write.crash_safety import lock_exclusive
+
+    held: list[int] = []
+
+    def hold(path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        held.append(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644))
+        lock_exclusive(held[-1])
+
+    yield hold
+    for fd in held:
+        os.close(fd)
 
 
 @pytest.fixture(scope="session")

@@ -10,10 +10,12 @@ never from a heartbeat thread:
 * ``live``     — the last record is recent: younger than ``max(60 s, 5 × the usual gap)``;
 * ``stalled``  — no recent record, but a writer still holds the file's lock (a hung job) or we
   cannot tell;
-* ``crashed``  — no recent record and no writer holds the lock: the process ended without a
-  ``session_end`` (SIGKILL, OOM, node loss); also a torn last line with no writer behind it; and
-  at once, whatever the last record's age, when the reader has seen this file's lock held and
-  finds it free (locks work there, so the writer is gone: the heartbeat rule is for the others);
+* ``crashed``  — no writer holds the lock and the run did not end: the process ended without a
+  ``session_end`` (SIGKILL, OOM, node loss).  At once, whatever the last record's age, where a
+  free lock is certain to mean a dead writer: on a file system local to this host
+  (``file_systems.locks_are_certain``), on a file whose lock this reader has seen held (locks work
+  there), or behind a torn last line.  Elsewhere (NFS and the like, before the lock is seen held)
+  only once no record is recent: the heartbeat rule;
 * ``empty``    — the file holds no complete record yet.
 """
 
@@ -25,6 +27,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
+from metrics_core.read.file_systems import locks_are_certain
 from metrics_core.read.run_file import LocalFile, open_regular
 from metrics_core.write.crash_safety import tail_start
 from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES, parse_note
@@ -171,8 +174,8 @@ def run_status(reader: StatusSource, *, now: datetime) -> str:
     if last is None:
         return "empty"
     alive = reader.writer_alive()
-    if alive is False and (reader.pending_bytes or reader.lock_seen):
-        return "crashed"  # at once, not after the heartbeat: this file's writer held its lock and let go
+    if alive is False and (reader.pending_bytes or reader.lock_seen or locks_are_certain(reader.path)):
+        return "crashed"  # at once, not after the heartbeat: no writer holds a lock that would be seen
     gap = reader.typical_gap_s() or 0.0
     if (now - last).total_seconds() <= max(STALL_FLOOR_S, STALL_GAPS * gap):
         return "live"

@@ -10,6 +10,8 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, RunNotFoundError, TrainingState
 from metrics_core.errors import RunPathError
+from metrics_core.read import run_status as run_status_module
+from metrics_core.read.file_systems import LOCAL_TYPES, file_system_type
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import run_status
 from metrics_core.roots.discovery import UnreadableEntry, discover_runs, find_runs, resolve_run
@@ -115,8 +117,15 @@ def stamped(seconds_before_now: float, step: int, **extra: object) -> dict:
     return base_record(step, **extra) | {"time": when.isoformat()}
 
 
-def test_status_transitions_with_injected_clock(tmp_path: Path) -> None:
-    """Recent records are live; silence past max(60 s, 5 gaps) is crashed without a writer."""
+@pytest.fixture
+def locks_uncertain(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The run files' file system carries no certain lock, as NFS may not: the heartbeat rule holds."""
+    monkeypatch.setattr(run_status_module, "locks_are_certain", lambda path: False)
+
+
+def test_status_transitions_with_injected_clock(tmp_path: Path, locks_uncertain: None) -> None:
+    """Where a free lock may not mean a dead writer, recent records are live and silence past
+    max(60 s, 5 gaps) is crashed without a writer."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(stamped(100 - 10 * i, i) for i in range(10)))  # every 10 s, last 10 s ago
     reader = RunReader(path)
@@ -126,7 +135,7 @@ def test_status_transitions_with_injected_clock(tmp_path: Path) -> None:
     assert run_status(reader, now=NOW + timedelta(seconds=70)) == "crashed"
 
 
-def test_slow_cadence_raises_the_stall_threshold(tmp_path: Path) -> None:
+def test_slow_cadence_raises_the_stall_threshold(tmp_path: Path, locks_uncertain: None) -> None:
     """A run logging every 5 minutes is still live 10 minutes after its last record."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(stamped(3000 - 300 * i, i) for i in range(10)))
@@ -134,6 +143,30 @@ def test_slow_cadence_raises_the_stall_threshold(tmp_path: Path) -> None:
     reader.refresh()
     assert run_status(reader, now=NOW + timedelta(minutes=10)) == "live"
     assert run_status(reader, now=NOW + timedelta(minutes=40)) == "crashed"
+
+
+def test_a_run_on_a_local_disk_with_no_writer_is_crashed_at_once(tmp_path: Path, writer_lock: object) -> None:
+    """On a local disk the writer's lock is certain: a run whose last record is a second old reads
+    crashed at once when nobody holds its lock, and live while a writer does."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(stamped(100 - 10 * i, i) for i in range(10)))
+    reader = RunReader(path)
+    reader.refresh()
+    assert file_system_type(path) in LOCAL_TYPES
+    assert run_status(reader, now=NOW) == "crashed"
+    writer_lock(path)
+    assert run_status(reader, now=NOW) == "live"
+
+
+def test_the_file_system_type_is_read_off_mountinfo_by_device(tmp_path: Path) -> None:
+    """A path's file system type is its device's line of mountinfo; an unlisted device is not local."""
+    device = os.stat(tmp_path).st_dev
+    mountinfo = tmp_path / "mountinfo"
+    line = "36 27 {}:{} / {} rw,relatime shared:1 - {} server:/export rw,vers=4.2\n"
+    mountinfo.write_text(line.format(os.major(device), os.minor(device), tmp_path, "nfs4"))
+    assert file_system_type(tmp_path, mountinfo=mountinfo) == "nfs4"
+    assert file_system_type(tmp_path, mountinfo=tmp_path / "no-mountinfo") is None
+    assert file_system_type(tmp_path / "missing") is None
 
 
 def test_silent_run_with_its_writer_alive_is_stalled(tmp_path: Path) -> None:

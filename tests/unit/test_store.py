@@ -570,8 +570,9 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
 MEMORY_NOW = datetime(2026, 11, 29, 10, 34, tzinfo=timezone.utc)  # base_record's step 2000 is 10:33:20
 
 
-def memory_root(root: Path, finished: int, records: int = 2000) -> None:
-    """``finished`` ended runs of ``records`` records and one run "live" at ``MEMORY_NOW``."""
+def memory_root(root: Path, finished: int, hold: Callable[[Path], None] | None, records: int = 2000) -> None:
+    """``finished`` ended runs of ``records`` records and one run "live" at ``MEMORY_NOW``, its
+    writer's lock held by ``hold`` (the ``writer_lock`` fixture; None: its writer is gone)."""
     for number in range(finished):
         append_records(root / f"run{number:02d}" / "metrics.jsonl",
                        *(base_record(s, train_loss=1.0 / s) for s in range(1, records + 1)),
@@ -579,6 +580,8 @@ def memory_root(root: Path, finished: int, records: int = 2000) -> None:
     append_records(
         root / "live" / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in range(1, records + 1))
     )
+    if hold is not None:
+        hold(root / "live" / "metrics.jsonl")
 
 
 def listed_store(root: Path, clock: list[float], **options: object) -> RunStore:
@@ -588,12 +591,14 @@ def listed_store(root: Path, clock: list[float], **options: object) -> RunStore:
     return store
 
 
-def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_number_of_runs(tmp_path: Path) -> None:
+def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_number_of_runs(
+    tmp_path: Path, writer_lock: Callable[[Path], None]
+) -> None:
     """3 or 12 finished runs of 2,000 records: once listed, readers hold the live run's 2,000 records
     (the old store held every run's: 26,024 for 12); the finished runs' rows are all there."""
     for finished in (3, 12):
         root = tmp_path / f"root{finished}"
-        memory_root(root, finished)
+        memory_root(root, finished, writer_lock)
         store = listed_store(root, [0.0])
         try:
             table = store.runs_table(now=MEMORY_NOW).set_index("run")
@@ -605,12 +610,14 @@ def test_a_listed_root_holds_the_records_of_its_live_run_only_whatever_the_numbe
             store.close()
 
 
-def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_it_for_a_while(tmp_path: Path) -> None:
+def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_it_for_a_while(
+    tmp_path: Path, writer_lock: Callable[[Path], None]
+) -> None:
     """A run opened by a page keeps its reader (each view extends it with the appended records); neither
     viewed nor changed for idle_s it is released at the next runs page; appended to once released, its
     row shows the new records (a fresh reader), which it keeps while it changes (the next append is not
     a re-read, even with records too old to read live), and the view built then equals a cold read's."""
-    memory_root(tmp_path, 4)
+    memory_root(tmp_path, 4, writer_lock)
     clock = [0.0]
     store = listed_store(tmp_path, clock, idle_s=30.0)
     try:
@@ -645,10 +652,12 @@ def test_a_viewed_run_keeps_its_reader_and_follows_appends_until_nobody_viewed_i
         store.close()
 
 
-def test_viewed_runs_beyond_the_record_budget_are_released_least_recently_viewed_first(tmp_path: Path) -> None:
+def test_viewed_runs_beyond_the_record_budget_are_released_least_recently_viewed_first(
+    tmp_path: Path, writer_lock: Callable[[Path], None]
+) -> None:
     """With a budget of 5,000 records, viewing three finished runs of 2,001 recent_s apart keeps the
     last two viewed."""
-    memory_root(tmp_path, 3)
+    memory_root(tmp_path, 3, writer_lock)
     clock = [0.0]
     store = listed_store(tmp_path, clock, view_budget_records=5000, recent_s=5.0)
     try:
@@ -661,12 +670,14 @@ def test_viewed_runs_beyond_the_record_budget_are_released_least_recently_viewed
         store.close()
 
 
-def test_two_tabs_on_two_runs_over_the_budget_keep_both_until_one_is_left(tmp_path: Path) -> None:
+def test_two_tabs_on_two_runs_over_the_budget_keep_both_until_one_is_left(
+    tmp_path: Path, writer_lock: Callable[[Path], None]
+) -> None:
     """Two tabs refreshing two finished runs of 2,001 records each, with a budget of 3,000: each view
     used to release the other tab's run, whose next refresh reopened it and rebuilt its snapshot
     (and so its charts' lineage).  Runs viewed in the last recent_s stay over the budget: no reopen,
     no rebuild; once one tab is gone for recent_s, the next view of the other releases its run."""
-    memory_root(tmp_path, 2)
+    memory_root(tmp_path, 2, writer_lock)
     clock = [0.0]
     store = listed_store(tmp_path, clock, view_budget_records=3000, recent_s=5.0)
     try:
@@ -689,14 +700,16 @@ def test_two_tabs_on_two_runs_over_the_budget_keep_both_until_one_is_left(tmp_pa
         store.close()
 
 
-def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_released_later(tmp_path: Path) -> None:
+def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_released_later(
+    tmp_path: Path, writer_lock: Callable[[Path], None]
+) -> None:
     """The interleavings of two threads, in one thread: ``_trim_viewed`` picks run00 (over the budget,
     not viewed for recent_s), then a view of run00 comes before the eviction step (``_unview`` with the
     viewed_at it saw): run00 stays viewed, so the next runs page keeps its reader (it used to lose its
     fresh viewed_at and be released under a page showing it).  And a run whose lock another thread
     holds when it would be trimmed stays viewed, and the next view releases it (it used to be
     forgotten unreleased: held for good while no runs page runs)."""
-    memory_root(tmp_path, 2)
+    memory_root(tmp_path, 2, writer_lock)
     clock = [0.0]
     store = listed_store(tmp_path, clock, view_budget_records=3000, recent_s=5.0)
     run00 = store._entries["run00"]
@@ -730,7 +743,7 @@ def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writ
 
     from metrics_core.write.crash_safety import lock_exclusive
 
-    memory_root(tmp_path, 2)
+    memory_root(tmp_path, 2, None)
     clock = [0.0]
     store = listed_store(tmp_path, clock)
     writer = os.open(tmp_path / "live" / "metrics.jsonl", os.O_WRONLY | os.O_APPEND)
@@ -751,12 +764,14 @@ def test_a_live_run_that_stops_is_released_and_its_status_still_follows_its_writ
         store.close()
 
 
-def test_a_released_run_is_reopened_from_the_cache_when_the_store_has_one(tmp_path: Path) -> None:
+def test_a_released_run_is_reopened_from_the_cache_when_the_store_has_one(
+    tmp_path: Path, writer_lock: Callable[[Path], None]
+) -> None:
     """Closing a released reader saves its cache; the reopen after an append reads only the new bytes."""
     from metrics_core.read.column_cache import CachePolicy
 
     runs = tmp_path / "runs"
-    memory_root(runs, 1)
+    memory_root(runs, 1, writer_lock)
     store = listed_store(runs, [0.0], cache=CachePolicy(tmp_path / "cache", min_records=1))
     try:
         assert store.held_records() == 2000

@@ -388,4 +388,5 @@ def test_a_healthy_run_has_a_blank_note_and_a_garbled_note_is_no_note(run: RunCo
     for garbled in (b'{"session_id":"s1","end":' + str(size).encode(), b"[]", b'{"end":"0","size":0}'):
         note.write_bytes(garbled.ljust(1024))
         assert write_failure(reader) is None
-    assert run_status(reader, now=datetime.now(timezone.utc)) == "live"
+    # The writer is gone without a session_end: crashed, not failed by a note that does not parse.
+    assert run_status(reader, now=datetime.now(timezone.utc)) == "crashed"
