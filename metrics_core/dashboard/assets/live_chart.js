@@ -144,7 +144,7 @@ function redrawStale(graph) {
     const stale = graph.__metricsStale;
     if (!stale || graph.dataset.failed) return;
     delete graph.__metricsStale;
-    return Plotly.react(graph, graph.data, stale.layout || graph.layout, CONFIG);
+    return Plotly.react(graph, graph.data, withUserY(graph, stale.layout) || graph.layout, CONFIG);
   }).catch((error) => failed(graph.__metricsParent, graph, "extend", graph.dataset.wanted, error));
 }
 
@@ -166,7 +166,26 @@ const CONFIG = {
   displaylogo: false,
   showSendToCloud: false,
   modeBarButtonsToRemove: ["select2d", "lasso2d", "zoomIn2d", "zoomOut2d"],
+  // A double-click shows every point (a spike the default y-range leaves out included), as the
+  // autoscale button does; the reset button still goes back to the default range.
+  doubleClick: "autosize",
 };
+
+// A chart whose user asked for every point (autoscale, a double-click) keeps showing every point
+// when a live update brings a new default y-range: Plotly.react would take the new range, since
+// uirevision keeps a user's choice only while the figure's own value stays the same.  A zoom or a
+// reset hands the y-axis back to the figure.
+function withUserY(graph, layout) {
+  if (!graph.__metricsYAll || !layout || !layout.yaxis || !layout.yaxis.range) return layout;
+  const yaxis = { ...layout.yaxis, autorange: true };
+  delete yaxis.range;
+  return { ...layout, yaxis };
+}
+
+function noteUserY(graph, event) {
+  if (event["yaxis.autorange"] === true) graph.__metricsYAll = true;
+  else if ("yaxis.range" in event || "yaxis.range[0]" in event) graph.__metricsYAll = false;
+}
 
 // The charts on the page by element key, for the route's payloads (live_watch.js, live_feed.py).
 const charts = new Map();
@@ -277,18 +296,18 @@ function draw(Plotly, parentElement, graph, data) {
   if (data.op === "full") {
     const figure = unpack(JSON.parse(data.figure));
     delete graph.__metricsStale;
-    Plotly.react(graph, figure.data, figure.layout, CONFIG);
+    Plotly.react(graph, figure.data, withUserY(graph, figure.layout), CONFIG);
   } else if (outOfView.has(graph) || graph.__metricsStale) { // out of view, or came into view while this waited
     extendData(graph, data.steps);
     const layout = data.layout ? JSON.parse(data.layout) : graph.__metricsStale && graph.__metricsStale.layout;
     if (outOfView.has(graph)) graph.__metricsStale = { layout };
     else {
       delete graph.__metricsStale;
-      Plotly.react(graph, graph.data, layout || graph.layout, CONFIG);
+      Plotly.react(graph, graph.data, withUserY(graph, layout) || graph.layout, CONFIG);
     }
   } else {
     extend(Plotly, graph, data.steps);
-    if (data.layout) Plotly.react(graph, graph.data, JSON.parse(data.layout), CONFIG);
+    if (data.layout) Plotly.react(graph, graph.data, withUserY(graph, JSON.parse(data.layout)), CONFIG);
   }
   graph.dataset.seq = String(data.seq);
   delete graph.dataset.failed;
@@ -299,6 +318,7 @@ function draw(Plotly, parentElement, graph, data) {
   if (!graph.__metricsListening) {
     graph.__metricsListening = true;
     graph.on("plotly_relayout", (event) => {
+      noteUserY(graph, event);
       const range = xrangeOf(event);
       if (range !== undefined && (range === null || range.every(Number.isFinite))) {
         graph.dataset.zoom = JSON.stringify(range);
