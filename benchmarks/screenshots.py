@@ -2,8 +2,8 @@
 
     .venv/bin/python benchmarks/screenshots.py [--out docs/screenshots]
 
-Starts the real dashboard on a fresh demo root (the live demo run: three sessions, two crashes)
-plus a data-parallel run, in headless Debian Chromium, and saves compressed PNGs (each well under
+Starts the real dashboard on a fresh demo root (the demo's sweep: four runs, the live one of three
+sessions and two crashes), in headless Debian Chromium, and saves compressed PNGs (each well under
 300 KB).  A second server with ``theme.base dark`` gives the dark shots.
 """
 
@@ -20,28 +20,29 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from metrics_core.dashboard.demo import STORY_RUN  # noqa: E402
 from metrics_core.testing.live_server import chromium, streamlit_server  # noqa: E402
 
 PAGES = {
     "runs": "/",
-    "run": "/run?run=demo",
-    "sessions": "/sessions?run=demo",
-    "compare": "/compare?run=demo&run=other",
+    "run": f"/run?run={STORY_RUN}",
+    "sessions": f"/sessions?run={STORY_RUN}",
+    "compare": f"/compare?run={STORY_RUN}&run=lr0.02-seed0",
+    "sweep": "/sweep",
 }
 VIEWS = {"desktop": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
 
 
 def make_root(root: Path) -> object:
-    """The demo run, as its supervisor writes it (replayed sessions, then live), and a second run to compare."""
+    """The demo's sweep, as its supervisor writes it (replayed sessions, then live)."""
     import subprocess
 
-    demo = subprocess.Popen([sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "demo")], cwd=REPO,
+    demo = subprocess.Popen([sys.executable, "-m", "metrics_core.dashboard.demo", str(root)], cwd=REPO,
                             stdout=subprocess.DEVNULL)  # fmt: skip
-    subprocess.run([sys.executable, "-m", "metrics_core.dashboard.demo", str(root / "other"), "--steps", "1400",
-                    "--pace", "0", "--seed", "3"], cwd=REPO, check=True)  # fmt: skip
+    live = root / STORY_RUN / "metrics.jsonl"
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until the live session has a few windows
-        text = (root / "demo" / "metrics.jsonl").read_text(errors="replace") if (root / "demo").exists() else ""
+        text = live.read_text(errors="replace") if live.exists() else ""
         if text.count('"session_id":"demo-s3"') > 8:
             break
         time.sleep(0.5)

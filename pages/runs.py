@@ -25,16 +25,18 @@ import streamlit as st
 from metrics_core.dashboard.alerting import notice_of, show_notice
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.runs_table_view import column_controls, runs_page_view, runs_table_view
-from metrics_core.dashboard.settings import get_alerter, get_demo, get_store, settings
+from metrics_core.dashboard.settings import ask_for_demo, get_alerter, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
-from metrics_core.dashboard.widgets import runs_table_or_stop
+from metrics_core.dashboard.widgets import demo_note, runs_table_or_stop
 
 config = settings()
 store = get_store(config)
 st.title("Runs")
 where = config.runs.resolve() if isinstance(config.runs, Path) else config.runs  # a bucket: s3://bucket/prefix
 st.caption(md_text(f"Watching {where} ({store.source.mode}: {store.source.mode_reason})"))
+if config.demo_of is not None:
+    demo_note(config.runs, config.demo_of)
 alerter = get_alerter(config)
 notice = show_notice(notice_of(alerter))
 generation = store.runs_table_generation()  # read first: a change during runs page() is looked at, never unseen
@@ -49,8 +51,8 @@ table = runs_table_or_stop(store)
 def watch_runs() -> None:
     if st.session_state.pop("runs_just_read", False):
         return  # called inline by the page run that just read the table
-    if notice_of(alerter) != notice:
-        st.rerun()
+    if notice_of(alerter) != notice or (config.demo_of is not None and settings().demo_of is None):
+        st.rerun()  # new alerts, or the user's first run ends the demo
     seen = store.runs_table_generation()
     latest = runs_table_or_stop(store)  # brings the rows up to date (a stat per run when due)
     shown_generation, drawn = st.session_state.get("runs_shown", (None, None))
@@ -68,10 +70,13 @@ def watch_runs() -> None:
 
 st.session_state["runs_just_read"] = True
 watch_runs()
+if table.empty and config.demo_of is not None:
+    st.info("The demo's runs appear here in a few seconds.")
+    st.stop()
 if table.empty:
     st.info(f"No runs under {md_text(config.runs)} yet: a run is any directory holding a metrics.jsonl.")
-    if isinstance(config.runs, Path) and st.button("Start the live demo run", key="start_demo"):
-        get_demo(config.runs.resolve())
+    if isinstance(config.runs, Path) and st.button("Show a live demo meanwhile", key="start_demo"):
+        ask_for_demo()
         st.rerun()
     st.stop()
 by_name, by_config = st.columns(2)

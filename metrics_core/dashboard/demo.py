@@ -1,8 +1,11 @@
-"""A live demo run: real (small) training through the real MetricsWriter + TrainingWindow path.
+"""A live demo sweep: real (small) training through the real MetricsWriter + TrainingWindow path.
 
-``python -m metrics_core.dashboard.demo RUN_DIR`` trains a two-layer numpy MLP on a synthetic
-regression task with mixed-precision-style dynamic loss scaling, so the log shows what the
-dashboard is for:
+``python -m metrics_core.dashboard.demo ROOT`` trains a two-layer numpy MLP on a synthetic
+regression task with mixed-precision-style dynamic loss scaling, as a sweep of two learning rates
+and two seeds (``SWEEP``: four runs under ROOT, each with its config), so the runs page, Compare,
+groups with bands, Sweep and Sessions all have something to show.  One run,
+``STORY_RUN``, is the live one, killed and resumed; the other three are replayed in a few seconds
+and finish.  The log shows what the dashboard is for:
 
 * FP16-style skipped updates: the loss scale grows until the scaled gradient overflows the
   float16 range, the step is skipped and the scale halves, as ``torch.cuda.amp.GradScaler`` does;
@@ -16,8 +19,8 @@ times: one window a second, like the live session, ending shortly before it star
 scheduler's restart gap of ``REPLAY_DOWNTIME_S`` between them).  Stamped with the real clock they
 would claim 10–40M tokens/s against the live session's ~55k and squash every throughput chart.
 
-The history is written out of the dashboard's sight, in ``RUN_DIR/.history`` (discovery skips a
-hidden directory), and the run appears only once the live session holds the writer's lock and has
+The history is written out of the dashboard's sight, in ``<run>/.history`` (discovery skips a
+hidden directory), and a run appears only once the live session holds the writer's lock and has
 logged its ``session_start``: its files are renamed into ``RUN_DIR`` then, which the open writer's
 descriptors and its lock follow.  Written in place, the history's crashes were real to every
 reader: a torn tail with no writer behind it reads ``crashed`` at once, and the demo opened as a
@@ -29,7 +32,8 @@ as ``interrupted`` (a ``session_end`` record, as ``training_session`` writes) an
 exit quietly; SIGTERM (the dashboard exiting) does the same.
 
 The process exits when its parent (the dashboard server) exits: Linux's parent-death signal,
-and a check of ``getppid()`` every window for other systems.  It writes only inside RUN_DIR.
+and a check of ``getppid()`` every window for other systems.  It writes only inside ROOT, which
+the dashboard keeps in its cache directory, never in the user's runs root.
 """
 
 from __future__ import annotations
@@ -54,7 +58,11 @@ WINDOW = 10  # attempts per train record
 MAX_GRAD_NORM = 1.2
 WINDOW_S = 1.0  # simulated seconds per window of a replayed session (the live session's pace)
 REPLAY_DOWNTIME_S = 30.0  # simulated time between the replayed sessions (a scheduler's restart)
-HISTORY_DIR = ".history"  # under RUN_DIR: where the replayed sessions are written, unseen
+HISTORY_DIR = ".history"  # under a run's directory: where the replayed sessions are written, unseen
+LR = 0.05  # the story run's base learning rate (halved every 2,000 steps)
+SWEEP = {"lr0.05-seed0": (0.05, 0), "lr0.05-seed1": (0.05, 1), "lr0.02-seed0": (0.02, 0), "lr0.02-seed1": (0.02, 1)}
+STORY_RUN = "lr0.05-seed0"  # the run that is killed, resumed twice and trains live
+REPLAYED_STEPS = 1500  # the other runs: replayed in a few seconds, then finished
 _stop = {"requested": False}
 
 
@@ -133,6 +141,7 @@ def run_session(
     pace: float,
     crash: bool,
     seed: int,
+    lr: float = LR,
     start_ns: int | None = None,
     publish: bool = False,
 ) -> None:
@@ -153,15 +162,17 @@ def run_session(
         state = TrainingState(int(saved["step"]), int(saved["tokens"]), int(saved["skipped"]))
         resumed_step = state.step
     parent = os.getppid()
-    window, lr = TrainingWindow(), 0.05
+    base_lr, window = lr, TrainingWindow()
     writer_clock = {"clock": clock} if clock is not None else {}
-    with MetricsWriter(RunContext(directory / HISTORY_DIR, "demo", f"demo-s{session}"), **writer_clock) as writer:
+    with MetricsWriter(
+        RunContext(directory / HISTORY_DIR, directory.name, f"demo-s{session}"), **writer_clock
+    ) as writer:
         writer.write("session_start", state, discarded_bytes=writer.discarded_bytes, resumed_from_step=resumed_step)
         writer.write_config(
             state,
             {
                 "model": {"inputs": 16, "width": 32},
-                "optim": {"lr": 0.05, "lr_half_life_steps": 2000, "max_grad_norm": MAX_GRAD_NORM},
+                "optim": {"lr": base_lr, "lr_half_life_steps": 2000, "max_grad_norm": MAX_GRAD_NORM},
                 "fp16": {"initial_scale": 2.0**10},
                 "window": WINDOW,
                 "seed": seed,
@@ -189,7 +200,7 @@ def run_session(
                     scale *= 4  # grow the scale until it overflows again
             if window.attempts < WINDOW:
                 continue
-            lr = 0.05 * (0.5 ** (state.step / 2000))
+            lr = base_lr * (0.5 ** (state.step / 2000))
             if clock is not None:
                 clock.tick()
             writer.write("train", state, **window.summary(lr))
@@ -232,10 +243,11 @@ def _latest_checkpoint(directory: Path, before: int) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run_dir", type=Path)
-    parser.add_argument("--steps", type=int, default=20_000, help="steps of the final session")
+    parser.add_argument("root", type=Path, help="where the sweep's runs are written (a trainer: its run)")
+    parser.add_argument("--steps", type=int, default=20_000, help="steps of the live run's last session")
     parser.add_argument("--pace", type=float, default=1.0, help="seconds between live windows")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--lr", type=float, default=LR, help=argparse.SUPPRESS)
     parser.add_argument("--session", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--resume", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--stop-at", type=int, help=argparse.SUPPRESS)
@@ -245,55 +257,83 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.session is not None:  # one trainer process (a child of the supervisor below)
         run_session(
-            args.run_dir,
+            args.root,
             args.session,
             resume_from=args.resume,
             stop_at=args.stop_at,
             pace=args.pace,
             crash=args.crash,
             seed=args.seed,
+            lr=args.lr,
             start_ns=args.start_ns,
             publish=args.publish,
         )
         return
     _catch_stop_signals()
-    # Supervisor: three trainer processes, like a job scheduler restarting a preempted job.
-    # It watches its own parent (the dashboard) by polling: PR_SET_PDEATHSIG would fire when the
-    # *thread* that started it ends, and Streamlit starts it from a short-lived script thread.
+    # Supervisor: the sweep's trainers, the live run's three one after the other, like a job
+    # scheduler restarting a preempted job.  It watches its own parent (the dashboard) by polling:
+    # PR_SET_PDEATHSIG would fire when the *thread* that started it ends, and Streamlit starts it
+    # from a short-lived script thread.
     supervisor_parent = os.getppid()
-    shutil.rmtree(args.run_dir / HISTORY_DIR, ignore_errors=True)  # a history a stopped demo left half written
-    plan = [(1, None, 600, 0.0, True), (2, 400, 1200, 0.0, True), (3, 1000, args.steps, args.pace, False)]
-    # The replayed sessions' simulated history ends about when the live session starts: ~one
-    # window per 7.5 steps (skipped attempts make windows of fewer than 10 steps: about 8), so the
+    steps = min(args.steps, REPLAYED_STEPS)
+    replayed = []
+    for name, (lr, seed) in SWEEP.items():
+        if name != STORY_RUN:
+            start_ns = time.time_ns() - _replay_ns(steps)
+            command = _trainer(args.root / name, 1, steps, 0.0, seed=seed, lr=lr, start_ns=start_ns)
+            replayed.append(subprocess.Popen([*command, "--publish"], preexec_fn=die_with_parent))
+    stopped = _story(args.root / STORY_RUN, args.steps, args.pace, supervisor_parent)
+    for trainer in replayed:
+        if stopped:
+            trainer.terminate()  # SIGTERM: it ends its session as interrupted
+        trainer.wait()
+
+
+def _trainer(
+    run_dir: Path, session: int, stop_at: int, pace: float, *, seed: int, lr: float, start_ns: int | None
+) -> list[str]:
+    """The command of one trainer process (``run_session``)."""
+    command = [sys.executable, "-m", "metrics_core.dashboard.demo", str(run_dir), "--session", str(session)]
+    command += ["--stop-at", str(stop_at), "--pace", str(pace), "--seed", str(seed), "--lr", str(lr)]
+    return command if start_ns is None else [*command, "--start-ns", str(min(start_ns, time.time_ns()))]
+
+
+def _replay_ns(steps: int) -> int:
+    """How long ``steps`` take at the live pace, in simulated nanoseconds: ~one window per 7.5 steps
+    (skipped attempts make windows of fewer than 10 steps: about 8)."""
+    return int(steps / 7.5 * WINDOW_S * 1e9)
+
+
+def _story(run_dir: Path, steps: int, pace: float, supervisor_parent: int) -> bool:
+    """The live run: two sessions replayed, each killed mid-record, then the live one, resumed from
+    an older checkpoint each time.  Whether it was stopped (the dashboard gone, SIGTERM)."""
+    shutil.rmtree(run_dir / HISTORY_DIR, ignore_errors=True)  # a history a stopped demo left half written
+    plan = [(1, None, 600, 0.0, True), (2, 400, 1200, 0.0, True), (3, 1000, steps, pace, False)]
+    # The replayed sessions' simulated history ends about when the live session starts, so the
     # live session rarely has to wait for the simulated history to pass.
-    replay_s = (600 + 800) / 7.5 * WINDOW_S + REPLAY_DOWNTIME_S
-    start_ns = time.time_ns() - int(replay_s * 1e9)
-    for session, resume_below, stop_at, pace, crash in plan:
-        command = [sys.executable, "-m", "metrics_core.dashboard.demo", str(args.run_dir)]
-        command += ["--session", str(session), "--stop-at", str(stop_at), "--pace", str(pace)]
-        command += ["--seed", str(args.seed)]
+    start_ns = time.time_ns() - _replay_ns(600 + 800) - int(REPLAY_DOWNTIME_S * 1e9)
+    for session, resume_below, stop_at, session_pace, crash in plan:
+        if session_pace and session > 1:
+            start_ns = None  # live: the real clock
+        elif session > 1:  # replayed: simulated times, after the previous session's last record
+            start_ns = _last_record_ns(run_dir / HISTORY_DIR) + int(REPLAY_DOWNTIME_S * 1e9)
+        command = _trainer(run_dir, session, stop_at, session_pace, seed=SWEEP[STORY_RUN][1], lr=LR, start_ns=start_ns)
         if resume_below is not None:
-            command += ["--resume", str(_latest_checkpoint(args.run_dir, resume_below))]
-        if crash:
-            command.append("--crash")
-        if not pace:  # replayed: simulated times, after the previous session's last record
-            if session > 1:
-                start_ns = _last_record_ns(args.run_dir / HISTORY_DIR) + int(REPLAY_DOWNTIME_S * 1e9)
-            command += ["--start-ns", str(min(start_ns, time.time_ns()))]
-        if not crash:  # the last session: it shows the run, its history behind it
-            command.append("--publish")
+            command += ["--resume", str(_latest_checkpoint(run_dir, resume_below))]
+        command.append("--crash" if crash else "--publish")  # the last session shows the run, its history behind it
         trainer = subprocess.Popen(command, preexec_fn=die_with_parent)
         while trainer.poll() is None:
             if _parent_gone(supervisor_parent) or _stop["requested"]:
                 trainer.terminate()  # SIGTERM: it ends its session as interrupted
                 trainer.wait()
-                return
+                return True
             time.sleep(0.2)
         if _stop["requested"]:
-            return
+            return True
         if crash:  # the next session must start after the simulated history it follows
-            while _last_record_ns(args.run_dir / HISTORY_DIR) >= time.time_ns() and not _stop["requested"]:
+            while _last_record_ns(run_dir / HISTORY_DIR) >= time.time_ns() and not _stop["requested"]:
                 time.sleep(0.2)
+    return _stop["requested"]
 
 
 def _last_record_ns(directory: Path) -> int:
@@ -320,10 +360,10 @@ def die_with_parent() -> None:
         pass
 
 
-def start_demo(runs_root: Path) -> subprocess.Popen:
-    """Start the demo supervisor writing ``runs_root / "demo"``; it exits when this process does."""
+def start_demo(root: Path) -> subprocess.Popen:
+    """Start the demo supervisor writing its sweep under ``root``; it exits when this process does."""
     return subprocess.Popen(
-        [sys.executable, "-m", "metrics_core.dashboard.demo", str(Path(runs_root) / "demo")],
+        [sys.executable, "-m", "metrics_core.dashboard.demo", str(root)],
         stdout=subprocess.DEVNULL,
     )
 

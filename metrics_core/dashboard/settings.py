@@ -6,9 +6,13 @@ from __future__ import annotations
 import argparse
 import atexit
 import os
+import shutil
+import subprocess
 import sys
+import tempfile
+import threading
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import streamlit as st
@@ -40,6 +44,7 @@ class Settings:
     webhook: str | None = None  # where alerts are posted; None: the config's, else only shown
     alerts_config: Path | None = None  # the alert rules' TOML file; None: the default rules
     list_interval: float = LIST_INTERVAL_S  # a bucket root is listed at most this often
+    demo_of: Path | None = None  # showing the demo's runs (``runs``) while this, the user's root, holds none
 
 
 def runs_root(text: str) -> Path | str:
@@ -79,7 +84,7 @@ def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
         "--demo",
         action="store_true",
         default=environ.get("METRICS_DEMO") == "1",
-        help="start the live demo run when the root holds no runs",
+        help="while the root holds no run, show a live demo sweep (written in the cache directory)",
     )
     parser.add_argument(
         "--cache-dir",
@@ -130,8 +135,47 @@ def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
 
 
 def settings() -> Settings:
-    """This server's settings; every page calls it first."""
-    return parse_settings(sys.argv[1:], dict(os.environ))
+    """This server's settings, as the pages show them (``shown``); every page calls it first."""
+    return shown(parse_settings(sys.argv[1:], dict(os.environ)))
+
+
+_DEMO = {"asked": False}  # the empty runs page's button: the demo, as ``--demo`` gives it
+_DEMOS: dict[Path, subprocess.Popen] = {}  # the demo supervisor this process started, by its root
+_ROOTS_WITH_RUNS: set[Path] = set()  # user roots found holding a run: no demo for them again
+_DEMO_LOCK = threading.Lock()  # every tab's script thread may start or stop it
+
+
+def shown(server: Settings) -> Settings:
+    """``server`` as the pages show it: with the demo on (``--demo``, or asked for on the empty runs
+    page) and no run under the user's root yet, the runs are the demo's (``demo_root``, never in
+    the user's root) and ``demo_of`` is the user's root.  The first run written there ends the
+    demo: its trainers stop and the pages show the user's runs from then on."""
+    if not (server.demo or _DEMO["asked"]) or not isinstance(server.runs, Path) or server.runs in _ROOTS_WITH_RUNS:
+        return server
+    if server.runs.is_dir() and find_runs(server.runs):
+        with _DEMO_LOCK:
+            _ROOTS_WITH_RUNS.add(server.runs)
+            while _DEMOS:
+                _DEMOS.popitem()[1].terminate()  # SIGTERM: the live run ends its session as interrupted
+        return server
+    return replace(server, runs=demo_root(server.cache), demo_of=server.runs)
+
+
+@st.cache_resource(show_spinner=False)
+def demo_root(cache: Path | None) -> Path:
+    """Where this server's demo writes its runs: a fresh ``demo-runs`` of the dashboard's own cache
+    directory, else a temporary directory of its own; never the user's runs root."""
+    if cache is None:
+        return Path(tempfile.mkdtemp(prefix="metrics-demo-"))
+    root = cache / "demo-runs"
+    shutil.rmtree(root, ignore_errors=True)  # the last server's demo: this one starts its own
+    root.mkdir(mode=0o700, parents=True)
+    return root
+
+
+def ask_for_demo() -> None:
+    """The empty runs page's button: show the demo from now on, as ``--demo`` would."""
+    _DEMO["asked"] = True
 
 
 _OPEN_STORES: list[RunStore] = []  # every store this process made, until close_server()
@@ -218,17 +262,14 @@ def get_alerter(server: Settings) -> ServerAlerter | None:
         return None
 
 
-@st.cache_resource(show_spinner=False)
-def get_demo(runs: Path) -> int:
-    """Start the demo trainer once per server process; returns its pid. It dies with the server."""
-    process = start_demo(runs)
-    atexit.register(process.terminate)
-    return process.pid
-
-
 def maybe_start_demo(server: Settings) -> None:
-    """With ``--demo``, a missing or empty runs root gets the live demo run."""
-    if server.demo and isinstance(server.runs, Path):
-        server.runs.mkdir(parents=True, exist_ok=True)
-        if not find_runs(server.runs):
-            get_demo(server.runs.resolve())
+    """While the pages show the demo (``shown``), its supervisor runs, started once per server
+    process; it dies with the server.  The user's root is made, for their first run."""
+    if server.demo_of is None:
+        return
+    with _DEMO_LOCK:
+        if server.runs in _DEMOS or server.demo_of in _ROOTS_WITH_RUNS:
+            return
+        server.demo_of.mkdir(parents=True, exist_ok=True)
+        process = _DEMOS[server.runs] = start_demo(server.runs)
+    atexit.register(process.terminate)

@@ -239,6 +239,19 @@ def live_view(store: RunStore, name: str) -> RunView | None:
         return None
 
 
+def demo_note(demo: Path, user_root: Path) -> None:
+    """What the runs page says while it shows the demo's runs (kept in ``demo``, the dashboard's
+    own directory) in place of the user's root, and when that ends."""
+    st.info(
+        md_text(
+            "A demo: a small sweep (two learning rates × two seeds, one run killed and resumed) trained live "
+            f"by metrics_core, kept in the dashboard's own {demo.resolve()}. Your runs under "
+            f"{user_root.resolve()} take its place as soon as the first one is written."
+        ),
+        icon="🧪",
+    )
+
+
 def runs_table_or_stop(store: RunStore) -> pd.DataFrame:
     """The runs table, or a plain message when the root itself cannot be listed."""
     try:

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import re
+import time
 from pathlib import Path
 
 import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from metrics_core.dashboard.demo import SWEEP
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.figures.layout import SESSION_COLOURS
+from metrics_core.roots.discovery import find_runs
 from tests.support import APP, append_records, base_record, distributed_run, open_page, popovers, three_session_run
 
 
@@ -38,6 +41,48 @@ def test_overview_of_an_empty_root_offers_the_demo(runs_root: Path) -> None:
     assert not app.exception
     assert "No runs" in app.info[0].value
     assert app.button(key="start_demo")
+
+
+def test_the_demo_is_a_sweep_kept_outside_the_runs_root_until_the_users_first_run(
+    runs_root: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``--demo`` and an empty root, the runs page lists the demo's four runs, written in the
+    dashboard's cache directory, and says so; nothing is written in the user's root; the user's
+    first run ends the demo: its trainers stop and the page lists that run alone."""
+    monkeypatch.setenv("METRICS_DEMO", "1")
+    monkeypatch.setenv("METRICS_CACHE_DIR", str(tmp_path / "cache"))
+    app = open_page("runs")
+    assert not app.exception and "A demo" in app.info[0].value
+
+    def listed() -> list[str]:
+        app.run()
+        return sorted(app.dataframe[0].value["run"]) if app.dataframe else []
+
+    deadline = time.monotonic() + 120
+    while len(listed()) < len(SWEEP) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert listed() == [f"run?run={name}" for name in sorted(SWEEP)]
+    assert [run.name for run in find_runs(tmp_path / "cache" / "demo-runs")] == sorted(SWEEP)
+    assert list(runs_root.iterdir()) == []
+    make_run(runs_root, "mine")
+    assert listed() == ["run?run=mine"] and not any("A demo" in info.value for info in app.info)
+    deadline = time.monotonic() + 30
+    while demo_processes(tmp_path / "cache") and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert demo_processes(tmp_path / "cache") == []
+
+
+def demo_processes(under: Path) -> list[int]:
+    """The demo's processes (supervisor and trainers) writing under ``under``."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        try:
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode() if entry.name.isdigit() else ""
+        except OSError:
+            continue
+        if "metrics_core.dashboard.demo" in command and str(under) in command:
+            found.append(int(entry.name))
+    return found
 
 
 def test_overview_lists_runs_and_filters_by_regex(runs_root: Path) -> None:
