@@ -70,9 +70,12 @@ class RunFeed(FollowedLog):
     ``run_status`` reads) and a ``RunRules``, nothing per record (unlike ``digest.RunDigest``,
     which keeps each record's step for replay accounting the rules do not need)."""
 
-    def __init__(self, path: Path, config: AlertConfig, *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+    def __init__(
+        self, path: Path, config: AlertConfig, *, max_record_bytes: int = MAX_RECORD_BYTES, within: Path | None = None
+    ) -> None:
+        """``within``: the resolved runs root, which the file read must lie inside (``LocalFile``)."""
         self.path = path
-        self.file = LocalFile(path)
+        self.file = LocalFile(path, within=within)
         self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes)
         self.config = config
         self.log = SessionLog()
@@ -139,10 +142,12 @@ class RunFollow(Protocol):
 class FileFollow:
     """A run read by its own ``RunFeed``: O(appended bytes) per pass; a settled run holds no
     feed, and costs one ``stat`` per pass until its file changes, when it is read again from its
-    start.  ``pace``: ``AlertEvaluator``'s."""
+    start.  ``pace``: ``AlertEvaluator``'s; ``within``: ``RunFeed``'s."""
 
-    def __init__(self, path: Path, config: AlertConfig, pace: Callable[[], None] | None = None) -> None:
-        self.path, self.config, self.pace = path, config, pace
+    def __init__(
+        self, path: Path, config: AlertConfig, pace: Callable[[], None] | None = None, *, within: Path | None = None
+    ) -> None:
+        self.path, self.config, self.pace, self.within = path, config, pace, within
         self.feed: RunFeed | None = None  # None: not read yet, or settled and let go (``stamp`` says as of when)
         self.stamp: tuple[int, ...] | None = None
 
@@ -152,7 +157,7 @@ class FileFollow:
                 stat = LocalFile(self.path).stat()
                 if stat is None or stat.identity == self.stamp:
                     return None
-            self.feed, self.stamp = RunFeed(self.path, self.config), None
+            self.feed, self.stamp = RunFeed(self.path, self.config, within=self.within), None
             stats["runs_read"] += 1
         feed = self.feed
         read, records = feed.refresh(self.pace)
@@ -206,7 +211,8 @@ class AlertEvaluator:
         self.root = Path(root)
         self.pace = pace
         self.config = config or AlertConfig()
-        self._follow = follow or (lambda info: FileFollow(info.metrics_path, self.config, pace))
+        within = self.root.resolve()  # no run's read leads outside it (``run_file.open_regular``)
+        self._follow = follow or (lambda info: FileFollow(info.metrics_path, self.config, pace, within=within))
         self.rediscover_s = rediscover_s
         self._clock = clock
         self._found_at = -math.inf

@@ -14,6 +14,8 @@ Contract of a ``RunFile``:
   even after the path is replaced, until the next ``open()``.  ``opened_version`` is its version.
   It never waits and reads only a regular file: anything else at the path (a FIFO, a directory,
   a device), or a file the OS refuses to open, is a ``RunFileError`` naming the path and why.
+  A ``LocalFile`` given ``within`` (its runs root) opens only a file that lies inside it: see
+  ``open_regular``.
 * ``read(offset, count)`` returns at most ``count`` bytes (fewer at the end of the file).
 * ``cache_key()`` names the opened file for ``metrics_core.read.column_cache`` (None: do not cache it).
 """
@@ -86,21 +88,33 @@ def not_regular(mode: int) -> str | None:
     return f"is {kind}, not a regular file"
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
+OUTSIDE = "leads outside the runs root (a link, or a swap since the run was listed): not read"
+
+
+def open_regular(path: str | os.PathLike[str], *, within: Path | None = None) -> int:
     """A read-only descriptor of the regular file at ``path``, or ``RunFileError`` naming the path
-    and why not (another kind of file, or the OS refused), without ever waiting.
+    and why not (another kind of file, the OS refused, or it lies outside ``within``), without
+    ever waiting.
 
     ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a writer (a plain
     open would wait forever); the descriptor's ``fstat`` then decides, so a file swapped in
     between a check and the open cannot slip through.  Blocking mode is restored for the regular
     file, whose reads some network and FUSE file systems would otherwise fail with ``EAGAIN``.
+
+    ``within`` (a resolved directory: the runs root): the opened file must be one that lies
+    inside it (``lies_within``), judged on the descriptor, so that no link and no swap between
+    discovery's look and this open leads a read to a file outside the root (another user's
+    ``metrics.jsonl`` turned into a link to the owner's private run).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
     except OSError as exc:
         raise RunFileError(str(path), f"cannot be opened: {exc.strerror}", exc.errno) from exc
     try:
-        reason = not_regular(os.fstat(fd).st_mode)
+        opened = os.fstat(fd)
+        reason = not_regular(opened.st_mode)
+        if reason is None and within is not None and not lies_within(opened, path, within):
+            reason = OUTSIDE
         if reason is not None:
             raise RunFileError(str(path), reason)
         os.set_blocking(fd, True)
@@ -110,11 +124,39 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
+def lies_within(opened: os.stat_result, path: str | os.PathLike[str], within: Path) -> bool:
+    """Whether the file ``opened`` (the ``fstat`` of a descriptor opened at ``path``) lies inside
+    the resolved directory ``within``: ``path`` resolves (every link followed) to a place inside it,
+    and the file there now is the opened one (same device and inode).
+
+    The second half closes the race: a link swapped in before the open and out again before this
+    check resolves inside, but names another file than the descriptor.  A file of another
+    directory cannot be both: a hard link would be needed, and one to a file in the owner's 0700
+    directory cannot be made by another user.  Cost: one ``lstat`` per component of the path.
+    """
+    real = os.path.realpath(path)
+    if not Path(real).is_relative_to(within):
+        return False
+    try:
+        found = os.lstat(real)
+    except OSError:
+        return False
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
+
+
 def run_file_path(run: str | os.PathLike[str]) -> Path:
     """The ``metrics.jsonl`` of a run directory, else ``run`` itself: a directory called
     ``metrics.jsonl`` is a metrics file that is no regular file, not a run holding one."""
     path = Path(run)
     return path / METRICS_FILENAME if path.is_dir() and path.name != METRICS_FILENAME else path
+
+
+def named_directory(run: str | os.PathLike[str]) -> Path:
+    """The resolved directory a run named by its user (a command's argument) is read within: the
+    run directory itself, or the directory of a file named as the run, so that its file cannot be
+    a link elsewhere (``open_regular``'s ``within``)."""
+    path = Path(run)
+    return (path if path.is_dir() and path.name != METRICS_FILENAME else path.parent).resolve()
 
 
 def metrics_path(run: str | os.PathLike[str]) -> Path:
@@ -135,10 +177,17 @@ def metrics_path(run: str | os.PathLike[str]) -> Path:
 
 class LocalFile:
     """A ``RunFile`` on a local or network file system: ``stat`` of the path, ``pread`` of a
-    descriptor held from ``open()`` (so a replaced file is read to its end, then noticed)."""
+    descriptor held from ``open()`` (so a replaced file is read to its end, then noticed).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    ``within``: the resolved runs root; every ``open()`` (the first, and each after the path was
+    replaced) opens only a file inside it (``open_regular``), and every read is of that
+    descriptor, so no read reaches a file outside the root.  None: the file the path names,
+    wherever it is.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, within: Path | None = None) -> None:
         self.path = Path(path)
+        self.within = within
         self._name = os.fspath(self.path)  # what os.stat takes without converting a Path each call
         self._fd: int | None = None
         self._version: int | None = None
@@ -151,7 +200,7 @@ class LocalFile:
 
     def open(self) -> None:
         self.close()
-        self._fd = open_regular(self.path)
+        self._fd = open_regular(self.path, within=self.within)
         self._version = os.fstat(self._fd).st_ino
 
     @property
