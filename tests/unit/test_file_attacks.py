@@ -10,7 +10,11 @@ discovery listed it.  No reader may hand out a byte of the private run.
 from __future__ import annotations
 
 import io
+import logging
 import os
+import shutil
+import stat
+from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,6 +24,8 @@ from metrics_core.alerts.evaluator import AlertEvaluator
 from metrics_core.cli.main import main
 from metrics_core.dashboard.store.rows import peek_row
 from metrics_core.errors import RunFileError
+from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_reader import RunReader
 from metrics_core.roots.runs_root import LocalRoot
 from metrics_core.sql import export
 from metrics_core.testing.records import base_record
@@ -143,3 +149,139 @@ def test_a_link_inside_the_root_is_still_read(root) -> None:
     (alias,) = [run for run in runs.discover().runs if run.name == "alias"]
     assert runs.reader(alias, cache=None).refresh() == 3
     assert os.path.islink(root / "alias" / "metrics.jsonl")
+
+
+# -- what the tools write, and what they read back as their own --------------------------------
+
+
+@pytest.fixture
+def loose_umask() -> Iterator[None]:
+    """The umask of a user private group (002): a directory made by it is group-writable."""
+    before = os.umask(0o002)
+    yield
+    os.umask(before)
+
+
+def private_modes(directory: Path) -> dict[str, int]:
+    """Every entry under ``directory`` (itself as ``.``) and its permission bits, checked to be
+    0700 for a directory and 0600 for a file."""
+    found = {".": stat.S_IMODE(directory.stat().st_mode)}
+    for path in directory.rglob("*"):
+        found[path.relative_to(directory).as_posix()] = stat.S_IMODE(path.lstat().st_mode)
+    assert found == {name: 0o700 if (directory / name).is_dir() else 0o600 for name in found}
+    return found
+
+
+def test_an_export_and_its_directory_are_the_users_alone_whatever_the_umask(root, tmp_path, loose_umask) -> None:
+    """The export directory is made 0700; the Parquet files, the manifest and the lock 0600."""
+    pytest.importorskip("pyarrow.parquet")
+    out = tmp_path / "exports" / "out"
+    export.export_root(root, out)
+    found = private_modes(tmp_path / "exports")
+    assert {name for name in found if name.endswith(".parquet")} and {"out/_manifest.json", "out/.export.lock"} <= set(
+        found
+    )
+
+
+def test_the_sql_cache_directories_are_made_private_and_an_older_loose_one_tightened(
+    root, tmp_path, loose_umask
+) -> None:
+    """``<cache>/sql/<hash>/`` and everything in it: 0700 and 0600;
+    an export directory an older version left 0755 is made 0700."""
+    pytest.importorskip("pyarrow.parquet")
+    from metrics_core.sql.query import export_for_query
+
+    home = tmp_path / "cache"
+    directory, _ = export_for_query(root, home)
+    directory.chmod(0o755)
+    (directory.parent).chmod(0o775)
+    export_for_query(root, home)
+    assert any(name.endswith(".parquet") for name in private_modes(home))
+
+
+def test_the_columnar_cache_directory_and_files_are_private(tmp_path, loose_umask) -> None:
+    """A cache directory made by a save is 0700, its file 0600."""
+    run = tmp_path / "runs" / "big"
+    append_records(run / "metrics.jsonl", *(base_record(step, train_loss=2.0) for step in range(1, 201)))
+    policy = CachePolicy(tmp_path / "home" / "cache", min_records=1)
+    RunReader(run, cache=policy).refresh()
+    assert len(private_modes(tmp_path / "home")) == 3  # home, cache and the run's file
+
+
+def poisoned_cache(run: Path, tmp_path: Path) -> Path:
+    """A valid cache file (its checksum right) for ``run``'s file, whose train loss is 1234.5 in
+    every row: what another user can make of a run they can read."""
+    policy = CachePolicy(tmp_path / "attacker", min_records=1)
+    reader = RunReader(run, cache=policy)
+    reader.refresh()
+    pending = reader.capture_cache()
+    pending.parse.tables["train"].columns["train_loss"].view()[:] = 1234.5
+    assert pending.write()
+    (made,) = policy.directory.glob("*.mcc")
+    return made
+
+
+def planted_in_a_world_writable_directory(cache: Path, made: list[Path]) -> None:
+    cache.mkdir(mode=0o777)
+    cache.chmod(0o1777)  # like /tmp: anyone may add a file
+    for file in made:
+        shutil.copy(file, cache / file.name)
+
+
+def planted_by_another_user(cache: Path, made: list[Path]) -> None:
+    if os.geteuid() != 0:
+        pytest.skip("giving a file to another user needs root")
+    cache.mkdir(mode=0o700)
+    for file in made:
+        shutil.copy(file, cache / file.name)
+        os.chown(cache / file.name, 4321, 4321)
+
+
+def planted_writable_by_others(cache: Path, made: list[Path]) -> None:
+    cache.mkdir(mode=0o700)
+    for file in made:
+        shutil.copy(file, cache / file.name)
+        (cache / file.name).chmod(0o666)
+
+
+@pytest.mark.parametrize(
+    "plant", [planted_in_a_world_writable_directory, planted_by_another_user, planted_writable_by_others]
+)
+def test_a_planted_cache_file_is_refused_with_one_warning_and_the_run_read_from_its_file(
+    tmp_path, caplog, plant
+) -> None:
+    """A cache file with a valid checksum that another user could have written (a world-writable
+    cache directory, a file of another user's, a file anyone may write) is not used: the runs
+    show their own losses, and one warning says why, however many runs would have used it."""
+    runs = []
+    for name in ("a", "b"):
+        run = tmp_path / "runs" / name
+        append_records(run / "metrics.jsonl", *(base_record(step, train_loss=2.0) for step in range(1, 201)))
+        runs.append(run)
+    cache = tmp_path / "shared-cache"
+    plant(cache, [poisoned_cache(run, tmp_path / run.name) for run in runs])
+    policy = CachePolicy(cache, min_records=1)
+    with caplog.at_level(logging.WARNING, logger="metrics_core.read.private_files"):
+        for run in runs:
+            reader = RunReader(run, cache=policy)
+            reader.refresh()
+            assert not reader.served_from_cache
+            assert set(reader.frame("train")["train_loss"]) == {2.0}
+            reader.close()
+    (warning,) = caplog.records
+    assert "refused" in warning.getMessage() and str(cache) in warning.getMessage()
+
+
+def test_a_query_refuses_a_cache_directory_others_can_write(root, tmp_path) -> None:
+    """The SQL export and its spills never go into a cache directory another user can write:
+    a planted export would answer the query."""
+    from metrics_core.read.private_files import UntrustedCacheError
+    from metrics_core.sql.query import export_for_query, spill_directory
+
+    home = tmp_path / "cache"
+    home.mkdir(mode=0o777)
+    home.chmod(0o777)
+    for call in (lambda: export_for_query(root, home), lambda: spill_directory(home)):
+        with pytest.raises(UntrustedCacheError, match="writable by group or others"):
+            call()
+    assert not (home / "sql").exists()
