@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from datetime import datetime, timezone
 from pathlib import Path
 
+import orjson
 import pytest
 
 from metrics_core.alerts.evaluator import AlertEvaluator
@@ -26,9 +27,11 @@ from metrics_core.dashboard.store.rows import peek_row
 from metrics_core.errors import RunFileError
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.run_reader import RunReader
+from metrics_core.read.run_status import StatusRecord, write_failure
 from metrics_core.roots.runs_root import LocalRoot
 from metrics_core.sql import export
 from metrics_core.testing.records import base_record
+from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES
 from tests.support import append_records
 
 SECRET = 4242.5  # the private run's loss: found in no answer
@@ -129,6 +132,22 @@ def test_the_alerter_does_not_read_a_run_swapped_for_a_link(root, private_run) -
     swap_file(root, private_run)
     evaluator.evaluate(now=now)
     assert evaluator.stats["records"] == read and evaluator.stats["errors"] == 1
+
+
+def test_the_status_of_a_run_swapped_for_a_link_reads_nothing_beside_the_target(root, private_run) -> None:
+    """A released run's status, once its directory became a link out of the root, reads neither
+    the failure note nor the lock beside the link's target (the note would name the owner's error)."""
+    size = (private_run / "metrics.jsonl").stat().st_size
+    note = {"session_id": "s1", "time": "2026-11-29T10:00:00+00:00", "error": "secret", "end": size, "size": size}
+    (private_run / FAILURE_NOTE_FILENAME).write_bytes(orjson.dumps(note).ljust(NOTE_BYTES - 1) + b"\n")
+    runs = LocalRoot(root, watch=False)
+    (evil,) = [run for run in runs.discover().runs if run.name == "evil"]
+    reader = runs.reader(evil, cache=None)
+    reader.refresh()
+    released = StatusRecord.of(reader, identity=reader.read_identity)
+    reader.close()
+    swap_directory(root, private_run)
+    assert write_failure(released) is None and released.writer_alive() is None
 
 
 @pytest.mark.parametrize("command", [["summary"], ["tail", "-n", "5"]])
