@@ -111,9 +111,8 @@ def open_regular(path: str | os.PathLike[str], *, within: Path | None = None) ->
     except OSError as exc:
         raise RunFileError(str(path), f"cannot be opened: {exc.strerror}", exc.errno) from exc
     try:
-        opened = os.fstat(fd)
-        reason = not_regular(opened.st_mode)
-        if reason is None and within is not None and not lies_within(opened, path, within):
+        reason = not_regular(os.fstat(fd).st_mode)
+        if reason is None and within is not None and not lies_within(fd, path, within):
             reason = OUTSIDE
         if reason is not None:
             raise RunFileError(str(path), reason)
@@ -124,24 +123,38 @@ def open_regular(path: str | os.PathLike[str], *, within: Path | None = None) ->
     return fd
 
 
-def lies_within(opened: os.stat_result, path: str | os.PathLike[str], within: Path) -> bool:
-    """Whether the file ``opened`` (the ``fstat`` of a descriptor opened at ``path``) lies inside
-    the resolved directory ``within``: ``path`` resolves (every link followed) to a place inside it,
-    and the file there now is the opened one (same device and inode).
+def lies_within(fd: int, path: str | os.PathLike[str], within: Path) -> bool:
+    """Whether the file open at ``fd`` (opened at ``path``) lies inside the resolved directory
+    ``within``.
 
-    The second half closes the race: a link swapped in before the open and out again before this
-    check resolves inside, but names another file than the descriptor.  A file of another
-    directory cannot be both: a hard link would be needed, and one to a file in the owner's 0700
-    directory cannot be made by another user.  Cost: one ``lstat`` per component of the path.
+    Where ``/proc`` names a descriptor's file (Linux), that name decides: it is the kernel's own
+    path of the opened file, so no swap before or after the open changes it (one ``readlink``).
+    Elsewhere ``path`` is resolved (every link followed) and the file found there now must be the
+    opened one (same device and inode): a link swapped in before the open and out again before
+    this check resolves inside, but names another file (one ``lstat`` per component).  Either way
+    a file of another directory cannot pass but by a hard link, and no one can make one to a
+    file in a directory they cannot enter (the owner's 0700 one).
     """
+    try:
+        named = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        named = ""
+    if named.startswith("/"):
+        return _inside(named, within)
     real = os.path.realpath(path)
-    if not Path(real).is_relative_to(within):
+    if not _inside(real, within):
         return False
     try:
-        found = os.lstat(real)
+        found, opened = os.lstat(real), os.fstat(fd)
     except OSError:
         return False
     return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _inside(name: str, directory: Path) -> bool:
+    """Whether the absolute, resolved ``name`` is ``directory`` or lies below it (a string test:
+    a fifth of ``Path.is_relative_to``'s cost, paid once per open)."""
+    return name == str(directory) or name.startswith(os.path.join(directory, ""))
 
 
 def run_file_path(run: str | os.PathLike[str]) -> Path:

@@ -26,6 +26,7 @@ from metrics_core.cli.main import main
 from metrics_core.dashboard.store.rows import peek_row
 from metrics_core.errors import RunFileError
 from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.run_file import lies_within
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord, write_failure
 from metrics_core.roots.runs_root import LocalRoot
@@ -73,7 +74,9 @@ def swap_directory(root: Path, private_run: Path) -> None:
 
 
 @pytest.mark.parametrize("swap", [swap_file, swap_directory])
-def test_a_run_swapped_for_a_link_between_discovery_and_the_open_is_refused(root, private_run, swap) -> None:
+def test_a_run_swapped_for_a_link_between_discovery_and_the_open_is_refused(
+    root, private_run, swap, descriptor_names
+) -> None:
     """The reader a root makes for a listed run refuses the file it would open outside the root,
     naming why; the peeked row finds nothing; the other run reads."""
     runs = LocalRoot(root, watch=False)
@@ -86,6 +89,44 @@ def test_a_run_swapped_for_a_link_between_discovery_and_the_open_is_refused(root
     assert peek_row("evil", runs.peek_file(listing["evil"])) is None
     ok = runs.reader(listing["ok"], cache=None)
     assert ok.refresh() == 3
+
+
+@pytest.fixture(params=["/proc", "no /proc"])
+def descriptor_names(request, monkeypatch) -> str:
+    """Both ways the check finds where an opened file lies: by ``/proc``'s name of the descriptor
+    (Linux), and, where there is none, by resolving the path and comparing device and inode."""
+    if request.param == "no /proc":
+        readlink = os.readlink
+
+        def without_proc(path, *args, **kwargs):
+            if str(path).startswith("/proc/"):
+                raise FileNotFoundError(path)
+            return readlink(path, *args, **kwargs)
+
+        monkeypatch.setattr(os, "readlink", without_proc)
+    return request.param
+
+
+def test_a_link_swapped_back_between_the_open_and_the_check_is_still_caught(
+    root, private_run, descriptor_names
+) -> None:
+    """The race the other way round: the open follows the link to the private run, then the link
+    is swapped back to a plain file inside the root before the check looks; the descriptor is
+    still judged outside."""
+    path = root / "evil" / "metrics.jsonl"
+    swap_file(root, private_run)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        path.unlink()
+        append_records(path, base_record(1, train_loss=2.0))
+        assert not lies_within(fd, path, root.resolve())
+    finally:
+        os.close(fd)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        assert lies_within(fd, path, root.resolve())
+    finally:
+        os.close(fd)
 
 
 def test_a_run_read_once_then_swapped_is_not_read_again(root, private_run) -> None:
