@@ -28,11 +28,13 @@ Promises:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from metrics_core.alerts.rules import AlertConfig, Condition, RunRules
 from metrics_core.alerts.webhooks import Alert, Delivery
 from metrics_core.errors import AlertConfigError, MetricsError
 from metrics_core.read.line_follower import LineFollower
+from metrics_core.read.private_files import create_private
 from metrics_core.read.records import MAX_RECORD_BYTES
 from metrics_core.read.run_digest import batches
 from metrics_core.read.run_file import LocalFile
@@ -397,12 +400,20 @@ def load_state(path: Path) -> dict[str, list[str]]:
 
 def save_state(path: Path, alerter: Alerter) -> None:
     """What is firing and was delivered (an undelivered alert is posted again by the next call),
-    written whole or not at all (a temporary file renamed over the old one)."""
+    written whole or not at all (a temporary file renamed over the old one).  The temporary file
+    is new, 0600 and never reached through a link (``private_files.create_private``): a link
+    another user left at a name of their guessing cannot make this write over one of yours."""
     undelivered = {(a.run, a.condition) for a in alerter.delivery.queued()} if alerter.delivery else set()
     firing = {
         utf8(name): [a.condition for a in alerts if (name, a.condition) not in undelivered]
         for name, alerts in alerter.evaluator.firing().items()
     }
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(orjson.dumps({"firing": firing}))
-    os.replace(temporary, path)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with os.fdopen(create_private(temporary), "wb") as file:
+            file.write(orjson.dumps({"firing": firing}))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

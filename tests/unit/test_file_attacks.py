@@ -21,7 +21,7 @@ from pathlib import Path
 import orjson
 import pytest
 
-from metrics_core.alerts.evaluator import AlertEvaluator
+from metrics_core.alerts.evaluator import Alerter, AlertEvaluator, load_state, save_state
 from metrics_core.cli.main import main
 from metrics_core.dashboard.store.rows import peek_row
 from metrics_core.errors import RunFileError
@@ -345,3 +345,15 @@ def test_a_query_refuses_a_cache_directory_others_can_write(root, tmp_path) -> N
         with pytest.raises(UntrustedCacheError, match="writable by group or others"):
             call()
     assert not (home / "sql").exists()
+
+
+def test_the_alerts_state_is_written_private_and_never_through_a_link(root, tmp_path, loose_umask) -> None:
+    """``alerts --state FILE``: the state file is 0600, and a link another user left at the name
+    the temporary file once had (``FILE.tmp``) writes nothing over the file it points at."""
+    victim = tmp_path / "victim"
+    victim.write_text("the owner's file")
+    state = tmp_path / "state.json"
+    (tmp_path / "state.json.tmp").symlink_to(victim)
+    save_state(state, Alerter(root))
+    assert victim.read_text() == "the owner's file" and load_state(state) == {}
+    assert stat.S_IMODE(state.stat().st_mode) == 0o600
