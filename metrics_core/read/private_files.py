@@ -32,6 +32,7 @@ FILE_MODE = 0o600
 _log = logging.getLogger(__name__)
 _warned: set[str] = set()  # directories a refusal was logged for: one warning each per process
 _warned_lock = threading.Lock()
+_FIX = "give --cache-dir or METRICS_CACHE_DIR a directory only you can write: mkdir -m 700"
 
 
 class UntrustedCacheError(MetricsError, PermissionError):
@@ -65,7 +66,7 @@ def check_directory(path: Path) -> None:
     """``UntrustedCacheError`` naming ``path`` and why, when ``directory_refusal`` finds a reason."""
     reason = directory_refusal(path)
     if reason is not None:
-        raise UntrustedCacheError(f"{path}: the cache directory {reason}: refused (use a directory only you can write)")
+        raise UntrustedCacheError(f"{path}: the cache directory {reason}: refused ({_FIX})")
 
 
 def refuse(directory: Path, what: Path, reason: str) -> None:
@@ -75,7 +76,7 @@ def refuse(directory: Path, what: Path, reason: str) -> None:
         if str(directory) in _warned:
             return
         _warned.add(str(directory))
-    _log.warning("%s %s: refused, runs are read without the cache (use a directory only you can write)", what, reason)
+    _log.warning("%s %s: refused, runs are read without the cache (%s)", what, reason, _FIX)
 
 
 def private_directory(path: Path, *, tighten: bool = False) -> Path:
