@@ -28,11 +28,13 @@ Promises:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
+import uuid
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -46,6 +48,7 @@ from metrics_core.alerts.rules import AlertConfig, Condition, RunRules
 from metrics_core.alerts.webhooks import Alert, Delivery
 from metrics_core.errors import AlertConfigError, MetricsError
 from metrics_core.read.line_follower import LineFollower
+from metrics_core.read.private_files import create_private
 from metrics_core.read.records import MAX_RECORD_BYTES
 from metrics_core.read.run_digest import batches
 from metrics_core.read.run_file import LocalFile
@@ -70,9 +73,12 @@ class RunFeed(FollowedLog):
     ``run_status`` reads) and a ``RunRules``, nothing per record (unlike ``digest.RunDigest``,
     which keeps each record's step for replay accounting the rules do not need)."""
 
-    def __init__(self, path: Path, config: AlertConfig, *, max_record_bytes: int = MAX_RECORD_BYTES) -> None:
+    def __init__(
+        self, path: Path, config: AlertConfig, *, max_record_bytes: int = MAX_RECORD_BYTES, within: Path | None = None
+    ) -> None:
+        """``within``: the resolved runs root, which the file read must lie inside (``LocalFile``)."""
         self.path = path
-        self.file = LocalFile(path)
+        self.file = LocalFile(path, within=within)
         self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes)
         self.config = config
         self.log = SessionLog()
@@ -139,10 +145,12 @@ class RunFollow(Protocol):
 class FileFollow:
     """A run read by its own ``RunFeed``: O(appended bytes) per pass; a settled run holds no
     feed, and costs one ``stat`` per pass until its file changes, when it is read again from its
-    start.  ``pace``: ``AlertEvaluator``'s."""
+    start.  ``pace``: ``AlertEvaluator``'s; ``within``: ``RunFeed``'s."""
 
-    def __init__(self, path: Path, config: AlertConfig, pace: Callable[[], None] | None = None) -> None:
-        self.path, self.config, self.pace = path, config, pace
+    def __init__(
+        self, path: Path, config: AlertConfig, pace: Callable[[], None] | None = None, *, within: Path | None = None
+    ) -> None:
+        self.path, self.config, self.pace, self.within = path, config, pace, within
         self.feed: RunFeed | None = None  # None: not read yet, or settled and let go (``stamp`` says as of when)
         self.stamp: tuple[int, ...] | None = None
 
@@ -152,7 +160,7 @@ class FileFollow:
                 stat = LocalFile(self.path).stat()
                 if stat is None or stat.identity == self.stamp:
                     return None
-            self.feed, self.stamp = RunFeed(self.path, self.config), None
+            self.feed, self.stamp = RunFeed(self.path, self.config, within=self.within), None
             stats["runs_read"] += 1
         feed = self.feed
         read, records = feed.refresh(self.pace)
@@ -206,7 +214,8 @@ class AlertEvaluator:
         self.root = Path(root)
         self.pace = pace
         self.config = config or AlertConfig()
-        self._follow = follow or (lambda info: FileFollow(info.metrics_path, self.config, pace))
+        within = self.root.resolve()  # no run's read leads outside it (``run_file.open_regular``)
+        self._follow = follow or (lambda info: FileFollow(info.metrics_path, self.config, pace, within=within))
         self.rediscover_s = rediscover_s
         self._clock = clock
         self._found_at = -math.inf
@@ -391,12 +400,20 @@ def load_state(path: Path) -> dict[str, list[str]]:
 
 def save_state(path: Path, alerter: Alerter) -> None:
     """What is firing and was delivered (an undelivered alert is posted again by the next call),
-    written whole or not at all (a temporary file renamed over the old one)."""
+    written whole or not at all (a temporary file renamed over the old one).  The temporary file
+    is new, 0600 and never reached through a link (``private_files.create_private``): a link
+    another user left at a name of their guessing cannot make this write over one of yours."""
     undelivered = {(a.run, a.condition) for a in alerter.delivery.queued()} if alerter.delivery else set()
     firing = {
         utf8(name): [a.condition for a in alerts if (name, a.condition) not in undelivered]
         for name, alerts in alerter.evaluator.firing().items()
     }
-    temporary = path.with_name(path.name + ".tmp")
-    temporary.write_bytes(orjson.dumps({"firing": firing}))
-    os.replace(temporary, path)
+    temporary = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
+    try:
+        with os.fdopen(create_private(temporary), "wb") as file:
+            file.write(orjson.dumps({"firing": firing}))
+        os.replace(temporary, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temporary)
+        raise

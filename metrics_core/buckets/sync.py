@@ -50,7 +50,7 @@ from metrics_core.buckets.addresses import BucketPath
 from metrics_core.buckets.bucket_files import PARTS_DIRNAME, PartsFile, upload_part
 from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.read.records import check_record
-from metrics_core.read.run_file import LocalFile, metrics_path, run_file_path
+from metrics_core.read.run_file import LocalFile, metrics_path, named_directory, run_file_path
 
 INTERVAL_S = 60.0  # at most 1,440 parts a day; a line is in the bucket within a minute of its newline
 MAX_PART_BYTES = 64 << 20  # memory per part: a part is read whole before its upload starts
@@ -102,11 +102,14 @@ class RunSync:
             )
         self.uploaded = end
 
-    def step(self, path: Path, progress: Callable[[int, int], None] | None = None) -> Pass:
+    def step(
+        self, path: Path, progress: Callable[[int, int], None] | None = None, *, within: Path | None = None
+    ) -> Pass:
         """One pass over the local file ``path``: check it still holds what is uploaded, then upload
         the lines completed since the last pass; ``progress(bytes uploaded, file size)`` before
-        the first part and after each."""
-        local = LocalFile(path)
+        the first part and after each.  ``within``: the directory the file must lie inside
+        (``LocalFile``): nothing outside the run named is uploaded, whatever link it becomes."""
+        local = LocalFile(path, within=within)
         local.open()
         try:
             size = local.size()
@@ -219,9 +222,10 @@ def upload(
     after each pass and ``on_wait`` (with the file's path) once if the file is not there yet;
     ``progress`` as ``RunSync.step`` takes it.
     ``MetricsError`` on the first error: nothing more is uploaded."""
+    within = named_directory(run_dir)
     with _stop_on_signals() as stop:
         if not follow:
-            on_pass(sync.step(metrics_path(run_dir), progress))
+            on_pass(sync.step(metrics_path(run_dir), progress, within=within))
             return
         waiting = False
         while True:
@@ -233,7 +237,7 @@ def upload(
                     on_wait(run_file_path(run_dir))
                 waiting, done = True, None
             else:
-                done = sync.step(path, progress)
+                done = sync.step(path, progress, within=within)
                 on_pass(done)
             if stopping or (done is not None and done.ended):
                 return

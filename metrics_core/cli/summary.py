@@ -21,7 +21,7 @@ from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.cli.terminal import ID_COLUMNS, bytes_text, count_text, loss_text, pad
 from metrics_core.read.health import Finding
 from metrics_core.read.run_digest import RunDigest
-from metrics_core.read.run_file import metrics_path
+from metrics_core.read.run_file import metrics_path, named_directory
 from metrics_core.read.session_model import Session
 from metrics_core.text import MISSING, clean, duration, fit, fit_middle, width
 
@@ -42,7 +42,7 @@ def add_parser(commands: Subcommands) -> None:
 
 def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     """Read the run once, with a progress bar on a terminal, and print its summary."""
-    digest = RunDigest(metrics_path(args.run_dir))
+    digest = RunDigest(metrics_path(args.run_dir), within=named_directory(args.run_dir))
     try:
         with progress_bar(err, NAME, unit=BYTES, quiet=args.quiet) as bar:
             digest.refresh(bar.update)

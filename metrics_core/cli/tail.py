@@ -30,7 +30,7 @@ from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.cli.terminal import ID_COLUMNS, pad, rate_text, stamp, value_text
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_digest import Rates, batches, follow_file, last_records
-from metrics_core.read.run_file import metrics_path
+from metrics_core.read.run_file import metrics_path, named_directory
 from metrics_core.text import MISSING, clean, fit, fit_middle
 
 if TYPE_CHECKING:
@@ -70,6 +70,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         events=args.event,
         interval=args.interval,
         quiet=args.quiet,
+        within=named_directory(args.run_dir),
     )
     out.flush()
     return 0
@@ -167,17 +168,19 @@ def tail(
     events: Sequence[str] | None = None,
     interval: float = 1.0,
     quiet: bool = False,
+    within: Path | None = None,
 ) -> None:
     """Print the last ``count`` records (or those from the ``from_record``-th on), then follow.
 
     On a terminal, unless ``quiet``, stderr shows a bar of the bytes read until then
     (``cli.progress``), taken off the line before each record line when stdout is that terminal too.
+    ``within``: the directory the file must lie inside (``run_file.open_regular``): the one named.
     """
     wanted = frozenset(events or ())
     keep = (lambda record: record["event"] in wanted) if wanted else (lambda record: True)
     printer = _Printer(out, keep)
     if from_record is not None:
-        follower = follow_file(path)
+        follower = follow_file(path, within=within)
         skipped: list[BadLine] = []
         seen = 0
         with progress_bar(err, NAME, unit=BYTES, quiet=quiet) as bar:
@@ -190,13 +193,13 @@ def tail(
                 skipped += batch.skipped
     else:
         with progress_bar(err, NAME, unit=BYTES, quiet=quiet) as bar:
-            found = last_records(path, count, keep=keep, progress=bar.update)
+            found = last_records(path, count, keep=keep, progress=bar.update, within=within)
         for record in found.context:
             printer.feed(record, show=False)
         for record in found.records:
             printer.feed(record)
         skipped = found.skipped
-        follower = follow_file(path, offset=found.end, line=found.end_line)
+        follower = follow_file(path, offset=found.end, line=found.end_line, within=within)
     out.flush()
     if skipped:
         err.write(skipped_note(skipped) + "\n")

@@ -25,6 +25,10 @@ Contract
   foreign file is ignored, never an exception, and so is anything but a regular file at the cache
   path (a FIFO, a device), which is never waited on (``storage.open_regular``).  A cache directory
   that cannot be written means no cache, not an error.
+* Private (``metrics_core.read.private_files``): the directory is made 0700 and each file 0600.
+  A cache directory or file that another user owns or can write to is never read nor written
+  (it could hold anyone's numbers under a valid checksum): one warning, and runs are read
+  without the cache.
 * Bounded: a run whose cache would exceed ``max_file_bytes`` is not cached, and after each save
   the oldest files beyond ``max_total_bytes`` are removed.
 
@@ -59,6 +63,7 @@ import numpy as np
 
 from metrics_core.read.columns import Column, Table
 from metrics_core.read.line_follower import Position
+from metrics_core.read.private_files import directory_refusal, private_directory, refuse, untrusted
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_file import open_regular
 from metrics_core.read.session_accounting import SessionLog
@@ -176,9 +181,13 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
         for stream in streams.values():
             crc = zlib.crc32(stream, crc)
         directory = Path(policy.directory)
-        directory.mkdir(parents=True, exist_ok=True)
+        refused = directory_refusal(directory)
+        if refused is not None:
+            refuse(directory, directory, refused)
+            return False
+        private_directory(directory)
         target = policy.path_for(key)
-        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".mcc")
+        handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".mcc")  # 0600, O_EXCL
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(_PREFIX.pack(_MAGIC, len(header), payload_size, crc))
@@ -210,9 +219,19 @@ def load(policy: CachePolicy, key: str, *, max_record_bytes: int) -> CachedParse
     """The parse cached for the run file named ``key`` with this record limit, or None: no file, a
     failed read, a corrupt, foreign or older-format file (never the caller's problem).  Whether
     the run file still holds what was parsed is the caller's to check (``LineFollower.matches``
-    on the position)."""
+    on the position).  A directory or file that is not this user's alone is refused (module
+    docstring): one ``stat`` of the directory, one ``fstat`` of the file."""
+    directory = Path(policy.directory)
+    refused = directory_refusal(directory)
+    if refused is not None:
+        refuse(directory, directory, refused)
+        return None
     try:
         with open(open_regular(policy.path_for(key)), "rb", buffering=0) as handle:
+            refused = untrusted(os.fstat(handle.fileno()))
+            if refused is not None:
+                refuse(directory, policy.path_for(key), refused)
+                return None
             state, streams = _read(handle)
         if state.get("format") != FORMAT or state["key"] != key or state["max_record_bytes"] != max_record_bytes:
             return None

@@ -49,11 +49,16 @@ class Batch:
 
 
 def follow_file(
-    path: Path, *, offset: int = 0, line: int | None = 1, max_record_bytes: int = MAX_RECORD_BYTES
+    path: Path,
+    *,
+    offset: int = 0,
+    line: int | None = 1,
+    max_record_bytes: int = MAX_RECORD_BYTES,
+    within: Path | None = None,
 ) -> LineFollower:
     """A ``LineFollower`` of a local metrics file, from ``offset`` (line number ``line`` if known),
-    opened now: what changes from here on is noticed."""
-    follower = LineFollower(LocalFile(path), max_record_bytes=max_record_bytes, offset=offset, line=line)
+    opened now: what changes from here on is noticed.  ``within``: as ``LocalFile`` takes it."""
+    follower = LineFollower(LocalFile(path, within=within), max_record_bytes=max_record_bytes, offset=offset, line=line)
     follower.open()
     return follower
 
@@ -119,6 +124,7 @@ def last_records(
     max_record_bytes: int = MAX_RECORD_BYTES,
     chunk: int = BACK_CHUNK,
     progress: Callable[[int, int], None] | None = None,
+    within: Path | None = None,
 ) -> Tail:
     """The last ``count`` records that ``keep`` accepts, reading backwards from the last ``\\n``.
 
@@ -128,8 +134,9 @@ def last_records(
     ``train`` record or its ``session_start``, so that the first lines printed get their tokens/s.
     Bad lines are located by line number when the scan reached the file's start, else by offset.
     ``progress(scanned, end)`` after each chunk: the bytes read back from the end, of those there are.
+    ``within``: the directory the file must lie inside (``run_file.open_regular``).
     """
-    fd = open_regular(path)
+    fd = open_regular(path, within=within)
     try:
         end = tail_start(fd, os.fstat(fd).st_size)
         found: list[dict[str, Any]] = []  # newest first
@@ -284,11 +291,17 @@ class RunDigest(FollowedLog, AccountedSessions):
     """
 
     def __init__(
-        self, run: str | os.PathLike[str], *, max_record_bytes: int = MAX_RECORD_BYTES, file: RunFile | None = None
+        self,
+        run: str | os.PathLike[str],
+        *,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+        file: RunFile | None = None,
+        within: Path | None = None,
     ) -> None:
-        """``file``: where the bytes come from (``metrics_core.read.run_file``; the local file by default)."""
+        """``file``: where the bytes come from (``metrics_core.read.run_file``; the local file by
+        default, which must lie inside ``within`` when given: ``LocalFile``)."""
         self.path = metrics_path(run) if file is None else Path(run)
-        self.file = file if file is not None else LocalFile(self.path)
+        self.file = file if file is not None else LocalFile(self.path, within=within)
         self._follower = LineFollower(self.file, max_record_bytes=max_record_bytes)
         self._clear()
 

@@ -14,6 +14,8 @@ Contract of a ``RunFile``:
   even after the path is replaced, until the next ``open()``.  ``opened_version`` is its version.
   It never waits and reads only a regular file: anything else at the path (a FIFO, a directory,
   a device), or a file the OS refuses to open, is a ``RunFileError`` naming the path and why.
+  A ``LocalFile`` given ``within`` (its runs root) opens only a file that lies inside it: see
+  ``open_regular``.
 * ``read(offset, count)`` returns at most ``count`` bytes (fewer at the end of the file).
 * ``cache_key()`` names the opened file for ``metrics_core.read.column_cache`` (None: do not cache it).
 """
@@ -86,14 +88,23 @@ def not_regular(mode: int) -> str | None:
     return f"is {kind}, not a regular file"
 
 
-def open_regular(path: str | os.PathLike[str]) -> int:
+OUTSIDE = "leads outside the runs root (a link, or a swap since the run was listed): not read"
+
+
+def open_regular(path: str | os.PathLike[str], *, within: Path | None = None) -> int:
     """A read-only descriptor of the regular file at ``path``, or ``RunFileError`` naming the path
-    and why not (another kind of file, or the OS refused), without ever waiting.
+    and why not (another kind of file, the OS refused, or it lies outside ``within``), without
+    ever waiting.
 
     ``O_NONBLOCK`` makes opening a FIFO return at once instead of waiting for a writer (a plain
     open would wait forever); the descriptor's ``fstat`` then decides, so a file swapped in
     between a check and the open cannot slip through.  Blocking mode is restored for the regular
     file, whose reads some network and FUSE file systems would otherwise fail with ``EAGAIN``.
+
+    ``within`` (a resolved directory: the runs root): the opened file must be one that lies
+    inside it (``lies_within``), judged on the descriptor, so that no link and no swap between
+    discovery's look and this open leads a read to a file outside the root (another user's
+    ``metrics.jsonl`` turned into a link to the owner's private run).
     """
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
@@ -101,6 +112,8 @@ def open_regular(path: str | os.PathLike[str]) -> int:
         raise RunFileError(str(path), f"cannot be opened: {exc.strerror}", exc.errno) from exc
     try:
         reason = not_regular(os.fstat(fd).st_mode)
+        if reason is None and within is not None and not lies_within(fd, path, within):
+            reason = OUTSIDE
         if reason is not None:
             raise RunFileError(str(path), reason)
         os.set_blocking(fd, True)
@@ -110,11 +123,53 @@ def open_regular(path: str | os.PathLike[str]) -> int:
     return fd
 
 
+def lies_within(fd: int, path: str | os.PathLike[str], within: Path) -> bool:
+    """Whether the file open at ``fd`` (opened at ``path``) lies inside the resolved directory
+    ``within``.
+
+    Where ``/proc`` names a descriptor's file (Linux), that name decides: it is the kernel's own
+    path of the opened file, so no swap before or after the open changes it (one ``readlink``).
+    Elsewhere ``path`` is resolved (every link followed) and the file found there now must be the
+    opened one (same device and inode): a link swapped in before the open and out again before
+    this check resolves inside, but names another file (one ``lstat`` per component).  Either way
+    a file of another directory cannot pass but by a hard link, and no one can make one to a
+    file in a directory they cannot enter (the owner's 0700 one).
+    """
+    try:
+        named = os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        named = ""
+    if named.startswith("/"):
+        return _inside(named, within)
+    real = os.path.realpath(path)
+    if not _inside(real, within):
+        return False
+    try:
+        found, opened = os.lstat(real), os.fstat(fd)
+    except OSError:
+        return False
+    return (found.st_dev, found.st_ino) == (opened.st_dev, opened.st_ino)
+
+
+def _inside(name: str, directory: Path) -> bool:
+    """Whether the absolute, resolved ``name`` is ``directory`` or lies below it (a string test:
+    a fifth of ``Path.is_relative_to``'s cost, paid once per open)."""
+    return name == str(directory) or name.startswith(os.path.join(directory, ""))
+
+
 def run_file_path(run: str | os.PathLike[str]) -> Path:
     """The ``metrics.jsonl`` of a run directory, else ``run`` itself: a directory called
     ``metrics.jsonl`` is a metrics file that is no regular file, not a run holding one."""
     path = Path(run)
     return path / METRICS_FILENAME if path.is_dir() and path.name != METRICS_FILENAME else path
+
+
+def named_directory(run: str | os.PathLike[str]) -> Path:
+    """The resolved directory a run named by its user (a command's argument) is read within: the
+    run directory itself, or the directory of a file named as the run, so that its file cannot be
+    a link elsewhere (``open_regular``'s ``within``)."""
+    path = Path(run)
+    return (path if path.is_dir() and path.name != METRICS_FILENAME else path.parent).resolve()
 
 
 def metrics_path(run: str | os.PathLike[str]) -> Path:
@@ -135,10 +190,17 @@ def metrics_path(run: str | os.PathLike[str]) -> Path:
 
 class LocalFile:
     """A ``RunFile`` on a local or network file system: ``stat`` of the path, ``pread`` of a
-    descriptor held from ``open()`` (so a replaced file is read to its end, then noticed)."""
+    descriptor held from ``open()`` (so a replaced file is read to its end, then noticed).
 
-    def __init__(self, path: str | os.PathLike[str]) -> None:
+    ``within``: the resolved runs root; every ``open()`` (the first, and each after the path was
+    replaced) opens only a file inside it (``open_regular``), and every read is of that
+    descriptor, so no read reaches a file outside the root.  None: the file the path names,
+    wherever it is.
+    """
+
+    def __init__(self, path: str | os.PathLike[str], *, within: Path | None = None) -> None:
         self.path = Path(path)
+        self.within = within
         self._name = os.fspath(self.path)  # what os.stat takes without converting a Path each call
         self._fd: int | None = None
         self._version: int | None = None
@@ -151,7 +213,7 @@ class LocalFile:
 
     def open(self) -> None:
         self.close()
-        self._fd = open_regular(self.path)
+        self._fd = open_regular(self.path, within=self.within)
         self._version = os.fstat(self._fd).st_ino
 
     @property

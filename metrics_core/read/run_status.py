@@ -43,6 +43,7 @@ class StatusSource(Protocol):
 
     path: Path  # the run's metrics file (its failure note lies beside it when ``on_disk``)
     on_disk: bool  # a local file: its lock and failure note can be looked at; not so in a bucket
+    within: Path | None  # the directory (its runs root) every file of the run must lie inside, if any
 
     @property
     def last_event(self) -> str | None: ...
@@ -84,6 +85,7 @@ class StatusRecord:
     pending_bytes: int
     gap_s: float | None
     lock_seen: bool
+    within: Path | None = None
 
     @classmethod
     def of(cls, source: StatusSource, *, identity: tuple[int, ...] | None) -> StatusRecord:
@@ -98,6 +100,7 @@ class StatusRecord:
             source.pending_bytes,
             source.typical_gap_s(),
             source.lock_seen,
+            source.within,
         )
 
     def typical_gap_s(self) -> float | None:
@@ -107,7 +110,7 @@ class StatusRecord:
         """As a reader's: the lock is probed on a descriptor opened for the probe."""
         if not self.on_disk:
             return None
-        file = LocalFile(self.path)
+        file = LocalFile(self.path, within=self.within)
         try:
             file.open()
         except OSError:
@@ -133,21 +136,22 @@ def write_failure(reader: StatusSource) -> WriteFailure | None:
     The note counts only while ``metrics.jsonl`` still ends exactly where the failed write left
     it (same offset after the last complete record, same size), so a record written later, by
     the same or a resumed session, makes it stale.  A blank, torn (being rewritten right now)
-    or unreadable note is no note, and so is anything but a regular file, never waited on.
+    or unreadable note is no note, and so is anything but a regular file, never waited on, or a
+    file outside the run's ``within`` (a link out of the runs root).
     Cost: one small read and a ``stat``, plus a backwards scan of the torn tail when the sizes
     match.  A run not ``on_disk`` (in a bucket) has no note: its path names no local file.
     """
     if not reader.on_disk:
         return None
     try:
-        with open(open_regular(reader.path.parent / FAILURE_NOTE_FILENAME), "rb") as file:
+        with open(open_regular(reader.path.parent / FAILURE_NOTE_FILENAME, within=reader.within), "rb") as file:
             note = parse_note(file.read(NOTE_BYTES))
     except OSError:
         return None
     if note is None:
         return None
     try:
-        fd = open_regular(reader.path)
+        fd = open_regular(reader.path, within=reader.within)
     except OSError:
         return None
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
+from pathlib import Path
 from typing import Protocol
 
 from metrics_core.read.health import IngestHealth
@@ -134,6 +135,11 @@ class FollowedLog:
         """Whether the run's bytes are a file on this machine's disk, with the writer's lock and
         failure note beside it (a bucket's objects have neither)."""
         return isinstance(self.file, LocalFile)
+
+    @property
+    def within(self) -> Path | None:
+        """The directory every file of the run read must lie inside (``LocalFile``), or None."""
+        return self.file.within if isinstance(self.file, LocalFile) else None
 
     def writer_alive(self) -> bool | None:
         """Whether a MetricsWriter holds the file's lock now (None: cannot tell).  Once it has

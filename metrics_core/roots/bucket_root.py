@@ -193,7 +193,7 @@ class BucketRoot:
     def polls(self, status: str) -> bool:
         return status == "live"
 
-    def peek_path(self, info: RunInfo) -> Path | None:
+    def peek_file(self, info: RunInfo) -> RunFile | None:
         return None  # a peek would cost a HEAD and a GET per big run: read it instead
 
     def relative(self, path: str) -> str:

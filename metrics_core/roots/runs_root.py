@@ -16,6 +16,9 @@ A root answers, each at a stated cost:
 ``LocalRoot`` is a directory, its ``watch.RunsWatcher`` and ``runs.discover_runs``: the watcher's
 hints make a changed run due at once, and every run is still ``stat``-ed each safety interval
 whatever the hints say (a lost inotify event, a network file system never mean stale data).
+Every file it opens for a run is one inside the directory (``run_file.open_regular``'s
+``within``), judged on the descriptor at each open: a run that other users can write to cannot
+lead a read to a file outside the root, by a link or by a swap after discovery listed it.
 ``BucketRoot`` has no watcher: its hints come from a listing made at most once per interval, and
 only a live run is looked at without one (module ``metrics_core.roots.bucket_root``).
 
@@ -30,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Protocol
 
 from metrics_core.errors import RunNotFoundError
-from metrics_core.read.run_file import LocalFile
+from metrics_core.read.run_file import LocalFile, RunFile
 from metrics_core.read.run_reader import RunReader
 from metrics_core.roots.discovery import RunInfo, RunListing, discover_runs, resolve_run
 from metrics_core.roots.locations import LIST_INTERVAL_S, is_bucket_url
@@ -69,6 +72,10 @@ class RunsRoot(Protocol):
         """A new reader of the run, nothing read yet."""
         ...
 
+    def peek_file(self, info: RunInfo) -> RunFile | None:
+        """The run's file to peek at a big cold run's tail in, not opened, or None (no peek)."""
+        ...
+
     def size(self, info: RunInfo) -> int:
         """The run's file size now or as last listed (0 when unknown)."""
         ...
@@ -84,10 +91,6 @@ class RunsRoot(Protocol):
 
     def polls(self, status: str) -> bool:
         """Whether a run of ``status`` is looked at every safety interval without a hint."""
-        ...
-
-    def peek_path(self, info: RunInfo) -> Path | None:
-        """A local file to peek at a big cold run's tail in, or None (no peek)."""
         ...
 
     def relative(self, path: str) -> str:
@@ -131,6 +134,7 @@ class LocalRoot:
                 else ""
             )
             raise RunNotFoundError(f"{self.location}: the runs root does not exist or is not a directory{hint}")
+        self.real = self.location.resolve()  # what every file read for a run must lie inside
         self.watcher = None
         self.mode, self.mode_reason = "once", "read once, not watched"
         if watch:
@@ -158,7 +162,13 @@ class LocalRoot:
         return names
 
     def reader(self, info: RunInfo, *, cache: CachePolicy | None) -> RunReader:
-        return RunReader(info.directory, cache=cache)
+        return RunReader(info.directory, cache=cache, file=self._file(info))
+
+    def peek_file(self, info: RunInfo) -> LocalFile:
+        return self._file(info)
+
+    def _file(self, info: RunInfo) -> LocalFile:
+        return LocalFile(info.metrics_path, within=self.real)
 
     def size(self, info: RunInfo) -> int:
         try:
@@ -181,9 +191,6 @@ class LocalRoot:
 
     def polls(self, status: str) -> bool:
         return True
-
-    def peek_path(self, info: RunInfo) -> Path | None:
-        return info.metrics_path
 
     def relative(self, path: str) -> str:
         return os.path.relpath(path, self.location)

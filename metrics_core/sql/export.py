@@ -29,6 +29,9 @@ Promises
   which the next export rewrites.  Two exports into one local directory take turns (a lock file).
 * Reads only from the runs root; the export directory may not lie inside it (a local one, or a
   bucket one under the root's prefix).
+* Private: a local export directory is made 0700 where it is created, and each file in it (the
+  Parquet files, the manifest, the lock) 0600, created anew, never through a link
+  (``metrics_core.read.private_files``): an export is as private as the runs it copies.
 * Touches nothing outside the export directory: the manifest is data, and a manifest whose entry
   names anything but a plain file name of the directory (a separator, ``..``, an absolute path)
   is refused (``ExportError`` naming the entry) before any file it names is read or deleted.
@@ -56,6 +59,7 @@ from pyarrow import fs as pafs
 
 from metrics_core.errors import MetricsError, RunPathError
 from metrics_core.read.column_cache import CachePolicy
+from metrics_core.read.private_files import FILE_MODE, create_private, private_directory
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.locations import is_bucket_url
 from metrics_core.roots.runs_root import RunsRoot, open_root
@@ -165,9 +169,12 @@ class Destination:
         temporary = self.path(f".{name}.{uuid.uuid4().hex}.partial") if self.local else target
         try:
             if self.local:
-                Path(self.base).mkdir(parents=True, exist_ok=True)
-            with self.filesystem.open_output_stream(temporary) as stream:
-                write(stream)
+                private_directory(Path(self.base))
+                with os.fdopen(create_private(temporary), "wb") as file, pa.PythonFile(file, mode="w") as stream:
+                    write(stream)
+            else:
+                with self.filesystem.open_output_stream(temporary) as stream:
+                    write(stream)
             if self.local:
                 self.filesystem.move(temporary, target)
         except OSError as exc:
@@ -187,8 +194,8 @@ class Destination:
         if not self.local:
             yield
             return
-        Path(self.base).mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path(LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        private_directory(Path(self.base))
+        fd = os.open(self.path(LOCK), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, FILE_MODE)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX)
             yield

@@ -179,6 +179,7 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
         "status": {
             **_values(status),
             "path": str(status.path),
+            "within": None if status.within is None else str(status.within),
             "identity": list(status.identity or ()),
             "last_record_time": _iso(status.last_record_time),
         },

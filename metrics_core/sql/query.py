@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from metrics_core.errors import RunPathError
+from metrics_core.read.private_files import check_directory, private_directory
 from metrics_core.sql.query_views import records_view, runs_view, sessions_view
 from metrics_core.sql.statement_check import QueryError, check_read_only, load_duckdb, one_line
 
@@ -98,7 +99,7 @@ def connect(
     entries = manifest["runs"]
     temp_directory = ""
     if spill is not None:
-        spill.mkdir(parents=True, exist_ok=True)
+        private_directory(spill, tighten=True)
         temp_directory = str(spill / uuid.uuid4().hex)  # one per connection: two spilling into one collide
     config = {
         "threads": threads,
@@ -206,7 +207,9 @@ def export_for_query(
 ) -> tuple[Path, ExportReport]:
     """Bring the export of the runs ``root`` (a directory or a bucket prefix) in ``cache_home`` up
     to date; its directory and what the export did.  The cache may not lie inside the root
-    (nothing is written there).  ``progress``: as ``export.export_root`` takes it.  ``deadline``
+    (nothing is written there), nor be writable by another user (``UntrustedCacheError``: a
+    planted export would answer the query); its directories are made 0700
+    (``private_files.private_directory``).  ``progress``: as ``export.export_root`` takes it.  ``deadline``
     (a ``time.monotonic()``): runs not reached by then are left for the next export
     (``ExportReport.left``)."""
     from metrics_core.read.column_cache import CachePolicy
@@ -214,13 +217,18 @@ def export_for_query(
 
     check_cache_outside(root, cache_home)
     key = hashlib.blake2b(root_name(root).encode(), digest_size=8).hexdigest()
+    check_directory(cache_home.resolve())
     directory = cache_home.resolve() / "sql" / key
+    for managed in (directory.parent, directory):
+        private_directory(managed, tighten=True)
     report = export_root(root, directory, cache=CachePolicy(cache_home.resolve()), progress=progress, deadline=deadline)
     return directory, report
 
 
 def spill_directory(cache_home: Path) -> Path:
-    """Where queries over the exports in ``cache_home`` spill (``connect``)."""
+    """Where queries over the exports in ``cache_home`` spill (``connect``); ``UntrustedCacheError``
+    when another user owns or can write to ``cache_home``."""
+    check_directory(cache_home.resolve())
     return cache_home.resolve() / "sql-spill"
 
 

@@ -125,6 +125,7 @@ def runs_view(entries: Mapping[str, Mapping[str, Any]], now: datetime) -> pa.Tab
             **{
                 **facts,
                 "path": Path(facts["path"]),
+                "within": Path(facts["within"]) if facts.get("within") else None,
                 "identity": tuple(facts["identity"]),
                 "last_record_time": _time(facts["last_record_time"]),
             }

@@ -85,7 +85,7 @@ def test_every_other_reader_refuses_or_ignores_a_special_metrics_file_at_once(tm
             with pytest.raises(RunFileError) as raised:
                 refused()
             assert_refused(raised.value, path, kind)
-        assert peek_row("run", path) is None
+        assert peek_row("run", LocalFile(path)) is None
         status = StatusRecord(path, True, None, None, None, None, None, 0, None, lock_seen=False)
         assert write_failure(status) is None
         assert status.writer_alive() is None

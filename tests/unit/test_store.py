@@ -35,6 +35,7 @@ from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.memo import view_charts_of, view_findings
 from metrics_core.dashboard.views.runs_table import trend
 from metrics_core.errors import RunNotFoundError
+from metrics_core.read.run_file import RunFile
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import CRASH_REASON
 from metrics_core.read.run_summary import LastValue, RunSummary
@@ -430,7 +431,7 @@ def test_a_loader_that_dies_does_not_stop_later_calls_from_loading(tmp_path: Pat
                        *(base_record(s, train_loss=1.0, pad="x" * 40) for s in range(records)))  # fmt: skip
     failures = []
 
-    def peek_fails_once(name: str, path: Path) -> None:
+    def peek_fails_once(name: str, file: RunFile) -> None:
         if not failures:
             failures.append(name)
             raise RuntimeError("unforeseen")

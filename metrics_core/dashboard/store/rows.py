@@ -18,16 +18,14 @@ decided about earlier rows.
 from __future__ import annotations
 
 import math
-import os
 from datetime import datetime, timezone
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
 from metrics_core.read.records import check_lines
-from metrics_core.read.run_file import open_regular
+from metrics_core.read.run_file import RunFile
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_summary import RunSummary
 from metrics_core.roots.discovery import UnreadableEntry
@@ -236,17 +234,21 @@ def runs_table_row(
     }
 
 
-def peek_row(name: str, path: Path) -> tuple[dict[str, Any], datetime] | None:
+def peek_row(name: str, file: RunFile) -> tuple[dict[str, Any], datetime] | None:
     """A big run's row before it is read, and its last record time: status ``loading`` with the
-    last step, tokens seen and losses found in the last ``PEEK_BYTES`` of its file (valid records
-    by ``records.check_lines``, the readers' own rule); the rest stays missing until the run is
-    read.  One ``pread``, so a root of big runs shows where each one is within a second, while
-    parsing them takes minutes.  None if the tail holds no record or cannot be read."""
+    last step, tokens seen and losses found in the last ``PEEK_BYTES`` of its ``file`` (opened
+    here, as its root opens it for a reader; valid records by ``records.check_lines``, the
+    readers' own rule); the rest stays missing until the run is read.  One ``pread``, so a root of
+    big runs shows where each one is within a second, while parsing them takes minutes.  None if
+    the tail holds no record or cannot be read."""
     try:
-        with open(open_regular(path), "rb") as file:
-            size = os.fstat(file.fileno()).st_size
+        file.open()
+        try:
+            size = file.size()
             start = max(0, size - PEEK_BYTES)
-            block = os.pread(file.fileno(), size - start, start)
+            block = file.read(start, size - start)
+        finally:
+            file.close()
     except OSError:
         return None
     first = block.find(b"\n") + 1 if start else 0  # a cut first line is no record

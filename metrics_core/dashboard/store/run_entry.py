@@ -356,12 +356,12 @@ class RunEntry:
 
     def peek(self, info: RunInfo) -> None:
         """Give a big run not read yet the row ``peek_row`` finds, unless it was read meanwhile."""
-        path = self.ctx.source.peek_path(info)
-        if path is None or not self.lock.acquire(blocking=False):
+        file = self.ctx.source.peek_file(info)
+        if file is None or not self.lock.acquire(blocking=False):
             return  # none to peek at, or being read: its row comes with it
         try:
             if self.summary is None and self.failure is None:
-                found = peek_row(info.name, path)
+                found = peek_row(info.name, file)
                 if found is not None:
                     self.set_row(*found)
         finally:
