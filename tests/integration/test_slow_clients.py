@@ -38,8 +38,8 @@ def health_answers(url: str) -> bool:
 
 
 def closed_by_server(sock: socket.socket) -> bool:
-    """Whether the server has closed ``sock`` (read ready: end of stream or reset; nothing else is
-    ever sent to a request that never finished)."""
+    """Whether the server has closed ``sock`` (read ready: end of stream or reset; an answer it
+    sent first is read and passed over)."""
     try:
         return sock.recv(4096) == b""
     except ConnectionError:
@@ -58,9 +58,10 @@ def slow_server(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 def test_unfinished_headers_neither_stop_health_nor_stay_open(slow_server: str) -> None:
     """``SLOW_CLIENTS`` connections that never finish a request, more than the server's soft file
-    limit leaves room for: health answers within ``HEALTH_DEADLINE`` with all of them connected,
+    limit leaves room for (one in 30 sends its headers and then a body that never ends, answered
+    403 without the token): health answers within ``HEALTH_DEADLINE`` with all of them connected,
     every one of them is closed by the server once the header timeout passes although each keeps
-    sending header bytes, and the server still answers health afterwards."""
+    sending bytes, and the server still answers health afterwards."""
     host, port = slow_server.removeprefix("http://").split(":")
     assert host == "127.0.0.1"
     clients: list[socket.socket] = []
@@ -69,7 +70,12 @@ def test_unfinished_headers_neither_stop_health_nor_stay_open(slow_server: str) 
             for number in range(SLOW_CLIENTS):
                 sock = socket.create_connection((host, int(port)), timeout=5)
                 clients.append(sock)
-                sock.sendall(f"GET /?n={number} HTTP/1.1\r\nHost: {host}:{port}\r\nX-Slow: ".encode())
+                if number % 30:
+                    sock.sendall(f"GET /?n={number} HTTP/1.1\r\nHost: {host}:{port}\r\nX-Slow: ".encode())
+                else:  # headers in, a body that never ends: refused (no token), then kept alive
+                    sock.sendall(
+                        f"POST /?n={number} HTTP/1.1\r\nHost: {host}:{port}\r\nContent-Length: 1000000\r\n\r\n".encode()
+                    )
                 sock.setblocking(False)
                 selector.register(sock, selectors.EVENT_READ)
             opened = time.monotonic()
