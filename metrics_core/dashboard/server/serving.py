@@ -5,7 +5,7 @@ serves.  ``METRICS_SERVE_PLAIN=1`` is the one switch that turns all of this off:
 served exactly as Streamlit serves it (the lifespan only runs the app's shutdown, no routes of
 the server's own, no middleware but the access check, ``access``, which is not a fast path and
 never switched off with it), and every page still works, only slower on a first load.  This
-package (``serving``, ``page_head``, ``asgi_gzip``) is the only place that imports a private
+package (``serving``, ``page_head``, ``asgi_gzip``, ``connection_guard``) is the only place that imports a private
 Streamlit module or names a path Streamlit serves (``tests/unit/test_layers.py`` checks it).  What each
 part does, and the Streamlit behaviour it leans on (each has a test in ``tests/*/test_serving*.py``
 that fails when a Streamlit upgrade changes it):
@@ -22,6 +22,9 @@ that fails when a Streamlit upgrade changes it):
   not served (plain serving, ``AppTest``), do without them: a download button instead of a CSV
   link, a fragment rerun every refresh period instead of one per change of the run.  Leans on:
   ``st.App``'s public ``routes`` only.
+* ``ConnectionGuard`` (``connection_guard``): a connection that does not send a request's headers
+  in time is closed, and open connections stay under a cap below the process's file limit.  Leans
+  on: the uvicorn protocol class Streamlit serves connections with (its module docstring says what).
 * ``lifespan``: as the server starts, imports what the pages import and does Streamlit's
   once-per-process first-run work (``warm_first_script_run``: its emoji catalog, the private
   ``delta_generator._maybe_print_use_warning``) in a background thread, and makes the gzip copies
@@ -69,6 +72,7 @@ from metrics_core.dashboard.server.access import (
     server_token,
 )
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip
+from metrics_core.dashboard.server.connection_guard import ConnectionGuard, guard_connections, guarding
 from metrics_core.dashboard.server.page_head import (
     ALL_ELEMENTS,
     PAGE_ELEMENTS,
@@ -144,6 +148,7 @@ def lifespan(
     prewarm: Callable[[], None] | None = None,
     own_routes: bool = True,
     announce: Callable[[], str] | None = None,
+    guard: ConnectionGuard | None = None,
 ) -> Callable[[object], AbstractAsyncContextManager[None]]:
     """An ``st.App`` lifespan: at start, if ``warm``, in a daemon thread, does what Streamlit does once
     in the first script run of a process (``warm_first_script_run``) and imports every module the top level of
@@ -153,7 +158,8 @@ def lifespan(
     the server's listening socket (``tcp_no_delay``: the socket is bound before the lifespan starts,
     and no connection is accepted before it has); if ``navigation_only``, keeps Streamlit out of its
     legacy folder-of-pages mode before any session; if ``own_routes``, pages use this module's routes
-    (``routes_served``) while it serves; prints ``announce()`` (the URL to open) once it listens; at
+    (``routes_served``) while it serves; ``guard`` watches every connection while it serves
+    (``connection_guard.guarding``); prints ``announce()`` (the URL to open) once it listens; at
     shutdown, runs ``shutdown`` in a worker thread (see the module docstring)."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
@@ -176,7 +182,7 @@ def lifespan(
         if announce is not None:
             print(announce(), flush=True)
         try:
-            with serving_routes(own_routes):
+            with serving_routes(own_routes), guarding(guard):
                 yield
         finally:
             await to_thread.run_sync(shutdown)  # a store's close waits for its loader
@@ -246,7 +252,7 @@ def app_options(
 
     pages = sorted(Path(script).with_name("pages").glob("*.py"))
     return {
-        "lifespan": lifespan(pages, shutdown, prewarm=prewarm, announce=announce),
+        "lifespan": lifespan(pages, shutdown, prewarm=prewarm, announce=announce, guard=guard_connections(environ)),
         "middleware": [
             guard,
             Middleware(StaticGzip, base_url=base_url, hashed=[PLOTLY_ASSETS], copies=copies),
