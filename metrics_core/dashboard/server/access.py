@@ -226,6 +226,7 @@ class GuessLimit:
         return len(self._clients)
 
 
+@functools.lru_cache(maxsize=256)  # a client sends from the same address every time
 def client_key(address: str | None) -> str:
     """The client a request comes from, for ``GuessLimit``: every loopback address is one (anyone on
     the host can send from any of 127.0.0.0/8), an IPv6 address its /64, any other address itself."""
