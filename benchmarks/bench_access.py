@@ -16,10 +16,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metrics_core.dashboard.server.access import Access, AccessGuard
+from metrics_core.dashboard.server.access import Access, AccessGuard, BrowserSessions
 
 TOKEN = "t" * 43  # the length of a made-up token
 ACCESS = Access(token=TOKEN, loopback=True)
+SESSIONS = BrowserSessions()
+SESSION = SESSIONS.new()  # what a browser's cookie holds once it has opened the printed URL
 BROWSER_HEADERS = [  # what Chromium sends with a page's request once it holds the cookie
     (b"host", b"127.0.0.1:8501"),
     (b"user-agent", b"Mozilla/5.0 (X11; Linux x86_64) AppleWebKit/537.36 Chrome/156.0 Safari/537.36"),
@@ -28,7 +30,8 @@ BROWSER_HEADERS = [  # what Chromium sends with a page's request once it holds t
     (b"accept-language", b"en-US,en;q=0.9"),
     (
         b"cookie",
-        b"_streamlit_xsrf=2|5c54be80|7623f94606079fe668e129467786ce02|1796298683; metrics_token_8501=" + TOKEN.encode(),
+        b"_streamlit_xsrf=2|5c54be80|7623f94606079fe668e129467786ce02|1796298683; metrics_session_8501="
+        + SESSION.encode(),
     ),
     (b"sec-fetch-mode", b"navigate"),
 ]
@@ -68,7 +71,7 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=20_000)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    guarded = AccessGuard(app, access=ACCESS)
+    guarded = AccessGuard(app, access=ACCESS, sessions=SESSIONS)
     print(f"{'request':<28}{'bare app':>12}{'guarded':>12}{'guard adds':>14}")
     worst = 0.0
     for kind, fields in KINDS.items():

@@ -10,8 +10,9 @@ of the package it was installed with (``app_script``).  The wheel ships the repo
 serves the same pages as a checkout, and Streamlit reads the ``.streamlit/config.toml`` beside the
 script wherever the command is started from (loopback only, headless: README).  ``--port`` and
 ``--host`` become Streamlit's ``--server.port`` and ``--server.address``; other Streamlit settings
-go through its ``STREAMLIT_*`` environment variables.  An unknown option, or ``--host`` beyond
-loopback with access control off (``METRICS_TOKEN=''``), is refused before any server starts.
+go through its ``STREAMLIT_*`` environment variables.  An unknown option, an empty or short
+``METRICS_TOKEN``, or ``--host`` beyond loopback with access control off (``METRICS_TOKEN=off``),
+is refused before any server starts.
 
 Streamlit runs in this process through the ``streamlit`` console script its distribution declares
 (package metadata, not a private import), so Ctrl-C and SIGTERM reach its server directly.
@@ -69,7 +70,11 @@ def streamlit_arguments(argv: Sequence[str], environ: Mapping[str, str], script:
     ).parse_args(argv)
     ours, dashboard_args = own.parse_known_args(argv)
     parse_settings(dashboard_args, environ)  # the app's own refusals (--refresh 0, a cache inside the runs root)
-    if ours.host is not None and (refusal := refuse_open_bind(ours.host, server_token(environ))) is not None:
+    try:
+        token = server_token(environ)  # the server reads it again; refused here before Streamlit starts
+    except SystemExit as refused:
+        raise SystemExit(f"metrics-dashboard: {refused}") from None
+    if ours.host is not None and (refusal := refuse_open_bind(ours.host, token)) is not None:
         raise SystemExit(f"metrics-dashboard: {refusal}")  # before Streamlit prints a URL that will not answer
     server = [
         *(["--server.port", str(ours.port)] if ours.port is not None else []),

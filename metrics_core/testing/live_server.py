@@ -7,7 +7,9 @@ Shared by the browser tests and the benchmarks (neither imports the other).  Chr
 Every server started here asks for one token, ``ACCESS_TOKEN`` (made once per process), as a
 user's server asks for its own (``dashboard.server.access``); the browser ``chromium`` yields
 sends it with every request of every context it opens (``anonymous_context`` opens one without),
-and ``http_get`` sends it too, so a test reads a page as its owner would."""
+and ``http_get`` sends it too, so a test reads a page as its owner would.  Chromium leaves that
+header off a download started from a link, which the owner's browser makes with its session
+cookie: ``sign_in`` gives a context the cookie first."""
 
 from __future__ import annotations
 
@@ -205,6 +207,13 @@ class TokenBrowser:
 
     def __getattr__(self, name: str) -> object:
         return getattr(self.browser, name)
+
+
+def sign_in(page: object, url: str, token: str = ACCESS_TOKEN) -> None:
+    """Open the printed URL of the server at ``url`` in the browser context of ``page`` (a request, no
+    page drawn): the context holds that server's session cookie, as the owner's browser does."""
+    answer = page.request.get(f"{url}/?token={token}", max_redirects=0)
+    assert answer.status == 303 and "set-cookie" in answer.headers, (answer.status, answer.headers)
 
 
 @contextmanager

@@ -11,7 +11,7 @@ import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.views.chart_specs import STRAGGLER_TITLE
-from metrics_core.testing.live_server import GRAPH_JS, GRID_JS, popover_text, wait_until
+from metrics_core.testing.live_server import GRAPH_JS, GRID_JS, popover_text, sign_in, wait_until
 from tests.support import append_bytes, append_records, base_record, distributed_run, three_session_run
 
 
@@ -111,6 +111,7 @@ def test_each_chart_links_its_rows_as_csv_from_the_servers_route(page: object, s
     wait_until(page, lambda: page.locator(".metrics-chart-csv").count() == 6)
     assert page.locator("[data-testid='stDownloadButton']").count() == 0
     append_records(path, base_record(60, train_loss=0.5))  # not yet drawn: the link reads the run when followed
+    sign_in(page, server)  # a download carries the browser's cookie, not the test's Bearer header
     with page.expect_download() as started:
         page.locator(".st-key-chart_loss .metrics-chart-csv").click()
     download = started.value

@@ -36,19 +36,28 @@ def test_a_strangers_browser_sees_how_to_get_in_and_nothing_of_the_runs(server: 
         context.close()
 
 
-def test_the_printed_url_lets_a_fresh_browser_in_and_its_cookie_keeps_it_in(server: str, browser: object) -> None:
+def test_the_printed_url_lets_a_fresh_browser_in_and_replaces_a_stale_cookie(server: str, browser: object) -> None:
     """The URL with ``?token=`` is answered with a redirect to the same page without the token and
-    an HttpOnly, SameSite=Strict cookie; pages opened later carry only the cookie."""
+    an HttpOnly, SameSite=Strict cookie holding a session, not the token; pages opened later carry
+    only the cookie.  A stale cookie (a restart's, or one a page on another port set) is refused,
+    and the printed URL replaces it: the page draws, no "Connection error"."""
     context = browser.anonymous_context(viewport=DESKTOP)
     try:
         page = context.new_page()
         page.goto(f"{server}/?token={ACCESS_TOKEN}")
         assert page.url == f"{server}/"  # the token is out of the address bar and the history
-        [cookie] = [cookie for cookie in context.cookies() if cookie["name"].startswith("metrics_token_")]
-        assert cookie["value"] == ACCESS_TOKEN and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
-        assert "metrics_token_" not in page.evaluate("document.cookie")  # HttpOnly: no script of the page reads it
-        wait_until(page, lambda: page.locator("[data-testid=stDataFrame] canvas").count() > 0, timeout=60)  # the runs
-        page.goto(f"{server}/run?run={RUN}")
+        [cookie] = [cookie for cookie in context.cookies() if cookie["name"].startswith("metrics_session_")]
+        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and ACCESS_TOKEN not in cookie["value"]
+        assert "metrics_session_" not in page.evaluate("document.cookie")  # HttpOnly: no script of the page reads it
+        context.add_cookies([{**cookie, "value": "stale-session-of-an-earlier-start"}])
+        assert page.goto(f"{server}/run?run={RUN}").status == 403
+        page.goto(f"{server}/run?run={RUN}&token={ACCESS_TOKEN}")
+        assert page.url == f"{server}/run?run={RUN}"
+        [renewed] = [found for found in context.cookies() if found["name"] == cookie["name"]]
+        assert renewed["value"] not in (cookie["value"], "stale-session-of-an-earlier-start")
         wait_until(page, lambda: page.locator(".js-plotly-plot .main-svg").count() > 0, timeout=60)
+        assert "Connection error" not in page.inner_text("body")
+        page.goto(server)
+        wait_until(page, lambda: page.locator("[data-testid=stDataFrame] canvas").count() > 0, timeout=60)  # the runs
     finally:
         context.close()

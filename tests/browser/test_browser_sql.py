@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metrics_core.testing.live_server import GRID_JS, RUN_ROWS_JS, streamlit_server, wait_until
+from metrics_core.testing.live_server import GRID_JS, RUN_ROWS_JS, sign_in, streamlit_server, wait_until
 from tests.support import small_run, three_session_run
 
 pytest.importorskip("duckdb", reason="duckdb (the sql extra) is not installed")
@@ -38,6 +38,7 @@ def test_the_query_box_answers_a_select_and_refuses_a_delete(server: str, page: 
     ask(page, "SELECT run, sessions, last_step FROM runs ORDER BY run")
     rows = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, ".st-key-sql_answer")) and grids[0], timeout=60)
     assert [row[-3:] for row in rows] == [["run", "sessions", "last_step"], ["a", "3", "200"], ["b", "1", "500"]]
+    sign_in(page, server)  # a download carries the browser's cookie, not the test's Bearer header
     with page.expect_download() as download:
         page.get_by_role("button", name="Download CSV").click()
     assert Path(download.value.path()).read_text() == "run,sessions,last_step\na,3,200\nb,1,500\n"

@@ -1,28 +1,35 @@
 """What one client on the same machine can make a served dashboard do with plain GETs to its
 routes: without the token, with a wrong one or through a foreign Host it sees no run data, and no
-websocket opens from another origin; with it, no request stalls the server, requests for runs that
-are not there cost next to nothing, and what a request names (a static file's spelling, chart
-options) keeps no memory per name.
+websocket opens from another origin; no redirect or link leaves the origin, no answer can be framed,
+and the cookie a browser gets is never the token; with it, no request stalls the server, requests
+for runs that are not there cost next to nothing, and what a request names (a static file's
+spelling, chart options) keeps no memory per name.  A server given an empty or short token does not
+start.
 
-Every request of this module goes through ``get``: the one place that says how a client asks.
+A request goes through ``get`` (status and body), ``http_get`` (its headers too) or ``raw_get`` (a
+target exactly as written, no redirect followed).
 """
 
 from __future__ import annotations
 
+import http.client
 import json
+import os
 import re
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from urllib.parse import urlencode
+from urllib.parse import urlencode, urljoin, urlsplit
 
 import psutil
 import pytest
 
 from metrics_core.dashboard.live.push import options_query
 from metrics_core.dashboard.views.chart_specs import SMOOTHING_STEP, ChartOptions
-from metrics_core.testing.live_server import ACCESS_TOKEN, http_get, streamlit_server
+from metrics_core.testing.live_server import ACCESS_TOKEN, REPO, free_port, http_get, streamlit_server
 from tests.support import append_records, base_record, run_async
 
 CATASTROPHIC = "(.|.|.|.)*!"  # a regular expression that backtracks for ever on any chart title
@@ -197,3 +204,92 @@ def test_the_websocket_refuses_a_stranger_and_a_foreign_origin(server: tuple[str
 def test_a_token_of_any_length_that_is_not_the_servers_is_refused(server: tuple[str, object], wrong: str) -> None:
     status, _, body = http_get(f"{server[0]}/run?run={RUN}&token={wrong}", headers={"Authorization": ""})
     assert status == 403 and no_run_data(body.decode())
+
+
+def raw_get(url: str, target: str, headers: dict[str, str]) -> tuple[int, dict[str, str], bytes]:
+    """GET ``target`` exactly as written (no normalising, no redirect followed) from the server at
+    ``url``, with ``headers`` (``Host`` among them): its status, headers (lower-case names, a
+    repeated one joined) and body."""
+    host, port = urlsplit(url).hostname, urlsplit(url).port
+    connection = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        connection.putrequest("GET", target, skip_host=True, skip_accept_encoding=True)
+        for name, value in headers.items():
+            connection.putheader(name, value)
+        connection.endheaders()
+        answer = connection.getresponse()
+        said = {}
+        for name, value in answer.getheaders():
+            said[name.lower()] = f"{said[name.lower()]}, {value}" if name.lower() in said else value
+        return answer.status, said, answer.read()
+    finally:
+        connection.close()
+
+
+def lands_on(url: str, link: str) -> str:
+    """The host and port a browser on ``url`` goes to following ``link`` (it drops tabs and newlines
+    and reads a backslash as a slash)."""
+    cleaned = "".join(c for c in link if c not in "\t\n\r").replace("\\", "/")
+    return urlsplit(urljoin(url + "/", cleaned)).netloc
+
+
+def test_no_redirect_or_link_leaves_the_origin_and_no_answer_can_be_framed(server: tuple[str, object]) -> None:
+    """Paths that a browser would read as another host, sent with the token in the address (the
+    redirect that drops it), with a Bearer header (Streamlit's own answers) and with nothing (the
+    refusal page and its link): every Location and link lands on this server, every answer forbids
+    framing."""
+    url, _ = server
+    paths = ["//evil.example/login", "/%2F%2Fevil.example/x", "/\\evil.example/x", "/%5C%5Cevil.example/x/",
+             "/\\/evil.example/", "/%09/evil.example/", "/run/"]  # fmt: skip
+    own = urlsplit(url).netloc
+    for path in paths:
+        for query, headers in (
+            (f"?token={ACCESS_TOKEN}&run={RUN}", {}),
+            ("", {"Authorization": f"Bearer {ACCESS_TOKEN}"}),
+            ("", {"Accept": "text/html"}),
+        ):
+            status, said, body = raw_get(url, path + query, {"Host": own, **headers})
+            links = [said.get("location", ""), *(m.decode() for m in re.findall(rb'href="([^"]*)"', body))]
+            assert all(lands_on(url, link) == own for link in links if link), (path, query, status, links)
+            assert said.get("content-security-policy") == "frame-ancestors 'none'", (path, query, said)
+            assert said.get("x-frame-options") == "DENY"
+    status, said, _ = raw_get(url, f"/%2F%2Fevil.example/x?token={ACCESS_TOKEN}", {"Host": own})
+    assert status == 303 and said["location"] == "/evil.example/x"
+
+
+def test_the_cookie_is_a_session_never_the_token_and_a_bearer_client_gets_none(server: tuple[str, object]) -> None:
+    url, _ = server
+    own = {"Host": urlsplit(url).netloc}
+    _, said, _ = raw_get(url, f"/?token={ACCESS_TOKEN}", own)
+    cookie = said["set-cookie"].split(";", 1)[0]
+    assert cookie.startswith(f"metrics_session_{urlsplit(url).port}=") and ACCESS_TOKEN not in said["set-cookie"]
+    status, said, body = raw_get(
+        url, f"/api/csv?run={RUN}&chart=loss&history=effective&only=", {**own, "Cookie": cookie}
+    )
+    assert status == 200 and b"train_loss" in body and "set-cookie" not in said
+    status, said, _ = raw_get(url, "/", {**own, "Authorization": f"Bearer {ACCESS_TOKEN}"})
+    assert status == 200 and "set-cookie" not in said
+
+
+@pytest.mark.parametrize(
+    ("command", "token"),
+    [
+        (["-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port"], ""),
+        (["-m", "streamlit", "run", "app.py", "--server.headless", "true", "--server.port"], "fifteen-letters"),
+        (["-m", "metrics_core", "serve", "--port"], "abc"),
+    ],
+    ids=["streamlit-run-empty", "streamlit-run-short", "serve-short"],
+)
+def test_an_empty_or_short_token_refuses_to_start_naming_the_variable(
+    tmp_path: object, command: list[str], token: str
+) -> None:
+    """``METRICS_TOKEN=$(cat ~/.metrics_token)`` with the file missing is an empty token: the server
+    refuses to start and says which variable, rather than serve every run to every user of the node."""
+    argv = [sys.executable, *command, str(free_port()), "--", "--runs", str(tmp_path)]
+    if command[1] == "metrics_core":
+        argv.remove("--")
+    env = {**os.environ, "METRICS_TOKEN": token, "PYTHONPATH": str(REPO)}
+    ended = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
+    said = ended.stdout + ended.stderr
+    assert ended.returncode != 0 and "METRICS_TOKEN" in said and "16 characters" in said, said
+    assert "Open the dashboard" not in said

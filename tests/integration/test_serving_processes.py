@@ -128,7 +128,7 @@ def test_the_server_prints_the_url_to_open_with_its_token_last(runs_root: Path) 
     no token."""
     said = []
     for _ in range(2):
-        with dashboard(runs_root, env={"METRICS_TOKEN": ""} if said else {}) as (url, _, log):
+        with dashboard(runs_root, env={"METRICS_TOKEN": "off"} if said else {}) as (url, _, log):
             deadline = time.monotonic() + 30
             while True:
                 log.seek(0)
@@ -138,15 +138,15 @@ def test_the_server_prints_the_url_to_open_with_its_token_last(runs_root: Path) 
                 time.sleep(0.1)
             said.append((url, text.strip().splitlines()[-1]))
     assert said[0][1] == f"Open the dashboard: {said[0][0]}/?token={ACCESS_TOKEN}"
-    assert said[1][1] == f"Open the dashboard: {said[1][0]}/ (no access token: METRICS_TOKEN='')"
+    assert said[1][1] == f"Open the dashboard: {said[1][0]}/ (no access token: METRICS_TOKEN=off)"
 
 
 def test_listening_everywhere_without_a_token_is_refused_in_one_line(runs_root: Path) -> None:
-    """``--server.address 0.0.0.0`` with ``METRICS_TOKEN=''`` ends the server at start, saying why."""
+    """``--server.address 0.0.0.0`` with ``METRICS_TOKEN=off`` ends the server at start, saying why."""
     command = [sys.executable, "-m", "streamlit", "run", "app.py", "--server.port", str(free_port()),
                "--server.address", "0.0.0.0", "--", "--runs", str(runs_root)]  # fmt: skip
-    env = {**os.environ, "METRICS_TOKEN": "", "PYTHONPATH": str(REPO)}
+    env = {**os.environ, "METRICS_TOKEN": "off", "PYTHONPATH": str(REPO)}
     ended = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=60)
     assert ended.returncode != 0
     said = ended.stdout + ended.stderr
-    assert "refusing to listen on 0.0.0.0 with access control off (METRICS_TOKEN='')" in said, said
+    assert "refusing to listen on 0.0.0.0 with access control off (METRICS_TOKEN=off)" in said, said

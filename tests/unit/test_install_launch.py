@@ -44,15 +44,23 @@ def test_metrics_dashboard_refuses_a_bad_option_before_any_server_starts(
 
 
 def test_metrics_dashboard_refuses_host_beyond_loopback_without_a_token() -> None:
-    """``--host`` beyond loopback with ``METRICS_TOKEN=''`` is one line, before any server starts;
+    """``--host`` beyond loopback with ``METRICS_TOKEN=off`` is one line, before any server starts;
     with a token, or on loopback, it starts."""
     with pytest.raises(SystemExit) as refused:
-        streamlit_arguments(["--host", "0.0.0.0"], {"METRICS_TOKEN": ""}, Path("app.py"))
+        streamlit_arguments(["--host", "0.0.0.0"], {"METRICS_TOKEN": "off"}, Path("app.py"))
     assert str(refused.value).startswith("metrics-dashboard: refusing to listen on 0.0.0.0") and "\n" not in str(
         refused.value
     )
-    assert "--server.address" in streamlit_arguments(["--host", "0.0.0.0"], {"METRICS_TOKEN": "t"}, Path("app.py"))
-    assert "--server.address" in streamlit_arguments(["--host", "127.0.0.1"], {"METRICS_TOKEN": ""}, Path("app.py"))
+    secret = {"METRICS_TOKEN": "a-secret-of-16-chars"}
+    assert "--server.address" in streamlit_arguments(["--host", "0.0.0.0"], secret, Path("app.py"))
+    assert "--server.address" in streamlit_arguments(["--host", "127.0.0.1"], {"METRICS_TOKEN": "off"}, Path("app.py"))
+
+
+@pytest.mark.parametrize("token", ["", "short"])
+def test_metrics_dashboard_refuses_an_empty_or_short_token_before_any_server_starts(token: str) -> None:
+    with pytest.raises(SystemExit) as refused:
+        streamlit_arguments([], {"METRICS_TOKEN": token}, Path("app.py"))
+    assert str(refused.value).startswith("metrics-dashboard: METRICS_TOKEN ") and "\n" not in str(refused.value)
 
 
 def test_the_app_script_is_the_packaged_entry_when_installed_else_the_checkouts(tmp_path: Path) -> None:

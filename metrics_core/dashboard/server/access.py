@@ -1,28 +1,38 @@
 """Who may use the dashboard: a token by default, and Host and Origin checks, as ASGI middleware.
 
 A head node is shared: a server on 127.0.0.1 keeps out the network, not the other users of the
-node.  So, as Jupyter does, the server makes a random token at start (or takes ``METRICS_TOKEN``)
-and prints the URL that carries it; a request carrying the token (``?token=…`` or an
-``Authorization: Bearer …`` header) gets an HttpOnly, SameSite=Strict cookie, and from then on the
-browser is let in by the cookie alone.  Every page, the websocket, every route of the server's own
-and anything else that can show run data refuses a request without one of the three, with a short
-page that says how to get in.  What holds no data stays open: Streamlit's static bundle (the same
-bytes every installation serves) and its health check.  ``METRICS_TOKEN=''`` turns the token off,
-for a deployment behind an authenticating proxy; binding beyond loopback without a token is
-refused (``refuse_open_bind``).
+node.  So, as Jupyter does, the server makes a random token at start (or takes ``METRICS_TOKEN``,
+16 characters at least) and prints the URL that carries it; a browser that opens it (``?token=…``)
+is redirected to the same page without the token and gets a cookie holding a session of its own
+(``BrowserSessions``), never the token.  A client that sends ``Authorization: Bearer …`` (a
+script, an authenticating proxy) shows the token on every request and gets no cookie.  Every
+page, the websocket, every route of the server's own and anything else that can show run data
+refuses a request without a session or the token, with a short page that says how to get in.
+What holds no data stays open: Streamlit's static bundle (the same bytes every installation
+serves) and its health check.  ``METRICS_TOKEN=off`` turns the token off, for a deployment behind
+an authenticating proxy; an empty or short ``METRICS_TOKEN`` (``$(cat file)`` of a missing file)
+refuses to start (``server_token``), as does binding beyond loopback with no token
+(``refuse_open_bind``).  A client that sent wrong tokens waits before its next one is checked
+(``GuessLimit``).
 
-Two checks stand whatever the token says:
+What stands whatever the token says:
 
 * **Host** (DNS rebinding): on a server bound to loopback, a request whose ``Host`` is not a
   loopback name or address is refused: a page on ``evil.example`` rebound to 127.0.0.1 would
   otherwise read the routes as same-origin.
 * **Origin** on the websocket: a browser page of another origin cannot open the dashboard's
   websocket, whatever cookies the browser holds.
+* **No framing**: every answer says ``Content-Security-Policy: frame-ancestors 'none'`` (and
+  ``X-Frame-Options: DENY``), so a page on another port cannot show the dashboard under its own.
+* **Same-origin links**: the redirect and the refusal page's link repeat the request's path with
+  its leading slashes and backslashes (also percent-encoded) collapsed into one
+  (``same_origin_path``): ``//evil.example/x`` is a link to another host, ``/evil.example/x`` is not.
 
-The cookie is named after the port the server listens on (``metrics_token_8501``, read off each
-connection: Streamlit may move to the next free port at start), so two dashboards of one user on
-one host keep a cookie each.  The check is a few dictionary and string operations per
-request, no I/O.
+The cookie (HttpOnly, SameSite=Strict) is named after the port the server listens on
+(``metrics_session_8501``, read off each connection: Streamlit may move to the next free port at
+start), so two dashboards of one user on one host keep a cookie each.  The check is a few
+dictionary and string operations per request, no I/O; its state is used from the server's event
+loop only.
 """
 
 from __future__ import annotations
@@ -30,16 +40,24 @@ from __future__ import annotations
 import functools
 import hmac
 import ipaddress
+import math
+import re
 import secrets
-from collections.abc import Mapping
-from dataclasses import dataclass
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from html import escape
-from urllib.parse import parse_qsl, unquote_plus, urlencode
+from urllib.parse import parse_qsl, quote, unquote_plus, urlencode
 
 from metrics_core.dashboard.server.asgi_gzip import ASGIApp, Receive, Scope, Send, route_path
 
 TOKEN_VARIABLE = "METRICS_TOKEN"
-COOKIE_PREFIX = "metrics_token_"
+TOKEN_OFF = "off"
+SHORTEST_TOKEN = 16
+COOKIE_PREFIX = "metrics_session_"
+NO_FRAMING = [(b"content-security-policy", b"frame-ancestors 'none'"), (b"x-frame-options", b"DENY")]
+_LEADING_SLASHES = re.compile(r"\A(?:/|%2[fF]|%5[cC])+")  # after ``_visible``: a backslash is %5C
 OPEN_PREFIXES = ("/static/",)  # Streamlit's frontend bundle: the same files in every installation
 OPEN_PATHS = frozenset({"/_stcore/health", "/favicon.ico"})
 LOOPBACK_NAMES = frozenset({"localhost", "localhost.localdomain", "ip6-localhost", "ip6-loopback"})
@@ -50,7 +68,8 @@ code{{background:#f3f3f3;padding:0 .3em}}</style></head><body>
 <h1>This dashboard needs its access token</h1>
 <p>{reason}</p>
 <p>Open the address the server printed when it started: it ends in <code>?token=…</code>.
-The browser keeps the token in a cookie, so you need it once per browser.
+The browser then keeps a session cookie for this server, so you need it once per browser, until
+the server restarts or a week has passed.
 If someone else started this dashboard, ask them for the address.</p>{again}
 </body></html>
 """
@@ -62,11 +81,23 @@ carry its cookie: <a href="{url}">open this page again</a>.</p>"""
 
 
 def server_token(environ: Mapping[str, str]) -> str:
-    """The token this server asks for: ``METRICS_TOKEN`` when it is set (``''``: no token, access
-    control off), else a new random one (32 bytes, URL-safe)."""
-    if TOKEN_VARIABLE in environ:
-        return environ[TOKEN_VARIABLE].strip()
-    return secrets.token_urlsafe(32)
+    """The token this server asks for: ``METRICS_TOKEN`` when it is set (``off``: ``''``, no token,
+    access control off), else a new random one (32 bytes, URL-safe).  ``SystemExit`` naming the
+    variable when it is set but empty or shorter than ``SHORTEST_TOKEN``: ``$(cat file)`` of a
+    missing file must not turn access control off, nor a guessable token turn it on."""
+    if TOKEN_VARIABLE not in environ:
+        return secrets.token_urlsafe(32)
+    token = environ[TOKEN_VARIABLE].strip()
+    if token == TOKEN_OFF:
+        return ""
+    if len(token) < SHORTEST_TOKEN:
+        said = "is empty" if not token else f"has {len(token)} characters"
+        raise SystemExit(
+            f"{TOKEN_VARIABLE} {said}: set it to a secret of {SHORTEST_TOKEN} characters or more "
+            f'(python -c "import secrets; print(secrets.token_urlsafe(32))"), leave it unset for a new one '
+            f"at each start, or set {TOKEN_VARIABLE}={TOKEN_OFF} to turn access control off"
+        )
+    return token
 
 
 @functools.lru_cache(maxsize=64)  # a browser sends the same Host every time; bounded whatever is sent
@@ -96,7 +127,7 @@ def refuse_open_bind(address: str, token: str) -> str | None:
         return None
     where = address or "every interface"
     return (
-        f"refusing to listen on {where} with access control off ({TOKEN_VARIABLE}=''): "
+        f"refusing to listen on {where} with access control off ({TOKEN_VARIABLE}={TOKEN_OFF}): "
         f"set {TOKEN_VARIABLE} to a secret, or listen on 127.0.0.1 and tunnel with ssh -L"
     )
 
@@ -111,6 +142,107 @@ def access_url(address: str, port: int, base_url: str, token: str) -> str:
     return f"http://{host}:{port}{base}/{query}"
 
 
+@dataclass
+class BrowserSessions:
+    """The sessions handed to browsers: a random value the server keeps and the cookie carries.  A
+    page on another port of the host receives the cookie (cookies are not scoped by port): its
+    value opens nothing once it expires or the server restarts, never through a proxy that asks for
+    the token, and is not the token.  At most ``limit`` are kept, the oldest dropped first (only
+    a request with the token makes one), each for ``lifetime`` seconds."""
+
+    lifetime: float = 7 * 24 * 3600.0  # a browser shows the token again once a week, or after a restart
+    limit: int = 256
+    clock: Callable[[], float] = time.monotonic
+    _expires: OrderedDict[str, float] = field(default_factory=OrderedDict, init=False)  # oldest first: all live alike
+
+    def new(self) -> str:
+        """A new session value, valid for ``lifetime`` seconds from now."""
+        while len(self._expires) >= self.limit:
+            self._expires.popitem(last=False)
+        value = secrets.token_urlsafe(32)
+        self._expires[value] = self.clock() + self.lifetime
+        return value
+
+    def valid(self, value: str | None) -> bool:
+        """Whether ``value`` is a session this server handed out and that has not expired."""
+        expires = self._expires.get(value) if value else None
+        if expires is not None and expires <= self.clock():
+            del self._expires[value]
+            return False
+        return expires is not None
+
+    def __len__(self) -> int:
+        return len(self._expires)
+
+
+@dataclass(slots=True)
+class _Client:
+    wrong: int  # wrong tokens so far
+    until: float  # no token from this client is checked before this time
+    last: float  # when its last wrong token came
+
+
+@dataclass
+class GuessLimit:
+    """After ``free`` wrong tokens from a client (``client_key``), its next token is checked only
+    after a wait that doubles with each further wrong one, from ``first`` up to ``longest`` seconds;
+    a token sent during the wait is not checked (answering at once "right" would let guesses in
+    parallel through).  At most ``limit`` clients are kept, the least recently wrong dropped first;
+    a client is forgotten ``forget`` seconds after its last wrong token and its wait."""
+
+    free: int = 5
+    first: float = 1.0
+    longest: float = 60.0  # then one guess a minute per client
+    limit: int = 1024
+    forget: float = 600.0
+    clock: Callable[[], float] = time.monotonic
+    _clients: OrderedDict[str, _Client] = field(default_factory=OrderedDict, init=False)  # least recently wrong first
+
+    def wait(self, client: str) -> float:
+        """Seconds before a token from ``client`` is checked; 0: now."""
+        known = self._clients.get(client) if self._clients else None  # the common case: nobody guessed
+        if known is None:
+            return 0.0
+        now = self.clock()
+        if now >= max(known.until, known.last) + self.forget:
+            del self._clients[client]
+            return 0.0
+        return max(known.until - now, 0.0)
+
+    def wrong(self, client: str) -> None:
+        """``client`` sent a wrong token: past ``free`` of them, its wait starts (and doubles)."""
+        now = self.clock()
+        known = self._clients.pop(client, None) or _Client(0, now, now)
+        known.wrong += 1
+        known.last = now
+        extra = known.wrong - self.free
+        if extra > 0:
+            known.until = now + min(self.first * 2 ** min(extra - 1, 32), self.longest)
+        self._clients[client] = known
+        while len(self._clients) > self.limit:
+            self._clients.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._clients)
+
+
+@functools.lru_cache(maxsize=256)  # a client sends from the same address every time
+def client_key(address: str | None) -> str:
+    """The client a request comes from, for ``GuessLimit``: every loopback address is one (anyone on
+    the host can send from any of 127.0.0.0/8), an IPv6 address its /64, any other address itself."""
+    if not address:
+        return ""
+    try:
+        parsed = ipaddress.ip_address(address)
+    except ValueError:
+        return address
+    if parsed.is_loopback or (parsed.version == 6 and parsed.ipv4_mapped and parsed.ipv4_mapped.is_loopback):
+        return "loopback"
+    if parsed.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return address
+
+
 @dataclass(frozen=True)
 class Access:
     """What ``AccessGuard`` enforces: ``token`` (``''``: none), and whether the server listens on
@@ -123,27 +255,29 @@ class Access:
         """A request's ``Host`` value: any when listening beyond loopback, else loopback names only."""
         return not self.loopback or is_loopback(host_name(host))
 
-    def carries_token(self, headers: Mapping[str, str], query: Mapping[str, str], cookie: str) -> bool:
-        """Whether a request proves it knows the token: the cookie named ``cookie``, a Bearer header
-        or ``?token=``."""
-        if not self.token:
-            return True
-        offered = (
-            _cookie(headers.get("cookie", ""), cookie),
-            _bearer(headers.get("authorization", "")),
-            query.get("token"),
-        )
-        return any(value is not None and _same(value, self.token) for value in offered)
+    def right_token(self, offered: str) -> bool:
+        """Whether ``offered`` is the token (compared in constant time)."""
+        return hmac.compare_digest(offered.encode(errors="replace"), self.token.encode())
+
+
+def same_origin_path(path: str, query: str = "") -> str:
+    """``path`` (as sent: percent-encoded) and ``query`` as a link that can only lead to this origin:
+    the path's leading ``/`` and ``\\`` (also ``%2F``, ``%5C``) collapsed into one ``/`` (a browser
+    reads ``//host`` and ``/\\host`` as another host), and every character that is not visible ASCII,
+    or is a backslash, percent-encoded (a browser drops tabs and newlines from a URL)."""
+    path = "/" + _LEADING_SLASHES.sub("", _visible(path))
+    return path + (f"?{_visible(query)}" if query else "")
+
+
+def _visible(text: str) -> str:
+    """``text`` (one character a byte) with every byte that is not visible ASCII, and ``\\``, percent-encoded."""
+    return "".join(c if "!" <= c <= "~" and c != "\\" else f"%{ord(c) & 0xFF:02X}" for c in text)
 
 
 def cookie_name(scope: Scope) -> str:
-    """The token's cookie for the port a request came in on (the listening socket's)."""
+    """The session cookie's name for the port a request came in on (the listening socket's)."""
     server = scope.get("server") or ("", 0)
     return f"{COOKIE_PREFIX}{server[1]}"
-
-
-def _same(offered: str, token: str) -> bool:
-    return hmac.compare_digest(offered.encode(errors="replace"), token.encode())
 
 
 def _cookie(header: str, name: str) -> str | None:
@@ -169,20 +303,33 @@ def _headers(scope: Scope) -> dict[str, str]:
 
 class AccessGuard:
     """ASGI middleware: refuses what ``Access`` does not allow (module docstring); lets the rest
-    through, setting the token's cookie on an answer to a request that carried the token another
-    way.  A page visit with ``?token=`` is redirected to the same URL without it, so the token
-    does not stay in the address bar, the history or a link copied from it."""
+    through, adding ``NO_FRAMING`` to every HTTP answer.  A page visit with ``?token=`` is
+    redirected to the same URL without it, so the token does not stay in the address bar, the
+    history or a link copied from it; with the right token, the redirect sets a new session's
+    cookie unless the browser's cookie already holds a live one (a stale one is replaced)."""
 
-    def __init__(self, app: ASGIApp, *, access: Access, base_url: str = "") -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        access: Access,
+        base_url: str = "",
+        sessions: BrowserSessions | None = None,
+        guesses: GuessLimit | None = None,
+    ) -> None:
         self.app = app
         self.access = access
         self.base_url = base_url
+        self.sessions = BrowserSessions() if sessions is None else sessions
+        self.guesses = GuessLimit() if guesses is None else guesses
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         kind = scope["type"]
         if kind not in ("http", "websocket"):
             await self.app(scope, receive, send)
             return
+        if kind == "http":
+            send = _adding(send, NO_FRAMING)
         headers = _headers(scope)
         if not self.access.host_allowed(headers.get("host", "")):
             await self._refuse(scope, send, "This server answers only to addresses of this machine (its Host check).")
@@ -191,52 +338,73 @@ class AccessGuard:
             await send({"type": "websocket.close", "code": 1008})
             return
         path = route_path(scope, self.base_url)
-        if path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
+        if not self.access.token or path in OPEN_PATHS or path.startswith(OPEN_PREFIXES):
             await self.app(scope, receive, send)
             return
         raw_query = scope.get("query_string", b"").decode("latin-1")
         pairs = parse_qsl(raw_query, keep_blank_values=True) if "token" in raw_query else ()
-        query = {key: value for key, value in pairs if key == "token"}
-        cookie = cookie_name(scope)
-        if not self.access.carries_token(headers, query, cookie):
-            if query:
-                await self._refuse(scope, send, "The token it was given is not this server's.")
+        query_token = next((value for key, value in pairs if key == "token"), None)
+        page_visit = kind == "http" and scope.get("method") == "GET" and query_token is not None
+        cookie = _cookie(headers.get("cookie", ""), cookie_name(scope))
+        if self.sessions.valid(cookie):
+            if page_visit:  # in already: only the token leaves the address bar
+                await self._redirect_without_token(scope, send, raw_query, set_cookie=None)
             else:
-                here = scope.get("root_path", "") + scope.get("path", "/") + (f"?{raw_query}" if raw_query else "")
-                navigation = "text/html" in headers.get("accept", "")  # a browser opening a page
-                await self._refuse(scope, send, "No token came with it.", again=here if navigation else "")
+                await self.app(scope, receive, send)
             return
-        if not self.access.token or _cookie(headers.get("cookie", ""), cookie) is not None:
-            await self.app(scope, receive, send)  # the cookie is there (and right): nothing to add
+        offered = query_token if query_token is not None else _bearer(headers.get("authorization", ""))
+        if offered is None:
+            reason = "Its session has ended (the server restarted, or a week passed)." if cookie else ""
+            navigation = "text/html" in headers.get("accept", "")  # a browser opening a page
+            again = _request_path(scope, raw_query) if navigation else ""
+            await self._refuse(scope, send, reason or "No token came with it.", again=again)
             return
-        if kind == "http" and scope.get("method") == "GET" and query:
-            await self._redirect_without_token(scope, send, raw_query)
+        client = client_key((scope.get("client") or ("", 0))[0])
+        wait = self.guesses.wait(client)
+        if wait:  # not checked: an answer now would tell a right guess from the others
+            retry = str(math.ceil(wait))
+            said = f"Too many wrong tokens came from this address: the next one is checked in {retry} s."
+            await self._refuse(scope, send, said, status=429, extra=[(b"retry-after", retry.encode())])
             return
-        await self.app(scope, receive, self._with_cookie(scope, send))
+        if not self.access.right_token(offered):
+            self.guesses.wrong(client)
+            await self._refuse(scope, send, "The token it was given is not this server's.")
+            return
+        if query_token is None or kind == "websocket":  # Bearer: shown on every request, no cookie
+            await self.app(scope, receive, send)
+        elif page_visit:
+            await self._redirect_without_token(scope, send, raw_query, set_cookie=self._set_cookie(scope))
+        else:
+            await self.app(scope, receive, _adding(send, [self._set_cookie(scope)]))
 
     def _set_cookie(self, scope: Scope) -> tuple[bytes, bytes]:
+        """A new session, as the ``Set-Cookie`` header that hands it to the browser."""
         secure = "; Secure" if scope.get("scheme") in ("https", "wss") else ""
-        value = f"{cookie_name(scope)}={self.access.token}; Path=/; HttpOnly; SameSite=Strict{secure}"
+        lifetime = int(self.sessions.lifetime)
+        value = (
+            f"{cookie_name(scope)}={self.sessions.new()}; Path=/; Max-Age={lifetime}; HttpOnly; SameSite=Strict{secure}"
+        )
         return b"set-cookie", value.encode("latin-1")
 
-    def _with_cookie(self, scope: Scope, send: Send) -> Send:
-        cookie = self._set_cookie(scope)
-
-        async def sending(message: dict) -> None:
-            if message["type"] == "http.response.start":
-                message = {**message, "headers": [*message.get("headers", []), cookie]}
-            await send(message)
-
-        return sending
-
-    async def _redirect_without_token(self, scope: Scope, send: Send, raw_query: str) -> None:
+    async def _redirect_without_token(
+        self, scope: Scope, send: Send, raw_query: str, *, set_cookie: tuple[bytes, bytes] | None
+    ) -> None:
         rest = "&".join(item for item in raw_query.split("&") if unquote_plus(item.partition("=")[0]) != "token")
-        location = scope.get("root_path", "") + scope.get("path", "/") + (f"?{rest}" if rest else "")
-        headers = [(b"location", location.encode("latin-1", errors="replace")), self._set_cookie(scope)]
+        location = _request_path(scope, rest)
+        headers = [(b"location", location.encode("latin-1")), *([set_cookie] if set_cookie else [])]
         await send({"type": "http.response.start", "status": 303, "headers": [*headers, (b"content-length", b"0")]})
         await send({"type": "http.response.body", "body": b""})
 
-    async def _refuse(self, scope: Scope, send: Send, reason: str, again: str = "") -> None:
+    async def _refuse(
+        self,
+        scope: Scope,
+        send: Send,
+        reason: str,
+        again: str = "",
+        *,
+        status: int = 403,
+        extra: list[tuple[bytes, bytes]] | None = None,
+    ) -> None:
         if scope["type"] == "websocket":
             await send({"type": "websocket.close", "code": 1008})
             return
@@ -246,9 +414,29 @@ class AccessGuard:
             (b"content-type", b"text/html; charset=utf-8"),
             (b"content-length", str(len(body)).encode()),
             (b"cache-control", b"no-store"),
+            *(extra or []),
         ]
-        await send({"type": "http.response.start", "status": 403, "headers": headers})
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+def _request_path(scope: Scope, query: str) -> str:
+    """The path a request asked for (as sent, under the server's root path) with ``query``, as a
+    same-origin link (``same_origin_path``)."""
+    raw = scope.get("raw_path")
+    path = raw.decode("latin-1") if raw else quote(scope.get("path", "/"))
+    return same_origin_path(scope.get("root_path", "") + path, query)
+
+
+def _adding(send: Send, headers: list[tuple[bytes, bytes]]) -> Send:
+    """``send`` with ``headers`` added to the answer's start."""
+
+    async def sending(message: dict) -> None:
+        if message["type"] == "http.response.start":
+            message = {**message, "headers": [*message.get("headers", []), *headers]}
+        await send(message)
+
+    return sending
 
 
 def _same_origin(headers: Mapping[str, str]) -> bool:

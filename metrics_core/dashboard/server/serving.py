@@ -265,8 +265,8 @@ def app_options(
 def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware, Callable[[], str]]:
     """The access check every request passes first (``access.AccessGuard``), in plain serving too,
     and the line the server prints once it listens: the URL to open, with its token (made then:
-    Streamlit may move to the next free port).  ``SystemExit`` with one line when the server would
-    listen beyond loopback with no token."""
+    Streamlit may move to the next free port).  ``SystemExit`` with one line when ``METRICS_TOKEN``
+    is refused (``server_token``) or the server would listen beyond loopback with no token."""
     address = str(config.get_option("server.address") or "")
     token = server_token(environ)
     refusal = refuse_open_bind(address, token)
@@ -275,7 +275,7 @@ def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware,
 
     def announce() -> str:
         url = access_url(address, int(config.get_option("server.port")), base_url, token)
-        return f"Open the dashboard: {url}" + ("" if token else " (no access token: METRICS_TOKEN='')")
+        return f"Open the dashboard: {url}" + ("" if token else " (no access token: METRICS_TOKEN=off)")
 
     access = Access(token=token, loopback=bool(address) and is_loopback(address))
     return Middleware(AccessGuard, access=access, base_url=base_url), announce
