@@ -17,24 +17,17 @@ import math
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
 from metrics_core.cli.progress import progress_bar
-from metrics_core.sql.query import (
-    QueryError,
-    check_read_only,
-    connect,
-    export_for_query,
-    is_export,
-    run_query,
-    spill_directory,
-)
+from metrics_core.sql.query import QueryError, check_read_only, export_for_query, is_export, spill_directory
+from metrics_core.sql.query_process import query_export
 from metrics_core.sql.query_views import help_text
 from metrics_core.text import clean, fit, width
 
 if TYPE_CHECKING:
-    import duckdb
     import pyarrow as pa
 
     from metrics_core.cli.command import Subcommands
@@ -76,16 +69,14 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
         if report.left:
             raise QueryError(f"stopped after {args.timeout:g} s: the export took too long; run it again to go on")
-    connection = connect(export, now=datetime.now(timezone.utc), spill=spill_directory(home))
-    try:
-        _print(connection, args, out, started)
-    finally:
-        connection.close()
+    _print(export, args, out, {"now": datetime.now(timezone.utc), "spill": spill_directory(home),
+                               "timeout_s": args.timeout, "started": started})  # fmt: skip
     return 0
 
 
-def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out: TextIO, started: float) -> None:
-    limits = {"timeout_s": args.timeout, "started": started}
+def _print(export: Path | str, args: argparse.Namespace, out: TextIO, limits: dict[str, Any]) -> None:
+    """Run the query (``query_process.query_export``: in a process of its own, held to its memory
+    bound) and print its answer as ``args.format`` says."""
     if args.format == "csv":
         writer = csv.writer(out, lineterminator="\n")
         header: list[bool] = []
@@ -96,12 +87,12 @@ def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out:
                 header.append(True)
             writer.writerows(zip(*(column.to_pylist() for column in batch.columns), strict=True))
 
-        result = run_query(connection, args.sql, max_rows=args.max_rows, on_batch=write, **limits)
+        result = query_export(export, args.sql, max_rows=args.max_rows, on_batch=write, **limits)
         if not header:
             writer.writerow(result.table.schema.names)
         return
     limit = args.max_rows if args.max_rows is not None else TABLE_ROWS
-    result = run_query(connection, args.sql, max_rows=limit, max_bytes=TABLE_BYTES, **limits)
+    result = query_export(export, args.sql, max_rows=limit, max_bytes=TABLE_BYTES, **limits)
     columns = [column.to_pylist() for column in result.table.columns]
     out.write("".join(line + "\n" for line in table_lines(result.table.schema.names, columns)))
     if result.over_bytes is not None:

@@ -5,8 +5,9 @@ job of its own: a scratch export directory, the box's limits, an answer kept acr
 Bounded, since every viewer of the server shares it: one query at a time per server process (a
 second one is told the server is busy, never queued), ``SQL_TIMEOUT_S`` over the whole request
 (the export brought up to date, the query and its answer), at most ``SQL_MAX_ROWS`` rows and
-``SQL_MAX_BYTES`` of answer, kept as Arrow in the session, and DuckDB's spills in the server's
-cache directory (``query.spill_directory``)."""
+``SQL_MAX_BYTES`` of answer, kept as Arrow in the session, DuckDB's spills in the server's
+cache directory (``query.spill_directory``), and the query itself in a process of its own held to
+``query_process.ENGINE_BYTES`` of memory, so no statement grows the server."""
 
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ def query_box(root: Path, cache: Path | None) -> None:
     text) with a CSV download; a refused or failed query is one escaped line of error, and the
     rest of the page is untouched.
     """
-    from metrics_core.sql.query import query_root
+    from metrics_core.sql.query_process import query_root
     from metrics_core.sql.query_views import VIEWS
 
     st.subheader("SQL over every run")

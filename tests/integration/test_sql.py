@@ -199,7 +199,7 @@ def small_root(root: Path) -> Path:
 
 
 def answers(root: str | Path, cache: Path) -> list[list[tuple]]:
-    from metrics_core.sql.query import query_root
+    from metrics_core.sql.query_process import query_root
 
     return [query_root(root, sql, cache_home=cache, now=NOW).table.to_pylist() for sql in COMPARED]
 
