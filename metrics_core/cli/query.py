@@ -4,9 +4,10 @@ The statement check, the export and the locked-down connection are ``metrics_cor
 this command reads its options, exports a runs root into the cache first (an export directory is
 read as it is; on a terminal, stderr shows a bar of the runs exported) and prints the rows: an
 aligned table of at most ``--max-rows`` (1,000 by default) and ``TABLE_BYTES``, or CSV streamed
-batch by batch.  ``--timeout`` covers the whole command: the export, the query and its printing.
-Exit status 0 when done, 2 when refused or failed (one line on stderr).  Importing it loads
-neither DuckDB nor pyarrow.
+batch by batch; text from the runs cleaned for the terminal in both (``text.clean``), and in CSV
+kept text in a spreadsheet too (``text.csv_cell``).  ``--timeout`` covers the whole command: the
+export, the query and its printing.  Exit status 0 when done, 2 when refused or failed (one line
+on stderr).  Importing it loads neither DuckDB nor pyarrow.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from metrics_core.cli.progress import progress_bar
 from metrics_core.sql.query import QueryError, check_read_only, export_for_query, is_export, spill_directory
 from metrics_core.sql.query_process import query_export
 from metrics_core.sql.query_views import help_text
-from metrics_core.text import clean, fit, width
+from metrics_core.text import clean, csv_cell, fit, width
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -83,13 +84,14 @@ def _print(export: Path | str, args: argparse.Namespace, out: TextIO, limits: di
 
         def write(batch: pa.RecordBatch) -> None:
             if not header:
-                writer.writerow(batch.schema.names)
+                writer.writerow(map(csv_value, batch.schema.names))
                 header.append(True)
-            writer.writerows(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+            columns = ([csv_value(value) for value in column.to_pylist()] for column in batch.columns)
+            writer.writerows(zip(*columns, strict=True))
 
         result = query_export(export, args.sql, max_rows=args.max_rows, on_batch=write, **limits)
         if not header:
-            writer.writerow(result.table.schema.names)
+            writer.writerow(map(csv_value, result.table.schema.names))
         return
     limit = args.max_rows if args.max_rows is not None else TABLE_ROWS
     result = query_export(export, args.sql, max_rows=limit, max_bytes=TABLE_BYTES, **limits)
@@ -102,6 +104,11 @@ def _print(export: Path | str, args: argparse.Namespace, out: TextIO, limits: di
         )
     elif result.truncated:
         out.write(f"(first {limit:,} rows; --max-rows N or --format csv for more)\n")
+
+
+def csv_value(value: Any) -> Any:
+    """A value as a CSV cell: text made safe for a terminal and a spreadsheet, the rest as it is."""
+    return csv_cell(clean(value)) if isinstance(value, str) else value
 
 
 def cell_text(value: Any) -> str:

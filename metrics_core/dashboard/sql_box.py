@@ -19,6 +19,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from metrics_core.dashboard.display_text import csv_frame
 from metrics_core.dashboard.widgets import STORE_ERRORS, csv_button, reason_text
 
 SQL_TIMEOUT_S = 10.0  # a query box request is stopped then, export included: the server is shared
@@ -47,8 +48,8 @@ def query_box(root: Path, cache: Path | None) -> None:
     The statement is refused unless it only reads, and stopped after ``SQL_TIMEOUT_S``; while
     another session's query runs, the box says the server is busy.  The answer is kept in this
     session's state, so the page's live reruns keep showing it.  Rows are a data grid (text stays
-    text) with a CSV download; a refused or failed query is one escaped line of error, and the
-    rest of the page is untouched.
+    text) with a CSV download (a cell that starts like a formula kept text: ``csv_frame``); a
+    refused or failed query is one escaped line of error, and the rest of the page is untouched.
     """
     from metrics_core.sql.query_process import query_root
     from metrics_core.sql.query_views import VIEWS
@@ -96,4 +97,4 @@ def query_box(root: Path, cache: Path | None) -> None:
             elif answer.truncated:
                 st.caption(f"The first {SQL_MAX_ROWS:,} rows.")
             st.dataframe(table, hide_index=True)
-            csv_button("Download CSV", lambda: table.to_pandas().to_csv(index=False), "query.csv", "sql_csv")
+            csv_button("Download CSV", lambda: csv_frame(table.to_pandas()).to_csv(index=False), "query.csv", "sql_csv")

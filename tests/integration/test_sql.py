@@ -4,8 +4,11 @@ tests/heavy/test_sql_engine.py)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -125,6 +128,32 @@ def test_the_export_command_and_a_query_over_its_directory(tmp_path: Path) -> No
     assert inside.returncode == 2 and inside.stderr.count("\n") == 1 and not (root / "export").exists()
     done = cli("query", str(out), "SELECT count(*) AS n FROM records WHERE superseded", "--format", "csv")
     assert done.stdout == "n\n9\n" and done.returncode == 0
+
+
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # all but \t and \n
+
+
+def test_the_query_command_prints_another_users_text_inert_in_every_format(tmp_path: Path) -> None:
+    """A run whose directory, session id, key and values hold terminal escapes, a bidi override and
+    spreadsheet formulas: `query` as a table and as CSV prints none of the controls; in CSV a text
+    cell or header that starts like a formula starts with ', and -1.5 stays a number."""
+    evil = "\x1b]0;pwned\x07\x1b[31m\u202e"
+    root = tmp_path / "runs"
+    formula = '=HYPERLINK("http://evil.example","x")'
+    records = (base_record(step, session=f"s{evil}", train_loss=-1.5, note=formula + evil, **{f"@k{evil}": -2.0})
+               for step in (1, 2))  # fmt: skip
+    append_records(root / f"ru{evil}n" / "metrics.jsonl", *records)
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    table = cli("query", str(root), "SELECT * FROM records", *cache)
+    assert table.returncode == 0 and not CONTROLS.search(table.stdout + table.stderr), table.stdout
+    done = cli("query", str(root), "SELECT * FROM records", "--format", "csv", *cache)
+    assert done.returncode == 0 and not CONTROLS.search(done.stdout + done.stderr), done.stdout
+    header, *rows = csv.reader(io.StringIO(done.stdout))
+    assert "'@k" in header and len(rows) == 2  # the escapes gone, whole: no "]0;pwned" left over either
+    for row in rows:
+        cells = dict(zip(header, row, strict=True))
+        assert cells["note"] == "'" + formula and cells["train_loss"] == "-1.5"
+        assert cells["run"] == "run" and cells["session"] == "s" and cells["'@k"] == "-2.0"
 
 
 def tamper(export: Path, run: str, file: str) -> None:
