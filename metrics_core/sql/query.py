@@ -115,6 +115,7 @@ def connect(
         connection.register("runs", runs_view(entries, now))
         connection.register("sessions", sessions_view(entries))
         for setting in (
+            "enable_progress_bar = false",  # DuckDB draws it on stdout: a server's log, a command's answer
             "python_enable_replacements = false",
             "enable_external_access = false",
             "lock_configuration = true",
