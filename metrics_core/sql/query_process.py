@@ -29,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
@@ -95,25 +95,21 @@ def query_export(
     deadline = None if timeout_s is None else started + timeout_s + TIME_GRACE_S
     watch = _Watch(child, memory_bytes, deadline)
     kept: list[pa.RecordBatch] = []
+    ending: dict[Any, Any] = {}
+    batches = _answer(child, request, ending)
     try:
-        assert child.stdin is not None and child.stdout is not None
-        try:
-            child.stdin.write(json.dumps(request).encode())
-            child.stdin.close()
-            reader = pa.ipc.open_stream(child.stdout)
-            while True:
-                batch, metadata = reader.read_next_batch_with_custom_metadata()
-                ending = {} if metadata is None else dict(metadata)
-                if ending:
-                    break
-                if on_batch is not None:
-                    on_batch(batch)
-                else:
-                    kept.append(batch)
-        except (pa.ArrowException, StopIteration, OSError) as exc:
-            child.wait()
-            stopped = watch.why_stopped(timeout_s)
-            raise QueryError(stopped or f"the query process ended without an answer: {one_line(exc)}") from None
+        while True:
+            try:  # a failure to read is the child's; one of on_batch (a closed stdout) is the caller's
+                batch = next(batches, None)
+            except (pa.ArrowException, OSError) as exc:
+                stopped = watch.why_stopped(timeout_s)  # the watch says why before it kills
+                raise QueryError(stopped or f"the query process ended without an answer: {one_line(exc)}") from None
+            if batch is None:
+                break
+            if on_batch is not None:
+                on_batch(batch)
+            else:
+                kept.append(batch)
     finally:
         watch.stop()
         if child.poll() is None:
@@ -124,7 +120,27 @@ def query_export(
     if _ERROR in ending:
         raise QueryError(ending[_ERROR].decode())
     end = json.loads(ending[_END])
-    return QueryResult(pa.Table.from_batches(kept, schema=reader.schema), end["truncated"], end["over_bytes"])
+    return QueryResult(pa.Table.from_batches(kept, schema=ending["schema"]), end["truncated"], end["over_bytes"])
+
+
+def _answer(
+    child: subprocess.Popen[bytes], request: dict[str, Any], ending: dict[Any, Any]
+) -> Iterator[pa.RecordBatch]:
+    """Send ``request`` to ``child`` and read its answer, batch by batch; the answer's schema
+    (``"schema"``) and how it ended (the last batch's metadata) go into ``ending``."""
+    import pyarrow as pa
+
+    assert child.stdin is not None and child.stdout is not None
+    child.stdin.write(json.dumps(request).encode())
+    child.stdin.close()
+    reader = pa.ipc.open_stream(child.stdout)
+    ending["schema"] = reader.schema
+    while True:
+        batch, metadata = reader.read_next_batch_with_custom_metadata()
+        if metadata:
+            ending.update(dict(metadata))
+            return
+        yield batch
 
 
 def query_root(

@@ -156,6 +156,19 @@ def test_the_query_command_prints_another_users_text_inert_in_every_format(tmp_p
         assert cells["run"] == "run" and cells["session"] == "s" and cells["'@k"] == "-2.0"
 
 
+def test_a_query_piped_into_a_reader_that_leaves_ends_quietly(tmp_path: Path) -> None:
+    """`query … --format csv | head -1`: the reader closes the pipe after one line; the command
+    ends with status 0 and says nothing (the query process is stopped, not reported as failed)."""
+    root = tmp_path / "runs"
+    small_run(root / "run" / "metrics.jsonl")
+    command = [sys.executable, "-m", "metrics_core", "query", str(root), "SELECT * FROM range(10000000)", "--format",
+               "csv", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO) as query:
+        assert query.stdout.readline() == b"range\n"
+        query.stdout.close()
+        assert query.wait(timeout=120) == 0 and query.stderr.read() == b""
+
+
 def tamper(export: Path, run: str, file: str) -> None:
     """Give the export's manifest an entry for ``run`` (a copy of another's) whose file is ``file``."""
     manifest = json.loads((export / MANIFEST).read_text())
