@@ -16,11 +16,15 @@ import tempfile
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from metrics_core.dashboard.display_text import csv_frame
 from metrics_core.dashboard.widgets import STORE_ERRORS, csv_button, reason_text
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SQL_TIMEOUT_S = 10.0  # a query box request is stopped then, export included: the server is shared
 SQL_MAX_ROWS = 10_000  # rows a query box shows and downloads; the command line has them all
@@ -97,4 +101,10 @@ def query_box(root: Path, cache: Path | None) -> None:
             elif answer.truncated:
                 st.caption(f"The first {SQL_MAX_ROWS:,} rows.")
             st.dataframe(table, hide_index=True)
-            csv_button("Download CSV", lambda: csv_frame(table.to_pandas()).to_csv(index=False), "query.csv", "sql_csv")
+            csv_button("Download CSV", functools.partial(answer_csv, table), "query.csv", "sql_csv")
+
+
+def answer_csv(table: pa.Table) -> str:
+    """A query's answer as the box's CSV download: a cell or column name that starts like a
+    formula kept text (``csv_frame``), since run names, keys and values are another user's data."""
+    return csv_frame(table.to_pandas()).to_csv(index=False)

@@ -317,3 +317,18 @@ def test_a_charts_csv_keeps_another_users_formulas_as_text(tmp_path: Path) -> No
     assert {cell for row in csv.reader(io.StringIO(pieces["key:@key"])) for cell in row} >= {"'@key"}
     plain = pd.DataFrame({"run": ["a", "b"], "value": [-1.5, 2.0]})
     assert csv_frame(plain) is plain
+
+
+def test_the_sql_boxs_csv_keeps_formulas_as_text() -> None:
+    """The SQL box's download: a text cell and a column name that are formulas written after a ',
+    a negative number a number."""
+    import pyarrow as pa
+
+    from metrics_core.dashboard.sql_box import answer_csv
+
+    table = pa.table({"=cmd": ['=HYPERLINK("http://evil.example")', "run"], "loss": [-1.5, 2.0]})
+    assert list(csv.reader(io.StringIO(answer_csv(table)))) == [
+        ["'=cmd", "loss"],
+        ['\'=HYPERLINK("http://evil.example")', "-1.5"],
+        ["run", "2.0"],
+    ]
