@@ -101,7 +101,7 @@ def query_export(
         while True:
             try:  # a failure to read is the child's; one of on_batch (a closed stdout) is the caller's
                 batch = next(batches, None)
-            except (pa.ArrowException, OSError) as exc:
+            except (pa.ArrowException, OSError, EOFError) as exc:
                 stopped = watch.why_stopped(timeout_s)  # the watch says why before it kills
                 raise QueryError(stopped or f"the query process ended without an answer: {one_line(exc)}") from None
             if batch is None:
@@ -136,7 +136,10 @@ def _answer(
     reader = pa.ipc.open_stream(child.stdout)
     ending["schema"] = reader.schema
     while True:
-        batch, metadata = reader.read_next_batch_with_custom_metadata()
+        try:
+            batch, metadata = reader.read_next_batch_with_custom_metadata()
+        except StopIteration:  # the stream ended without its last batch: the child died between two
+            raise EOFError("the answer ended before its end") from None
         if metadata:
             ending.update(dict(metadata))
             return
