@@ -4,6 +4,7 @@ Every string read from a file (a session id, a reason, a path) passes through ``
 printed, so a hostile session id cannot move the cursor, recolour the terminal or reorder the line;
 ``fit`` and ``fit_middle`` cut it to a number of terminal columns (wide characters count two).
 ``duration`` and ``MISSING`` say a time span and an unknown value the same way everywhere.
+``csv_cell`` keeps a CSV cell text in a spreadsheet (every CSV the product writes calls it).
 """
 
 from __future__ import annotations
@@ -33,6 +34,27 @@ def clean(text: str) -> str:
         for char in text
         if char not in _BIDI and unicodedata.category(char) not in ("Cc", "Zl", "Zp", "Cs", "Co", "Cn")
     )
+
+
+# What a spreadsheet runs as a formula at the start of a cell (OWASP's CSV injection list).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+_NUMBER_CHARS = frozenset("0123456789+-.eE")
+
+
+def csv_cell(text: str) -> str:
+    """``text`` as a CSV cell that a spreadsheet shows as text: one starting like a formula
+    (``FORMULA_STARTS``) gets a leading ``'``, unless it is a plain number (``-1.5``, ``+2e-3``:
+    digits, sign, point and exponent only, so ``-inf`` is text).  A run name, key or value from a
+    file is data: ``=HYPERLINK(…)`` in a cell would be a link the spreadsheet follows."""
+    if not text.startswith(FORMULA_STARTS):
+        return text
+    if _NUMBER_CHARS.issuperset(text):
+        try:
+            float(text)
+            return text
+        except ValueError:
+            pass
+    return "'" + text
 
 
 def width(text: str) -> int:

@@ -6,7 +6,8 @@ Delivery is at least once per firing alert, in order: a receiver that is down or
 is final (the request will never be accepted) and reported.  A URL the HTTP client would refuse (a
 space or a control character in it, a port that is no number) is refused once, when the delivery
 is made, never retried.  A report names a webhook by its scheme and host only (``redacted_url``):
-the path of a Slack or Discord URL is its secret.  Every request has a timeout.  Slack
+the path of a Slack or Discord URL is its secret, so a URL with a path given on a command line,
+which every user of the machine can read, is warned of (``command_line_warning``).  Every request has a timeout.  Slack
 and Discord webhook URLs get the bodies those services accept; any other URL gets the generic JSON
 body (``webhook_body``).  Text from run files is escaped for the chat services that render markup,
 and Discord mentions are disabled.  ``Alert`` lives here, below the rules and the evaluator, because
@@ -79,6 +80,22 @@ def webhook_kind(url: str) -> str:
     if host in _DISCORD_HOSTS and parts.path.startswith("/api/webhooks/"):
         return "discord"
     return "json"
+
+
+WEBHOOK_VARIABLE = "METRICS_WEBHOOK"  # where a webhook URL stays out of the process's command line
+
+
+def command_line_warning(url: str) -> str | None:
+    """The warning for a webhook URL given on a command line, or None when it has no path: every
+    user of the machine reads a command line (``ps``, ``/proc/<pid>/cmdline``), and the path of a
+    Slack or Discord URL is its secret.  Names the URL by scheme and host only."""
+    parts = _split(url)
+    if parts is None or (parts.path in ("", "/") and not parts.query):
+        return None
+    return (
+        f"warning: the webhook {redacted_url(url)} is on the command line, where every user of this machine "
+        f"can read it (ps, /proc/<pid>/cmdline): set ${WEBHOOK_VARIABLE} or the alerts config's `webhook` instead"
+    )
 
 
 def redacted_url(url: str) -> str:

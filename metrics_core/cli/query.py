@@ -4,9 +4,10 @@ The statement check, the export and the locked-down connection are ``metrics_cor
 this command reads its options, exports a runs root into the cache first (an export directory is
 read as it is; on a terminal, stderr shows a bar of the runs exported) and prints the rows: an
 aligned table of at most ``--max-rows`` (1,000 by default) and ``TABLE_BYTES``, or CSV streamed
-batch by batch.  ``--timeout`` covers the whole command: the export, the query and its printing.
-Exit status 0 when done, 2 when refused or failed (one line on stderr).  Importing it loads
-neither DuckDB nor pyarrow.
+batch by batch; text from the runs cleaned for the terminal in both (``text.clean``), and in CSV
+kept text in a spreadsheet too (``text.csv_cell``).  ``--timeout`` covers the whole command: the
+export, the query and its printing.  Exit status 0 when done, 2 when refused or failed (one line
+on stderr).  Importing it loads neither DuckDB nor pyarrow.
 """
 
 from __future__ import annotations
@@ -17,24 +18,17 @@ import math
 import time
 from collections.abc import Sequence
 from datetime import datetime, timezone
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
 from metrics_core.cli.progress import progress_bar
-from metrics_core.sql.query import (
-    QueryError,
-    check_read_only,
-    connect,
-    export_for_query,
-    is_export,
-    run_query,
-    spill_directory,
-)
+from metrics_core.sql.query import QueryError, check_read_only, export_for_query, is_export, spill_directory
+from metrics_core.sql.query_process import query_export
 from metrics_core.sql.query_views import help_text
-from metrics_core.text import clean, fit, width
+from metrics_core.text import clean, csv_cell, fit, width
 
 if TYPE_CHECKING:
-    import duckdb
     import pyarrow as pa
 
     from metrics_core.cli.command import Subcommands
@@ -76,32 +70,31 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
         err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
         if report.left:
             raise QueryError(f"stopped after {args.timeout:g} s: the export took too long; run it again to go on")
-    connection = connect(export, now=datetime.now(timezone.utc), spill=spill_directory(home))
-    try:
-        _print(connection, args, out, started)
-    finally:
-        connection.close()
+    _print(export, args, out, {"now": datetime.now(timezone.utc), "spill": spill_directory(home),
+                               "timeout_s": args.timeout, "started": started})  # fmt: skip
     return 0
 
 
-def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out: TextIO, started: float) -> None:
-    limits = {"timeout_s": args.timeout, "started": started}
+def _print(export: Path | str, args: argparse.Namespace, out: TextIO, limits: dict[str, Any]) -> None:
+    """Run the query (``query_process.query_export``: in a process of its own, held to its memory
+    bound) and print its answer as ``args.format`` says."""
     if args.format == "csv":
         writer = csv.writer(out, lineterminator="\n")
         header: list[bool] = []
 
         def write(batch: pa.RecordBatch) -> None:
             if not header:
-                writer.writerow(batch.schema.names)
+                writer.writerow(map(csv_value, batch.schema.names))
                 header.append(True)
-            writer.writerows(zip(*(column.to_pylist() for column in batch.columns), strict=True))
+            columns = ([csv_value(value) for value in column.to_pylist()] for column in batch.columns)
+            writer.writerows(zip(*columns, strict=True))
 
-        result = run_query(connection, args.sql, max_rows=args.max_rows, on_batch=write, **limits)
+        result = query_export(export, args.sql, max_rows=args.max_rows, on_batch=write, **limits)
         if not header:
-            writer.writerow(result.table.schema.names)
+            writer.writerow(map(csv_value, result.table.schema.names))
         return
     limit = args.max_rows if args.max_rows is not None else TABLE_ROWS
-    result = run_query(connection, args.sql, max_rows=limit, max_bytes=TABLE_BYTES, **limits)
+    result = query_export(export, args.sql, max_rows=limit, max_bytes=TABLE_BYTES, **limits)
     columns = [column.to_pylist() for column in result.table.columns]
     out.write("".join(line + "\n" for line in table_lines(result.table.schema.names, columns)))
     if result.over_bytes is not None:
@@ -111,6 +104,11 @@ def _print(connection: duckdb.DuckDBPyConnection, args: argparse.Namespace, out:
         )
     elif result.truncated:
         out.write(f"(first {limit:,} rows; --max-rows N or --format csv for more)\n")
+
+
+def csv_value(value: Any) -> Any:
+    """A value as a CSV cell: text made safe for a terminal and a spreadsheet, the rest as it is."""
+    return csv_cell(clean(value)) if isinstance(value, str) else value
 
 
 def cell_text(value: Any) -> str:

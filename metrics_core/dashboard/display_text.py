@@ -17,6 +17,8 @@ files and URLs, so nothing here lets them become markup:
 * ``under_root`` says every path inside the runs root relative to it, as a run name: a message
   (an ``OSError``'s, a reader's) names the file the way the page's reader knows it, and no page
   shows where the server keeps its files.
+* ``csv_frame`` for a CSV the page sends (a chart's rows, the SQL box's answer): each text cell
+  and column name a spreadsheet would run as a formula is kept text (``text.csv_cell``).
 * ``shorten`` / ``shorten_words`` cut long strings with an ellipsis (a 10,000-character session
   id must not stretch the page).
 * ``human_count``, ``human_value``, ``age_text``, ``clock_text``: numbers, ages and durations as
@@ -33,7 +35,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from metrics_core.text import MISSING
+from metrics_core.text import FORMULA_STARTS, MISSING, csv_cell
 
 TITLE_CHARS = 80  # titles, names in messages, legend entries
 WORD_CHARS = 60  # a single unbroken token inside a longer message (an id, an excerpt)
@@ -93,6 +95,27 @@ def plotly_text(text: object) -> str:
     """``text`` for a plotly text field, shown literally: no tag can form, line breaks as spaces."""
     text = _CONTROLS.sub(" ", str(text))
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
+def csv_frame(frame: pd.DataFrame) -> pd.DataFrame:
+    """``frame`` with every text cell and column name that starts like a formula made text by
+    ``text.csv_cell`` (numbers, ``-1.5`` as text included, stay as they are); ``frame`` itself when
+    nothing needs it.  Only the cells found by a vectorized prefix test are looked at one by one."""
+    names = [csv_cell(name) if isinstance(name, str) else name for name in frame.columns]
+    safe = frame if names == list(frame.columns) else frame.set_axis(names, axis=1)
+    for position in range(frame.shape[1]):
+        column = frame.iloc[:, position]
+        if not (pd.api.types.is_string_dtype(column) or isinstance(column.dtype, pd.CategoricalDtype)):
+            continue
+        text = column.astype(object)
+        try:
+            formula = text.str.startswith(FORMULA_STARTS, na=False).astype(bool)
+        except AttributeError:  # an object column holding no text
+            continue
+        if formula.any():
+            safe = safe.copy() if safe is frame else safe
+            safe.isetitem(position, text.where(~formula, text[formula].map(csv_cell)))
+    return safe
 
 
 def file_stem(name: str) -> str:

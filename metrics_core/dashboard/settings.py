@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import atexit
+import logging
 import os
 import shutil
 import subprocess
@@ -18,6 +19,7 @@ from pathlib import Path
 import streamlit as st
 
 from metrics_core.alerts.rules import AlertConfig, load_config
+from metrics_core.alerts.webhooks import WEBHOOK_VARIABLE, command_line_warning
 from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
@@ -45,6 +47,7 @@ class Settings:
     alerts_config: Path | None = None  # the alert rules' TOML file; None: the default rules
     list_interval: float = LIST_INTERVAL_S  # a bucket root is listed at most this often
     demo_of: Path | None = None  # showing the demo's runs (``runs``) while this, the user's root, holds none
+    webhook_warning: str | None = None  # a webhook URL on the command line, readable by every user
 
 
 def runs_root(text: str) -> Path | str:
@@ -97,8 +100,8 @@ def settings_parser(environ: Mapping[str, str]) -> argparse.ArgumentParser:
     )
     parser.add_argument(
         "--webhook",
-        default=environ.get("METRICS_WEBHOOK") or None,
-        help="URL to POST alerts to, as `python -m metrics_core alerts` does",
+        help=f"URL to POST alerts to, as `python -m metrics_core alerts` does; else ${WEBHOOK_VARIABLE}, "
+        "which keeps it off the command line every user of the machine can read",
     )
     alerts_config = environ.get("METRICS_ALERTS_CONFIG")
     parser.add_argument(
@@ -128,9 +131,10 @@ def parse_settings(argv: list[str], environ: Mapping[str, str]) -> Settings:
         poll=args.poll,
         demo=args.demo,
         cache=cache,
-        webhook=args.webhook,
+        webhook=args.webhook or environ.get(WEBHOOK_VARIABLE) or None,
         alerts_config=args.alerts_config,
         list_interval=args.list_interval,
+        webhook_warning=command_line_warning(args.webhook) if args.webhook else None,
     )
 
 
@@ -233,9 +237,13 @@ def get_store(server: Settings) -> RunStore:
 
 
 @st.cache_resource(show_spinner=False)
-def _alerter(runs: Path, webhook: str | None, alerts_config: Path | None, _store: RunStore) -> ServerAlerter:
+def _alerter(
+    runs: Path, webhook: str | None, alerts_config: Path | None, webhook_warning: str | None, _store: RunStore
+) -> ServerAlerter:
     # ``runs`` keys the cache; the store (not hashed) is the one of the same root, read through
     alerter = ServerAlerter(_store, load_config(alerts_config) if alerts_config else AlertConfig(), webhook=webhook)
+    if webhook_warning is not None:
+        logging.getLogger(__name__).warning(webhook_warning)  # once per server: the alerter is made once
     _OPEN_ALERTERS.append(alerter)
     return alerter
 
@@ -247,7 +255,7 @@ def open_alerter(server: Settings) -> ServerAlerter | None:
     ``--webhook`` cannot be used, or the runs root is missing."""
     if is_bucket_url(server.runs):
         return None
-    return _alerter(server.runs, server.webhook, server.alerts_config, open_store(server))
+    return _alerter(server.runs, server.webhook, server.alerts_config, server.webhook_warning, open_store(server))
 
 
 def get_alerter(server: Settings) -> ServerAlerter | None:

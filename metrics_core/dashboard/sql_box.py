@@ -5,8 +5,9 @@ job of its own: a scratch export directory, the box's limits, an answer kept acr
 Bounded, since every viewer of the server shares it: one query at a time per server process (a
 second one is told the server is busy, never queued), ``SQL_TIMEOUT_S`` over the whole request
 (the export brought up to date, the query and its answer), at most ``SQL_MAX_ROWS`` rows and
-``SQL_MAX_BYTES`` of answer, kept as Arrow in the session, and DuckDB's spills in the server's
-cache directory (``query.spill_directory``)."""
+``SQL_MAX_BYTES`` of answer, kept as Arrow in the session, DuckDB's spills in the server's
+cache directory (``query.spill_directory``), and the query itself in a process of its own held to
+``query_process.ENGINE_BYTES`` of memory, so no statement grows the server."""
 
 from __future__ import annotations
 
@@ -15,10 +16,15 @@ import tempfile
 import threading
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from metrics_core.dashboard.display_text import csv_frame
 from metrics_core.dashboard.widgets import STORE_ERRORS, csv_button, reason_text
+
+if TYPE_CHECKING:
+    import pyarrow as pa
 
 SQL_TIMEOUT_S = 10.0  # a query box request is stopped then, export included: the server is shared
 SQL_MAX_ROWS = 10_000  # rows a query box shows and downloads; the command line has them all
@@ -46,10 +52,10 @@ def query_box(root: Path, cache: Path | None) -> None:
     The statement is refused unless it only reads, and stopped after ``SQL_TIMEOUT_S``; while
     another session's query runs, the box says the server is busy.  The answer is kept in this
     session's state, so the page's live reruns keep showing it.  Rows are a data grid (text stays
-    text) with a CSV download; a refused or failed query is one escaped line of error, and the
-    rest of the page is untouched.
+    text) with a CSV download (a cell that starts like a formula kept text: ``csv_frame``); a
+    refused or failed query is one escaped line of error, and the rest of the page is untouched.
     """
-    from metrics_core.sql.query import query_root
+    from metrics_core.sql.query_process import query_root
     from metrics_core.sql.query_views import VIEWS
 
     st.subheader("SQL over every run")
@@ -95,4 +101,10 @@ def query_box(root: Path, cache: Path | None) -> None:
             elif answer.truncated:
                 st.caption(f"The first {SQL_MAX_ROWS:,} rows.")
             st.dataframe(table, hide_index=True)
-            csv_button("Download CSV", lambda: table.to_pandas().to_csv(index=False), "query.csv", "sql_csv")
+            csv_button("Download CSV", functools.partial(answer_csv, table), "query.csv", "sql_csv")
+
+
+def answer_csv(table: pa.Table) -> str:
+    """A query's answer as the box's CSV download: a cell or column name that starts like a
+    formula kept text (``csv_frame``), since run names, keys and values are another user's data."""
+    return csv_frame(table.to_pandas()).to_csv(index=False)

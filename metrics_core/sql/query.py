@@ -4,7 +4,7 @@
 made by ``metrics_core.sql.export``: an export directory as it is (local or in a bucket), or a runs
 root (a directory, or a bucket prefix read through ``roots.open_root`` as the dashboard reads it),
 which is first exported incrementally into a directory of the cache (``cache.default_directory``,
-never the runs root: ``<cache>/sql/<hash of the root's path or address>``).  The views
+never the runs root: ``<cache>/sql/<hash of the root's path or address>``; ``export_for_query``).  The views
 (``query_views``) are ``records`` (the Parquet files, one row per record), ``runs`` and
 ``sessions`` (from the export's manifest; a run's status is decided when the query runs, by
 ``runs.run_status``, since the clock and the writer's lock move it).
@@ -24,10 +24,11 @@ Bounded, since a query box on a shared server must not take it down: DuckDB's ``
 bounds what its buffer manager holds, and beyond it DuckDB spills into a directory of the cache
 (``connect``'s ``spill``, one per connection, capped by ``max_temp_directory_size``; without one
 it does not spill), never ``.tmp`` in the working directory; the answer is read ``BATCH_ROWS`` at
-a time (DuckDB's vector) and kept up to ``max_bytes`` (``run_query``); ``query_root``'s time
-limit covers the whole request: bringing the export up to date, opening it, running the query
-and reading its answer.  DuckDB builds each vector of an answer outside that memory limit: a
-vector of very long values costs their size once, while it is read.
+a time (DuckDB's vector) and kept up to ``max_bytes`` (``run_query``).  DuckDB builds each vector
+of an answer outside that memory limit: a vector of very long values costs their size, 4 GB for
+two 2 MB values over 1,000 rows.  So the dashboard and the command line run these functions in a
+process of their own, killed past a bound of resident memory (``query_process``, whose
+``query_root`` also brings the export up to date under the same time limit).
 
 Importing this module loads neither DuckDB nor pyarrow (the command line imports it on training
 nodes for its help); the functions that need them import them.
@@ -115,6 +116,7 @@ def connect(
         connection.register("runs", runs_view(entries, now))
         connection.register("sessions", sessions_view(entries))
         for setting in (
+            "enable_progress_bar = false",  # DuckDB draws it on stdout: a server's log, a command's answer
             "python_enable_replacements = false",
             "enable_external_access = false",
             "lock_configuration = true",
@@ -238,37 +240,6 @@ def check_cache_outside(root: Path | str, cache_home: Path) -> None:
 
     if not is_bucket_url(root) and cache_home.resolve().is_relative_to(Path(root).resolve()):
         raise RunPathError(f"{cache_home}: the cache directory is inside the runs root {root}: it must live elsewhere")
-
-
-def query_root(
-    root: Path | str,
-    sql: str,
-    *,
-    cache_home: Path,
-    now: datetime,
-    timeout_s: float | None = None,
-    max_rows: int | None = None,
-    max_bytes: int | None = None,
-) -> QueryResult:
-    """``sql`` over the runs ``root``: refused before any work unless it only reads, then over the
-    root's export in ``cache_home``, brought up to date first (``export_for_query``), spilling in
-    ``cache_home`` (``spill_directory``).  ``timeout_s`` covers all of it (past the limit, one run
-    being exported ends first): an export that runs out of time keeps what it did, and the next
-    query goes on from there."""
-    started = time.monotonic()
-    check_read_only(sql)
-    deadline = None if timeout_s is None else started + timeout_s
-    export, report = export_for_query(root, cache_home, deadline=deadline)
-    if report.left:
-        raise QueryError(
-            f"stopped after {timeout_s:g} s: bringing the runs' export up to date took too long "
-            f"({report.left:,} run(s) left); run the query again to go on from there"
-        )
-    connection = connect(export, now=now, spill=spill_directory(cache_home))
-    try:
-        return run_query(connection, sql, timeout_s=timeout_s, started=started, max_rows=max_rows, max_bytes=max_bytes)
-    finally:
-        connection.close()
 
 
 def is_export(path: Path | str) -> bool:

@@ -157,7 +157,8 @@ def test_export_to_a_container_and_a_query_over_an_az_root(azure: pafs.FileSyste
     """`export az://… az://…` writes every run's file and the manifest, a second time nothing; `query`
     over the az:// root answers from the runs read through the root."""
     from metrics_core.sql.export import export_root
-    from metrics_core.sql.query import connect, query_root, run_query
+    from metrics_core.sql.query import connect, run_query
+    from metrics_core.sql.query_process import query_root
 
     small_run(tmp_path / "a" / "metrics.jsonl")
     three_session_run(tmp_path / "b" / "metrics.jsonl")

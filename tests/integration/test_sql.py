@@ -4,8 +4,11 @@ tests/heavy/test_sql_engine.py)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -127,6 +130,45 @@ def test_the_export_command_and_a_query_over_its_directory(tmp_path: Path) -> No
     assert done.stdout == "n\n9\n" and done.returncode == 0
 
 
+CONTROLS = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")  # all but \t and \n
+
+
+def test_the_query_command_prints_another_users_text_inert_in_every_format(tmp_path: Path) -> None:
+    """A run whose directory, session id, key and values hold terminal escapes, a bidi override and
+    spreadsheet formulas: `query` as a table and as CSV prints none of the controls; in CSV a text
+    cell or header that starts like a formula starts with ', and -1.5 stays a number."""
+    evil = "\x1b]0;pwned\x07\x1b[31m\u202e"
+    root = tmp_path / "runs"
+    formula = '=HYPERLINK("http://evil.example","x")'
+    records = (base_record(step, session=f"s{evil}", train_loss=-1.5, note=formula + evil, **{f"@k{evil}": -2.0})
+               for step in (1, 2))  # fmt: skip
+    append_records(root / f"ru{evil}n" / "metrics.jsonl", *records)
+    cache = ("--cache-dir", str(tmp_path / "cache"))
+    table = cli("query", str(root), "SELECT * FROM records", *cache)
+    assert table.returncode == 0 and not CONTROLS.search(table.stdout + table.stderr), table.stdout
+    done = cli("query", str(root), "SELECT * FROM records", "--format", "csv", *cache)
+    assert done.returncode == 0 and not CONTROLS.search(done.stdout + done.stderr), done.stdout
+    header, *rows = csv.reader(io.StringIO(done.stdout))
+    assert "'@k" in header and len(rows) == 2  # the escapes gone, whole: no "]0;pwned" left over either
+    for row in rows:
+        cells = dict(zip(header, row, strict=True))
+        assert cells["note"] == "'" + formula and cells["train_loss"] == "-1.5"
+        assert cells["run"] == "run" and cells["session"] == "s" and cells["'@k"] == "-2.0"
+
+
+def test_a_query_piped_into_a_reader_that_leaves_ends_quietly(tmp_path: Path) -> None:
+    """`query … --format csv | head -1`: the reader closes the pipe after one line; the command
+    ends with status 0 and says nothing (the query process is stopped, not reported as failed)."""
+    root = tmp_path / "runs"
+    small_run(root / "run" / "metrics.jsonl")
+    command = [sys.executable, "-m", "metrics_core", "query", str(root), "SELECT * FROM range(10000000)", "--format",
+               "csv", "--cache-dir", str(tmp_path / "cache")]  # fmt: skip
+    with subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=REPO) as query:
+        assert query.stdout.readline() == b"range\n"
+        query.stdout.close()
+        assert query.wait(timeout=120) == 0 and query.stderr.read() == b""
+
+
 def tamper(export: Path, run: str, file: str) -> None:
     """Give the export's manifest an entry for ``run`` (a copy of another's) whose file is ``file``."""
     manifest = json.loads((export / MANIFEST).read_text())
@@ -199,7 +241,7 @@ def small_root(root: Path) -> Path:
 
 
 def answers(root: str | Path, cache: Path) -> list[list[tuple]]:
-    from metrics_core.sql.query import query_root
+    from metrics_core.sql.query_process import query_root
 
     return [query_root(root, sql, cache_home=cache, now=NOW).table.to_pylist() for sql in COMPARED]
 

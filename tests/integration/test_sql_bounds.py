@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 
 from metrics_core.sql.export import export_root
-from metrics_core.sql.query import QueryError, connect, query_root, run_query
+from metrics_core.sql.query import QueryError, connect, run_query, spill_directory
+from metrics_core.sql.query_process import ENGINE_BYTES, query_root
 from tests.support import REPO, open_page, small_run
 from tests.support.reading import NOW
 
@@ -23,6 +24,8 @@ pytest.importorskip("duckdb", reason="duckdb (the sql extra) is not installed")
 WIDE = "SELECT repeat('x', 10000) || i AS s FROM range(100000) t(i)"  # ~1 GB of answer
 SORTED = "SELECT i, md5(i::VARCHAR) AS m FROM range(3000000) t(i) ORDER BY m"  # ~100 MB to sort
 SLOW = "SELECT count(*) FROM range(1000000000000) a"
+ATTACK = "SELECT repeat('x', 2000000) a, repeat('y', 2000000) b FROM range(1000)"  # one 4 GB vector
+STOPPED = "stopped: the query needed more than 1,024 MB of memory; ask for fewer rows or shorter values"
 
 
 def exported(tmp_path: Path, runs: int = 1) -> tuple[Path, Path]:
@@ -53,7 +56,7 @@ def test_a_wide_answer_costs_the_process_its_cap_not_its_size(tmp_path: Path) ->
     small_run(root / "run" / "metrics.jsonl")
     code = (
         "import resource, sys\nfrom datetime import datetime, timezone\nfrom pathlib import Path\n"
-        "from metrics_core.sql.query import query_root\n"
+        "from metrics_core.sql.query_process import query_root\n"
         f"result = query_root(sys.argv[1], {WIDE!r}, cache_home=Path(sys.argv[2]), now=datetime.now(timezone.utc), "
         "max_bytes=16 << 20)\n"
         # VmHWM, not ru_maxrss: Linux carries the parent's peak across the vfork + exec of subprocess
@@ -65,6 +68,37 @@ def test_a_wide_answer_costs_the_process_its_cap_not_its_size(tmp_path: Path) ->
     assert done.returncode == 0, done.stderr
     rows, cap, peak_mb = map(int, done.stdout.split())
     assert cap == 16 << 20 and 1000 < rows < 1700 and peak_mb < 600, done.stdout
+
+
+def test_a_statement_past_the_engine_bound_is_stopped_and_the_server_stays_small(tmp_path: Path) -> None:
+    """Two 2 MB values a row over 1,000 rows, one 4 GB vector that DuckDB's memory_limit does not
+    bound: ``query_root`` (the SQL box's call, in a process of its own standing for the server) and
+    the command line stop it with the message; the server's peak stays far below the engine bound,
+    the query process's near it, and the killed query leaves no spill directory behind."""
+    root = tmp_path / "runs"
+    small_run(root / "run" / "metrics.jsonl")
+    cache = tmp_path / "cache"
+    code = (
+        "import resource, sys\nfrom datetime import datetime, timezone\nfrom pathlib import Path\n"
+        "from metrics_core.sql.query import QueryError\nfrom metrics_core.sql.query_process import query_root\n"
+        "try:\n"
+        f"    query_root(sys.argv[1], {ATTACK!r}, cache_home=Path(sys.argv[2]), now=datetime.now(timezone.utc), "
+        "max_bytes=16 << 20)\n"
+        "except QueryError as exc:\n    print(exc)\n"
+        "peak = next(int(l.split()[1]) for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
+        "print(peak >> 10, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss >> 10)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code, str(root), str(cache)], capture_output=True, text=True,
+                          cwd=REPO, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    *said, peaks = done.stdout.splitlines()
+    server_mb, query_mb = map(int, peaks.split())
+    assert said == [STOPPED] and server_mb < 512 and query_mb < 2 * (ENGINE_BYTES >> 20), done.stdout
+    assert list(spill_directory(cache).iterdir()) == []
+    command = subprocess.run([sys.executable, "-m", "metrics_core", "query", str(root), ATTACK, "--cache-dir",
+                              str(cache)], capture_output=True, text=True, cwd=REPO, timeout=300)  # fmt: skip
+    assert command.returncode == 2 and command.stdout == ""
+    assert command.stderr.splitlines()[-1] == f"error: {STOPPED}"
 
 
 def test_spills_go_to_the_cache_directory_capped_and_never_to_the_working_directory(
@@ -168,9 +202,10 @@ def test_the_query_box_runs_one_query_at_a_time_per_server(
     from metrics_core.dashboard import sql_box
 
     monkeypatch.setenv("METRICS_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setattr(sql_box, "SQL_TIMEOUT_S", 3.0)
     small_run(runs_root / "run" / "metrics.jsonl")
     run_box("SELECT 1")  # the export made, so that the slow query holds the gate while it runs
+    limit = sql_box.SQL_TIMEOUT_S
+    monkeypatch.setattr(sql_box, "SQL_TIMEOUT_S", 3.0)  # the slow query's only: a loaded machine starts a query slowly
     first: list[object] = []
     slow = threading.Thread(target=lambda: first.append(run_box(SLOW)), daemon=True)
     slow.start()
@@ -182,5 +217,6 @@ def test_the_query_box_runs_one_query_at_a_time_per_server(
     slow.join(timeout=60)
     (stopped,) = [error.value for error in first[0].error]  # escaped markdown: "3 s\\: the query…"
     assert stopped.startswith("Query failed: stopped after 3 s") and stopped.endswith("the query took too long")
+    monkeypatch.setattr(sql_box, "SQL_TIMEOUT_S", limit)
     after = run_box("SELECT 42 AS answer")
     assert not after.error and answer_of(after, ["answer"]).to_dict("list") == {"answer": [42]}

@@ -276,3 +276,55 @@ def test_a_paced_pass_is_paced_after_each_block_read_and_finds_what_an_unpaced_o
     assert len(calls) == 2  # both runs ended: a stat each, nothing read
     paced.close()
     unpaced.close()
+
+
+SECRET_HOOK = "https://hooks.slack.com/services/T0/B0/SECRETPATH"
+
+
+def alerts_command(*argv: str) -> tuple[int, str]:
+    """``python -m metrics_core alerts`` run in this process: its status and stderr."""
+    import io
+
+    from metrics_core.cli.main import main
+
+    err = io.StringIO()
+    return main(["alerts", *argv], io.StringIO(), err), err.getvalue()
+
+
+def test_the_alerts_command_takes_its_webhook_and_config_from_the_environment(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With no --webhook, $METRICS_WEBHOOK is the webhook (a bad one is refused as the flag's would
+    be); with no --config, $METRICS_ALERTS_CONFIG is the config."""
+    (tmp_path / "runs").mkdir()
+    monkeypatch.setenv("METRICS_WEBHOOK", "ftp://host/secret")
+    status, said = alerts_command(str(tmp_path / "runs"), "--once")
+    assert status == 2 and "webhook 'ftp://host/…': expected an http:// or https:// URL" in said
+    monkeypatch.delenv("METRICS_WEBHOOK")
+    (tmp_path / "alerts.toml").write_text("spike_z = -1\n")
+    monkeypatch.setenv("METRICS_ALERTS_CONFIG", str(tmp_path / "alerts.toml"))
+    status, said = alerts_command(str(tmp_path / "runs"), "--once")
+    assert status == 2 and "alerts.toml: spike_z is -1: expected" in said
+
+
+def test_a_webhook_with_a_path_on_the_command_line_is_warned_of_without_its_secret(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`alerts --webhook <Slack URL>` works and warns once that every user reads the command line,
+    naming the receiver by scheme and host; from the environment, or without a path, no warning.
+    The dashboard's --webhook gets the same warning."""
+    from metrics_core.dashboard.settings import parse_settings
+
+    (tmp_path / "runs").mkdir()
+    status, said = alerts_command(str(tmp_path / "runs"), "--webhook", SECRET_HOOK, "--once")
+    assert status == 0 and said.count("\n") == 1 and "SECRETPATH" not in said
+    assert (
+        said.startswith("warning: the webhook https://hooks.slack.com/… is on the command line")
+        and "$METRICS_WEBHOOK" in said
+    )
+    assert alerts_command(str(tmp_path / "runs"), "--webhook", "http://127.0.0.1:9", "--once") == (0, "")
+    monkeypatch.setenv("METRICS_WEBHOOK", SECRET_HOOK)
+    assert alerts_command(str(tmp_path / "runs"), "--once") == (0, "")
+    assert parse_settings([], {"METRICS_WEBHOOK": SECRET_HOOK}).webhook_warning is None
+    served = parse_settings(["--webhook", SECRET_HOOK], {})
+    assert served.webhook == SECRET_HOOK and "SECRETPATH" not in served.webhook_warning

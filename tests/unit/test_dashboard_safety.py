@@ -3,6 +3,8 @@ pages, run by AppTest, are in tests/integration/test_dashboard_safety_pages.py).
 
 from __future__ import annotations
 
+import csv
+import io
 import re
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import pytest
 
 from metrics_core.dashboard.display_text import (
     ELLIPSIS,
+    csv_frame,
     file_stem,
     md_text,
     plotly_text,
@@ -23,9 +26,11 @@ from metrics_core.dashboard.figures.layout import Highlight
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
-from metrics_core.dashboard.views.chart_specs import Series
+from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
+from metrics_core.dashboard.views.chart_specs import ChartOptions, Series
 from metrics_core.dashboard.views.runs_table import newest_first, run_link, run_links
 from metrics_core.dashboard.widgets import table_text
+from metrics_core.text import csv_cell
 from tests.support import APP, append_records, base_record
 from tests.support.dashboard import HOSTILE_NAMES, make_runs
 
@@ -278,3 +283,52 @@ def test_the_server_shows_no_error_details_in_the_browser() -> None:
 
     config = tomllib.loads((Path(APP).parent / ".streamlit" / "config.toml").read_text(encoding="utf-8"))
     assert config["client"]["showErrorDetails"] == ShowErrorDetailsConfigOptions.NONE.value
+
+
+@pytest.mark.parametrize(
+    ("cell", "written"),
+    [('=HYPERLINK("http://evil.example","x")', '\'=HYPERLINK("http://evil.example","x")'),
+     ("+cmd|' /C calc'!A0", "'+cmd|' /C calc'!A0"), ("-2+3", "'-2+3"), ("@SUM(A1)", "'@SUM(A1)"),
+     ("\t=1", "'\t=1"), ("-inf", "'-inf"), ("-1.5", "-1.5"), ("+2e-3", "+2e-3"), ("-7", "-7"),
+     ("run-1", "run-1"), ("", "")],
+)  # fmt: skip
+def test_a_csv_cell_that_starts_like_a_formula_is_text_and_a_number_stays_a_number(cell: str, written: str) -> None:
+    """OWASP's formula starts get a leading ' unless the cell is a plain number."""
+    assert csv_cell(cell) == written
+
+
+def test_a_charts_csv_keeps_another_users_formulas_as_text(tmp_path: Path) -> None:
+    """A session id and a key that are spreadsheet formulas: the chart's CSV writes them after a ',
+    its negative values as numbers; a frame with nothing to change is sent as it is."""
+    formula = '=HYPERLINK("http://evil.example","x")'
+    records = (base_record(step, session=formula, train_loss=-1.5, **{"@key": -2.5}) for step in (1, 2))
+    append_records(tmp_path / "r" / "metrics.jsonl", *records)
+    store = RunStore(tmp_path)
+    try:
+        view = store.view("r")
+        pieces = {key: "".join(chart_csv_pieces_of(view, ChartOptions(), key)) for key in ("loss", "key:@key")}
+    finally:
+        store.close()
+    for key, text in pieces.items():
+        header, *rows = csv.reader(io.StringIO(text))
+        cells = [dict(zip(header, row, strict=True)) for row in rows]
+        assert len(cells) == 2 and all(cell["session_id"] == "'" + formula for cell in cells), key
+        assert {cell["value"] for cell in cells} == {"-1.5" if key == "loss" else "-2.5"}
+    assert {cell for row in csv.reader(io.StringIO(pieces["key:@key"])) for cell in row} >= {"'@key"}
+    plain = pd.DataFrame({"run": ["a", "b"], "value": [-1.5, 2.0]})
+    assert csv_frame(plain) is plain
+
+
+def test_the_sql_boxs_csv_keeps_formulas_as_text() -> None:
+    """The SQL box's download: a text cell and a column name that are formulas written after a ',
+    a negative number a number."""
+    import pyarrow as pa
+
+    from metrics_core.dashboard.sql_box import answer_csv
+
+    table = pa.table({"=cmd": ['=HYPERLINK("http://evil.example")', "run"], "loss": [-1.5, 2.0]})
+    assert list(csv.reader(io.StringIO(answer_csv(table)))) == [
+        ["'=cmd", "loss"],
+        ['\'=HYPERLINK("http://evil.example")', "-1.5"],
+        ["run", "2.0"],
+    ]

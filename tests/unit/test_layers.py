@@ -244,8 +244,8 @@ def test_the_dashboard_graph_counts_late_imports() -> None:
     """The graph sees a function-level import (``sql_box`` imports the query module when asked) and
     the layers in their order (so an empty list of upward imports means something)."""
     graph = dashboard_graph()
-    assert "metrics_core.sql.query" not in graph["metrics_core.dashboard.sql_box"]  # outside the dashboard
-    assert "metrics_core.sql.query" in imports(DASHBOARD / "sql_box.py", {"metrics_core.sql.query"})
+    assert "metrics_core.sql.query_process" not in graph["metrics_core.dashboard.sql_box"]  # outside the dashboard
+    assert "metrics_core.sql.query_process" in imports(DASHBOARD / "sql_box.py", {"metrics_core.sql.query_process"})
     assert "metrics_core.dashboard.views.chart_specs" in graph["metrics_core.dashboard.figures.run_charts"]
     assert "metrics_core.dashboard.figures.chart_memo" in graph["metrics_core.dashboard.live.feed"]
     assert (

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pandas as pd
 
+from metrics_core.dashboard.display_text import csv_frame
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import ChartOptions, ChartSpec, spec_makers
 
@@ -17,7 +18,9 @@ def chart_csv_pieces(spec: ChartSpec) -> Iterator[str]:
     """Exactly the rows a chart draws (raw, not downsampled, not smoothed) as CSV, in pieces of
     ``CSV_PIECE_ROWS`` rows, the header first: a big run's CSV is sent as it is written, never
     held whole as text.  Each piece is one chunk of pandas' writer
-    (which picks a time column's precision per chunk), so the pieces are the whole's text."""
+    (which picks a time column's precision per chunk), so the pieces are the whole's text.  Run
+    names, keys and session ids are data: one that starts like a formula is kept text
+    (``display_text.csv_frame``)."""
     parts = []
     for item in spec.series:
         if item.column not in item.frame.columns:
@@ -34,7 +37,7 @@ def chart_csv_pieces(spec: ChartSpec) -> Iterator[str]:
     table = pd.concat(parts)
     for start in range(0, max(len(table), 1), CSV_PIECE_ROWS):
         piece = table.iloc[start : start + CSV_PIECE_ROWS]
-        yield piece.to_csv(index=False, header=start == 0, chunksize=CSV_PIECE_ROWS)
+        yield csv_frame(piece).to_csv(index=False, header=start == 0, chunksize=CSV_PIECE_ROWS)
 
 
 def chart_csv_pieces_of(view: RunView, options: ChartOptions, key: str) -> Iterator[str]:
