@@ -2,9 +2,9 @@
 
 ``RunReader`` stacks the read layers, each its own module and tested alone:
 
-    storage.RunFile  ->  lines.LineFollower  ->  records / arrow_records  ->  session_log.SessionLog
-    (bytes by range)     (complete lines)        (one record rule)            (sessions, replay)
-                                                  -> columns.Table per event (numpy; frames)
+    run_file.RunFile  ->  line_follower.LineFollower  ->  records / arrow_records  ->  session_accounting.SessionLog
+    (bytes by range)      (complete lines)                (one record rule)           (sessions; supersession's rule)
+                                                          -> columns.Table per event (numpy; frames)
 
 Promises
 --------
@@ -31,7 +31,6 @@ are contiguous and an earlier session's records never change once a later sessio
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -43,14 +42,15 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read import column_cache as cache
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, event_rows, return_memory_to_os
+from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import AccountedSessions, EventRows, SessionLog
+from metrics_core.read.session_accounting import AccountedSessions, SessionLog
 from metrics_core.read.session_model import LostWork, Progress, Session
+from metrics_core.read.supersession import EventRows, redone_by, rows_by_session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
@@ -100,6 +100,7 @@ class RunReader(FollowedLog, AccountedSessions):
         self._pending_rows = 0
         self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
         self._event_types: dict[str, pd.CategoricalDtype] = {}
+        self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray]] = {}  # per event: ``redone_by``, its key
 
     # -- what the layers below know ------------------------------------------------------------
 
@@ -392,34 +393,24 @@ class RunReader(FollowedLog, AccountedSessions):
         return self.frame(event)[~self.superseded(event)].reset_index(drop=True)
 
     def superseded(self, event: str) -> np.ndarray:
-        """Per row of ``frame(event)``, whether a later session redid that work (the rule is
-        ``SessionLog.thresholds``'s)."""
+        """Per row of ``frame(event)``, whether a later session redid that work (``redone_by``)."""
+        return self.redone_by(event) >= 0
+
+    def redone_by(self, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, the index in ``sessions`` of the session that redid it, -1
+        where none did (``metrics_core.read.supersession``'s rule).  Kept until the rows, sessions
+        or thresholds change: O(rows + sessions) then, O(1) after (read-only)."""
         self._flush()
         table = self._tables.get(event)
         if table is None:
-            return np.zeros(0, dtype=bool)
-        thresholds = np.array(self.log.thresholds(event), dtype=np.float64)
-        later_min = np.minimum.accumulate(thresholds[::-1])[::-1]  # min over sessions >= i
-        cutoffs = np.append(later_min[1:], math.inf)  # min over sessions > i
-        return table.columns["step"].view() >= cutoffs[self._global_sessions(table)]
-
-    def replaced_by(self, index: int, event: str) -> np.ndarray:
-        """Per row of ``frame(event)``, whether session ``index`` is the one that redid it.
-
-        Rows of earlier sessions that were still effective when session ``index`` began and
-        that it superseded: together with its own records at the same steps, its replay window.
-        """
-        self._flush()
-        table = self._tables.get(event)
-        if table is None or index == 0:
-            return np.zeros(0 if table is None else table.size, dtype=bool)
-        thresholds = np.array(self.log.thresholds(event)[: index + 1], dtype=np.float64)
-        # upper[i]: records of session i at or above it were superseded before session `index` began.
-        upper = np.append(np.minimum.accumulate(thresholds[index - 1 : 0 : -1])[::-1], math.inf)
-        sessions = self._global_sessions(table)
-        steps = table.columns["step"].view()
-        earlier = sessions < index
-        return earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+            return np.zeros(0, dtype=np.int32)
+        key = (table.size, len(self.log), self.log.thresholds_version)
+        found = self._redone.get(event)
+        if found is None or found[0] != key:
+            rows = redone_by(self.log.thresholds(event), self._global_sessions(table), table.columns["step"].view())
+            rows.flags.writeable = False
+            found = self._redone[event] = (key, rows)
+        return found[1]
 
     def session_indices(self, event: str) -> np.ndarray:
         """Per row of ``frame(event)``, the index of its session in ``sessions`` (a view; do not
@@ -443,7 +434,13 @@ class RunReader(FollowedLog, AccountedSessions):
     def _event_rows(self) -> dict[str, dict[int, EventRows]]:
         """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
-        return {
-            event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
-            for event, table in self._tables.items()
-        }
+        return {event: self._rows_by_session(event, table) for event, table in self._tables.items()}
+
+    def _rows_by_session(self, event: str, table: Table) -> dict[int, EventRows]:
+        train = None
+        if event == "train":
+            column = table.columns.get("tokens")
+            tokens = np.zeros(table.size) if column is None else column.numbers()
+            train = (tokens, table.columns["time"].view(), table.columns["tokens_seen"].view())
+        steps = table.columns["step"].view()
+        return rows_by_session(self._global_sessions(table), steps, len(self.log), train=train)
