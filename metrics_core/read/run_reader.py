@@ -209,18 +209,20 @@ class RunReader(FollowedLog, AccountedSessions):
         log = self.log
         to_global = np.array([log.session(sid) for sid in batch.session_ids], dtype=np.int32)
         sessions = to_global[batch.session_codes]
-        runs = np.flatnonzero(np.diff(sessions)) + 1  # sessions are contiguous: a few runs per block
-        for index in dict.fromkeys(sessions[np.concatenate(([0], runs))].tolist()):
-            rows = np.flatnonzero(sessions == index)
-            first, last = rows[0], rows[-1]
-            starts = (int(batch.steps[first]), int(batch.times[first]), int(batch.tokens_seen[first]))
-            ends = (
-                int(batch.steps[last]),
-                int(batch.times[last]),
-                int(batch.tokens_seen[last]),
-                int(batch.skipped[last]),
-            )
-            log.add_run(index, len(rows), starts, ends)
+        bounds = np.concatenate(([0], np.flatnonzero(np.diff(sessions)) + 1, [len(sessions)])).tolist()
+        spans: dict[int, list[int]] = {}  # per session: its first row, last row, rows (a few runs per block)
+        for index, start, stop in zip(sessions[bounds[:-1]].tolist(), bounds, bounds[1:], strict=False):
+            span = spans.setdefault(index, [start, stop - 1, 0])
+            span[1:] = stop - 1, span[2] + stop - start
+        firsts, lasts = (np.array([span[k] for span in spans.values()], dtype=np.int64) for k in (0, 1))
+        starts = zip(
+            *(values[firsts].tolist() for values in (batch.steps, batch.times, batch.tokens_seen)), strict=True
+        )
+        ends = zip(
+            *(v[lasts].tolist() for v in (batch.steps, batch.times, batch.tokens_seen, batch.skipped)), strict=True
+        )
+        for (index, span), first, last in zip(spans.items(), starts, ends, strict=True):
+            log.add_run(index, span[2], first, last)
         pairs = batch.event_codes.astype(np.int64) * len(log) + sessions
         unique, first_rows = np.unique(pairs, return_index=True)
         for pair, row in zip(unique.tolist(), first_rows.tolist(), strict=True):

@@ -84,6 +84,7 @@ class SessionLog:
         self._first_step_in_event: dict[str, dict[int, int]] = {}
         self._recent_times: deque[int] = deque(maxlen=RECENT_TIMES)
         self._replayed: tuple[tuple[int, int, int], Replay] | None = None
+        self._built: tuple[Replay, list[Session], int] | None = None  # ``sessions``: for, built, at records
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -230,35 +231,42 @@ class SessionLog:
         return Progress(len(self._sessions), as_datetime(first.start_ns), last.last_step, last.last_tokens)
 
     def sessions(self, redone: Replay) -> list[Session]:
-        """Sessions in order of first appearance, with downtime and ``redone``'s replay accounting."""
-        result = []
-        previous_end: int | None = None
-        for index, acc in enumerate(self._sessions):
-            result.append(
-                Session(
-                    session_id=acc.session_id,
-                    index=index,
-                    first_step=acc.first_step,
-                    last_step=acc.last_step,
-                    start_time=as_datetime(acc.start_ns),
-                    end_time=as_datetime(acc.end_ns),
-                    records=acc.records,
-                    first_tokens_seen=acc.first_tokens,
-                    last_tokens_seen=acc.last_tokens,
-                    skipped_updates=acc.last_skipped,
-                    downtime_s=None if previous_end is None else (acc.start_ns - previous_end) / 1e9,
-                    steps_replayed=redone.steps[index],
-                    tokens_replayed=redone.tokens[index],
-                    tokens_replayed_is_upper_bound=redone.tokens_bound[index],
-                    records_superseded=redone.records[index],
-                    discarded_bytes=acc.discarded_bytes,
-                    resumed_from_step=acc.resumed_from_step,
-                    end_status=acc.end_status,
-                    end_error=acc.end_error,
-                )
-            )
-            previous_end = acc.end_ns
-        return result
+        """Sessions in order of first appearance, with downtime and ``redone``'s replay accounting.
+
+        Kept: asked again with the same ``redone`` and sessions, only the last one, which an
+        append changes, is built again (an earlier one's change is a new ``redone``).
+        """
+        count, built = len(self._sessions), self._built
+        if built is not None and built[0] is redone and len(built[1]) == count:
+            result = built[1] if built[2] == self.records else [*built[1][:-1], self._session(count - 1, redone)]
+        else:
+            result = [self._session(index, redone) for index in range(count)]
+        self._built = (redone, result, self.records)
+        return list(result)
+
+    def _session(self, index: int, redone: Replay) -> Session:
+        acc = self._sessions[index]
+        return Session(
+            session_id=acc.session_id,
+            index=index,
+            first_step=acc.first_step,
+            last_step=acc.last_step,
+            start_time=as_datetime(acc.start_ns),
+            end_time=as_datetime(acc.end_ns),
+            records=acc.records,
+            first_tokens_seen=acc.first_tokens,
+            last_tokens_seen=acc.last_tokens,
+            skipped_updates=acc.last_skipped,
+            downtime_s=None if index == 0 else (acc.start_ns - self._sessions[index - 1].end_ns) / 1e9,
+            steps_replayed=redone.steps[index],
+            tokens_replayed=redone.tokens[index],
+            tokens_replayed_is_upper_bound=redone.tokens_bound[index],
+            records_superseded=redone.records[index],
+            discarded_bytes=acc.discarded_bytes,
+            resumed_from_step=acc.resumed_from_step,
+            end_status=acc.end_status,
+            end_error=acc.end_error,
+        )
 
     def lost_work(self, redone: Replay) -> LostWork:
         """Downtime, replayed work and the training time that produced superseded train windows."""

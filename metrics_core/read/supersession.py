@@ -221,8 +221,15 @@ def rows_by_session(
     train: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> dict[int, EventRows]:
     """One event's ``EventRows`` of every session but the last (whose records no one redid yet),
-    from its rows' session indices and steps, and for train, ``(tokens, times in ns, tokens_seen)``.
-    O(rows) vectorised, then views: O(1) per session."""
+    from its rows' session indices and steps, and for train ``(tokens, times in ns, tokens_seen)``.
+    O(rows) vectorised, then O(1) per session, and the rows of a session a slice."""
+    return _by_session(sessions, steps, count, train)[2]
+
+
+def _by_session(
+    sessions: np.ndarray, steps: np.ndarray, count: int, train: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+) -> tuple[np.ndarray | None, list[int], dict[int, EventRows]]:
+    """``rows_by_session``, with ``grouped_rows``' order and bounds."""
     import numpy as np
 
     order, bounds, ordered = grouped_rows(sessions, steps, count)
@@ -236,17 +243,18 @@ def rows_by_session(
         window = np.zeros(len(steps))
         window[1:] = np.diff(times) / 1e9
         window[[start for start in bounds[:-1] if start < len(steps)]] = 0.0  # a session's first window
+    steps, ordered = steps.tolist(), ordered.tolist()  # bisections on a list: no numpy scalar per probe
     result = {}
     for index in range(count - 1):
         start, stop = bounds[index], bounds[index + 1]
         if start < stop:
             part = slice(start, stop)
             result[index] = (
-                EventRows(steps[part], bool(ordered[index]))
+                EventRows(steps[part], ordered[index])
                 if train is None
-                else EventRows(steps[part], bool(ordered[index]), tokens[part], window[part], seen[part])
+                else EventRows(steps[part], ordered[index], tokens[part], window[part], seen[part])
             )
-    return result
+    return order, bounds, result
 
 
 def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarray) -> np.ndarray:
@@ -258,14 +266,7 @@ def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarr
     result = np.full(len(steps), -1, dtype=np.int32)
     if count < 2 or not len(steps):
         return result
-    order, bounds, ordered = grouped_rows(sessions, steps, count)
-    if order is not None:
-        steps = steps[order]
-    rows = {
-        index: EventRows(steps[bounds[index] : bounds[index + 1]], bool(ordered[index]))
-        for index in range(count - 1)
-        if bounds[index] < bounds[index + 1]
-    }
+    order, bounds, rows = _by_session(sessions, steps, count, None)
     for index, redoer, start, stop in redone_ranges(thresholds, rows):
         offset = bounds[index]
         result[offset + start : offset + stop] = redoer
