@@ -2,9 +2,8 @@
 
 ``RunReader`` stacks the read layers, each its own module and tested alone:
 
-    run_file.RunFile  ->  line_follower.LineFollower  ->  records / arrow_records  ->  session_accounting.SessionLog
-    (bytes by range)      (complete lines)                (one record rule)           (sessions; supersession's rule)
-                                                          -> columns.Table per event (numpy; frames)
+    run_file.RunFile -> line_follower.LineFollower -> records / arrow_records -> session_accounting.SessionLog
+                                                                               -> columns.Table per event
 
 Promises
 --------
@@ -20,10 +19,10 @@ Promises
   as categories.  Every numeric field of an event is a series by its name (``column``, ``frame``).
 
 Cost: a refresh that finds nothing new is one ``stat``.  After an append, ``frame()`` and
-``sessions`` cost O(appended records), not O(run): each row is converted for pandas once
-(``columns.Derived``), and the replay accounting is recomputed only when a session starts, logs
-an event for the first time, or an earlier one gains records.  New bytes are parsed line by line
-for small appends and by pyarrow for large blocks (a cold load), on worker threads.
+``sessions`` cost O(appended records): each row is converted for pandas once (``columns.Derived``),
+and supersession (``metrics_core.read.supersession``: O(rows + sessions)) is recomputed only when a
+session starts, logs an event for the first time, or an earlier one gains records.  New bytes are
+parsed line by line, or by pyarrow for large blocks (a cold load), on worker threads.
 
 Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
 are contiguous and an earlier session's records never change once a later session has begun.
@@ -101,6 +100,7 @@ class RunReader(FollowedLog, AccountedSessions):
         self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
         self._event_types: dict[str, pd.CategoricalDtype] = {}
         self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray]] = {}  # per event: ``redone_by``, its key
+        self._mappings: dict[Table, tuple[Column, np.ndarray]] = {}  # per table: its session codes' sessions
 
     # -- what the layers below know ------------------------------------------------------------
 
@@ -409,9 +409,8 @@ class RunReader(FollowedLog, AccountedSessions):
         key = (table.size, len(self.log), self.log.thresholds_version)
         found = self._redone.get(event)
         if found is None or found[0] != key:
-            rows = redone_by(self.log.thresholds(event), self._global_sessions(table), table.columns["step"].view())
-            rows.flags.writeable = False
-            found = self._redone[event] = (key, rows)
+            sessions, steps = self._global_sessions(table), table.columns["step"].view()
+            found = self._redone[event] = (key, redone_by(self.log.thresholds(event), sessions, steps))
         return found[1]
 
     def session_indices(self, event: str) -> np.ndarray:
@@ -430,19 +429,22 @@ class RunReader(FollowedLog, AccountedSessions):
         """Per row of ``table``, the index of its session in the log, in the integer type a
         ``Categorical`` of the sessions keeps (O(sessions + new rows): kept per column)."""
         column = table.columns["session_id"]
-        mapping = np.array([self.log.session(sid) for sid in column.categories], dtype=np.int64)
+        kept, mapping = self._mappings.get(table, (None, np.zeros(0, dtype=np.int64)))
+        mapping = mapping if kept is column else mapping[:0]  # a column's categories only grow
+        if len(mapping) < len(column.categories):
+            mapping = np.append(mapping, [self.log.session(sid) for sid in column.categories[len(mapping) :]])
+            self._mappings[table] = (column, mapping)
         return column.codes(mapping, len(self.log))
 
     def _event_rows(self) -> dict[str, dict[int, EventRows]]:
         """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
-        return {event: self._rows_by_session(event, table) for event, table in self._tables.items()}
-
-    def _rows_by_session(self, event: str, table: Table) -> dict[int, EventRows]:
-        train = None
-        if event == "train":
-            column = table.columns.get("tokens")
-            tokens = np.zeros(table.size) if column is None else column.numbers()
-            train = (tokens, table.columns["time"].view(), table.columns["tokens_seen"].view())
-        steps = table.columns["step"].view()
-        return rows_by_session(self._global_sessions(table), steps, len(self.log), train=train)
+        found = {}
+        for event, table in self._tables.items():
+            columns, train = table.columns, None
+            if event == "train":
+                tokens = np.zeros(table.size) if "tokens" not in columns else columns["tokens"].numbers()
+                train = (tokens, columns["time"].view(), columns["tokens_seen"].view())
+            sessions, steps = self._global_sessions(table), columns["step"].view()
+            found[event] = rows_by_session(sessions, steps, len(self.log), train=train)
+        return found

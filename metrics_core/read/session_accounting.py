@@ -85,6 +85,7 @@ class SessionLog:
         self._recent_times: deque[int] = deque(maxlen=RECENT_TIMES)
         self._replayed: tuple[tuple[int, int, int], Replay] | None = None
         self._built: tuple[Replay, list[Session], int] | None = None  # ``sessions``: for, built, at records
+        self._thresholds: dict[str, tuple[tuple[int, int], list[float]]] = {}  # per event, and its key
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -172,9 +173,14 @@ class SessionLog:
 
     def thresholds(self, event: str) -> list[float]:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions
-        (``supersession.threshold``)."""
-        logged = self._first_step_in_event.get(event, {})
-        return [threshold(acc.first_step, logged.get(index)) for index, acc in enumerate(self._sessions)]
+        (``supersession.threshold``); kept until a session begins or first logs an event."""
+        key = (len(self._sessions), self.thresholds_version)
+        found = self._thresholds.get(event)
+        if found is None or found[0] != key:
+            logged = self._first_step_in_event.get(event, {})
+            limits = [threshold(acc.first_step, logged.get(index)) for index, acc in enumerate(self._sessions)]
+            found = self._thresholds[event] = (key, limits)
+        return found[1]
 
     @property
     def thresholds_version(self) -> int:

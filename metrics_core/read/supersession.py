@@ -46,7 +46,7 @@ import math
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
     import numpy as np
@@ -58,15 +58,14 @@ def threshold(first_step: int, first_step_of_event: int | None) -> float:
     return float(first_step + (first_step_of_event != first_step))
 
 
-@dataclass(frozen=True, slots=True)
-class EventRows:
+class EventRows(NamedTuple):
     """What ``replay`` needs of one event's records of one session, in file order.
 
     ``tokens`` / ``window_s`` (train only): each window's tokens and the wall time since the
     session's previous train record (0 for its first; a missing value counts 0); ``tokens_seen``
     (train only) each record's counter.  Any sequence type: ``array`` for the terminal tools,
     numpy for the reader.  ``ordered``: steps never go down, so the rows a later session redid are
-    ranges, found by bisection.
+    ranges, found by bisection.  A tuple: one is made per session and event, cheaply.
     """
 
     steps: Sequence[int]
@@ -259,12 +258,13 @@ def _by_session(
 
 def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """Per row of one event (its session's index, its step), the index of the session that redid
-    it, -1 where none did.  O(rows + sessions + ranges × log sessions)."""
+    it, -1 where none did; read-only.  O(rows + sessions + ranges × log sessions)."""
     import numpy as np
 
     count = len(thresholds)
     result = np.full(len(steps), -1, dtype=np.int32)
     if count < 2 or not len(steps):
+        result.flags.writeable = False
         return result
     order, bounds, rows = _by_session(sessions, steps, count, None)
     for index, redoer, start, stop in redone_ranges(thresholds, rows):
@@ -272,6 +272,7 @@ def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarr
         result[offset + start : offset + stop] = redoer
     if order is not None:
         result[order] = result.copy()
+    result.flags.writeable = False
     return result
 
 
