@@ -242,7 +242,8 @@ def _by_session(
         window = np.zeros(len(steps))
         window[1:] = np.diff(times) / 1e9
         window[[start for start in bounds[:-1] if start < len(steps)]] = 0.0  # a session's first window
-    steps, ordered = steps.tolist(), ordered.tolist()  # bisections on a list: no numpy scalar per probe
+        tokens, window, seen = tokens.tolist(), window.tolist(), seen.tolist()
+    steps, ordered = steps.tolist(), ordered.tolist()  # lists: bisections and sums make no numpy scalars
     result = {}
     for index in range(count - 1):
         start, stop = bounds[index], bounds[index + 1]

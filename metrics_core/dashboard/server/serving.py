@@ -34,7 +34,8 @@ that fails when a Streamlit upgrade changes it):
   its connections, and each kept-alive answer, written as headers then body, waits for a delayed
   ACK).  As it stops it runs the app's shutdown: under
   uvicorn, SIGTERM and Ctrl-C end the process by raising the signal again after the shutdown, so
-  ``atexit`` handlers never run and this is the last Python code that does.
+  ``atexit`` handlers never run and this is the last Python code that does; a stop that waits
+  on a computation is cut after a deadline (``stop_deadline``).
 
 ``import metrics_core`` never imports this module: only app.py does, when ``streamlit run`` serves
 the app through ``st.App``, and the pages, for ``routes_served`` and ``plotly_url``.
@@ -78,6 +79,7 @@ from metrics_core.dashboard.server.page_head import (
     plotly_file,
     static_files,
 )
+from metrics_core.dashboard.server.stop_deadline import exit_within
 
 # The path prefixes Streamlit serves itself: the server's own routes stay outside them.
 STREAMLIT_PATHS = ("/_stcore/", "/static/", "/media/", "/component/", "/app/static/")
@@ -154,7 +156,8 @@ def lifespan(
     and no connection is accepted before it has); if ``navigation_only``, keeps Streamlit out of its
     legacy folder-of-pages mode before any session; if ``own_routes``, pages use this module's routes
     (``routes_served``) while it serves; prints ``announce()`` (the URL to open) once it listens; at
-    shutdown, runs ``shutdown`` in a worker thread (see the module docstring)."""
+    shutdown, runs ``shutdown`` in a worker thread (see the module docstring); whatever a thread is
+    computing, the process ends at most ``stop_deadline.STOP_DEADLINE_S`` after SIGTERM or SIGINT."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -175,11 +178,12 @@ def lifespan(
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
         if announce is not None:
             print(announce(), flush=True)
-        try:
-            with serving_routes(own_routes):
-                yield
-        finally:
-            await to_thread.run_sync(shutdown)  # a store's close waits for its loader
+        with exit_within():  # in front of uvicorn's handlers: a stop that hangs is cut (``stop_deadline``)
+            try:
+                with serving_routes(own_routes):
+                    yield
+            finally:
+                await to_thread.run_sync(shutdown)  # a store's close waits for its loader
 
     return serve
 
