@@ -5,14 +5,14 @@ from __future__ import annotations
 import signal
 import time
 
-from metrics_core.dashboard.server.stop_deadline import exit_within
+from metrics_core.dashboard.server.serving import exit_within
 from tests.support import spawn_python
 
 # A graceful handler that waits for a computation that never ends, as uvicorn waits for an answer a
 # worker thread computes (and the stores' close for the lock that thread holds).
 HANGING_SERVER = """
 import signal, threading, time
-from metrics_core.dashboard.server.stop_deadline import exit_within
+from metrics_core.dashboard.server.serving import exit_within
 
 stopping = threading.Event()
 signal.signal(signal.SIGTERM, lambda number, frame: stopping.set())
