@@ -1,9 +1,10 @@
 """A run read for the terminal tools (``python -m metrics_core tail|summary``): no numpy or pandas.
 
 Training nodes install ``metrics_core`` alone (README), so the terminal tools must work there.
-They read through the same layers as ``RunReader`` up to the sessions: ``storage`` and ``lines``
-for the bytes, ``records.check_lines`` for every line, ``session_log.SessionLog`` and
-``session_log.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
+They read through the same layers as ``RunReader`` up to the sessions: ``run_file`` and
+``line_follower`` for the bytes, ``records.check_lines`` for every line,
+``session_accounting.SessionLog`` and ``supersession.replay`` for the sessions and what each resume
+cost, ``health`` for the findings; so
 both tell the same story of a file (``tests/unit/test_digest.py`` checks it on a resumed run).
 
 What it adds:

@@ -445,6 +445,6 @@ class RunReader(FollowedLog, AccountedSessions):
             if event == "train":
                 tokens = np.zeros(table.size) if "tokens" not in columns else columns["tokens"].numbers()
                 train = (tokens, columns["time"].view(), columns["tokens_seen"].view())
-            sessions, steps = self._global_sessions(table), columns["step"].view()
-            found[event] = rows_by_session(sessions, steps, len(self.log), train=train)
+            rows = (self._global_sessions(table), columns["step"].view(), len(self.log))
+            found[event] = rows_by_session(*rows, thresholds=self.log.thresholds(event), train=train)
         return found

@@ -217,20 +217,29 @@ def rows_by_session(
     steps: np.ndarray,
     count: int,
     *,
+    thresholds: Sequence[float],
     train: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
 ) -> dict[int, EventRows]:
-    """One event's ``EventRows`` of every session but the last (whose records no one redid yet),
-    from its rows' session indices and steps, and for train ``(tokens, times in ns, tokens_seen)``.
-    O(rows) vectorised, then O(1) per session, and the rows of a session a slice."""
-    return _by_session(sessions, steps, count, train)[2]
+    """One event's ``EventRows`` of each session a later one may have redone (its highest step at
+    or above a later session's ``thresholds``), from its rows' session indices and steps, and for
+    train ``(tokens, times in ns, tokens_seen)``.  O(rows) vectorised, then O(1) per such session."""
+    return _by_session(sessions, steps, count, thresholds, train)[2]
 
 
 def _by_session(
-    sessions: np.ndarray, steps: np.ndarray, count: int, train: tuple[np.ndarray, np.ndarray, np.ndarray] | None
+    sessions: np.ndarray,
+    steps: np.ndarray,
+    count: int,
+    thresholds: Sequence[float],
+    train: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
 ) -> tuple[np.ndarray | None, list[int], dict[int, EventRows]]:
     """``rows_by_session``, with ``grouped_rows``' order and bounds."""
     import numpy as np
 
+    highest = np.full(count, -np.inf)
+    np.maximum.at(highest, sessions, steps)
+    lowest_later = np.append(np.minimum.accumulate(np.asarray(thresholds, dtype=np.float64)[::-1])[::-1][1:], np.inf)
+    reachable = np.flatnonzero(highest >= lowest_later).tolist()
     order, bounds, ordered = grouped_rows(sessions, steps, count)
     if order is not None:
         steps = steps[order]
@@ -245,15 +254,13 @@ def _by_session(
         tokens, window, seen = tokens.tolist(), window.tolist(), seen.tolist()
     steps, ordered = steps.tolist(), ordered.tolist()  # lists: bisections and sums make no numpy scalars
     result = {}
-    for index in range(count - 1):
-        start, stop = bounds[index], bounds[index + 1]
-        if start < stop:
-            part = slice(start, stop)
-            result[index] = (
-                EventRows(steps[part], ordered[index])
-                if train is None
-                else EventRows(steps[part], ordered[index], tokens[part], window[part], seen[part])
-            )
+    for index in reachable:
+        part = slice(bounds[index], bounds[index + 1])
+        result[index] = (
+            EventRows(steps[part], ordered[index])
+            if train is None
+            else EventRows(steps[part], ordered[index], tokens[part], window[part], seen[part])
+        )
     return order, bounds, result
 
 
@@ -267,7 +274,7 @@ def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarr
     if count < 2 or not len(steps):
         result.flags.writeable = False
         return result
-    order, bounds, rows = _by_session(sessions, steps, count, None)
+    order, bounds, rows = _by_session(sessions, steps, count, thresholds, None)
     for index, redoer, start, stop in redone_ranges(thresholds, rows):
         offset = bounds[index]
         result[offset + start : offset + stop] = redoer

@@ -102,7 +102,7 @@ SESSION_FIELDS = (
 
 
 def assert_replay_matches_the_masks(reader: RunReader) -> None:
-    """The O(rows) oracle of ``session_log.replay``: each session's share of earlier records, from the
+    """The O(rows) oracle of ``supersession.replay``: each session's share of earlier records, from the
     reader's per-row ``redone_by``, and the superseded training time from its frame."""
     sessions = reader.sessions
     for session in sessions[1:]:

@@ -295,8 +295,8 @@ def test_snapshots_held_by_a_page_never_change_while_live_appends_extend_their_m
 def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After an append of the last session, no supersession or replay mask is recomputed (they are
-    O(rows)); after a new session they are."""
+    """After an append of the last session, no supersession mask (``redone_by``) is recomputed (it is
+    O(rows)); after a new session it is."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 200, 10)),
                    base_record(190, event="validation", val_loss=0.8))  # fmt: skip
