@@ -29,6 +29,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -208,7 +209,12 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
 
 def _values(instance: Any) -> dict[str, Any]:
     """A dataclass's fields by name, not deep-copied (``asdict`` copies every value)."""
-    return {item.name: getattr(instance, item.name) for item in fields(instance)}
+    return {name: getattr(instance, name) for name in _names(type(instance))}
+
+
+@cache
+def _names(kind: type) -> tuple[str, ...]:
+    return tuple(item.name for item in fields(kind))  # ``fields`` per instance: most of a session's row
 
 
 def _iso(value: datetime | None) -> str | None:
