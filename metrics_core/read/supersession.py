@@ -15,7 +15,8 @@ figures, the diagnostics and the SQL export all ask it:
 * ``redone_by``: per row of an event, the session that redid it (-1: none); ``superseded`` is
   ``redone_by >= 0``, ``RunReader.redone_by`` and the snapshots hold it.
 * ``replay``: what each resume cost (steps, tokens, records), and the training time that produced
-  superseded train windows.
+  superseded train windows, from each session's ``EventRows`` (``rows_by_session`` makes them of
+  the reader's columns; ``RunDigest`` keeps its own).
 * ``redo_windows``: each resume's replay window, the earlier rows it redid against its own redo
   of the same steps, for the replay findings and the shaded ranges of the charts.
 * ``only_appended_to_last``: the incremental check: rows appended to the last session change no
