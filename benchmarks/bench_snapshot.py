@@ -8,7 +8,7 @@ the appends never touch the kept file), side by side in one process:
 * extended: a store with the run open appends one train record of the last session and calls
   ``view()``, ``--appends`` times (the snapshot and the runs page's summary extended from the last);
 * from scratch: the same snapshot built anew from the same reader (``snapshot.build_view`` without a
-  previous view: every frame, supersession and replay mask recomputed), as each append cost before;
+  previous view: every frame and supersession mask recomputed), as each append cost before;
 * both on ``--records`` and on a tenth of it: an O(appended records) update costs the same on both.
 
 The two alternate in batches of ``--batch`` (appends, then as many from-scratch builds), not one

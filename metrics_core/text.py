@@ -74,6 +74,8 @@ def fit(text: str, columns: int) -> str:
     """``text`` cut to at most ``columns`` terminal columns, ending in "…" when cut."""
     if width(text) <= columns:
         return text
+    if text.isascii():  # a column a character
+        return text[: max(0, columns - 1)] + "…"
     used, kept = 1, []  # the ellipsis takes one column
     for char in text:
         used += _char_width(char)
@@ -91,6 +93,9 @@ def fit_middle(text: str, columns: int) -> str:
     if width(text) <= columns:
         return text
     tail_columns = (columns - 1) // 2
+    if text.isascii():  # a column a character
+        keep = max(0, tail_columns)
+        return fit(text[: len(text) - keep], columns - keep) + text[len(text) - keep :]
     tail: list[str] = []
     used = 0
     for char in reversed(text):

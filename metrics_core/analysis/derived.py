@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -10,6 +10,7 @@ import pandas as pd
 
 from metrics_core.read.run_status import CRASH_REASON
 from metrics_core.read.session_model import Session
+from metrics_core.read.supersession import redo_windows
 
 
 def tokens_per_second(frame: pd.DataFrame) -> pd.Series:
@@ -41,10 +42,21 @@ def tokens_per_second_rows(tokens: np.ndarray, times_ns: np.ndarray, sessions: n
 
 def weighted_loss(frame: pd.DataFrame, column: str = "train_loss") -> float | None:
     """Token-weighted mean of ``column`` over rows with a finite value (plain mean without tokens)."""
-    if column not in frame.columns or frame.empty:
+    found = loss_columns(frame, column)
+    return None if found is None else weighted_mean(*found)
+
+
+def loss_columns(frame: pd.DataFrame, column: str = "train_loss") -> tuple[np.ndarray, np.ndarray] | None:
+    """``column`` and its weights (``tokens``, else ones) as float64, or None without ``column``."""
+    if column not in frame.columns:
         return None
     values = frame[column].to_numpy(dtype=np.float64)
     weights = frame["tokens"].to_numpy(dtype=np.float64) if "tokens" in frame.columns else np.ones(len(frame))
+    return values, weights
+
+
+def weighted_mean(values: np.ndarray, weights: np.ndarray) -> float | None:
+    """``weighted_loss`` of ``loss_columns``' arrays (or rows of them)."""
     usable = np.isfinite(values) & np.isfinite(weights) & (weights > 0)
     if not usable.any():
         return None
@@ -71,31 +83,61 @@ class ReplayWindow:
         return self.redo_loss - self.earlier_loss
 
 
-def replay_windows(
-    train: pd.DataFrame, sessions: Sequence[Session], replaced: Mapping[int, np.ndarray]
-) -> list[ReplayWindow]:
-    """One window per session that redid work; ``replaced[j]`` marks train rows session j superseded."""
-    windows = []
-    for session in sessions[1:]:
-        mask = replaced.get(session.index)
-        if mask is None or not mask.any():
-            continue
-        earlier = train[mask]
-        last = int(earlier["step"].max())
-        steps = train["step"]
-        redo = train[(train["session_id"] == session.session_id) & (steps >= session.first_step) & (steps <= last)]
-        windows.append(
-            ReplayWindow(
-                session=session.index,
-                first_step=session.first_step,
-                last_step=last,
-                earlier_records=len(earlier),
-                redo_records=len(redo),
-                earlier_loss=weighted_loss(earlier),
-                redo_loss=weighted_loss(redo),
-            )
+def session_indices(train: pd.DataFrame, sessions: Sequence[Session]) -> np.ndarray:
+    """Per row of ``train``, the index of its session in ``sessions`` (-1: none of them)."""
+    column = train["session_id"]
+    if not isinstance(column.dtype, pd.CategoricalDtype):
+        column = column.astype("category")
+    index = {session.session_id: session.index for session in sessions}
+    lookup = np.array([index.get(name, -1) for name in column.cat.categories] + [-1], dtype=np.int64)
+    return lookup[column.cat.codes.to_numpy()]  # code -1 (no session) takes the trailing -1
+
+
+def replay_rows(train: pd.DataFrame, sessions: Sequence[Session], redone: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``supersession.redo_windows`` of ``train``: per session the last step it redid (-1: none),
+    per row the session whose redo it is (-1: none)."""
+    steps = train["step"].to_numpy(dtype=np.int64)
+    first_steps = [session.first_step for session in sessions]
+    return redo_windows(redone, session_indices(train, sessions), steps, first_steps)
+
+
+def replay_windows(train: pd.DataFrame, sessions: Sequence[Session], redone: np.ndarray) -> list[ReplayWindow]:
+    """One window per session that redid work; ``redone``: per row of ``train``, the session that
+    redid it, -1 where none did (``RunReader.redone_by``).  O(rows + sessions), vectorised."""
+    if not len(train) or not (redone >= 0).any():
+        return []
+    count = len(sessions)
+    last, redo = replay_rows(train, sessions, redone)
+    earlier_records = np.bincount(redone[redone >= 0], minlength=count)
+    redo_records = np.bincount(redo[redo >= 0], minlength=count)
+    earlier_loss, redo_loss = _group_losses(train, redone, count), _group_losses(train, redo, count)
+    return [
+        ReplayWindow(
+            session=index,
+            first_step=sessions[index].first_step,
+            last_step=int(last[index]),
+            earlier_records=int(earlier_records[index]),
+            redo_records=int(redo_records[index]),
+            earlier_loss=earlier_loss[index],
+            redo_loss=redo_loss[index],
         )
-    return windows
+        for index in np.flatnonzero(last >= 0).tolist()
+    ]
+
+
+def _group_losses(
+    frame: pd.DataFrame, groups: np.ndarray, count: int, column: str = "train_loss"
+) -> list[float | None]:
+    """``weighted_loss`` of each group of rows (``groups``: per row, its group below ``count``, -1:
+    none), all in one pass."""
+    found = loss_columns(frame, column)
+    if found is None:
+        return [None] * count
+    values, weights = found
+    usable = (groups >= 0) & np.isfinite(values) & np.isfinite(weights) & (weights > 0)
+    total = np.bincount(groups[usable], weights=weights[usable], minlength=count)
+    weighted = np.bincount(groups[usable], weights=values[usable] * weights[usable], minlength=count)
+    return [float(w / t) if t > 0 else None for w, t in zip(weighted.tolist(), total.tolist(), strict=True)]
 
 
 def tokens_per_step(train: pd.DataFrame, session_id: str) -> float | None:

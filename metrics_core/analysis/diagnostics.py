@@ -19,14 +19,14 @@ on whatever data the incremental path does not take.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from itertools import pairwise
 
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis.derived import ReplayWindow, weighted_loss
+from metrics_core.analysis.derived import ReplayWindow, loss_columns, replay_windows, weighted_mean
 from metrics_core.analysis.loss_checks import (
     ADVANCE_CHECKS,
     ADVANCES,
@@ -66,7 +66,7 @@ def diagnose(
     *,
     train: pd.DataFrame,
     sessions: Sequence[Session],
-    replaced: Mapping[int, np.ndarray],
+    redone: np.ndarray,
     ingest: IngestHealth,
     since: list[Finding] | None = None,
 ) -> Findings:
@@ -77,11 +77,11 @@ def diagnose(
     (module docstring); anything else is checked from scratch.
     """
     previous = getattr(since, "running", None)
-    running = previous.extended(train, sessions, replaced) if previous is not None else None
+    running = previous.extended(train, sessions, redone) if previous is not None else None
     if running is None:
-        running = Running.start(train, sessions, replaced)
+        running = Running.start(train, sessions, redone)
     if running is None:
-        return Findings(diagnose_from_scratch(train=train, sessions=sessions, replaced=replaced, ingest=ingest), None)
+        return Findings(diagnose_from_scratch(train=train, sessions=sessions, redone=redone, ingest=ingest), None)
     return Findings(with_ingest(running.findings(sessions), train, sessions, ingest), running)
 
 
@@ -189,25 +189,19 @@ class Running:
     replays: dict[int, _Replay] = field(default_factory=dict)
 
     @classmethod
-    def start(
-        cls, train: pd.DataFrame, sessions: Sequence[Session], replaced: Mapping[int, np.ndarray]
-    ) -> Running | None:
+    def start(cls, train: pd.DataFrame, sessions: Sequence[Session], redone: np.ndarray) -> Running | None:
         """The checks over all of ``train``, or None when its columns need the pandas checks."""
         columns = _eligible(train)
         if columns is None:
             return None
-        replays = {}
-        for session in sessions[1:]:
-            mask = replaced.get(session.index)
-            if mask is not None and mask.any():
-                earlier = train[mask]
-                replays[session.index] = _Replay(int(earlier["step"].max()), len(earlier), weighted_loss(earlier))
+        replays = {
+            window.session: _Replay(window.last_step, window.earlier_records, window.earlier_loss)
+            for window in replay_windows(train, sessions, redone)
+        }
         empty = cls(0, columns, tuple(session.session_id for session in sessions), replays=replays)
         return empty._grown(train, sessions)
 
-    def extended(
-        self, train: pd.DataFrame, sessions: Sequence[Session], replaced: Mapping[int, np.ndarray]
-    ) -> Running | None:
+    def extended(self, train: pd.DataFrame, sessions: Sequence[Session], redone: np.ndarray) -> Running | None:
         """The checks over ``train``, whose first ``rows`` windows are the ones seen; None when only
         a start from scratch will do (a new session or column, a new window another session replaced)."""
         if (
@@ -216,11 +210,14 @@ class Running:
             or _eligible(train) != self.columns
         ):
             return None
-        if any(mask[self.rows :].any() for mask in replaced.values()):
+        if (redone[self.rows :] >= 0).any():
             return None
-        for index, replay in self.replays.items():  # O(rows), in numpy: the earlier part still holds
-            if np.count_nonzero(replaced[index][: self.rows]) != replay.earlier_records:
-                return None
+        seen = redone[: self.rows]  # O(rows), in numpy: each window's earlier part still holds
+        counts = np.bincount(seen[seen >= 0], minlength=len(sessions))
+        if {index: int(counts[index]) for index in np.flatnonzero(counts).tolist()} != {
+            index: replay.earlier_records for index, replay in self.replays.items()
+        }:
+            return None
         return self if len(train) == self.rows else self._grown(train, sessions)
 
     def _grown(self, train: pd.DataFrame, sessions: Sequence[Session]) -> Running | None:
@@ -365,17 +362,19 @@ class Running:
     ) -> dict[int, _Replay]:
         """Replay windows whose session redid more of them in the new rows, with the redo's loss again."""
         replays = dict(self.replays)
+        by_session = dict(groups)
+        losses = None
         for index, replay in self.replays.items():
             session = sessions[index]
-            for name, rows in groups:
-                if name != session.session_id:
-                    continue
-                redone = rows[(steps[rows] >= session.first_step) & (steps[rows] <= replay.last_step)] + self.rows
-                if len(redone):
-                    redo_rows = np.concatenate([replay.redo_rows, redone])
-                    replays[index] = replace(
-                        replay, redo_rows=redo_rows, redo_loss=weighted_loss(train.iloc[redo_rows])
-                    )
+            rows = by_session.get(session.session_id)
+            if rows is None:
+                continue
+            redone = rows[(steps[rows] >= session.first_step) & (steps[rows] <= replay.last_step)] + self.rows
+            if len(redone):
+                losses = losses or loss_columns(train)
+                redo_rows = np.concatenate([replay.redo_rows, redone])
+                loss = None if losses is None else weighted_mean(losses[0][redo_rows], losses[1][redo_rows])
+                replays[index] = replace(replay, redo_rows=redo_rows, redo_loss=loss)
         return replays
 
     def findings(self, sessions: Sequence[Session]) -> list[Finding]:
@@ -428,6 +427,6 @@ def diagnose_reader(reader: RunReader) -> list[Finding]:
     return diagnose(
         train=reader.frame("train"),
         sessions=reader.sessions,
-        replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
+        redone=reader.redone_by("train"),
         ingest=reader.ingest_health(),
     )

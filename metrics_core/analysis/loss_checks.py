@@ -17,7 +17,7 @@ tail, schema versions, reader resets.  ``diagnostics.diagnose`` runs them increm
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from itertools import pairwise
 
 import numpy as np
@@ -177,14 +177,12 @@ def loss_jump(session: Session, window: ReplayWindow) -> list[Finding]:
     ]
 
 
-def _resume_checks(
-    train: pd.DataFrame, sessions: Sequence[Session], replaced: Mapping[int, np.ndarray]
-) -> list[Finding]:
+def _resume_checks(train: pd.DataFrame, sessions: Sequence[Session], redone: np.ndarray) -> list[Finding]:
     findings = []
     for previous, session in pairwise(sessions):
         before, after = tokens_per_step(train, previous.session_id), tokens_per_step(train, session.session_id)
         findings += batch_change(previous, session, before, after)
-    for window in replay_windows(train, sessions, replaced):
+    for window in replay_windows(train, sessions, redone):
         findings += loss_jump(sessions[window.session], window)
     return findings
 
@@ -254,12 +252,12 @@ def diagnose_from_scratch(
     *,
     train: pd.DataFrame,
     sessions: Sequence[Session],
-    replaced: Mapping[int, np.ndarray],
+    redone: np.ndarray,
     ingest: IngestHealth,
 ) -> list[Finding]:
     """Every finding for a run by the pandas checks over every row: the definition ``diagnose``
     is tested against, and what it runs on data its incremental path does not take."""
-    checks = _window_checks(train) + straggler_checks(train) + _resume_checks(train, sessions, replaced)
+    checks = _window_checks(train) + straggler_checks(train) + _resume_checks(train, sessions, redone)
     return with_ingest(checks, train, sessions, ingest)
 
 

@@ -36,8 +36,6 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.read.session_accounting import EventRows
-
 _NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
 _MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}
 _UTC = pd.DatetimeTZDtype("ns", "UTC")
@@ -379,47 +377,6 @@ class Table:
 
     def nbytes(self) -> int:
         return sum(column.nbytes() for column in self.columns.values())
-
-
-def event_rows(table: Table, sessions: np.ndarray, count: int, *, train: bool) -> dict[int, EventRows]:
-    """``EventRows`` of every session but the last (whose records no one redid yet)."""
-    steps = table.columns["step"].view()
-    if len(sessions) > 1 and (np.diff(sessions) < 0).any():
-        order = np.argsort(sessions, kind="stable")  # a second writer interleaved sessions
-        sessions, steps = sessions[order], steps[order]
-    else:
-        order = None
-    bounds = np.searchsorted(sessions, np.arange(count + 1))
-    tokens = times = seen = None
-    if train:
-        column = table.columns.get("tokens")
-        tokens = np.zeros(len(steps)) if column is None else column.numbers()
-        times, seen = table.columns["time"].view(), table.columns["tokens_seen"].view()
-        if order is not None:
-            tokens, times, seen = tokens[order], times[order], seen[order]
-    result = {}
-    for index in range(count - 1):
-        start, stop = int(bounds[index]), int(bounds[index + 1])
-        if start == stop:
-            continue
-        mine = steps[start:stop]
-        held = EventRows(mine, bool((np.diff(mine) >= 0).all()))
-        if train:
-            window = np.diff(times[start:stop]) / 1e9
-            held = EventRows(
-                mine,
-                held.ordered,
-                _running_sum(tokens[start:stop]),
-                _running_sum(np.concatenate(([0.0], window))),
-                seen[start:stop],
-            )
-        result[index] = held
-    return result
-
-
-def _running_sum(values: np.ndarray) -> np.ndarray:
-    """Running sums with a leading 0, a missing value (NaN) counted as 0."""
-    return np.concatenate(([0.0], np.cumsum(np.where(np.isnan(values), 0.0, values))))
 
 
 def chunks_of(rows: list[dict[str, Any]]) -> dict[str, Chunk]:

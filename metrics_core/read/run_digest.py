@@ -1,9 +1,10 @@
 """A run read for the terminal tools (``python -m metrics_core tail|summary``): no numpy or pandas.
 
 Training nodes install ``metrics_core`` alone (README), so the terminal tools must work there.
-They read through the same layers as ``RunReader`` up to the sessions: ``storage`` and ``lines``
-for the bytes, ``records.check_lines`` for every line, ``session_log.SessionLog`` and
-``session_log.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
+They read through the same layers as ``RunReader`` up to the sessions: ``run_file`` and
+``line_follower`` for the bytes, ``records.check_lines`` for every line,
+``session_accounting.SessionLog`` and ``supersession.replay`` for the sessions and what each resume
+cost, ``health`` for the findings; so
 both tell the same story of a file (``tests/unit/test_digest.py`` checks it on a resumed run).
 
 What it adds:
@@ -31,8 +32,9 @@ from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Resta
 from metrics_core.read.records import EXCERPT_BYTES, MAX_RECORD_BYTES, BadLine, check_lines, check_record, excerpt
 from metrics_core.read.run_file import LocalFile, RunFile, metrics_path, open_regular
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import AccountedSessions, EventRows
+from metrics_core.read.session_accounting import AccountedSessions
 from metrics_core.read.session_model import number
+from metrics_core.read.supersession import EventRows
 from metrics_core.write.crash_safety import tail_start
 
 BACK_CHUNK = 64 << 10  # backward reads for tail -n: a few records of a typical run per read
@@ -251,17 +253,17 @@ class Rates:
 
 @dataclass(slots=True)
 class _Rows:
-    """What ``sessions.replay`` needs of one (event, session): its steps and, for train, running
-    sums of tokens and window times and the ``tokens_seen`` counters; ~8-32 bytes a record."""
+    """What ``supersession.replay`` needs of one (event, session): its steps and, for train, each
+    window's tokens and time and the ``tokens_seen`` counters; ~8-32 bytes a record."""
 
     steps: array = field(default_factory=lambda: array("q"))
     ordered: bool = True
-    tokens_cum: array | None = None
-    window_cum: array | None = None
+    tokens: array | None = None
+    window_s: array | None = None
     tokens_seen: array | None = None
 
     def held(self) -> EventRows:
-        return EventRows(self.steps, self.ordered, self.tokens_cum, self.window_cum, self.tokens_seen)
+        return EventRows(self.steps, self.ordered, self.tokens, self.window_s, self.tokens_seen)
 
 
 @dataclass(slots=True)
@@ -341,7 +343,7 @@ class RunDigest(FollowedLog, AccountedSessions):
             if rows is None:
                 rows = self._rows[event][index] = _Rows()
                 if event == "train":
-                    rows.tokens_cum, rows.window_cum = array("d", [0.0]), array("d", [0.0])
+                    rows.tokens, rows.window_s = array("d"), array("d")
                     rows.tokens_seen = array("q")
             if rows.steps and step < rows.steps[-1]:
                 rows.ordered = False
@@ -358,10 +360,10 @@ class RunDigest(FollowedLog, AccountedSessions):
         self.train_windows += 1
         step, when = record["step"], record["time"]
         tokens = number(record.get("tokens"))
-        rows.tokens_cum.append(rows.tokens_cum[-1] + (0.0 if tokens is None or math.isnan(tokens) else tokens))
+        rows.tokens.append(0.0 if tokens is None or math.isnan(tokens) else tokens)
         rows.tokens_seen.append(record["tokens_seen"])
         before = self._last_train_time.get(index)
-        rows.window_cum.append(rows.window_cum[-1] + (0.0 if before is None else (when - before) / 1e9))
+        rows.window_s.append(0.0 if before is None else (when - before) / 1e9)
         self._last_train_time[index] = when
         self._columns.update(key for key in (*_ACCOUNTING_FIELDS, "train_loss") if record.get(key) is not None)
         attempted, updates, skips = (number(record.get(key)) for key in _ACCOUNTING_FIELDS)

@@ -2,9 +2,8 @@
 
 ``RunReader`` stacks the read layers, each its own module and tested alone:
 
-    storage.RunFile  ->  lines.LineFollower  ->  records / arrow_records  ->  session_log.SessionLog
-    (bytes by range)     (complete lines)        (one record rule)            (sessions, replay)
-                                                  -> columns.Table per event (numpy; frames)
+    run_file.RunFile -> line_follower.LineFollower -> records / arrow_records -> session_accounting.SessionLog
+                                                                               -> columns.Table per event
 
 Promises
 --------
@@ -20,10 +19,10 @@ Promises
   as categories.  Every numeric field of an event is a series by its name (``column``, ``frame``).
 
 Cost: a refresh that finds nothing new is one ``stat``.  After an append, ``frame()`` and
-``sessions`` cost O(appended records), not O(run): each row is converted for pandas once
-(``columns.Derived``), and the replay accounting is recomputed only when a session starts, logs
-an event for the first time, or an earlier one gains records.  New bytes are parsed line by line
-for small appends and by pyarrow for large blocks (a cold load), on worker threads.
+``sessions`` cost O(appended records): each row is converted for pandas once (``columns.Derived``),
+and supersession (``metrics_core.read.supersession``: O(rows + sessions)) is recomputed only when a
+session starts, logs an event for the first time, or an earlier one gains records.  New bytes are
+parsed line by line, or by pyarrow for large blocks (a cold load), on worker threads.
 
 Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
 are contiguous and an earlier session's records never change once a later session has begun.
@@ -31,7 +30,6 @@ are contiguous and an earlier session's records never change once a later sessio
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any
@@ -43,14 +41,15 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read import column_cache as cache
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, event_rows, return_memory_to_os
+from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import AccountedSessions, EventRows, SessionLog
+from metrics_core.read.session_accounting import AccountedSessions, SessionLog
 from metrics_core.read.session_model import LostWork, Progress, Session
+from metrics_core.read.supersession import EventRows, redone_by, rows_by_session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
@@ -100,6 +99,8 @@ class RunReader(FollowedLog, AccountedSessions):
         self._pending_rows = 0
         self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
         self._event_types: dict[str, pd.CategoricalDtype] = {}
+        self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray]] = {}  # per event: ``redone_by``, its key
+        self._mappings: dict[Table, tuple[Column, np.ndarray]] = {}  # per table: its session codes' sessions
 
     # -- what the layers below know ------------------------------------------------------------
 
@@ -208,18 +209,20 @@ class RunReader(FollowedLog, AccountedSessions):
         log = self.log
         to_global = np.array([log.session(sid) for sid in batch.session_ids], dtype=np.int32)
         sessions = to_global[batch.session_codes]
-        runs = np.flatnonzero(np.diff(sessions)) + 1  # sessions are contiguous: a few runs per block
-        for index in dict.fromkeys(sessions[np.concatenate(([0], runs))].tolist()):
-            rows = np.flatnonzero(sessions == index)
-            first, last = rows[0], rows[-1]
-            starts = (int(batch.steps[first]), int(batch.times[first]), int(batch.tokens_seen[first]))
-            ends = (
-                int(batch.steps[last]),
-                int(batch.times[last]),
-                int(batch.tokens_seen[last]),
-                int(batch.skipped[last]),
-            )
-            log.add_run(index, len(rows), starts, ends)
+        bounds = np.concatenate(([0], np.flatnonzero(np.diff(sessions)) + 1, [len(sessions)])).tolist()
+        spans: dict[int, list[int]] = {}  # per session: its first row, last row, rows (a few runs per block)
+        for index, start, stop in zip(sessions[bounds[:-1]].tolist(), bounds, bounds[1:], strict=False):
+            span = spans.setdefault(index, [start, stop - 1, 0])
+            span[1:] = stop - 1, span[2] + stop - start
+        firsts, lasts = (np.array([span[k] for span in spans.values()], dtype=np.int64) for k in (0, 1))
+        starts = zip(
+            *(values[firsts].tolist() for values in (batch.steps, batch.times, batch.tokens_seen)), strict=True
+        )
+        ends = zip(
+            *(v[lasts].tolist() for v in (batch.steps, batch.times, batch.tokens_seen, batch.skipped)), strict=True
+        )
+        for (index, span), first, last in zip(spans.items(), starts, ends, strict=True):
+            log.add_run(index, span[2], first, last)
         pairs = batch.event_codes.astype(np.int64) * len(log) + sessions
         unique, first_rows = np.unique(pairs, return_index=True)
         for pair, row in zip(unique.tolist(), first_rows.tolist(), strict=True):
@@ -392,34 +395,23 @@ class RunReader(FollowedLog, AccountedSessions):
         return self.frame(event)[~self.superseded(event)].reset_index(drop=True)
 
     def superseded(self, event: str) -> np.ndarray:
-        """Per row of ``frame(event)``, whether a later session redid that work (the rule is
-        ``SessionLog.thresholds``'s)."""
+        """Per row of ``frame(event)``, whether a later session redid that work (``redone_by``)."""
+        return self.redone_by(event) >= 0
+
+    def redone_by(self, event: str) -> np.ndarray:
+        """Per row of ``frame(event)``, the index in ``sessions`` of the session that redid it, -1
+        where none did (``metrics_core.read.supersession``'s rule).  Kept until the rows, sessions
+        or thresholds change: O(rows + sessions) then, O(1) after (read-only)."""
         self._flush()
         table = self._tables.get(event)
         if table is None:
-            return np.zeros(0, dtype=bool)
-        thresholds = np.array(self.log.thresholds(event), dtype=np.float64)
-        later_min = np.minimum.accumulate(thresholds[::-1])[::-1]  # min over sessions >= i
-        cutoffs = np.append(later_min[1:], math.inf)  # min over sessions > i
-        return table.columns["step"].view() >= cutoffs[self._global_sessions(table)]
-
-    def replaced_by(self, index: int, event: str) -> np.ndarray:
-        """Per row of ``frame(event)``, whether session ``index`` is the one that redid it.
-
-        Rows of earlier sessions that were still effective when session ``index`` began and
-        that it superseded: together with its own records at the same steps, its replay window.
-        """
-        self._flush()
-        table = self._tables.get(event)
-        if table is None or index == 0:
-            return np.zeros(0 if table is None else table.size, dtype=bool)
-        thresholds = np.array(self.log.thresholds(event)[: index + 1], dtype=np.float64)
-        # upper[i]: records of session i at or above it were superseded before session `index` began.
-        upper = np.append(np.minimum.accumulate(thresholds[index - 1 : 0 : -1])[::-1], math.inf)
-        sessions = self._global_sessions(table)
-        steps = table.columns["step"].view()
-        earlier = sessions < index
-        return earlier & (steps >= thresholds[index]) & (steps < upper[np.minimum(sessions, index - 1)])
+            return np.zeros(0, dtype=np.int32)
+        key = (table.size, len(self.log), self.log.thresholds_version)
+        found = self._redone.get(event)
+        if found is None or found[0] != key:
+            sessions, steps = self._global_sessions(table), table.columns["step"].view()
+            found = self._redone[event] = (key, redone_by(self.log.thresholds(event), sessions, steps))
+        return found[1]
 
     def session_indices(self, event: str) -> np.ndarray:
         """Per row of ``frame(event)``, the index of its session in ``sessions`` (a view; do not
@@ -437,13 +429,22 @@ class RunReader(FollowedLog, AccountedSessions):
         """Per row of ``table``, the index of its session in the log, in the integer type a
         ``Categorical`` of the sessions keeps (O(sessions + new rows): kept per column)."""
         column = table.columns["session_id"]
-        mapping = np.array([self.log.session(sid) for sid in column.categories], dtype=np.int64)
+        kept, mapping = self._mappings.get(table, (None, np.zeros(0, dtype=np.int64)))
+        mapping = mapping if kept is column else mapping[:0]  # a column's categories only grow
+        if len(mapping) < len(column.categories):
+            mapping = np.append(mapping, [self.log.session(sid) for sid in column.categories[len(mapping) :]])
+            self._mappings[table] = (column, mapping)
         return column.codes(mapping, len(self.log))
 
     def _event_rows(self) -> dict[str, dict[int, EventRows]]:
         """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
-        return {
-            event: event_rows(table, self._global_sessions(table), len(self.log), train=event == "train")
-            for event, table in self._tables.items()
-        }
+        found = {}
+        for event, table in self._tables.items():
+            columns, train = table.columns, None
+            if event == "train":
+                tokens = np.zeros(table.size) if "tokens" not in columns else columns["tokens"].numbers()
+                train = (tokens, columns["time"].view(), columns["tokens_seen"].view())
+            rows = (self._global_sessions(table), columns["step"].view(), len(self.log))
+            found[event] = rows_by_session(*rows, thresholds=self.log.thresholds(event), train=train)
+        return found

@@ -1,5 +1,4 @@
-"""Records to sessions: ``SessionLog``, the running state the session model is computed from,
-and the supersession and replay accounting (``replay``).
+"""Records to sessions: ``SessionLog``, the running state the session model is computed from.
 
 ``SessionLog`` keeps, per session, what its records say (first and last step, time, tokens, the
 markers of its ``session_start`` and ``session_end``) as running state that each new record or
@@ -8,19 +7,9 @@ cadence); it answers with the values of ``sessions`` (``Session``, ``Progress``,
 ``RunReader`` (columns, for the dashboard) and ``RunDigest`` (the terminal tools, no numpy) both
 feed it, so both tell the same story.
 
-Supersession and replay (docs/FORMAT.md) are decided here and nowhere else: a session whose
-first record is at step S supersedes earlier sessions' records with step > S, and those at
-exactly S when it logged the same event at S itself (``SessionLog.thresholds``).  ``replay`` turns
-that rule into what each resume cost: the steps, tokens and records of earlier sessions' work it
-redid, and the training time that produced superseded train windows.
-
-A train window logged at step W covers the updates since the previous train record, so a resume
-step S inside it (previous < S < W) splits it: only its tokens after S were redone.  They are
-counted exactly from ``tokens_seen``: the resumed session's first record holds the counter at S,
-restored from the checkpoint, and the window's own record holds it at W.  When the resumed
-counter does not lie within the window's (a trainer that does not restore ``tokens_seen``), the
-records do not say where S fell, and the whole window is counted: the figure is then an upper
-bound, and says so (``tokens_replayed_is_upper_bound``).
+Which records a later session superseded, and what each resume redid, is the rule of
+``metrics_core.read.supersession``: ``SessionLog`` keeps what it reads (each session's first step,
+and its first step of each event) and asks it (``thresholds``, ``replayed``).
 
 Assumed: one writer at a time (``MetricsWriter`` enforces it), so a session's records are
 contiguous and an earlier session's records never change once a later one has begun.
@@ -30,15 +19,14 @@ from __future__ import annotations
 
 import math
 import statistics
-from bisect import bisect_left
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from itertools import pairwise
 from typing import Any
 
 from metrics_core.read.session_model import MARKER_EVENTS, LostWork, Progress, Session, as_datetime
+from metrics_core.read.supersession import EventRows, Replay, replay, threshold
 
 RECENT_TIMES = 64  # the usual gap between records comes from the last few
 
@@ -48,121 +36,6 @@ def int_or_none(value: Any) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
     return int(value) if math.isfinite(value) else None
-
-
-@dataclass(frozen=True, slots=True)
-class EventRows:
-    """What ``replay`` needs of one event's records of one session, in file order.
-
-    ``tokens_cum`` / ``window_cum`` (train only): running sums with a leading 0, one more than
-    ``steps``, of the window's tokens and of the wall time since the session's previous train
-    record (a missing value counts 0); ``tokens_seen`` (train only) each record's counter.  Any
-    sequence type: ``array`` for the terminal tools, numpy for the reader.  ``ordered``: steps
-    never go down, so the rows a later session redid are one range, found by bisection.
-    """
-
-    steps: Sequence[int]
-    ordered: bool
-    tokens_cum: Sequence[float] | None = None
-    window_cum: Sequence[float] | None = None
-    tokens_seen: Sequence[int] | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class Replay:
-    """Per session: earlier work it redid (steps, tokens, records); and the training time of all
-    superseded train windows."""
-
-    steps: list[int]
-    tokens: list[int]
-    tokens_bound: list[bool]  # per session: its tokens are an upper bound (module docstring)
-    records: list[int]
-    superseded_time_s: float
-
-
-def replay(
-    first_steps: Sequence[int],
-    thresholds: Mapping[str, Sequence[float]],
-    rows: Mapping[str, Mapping[int, EventRows]],
-    *,
-    first_tokens: Sequence[int],
-) -> Replay:
-    """What each session's resume redid, from every earlier session's ``EventRows``.
-
-    ``first_tokens``: each session's ``tokens_seen`` at its first record, where it resumed.
-
-    Each earlier record is redone by at most one session: the first later one whose threshold is
-    at or below its step.  Per earlier session, the later sessions that can be that first one
-    have strictly falling thresholds; on ordered steps each one's share is a range, so the cost
-    is O(sessions² × log records) plus, for unordered steps, one bisection per record.
-    """
-    count = len(first_steps)
-    frontier = list(first_steps)
-    tokens = [0.0] * count
-    bound = [False] * count
-    records = [0] * count
-    wasted = 0.0
-    for event, by_session in rows.items():
-        limits = thresholds[event]
-        for index, held in by_session.items():
-            later: list[int] = []
-            bounds: list[float] = []  # their thresholds, strictly falling
-            for other in range(index + 1, count):
-                if not bounds or limits[other] < bounds[-1]:
-                    later.append(other)
-                    bounds.append(limits[other])
-            if not later or not len(held.steps):
-                continue
-            for redoer, start, stop in _shares(held, later, bounds):
-                records[redoer] += stop - start
-                frontier[redoer] = max(frontier[redoer], int(held.steps[stop - 1]))  # the range's highest step
-                if held.tokens_cum is not None:
-                    before = _before_resume(held, start, first_steps[index], first_steps[redoer], first_tokens[redoer])
-                    bound[redoer] = bound[redoer] or before is None
-                    redone = float(held.tokens_cum[stop]) - float(held.tokens_cum[start]) - (before or 0.0)
-                    tokens[redoer] += redone
-                    wasted += float(held.window_cum[stop]) - float(held.window_cum[start])
-    return Replay(
-        steps=[frontier[index] - first_steps[index] for index in range(count)],
-        tokens=[int(total) if math.isfinite(total) else 0 for total in tokens],  # a garbage count is not work
-        tokens_bound=bound,
-        records=records,
-        superseded_time_s=wasted,
-    )
-
-
-def _before_resume(held: EventRows, row: int, session_step: int, resume_step: int, resume_tokens: int) -> float | None:
-    """Tokens of train window ``row`` that came before the resume step, so were not redone.
-
-    0 unless the window straddles the step (it starts after the previous train record, or the
-    session's first record); None when it does and the resumed counter does not lie within the
-    window's, so the records cannot tell how many (module docstring).  Only a range's first row
-    can straddle: every later one starts where the one before it ended.
-    """
-    window_start = int(held.steps[row - 1]) if row else session_step
-    if not window_start < resume_step < int(held.steps[row]):
-        return 0.0
-    end = float(held.tokens_seen[row])
-    start = end - (float(held.tokens_cum[row + 1]) - float(held.tokens_cum[row]))
-    return resume_tokens - start if start <= resume_tokens <= end else None
-
-
-def _shares(held: EventRows, later: list[int], bounds: list[float]) -> Iterable[tuple[int, int, int]]:
-    """``(redoer, start, stop)``: the rows of ``held`` each later session redid, as row ranges."""
-    steps = held.steps
-    if held.ordered:
-        stop = len(steps)
-        for redoer, bound in zip(later, bounds, strict=True):
-            start = bisect_left(steps, bound, 0, stop)
-            if start < stop:
-                yield redoer, start, stop
-            stop = start
-        return
-    negated = [-bound for bound in bounds]  # rising, for bisect
-    for row, step in enumerate(steps):
-        position = bisect_left(negated, -int(step))  # the first bound <= step
-        if position < len(later):
-            yield later[position], row, row + 1
 
 
 class _SessionAcc:
@@ -211,6 +84,8 @@ class SessionLog:
         self._first_step_in_event: dict[str, dict[int, int]] = {}
         self._recent_times: deque[int] = deque(maxlen=RECENT_TIMES)
         self._replayed: tuple[tuple[int, int, int], Replay] | None = None
+        self._built: tuple[Replay, list[Session], int] | None = None  # ``sessions``: for, built, at records
+        self._thresholds: dict[str, tuple[tuple[int, int], list[float]]] = {}  # per event, and its key
 
     def __len__(self) -> int:
         return len(self._sessions)
@@ -297,11 +172,21 @@ class SessionLog:
         return [acc.first_tokens for acc in self._sessions]
 
     def thresholds(self, event: str) -> list[float]:
-        """Per session, the lowest step of ``event`` records it supersedes in earlier sessions."""
-        logged = self._first_step_in_event.get(event, {})
-        return [
-            float(acc.first_step + (logged.get(index) != acc.first_step)) for index, acc in enumerate(self._sessions)
-        ]
+        """Per session, the lowest step of ``event`` records it supersedes in earlier sessions
+        (``supersession.threshold``); kept until a session begins or first logs an event."""
+        key = (len(self._sessions), self.thresholds_version)
+        found = self._thresholds.get(event)
+        if found is None or found[0] != key:
+            logged = self._first_step_in_event.get(event, {})
+            limits = [threshold(acc.first_step, logged.get(index)) for index, acc in enumerate(self._sessions)]
+            found = self._thresholds[event] = (key, limits)
+        return found[1]
+
+    @property
+    def thresholds_version(self) -> int:
+        """Grows whenever a session's threshold for an event may have moved (its first record of
+        that event): with the session count, what a result of the thresholds is kept by."""
+        return sum(len(by_session) for by_session in self._first_step_in_event.values())
 
     def replayed(self, rows: Callable[[], Mapping[str, Mapping[int, EventRows]]]) -> Replay:
         """``replay`` of these sessions over ``rows()``, each event's ``EventRows`` per session.
@@ -311,8 +196,7 @@ class SessionLog:
         each session (the thresholds); only then is ``rows`` called again.
         """
         last = self._sessions[-1].records if self._sessions else 0
-        firsts = sum(len(by_session) for by_session in self._first_step_in_event.values())
-        key = (len(self._sessions), self.records - last, firsts)
+        key = (len(self._sessions), self.records - last, self.thresholds_version)
         if self._replayed is None or self._replayed[0] != key:
             held = rows()
             thresholds = {event: self.thresholds(event) for event in held}
@@ -353,35 +237,42 @@ class SessionLog:
         return Progress(len(self._sessions), as_datetime(first.start_ns), last.last_step, last.last_tokens)
 
     def sessions(self, redone: Replay) -> list[Session]:
-        """Sessions in order of first appearance, with downtime and ``redone``'s replay accounting."""
-        result = []
-        previous_end: int | None = None
-        for index, acc in enumerate(self._sessions):
-            result.append(
-                Session(
-                    session_id=acc.session_id,
-                    index=index,
-                    first_step=acc.first_step,
-                    last_step=acc.last_step,
-                    start_time=as_datetime(acc.start_ns),
-                    end_time=as_datetime(acc.end_ns),
-                    records=acc.records,
-                    first_tokens_seen=acc.first_tokens,
-                    last_tokens_seen=acc.last_tokens,
-                    skipped_updates=acc.last_skipped,
-                    downtime_s=None if previous_end is None else (acc.start_ns - previous_end) / 1e9,
-                    steps_replayed=redone.steps[index],
-                    tokens_replayed=redone.tokens[index],
-                    tokens_replayed_is_upper_bound=redone.tokens_bound[index],
-                    records_superseded=redone.records[index],
-                    discarded_bytes=acc.discarded_bytes,
-                    resumed_from_step=acc.resumed_from_step,
-                    end_status=acc.end_status,
-                    end_error=acc.end_error,
-                )
-            )
-            previous_end = acc.end_ns
-        return result
+        """Sessions in order of first appearance, with downtime and ``redone``'s replay accounting.
+
+        Kept: asked again with the same ``redone`` and sessions, only the last one, which an
+        append changes, is built again (an earlier one's change is a new ``redone``).
+        """
+        count, built = len(self._sessions), self._built
+        if built is not None and built[0] is redone and len(built[1]) == count:
+            result = built[1] if built[2] == self.records else [*built[1][:-1], self._session(count - 1, redone)]
+        else:
+            result = [self._session(index, redone) for index in range(count)]
+        self._built = (redone, result, self.records)
+        return list(result)
+
+    def _session(self, index: int, redone: Replay) -> Session:
+        acc = self._sessions[index]
+        return Session(
+            session_id=acc.session_id,
+            index=index,
+            first_step=acc.first_step,
+            last_step=acc.last_step,
+            start_time=as_datetime(acc.start_ns),
+            end_time=as_datetime(acc.end_ns),
+            records=acc.records,
+            first_tokens_seen=acc.first_tokens,
+            last_tokens_seen=acc.last_tokens,
+            skipped_updates=acc.last_skipped,
+            downtime_s=None if index == 0 else (acc.start_ns - self._sessions[index - 1].end_ns) / 1e9,
+            steps_replayed=redone.steps[index],
+            tokens_replayed=redone.tokens[index],
+            tokens_replayed_is_upper_bound=redone.tokens_bound[index],
+            records_superseded=redone.records[index],
+            discarded_bytes=acc.discarded_bytes,
+            resumed_from_step=acc.resumed_from_step,
+            end_status=acc.end_status,
+            end_error=acc.end_error,
+        )
 
     def lost_work(self, redone: Replay) -> LostWork:
         """Downtime, replayed work and the training time that produced superseded train windows."""

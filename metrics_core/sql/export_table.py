@@ -8,7 +8,7 @@ views' facts are defined in one place:
   the reader's order (by event, then file order).  Columns (``RECORD_COLUMNS``): ``run``,
   ``session``, ``session_index``, ``event``, ``step``, ``tokens_seen``, ``skipped_updates``,
   ``time`` (UTC, microseconds, as the writer writes it), ``superseded`` (a later session redid the
-  record: ``RunReader.superseded``, the rule of ``session_log.SessionLog.thresholds``), then every
+  record: ``RunReader.superseded``, the rule of ``metrics_core.read.supersession``), then every
   other field of the records under its own name (``train_loss``, ``sys/gpu_mem_gb``).  A field
   that is one of those names, or differs from an earlier one only in case (SQL names ignore
   case), gets a trailing ``_`` (``column_names``).  A field whose type differs between events is
@@ -29,6 +29,7 @@ import json
 from collections.abc import Sequence
 from dataclasses import fields
 from datetime import datetime
+from functools import cache
 from typing import Any
 
 import numpy as np
@@ -155,7 +156,8 @@ def _effective_min(reader: RunReader, event: str, name: str) -> float | None:
 
 def run_facts(reader: RunReader) -> dict[str, Any]:
     """What the ``runs`` and ``sessions`` views show of the run ``reader`` read, as JSON values;
-    the status inputs are kept, not the status, which the clock and the writer's lock move."""
+    the status inputs are kept, not the status, which the clock and the writer's lock move.
+    O(records + sessions)."""
     reader.writer_alive()  # a held lock now is worth knowing later (``lock_seen``)
     sessions = reader.sessions
     count = len(sessions)
@@ -164,14 +166,16 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
         own_superseded += np.bincount(
             reader.session_indices(event), weights=reader.superseded(event), minlength=count
         ).astype(np.int64)
-    session_min = [None] * count
+    session_min, logged_in = np.full(count, np.inf), np.zeros(count, dtype=bool)
     loss = reader.column("train", "train_loss")
-    if loss is not None:
+    if loss is not None:  # each session's least loss in one pass, not a pass per session
         numbers, indices = loss.numbers(), reader.session_indices("train")
-        for index in range(count):
-            mine = numbers[indices == index]
-            if len(mine) and not np.isnan(mine).all():
-                session_min[index] = float(np.nanmin(mine))
+        logged = ~np.isnan(numbers)
+        np.minimum.at(session_min, indices[logged], numbers[logged])
+        logged_in[indices[logged]] = True
+    session_least = [
+        value if seen else None for value, seen in zip(session_min.tolist(), logged_in.tolist(), strict=True)
+    ]
     progress = reader.progress()
     last_loss = reader.last_number("train", "train_loss")
     status = StatusRecord.of(reader, identity=reader.read_identity)
@@ -197,7 +201,7 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
             {
                 **{name: _iso(value) if isinstance(value, datetime) else value for name, value in _values(s).items()},
                 "own_records_superseded": int(own_superseded[s.index]),
-                "min_train_loss": session_min[s.index],
+                "min_train_loss": session_least[s.index],
             }
             for s in sessions
         ],
@@ -206,7 +210,12 @@ def run_facts(reader: RunReader) -> dict[str, Any]:
 
 def _values(instance: Any) -> dict[str, Any]:
     """A dataclass's fields by name, not deep-copied (``asdict`` copies every value)."""
-    return {item.name: getattr(instance, item.name) for item in fields(instance)}
+    return {name: getattr(instance, name) for name in _names(type(instance))}
+
+
+@cache
+def _names(kind: type) -> tuple[str, ...]:
+    return tuple(item.name for item in fields(kind))  # ``fields`` per instance: most of a session's row
 
 
 def _iso(value: datetime | None) -> str | None:

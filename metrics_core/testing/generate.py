@@ -111,3 +111,33 @@ def write_run(path: Path, records: int, *, seed: int = 0) -> int:
             out.write(b"".join(lines))
             written += len(lines)
     return written
+
+
+def write_resumed_run(path: Path, records: int, sessions: int, *, seed: int = 0) -> int:
+    """Write ``records`` records in ``sessions`` sessions of about equal length (a run on
+    preemptible nodes), each a ``session_start`` resumed one window before the last one its
+    predecessor logged, then train windows (a validation every 5th): every resume supersedes
+    one train window.  The same ``records`` in any number of sessions; return the count written."""
+    rng = random.Random(seed)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    written, step, t_ns, skipped = 0, 0, BASE_TIME_NS, 0
+    with open(path, "wb") as out:
+        for index in range(sessions):
+            length = records * (index + 1) // sessions - records * index // sessions
+            session = f"20251129T{index:06d}Z-spot-{index % 97:03d}-pid{40000 + index}"
+            step, t_ns = max(0, step - 10) if index else 0, t_ns + 60 * 10**9
+            lines = [record(session, "session_start", step, step * 419_430, skipped, t_ns, resumed_from_step=step)]
+            while len(lines) < length:
+                step += 10
+                t_ns += 2 * 10**9
+                values = train_values(step, rng)
+                lines.append(record(session, "train", step, step * 419_430, skipped, t_ns, **values))
+                if step % 50 == 0 and len(lines) < length:
+                    lines.append(
+                        record(
+                            session, "validation", step, step * 419_430, skipped, t_ns, val_loss=values["train_loss"]
+                        )
+                    )
+            out.write(b"".join(lines))
+            written += len(lines)
+    return written

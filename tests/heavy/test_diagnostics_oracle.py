@@ -73,14 +73,14 @@ def test_incremental_diagnostics_equal_the_pandas_checks_after_every_append(tmp_
             append_records(path, *batch)
         reader.refresh()
         train, sessions = reader.frame("train"), reader.sessions
-        replaced = {s.index: reader.replaced_by(s.index, "train") for s in sessions}
+        redone = reader.redone_by("train")
         ingest = reader.ingest_health()
-        found = diagnose(train=train, sessions=sessions, replaced=replaced, ingest=ingest, since=previous)
-        assert found == diagnose_from_scratch(train=train, sessions=sessions, replaced=replaced, ingest=ingest)
+        found = diagnose(train=train, sessions=sessions, redone=redone, ingest=ingest, since=previous)
+        assert found == diagnose_from_scratch(train=train, sessions=sessions, redone=redone, ingest=ingest)
         assert found.running is not None or not len(train)  # an empty frame has no dtypes to go on
         before = getattr(previous, "running", None)
         if before is not None and before.session_ids == tuple(session.session_id for session in sessions):
-            assert before.extended(train, sessions, replaced) is not None
+            assert before.extended(train, sessions, redone) is not None
             extended += 1
         previous = found
     checks = {finding.check for finding in previous}
@@ -103,7 +103,7 @@ def test_checking_each_append_from_the_previous_findings_counts_every_row(tmp_pa
             append_records(path, window(10 * size + 10 * (round_ + 1)))
             reader.refresh()
             found = diagnose(train=reader.frame("train"), sessions=reader.sessions, ingest=reader.ingest_health(),
-                             replaced={s.index: reader.replaced_by(s.index, "train") for s in reader.sessions},
+                             redone=reader.redone_by("train"),
                              since=previous)  # fmt: skip
             assert found.running is not None and found.running.rows == size + round_ + 1
             runs[size] = (path, reader, found)

@@ -12,7 +12,7 @@ import pytest
 from metrics_core.read.records import check_lines
 from metrics_core.read.run_reader import RunReader
 from tests.support import append_bytes, base_record
-from tests.support.reading import CountingFile
+from tests.support.reading import CountingFile, redone_by_oracle
 
 
 def _assert_same_as_a_fresh_reader(reader: RunReader, bulk_threshold: int) -> None:
@@ -24,9 +24,8 @@ def _assert_same_as_a_fresh_reader(reader: RunReader, bulk_threshold: int) -> No
     for event in fresh.events:
         pd.testing.assert_frame_equal(reader.frame(event), fresh.frame(event))
         np.testing.assert_array_equal(reader.superseded(event), fresh.superseded(event))
-        for session in fresh.sessions:
-            np.testing.assert_array_equal(reader.replaced_by(session.index, event),
-                                          fresh.replaced_by(session.index, event))  # fmt: skip
+        np.testing.assert_array_equal(reader.redone_by(event), fresh.redone_by(event))
+        np.testing.assert_array_equal(fresh.redone_by(event), redone_by_oracle(fresh, event))
 
 
 def _oracle_appends() -> list[bytes | None]:

@@ -102,11 +102,11 @@ SESSION_FIELDS = (
 
 
 def assert_replay_matches_the_masks(reader: RunReader) -> None:
-    """The O(rows) oracle of ``session_log.replay``: each session's share of earlier records, from the
-    reader's per-row ``replaced_by`` masks, and the superseded training time from its frame."""
+    """The O(rows) oracle of ``supersession.replay``: each session's share of earlier records, from the
+    reader's per-row ``redone_by``, and the superseded training time from its frame."""
     sessions = reader.sessions
     for session in sessions[1:]:
-        masks = {event: reader.replaced_by(session.index, event) for event in reader.events}
+        masks = {event: reader.redone_by(event) == session.index for event in reader.events}
         records = sum(int(mask.sum()) for mask in masks.values())
         frontier = max([session.first_step] + [int(reader.frame(event)["step"][mask].max())
                                                for event, mask in masks.items() if mask.any()])  # fmt: skip
@@ -174,3 +174,23 @@ def assert_agrees_with_reader(path: Path, now: datetime) -> RunDigest:
     assert summarise(digest, now=now) == summarise(reader, now=now)
     reader.close()
     return digest
+
+
+def redone_by_oracle(reader: RunReader, event: str) -> np.ndarray:
+    """The supersession rule read literally, O(rows × sessions): per row of ``frame(event)``, the
+    first later session that began below its step, or at it having logged ``event`` there first."""
+    frame, sessions = reader.frame(event), reader.sessions
+    index = {session.session_id: session.index for session in sessions}
+    rows = [(index[name], int(step)) for name, step in zip(frame["session_id"], frame["step"], strict=True)]
+    first_of_event: dict[int, int] = {}
+    for session, step in rows:
+        first_of_event.setdefault(session, step)
+    result = []
+    for session, step in rows:
+        later = (
+            other.index
+            for other in sessions[session + 1 :]
+            if step > other.first_step or (step == other.first_step and first_of_event.get(other.index) == step)
+        )
+        result.append(next(later, -1))
+    return np.array(result, dtype=np.int64)

@@ -97,8 +97,7 @@ def test_loss_jump_at_resume_is_flagged(tmp_path: Path) -> None:
     jump = checks(diagnose_reader(reader))["loss jump at resume"]
     assert (jump.session, jump.first_step, jump.last_step, jump.records) == ("s2", 60, 100, 4)
     assert "+0.5" in jump.message
-    (replay,) = replay_windows(reader.frame("train"), reader.sessions,
-                               {s.index: reader.replaced_by(s.index, "train") for s in reader.sessions})  # fmt: skip
+    (replay,) = replay_windows(reader.frame("train"), reader.sessions, reader.redone_by("train"))
     assert (replay.first_step, replay.last_step, replay.earlier_records, replay.redo_records) == (
         60,
         100,
@@ -207,13 +206,13 @@ def test_a_new_session_or_an_odd_column_checks_from_scratch(tmp_path: Path) -> N
     append_records(path, window(110))
     reader = read_run(path)
     args = {"train": reader.frame("train"), "sessions": reader.sessions, "ingest": reader.ingest_health(),
-            "replaced": {s.index: reader.replaced_by(s.index, "train") for s in reader.sessions}}  # fmt: skip
+            "redone": reader.redone_by("train")}  # fmt: skip
     assert diagnose(**args, since=first).running.rows == 11
     append_records(path, window(120, session="s2"))
     reader = read_run(path)
     args |= {"train": reader.frame("train"), "sessions": reader.sessions,
-             "replaced": {s.index: reader.replaced_by(s.index, "train") for s in reader.sessions}}  # fmt: skip
-    assert first.running.extended(args["train"], args["sessions"], args["replaced"]) is None
+             "redone": reader.redone_by("train")}  # fmt: skip
+    assert first.running.extended(args["train"], args["sessions"], args["redone"]) is None
     assert diagnose(**args, since=first) == diagnose_from_scratch(**args)
     append_records(path, window(130, loss="oops"))  # type: ignore[arg-type]
     reader = read_run(path)

@@ -417,6 +417,28 @@ def test_resume_labels_never_overlap(tmp_path: Path, sessions: int) -> None:
     assert labels[0].text == "S2 · resume @ 20"  # the first always fits in full
 
 
+def test_a_run_of_many_sessions_draws_them_as_one_trace_broken_at_each_start(tmp_path: Path) -> None:
+    """Past ``SESSION_TRACES`` sessions a series is one trace (and one dimmed), broken where each
+    session begins (no line joins two sessions), and the starts are hover markers, not lines and labels."""
+    from metrics_core.dashboard.figures.layout import SESSION_TRACES
+
+    path = tmp_path / "r" / "metrics.jsonl"
+    count = SESSION_TRACES + 1
+    resumed_run(path, count, apart=4, last=4 * count + 2)
+    reader = RunReader(path)
+    reader.refresh()
+    figure = metric_figure([Series(reader.frame("train"), "train_loss", "train", reader.superseded("train"))],
+                           title="Loss", sessions=reader.sessions)  # fmt: skip
+    lines = [t for t in figure.data if t.x is not None and len(t.x) and t.name != "session starts"]
+    assert [t.name for t in lines] == ["train · every session"]  # resumed where the last ended: none superseded
+    (trace,) = lines
+    breaks = np.flatnonzero(np.isnan(np.asarray(trace.x, dtype=np.float64)))
+    assert len(breaks) == count - 1 and np.isnan(np.asarray(trace.y, dtype=np.float64)[breaks]).all()
+    assert len(trace.x) == 4 * count + 2 + count - 1  # every train record (steps 1 on), and a break per resume
+    (markers,) = [t for t in figure.data if t.name == "session starts"]
+    assert len(markers.x) == count - 1 and not figure.layout.shapes and not figure.layout.annotations
+
+
 def test_resume_label_layout_prefers_full_then_short_then_hover_only() -> None:
     """Far apart: full labels in one row; close: a second row, then "S3", then nothing (hover only)."""
     from metrics_core.dashboard.figures.layout import resume_labels

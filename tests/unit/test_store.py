@@ -282,12 +282,12 @@ def test_snapshots_held_by_a_page_never_change_while_live_appends_extend_their_m
             views.append(store.view("r"))
             assert_same_view(views[-1], full_view(store, "r"))
             for view in views:
-                masks = [*view.superseded.values(), *view.replaced.values()]
+                masks = [*view.superseded.values(), view.redone_by]
                 assert not any(mask.flags.writeable for mask in masks)
                 held.append((view, [mask.copy() for mask in masks]))
-        assert held[-1][0].replaced[1].any() and held[-1][0].superseded["train"].any()
+        assert (held[-1][0].redone_by == 1).any() and held[-1][0].superseded["train"].any()
         for view, masks in held:
-            for mask, copy in zip([*view.superseded.values(), *view.replaced.values()], masks, strict=True):
+            for mask, copy in zip([*view.superseded.values(), view.redone_by], masks, strict=True):
                 np.testing.assert_array_equal(mask, copy)
     finally:
         store.close()
@@ -296,8 +296,8 @@ def test_snapshots_held_by_a_page_never_change_while_live_appends_extend_their_m
 def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """After an append of the last session, no supersession or replay mask is recomputed (they are
-    O(rows)); after a new session they are."""
+    """After an append of the last session, no supersession mask (``redone_by``) is recomputed (it is
+    O(rows)); after a new session it is."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 200, 10)),
                    base_record(190, event="validation", val_loss=0.8))  # fmt: skip
@@ -305,7 +305,7 @@ def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
     try:
         first = store.view("r")
         superseded = count_calls(monkeypatch, RunReader, "superseded")
-        replaced = count_calls(monkeypatch, RunReader, "replaced_by")
+        replaced = count_calls(monkeypatch, RunReader, "redone_by")
         append_records(path, base_record(200, train_loss=0.5), base_record(200, event="validation", val_loss=0.7))
         second = store.view("r")
         assert (len(superseded), len(replaced)) == (0, 0)

@@ -199,9 +199,8 @@ def _tail_view(view: RunView, starts: Mapping[str, int]) -> RunView:
     for event, start in starts.items():
         columns[event] = view.columns[event].picked(slice(start, None))
         superseded[event] = view.superseded[event][start:]
-    start = starts["train"]
-    replaced = {index: rows[start:] for index, rows in view.replaced.items()}
-    return replace(view, columns=columns, superseded=superseded, replaced=replaced, lineage=view.lineage)
+    redone = view.redone_by[starts["train"] :]
+    return replace(view, columns=columns, superseded=superseded, redone_by=redone, lineage=view.lineage)
 
 
 def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
@@ -267,10 +266,8 @@ def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, l
     for event, inside in keep.items():
         columns[event] = view.columns[event].picked(inside)
         superseded[event] = view.superseded[event][inside]
-    replaced = {
-        index: rows[keep["train"]] if len(rows) == len(keep["train"]) else rows for index, rows in view.replaced.items()
-    }
-    window = replace(view, columns=columns, superseded=superseded, replaced=replaced, lineage=view.lineage)
+    redone = view.redone_by[keep["train"]] if len(view.redone_by) == len(keep["train"]) else view.redone_by
+    window = replace(view, columns=columns, superseded=superseded, redone_by=redone, lineage=view.lineage)
     raw = run_charts(window, options).get(key)
     return whole if raw is None else _splice(whole, raw, low, high)
 

@@ -47,6 +47,10 @@ SESSION_COLOURS = (
 SUPERSEDED_OPACITY = 0.3
 CHART_POINTS = 8000  # drawn points per chart, shared by its traces
 TRACE_POINTS = 4000
+# Past this many sessions (a run resumed thousands of times) a chart draws them as one: a trace for
+# every session, the session starts as markers without their dashed lines and labels; a trace, a
+# line and a label per session would cost the chart, and plotly.js, per session.
+SESSION_TRACES = 64
 MIN_TRACE_POINTS = 200
 MIN_PLOT_PX = 300  # the narrowest plot area resume labels must fit (a phone, 390 px wide)
 LABEL_FONT = 10
@@ -198,13 +202,14 @@ def chart_layout(
     palette = THEMES[theme]
     shapes, annotations = [], []
     boundaries = [(at, session) for session in sessions[1:] if (at := session_x(session, x, origin)) is not None]
+    lined = boundaries if len(sessions) <= SESSION_TRACES else []
     edges = [float(at) for at, _ in boundaries] + [float(value) for value in spans]
     span = max(edges) - min(edges) if edges else 0.0
     labels = resume_labels(
-        [(float(at), f"S{s.index + 1} · resume @ {s.resume_step}", f"S{s.index + 1}") for at, s in boundaries],
+        [(float(at), f"S{s.index + 1} · resume @ {s.resume_step}", f"S{s.index + 1}") for at, s in lined],
         span=span,
     )
-    for (at, session), label in zip(boundaries, labels, strict=True):
+    for (at, session), label in zip(lined, labels, strict=True):
         colour = session_colour(session.index)
         shapes.append(
             {

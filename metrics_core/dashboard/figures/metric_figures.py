@@ -1,7 +1,9 @@
 """A metric's line chart (``metric_figure``): frames and sessions in, a ``Figure`` out.
 
 * one trace per session in the session's colour (or one per series in a colour of its own, to
-  compare runs), on ``figures.chart_layout``;
+  compare runs), on ``figures.chart_layout``; past ``SESSION_TRACES`` sessions (a run resumed
+  thousands of times) one trace for them all in a neutral colour, broken where a session begins,
+  so a chart costs its points, not its sessions;
 * superseded records (work a later session redid) are drawn dimmed, never hidden;
 * smoothing is TensorBoard's debiased EMA (``ema_smooth``), with the raw line kept faint behind it;
 * a missing value (a window with no successful update) breaks the line and gets a marker on the
@@ -35,6 +37,7 @@ from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.layout import (
     CHART_POINTS,
     MIN_TRACE_POINTS,
+    SESSION_TRACES,
     SUPERSEDED_OPACITY,
     TRACE_POINTS,
     Axis,
@@ -144,6 +147,7 @@ def metric_figure(
             smoothing=smoothing,
             legend=legend,
             points_per_row=max_points / max(drawn_rows, 1) / traces_per_row,
+            every_session=len(sessions) > SESSION_TRACES,
         )
         drawn[item.secondary_y] += added[0]
         spans += added[1]
@@ -152,7 +156,7 @@ def metric_figure(
         traces.append(
             legend_entry(RAW_NAME, group="raw", line={"color": KEY_COLOUR, "width": 1.5}, opacity=RAW_OPACITY)
         )
-    if len(sessions) > 1 and any(item.colour is None for item in series) and lines:
+    if 1 < len(sessions) <= SESSION_TRACES and any(item.colour is None for item in series) and lines:
         traces += session_legend(sessions)
     if not any(trace.get("yaxis") in (None, "y") for trace in traces):  # plotly draws no axis without a trace
         traces.append({"x": [], "y": [], "showlegend": False, "hoverinfo": "skip"})
@@ -206,6 +210,7 @@ def _add_series(
     smoothing: float,
     points_per_row: float,
     legend: bool = True,
+    every_session: bool = False,
 ) -> tuple[list[np.ndarray], list[float]]:
     """Append ``item``'s traces to ``traces``; return the y values drawn (for the axis range) and the x extent."""
     frame = item.frame
@@ -246,16 +251,15 @@ def _add_series(
             )
         )
     effective = ~superseded
-    for code in np.unique(session_codes):
-        in_session = session_codes == code
+    for code, in_session in _session_parts(session_codes, every_session):
         for dimmed in (False, True):
             rows = np.flatnonzero(in_session & (superseded if dimmed else effective))
             if not len(rows):
                 continue
-            suffix = "" if item.colour else f" · S{code + 1}"
+            suffix = "" if item.colour else f" · S{code + 1}" if code >= 0 else " · every session"
             name = label + suffix + (" (superseded)" if dimmed else "")
             where = full + suffix + (" (superseded)" if dimmed else "")
-            colour = item.colour or session_colour(int(code))
+            colour = item.colour or (session_colour(int(code)) if code >= 0 else KEY_COLOUR)
             opacity = SUPERSEDED_OPACITY if dimmed else 1.0
             raw = ys[rows]
             smooth = ema_smooth(raw, smoothing) if smoothing > 0 else None
@@ -269,8 +273,9 @@ def _add_series(
             hover = f"{where}: %{{y:{style.hoverformat}}}{at_step}<extra></extra>"
             traces.append(
                 dict(
-                    x=xs[kept],
-                    y=compact(raw[keep]),
+                    **_broken(
+                        code, session_codes[kept], xs[kept], compact(raw[keep]), None if steps is None else steps[kept]
+                    ),
                     name=name,
                     legendgroup=group,  # unique per series even when shortened labels collide
                     mode=mode,
@@ -285,7 +290,6 @@ def _add_series(
                     marker={"size": 7 if events else 4},
                     showlegend=not per_session and smooth is None,
                     connectgaps=False,
-                    customdata=None if steps is None else steps[kept],
                     hovertemplate=hover,
                 )
             )
@@ -294,8 +298,13 @@ def _add_series(
                 kept = rows[keep]
                 traces.append(
                     dict(
-                        x=xs[kept],
-                        y=compact(smooth[keep]),
+                        **_broken(
+                            code,
+                            session_codes[kept],
+                            xs[kept],
+                            compact(smooth[keep]),
+                            None if steps is None else steps[kept],
+                        ),
                         name=f"{name} (smoothed)",
                         legendgroup=group,
                         mode="lines",
@@ -304,7 +313,6 @@ def _add_series(
                         line={"color": colour, "dash": dash, "width": 2},
                         connectgaps=False,
                         showlegend=not per_session,
-                        customdata=None if steps is None else steps[kept],
                         hovertemplate=f"{where} (smoothed): %{{y:{style.hoverformat}}}{at_step}<extra></extra>",
                     )
                 )
@@ -319,7 +327,7 @@ def _add_series(
                         y=np.full(len(missing), 0.03),
                         yaxis="y3",
                         mode="markers",
-                        name=f"no successful update · S{code + 1}",
+                        name=f"no successful update{suffix}",
                         legendgroup="gaps",
                         showlegend=first_gap,
                         marker={
@@ -328,7 +336,31 @@ def _add_series(
                             "color": colour,
                             "line": {"width": 2, "color": colour},
                         },
-                        hovertemplate=f"no successful update · S{code + 1}<extra></extra>",
+                        hovertemplate=f"no successful update{suffix}<extra></extra>",
                     )
                 )
     return drawn, extent
+
+
+def _session_parts(codes: np.ndarray, every_session: bool) -> list[tuple[int, np.ndarray]]:
+    """``(session code, its rows as a mask)`` per session a series' rows hold; with
+    ``every_session`` (the run has more than ``SESSION_TRACES``), one part of every row, code -1:
+    a trace per session would cost a pass over the rows, and plotly.js a trace, per session."""
+    if every_session:
+        return [(-1, np.ones(len(codes), dtype=bool))]
+    return [(int(code), codes == code) for code in np.unique(codes)]
+
+
+def _broken(code: int, sessions: np.ndarray, x: np.ndarray, y: np.ndarray, steps: np.ndarray | None) -> dict[str, Any]:
+    """A trace's ``x``, ``y`` and ``customdata`` (the steps); in the trace of every session
+    (``code`` -1), a missing point where a session begins, so that no line joins two sessions."""
+    if code >= 0 or len(sessions) < 2:
+        return {"x": x, "y": y, "customdata": steps}
+    starts = np.flatnonzero(sessions[1:] != sessions[:-1]) + 1
+    x = np.insert(x.astype(np.float64), starts, np.nan)
+    y = np.insert(y, starts, np.nan)
+    return {
+        "x": x,
+        "y": y,
+        "customdata": None if steps is None else np.insert(steps.astype(np.float64), starts, np.nan),
+    }

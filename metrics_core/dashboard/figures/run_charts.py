@@ -16,9 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
 import numpy as np
-import pandas as pd
 
-from metrics_core.analysis.derived import replay_windows
+from metrics_core.analysis.derived import replay_rows, replay_windows
 from metrics_core.dashboard.figures.figure_dicts import Figure
 from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure, run_points
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
@@ -40,26 +39,26 @@ KEPT_SMOOTHINGS = 2
 
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
-    """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
+    """Shaded x-ranges of each replay window (``supersession.redo_windows``): from where the
+    session resumed to the furthest of the superseded tail and its redo, with the loss change."""
+    if x not in ("step", "tokens_seen"):
+        return []
     train = view.frame("train", WRITER_FIELDS)
-    origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
+    windows = replay_windows(train, view.sessions, view.redone_by)
+    if not windows:
+        return []
+    _, redo = replay_rows(train, view.sessions, view.redone_by)
+    xs = np.asarray(x_values(train, x, None), dtype=np.float64)
+    ends = np.full(len(view.sessions), -np.inf)
+    for rows in (view.redone_by, redo):  # the furthest x of each window's two sides
+        np.maximum.at(ends, rows[rows >= 0], xs[rows >= 0])
     result = []
-    for window in replay_windows(train, view.sessions, view.replaced):
+    for window in windows:
         session = view.sessions[window.session]
-        rows = (
-            view.replaced[window.session]
-            | (
-                (train["session_id"] == session.session_id)
-                & (train["step"] >= window.first_step)
-                & (train["step"] <= window.last_step)
-            ).to_numpy()
-        )
-        if x in ("step", "tokens_seen"):
-            xs = x_values(train[rows], x, origin)
-            x0 = session.first_step if x == "step" else session.first_tokens_seen
-            delta = "" if window.loss_delta is None else f" · Δloss {window.loss_delta:+.3g}"
-            label = f"replay S{window.session}→S{window.session + 1}{delta}"
-            result.append(Highlight(float(x0), float(np.max(xs)), label, session_colour(window.session)))
+        x0 = session.first_step if x == "step" else session.first_tokens_seen
+        delta = "" if window.loss_delta is None else f" · Δloss {window.loss_delta:+.3g}"
+        label = f"replay S{window.session}→S{window.session + 1}{delta}"
+        result.append(Highlight(float(x0), float(ends[window.session]), label, session_colour(window.session)))
     return result
 
 

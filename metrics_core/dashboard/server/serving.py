@@ -38,6 +38,17 @@ that fails when a Streamlit upgrade changes it):
   ACK).  As it stops it runs the app's shutdown: under
   uvicorn, SIGTERM and Ctrl-C end the process by raising the signal again after the shutdown, so
   ``atexit`` handlers never run and this is the last Python code that does.
+* ``exit_within``: the server ends when told to, whatever it is computing.  uvicorn stops
+  gracefully on SIGTERM: it waits, with no time limit, for every open connection to finish its
+  answer, then runs the shutdown (the stores close).  An answer that waits for a long computation
+  in a worker thread (a first view of a huge run), or a close that waits for a lock such a thread
+  holds, would keep the process alive as long as that computation takes.  While the server
+  serves, a handler in front of uvicorn's passes the signal on and starts a daemon thread that
+  ends the process ``STOP_DEADLINE_S`` later if it still runs, with a shell's status for a killed
+  child (128 + the signal).  Python runs signal handlers in the main thread between bytecodes,
+  which the event loop's thread reaches while workers compute (the interpreter lock is handed
+  over every few milliseconds).  Leans on: uvicorn installing its handlers before the lifespan
+  starts, and running the lifespan in the main thread.
 
 ``import metrics_core`` never imports this module: only app.py does, when ``streamlit run`` serves
 the app through ``st.App``, and the pages, for ``routes_served`` and ``plotly_url``.
@@ -49,12 +60,17 @@ import ast
 import contextlib
 import importlib
 import os
+import signal
 import socket
 import stat
+import sys
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager, asynccontextmanager, contextmanager
 from pathlib import Path
+from types import FrameType
+from typing import Any
 
 import streamlit as st
 from anyio import to_thread
@@ -160,7 +176,8 @@ def lifespan(
     legacy folder-of-pages mode before any session; if ``own_routes``, pages use this module's routes
     (``routes_served``) while it serves; ``guard`` watches every connection while it serves
     (``connection_guard.guarding``); prints ``announce()`` (the URL to open) once it listens; at
-    shutdown, runs ``shutdown`` in a worker thread (see the module docstring)."""
+    shutdown, runs ``shutdown`` in a worker thread (see the module docstring); whatever a thread is
+    computing, the process ends at most ``STOP_DEADLINE_S`` after SIGTERM or SIGINT."""
     modules = sorted({name for script in scripts for name in _imported(script)})
 
     def run() -> None:
@@ -181,11 +198,12 @@ def lifespan(
             threading.Thread(target=prewarm, name="warm-gzip", daemon=True).start()
         if announce is not None:
             print(announce(), flush=True)
-        try:
-            with serving_routes(own_routes), guarding(guard):
-                yield
-        finally:
-            await to_thread.run_sync(shutdown)  # a store's close waits for its loader
+        with exit_within():  # in front of uvicorn's handlers: a stop that hangs is cut (``exit_within``)
+            try:
+                with serving_routes(own_routes), guarding(guard):
+                    yield
+            finally:
+                await to_thread.run_sync(shutdown)  # a store's close waits for its loader
 
     return serve
 
@@ -279,3 +297,48 @@ def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware,
 
     access = Access(token=token, loopback=bool(address) and is_loopback(address))
     return Middleware(AccessGuard, access=access, base_url=base_url), announce
+
+
+STOP_DEADLINE_S = 8.0  # after SIGTERM: within a scheduler's usual grace period (10 s and more)
+SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
+@contextmanager
+def exit_within(seconds: float = STOP_DEADLINE_S, signals: Sequence[signal.Signals] = SIGNALS) -> Iterator[bool]:
+    """While inside, any of ``signals`` ends the process ``seconds`` later unless it ended before;
+    the handlers installed on entry still run first, and are put back on exit.  Only the main
+    thread may install signal handlers: elsewhere (a server a test runs in a thread) nothing is
+    installed, and the value is False."""
+    if threading.current_thread() is not threading.main_thread():
+        yield False
+        return
+    started = threading.Event()
+    replaced = {number: signal.getsignal(number) for number in signals}
+    for number, previous in replaced.items():
+        if previous is not signal.SIG_IGN:
+            signal.signal(number, _handler(previous, seconds, started))
+    try:
+        yield True
+    finally:
+        for number, previous in replaced.items():
+            signal.signal(number, previous)
+
+
+def _handler(previous: Any, seconds: float, started: threading.Event) -> Callable[[int, FrameType | None], None]:
+    def received(number: int, frame: FrameType | None) -> None:
+        if not started.is_set():
+            started.set()
+            threading.Thread(target=_end, args=(number, seconds), name="stop deadline", daemon=True).start()
+        if callable(previous):
+            previous(number, frame)
+        else:  # the default action: nothing graceful was installed to wait for
+            _end(number, 0.0)
+
+    return received
+
+
+def _end(number: int, seconds: float) -> None:
+    time.sleep(seconds)
+    name = signal.Signals(number).name
+    os.write(sys.stderr.fileno(), f"still running {seconds:g} s after {name}: exiting now\n".encode())
+    os._exit(128 + number)  # no thread is waited for, no atexit handler runs: what SIGKILL would do, sooner

@@ -28,6 +28,7 @@ from metrics_core.read.records import check_lines
 from metrics_core.read.run_file import RunFile
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_summary import RunSummary
+from metrics_core.read.supersession import only_appended_to_last
 from metrics_core.roots.discovery import UnreadableEntry
 from metrics_core.write.writer import BASE_FIELD_ORDER
 
@@ -191,19 +192,14 @@ def _picked(values: np.ndarray) -> tuple[float, ...]:
 
 
 def grown_in_last_session(reader: RunReader, event: str, before: int, last: str) -> bool:
-    """Whether ``event``'s rows from ``before - 1`` on all belong to session ``last``, the reader's last.
-
-    Then nothing decided about the first ``before`` rows changes: their session's thresholds
-    move only when a session begins or logs ``event`` for the first time, and the last session
-    had logged it (row ``before - 1``).  And none of the new rows is superseded or redid
-    anything: no session follows theirs.  The caller checks that no session began and the
-    reader did not reset.  O(new rows).
-    """
+    """Whether ``event``'s rows from ``before - 1`` on all belong to session ``last``, the reader's
+    last, so that no supersession decision about the first ``before`` rows changes
+    (``supersession.only_appended_to_last``).  O(new rows)."""
     column = reader.column(event, "session_id")
     if before == 0 or column is None or column.kind != "cat" or column.size < before:
         return False
     codes = np.unique(column.view()[before - 1 :]).tolist()
-    return -1 not in codes and all(column.categories[code] == last for code in codes)
+    return only_appended_to_last((column.categories[code] if code >= 0 else None for code in codes), last)
 
 
 def runs_table_row(

@@ -103,6 +103,7 @@ RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refr
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
 VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
 SAVER_DELAY_S = 10.0  # a cache save waits this long: a page drawing the run's first charts goes first
+CLOSE_WAIT_S = 2.0  # ``close`` waits this long for a run's lock, not for the computation holding it
 
 
 class RunStore:
@@ -195,18 +196,19 @@ class RunStore:
         )
 
     def close(self) -> None:
-        """Stop the loader (after the run it is reading) and the root (its watcher), and close every reader,
-        each under its run's lock: a reader saves its cache on close, and must not while another
-        thread is reading into it."""
+        """Stop the loader and the root's watcher; close each reader (it saves its cache) under its run's
+        lock, waited for ``CLOSE_WAIT_S`` at most: a stopping server does not wait for a computation."""
         self.loader.close()
         self.saver.close()
         self.source.close()
         with self._lock:
             entries = list(self._entries.values())
         for entry in entries:
-            with entry.lock:
-                if entry.reader is not None:
-                    entry.reader.close()
+            if entry.lock.acquire(timeout=CLOSE_WAIT_S):
+                try:
+                    entry.reader is None or entry.reader.close()
+                finally:
+                    entry.lock.release()
 
     def held_records(self) -> int:
         """Records held in readers' columns right now (~115 B each): what the memory bound is about."""

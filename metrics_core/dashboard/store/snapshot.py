@@ -1,7 +1,7 @@
 """A run's snapshot for the pages: ``RunView``, immutable, built from a reader and shared by every tab.
 
 ``build_view`` takes what a reader holds at one refresh (each event's columns, supersession and
-replay masks, sessions, ingest health, lost work); given the previous snapshot of the same reader,
+``redone_by``, sessions, ingest health, lost work); given the previous snapshot of the same reader,
 it extends what a live append left unchanged instead of recomputing it: the events that got no
 record keep their columns (and the frames built from them) and masks, those that did get the
 reader's new columns (O(columns + new rows)) and masks extended in buffers the ``Lineage`` keeps.
@@ -165,7 +165,7 @@ class RunView:
     sessions: list[Session]
     columns: dict[str, EventColumns]  # per event; ``frame`` and ``frames`` build frames of them
     superseded: dict[str, np.ndarray]
-    replaced: dict[int, np.ndarray]  # per session index: the train rows it redid
+    redone_by: np.ndarray  # per train row, the index of the session that redid it, -1: none
     ingest: IngestHealth
     last_record_time: datetime | None
     status: str
@@ -291,7 +291,7 @@ def build_view(
 
     Only the last session grew (a live run's append): the events that got no record keep their
     columns and masks; those that did get new columns (the reader's: O(columns + new rows)) and
-    their masks extended with False (``grown_in_last_session``) in buffers the lineage keeps
+    their masks extended with "not superseded" (``grown_in_last_session``) in buffers the lineage keeps
     (``_MaskBuffer``): no O(rows) supersession or replay pass, no O(rows) copy.  Anything else (a
     new session, a reset) is built from scratch.  Every mask is read-only: an extended one shares
     its buffer with the snapshots before it.  Not thread-safe per lineage: ``RunStore.view``
@@ -319,21 +319,18 @@ def build_view(
         else:
             superseded[event] = _read_only(reader.superseded(event))
     if "train" not in grown:
-        replaced = previous.replaced
+        redone = previous.redone_by
     elif grown["train"]:
-        replaced = {
-            index: _extended(lineage, ("replaced", index), rows, columns["train"].rows)
-            for index, rows in previous.replaced.items()
-        }
+        redone = _extended(lineage, ("redone_by",), previous.redone_by, columns["train"].rows, fill=-1)
     else:
-        replaced = {s.index: _read_only(reader.replaced_by(s.index, "train")) for s in sessions}
+        redone = reader.redone_by("train")  # read-only, and never changed in place
     return RunView(
         name=name,
         records=reader.records,
         sessions=sessions,
         columns=columns,
         superseded=superseded,
-        replaced=replaced,
+        redone_by=redone,
         ingest=reader.ingest_health(),
         last_record_time=reader.last_record_time,
         status=status,
@@ -344,30 +341,31 @@ def build_view(
 
 
 class _MaskBuffer:
-    """A snapshot mask extended with False in place: a bool buffer with slack (a quarter more
-    than its rows) whose prefixes are handed out read-only.
+    """A snapshot mask extended in place with a fill (False; -1 for ``redone_by``): a buffer with
+    slack (a quarter more than its rows) whose prefixes are handed out read-only.
 
     A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
     Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
     its mask change, as ``columns.Derived`` keeps conversions.
     """
 
-    __slots__ = ("_buffer", "_size")
+    __slots__ = ("_buffer", "_fill", "_size")
 
-    def __init__(self) -> None:
+    def __init__(self, fill: bool | int) -> None:
+        self._fill = fill
         self._buffer = np.zeros(0, dtype=bool)
         self._size = 0
 
     def extended(self, mask: np.ndarray, rows: int) -> np.ndarray:
-        """``mask`` with False for the rows after it: O(new rows) when ``mask`` is the last prefix
-        this buffer handed out; else (a mask built from scratch, a full buffer) one copy into a
-        new buffer, which earlier prefixes do not share."""
+        """``mask`` with the fill for the rows after it: O(new rows) when ``mask`` is the last
+        prefix this buffer handed out; else (a mask built from scratch, a full buffer) one copy
+        into a new buffer, which earlier prefixes do not share."""
         if mask.base is not self._buffer or len(mask) != self._size or rows > len(self._buffer):
-            grown = np.zeros(rows + rows // 4 + 64, dtype=bool)
+            grown = np.full(rows + rows // 4 + 64, self._fill, dtype=mask.dtype)
             grown[: len(mask)] = mask
             self._buffer = grown
         else:
-            self._buffer[self._size : rows] = False
+            self._buffer[self._size : rows] = self._fill
         self._size = rows
         return _read_only(self._buffer[:rows])
 
@@ -396,9 +394,9 @@ class _Appended:
         return _read_only(self._buffer[:rows])
 
 
-def _extended(lineage: Lineage, key: Hashable, mask: np.ndarray, rows: int) -> np.ndarray:
-    """``mask`` with False for the rows after it, from the buffer ``lineage`` keeps under ``key``."""
-    return lineage.carry(key, lambda buffer: buffer if buffer is not None else _MaskBuffer()).extended(mask, rows)
+def _extended(lineage: Lineage, key: Hashable, mask: np.ndarray, rows: int, *, fill: bool | int = False) -> np.ndarray:
+    """``mask`` with ``fill`` for the rows after it, from the buffer ``lineage`` keeps under ``key``."""
+    return lineage.carry(key, lambda buffer: buffer if buffer is not None else _MaskBuffer(fill)).extended(mask, rows)
 
 
 def _read_only(mask: np.ndarray) -> np.ndarray:

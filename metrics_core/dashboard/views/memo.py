@@ -95,7 +95,7 @@ def _diagnose(view: RunView, since: list[Finding] | None) -> list[Finding]:
         return diagnose(
             train=view.frame("train", WRITER_FIELDS),
             sessions=view.sessions,
-            replaced=view.replaced,
+            redone=view.redone_by,
             ingest=view.ingest,
             since=since,
         )
