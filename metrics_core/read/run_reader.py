@@ -21,7 +21,7 @@ Promises
 
 Cost: a refresh that finds nothing new is one ``stat``.  After an append, ``frame()`` and
 ``sessions`` cost O(appended records), not O(run): each row is converted for pandas once
-(``columns.Derived``), and the replay accounting is recomputed only when a session starts, logs
+(``row_conversions.Derived``), and the replay accounting is recomputed only when a session starts, logs
 an event for the first time, or an earlier one gains records.  New bytes are parsed line by line
 for small appends and by pyarrow for large blocks (a cold load), on worker threads.
 
@@ -43,7 +43,8 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read import column_cache as cache
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, event_rows, return_memory_to_os
+from metrics_core.read.column_table import SparseColumn, Table, chunks_of
+from metrics_core.read.columns import CategoryTypes, Column, event_rows, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
@@ -316,8 +317,8 @@ class RunReader(FollowedLog, AccountedSessions):
         table = self._tables.get(event)
         return [] if table is None else list(table.columns)
 
-    def column(self, event: str, name: str) -> Column | None:
-        """Field ``name`` of ``event`` as the reader holds it, or None.
+    def column(self, event: str, name: str) -> Column | SparseColumn | None:
+        """Field ``name`` of ``event`` as the reader holds it (held on few rows: sparse), or None.
 
         O(1): the latest values of a field without building the run's frame (``frame()`` is
         O(records)).  Rows are only ever appended, so a view of it stays valid; do not modify it.
@@ -351,17 +352,17 @@ class RunReader(FollowedLog, AccountedSessions):
 
         A new frame per call, costing O(columns + rows appended since the last call): numbers
         are views of the reader's columns, and times, categories and booleans are converted once
-        per row and kept (``columns.Derived``).  Rows are never modified once handed out, so an
+        per row and kept (``row_conversions.Derived``).  Rows are never modified once handed out, so an
         earlier frame stays as it was; do not modify a frame in place.
         """
         return pd.DataFrame(self.frame_columns(event), copy=False)
 
-    def frame_columns(self, event: str) -> dict[str, Any]:
+    def frame_columns(self, event: str, *, sparse: bool = False) -> dict[str, Any]:
         """What ``frame(event)`` holds, field by field in its order, without the frame.
 
-        Same cost and promises as ``frame``, minus building it: pandas checks every column a frame
-        is given, which on a run logging hundreds of keys is most of a frame's cost, so a caller
-        that needs a few fields builds a frame of those alone.
+        As ``frame`` minus building it (pandas checks every column a frame is given: a caller that
+        needs a few of hundreds of keys builds a frame of those).  ``sparse``: a ``SparseColumn``
+        as a pandas ``SparseArray``, O(values held); else dense, O(rows) a call, as a frame holds it.
         """
         self._flush()
         table = self._tables.get(event)
@@ -384,7 +385,7 @@ class RunReader(FollowedLog, AccountedSessions):
                 data[name] = table.columns[name].series()
         for name, column in table.columns.items():
             if name not in data:
-                data[name] = column.series()
+                data[name] = column.series() if sparse or isinstance(column, Column) else column.dense().series()
         return data
 
     def effective(self, event: str) -> pd.DataFrame:

@@ -349,7 +349,7 @@ class _MaskBuffer:
 
     A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
     Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
-    its mask change, as ``columns.Derived`` keeps conversions.
+    its mask change, as ``row_conversions.Derived`` keeps conversions.
     """
 
     __slots__ = ("_buffer", "_size")
