@@ -10,9 +10,15 @@ import orjson
 import pandas as pd
 import pytest
 
+from metrics_core.dashboard.figures.metric_figures import LONE_SUFFIX, metric_figure
+from metrics_core.dashboard.figures.run_charts import run_charts
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.views.chart_specs import ChartOptions, Series
+from metrics_core.dashboard.views.memo import view_charts_of
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.column_table import SparseColumn
 from metrics_core.read.run_reader import RunReader
+from metrics_core.sql.export_table import run_table
 from metrics_core.testing.generate import write_run
 from tests.support import append_bytes, base_record, line
 
@@ -87,3 +93,49 @@ def test_the_form_a_column_takes_never_changes_what_it_holds(tmp_path: Path) -> 
         assert frame["count"].dtype == np.float64 and frame["note"].dtype == "category"
         stored = {key: isinstance(reader.column("train", key), SparseColumn) for key in ("early", "note", "late")}
         assert stored == {"early": True, "note": True, "late": False}
+
+
+def test_every_sparse_key_is_listed_charted_with_a_marker_per_lone_value_and_exported(tmp_path: Path) -> None:
+    """On the dashboard each of 300 rare keys has its chart, whose values, each alone between
+    gaps, are drawn as markers at their steps; the SQL export holds every one at its step."""
+    path = tmp_path / "runs" / "evals" / "metrics.jsonl"
+    write_run(path, RECORDS, eval_keys=KEYS, evals=EVALS)
+    written = _written(path)
+    store = RunStore(path.parent.parent)
+    try:
+        view = store.view("evals")
+        held = sum(view.columns["train"].array(key).nbytes for key in written)
+        assert held <= KEYS * EVALS * 32, held  # the snapshot holds what they hold, not their rows
+        assert {chart.key for chart in view_charts_of(view)} >= {f"key:{key}" for key in written}
+        for key in ("eval/task_0000", "eval/task_0123", f"eval/task_{KEYS - 1:04d}"):
+            figure = run_charts(view, ChartOptions(only=key, history="all"))[f"key:{key}"]
+            lone = [trace for trace in figure["data"] if trace["name"].endswith(LONE_SUFFIX)]
+            drawn = {int(x): float(y) for trace in lone for x, y in zip(trace["x"], trace["y"], strict=True)}
+            assert drawn == pytest.approx(written[key], rel=1e-6)
+            assert all(trace["mode"] == "markers" for trace in lone)
+    finally:
+        store.close()
+    reader = RunReader(path)
+    reader.refresh()
+    table = run_table(reader, "evals").to_pydict()
+    for key, values in written.items():
+        held = {step: value for step, value in zip(table["step"], table[key], strict=True) if value is not None}
+        assert held == values
+
+
+def test_a_value_no_line_reaches_gets_a_marker_and_a_line_gets_none() -> None:
+    """Among gaps, a lone value is drawn as a marker; values beside each other are a line, unmarked."""
+    values = [np.nan, 1.0, np.nan, 2.0, 3.0, np.nan, np.nan, 4.0]
+    frame = pd.DataFrame(
+        {
+            "step": np.arange(len(values)),
+            "session_id": pd.Categorical(["s"] * len(values)),
+            "value": values,
+        }
+    )
+    figure = metric_figure([Series(frame, "value", "value")], title="v", sessions=[])
+    (lone,) = [trace for trace in figure["data"] if trace.get("name", "").endswith(LONE_SUFFIX)]
+    assert list(lone["x"]) == [1, 7] and list(lone["y"]) == [1.0, 4.0] and lone["mode"] == "markers"
+    dense = pd.DataFrame({"step": [0, 1, 2], "session_id": pd.Categorical(["s"] * 3), "value": [1.0, 2.0, 3.0]})
+    figure = metric_figure([Series(dense, "value", "value")], title="v", sessions=[])
+    assert not [trace for trace in figure["data"] if trace.get("name", "").endswith(LONE_SUFFIX)]

@@ -11,7 +11,8 @@ way: the charts, the compare page and the session overlay read it instead of rec
 
 A frame is built only when asked for, of only the fields asked for (``EventColumns``): a page
 draws a few of the keys a run logs, and a frame of all of them per snapshot costs O(fields)
-however few are drawn.
+however few are drawn.  A field the reader holds sparse (``column_table.SparseColumn``: a key on
+few records) is a pandas ``SparseArray``, so a snapshot too costs what such keys hold.
 """
 
 from __future__ import annotations
@@ -242,6 +243,11 @@ def _numeric_where_numbers(arrays: dict[str, Any]) -> dict[str, Any]:
             numbers = _numbers(values)
             if not np.isnan(numbers).all():
                 arrays[name] = numbers
+        elif isinstance(values, pd.arrays.SparseArray) and values.dtype.subtype.kind == "O":
+            numbers = _numbers(values.sp_values)  # a field held on few rows: only those
+            if not np.isnan(numbers).all():
+                indices = values.sp_index.indices
+                arrays[name] = pd.arrays.SparseArray.from_indices(numbers, indices, len(values), fill_value=np.nan)
     return arrays
 
 
@@ -251,7 +257,7 @@ def _numbers(values: np.ndarray) -> np.ndarray:
 
 
 def _view_arrays(reader: RunReader, event: str) -> dict[str, Any]:
-    arrays = reader.frame_columns(event)
+    arrays = reader.frame_columns(event, sparse=True)  # a key held on few rows costs what it holds
     # config records hold the nested "config" object: kept as written, never made numeric
     return arrays if event == "config" else _numeric_where_numbers(arrays)
 

@@ -64,15 +64,20 @@ def growing_keys(columns: EventColumns, keys: Iterable[str]) -> tuple[str, ...]:
         return ()
     codes = session_codes(columns)
     names = set(columns.names)  # a tuple: ``in`` on it would make this O(keys²)
-    arrays = {key: np.asarray(columns.array(key)) for key in keys if key not in X_MODES and key in names}
-    arrays = {key: values for key, values in arrays.items() if values.dtype.kind in "iuf"}
-    if not arrays:
-        return ()
-    sample = np.linspace(0, columns.rows - 1, min(SAMPLE_ROWS, columns.rows)).astype(np.int64)
-    matrix = np.stack([values[sample].astype(np.float64) for values in arrays.values()])
-    same = codes[sample][1:] == codes[sample][:-1]
-    down = (matrix[:, 1:][:, same] < matrix[:, :-1][:, same]).any(axis=1)  # NaN compares false
-    found = [key for key, refused in zip(arrays, down, strict=True) if not refused and grows(arrays[key], codes)]
+    arrays, found = {}, []
+    for key in keys:
+        values = columns.array(key) if key not in X_MODES and key in names else None
+        if isinstance(values, pd.arrays.SparseArray):  # held on few rows: those rows alone, O(values held)
+            if values.dtype.subtype.kind in "iuf" and grows(values.sp_values, codes[values.sp_index.indices]):
+                found.append(key)
+        elif values is not None and (values := np.asarray(values)).dtype.kind in "iuf":
+            arrays[key] = values
+    if arrays:
+        sample = np.linspace(0, columns.rows - 1, min(SAMPLE_ROWS, columns.rows)).astype(np.int64)
+        matrix = np.stack([values[sample].astype(np.float64) for values in arrays.values()])
+        same = codes[sample][1:] == codes[sample][:-1]
+        down = (matrix[:, 1:][:, same] < matrix[:, :-1][:, same]).any(axis=1)  # NaN compares false
+        found += [key for key, refused in zip(arrays, down, strict=True) if not refused and grows(arrays[key], codes)]
     return tuple(sorted(found))
 
 
