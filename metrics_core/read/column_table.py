@@ -104,11 +104,14 @@ class SparseColumn:
             self._rows = grown
         self._rows[held:needed] = rows
 
-    def view(self) -> np.ndarray:
-        """Every row as ``Column.view`` would hold it, missing values included: O(rows), a new array."""
-        values = self._values.view()
-        dense = np.full(self.size, MISSING[self.kind], dtype=NUMPY_DTYPES[self.kind])
-        dense[self.rows()] = values
+    def view(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` (every row: the defaults) as ``Column.view`` would hold them, missing
+        values included: O(those rows), a new array."""
+        span = range(self.size)[start:stop]
+        rows = self.rows()
+        first, last = np.searchsorted(rows, [span.start, span.stop])
+        dense = np.full(len(span), MISSING[self.kind], dtype=NUMPY_DTYPES[self.kind])
+        dense[rows[first:last] - span.start] = self._values.view()[first:last]
         return dense
 
     def numbers(self, start: int = 0, stop: int | None = None) -> np.ndarray:

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import orjson
 import pandas as pd
+import pyarrow as pa
 import pytest
 
 from metrics_core.dashboard.figures.metric_figures import LONE_SUFFIX, metric_figure
@@ -18,7 +19,7 @@ from metrics_core.dashboard.views.memo import view_charts_of
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.column_table import SparseColumn
 from metrics_core.read.run_reader import RunReader
-from metrics_core.sql.export_table import run_table
+from metrics_core.sql.export_table import run_slices, run_table
 from metrics_core.testing.generate import write_run
 from tests.support import append_bytes, base_record, line
 
@@ -139,3 +140,18 @@ def test_a_value_no_line_reaches_gets_a_marker_and_a_line_gets_none() -> None:
     dense = pd.DataFrame({"step": [0, 1, 2], "session_id": pd.Categorical(["s"] * 3), "value": [1.0, 2.0, 3.0]})
     figure = metric_figure([Series(dense, "value", "value")], title="v", sessions=[])
     assert not [trace for trace in figure["data"] if trace.get("name", "").endswith(LONE_SUFFIX)]
+
+
+def test_the_export_writes_a_run_of_rare_keys_a_bounded_slice_at_a_time(tmp_path: Path) -> None:
+    """Exported, 300 rare keys over 4,000 records are never all dense at once: each slice holds
+    about the values asked for, and the slices together are the run's table."""
+    path = tmp_path / "evals" / "metrics.jsonl"
+    write_run(path, RECORDS, eval_keys=KEYS, evals=EVALS)
+    reader = RunReader(path)
+    reader.refresh()
+    schema, slices = run_slices(reader, "evals", values=100_000)
+    parts = list(slices())
+    assert len(schema) > KEYS and len(parts) > 10
+    assert max(part.nbytes for part in parts) <= 100_000 * 9  # a float and its validity bit each
+    assert pa.concat_tables(parts).equals(run_table(reader, "evals"))
+    assert sum(part.num_rows for part in parts) == reader.records
