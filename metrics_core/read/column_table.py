@@ -36,12 +36,13 @@ class SparseColumn:
     ``numbers`` build the dense rows when called (O(rows), not kept); ``series`` is a pandas
     ``SparseArray`` (O(held)).  Appending missing values costs nothing but the count."""
 
-    __slots__ = ("_rows", "_values", "size")
+    __slots__ = ("_held", "_rows", "_values", "size")
 
     def __init__(self, size: int, values: Column | None = None, rows: np.ndarray | None = None) -> None:
         self.size = size
         self._values = Column() if values is None else values
         self._rows = np.empty(0, np.int64) if rows is None else rows
+        self._held: Held | None = None  # ``held_values``, kept until a value is added
 
     @classmethod
     def of(cls, column: Column) -> SparseColumn:
@@ -124,11 +125,22 @@ class SparseColumn:
         return dense
 
     def series(self) -> pd.api.extensions.ExtensionArray:
-        """A pandas ``SparseArray`` (missing: NaN): numbers as float64, anything else as objects."""
-        values, dtype = self._values.view(), np.float64
-        if self.kind != "float":
-            values, dtype = as_python(self.kind, values, self.categories), object
-        return pd.arrays.SparseArray.from_indices(values, self.rows(), self.size, fill_value=np.nan, dtype=dtype)
+        """A pandas ``SparseArray`` of every row (``Held.series``)."""
+        return self.held_values().series(self.size)
+
+    def for_frame(self, *, sparse: bool) -> Held | Any:
+        """What ``RunReader.frame_columns`` hands out: ``held_values`` (sparse), else the dense
+        series a ``Column`` of the same rows would give (O(rows))."""
+        return self.held_values() if sparse else self.dense().series()
+
+    def held_values(self) -> Held:
+        """The rows that hold a value and those values, as they stand (views: rows are never
+        changed once held): O(1), the same object until a value is added."""
+        held = self._held
+        if held is None or len(held.rows) != self._values.size or held.values.kind != self.kind:
+            categories = list(self.categories) if self.kind == "cat" else ()
+            held = self._held = Held(self.rows(), Chunk(self.kind, self._values.view(), categories))
+        return held
 
     def dense(self) -> Column:
         """The same rows as a ``Column`` (O(rows))."""
@@ -142,6 +154,14 @@ class Held:
 
     rows: np.ndarray
     values: Chunk
+
+    def series(self, length: int) -> pd.api.extensions.ExtensionArray:
+        """``length`` rows as a pandas ``SparseArray`` (missing: NaN): numbers as float64, anything
+        else as objects; O(values held)."""
+        values, dtype = self.values.values, np.float64
+        if self.values.kind not in ("float", "int"):
+            values, dtype = as_python(self.values.kind, values, self.values.categories), object
+        return pd.arrays.SparseArray.from_indices(values, self.rows, length, fill_value=np.nan, dtype=dtype)
 
     def chunk(self, count: int) -> Chunk:
         """The same ``count`` rows as a dense chunk, missing values included."""

@@ -362,7 +362,7 @@ class RunReader(FollowedLog, AccountedSessions):
 
         As ``frame`` minus building it (pandas checks every column a frame is given: a caller that
         needs a few of hundreds of keys builds a frame of those).  ``sparse``: a ``SparseColumn``
-        as a pandas ``SparseArray``, O(values held); else dense, O(rows) a call, as a frame holds it.
+        as its ``Held`` rows and values, O(1) (``Held.series``); else dense, O(rows) a call.
         """
         self._flush()
         table = self._tables.get(event)
@@ -385,7 +385,7 @@ class RunReader(FollowedLog, AccountedSessions):
                 data[name] = table.columns[name].series()
         for name, column in table.columns.items():
             if name not in data:
-                data[name] = column.series() if sparse or isinstance(column, Column) else column.dense().series()
+                data[name] = column.series() if isinstance(column, Column) else column.for_frame(sparse=sparse)
         return data
 
     def effective(self, event: str) -> pd.DataFrame:

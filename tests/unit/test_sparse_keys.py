@@ -14,8 +14,9 @@ import pytest
 from metrics_core.dashboard.figures.metric_figures import LONE_SUFFIX, metric_figure
 from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.snapshot import Lineage, build_view
 from metrics_core.dashboard.views.chart_specs import ChartOptions, Series
-from metrics_core.dashboard.views.memo import view_charts_of
+from metrics_core.dashboard.views.memo import view_charts_of, view_x_keys
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.column_table import SparseColumn
 from metrics_core.read.run_reader import RunReader
@@ -155,3 +156,25 @@ def test_the_export_writes_a_run_of_rare_keys_a_bounded_slice_at_a_time(tmp_path
     assert max(part.nbytes for part in parts) <= 100_000 * 9  # a float and its validity bit each
     assert pa.concat_tables(parts).equals(run_table(reader, "evals"))
     assert sum(part.num_rows for part in parts) == reader.records
+
+
+def test_a_live_append_without_those_keys_hands_the_next_snapshot_what_it_held(tmp_path: Path) -> None:
+    """An append that logs none of the rare keys costs their columns nothing: the next snapshot
+    gets the same held rows and values (no array rebuilt per key), whose SparseArray is one more
+    row long, and the keys' x-axis answers are carried."""
+    path = tmp_path / "evals" / "metrics.jsonl"
+    write_run(path, RECORDS, eval_keys=KEYS, evals=EVALS)
+    reader = RunReader(path)
+    reader.refresh()
+    lineage = Lineage()
+    before = build_view("evals", reader, "running", lineage)
+    assert view_x_keys(before) == ()
+    last = reader.sessions[-1].session_id
+    append_bytes(path, line(base_record(10**7, session=last, train_loss=1.0)))
+    reader.refresh()
+    after = build_view("evals", reader, "running", lineage, previous=before)
+    for key in ("eval/task_0000", f"eval/task_{KEYS - 1:04d}"):
+        held = after.columns["train"].held(key)
+        assert held is not None and held is before.columns["train"].held(key)
+        assert len(after.columns["train"].array(key)) == after.rows("train") == before.rows("train") + 1
+    assert view_x_keys(after) == ()

@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.store.snapshot import EventColumns
+from metrics_core.read.column_table import Held
 
 X_MODES = {"step": "step", "tokens_seen": "tokens seen", "time": "wall time", "relative": "hours since start"}
 SAMPLE_ROWS = 64
@@ -53,7 +54,9 @@ def grows(values: np.ndarray, codes: np.ndarray) -> bool:
     return bool((kept[1:][same] > kept[:-1][same]).any())
 
 
-def growing_keys(columns: EventColumns, keys: Iterable[str]) -> tuple[str, ...]:
+def growing_keys(
+    columns: EventColumns, keys: Iterable[str], known: dict[str, tuple[Held, bool]] | None = None
+) -> tuple[str, ...]:
     """The keys among ``keys`` (numeric fields of ``columns``, one event's records) that ``grows``
     holds for, sorted: what the pages offer as x besides ``X_MODES``.
 
@@ -65,12 +68,18 @@ def growing_keys(columns: EventColumns, keys: Iterable[str]) -> tuple[str, ...]:
     codes = session_codes(columns)
     names = set(columns.names)  # a tuple: ``in`` on it would make this O(keys²)
     arrays, found = {}, []
-    for key in keys:
-        values = columns.array(key) if key not in X_MODES and key in names else None
-        if isinstance(values, pd.arrays.SparseArray):  # held on few rows: those rows alone, O(values held)
-            if values.dtype.subtype.kind in "iuf" and grows(values.sp_values, codes[values.sp_index.indices]):
+    for key in (key for key in keys if key not in X_MODES and key in names):
+        held = columns.held(key)
+        if held is not None:  # held on few rows: those rows alone, O(values held)
+            verdict = None if known is None else known.get(key)
+            if verdict is None or verdict[0] is not held:  # the same values: the same answer
+                numbers = held.values.kind in ("int", "float")  # bools and categories are held as codes
+                verdict = (held, numbers and grows(held.values.values.astype(np.float64), codes[held.rows]))
+                if known is not None:
+                    known[key] = verdict
+            if verdict[1]:
                 found.append(key)
-        elif values is not None and (values := np.asarray(values)).dtype.kind in "iuf":
+        elif (values := np.asarray(columns.array(key))).dtype.kind in "iuf":
             arrays[key] = values
     if arrays:
         sample = np.linspace(0, columns.rows - 1, min(SAMPLE_ROWS, columns.rows)).astype(np.int64)
