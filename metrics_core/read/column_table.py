@@ -253,10 +253,10 @@ class Table:
         """Give the columns the rows just added left out missing values, count the rows, and
         store a column sparse or dense as what it holds now says: a sparse one that got values,
         a dense one whose buffer missing values grew (O(rows) once per growth)."""
-        settle = []
+        settle, missing = [], Chunk("null", None)
         for name, column in self.columns.items():
             if column.size == self.size:  # absent from what was added
-                column.extend(Chunk("null", None), count)
+                column.extend(missing, count)
                 if isinstance(column, Column) and column.recount:
                     column.recount = False
                     settle.append(name)
