@@ -108,21 +108,23 @@ class SparseColumn:
     def view(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` (every row: the defaults) as ``Column.view`` would hold them, missing
         values included: O(those rows), a new array."""
-        span = range(self.size)[start:stop]
-        rows = self.rows()
-        first, last = np.searchsorted(rows, [span.start, span.stop])
+        span, held, at = self._within(start, stop)
         dense = np.full(len(span), MISSING[self.kind], dtype=NUMPY_DTYPES[self.kind])
-        dense[rows[first:last] - span.start] = self._values.view()[first:last]
+        dense[at] = self._values.view()[held]
         return dense
 
     def numbers(self, start: int = 0, stop: int | None = None) -> np.ndarray:
         """Rows ``start:stop`` as float64, NaN where none is held or it is not a number."""
-        span = range(self.size)[start:stop]
-        rows = self.rows()
-        first, last = np.searchsorted(rows, [span.start, span.stop])
+        span, held, at = self._within(start, stop)
         dense = np.full(len(span), np.nan)
-        dense[rows[first:last] - span.start] = self._values.numbers(int(first), int(last))
+        dense[at] = self._values.numbers(held.start, held.stop)
         return dense
+
+    def _within(self, start: int, stop: int | None) -> tuple[range, slice, np.ndarray]:
+        """Rows ``start:stop``, the held values among them, and where those are in them."""
+        span, rows = range(self.size)[start:stop], self.rows()
+        first, last = (int(at) for at in np.searchsorted(rows, [span.start, span.stop]))
+        return span, slice(first, last), rows[first:last] - span.start
 
     def series(self) -> pd.api.extensions.ExtensionArray:
         """A pandas ``SparseArray`` of every row (``Held.series``)."""
