@@ -32,7 +32,7 @@ def sessions() -> None:
         return
     theme = page_theme()  # here: the browser reports its theme with each rerun, not always the first
     stopped_panel(view)  # why the run stopped, as above its charts (each session's reason is in the table)
-    train = view.frames["train"]
+    train = view.frame("train", ("session_id", "skipped_updates_in_window"))  # what session_table reads
     lost = view.lost_work
     share = MISSING if lost.superseded_share is None else f"{lost.superseded_share:.1%}"
     for column, (label, value) in zip(

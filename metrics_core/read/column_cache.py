@@ -61,14 +61,15 @@ from typing import Any
 
 import numpy as np
 
-from metrics_core.read.columns import Column, Table
+from metrics_core.read.column_table import SparseColumn, Table
+from metrics_core.read.columns import Column
 from metrics_core.read.line_follower import Position
 from metrics_core.read.private_files import directory_refusal, private_directory, refuse, untrusted
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_file import open_regular
 from metrics_core.read.session_accounting import SessionLog
 
-FORMAT = 3  # bump when the record rules (records.py) or the column typing (columns.py) change
+FORMAT = 4  # bump when the record rules (records.py) or the column typing (columns.py) change
 _MAGIC = b"MCCACHE1"
 _PREFIX = struct.Struct("<8sQQI")  # magic, header bytes, payload bytes, crc32 of header + payload
 _NUMERIC = {"int": "int64", "float": "float64", "bool": "int8"}
@@ -136,11 +137,13 @@ def frozen_tables(tables: Mapping[str, Table]) -> dict[str, Table]:
         copy = frozen[event] = Table()
         copy.size = table.size
         for name, column in table.columns.items():
-            copy.columns[name] = (
-                Column("null", column.size)
-                if column.kind == "null"
-                else Column.restore(column.kind, column.view(), list(column.categories))
-            )
+            if isinstance(column, SparseColumn):
+                values = Column.restore(column.kind, column.values(), list(column.categories))
+                copy.columns[name] = SparseColumn(column.size, values, column.rows())
+            elif column.kind == "null":
+                copy.columns[name] = Column("null", column.size)
+            else:
+                copy.columns[name] = Column.restore(column.kind, column.view(), list(column.categories))
     return frozen
 
 
@@ -149,8 +152,8 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
     it cannot."""
     tables = parse.tables
     try:
-        streams = {event: _table_stream(table) for event, table in tables.items()}  # Arrow's buffers, not copied
-        payload_size = sum(len(stream) for stream in streams.values())
+        streams = {event: _table_streams(table) for event, table in tables.items()}  # Arrow's buffers, not copied
+        payload_size = sum(len(stream) for pair in streams.values() for stream in pair)
         position = parse.position
         header_state = {
             "format": FORMAT,
@@ -169,8 +172,11 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
             [
                 event,
                 table.size,
-                len(streams[event]),
-                [[name, column.kind, list(column.categories)] for name, column in table.columns.items()],
+                [len(stream) for stream in streams[event]],
+                [
+                    [name, column.kind, list(column.categories), isinstance(column, SparseColumn)]
+                    for name, column in table.columns.items()
+                ],
             ]
             for event, table in tables.items()
         ]
@@ -178,8 +184,9 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
         if len(header) + payload_size > policy.max_file_bytes:
             return False
         crc = zlib.crc32(header)
-        for stream in streams.values():
-            crc = zlib.crc32(stream, crc)
+        for pair in streams.values():
+            for stream in pair:
+                crc = zlib.crc32(stream, crc)
         directory = Path(policy.directory)
         refused = directory_refusal(directory)
         if refused is not None:
@@ -192,8 +199,9 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
             with os.fdopen(handle, "wb") as out:
                 out.write(_PREFIX.pack(_MAGIC, len(header), payload_size, crc))
                 out.write(header)
-                for stream in streams.values():
-                    out.write(stream)
+                for pair in streams.values():
+                    for stream in pair:
+                        out.write(stream)
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -271,7 +279,7 @@ def _read(handle: Any) -> tuple[dict[str, Any], list[np.ndarray]]:
         raise ValueError("not a complete cache file")
     header = _read_into(handle, bytearray(header_size))
     state = json.loads(header)
-    lengths = [length for _, _, length, _ in state["tables"]]
+    lengths = [length for _, _, pair, _ in state["tables"] for length in pair]
     if sum(lengths) != payload_size or min(lengths, default=0) < 0:
         raise ValueError("cache file tables do not add up to its payload")
     streams = [_read_into(handle, np.empty(length, dtype=np.uint8)) for length in lengths]
@@ -298,24 +306,55 @@ def _decode(state: dict[str, Any], streams: list[np.ndarray]) -> dict[str, Table
     import pyarrow as pa
 
     tables: dict[str, Table] = {}
-    for (event, size, _, columns), stream in zip(state["tables"], streams, strict=True):
-        batch = pa.ipc.open_stream(pa.py_buffer(stream)).read_next_batch() if len(stream) else None
-        if batch is not None and (batch.num_rows != size or batch.num_columns != len(columns)):
+    for index, (event, size, _, columns) in enumerate(state["tables"]):
+        stream, held = streams[2 * index], streams[2 * index + 1]
+        batch, lists = (
+            pa.ipc.open_stream(pa.py_buffer(part)).read_next_batch() if len(part) else None for part in (stream, held)
+        )
+        sparse = sum(bool(column[3]) for column in columns)
+        if (batch.num_columns if batch is not None else 0) != len(columns) - sparse or (
+            batch is not None and batch.num_rows != size
+        ):
+            raise ValueError("table does not match its description")
+        if (lists.num_columns if lists is not None else 0) != 2 * sparse:
             raise ValueError("table does not match its description")
         table = tables[event] = Table()
         table.size = size
-        for index, (name, kind, categories) in enumerate(columns):
-            values = None if batch is None else batch.column(index)
-            table.columns[name] = _column(kind, values, categories, size, stream)
+        dense = iter(range(len(columns) - sparse))
+        kept = iter(range(sparse))
+        for name, kind, categories, is_sparse in columns:
+            if is_sparse:
+                at = next(kept)
+                rows = _rows_in(held, lists.column(2 * at).values.to_numpy(zero_copy_only=True))
+                values = _column(kind, lists.column(2 * at + 1).values, categories, len(rows), held)
+                if len(rows) and (rows.min() < 0 or rows.max() >= size or (np.diff(rows) <= 0).any()):
+                    raise ValueError("sparse rows out of order or range")
+                table.columns[name] = SparseColumn(size, values, rows)
+            else:
+                values = None if batch is None else batch.column(next(dense))
+                table.columns[name] = _column(kind, values, categories, size, stream)
     return tables
 
 
-def _table_stream(table: Table) -> Any:
-    """One Arrow IPC stream of the table's columns, in order, as a ``pyarrow.Buffer`` (a bytes-like
-    object; empty for a table without columns)."""
+def _table_streams(table: Table) -> tuple[Any, Any]:
+    """Two Arrow IPC streams, each a ``pyarrow.Buffer`` (a bytes-like object; empty when it holds no
+    column): the table's dense columns in order, one row per record; and its sparse columns in
+    order, in one row, each as two lists, its rows and its values."""
     import pyarrow as pa
 
-    arrays = [_arrow(column) for column in table.columns.values()]
+    dense = [_arrow(column) for column in table.columns.values() if not isinstance(column, SparseColumn)]
+    lists = []
+    for column in table.columns.values():
+        if isinstance(column, SparseColumn):
+            held = Column.restore(column.kind, column.values(), column.categories)
+            for values in (pa.array(column.rows()), _arrow(held)):
+                lists.append(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values))
+    return _stream(dense), _stream(lists)
+
+
+def _stream(arrays: list[Any]) -> Any:
+    import pyarrow as pa
+
     if not arrays:
         return b""
     batch = pa.record_batch(arrays, names=[f"c{i}" for i in range(len(arrays))])

@@ -18,7 +18,9 @@ Column kinds, chosen from the values seen and widened when a later value needs i
 * ``null``  — only missing values so far; takes the kind of the first real value.
 
 A field that never held a value (absent, or ``null`` in every record so far) is not a column:
-``null`` and absent are one thing in JSON lines, and pyarrow cannot tell them apart.
+``null`` and absent are one thing in JSON lines, and pyarrow cannot tell them apart.  A field held
+on few of its event's rows (a per-task evaluation every thousand steps) is stored as those rows and
+their values instead (``column_table.SparseColumn``), so that it costs what it holds.
 
 Rows are only ever appended, never changed, so a slice handed out by ``view`` stays valid, and so
 does every conversion of a row: ``series``, ``times`` and ``codes`` convert each row for pandas once
@@ -36,9 +38,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-_NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
-_MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}
-_UTC = pd.DatetimeTZDtype("ns", "UTC")
+from metrics_core.read.row_conversions import CategoryTypes, Derived, code_dtype, empty_times, utc_times
+
+NUMPY_DTYPES = {"int": np.int64, "float": np.float64, "bool": np.int8, "cat": np.int32, "object": object}
+MISSING = {"float": np.nan, "bool": -1, "cat": -1, "object": None}
 _INT64_MIN, _INT64_MAX = -(1 << 63), (1 << 63) - 1
 
 
@@ -81,16 +84,17 @@ def chunk_from_pylist(values: list[Any]) -> Chunk:
 class Column:
     """A growable typed buffer; see the module docstring for the kinds."""
 
-    __slots__ = ("_buffer", "_derived", "_index", "_types", "categories", "kind", "size")
+    __slots__ = ("_buffer", "_derived", "_index", "_types", "categories", "kind", "recount", "size")
 
     def __init__(self, kind: str = "null", size: int = 0) -> None:
         self.kind = kind
         self.size = size
         self.categories: list[str] = []
         self._index: dict[str, int] = {}
-        self._buffer: np.ndarray | None = None if kind == "null" else np.empty(0, _NUMPY_DTYPES[kind])
+        self._buffer: np.ndarray | None = None if kind == "null" else np.empty(0, NUMPY_DTYPES[kind])
         self._derived: dict[str, tuple[Any, Derived]] = {}  # name -> (what it was made for, rows)
         self._types = CategoryTypes()
+        self.recount = False  # missing values grew the buffer: ``column_table.Table`` may hold it sparse
 
     @classmethod
     def restore(cls, kind: str, values: np.ndarray | None, categories: Sequence[str] = ()) -> Column:
@@ -119,14 +123,15 @@ class Column:
             if self.kind == "int":
                 self._retype("float")
             if self.kind != "null":
+                self.recount |= self.size + count > len(self._buffer)  # O(rows) at most once per growth
                 self._reserve(count)
-                self._buffer[self.size : self.size + count] = _MISSING[self.kind]
+                self._buffer[self.size : self.size + count] = MISSING[self.kind]
             self.size += count
             return
         if self.kind != kind:
             kind = self._widen(kind)
             if kind != chunk.kind:
-                chunk = _convert(chunk, kind)
+                chunk = convert(chunk, kind)
         values = chunk.values
         if kind == "cat":
             values = self._recode(chunk)
@@ -150,7 +155,7 @@ class Column:
     def _widen(self, incoming: str) -> str:
         """Retype this column so that it can take ``incoming`` values; return the common kind."""
         if self.kind == "null":
-            self._buffer = np.empty(0, _NUMPY_DTYPES[incoming])
+            self._buffer = np.empty(0, NUMPY_DTYPES[incoming])
             self.kind = incoming
             if self.size:
                 missing = self.size
@@ -172,7 +177,7 @@ class Column:
             new[:] = as_python(self.kind, old, self.categories)
             self.categories, self._index = [], {}
         else:
-            new = old.astype(_NUMPY_DTYPES[kind])
+            new = old.astype(NUMPY_DTYPES[kind])
         self.kind, self._buffer = kind, new
         self._derived.clear()  # conversions of the old kind: never read again
 
@@ -196,13 +201,26 @@ class Column:
             grown[: self.size] = self._buffer[: self.size]
             self._buffer = grown
 
-    def numbers(self) -> np.ndarray:
-        """The column as float64: NaN where a value is missing or not a number (a string, a bool)."""
-        if self.kind in ("int", "float"):
-            return self.view().astype(np.float64, copy=False)
+    def held(self) -> int:
+        """How many rows hold a value (O(rows))."""
+        values = self.view()
+        if self.kind in ("null", "int"):
+            return 0 if values is None else len(values)
+        if self.kind == "float":
+            return len(values) - int(np.count_nonzero(np.isnan(values)))
         if self.kind == "object":
-            return np.array([v if type(v) is float else np.nan for v in self.view().tolist()], dtype=np.float64)
-        return np.full(self.size, np.nan)
+            return sum(value is not None for value in values.tolist())
+        return int(np.count_nonzero(values >= 0))
+
+    def numbers(self, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """Rows ``start:stop`` as float64: NaN where a value is missing or not a number (a string, a bool)."""
+        rows = range(self.size)[start:stop]
+        if self.kind in ("int", "float"):
+            return self.view()[rows.start : rows.stop].astype(np.float64, copy=False)
+        if self.kind == "object":
+            values = self.view()[rows.start : rows.stop].tolist()
+            return np.array([v if type(v) is float else np.nan for v in values], dtype=np.float64)
+        return np.full(len(rows), np.nan)
 
     def series(self) -> np.ndarray | pd.api.extensions.ExtensionArray:
         """The column as what a DataFrame should hold: numeric, boolean, categorical or object.
@@ -225,7 +243,7 @@ class Column:
 
         Each row is converted once: between calls ``mapping`` may gain entries, never change one.
         """
-        dtype = _code_dtype(len(self.categories) if categories is None else categories)
+        dtype = code_dtype(len(self.categories) if categories is None else categories)
         empty = partial(np.empty, dtype=dtype)
         if mapping is None:
             return self._converted("codes", empty, lambda rows: rows.astype(dtype), made_for=dtype)
@@ -234,7 +252,7 @@ class Column:
 
     def times(self) -> pd.api.extensions.ExtensionArray:
         """This ``int`` column of nanoseconds since the epoch as UTC datetimes (each row converted once)."""
-        return self._converted("times", _empty_times, _utc_times)
+        return self._converted("times", empty_times, utc_times)
 
     def _converted(
         self, name: str, empty: Callable[[int], Any], convert: Callable[[np.ndarray], Any], made_for: Any = None
@@ -248,76 +266,8 @@ class Column:
         return derived.extend(self.view(), convert, capacity=len(self._buffer))
 
 
-class CategoryTypes:
-    """The ``CategoricalDtype`` of a list of categories that only ever grows, made again only when
-    it grew: pandas checks the categories of each one it is given (an index built and checked for
-    repeats), which for every categorical column of every frame was most of a live append's frame."""
-
-    __slots__ = ("_count", "_dtype")
-
-    def __init__(self) -> None:
-        self._count = -1
-        self._dtype: pd.CategoricalDtype | None = None
-
-    def of(self, categories: Sequence[str]) -> pd.CategoricalDtype:
-        """The dtype of ``categories``: the list this was last asked for, grown or not."""
-        if len(categories) != self._count:
-            self._dtype, self._count = pd.CategoricalDtype(list(categories)), len(categories)
-        return self._dtype
-
-
-class Derived:
-    """An array computed row by row from an append-only column, extended with the new rows only.
-
-    pandas wants categorical codes in the narrowest integer type, booleans with a mask, times
-    tz-aware: converting a whole column per frame made each live append cost O(rows).  Rows of
-    the source never change, so neither do rows already converted, and a slice handed out stays
-    valid while later rows are written after it (or into a grown copy).  The buffer is anything
-    ``empty(n)`` makes that supports slice assignment and slicing as a view: a numpy array, or a
-    pandas ``DatetimeArray``.
-    """
-
-    __slots__ = ("_buffer", "_empty", "filled")
-
-    def __init__(self, empty: Callable[[int], Any]) -> None:
-        self._empty = empty
-        self._buffer: Any = None
-        self.filled = 0
-
-    def extend(self, source: np.ndarray, convert: Callable[[np.ndarray], Any], *, capacity: int) -> Any:
-        """``convert(source)`` as a view, converting only the rows added since the last call
-        (``source`` must be the previous one with rows appended).  A full buffer grows to
-        ``capacity``, the source's own (it grows with its source, with the same slack)."""
-        size = len(source)
-        if size > self.filled:
-            if self._buffer is None or size > len(self._buffer):
-                grown = self._empty(max(size, capacity))
-                if self.filled:
-                    grown[: self.filled] = self._buffer[: self.filled]
-                self._buffer = grown
-            self._buffer[self.filled : size] = convert(source[self.filled : size])
-            self.filled = size
-        return self._buffer[:size]
-
-
-def _code_dtype(categories: int) -> type[np.signedinteger]:
-    """The integer type ``pandas.Categorical`` keeps codes in for this many categories
-    (``coerce_indexer_dtype``): codes of any other type are copied into it."""
-    for dtype in (np.int8, np.int16, np.int32):
-        if categories < np.iinfo(dtype).max:
-            return dtype
-    return np.int64
-
-
-def _empty_times(size: int) -> Any:
-    return pd.array(np.zeros(size, dtype="M8[ns]"), dtype=_UTC)
-
-
-def _utc_times(rows: np.ndarray) -> Any:
-    return pd.array(rows.view("M8[ns]"), dtype=_UTC)
-
-
-def _convert(chunk: Chunk, kind: str) -> Chunk:
+def convert(chunk: Chunk, kind: str) -> Chunk:
+    """``chunk`` as a chunk of ``kind``, a kind it widens to (``float`` or ``object``)."""
     if kind == "float":
         return Chunk("float", chunk.values.astype(np.float64))
     array = np.empty(len(chunk.values), dtype=object)
@@ -334,58 +284,6 @@ def as_python(kind: str, values: np.ndarray, categories: Sequence[str]) -> list[
     if kind == "cat":
         return [None if c < 0 else categories[c] for c in values.tolist()]
     return values.tolist()
-
-
-class Table:
-    """The records of one event: equal-length columns in order of first appearance."""
-
-    def __init__(self) -> None:
-        self.size = 0
-        self.columns: dict[str, Column] = {}
-
-    def extend(self, chunks: dict[str, Chunk], count: int) -> None:
-        """Append ``count`` rows; a column absent from ``chunks`` gets missing values."""
-        for name, chunk in chunks.items():
-            self._extend_column(name, chunk, count)
-        self._end_rows(count)
-
-    def append(self, row: dict[str, Any]) -> None:
-        """``extend`` by one record (its ``event`` left out), each float or int that fits its
-        column's kind stored as it is (``Column.put``): a live append of a record of hundreds of keys
-        made a typed chunk, a numpy array, per key."""
-        columns = self.columns
-        for name, value in row.items():
-            column = columns.get(name)
-            if name != "event" and (column is None or not column.put(value)):
-                self._extend_column(name, chunk_from_pylist([value]), 1)
-        self._end_rows(1)
-
-    def _extend_column(self, name: str, chunk: Chunk, count: int) -> None:
-        column = self.columns.get(name)
-        if column is None:
-            if chunk.kind == "null":
-                return  # never held a value: not a column yet (module docstring)
-            column = self.columns[name] = Column("null", self.size)
-        column.extend(chunk, count)
-
-    def _end_rows(self, count: int) -> None:
-        """Give the columns the rows just added left out missing values, and count the rows."""
-        for column in self.columns.values():
-            if column.size == self.size:  # absent from what was added
-                column.extend(Chunk("null", None), count)
-        self.size += count
-
-    def nbytes(self) -> int:
-        return sum(column.nbytes() for column in self.columns.values())
-
-
-def chunks_of(rows: list[dict[str, Any]]) -> dict[str, Chunk]:
-    """Typed chunks, one per key seen in any of ``rows`` (absent = missing)."""
-    keys: dict[str, None] = {}
-    for row in rows:
-        keys.update(dict.fromkeys(row))
-    del keys["event"]
-    return {key: chunk_from_pylist([row.get(key) for row in rows]) for key in keys}
 
 
 def return_memory_to_os() -> None:

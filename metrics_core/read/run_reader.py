@@ -3,7 +3,7 @@
 ``RunReader`` stacks the read layers, each its own module and tested alone:
 
     run_file.RunFile -> line_follower.LineFollower -> records / arrow_records -> session_accounting.SessionLog
-                                                                               -> columns.Table per event
+                                                                               -> column_table.Table per event
 
 Promises
 --------
@@ -15,14 +15,14 @@ Promises
   never fatal.  ``schema_version`` above 1 is read and reported.
 * A file that shrank, was replaced or was rewritten before the consumed offset is re-read from
   the start; ``resets`` counts that and ``reset_reasons`` says why.
-* Records are held column-wise (``metrics_core.read.columns``): ~8 bytes per numeric field, strings
-  as categories.  Every numeric field of an event is a series by its name (``column``, ``frame``).
+* Records are held column-wise (``read.column_table``): ~8 bytes per numeric value, strings as
+  categories, a field on few rows as what it holds; each numeric field a series (``column``, ``frame``).
 
 Cost: a refresh that finds nothing new is one ``stat``.  After an append, ``frame()`` and
-``sessions`` cost O(appended records): each row is converted for pandas once (``columns.Derived``),
-and supersession (``metrics_core.read.supersession``: O(rows + sessions)) is recomputed only when a
-session starts, logs an event for the first time, or an earlier one gains records.  New bytes are
-parsed line by line, or by pyarrow for large blocks (a cold load), on worker threads.
+``sessions`` cost O(appended records): each row is converted for pandas once (``row_conversions``),
+and supersession (``read.supersession``, O(rows + sessions)) is recomputed only when a session
+starts, logs an event first, or an earlier one gains records.  New bytes are parsed line by line,
+or by pyarrow for large blocks (a cold load), on worker threads.
 
 Assumed: one writer at a time appends (``MetricsWriter`` enforces it), so the records of a session
 are contiguous and an earlier session's records never change once a later session has begun.
@@ -41,7 +41,8 @@ from metrics_core.errors import RunNotFoundError
 from metrics_core.read import column_cache as cache
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.columns import CategoryTypes, Column, Table, chunks_of, return_memory_to_os
+from metrics_core.read.column_table import SparseColumn, Table, chunks_of
+from metrics_core.read.columns import CategoryTypes, Column, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
@@ -319,8 +320,8 @@ class RunReader(FollowedLog, AccountedSessions):
         table = self._tables.get(event)
         return [] if table is None else list(table.columns)
 
-    def column(self, event: str, name: str) -> Column | None:
-        """Field ``name`` of ``event`` as the reader holds it, or None.
+    def column(self, event: str, name: str) -> Column | SparseColumn | None:
+        """Field ``name`` of ``event`` as the reader holds it (held on few rows: sparse), or None.
 
         O(1): the latest values of a field without building the run's frame (``frame()`` is
         O(records)).  Rows are only ever appended, so a view of it stays valid; do not modify it.
@@ -354,17 +355,17 @@ class RunReader(FollowedLog, AccountedSessions):
 
         A new frame per call, costing O(columns + rows appended since the last call): numbers
         are views of the reader's columns, and times, categories and booleans are converted once
-        per row and kept (``columns.Derived``).  Rows are never modified once handed out, so an
+        per row and kept (``row_conversions.Derived``).  Rows are never modified once handed out, so an
         earlier frame stays as it was; do not modify a frame in place.
         """
         return pd.DataFrame(self.frame_columns(event), copy=False)
 
-    def frame_columns(self, event: str) -> dict[str, Any]:
+    def frame_columns(self, event: str, *, sparse: bool = False) -> dict[str, Any]:
         """What ``frame(event)`` holds, field by field in its order, without the frame.
 
-        Same cost and promises as ``frame``, minus building it: pandas checks every column a frame
-        is given, which on a run logging hundreds of keys is most of a frame's cost, so a caller
-        that needs a few fields builds a frame of those alone.
+        As ``frame`` minus building it (pandas checks every column a frame is given: a caller that
+        needs a few of hundreds of keys builds a frame of those).  ``sparse``: a ``SparseColumn``
+        as its ``Held`` rows and values, O(1) (``Held.series``); else dense, O(rows) a call.
         """
         self._flush()
         table = self._tables.get(event)
@@ -387,7 +388,7 @@ class RunReader(FollowedLog, AccountedSessions):
                 data[name] = table.columns[name].series()
         for name, column in table.columns.items():
             if name not in data:
-                data[name] = column.series()
+                data[name] = column.series() if isinstance(column, Column) else column.for_frame(sparse=sparse)
         return data
 
     def effective(self, event: str) -> pd.DataFrame:
@@ -414,8 +415,7 @@ class RunReader(FollowedLog, AccountedSessions):
         return found[1]
 
     def session_indices(self, event: str) -> np.ndarray:
-        """Per row of ``frame(event)``, the index of its session in ``sessions`` (a view; do not
-        modify it)."""
+        """Per row of ``frame(event)``, the index of its session in ``sessions`` (a view: read only)."""
         self._flush()
         table = self._tables.get(event)
         return np.zeros(0, dtype=np.int64) if table is None else self._global_sessions(table)

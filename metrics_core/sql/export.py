@@ -63,7 +63,7 @@ from metrics_core.read.private_files import FILE_MODE, create_private, private_d
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
 from metrics_core.roots.locations import is_bucket_url
 from metrics_core.roots.runs_root import RunsRoot, open_root
-from metrics_core.sql.export_table import run_facts, run_table
+from metrics_core.sql.export_table import run_facts, run_slices
 
 FORMAT = 1  # bump when the file layout or the manifest changes: every run is exported again
 MANIFEST = "_manifest.json"
@@ -344,20 +344,28 @@ def _export_run(
     reader = root.reader(run, cache=cache)
     try:
         reader.refresh()
-        table = run_table(reader, run.name)
+        schema, slices = run_slices(reader, run.name)
         facts = run_facts(reader)
     finally:
-        reader.close()
+        reader.close()  # the file; what was parsed stays for the slices
     target = file_name(run.name)
-    destination.write(target, lambda stream: pq.write_table(table, stream, compression="zstd"))
+    rows = []
+
+    def write(stream: Any) -> None:  # a slice at a time: a row group each, never the whole run's table
+        rows.clear()
+        with pq.ParquetWriter(stream, schema, compression="zstd") as writer:
+            for part in slices():
+                writer.write_table(part)
+                rows.append(part.num_rows)
+
+    destination.write(target, write)
     size = destination.filesystem.get_file_info(destination.path(target)).size
-    schema = base64.b64encode(table.schema.serialize().to_pybytes()).decode()
     return {
         "file": target,
         "bytes": size,
-        "rows": table.num_rows,
+        "rows": sum(rows),
         "source": list(stamp or ()),
-        "schema": schema,
+        "schema": base64.b64encode(schema.serialize().to_pybytes()).decode(),
         **facts,
     }
 

@@ -15,6 +15,9 @@ views' facts are defined in one place:
   one column of the common type (``common_type``): integers and floats make floats, anything else
   mixed is text.  Numbers are numbers, booleans booleans, strings strings; a field of mixed types
   within an event is text (JSON for non-strings).
+* ``run_slices``: the same table a slice of rows at a time (``SLICE_VALUES`` values each; the export
+  writes a row group per slice), so a run that logs thousands of keys on few records (held sparse
+  by the reader) is never made dense whole.
 * ``run_facts``: what ``metrics_core.sql.query``'s ``runs`` and ``sessions`` views show of the run (the
   session model's facts, the status inputs of ``runs.run_status``), as JSON values for the
   manifest.
@@ -26,7 +29,7 @@ Optional, as ``export``: needs pyarrow and the read side; ``import metrics_core`
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import fields
 from datetime import datetime
 from functools import cache
@@ -36,6 +39,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from metrics_core.read.column_table import SparseColumn
 from metrics_core.read.columns import Column
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
@@ -55,11 +59,24 @@ RECORD_COLUMNS = (
 _TIME = pa.timestamp("us", tz="UTC")
 
 
-def _arrow(column: Column) -> pa.Array:
-    """A reader column as Arrow: missing values (NaN, -1 codes) as nulls."""
-    kind, values = column.kind, column.view()
+_KIND_TYPES = {
+    "null": pa.null(),
+    "int": pa.int64(),
+    "float": pa.float64(),
+    "bool": pa.bool_(),
+    "cat": pa.string(),
+    "object": pa.string(),
+}
+SLICE_VALUES = 4 << 20  # values in memory at once: rows per slice = this / columns (a row group each)
+
+
+def _arrow(column: Column | SparseColumn, start: int, stop: int) -> pa.Array:
+    """Rows ``start:stop`` of a reader column as Arrow: missing values (NaN, -1 codes) as nulls
+    (a sparse column's rows made dense for that slice alone)."""
+    kind = column.kind
     if kind == "null":
-        return pa.nulls(column.size)
+        return pa.nulls(stop - start)
+    values = column.view(start, stop) if isinstance(column, SparseColumn) else column.view()[start:stop]
     if kind == "int":
         return pa.array(values, pa.int64())
     if kind == "float":
@@ -108,42 +125,79 @@ def column_names(keys: Sequence[str]) -> dict[str, str]:
 
 def run_table(reader: RunReader, run: str) -> pa.Table:
     """Every record ``reader`` holds as one table (module docstring), ``run`` in its ``run`` column."""
+    schema, slices = run_slices(reader, run)
+    return pa.Table.from_batches([batch for part in slices() for batch in part.to_batches()], schema)
+
+
+def run_slices(
+    reader: RunReader, run: str, *, values: int = SLICE_VALUES
+) -> tuple[pa.Schema, Callable[[], Iterator[pa.Table]]]:
+    """``run_table``'s schema, and a call that yields its rows in order, a slice of about ``values``
+    values at a time (one event's rows each): a run that logs thousands of keys on few records
+    is written without a dense copy of every key's every row."""
     events = reader.events
-    sizes = [reader.column(event, "step").size for event in events]
-    total = sum(sizes)
-    sessions = np.concatenate([reader.session_indices(event) for event in events]) if events else np.zeros(0)
-    event_codes = np.repeat(np.arange(len(events), dtype=np.int32), sizes)
-
-    def joined(name: str) -> np.ndarray:
-        return np.concatenate([reader.column(event, name).view() for event in events]) if events else np.zeros(0)
-
-    base = {
-        "run": pa.DictionaryArray.from_arrays(pa.array(np.zeros(total, np.int32)), pa.array([run], pa.string())),
-        "session": pa.DictionaryArray.from_arrays(
-            pa.array(sessions.astype(np.int32)), pa.array(reader.log.session_ids(), pa.string())
-        ),
-        "session_index": pa.array(sessions.astype(np.int32)),
-        "event": pa.DictionaryArray.from_arrays(pa.array(event_codes), pa.array(events, pa.string())),
-        "step": pa.array(joined("step"), pa.int64()),
-        "tokens_seen": pa.array(joined("tokens_seen"), pa.int64()),
-        "skipped_updates": pa.array(joined("skipped_updates"), pa.int64()),
-        "time": pa.array(joined("time") // 1000, pa.int64()).cast(_TIME),
-        "superseded": pa.array(
-            np.concatenate([reader.superseded(event) for event in events]) if events else [], pa.bool_()
-        ),
-    }
     keys: dict[str, None] = {}
     for event in events:
         keys.update((name, None) for name in reader.fields(event) if name not in BASE_FIELDS)
-    columns = dict(base)
-    for key, name in column_names(list(keys)).items():
-        parts = []
-        for event, size in zip(events, sizes, strict=True):
-            column = reader.column(event, key)
-            parts.append(pa.nulls(size) if column is None else _arrow(column))
-        kind = common_type([part.type for part in parts])
-        columns[name] = pa.chunked_array([_cast(part, kind) for part in parts], kind)
-    return pa.table(columns)
+    names = column_names(list(keys))
+    types = {}
+    for key in keys:
+        found = [reader.column(event, key) for event in events]
+        types[key] = common_type([pa.null() if column is None else _KIND_TYPES[column.kind] for column in found])
+    dictionary = pa.dictionary(pa.int32(), pa.string())
+    schema = pa.schema(
+        [
+            ("run", dictionary),
+            ("session", dictionary),
+            ("session_index", pa.int32()),
+            ("event", dictionary),
+            ("step", pa.int64()),
+            ("tokens_seen", pa.int64()),
+            ("skipped_updates", pa.int64()),
+            ("time", _TIME),
+            ("superseded", pa.bool_()),
+            *((names[key], kind) for key, kind in types.items()),
+        ]
+    )
+    rows = max(1, values // max(len(schema), 1))
+
+    def slices() -> Iterator[pa.Table]:
+        for event in events:
+            size = reader.column(event, "step").size
+            for start in range(0, size, rows):
+                yield _slice(reader, run, event, range(start, min(size, start + rows)), schema, types)
+
+    return schema, slices
+
+
+def _slice(
+    reader: RunReader, run: str, event: str, rows: range, schema: pa.Schema, types: dict[str, pa.DataType]
+) -> pa.Table:
+    """Rows ``rows`` of ``event``'s records as a table of ``schema`` (``run_slices``)."""
+    start, stop, count = rows.start, rows.stop, len(rows)
+    events = reader.events
+    codes = reader.session_indices(event)[start:stop].astype(np.int32)
+
+    def base(name: str) -> np.ndarray:
+        return reader.column(event, name).view()[start:stop]
+
+    columns = [
+        pa.DictionaryArray.from_arrays(pa.array(np.zeros(count, np.int32)), pa.array([run], pa.string())),
+        pa.DictionaryArray.from_arrays(pa.array(codes), pa.array(reader.log.session_ids(), pa.string())),
+        pa.array(codes),
+        pa.DictionaryArray.from_arrays(
+            pa.array(np.full(count, events.index(event), np.int32)), pa.array(events, pa.string())
+        ),
+        pa.array(base("step"), pa.int64()),
+        pa.array(base("tokens_seen"), pa.int64()),
+        pa.array(base("skipped_updates"), pa.int64()),
+        pa.array(base("time") // 1000, pa.int64()).cast(_TIME),
+        pa.array(reader.superseded(event)[start:stop], pa.bool_()),
+    ]
+    for key, kind in types.items():
+        column = reader.column(event, key)
+        columns.append(pa.nulls(count, kind) if column is None else _cast(_arrow(column, start, stop), kind))
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 def _effective_min(reader: RunReader, event: str, name: str) -> float | None:

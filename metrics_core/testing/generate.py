@@ -50,11 +50,20 @@ def train_values(step: int, rng: random.Random) -> dict[str, object]:
     }
 
 
-def write_run(path: Path, records: int, *, seed: int = 0) -> int:
-    """Write about ``records`` records in three sessions to ``path``; return the count written."""
+def eval_values(keys: int, step: int) -> dict[str, float]:
+    """A per-task evaluation of ``keys`` tasks (``eval/task_0000``...), as trainers log it on the
+    train record every thousand steps: keys that most records lack."""
+    return {f"eval/task_{task:04d}": round(0.5 + 0.4 * math.sin(step / 1000 + task), 4) for task in range(keys)}
+
+
+def write_run(path: Path, records: int, *, seed: int = 0, eval_keys: int = 0, evals: int = 20) -> int:
+    """Write about ``records`` records in three sessions to ``path``; return the count written.
+    ``eval_keys``: ``evals`` train records, evenly spread, also hold that many ``eval_values``."""
     rng = random.Random(seed)
     path.parent.mkdir(parents=True, exist_ok=True)
     per_session = int(records / 1.25 / 3)  # + validation every 5th and checkpoint every 20th window
+    eval_every = max(1, 3 * (per_session - 1) // max(evals, 1))
+    trains = 0
     written, step, t_ns, skipped = 0, 0, BASE_TIME_NS, 0
     with open(path, "wb") as out:
         for index in range(3):
@@ -78,6 +87,9 @@ def write_run(path: Path, records: int, *, seed: int = 0) -> int:
                 t_ns += 2 * 10**9
                 values = train_values(step, rng)
                 skipped += values["skipped_updates_in_window"]
+                trains += 1
+                if eval_keys and trains % eval_every == 0 and trains // eval_every <= evals:
+                    values.update(eval_values(eval_keys, step))
                 lines.append(record(session, "train", step, step * 419_430, skipped, t_ns, **values))
                 if step % 50 == 0:
                     lines.append(

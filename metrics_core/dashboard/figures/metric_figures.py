@@ -7,7 +7,8 @@
 * superseded records (work a later session redid) are drawn dimmed, never hidden;
 * smoothing is TensorBoard's debiased EMA (``ema_smooth``), with the raw line kept faint behind it;
 * a missing value (a window with no successful update) breaks the line and gets a marker on the
-  chart's floor: never interpolated over;
+  chart's floor: never interpolated over; a value with a gap on both sides, which a line cannot
+  show (a key logged every thousand records), gets a marker of its own;
 * every trace is downsampled by ``minmax_indices`` (spikes and the last point survive), within the
   chart's budget of points;
 * its y axes (titles, formats, count axes, the robust default range and the off-scale markers
@@ -61,6 +62,7 @@ RAW_NAME = "raw (unsmoothed)"
 EVENT_COLUMNS = frozenset({"skipped_updates_in_window"})  # counts that are mostly 0: markers where they are not
 HOVER_CHARS = 120  # a series name in the hover box: the full name, within reason
 MARKED_POINTS = 100  # a sparse line's points keep their markers while they stay apart on a desktop chart
+LONE_SUFFIX = "(lone points)"  # the trace of a line's points that no segment joins
 
 
 def ema_smooth(values: np.ndarray, weight: float) -> np.ndarray:
@@ -195,6 +197,16 @@ def legend_entry(name: str, *, group: str, mode: str = "lines", **style: Any) ->
     return dict(x=[None], y=[None], name=name, legendgroup=group, mode=mode, showlegend=True, hoverinfo="skip", **style)
 
 
+def _lone(values: np.ndarray) -> np.ndarray:
+    """Per drawn point, whether it holds a value and neither point beside it does: a line drawn
+    through gaps shows nothing there (a key logged every thousand records, among rows that lack it)."""
+    finite = np.isfinite(values)
+    beside = np.zeros(len(values), dtype=bool)
+    beside[1:] |= finite[:-1]
+    beside[:-1] |= finite[1:]
+    return finite & ~beside
+
+
 def _smoothed(item: Series) -> bool:
     """Whether smoothing applies to ``item``: sparse series and event counts are drawn raw."""
     return not item.markers and item.column not in EVENT_COLUMNS
@@ -293,6 +305,23 @@ def _add_series(
                     hovertemplate=hover,
                 )
             )
+            lone = _lone(raw[keep]) if mode == "lines" else None
+            if lone is not None and lone.any():  # no line reaches them: a marker each, or nothing shows
+                traces.append(
+                    dict(
+                        x=xs[kept[lone]],
+                        y=compact(raw[keep][lone]),
+                        name=f"{name} {LONE_SUFFIX}",
+                        legendgroup=group,
+                        mode="markers",
+                        yaxis=axis,
+                        opacity=opacity,
+                        marker={"color": colour, "size": 6},
+                        showlegend=False,
+                        customdata=None if steps is None else steps[kept[lone]],
+                        hovertemplate=hover,
+                    )
+                )
             if smooth is not None:
                 keep = minmax_indices(smooth, budget)
                 kept = rows[keep]

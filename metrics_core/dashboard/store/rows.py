@@ -154,12 +154,13 @@ class MetricTails:
                 tails.pop(name, None)
             else:
                 names.append(name)
-                columns.append(column.view()[start:rows])
+                columns.append(column)
         if grown and rows - start <= FOLD_ROWS:  # one array for every metric: an append costs O(metrics) in numpy
-            self._fold(tails, names, np.array(columns, dtype=np.float64).reshape(len(names), rows - start))
-        else:
-            for name, values in zip(names, columns, strict=True):
-                values = values.astype(np.float64, copy=False)
+            block = np.array([column.numbers(start, rows) for column in columns], dtype=np.float64)
+            self._fold(tails, names, block.reshape(len(names), rows - start))
+        else:  # one metric at a time: a sparse one's rows are made dense for its fold only
+            for name, column in zip(names, columns, strict=True):
+                values = column.numbers(start, rows)
                 self._fold(tails, [name], (values if kept is None else values[kept]).reshape(1, -1))
         self._basis[event] = (reader.resets, sessions, rows, reader.sessions[-1].session_id)
         self._tails[event] = tails

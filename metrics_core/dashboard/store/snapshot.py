@@ -11,7 +11,9 @@ way: the charts, the compare page and the session overlay read it instead of rec
 
 A frame is built only when asked for, of only the fields asked for (``EventColumns``): a page
 draws a few of the keys a run logs, and a frame of all of them per snapshot costs O(fields)
-however few are drawn.
+however few are drawn.  A field the reader holds sparse (``column_table.SparseColumn``: a key on
+few records) is kept as its ``Held`` rows and values, and made a pandas ``SparseArray`` when asked
+for: a snapshot too costs what such keys hold, and a live append O(such keys), not their values.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ import pandas as pd
 
 from metrics_core.analysis.derived import tokens_per_second_rows
 from metrics_core.dashboard.store.rows import event_rows, grown_in_last_session
+from metrics_core.read.column_table import Held
+from metrics_core.read.columns import Chunk
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.session_model import LostWork, Session
@@ -116,13 +120,30 @@ class EventColumns:
         return taken
 
     def array(self, name: str) -> Any:
-        """Field ``name``'s values (a numpy array or a pandas extension array); KeyError if none."""
+        """Field ``name``'s values (a numpy array or a pandas extension array: a ``SparseArray``
+        for a field held on few rows, made when first asked for); KeyError if none."""
         found = self._arrays.get(name)
         if found is None:
             if self._parent is None:
                 raise KeyError(name)
             found = self._arrays.setdefault(name, self._parent.array(name)[self._picked])
+        elif isinstance(found, Held):
+            found = self._arrays[name] = found.series(self.rows)
         return found
+
+    def held(self, name: str) -> Held | None:
+        """Field ``name``'s rows that hold a value and their values, where it is held sparse (of
+        this snapshot's every row, not a pick); else None.  O(1)."""
+        found = self._arrays.get(name) if self._parent is None else None
+        return found if isinstance(found, Held) else None
+
+    def kind(self, name: str) -> str:
+        """The numpy kind of field ``name``'s values ("f" for a sparse field of numbers), without
+        making its array; KeyError if none."""
+        found = self._arrays.get(name)
+        if isinstance(found, Held):
+            return "f" if found.values.kind in ("int", "float") else "O"
+        return (found if found is not None else self.array(name)).dtype.kind
 
     def frame(self, fields: Collection[str] | None = None) -> pd.DataFrame:
         """A frame of the fields among ``fields`` (every field: None), in the reader's order; the
@@ -242,6 +263,10 @@ def _numeric_where_numbers(arrays: dict[str, Any]) -> dict[str, Any]:
             numbers = _numbers(values)
             if not np.isnan(numbers).all():
                 arrays[name] = numbers
+        elif isinstance(values, Held) and values.values.kind == "object":
+            numbers = _numbers(values.values.values)  # a field held on few rows: only those
+            if not np.isnan(numbers).all():
+                arrays[name] = Held(values.rows, Chunk("float", numbers))
     return arrays
 
 
@@ -251,7 +276,7 @@ def _numbers(values: np.ndarray) -> np.ndarray:
 
 
 def _view_arrays(reader: RunReader, event: str) -> dict[str, Any]:
-    arrays = reader.frame_columns(event)
+    arrays = reader.frame_columns(event, sparse=True)  # a key held on few rows costs what it holds
     # config records hold the nested "config" object: kept as written, never made numeric
     return arrays if event == "config" else _numeric_where_numbers(arrays)
 
@@ -346,7 +371,7 @@ class _MaskBuffer:
 
     A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
     Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
-    its mask change, as ``columns.Derived`` keeps conversions.
+    its mask change, as ``row_conversions.Derived`` keeps conversions.
     """
 
     __slots__ = ("_buffer", "_fill", "_size")

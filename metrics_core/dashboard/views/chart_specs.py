@@ -219,7 +219,7 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
         columns = view.columns[event]
         for column in columns.names:
             # integers and floats: booleans, categories, times and mixed values are no chart's numbers
-            if column not in WRITER_FIELDS and columns.array(column).dtype.kind in "iuf":
+            if column not in WRITER_FIELDS and columns.kind(column) in "iuf":
                 keys[column] = (*keys.get(column, ()), event)
     return keys
 

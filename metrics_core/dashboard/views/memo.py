@@ -40,16 +40,28 @@ def view_charts_of(view: RunView) -> list[Chart]:
 def view_x_keys(view: RunView) -> tuple[str, ...]:
     """The keys of the run's train records that grow within each session (``x_keys.growing_keys``),
     once per snapshot: the run and compare pages offer them as x."""
-    return view.memo(
-        "x_keys",
-        lambda: growing_keys(
-            view.columns["train"], [key for key, events in logged_keys(view).items() if "train" in events]
-        ),
-    )
+    return view.memo("x_keys", lambda: _carried_x_keys(view))
+
+
+def _carried_x_keys(view: RunView) -> tuple[str, ...]:
+    """``growing_keys``, with the answers for the keys held sparse carried from the last snapshot:
+    a key whose values did not change keeps its answer (a live append adds none to most)."""
+    keys = [key for key, events in _logged_keys(view).items() if "train" in events]
+
+    def update(known: dict | None) -> tuple[tuple[str, ...], dict]:
+        known = {} if known is None else known[1]
+        return growing_keys(view.columns["train"], keys, known), known
+
+    return view.lineage.carry("x_keys", update)[0]
+
+
+def _logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
+    """``chart_specs.logged_keys``, once per snapshot: the charts and the x keys both ask."""
+    return view.memo("logged_keys", lambda: logged_keys(view))
 
 
 def _carried_charts_of(view: RunView) -> list[Chart]:
-    keys = logged_keys(view)
+    keys = _logged_keys(view)
 
     def update(previous: tuple[dict[str, tuple[str, ...]], list[Chart]] | None) -> tuple[dict, list[Chart]]:
         return previous if previous is not None and previous[0] == keys else (keys, charts_of(view, keys))

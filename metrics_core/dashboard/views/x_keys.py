@@ -22,6 +22,7 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.dashboard.store.snapshot import EventColumns
+from metrics_core.read.column_table import Held
 
 X_MODES = {"step": "step", "tokens_seen": "tokens seen", "time": "wall time", "relative": "hours since start"}
 SAMPLE_ROWS = 64
@@ -53,7 +54,9 @@ def grows(values: np.ndarray, codes: np.ndarray) -> bool:
     return bool((kept[1:][same] > kept[:-1][same]).any())
 
 
-def growing_keys(columns: EventColumns, keys: Iterable[str]) -> tuple[str, ...]:
+def growing_keys(
+    columns: EventColumns, keys: Iterable[str], known: dict[str, tuple[Held, bool]] | None = None
+) -> tuple[str, ...]:
     """The keys among ``keys`` (numeric fields of ``columns``, one event's records) that ``grows``
     holds for, sorted: what the pages offer as x besides ``X_MODES``.
 
@@ -64,15 +67,26 @@ def growing_keys(columns: EventColumns, keys: Iterable[str]) -> tuple[str, ...]:
         return ()
     codes = session_codes(columns)
     names = set(columns.names)  # a tuple: ``in`` on it would make this O(keys²)
-    arrays = {key: np.asarray(columns.array(key)) for key in keys if key not in X_MODES and key in names}
-    arrays = {key: values for key, values in arrays.items() if values.dtype.kind in "iuf"}
-    if not arrays:
-        return ()
-    sample = np.linspace(0, columns.rows - 1, min(SAMPLE_ROWS, columns.rows)).astype(np.int64)
-    matrix = np.stack([values[sample].astype(np.float64) for values in arrays.values()])
-    same = codes[sample][1:] == codes[sample][:-1]
-    down = (matrix[:, 1:][:, same] < matrix[:, :-1][:, same]).any(axis=1)  # NaN compares false
-    found = [key for key, refused in zip(arrays, down, strict=True) if not refused and grows(arrays[key], codes)]
+    arrays, found = {}, []
+    for key in (key for key in keys if key not in X_MODES and key in names):
+        held = columns.held(key)
+        if held is not None:  # held on few rows: those rows alone, O(values held)
+            verdict = None if known is None else known.get(key)
+            if verdict is None or verdict[0] is not held:  # the same values: the same answer
+                numbers = held.values.kind in ("int", "float")  # bools and categories are held as codes
+                verdict = (held, numbers and grows(held.values.values.astype(np.float64), codes[held.rows]))
+                if known is not None:
+                    known[key] = verdict
+            if verdict[1]:
+                found.append(key)
+        elif (values := np.asarray(columns.array(key))).dtype.kind in "iuf":
+            arrays[key] = values
+    if arrays:
+        sample = np.linspace(0, columns.rows - 1, min(SAMPLE_ROWS, columns.rows)).astype(np.int64)
+        matrix = np.stack([values[sample].astype(np.float64) for values in arrays.values()])
+        same = codes[sample][1:] == codes[sample][:-1]
+        down = (matrix[:, 1:][:, same] < matrix[:, :-1][:, same]).any(axis=1)  # NaN compares false
+        found += [key for key, refused in zip(arrays, down, strict=True) if not refused and grows(arrays[key], codes)]
     return tuple(sorted(found))
 
 
