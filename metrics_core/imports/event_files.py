@@ -10,9 +10,9 @@ protobuf by hand.
 
 Contract
 --------
-* ``EventFile.events()`` hands out each complete record once, in file order, as ``(offset after
-  it, Event)``; ``offset`` is then the byte offset just past the last record handed out (a
-  record's frame is its payload plus 16 bytes), so ``damage()`` can say where the file stops
+* ``EventFile.events()`` hands out each complete record once, in file order, as an ``Event``;
+  ``offset`` is then the byte offset just past the last record handed out (a record's frame is
+  its payload plus 16 bytes), so ``damage()`` can say where the file stops
   being readable and what is there: a torn record (fewer bytes than its frame) or a corrupt one
   (a whole frame whose checksum fails).  Nothing after damage is read, as in TensorBoard.
 * ``EventFile(path, skip=n)`` starts after the first ``n`` records (a re-import): the loader has no
@@ -91,14 +91,14 @@ class EventFile:
         self.records = 0  # complete records read, skipped ones included
         self.offset = 0
 
-    def events(self) -> Iterator[tuple[int, Any]]:
-        """The new complete records as ``(offset after it, Event)``."""
+    def events(self) -> Iterator[Any]:
+        """The new complete records, each an ``Event``; ``offset`` is past the last one handed out."""
         parse = self._parse
         for raw in self._loader.Load():
             self.offset += len(raw) + FRAME_OVERHEAD
             self.records += 1
             if self.records > self._skip:
-                yield self.offset, parse(raw)
+                yield parse(raw)
 
     def first(self) -> Any | None:
         """The file's first event (its ``file_version``, stamped when the writer opened it), read

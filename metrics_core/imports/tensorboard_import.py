@@ -134,19 +134,25 @@ class RunImport:
         if self.follow:
             self._readers[entry.name] = reader
         skipped = self.report.skipped.setdefault(self.name, Counter())
-        count = 0
-        for _, event in reader.events():
-            found, passed = scalars_of(event, self.state.plugins)
+        plugins, sink, count, found_count = self.state.plugins, None, 0, 0
+        # The hot loop: one decoded event per pass, its values handed to the sink (the loader's
+        # checksums cost more than everything here together).
+        for event in reader.events():
+            found, passed = scalars_of(event, plugins)
             for _tag, kind in passed:
                 skipped[kind] += 1
-            for tag, value in found:
-                sink = self._sink_for(index, entry, event.step, event.wall_time)
-                sink.add(event.step, event.wall_time, tag, value)
-                entry.last_wall = event.wall_time
-                self.report.scalars += 1
+            if found:
+                step, wall = event.step, event.wall_time
+                if sink is None:
+                    sink = self._sink_for(index, entry, step, wall)
+                for tag, value in found:
+                    sink.add(step, wall, tag, value)
+                found_count += len(found)
+                entry.last_wall = wall
             count += 1
             if count % CHECK_STOP_EVERY == 0 and stopping():
-                break
+                break  # after the event is written: the reader has counted it as read
+        self.report.scalars += found_count
         if not skipped:
             del self.report.skipped[self.name]
         entry.records, entry.offset = max(entry.records, reader.records), max(entry.offset, reader.offset)
