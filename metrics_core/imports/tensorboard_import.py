@@ -35,6 +35,7 @@ Assumed: one writer per event file, appending; event files are not rewritten.
 from __future__ import annotations
 
 import os
+import stat
 import threading
 from collections import Counter
 from collections.abc import Callable
@@ -60,6 +61,15 @@ def discover(logdir: Path) -> dict[str, Path]:
             relative = Path(directory).relative_to(logdir)
             runs[logdir.resolve().name if relative == Path() else relative.as_posix()] = Path(directory)
     return runs
+
+
+def regular_file(path: Path) -> bool:
+    """Whether ``path`` is a regular file: a FIFO or a device named like an event file would block
+    the loader's open or read forever (another user may write into the logdir)."""
+    try:
+        return stat.S_ISREG(os.stat(path).st_mode)
+    except OSError:
+        return False
 
 
 def session_id(file_name: str) -> str:
@@ -92,7 +102,7 @@ class RunImport:
             return
         found = []
         for name in names:
-            if self.state.file(name) is not None:
+            if self.state.file(name) is not None or not regular_file(self.source / name):
                 continue
             first = EventFile(self.source / name).first()
             if first is not None:

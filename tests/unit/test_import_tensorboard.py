@@ -5,6 +5,7 @@ adding nothing, torn and corrupt files imported up to the damage."""
 from __future__ import annotations
 
 import json
+import os
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -190,6 +191,14 @@ def test_an_import_killed_before_saving_its_state_is_cut_back(tmp_path: Path) ->
     reader = reader_of(run_dir)
     assert list(reader.frame("train")["step"]) == [0, 1, 2, 3, 4]
     assert reader.sessions[0].end_status == "finished"
+
+
+def test_a_fifo_named_like_an_event_file_is_passed_over(tmp_path: Path) -> None:
+    """A FIFO among the event files (opening it would wait for a writer forever) is not read."""
+    logdir = tmp_path / "logs" / "run"
+    write_session(logdir, range(3))
+    os.mkfifo(logdir / "events.out.tfevents.0.fifo")
+    assert import_logdir(tmp_path / "logs", tmp_path / "root").scalars == 6
 
 
 def test_a_run_no_import_wrote_is_refused(tmp_path: Path) -> None:
