@@ -138,8 +138,7 @@ def import_csv(path: Path, root: Path, *, run: str) -> ImportReport:
         report.records += sink.written
         report.nonfinite += sink.nonfinite
         sink.close()
-    if bad:
-        report.skipped[run] = bad
+    report.notes += [f"{path}: skipped {count} {what}" for what, count in sorted(bad.items())]
     state.save(run_dir)
     return report
 

@@ -8,8 +8,10 @@ own wall time (the latest of its values'), through the writer's clock, so the se
 throughput and the status read the time the work was done, not the time of the import.
 
 A NaN or infinite value is written as ``null`` (JSON has neither; ``null`` is "no data" in the
-record contract) and counted in ``nonfinite``.  A record holds at most ``MAX_VALUES`` values, far
-below the contract's 4,096 keys: more names at one step spill into another record at that step.
+record contract) and counted in ``nonfinite``; a ``train_loss`` that was not finite also marks its
+record ``nonfinite_loss``, as the writer's own training window does, so the loss checks see it.
+A record holds at most ``MAX_VALUES`` values, far below the contract's 4,096 keys: more names at
+one step spill into another record at that step.
 """
 
 from __future__ import annotations
@@ -70,6 +72,8 @@ class SessionSink:
         if value - value:  # NaN or ±Infinity (finite: 0.0)
             self.nonfinite += 1
             value = None
+            if key == "train_loss":
+                values["nonfinite_loss"] = True  # as TrainingWindow marks a window whose loss was not finite
         values[key] = value
         if wall_time > self._wall:
             self._wall = wall_time

@@ -18,8 +18,11 @@ Contract
   ``session_end``: it is read as a crash, which is what a restart after it says.  When an import
   completes (once, or a follow stopped by SIGTERM), the run's last session ends ``finished`` -- it
   is all the log holds -- unless its file ends on a torn or corrupt record, the mark of a writer
-  killed mid-write: then it has no ``session_end`` and reads ``crashed``.  While ``--follow`` runs,
-  the importer holds each run's writer lock, so a run still logging reads ``live``.
+  killed mid-write: then it has no ``session_end`` and reads ``crashed``.  A later import that
+  finds the last file grown goes on with its session after that ``session_end`` and ends it
+  again.  While ``--follow`` runs, the importer holds the writer lock of each run it has written
+  to, so a run still logging reads ``live``; a step whose values reach the file in two flushes of
+  the TensorBoard writer, on either side of a look, is then two records at that step.
 * **Idempotent.**  ``import_state`` keeps per run the records of each file imported; importing
   again reads only what was added since (a file that did not grow is not opened).  A file that
   grows after a later session began (two writers at once in one directory) cannot extend its

@@ -173,6 +173,20 @@ def test_non_scalar_values_are_counted_and_skipped_once(tmp_path: Path) -> None:
     assert list(reader_of(tmp_path / "root" / "run").frame("train")["train_loss"]) == [0.5, 1.5, 2.5]
 
 
+def test_a_nan_loss_is_missing_and_marked_as_the_writer_marks_it(tmp_path: Path) -> None:
+    """JSON has no NaN: the loss is written as null with ``nonfinite_loss``, counted in the report."""
+    writer = EventFileWriter(str(tmp_path / "logs" / "run"))
+    for step, loss in enumerate((0.5, float("nan"), 0.25)):
+        value = Summary.Value(tag="loss", simple_value=loss)
+        writer.add_event(Event(wall_time=T0 + step, step=step, summary=Summary(value=[value])))
+    writer.close()
+    report = import_logdir(tmp_path / "logs", tmp_path / "root")
+    assert report.nonfinite == 1
+    train = reader_of(tmp_path / "root" / "run").frame("train")
+    assert train["train_loss"].iloc[0] == 0.5 and train["train_loss"].isna().iloc[1]
+    assert list(train["nonfinite_loss"].fillna(False)) == [False, True, False]
+
+
 def test_an_import_killed_before_saving_its_state_is_cut_back(tmp_path: Path) -> None:
     """Records past the state's end (an import killed between writing and saving) are cut before
     the next import writes them again: each record once."""
