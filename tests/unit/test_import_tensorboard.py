@@ -241,3 +241,25 @@ def test_a_run_no_import_wrote_is_refused(tmp_path: Path) -> None:
 def test_tags_land_on_the_products_fields(tag: str, where: tuple[str, str]) -> None:
     """The names trainers log land on the default charts; others stay logged keys, base fields renamed."""
     assert destination(tag) == where
+
+
+def test_only_the_import_command_reaches_tensorboard() -> None:
+    """TensorBoard is imported by ``imports/event_files.py`` alone, and the imports package only by
+    itself and its command: the training side and the dashboard never load either."""
+    import ast
+
+    from tests.support import REPO
+
+    package = REPO / "metrics_core"
+    importers: dict[str, set[str]] = {"tensorboard": set(), "metrics_core.imports": set()}
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+                names = [node.module]
+            for name in names:
+                for root in importers:
+                    if name == root or name.startswith(root + "."):
+                        importers[root].add(path.relative_to(package).as_posix())
+    assert importers["tensorboard"] == {"imports/event_files.py"}
+    assert {path for path in importers["metrics_core.imports"] if not path.startswith("imports/")} == {"cli/imports.py"}
