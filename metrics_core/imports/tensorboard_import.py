@@ -143,9 +143,12 @@ class RunImport:
             self.state.save(self.run_dir)
 
     def _read(self, index: int, entry: SourceFile, path: Path, stopping: Callable[[], bool]) -> bool:
-        reader = self._readers.get(entry.name) or EventFile(path, skip=entry.records)
-        if self.follow:
-            self._readers[entry.name] = reader
+        reader = self._readers.pop(entry.name, None) or EventFile(path, skip=entry.records)
+        if self.follow and index == len(self.state.files) - 1:
+            # Only the newest file is kept open between looks (its loader keeps its place): an
+            # earlier one cannot extend its session once a later one began, and a logdir of many
+            # runs must not hold a descriptor per file.
+            self._readers = {entry.name: reader}
         skipped = self.report.skipped.setdefault(self.name, Counter())
         plugins, sink, count, found_count = self.state.plugins, None, 0, 0
         # The hot loop: one decoded event per pass, its values handed to the sink (the loader's
