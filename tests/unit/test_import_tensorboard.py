@@ -46,6 +46,15 @@ def newest_event_file(logdir: Path) -> Path:
     return max(logdir.glob("events.out.tfevents.*"), key=lambda path: path.stat().st_mtime_ns)
 
 
+def frame_starts(data: bytes) -> list[int]:
+    """The offset of each TFRecord frame of an event file (a u64 length, then length + 16 bytes)."""
+    frames, offset = [], 0
+    while offset < len(data):
+        frames.append(offset)
+        offset += int.from_bytes(data[offset : offset + 8], "little") + 16
+    return frames
+
+
 def reader_of(run_dir: Path) -> RunReader:
     reader = RunReader(run_dir)
     reader.refresh()
@@ -115,6 +124,24 @@ def test_importing_again_adds_nothing_and_then_only_what_is_new(tmp_path: Path) 
     assert [s.first_step for s in reader_of(metrics.parent).sessions] == [0, 30]
 
 
+def test_an_earlier_file_that_grows_after_a_restart_is_named_not_imported(tmp_path: Path) -> None:
+    """Records added to an earlier event file once a later one's session began cannot join their
+    session (a session's records stay contiguous): the report names the file, nothing is written."""
+    logdir = tmp_path / "logs" / "run"
+    earlier = write_session(logdir, range(5))
+    write_session(logdir, range(3, 8), offset=100.0)
+    import_logdir(tmp_path / "logs", tmp_path / "root")
+    metrics = tmp_path / "root" / "run" / "metrics.jsonl"
+    before = metrics.read_bytes()
+    data = earlier.read_bytes()
+    frames = frame_starts(bytes(data))
+    with earlier.open("ab") as file:
+        file.write(data[frames[-1] :])  # its last record once more: a complete, valid record
+    report = import_logdir(tmp_path / "logs", tmp_path / "root")
+    assert report.problems == 1 and f"{earlier}: grew after a later event file's session began" in report.notes[0]
+    assert metrics.read_bytes() == before
+
+
 def test_a_torn_last_record_imports_everything_before_it_and_names_the_offset(tmp_path: Path) -> None:
     """A writer killed mid-record: the complete records are imported, the report names the file
     and the offset, and with no session_end the run reads crashed."""
@@ -141,10 +168,7 @@ def test_a_corrupt_record_stops_its_file_there(tmp_path: Path) -> None:
     logdir = tmp_path / "logs" / "run"
     path = write_session(logdir, range(10), tags=("loss",))
     data = bytearray(path.read_bytes())
-    frames, offset = [], 0
-    while offset < len(data):
-        frames.append(offset)
-        offset += int.from_bytes(data[offset : offset + 8], "little") + 16
+    frames = frame_starts(bytes(data))
     bad = frames[6]  # the file_version record, then steps 0..4: the sixth scalar is broken
     data[bad + 14] ^= 0xFF
     path.write_bytes(bytes(data))
