@@ -13,12 +13,12 @@ import sys
 from collections.abc import Sequence
 from typing import TextIO
 
-from metrics_core.cli import alerts, export, query, serve, summary, sync, tail
+from metrics_core.cli import alerts, export, imports, query, serve, summary, sync, tail
 from metrics_core.cli.command import PROG, Command
 from metrics_core.errors import MetricsError
 from metrics_core.text import clean
 
-COMMANDS: tuple[Command, ...] = (tail, summary, alerts, sync, export, query, serve)
+COMMANDS: tuple[Command, ...] = (tail, summary, alerts, sync, export, query, serve, imports)
 DESCRIPTION = (
     "``python -m metrics_core tail|summary RUN_DIR``: a run in the terminal, on a training node, through ssh or a log."
 )

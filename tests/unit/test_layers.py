@@ -23,6 +23,7 @@ LAYERS = (
     ("metrics_core.roots",),
     ("metrics_core.sql",),
     ("metrics_core.alerts",),
+    ("metrics_core.imports",),
     ("metrics_core.integrations",),
     ("metrics_core.dashboard",),
     ("metrics_core.cli",),
