@@ -71,6 +71,10 @@ class ReplayWindow:
         return self.redo_loss - self.earlier_loss
 
 
+# The train fields ``replay_windows`` reads.
+REPLAY_FIELDS = frozenset({"session_id", "step", "train_loss", "tokens"})
+
+
 def replay_windows(
     train: pd.DataFrame, sessions: Sequence[Session], replaced: Mapping[int, np.ndarray]
 ) -> list[ReplayWindow]:

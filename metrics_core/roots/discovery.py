@@ -22,10 +22,6 @@ from pathlib import Path
 from metrics_core.errors import RunNotFoundError, RunPathError
 from metrics_core.write.writer import METRICS_FILENAME
 
-STALL_FLOOR_S = 60.0
-STALL_GAPS = 5.0
-END_STATUSES = ("finished", "failed", "interrupted")
-
 
 @dataclass(frozen=True, slots=True)
 class RunInfo:

@@ -18,7 +18,7 @@ from functools import partial
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis.derived import replay_windows
+from metrics_core.analysis.derived import REPLAY_FIELDS, replay_windows
 from metrics_core.dashboard.figures.figure_dicts import Figure
 from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure, run_points
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
@@ -27,7 +27,7 @@ from metrics_core.dashboard.figures.rank_figures import straggler_figure
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import (
     DEFAULT_CHARTS,
-    WRITER_FIELDS,
+    LINE_FIELDS,
     Chart,
     ChartOptions,
     ChartSpec,
@@ -41,7 +41,7 @@ KEPT_SMOOTHINGS = 2
 
 def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     """Shaded x-ranges of each replay window: the superseded tail and its redo, with the loss change."""
-    train = view.frame("train", WRITER_FIELDS)
+    train = view.frame("train", LINE_FIELDS | REPLAY_FIELDS)
     origin = pd.Timestamp(view.sessions[0].start_time) if view.sessions else None
     result = []
     for window in replay_windows(train, view.sessions, view.replaced):
