@@ -1,6 +1,6 @@
 """Alert rules: when a condition holds for a run, from its records and status; and their
 configuration (``AlertConfig``, read from TOML by ``load_config``).  No file, clock or network
-here: ``alerts.AlertEvaluator`` feeds the rules and says when a condition starts and stops holding.
+here: ``evaluator.AlertEvaluator`` feeds the rules and says when a condition starts and stops holding.
 
 Rules (``RunRules``, pure running state fed records in file order; ``AlertConfig`` holds every
 knob, and its defaults need no configuration):

@@ -2,8 +2,8 @@
 
 Training nodes install ``metrics_core`` alone (README), so the terminal tools must work there.
 They read through the same layers as ``RunReader`` up to the sessions: ``storage`` and ``lines``
-for the bytes, ``records.check_lines`` for every line, ``session_log.SessionLog`` and
-``session_log.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
+for the bytes, ``records.check_lines`` for every line, ``session_accounting.SessionLog`` and
+``session_accounting.replay`` for the sessions and what each resume cost, ``health`` for the findings; so
 both tell the same story of a file (``tests/unit/test_digest.py`` checks it on a resumed run).
 
 What it adds:
@@ -251,7 +251,7 @@ class Rates:
 
 @dataclass(slots=True)
 class _Rows:
-    """What ``sessions.replay`` needs of one (event, session): its steps and, for train, running
+    """What ``session_accounting.replay`` needs of one (event, session): its steps and, for train, running
     sums of tokens and window times and the ``tokens_seen`` counters; ~8-32 bytes a record."""
 
     steps: array = field(default_factory=lambda: array("q"))
@@ -287,7 +287,7 @@ class RunDigest(FollowedLog, AccountedSessions):
     """Everything ``summary`` prints about a run, kept as running state; see the module docstring.
 
     ``refresh()`` reads what was appended since the last call.  What ``runs.run_status`` reads
-    (``runs.StatusSource``) is here under the names ``RunReader`` gives it.
+    (``run_status.StatusSource``) is here under the names ``RunReader`` gives it.
     """
 
     def __init__(

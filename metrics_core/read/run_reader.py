@@ -2,7 +2,7 @@
 
 ``RunReader`` stacks the read layers, each its own module and tested alone:
 
-    storage.RunFile  ->  lines.LineFollower  ->  records / arrow_records  ->  session_log.SessionLog
+    run_file.RunFile  ->  line_follower.LineFollower  ->  records / arrow_records  ->  session_accounting.SessionLog
     (bytes by range)     (complete lines)        (one record rule)            (sessions, replay)
                                                   -> columns.Table per event (numpy; frames)
 

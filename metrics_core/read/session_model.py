@@ -9,7 +9,7 @@ read.  Beside them, the two record-value rules every reader shares: a record's t
 datetime (``as_datetime``) and what counts as a number (``number``).
 
 How records become these values (the running state per session, supersession, replay) is decided
-in ``session_log`` and nowhere else; this module holds the values only, so that what reads
+in ``session_accounting`` and nowhere else; this module holds the values only, so that what reads
 sessions does not import the accounting.
 """
 
@@ -47,7 +47,7 @@ class Session:
 
     ``steps_replayed`` / ``tokens_replayed`` / ``records_superseded`` describe the earlier
     sessions' records this session made obsolete by resuming from an older step (work redone);
-    ``tokens_replayed`` is exact unless ``tokens_replayed_is_upper_bound`` (``session_log``).
+    ``tokens_replayed`` is exact unless ``tokens_replayed_is_upper_bound`` (``session_accounting``).
     ``downtime_s`` is the wall-clock gap since the previous session's last record.
     """
 

@@ -8,7 +8,7 @@ views' facts are defined in one place:
   the reader's order (by event, then file order).  Columns (``RECORD_COLUMNS``): ``run``,
   ``session``, ``session_index``, ``event``, ``step``, ``tokens_seen``, ``skipped_updates``,
   ``time`` (UTC, microseconds, as the writer writes it), ``superseded`` (a later session redid the
-  record: ``RunReader.superseded``, the rule of ``session_log.SessionLog.thresholds``), then every
+  record: ``RunReader.superseded``, the rule of ``session_accounting.SessionLog.thresholds``), then every
   other field of the records under its own name (``train_loss``, ``sys/gpu_mem_gb``).  A field
   that is one of those names, or differs from an earlier one only in case (SQL names ignore
   case), gets a trailing ``_`` (``column_names``).  A field whose type differs between events is

@@ -1,7 +1,7 @@
 """A metric's line chart (``metric_figure``): frames and sessions in, a ``Figure`` out.
 
 * one trace per session in the session's colour (or one per series in a colour of its own, to
-  compare runs), on ``figures.chart_layout``;
+  compare runs), on ``layout.chart_layout``;
 * superseded records (work a later session redid) are drawn dimmed, never hidden;
 * smoothing is TensorBoard's debiased EMA (``ema_smooth``), with the raw line kept faint behind it;
 * a missing value (a window with no successful update) breaks the line and gets a marker on the

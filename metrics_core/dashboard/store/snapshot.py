@@ -171,7 +171,7 @@ class RunView:
     status: str
     lost_work: LostWork
     lineage: Lineage = field(default_factory=Lineage, repr=False)
-    reason: str | None = None  # why the run stopped (``runs.stop_reason``)
+    reason: str | None = None  # why the run stopped (``run_status.stop_reason``)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
