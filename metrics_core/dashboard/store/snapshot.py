@@ -26,11 +26,11 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis.derived import tokens_per_second_rows
 from metrics_core.dashboard.store.rows import event_rows, grown_in_last_session
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.session_model import LostWork, Session
+from metrics_core.read.throughput import tokens_per_second_rows
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 # Per run, the states of this many ``bounded`` keys are kept, least recently used dropped first:
