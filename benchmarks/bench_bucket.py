@@ -12,7 +12,7 @@ proxy, so what a bucket would bill:
   ``--refresh``: every refresh an ``runs_table()`` (the runs page) and a ``view()`` of a live run (a
   run page), on a simulated clock, for ``--minutes`` after the cold load (the first listing and
   the first read of every run, printed apart), reading through the bucket's own client
-  (``cloud_reads.object_reads``: botocore, google-auth, azure-storage-blob); ``--reads pyarrow``:
+  (``cloud_reads``: botocore, google-auth, azure-storage-blob); ``--reads pyarrow``:
   as where that client is not installed (``object_reads.ArrowReads``: a HEAD before each GET, and
   pyarrow's listing);
 * TensorBoard's pattern: each reload (every ``--refresh`` s, its default is 5 s) lists every

@@ -4,7 +4,7 @@ Run: python benchmarks/bench_draw.py [--records 1000000] [--dir DIR] [--repeats 
 
 ``bench_live.py --big`` measures write -> visible on a live run of a million records against one of
 100; once the server is idle, what is left of the difference is the page's.  Here, in a real headless
-Chromium with the page's plotly.js: the six charts of each run (``live_feed.drawn_charts``, default
+Chromium with the page's plotly.js: the six charts of each run (``feed.drawn_charts``, default
 options) drawn with ``Plotly.newPlot``, then, ``--repeats`` times, every trace that has points
 extended by one (``Plotly.extendTraces``, one call per chart, as an append's payload is applied:
 plotly redraws the whole chart), timed to the next animation frame.  The big run is

@@ -14,7 +14,7 @@ that already holds N records (``generate.write_run``), next to one of 100 record
 after its page drew, while the server still does its first work on the run (the alerter's first
 pass over it), and again once the server settled (``settle``: the steady cost per append); ``--keys N``
 the same on a run whose records log N more keys (N charts the page may draw; it draws the
-defaults and ``views.MAX_LOGGED_CHARTS`` of them), next to one that logs none.  ``--history N``
+defaults and ``chart_specs.MAX_LOGGED_CHARTS`` of them), next to one that logs none.  ``--history N``
 gives the runs of each refresh period N records in three sessions first (``bench_rivals.py``'s
 1k-record run: every append then redraws three sessions' traces), not 10 of one session.
 

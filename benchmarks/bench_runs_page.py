@@ -21,7 +21,7 @@ records, one live run appending a record per second) and on a root holding only 
 fresh process per measurement, a store lists ROOT until no row reads ``loading`` (its loader reads
 every run); printed: the time to list and to fill, the process's RSS and peak RSS (``/proc``), the
 records its readers hold, the time of a first ``view()`` of a big run, and of an ``runs_table()``
-once filled.  ``--against FILE`` measures a ``store.py`` saved from another commit (``git show
+once filled.  ``--against FILE`` measures a ``run_store.py`` saved from another commit (``git show
 REV:metrics_core/dashboard/store/run_store.py > FILE``) in alternating rounds, same root, same machine.
 ``--cache``: each store gets a fresh cache directory (the dashboard's default has one).
 """

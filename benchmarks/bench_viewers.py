@@ -5,9 +5,9 @@ Run: python benchmarks/bench_viewers.py [--viewers 1 5 20] [--appends 15] [--ref
 
 Each viewer is a websocket session speaking Streamlit's own protocol, as a browser tab does: it
 asks for ``/run?run=live``, and reruns the live fragment every time the server's ``auto_rerun``
-message says to (the browser's timer) or, where the page mounts ``live_push``'s watch instead, as
+message says to (the browser's timer) or, where the page mounts ``push``'s watch instead, as
 its script does: a long poll of the URL the watch element carries, with the figure each chart
-holds where the page is fed by the route (``live_feed``); an answer that carries the charts'
+holds where the page is fed by the route (``feed``); an answer that carries the charts'
 payloads is applied as they are (each chart then holds the payload's figure), any other answer
 that names a newer snapshot reruns the fragment (the element's trigger).  Nothing is drawn on the client,
 so the machine's cores go to the server.  A real ``MetricsWriter`` appends a record every 1.3 s, out of phase with the
@@ -196,7 +196,7 @@ def _steps_in(frame: bytes) -> list[int]:
 
 def _packed_steps(payload: dict) -> list[int]:
     """The steps from ``FIRST_STEP`` on that a whole figure's x arrays hold: plotly.py's packing
-    (base64 of the array's bytes, ``figures.typed_array``) hides them from ``_steps_in``."""
+    (base64 of the array's bytes, ``figure_dicts.typed_array``) hides them from ``_steps_in``."""
     if payload.get("op") != "full":
         return []
     steps = []

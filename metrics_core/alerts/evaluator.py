@@ -6,7 +6,7 @@ condition starts (``firing``) and when it stops (``cleared``); ``Delivery`` post
 webhook; ``Alerter`` ties the two and is what ``python -m metrics_core alerts`` runs headless and
 what a dashboard server runs once per root (never once per viewer).
 
-Rules are in ``alert_rules``, the webhook bodies and their delivery in ``webhooks``.
+Rules are in ``rules``, the webhook bodies and their delivery in ``webhooks``.
 
 Promises:
 
@@ -70,7 +70,7 @@ _log = logging.getLogger(__name__)
 
 class RunFeed(FollowedLog):
     """One run's file followed for the rules: the read layers up to ``SessionLog`` (what
-    ``run_status`` reads) and a ``RunRules``, nothing per record (unlike ``digest.RunDigest``,
+    ``run_status`` reads) and a ``RunRules``, nothing per record (unlike ``run_digest.RunDigest``,
     which keeps each record's step for replay accounting the rules do not need)."""
 
     def __init__(

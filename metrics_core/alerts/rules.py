@@ -1,6 +1,6 @@
 """Alert rules: when a condition holds for a run, from its records and status; and their
 configuration (``AlertConfig``, read from TOML by ``load_config``).  No file, clock or network
-here: ``alerts.AlertEvaluator`` feeds the rules and says when a condition starts and stops holding.
+here: ``evaluator.AlertEvaluator`` feeds the rules and says when a condition starts and stops holding.
 
 Rules (``RunRules``, pure running state fed records in file order; ``AlertConfig`` holds every
 knob, and its defaults need no configuration):
@@ -20,13 +20,18 @@ knob, and its defaults need no configuration):
   (FP16 loss scaling skips steps while it calibrates).  Clipping is off by default: many recipes
   clip most updates early on, and an alert that fires on healthy runs is noise.
 * ``threshold`` — any logged number crossing ``above`` / ``below`` (the last value logged).
+
+Each kind that reads train records is declared in ``TRAIN_KINDS`` (``TrainKind``): the fields it
+reads (``RunRules.fields`` reads those alone) and what it needs of a long past (``lookback``), so a
+feed that skips train records (the dashboard's, ``needed_rows``) skips only what every kind
+declared it never needs; a kind that declares nothing is fed every record.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,9 +42,6 @@ from metrics_core.read.session_model import number
 from metrics_core.text import duration
 
 ALERT_STATUSES = ("stalled", "crashed", "failed", "interrupted")
-# What ``RunRules.add`` reads of a record besides thresholds' keys, per event (``RunRules.fields``).
-_TRAIN_READ = ("step", "session_id", "nonfinite_loss", "nonfinite_keys", "train_loss", "clipped_fraction")
-_READ = {"train": (*_TRAIN_READ, "attempted_updates", "skipped_updates_in_window"), "session_end": ("error",)}
 
 
 # -- configuration -------------------------------------------------------------------------------
@@ -79,6 +81,44 @@ class AlertConfig:
     ignore_after_h: float = 24.0  # 0: alert on runs of any age
     notify_cleared: bool = False
     webhook: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class TrainKind:
+    """A rule kind that reads ``train`` records: its condition's name, the fields it reads, and what
+    it needs of the train records before the last ``RunRules.memory`` finite-loss windows.
+
+    ``lookback``: "windows" — none of them: it looks back ``windows(config)`` finite-loss windows
+    at most (``RunRules.memory`` is the longest); "last" — the last record that set its value (a
+    finite number), with the record before it, whose session says whether that one was judged
+    (``judged``: a session's first window sets nothing); "all" — every record, what a kind that
+    declares no lookback gets."""
+
+    name: str
+    fields: tuple[str, ...]
+    lookback: str = "all"
+    windows: Callable[[AlertConfig], int] | None = None
+    judged: bool = False
+
+
+TRAIN_KINDS = (
+    TrainKind(
+        "nonfinite_loss",
+        ("nonfinite_loss", "nonfinite_keys", "train_loss"),
+        "windows",
+        lambda config: config.clear_after_windows,
+    ),
+    TrainKind(
+        "loss_spike", ("train_loss",), "windows", lambda config: config.spike_windows + config.clear_after_windows
+    ),
+    TrainKind("skipped_updates", ("attempted_updates", "skipped_updates_in_window"), "last", judged=True),
+    TrainKind("clipped_fraction", ("clipped_fraction",), "last", judged=True),
+)
+# What ``RunRules.add`` reads of a record besides thresholds' keys, per event (``RunRules.fields``).
+_READ = {
+    "train": tuple(dict.fromkeys(("step", "session_id", *(f for kind in TRAIN_KINDS for f in kind.fields)))),
+    "session_end": ("error",),
+}
 
 
 _TOML_TYPES: dict[str, tuple[type, ...]] = {
@@ -248,12 +288,13 @@ class RunRules:
 
     @property
     def memory(self) -> int:
-        """Finite-loss train windows that decide what the rules say, now and after any later record.
-        Of the train records before the last ``memory`` of them only the last values they set
-        count: fed the last record setting each fraction and threshold (with the record before it,
-        whose session says whether a fraction is judged), in file order, then those windows, the
-        rules say what all of them would have said (``dashboard.alerting`` feeds a long past so)."""
-        return self.config.spike_windows + self.config.clear_after_windows
+        """Finite-loss train windows that decide what the rules say, now and after any later record:
+        the longest lookback of a "windows" kind (``TRAIN_KINDS``).  Of the train records before
+        the last ``memory`` of them, the rules need what each kind's ``lookback`` says (a
+        threshold: the last record setting it); fed those, in file order, then the last ``memory``
+        windows, the rules say what all of them would have said (``needed_rows`` feeds a long past
+        so)."""
+        return max(kind.windows(self.config) for kind in TRAIN_KINDS if kind.windows is not None)
 
     @property
     def across_events(self) -> bool:

@@ -1,4 +1,4 @@
-"""Quantities derived from records, shared by the dashboard, the terminal tail and diagnostics."""
+"""Quantities derived from records, shared by the dashboard and diagnostics."""
 
 from __future__ import annotations
 
@@ -11,33 +11,18 @@ import pandas as pd
 from metrics_core.read.run_status import CRASH_REASON
 from metrics_core.read.session_model import Session
 from metrics_core.read.supersession import redo_windows
+from metrics_core.read.throughput import tokens_per_second_rows
 
 
 def tokens_per_second(frame: pd.DataFrame) -> pd.Series:
-    """Throughput at each record: tokens consumed since the previous record of the same session,
-    divided by the wall time between them.  NaN for a session's first record and wherever time
-    did not advance (never a made-up 0 or infinity)."""
-    sessions = frame["session_id"]
-    tokens = frame["tokens_seen"].astype(np.float64).groupby(sessions, observed=True).diff()
-    seconds = frame["time"].groupby(sessions, observed=True).diff().dt.total_seconds()
-    rate = tokens / seconds.where(seconds > 0)
-    return rate.where(np.isfinite(rate))
-
-
-def tokens_per_second_rows(tokens: np.ndarray, times_ns: np.ndarray, sessions: np.ndarray) -> np.ndarray:
-    """``tokens_per_second`` over plain columns (tokens seen and times in ns as float64, NaN where
-    missing; session codes) whose sessions are contiguous, as a run file's are: each row against
-    the row before it, so the values of appended rows need only the row before them.  NaN at row 0,
-    at a session's first row and wherever time did not advance.  O(rows given), vectorised."""
-    rate = np.full(len(tokens), np.nan)
-    if len(tokens) < 2:
-        return rate
-    with np.errstate(divide="ignore", invalid="ignore"):
-        seconds = np.diff(times_ns) / 1e9
-        step = np.diff(tokens) / np.where(seconds > 0, seconds, np.nan)
-    step[(sessions[1:] != sessions[:-1]) | ~np.isfinite(step)] = np.nan
-    rate[1:] = step
-    return rate
+    """``throughput.tokens_per_second_rows`` of a train frame (``session_id``, ``tokens_seen``,
+    ``time``; its sessions contiguous, as a run file's are): the rule, for a frame."""
+    times = frame["time"]
+    times_ns = np.asarray(times.to_numpy(dtype="datetime64[ns]").view(np.int64), dtype=np.float64)
+    times_ns[np.asarray(times.isna())] = np.nan
+    tokens = pd.to_numeric(frame["tokens_seen"], errors="coerce").to_numpy(dtype=np.float64, na_value=np.nan)
+    sessions = pd.factorize(frame["session_id"])[0]
+    return pd.Series(tokens_per_second_rows(tokens, times_ns, sessions), index=frame.index)
 
 
 def weighted_loss(frame: pd.DataFrame, column: str = "train_loss") -> float | None:
@@ -81,6 +66,10 @@ class ReplayWindow:
         if self.earlier_loss is None or self.redo_loss is None:
             return None
         return self.redo_loss - self.earlier_loss
+
+
+# The train fields ``replay_windows`` reads.
+REPLAY_FIELDS = frozenset({"session_id", "step", "train_loss", "tokens"})
 
 
 def session_indices(train: pd.DataFrame, sessions: Sequence[Session]) -> np.ndarray:

@@ -30,6 +30,7 @@ from metrics_core.analysis.derived import ReplayWindow, loss_columns, replay_win
 from metrics_core.analysis.loss_checks import (
     ADVANCE_CHECKS,
     ADVANCES,
+    CHECKED_FIELDS,
     COUNTS,
     INCREASING,
     INCREASING_CHECKS,
@@ -87,7 +88,7 @@ def diagnose(
 
 # -- incremental ---------------------------------------------------------------------------------
 
-_NUMERIC = frozenset({*COUNTS, *(column for pair in ADVANCES for column in pair), "train_loss", *STRAGGLER_COLUMNS})
+_NUMERIC = CHECKED_FIELDS - {"session_id", "time"}
 _NAT = np.iinfo(np.int64).min
 _EMPTY = np.zeros(0)
 

@@ -55,6 +55,10 @@ COUNTS = ("attempted_updates", "updates", "skipped_updates_in_window")
 ADVANCES = (("tokens_seen", "tokens"), ("skipped_updates", "skipped_updates_in_window"), ("step", "updates"))
 INCREASING = (("step", "steps"), ("time", "times"))
 STRAGGLER_COLUMNS = ("slowest_rank", "rank_step_time_max_s", "rank_step_time_min_s")
+# The train fields the checks read: a findings' frame holds these alone.
+CHECKED_FIELDS = frozenset(
+    {"session_id", "time", "train_loss", *COUNTS, *(column for pair in ADVANCES for column in pair), *STRAGGLER_COLUMNS}
+)
 # Each per-row check: (check, severity, what its flagged windows did); ACCOUNTING and MISSING_LOSS are
 # health's, which the terminal tools check too.
 ADVANCE_CHECKS = {

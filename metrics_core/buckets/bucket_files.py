@@ -9,8 +9,8 @@ and uploads, because the read side already depends on it; bytes are fetched thro
 
 * ``stat()`` is one request.  Before anything was read to the object's end it is a HEAD; after,
   it is a ranged GET from the start of the last complete line read (the overlap) on, up to
-  ``lines.READ_CHUNK``: its answer gives the object's size and version, and holds both the bytes
-  ``lines.LineFollower`` looks at to check a rewrite (that last line) and the new bytes after it,
+  ``line_follower.READ_CHUNK``: its answer gives the object's size and version, and holds both the bytes
+  ``line_follower.LineFollower`` looks at to check a rewrite (that last line) and the new bytes after it,
   so a live run costs one request a refresh whether it grew or not (a start past the end, HTTP
   416: the object shrank below it, answered by a HEAD).  ``identity`` is the object's ETag and
   Last-Modified and its size, so any new upload (``aws s3 cp`` of a longer copy, or of another
@@ -73,7 +73,7 @@ from metrics_core.write.writer import METRICS_FILENAME
 
 PARTS_DIRNAME = METRICS_FILENAME + ".parts"
 _PART_NAME = re.compile(r"(\d{16})\.jsonl")
-SMALL_READ = 4096  # a read this short is a follower's look at a line (``lines.LineFollower``'s checks)
+SMALL_READ = 4096  # a read this short is a follower's look at a line (``line_follower.LineFollower``'s checks)
 
 
 class _InBucket:

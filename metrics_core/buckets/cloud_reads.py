@@ -291,7 +291,7 @@ def gcs_reads(location: BucketPath) -> ObjectReads:
 
 
 def azure_reads(location: BucketPath) -> ObjectReads:
-    """One request a read through azure-storage-blob, on the account ``buckets.azure_account`` names,
+    """One request a read through azure-storage-blob, on the account ``addresses.azure_account`` names,
     with its key or SAS token, else Azure's default credential chain (azure-identity).
     ``ArrowReads`` on ``azure_filesystem`` where azure-storage-blob is not installed, or the
     account has neither key nor token and azure-identity is not installed."""

@@ -1,6 +1,6 @@
 """``python -m metrics_core sync RUN_DIR s3://bucket/prefix/RUN``: a run's file into a bucket as it grows.
 
-Uploads the file as the immutable parts ``object_storage.PartsFile`` reads
+Uploads the file as the immutable parts ``bucket_files.PartsFile`` reads
 (``RUN/metrics.jsonl.parts/<offset>.jsonl``, the layout is documented there), so a live run costs
 one upload of each byte, where uploading the whole file again at every refresh costs its size
 each time: quadratic in its length.  Needs ``pyarrow`` (the ``s3`` extra); ``import metrics_core``

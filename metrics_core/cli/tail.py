@@ -29,8 +29,9 @@ from metrics_core.cli.command import add_quiet, add_run_dir, interval_arg
 from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.cli.terminal import ID_COLUMNS, pad, rate_text, stamp, value_text
 from metrics_core.read.records import BadLine
-from metrics_core.read.run_digest import Rates, batches, follow_file, last_records
+from metrics_core.read.run_digest import batches, follow_file, last_records
 from metrics_core.read.run_file import metrics_path, named_directory
+from metrics_core.read.throughput import Rates
 from metrics_core.text import MISSING, clean, fit, fit_middle
 
 if TYPE_CHECKING:

@@ -30,6 +30,7 @@ import numpy as np
 import streamlit as st
 
 from metrics_core.alerts.evaluator import INTERVAL_S, Alerter, RunState
+from metrics_core.alerts.needed_rows import needed_rows
 from metrics_core.alerts.rules import AlertConfig, Condition, RunRules
 from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard.display_text import md_text, shorten_words
@@ -163,60 +164,17 @@ def _slice(column: Column, start: int, stop: int) -> tuple[str, np.ndarray, list
 
 def _records(taken: list[_Taken], rules: RunRules) -> list[dict[str, Any]]:
     """The rows ``taken`` as the records ``rules.add`` reads (the fields it reads alone; of a long
-    run of train records, only those it needs: ``_needed``), each event's in file order, and all
-    of them in the order they were logged when the rules read across events."""
+    run of train records, only those it needs: ``needed_rows``), each event's in file order, and
+    all of them in the order they were logged when the rules read across events."""
     records: list[dict[str, Any]] = []
     for event, columns in taken:  # every event taken has its "step" column
-        rows = _needed(columns, rules) if event == "train" else None
+        rows = needed_rows(columns, rules) if event == "train" else None
         names = list(columns)
         values = [_python(*columns[name], rows) for name in names]
         records += [{"event": event, **dict(zip(names, row, strict=True))} for row in zip(*values, strict=True)]
     if rules.across_events and len(taken) > 1:
         records.sort(key=lambda record: record["time"])  # stable: an event's records keep their order
     return records
-
-
-def _needed(columns: Mapping[str, tuple[str, np.ndarray, list[str]]], rules: RunRules) -> np.ndarray | None:
-    """Of train rows, those ``RunRules.memory`` says the rules need, in order: the rows from the
-    last ``memory`` finite-loss windows on, and before them each fraction's and train threshold's
-    last setter with the row before it.  None: every row (a short block, or a column of mixed
-    types, which only the rules themselves read right).  A row counts as a finite-loss window only
-    when it surely is one: counting too few only feeds more rows."""
-    kinds = {name: kind for name, (kind, _, _) in columns.items()}
-    if len(columns["step"][1]) <= 2 * rules.memory or not set(kinds.values()) <= {"int", "float", "bool", "cat"}:
-        return None
-    # What the rules take for a number (``session_model.number``): an int or a float, never a bool.
-    numbers = {name: column[1].astype(np.float64) for name, column in columns.items() if column[0] in ("int", "float")}
-    rows = len(columns["step"][1])
-    missing = np.full(rows, np.nan)
-    finite = np.isfinite(numbers.get("train_loss", missing))
-    if kinds.get("nonfinite_loss") == "bool":
-        finite &= columns["nonfinite_loss"][1] != 1
-    if "nonfinite_keys" in columns:
-        finite &= columns["nonfinite_keys"][1] < 0  # a window naming keys is not surely finite
-    windows = np.cumsum(finite[::-1])[::-1]  # finite-loss windows from each row on
-    tail = np.flatnonzero(windows >= rules.memory)
-    if not len(tail) or tail[-1] == 0:
-        return None
-    start = int(tail[-1])
-    sessions = columns["session_id"][1][:start]
-    judged = np.ones(start, dtype=bool)  # the first row is judged against the rules' last session
-    judged[1:] = sessions[1:] == sessions[:-1]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        skipped = numbers.get("skipped_updates_in_window", missing) / numbers.get("attempted_updates", missing)
-    setters = [
-        np.isfinite(numbers.get("clipped_fraction", missing)[:start]) & judged,
-        np.isfinite(skipped[:start]) & (numbers.get("attempted_updates", missing)[:start] != 0) & judged,
-    ]
-    setters += [
-        np.isfinite(numbers[t.key][:start])
-        for t in rules.config.thresholds
-        if t.event in (None, "train") and t.key in numbers
-    ]
-    # The row before the tail too: it says whether the tail's first row is judged.
-    last = {start} | {int(found[-1]) for setter in setters if len(found := np.flatnonzero(setter))}
-    head = sorted({row for setter in last for row in (setter - 1, setter) if 0 <= row < start})
-    return np.concatenate([np.array(head, dtype=np.int64), np.arange(start, rows)])
 
 
 def _python(kind: str, values: np.ndarray, categories: list[str], rows: np.ndarray | None) -> list[Any]:

@@ -140,7 +140,7 @@ SESSION_COLUMNS = {
 
 
 def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
-    """``analysis.session_table`` as a data grid (cells are text, never markdown): durations as
+    """``derived.session_table`` as a data grid (cells are text, never markdown): durations as
     h:mm:ss, counts compact (1.2M), ids shortened in the middle, the session number in its chart
     colour, and each column explained on hover."""
     bounds = zip(table["tokens replayed"], table["tokens replayed is an upper bound"], strict=True)

@@ -26,11 +26,10 @@ import numpy as np
 
 from metrics_core.read.columns import Chunk
 from metrics_core.read.line_follower import Lines
-from metrics_core.read.records import MAX_FIELDS, TIME_MAX_NS, TIME_MIN_NS, BadLine
+from metrics_core.read.records import MAX_FIELDS, STRING_FIELDS, TIME_MAX_NS, TIME_MIN_NS, BadLine
 from metrics_core.read.session_model import MARKER_EVENTS
 from metrics_core.write.writer import BASE_FIELD_ORDER
 
-_STRING_FIELDS = ("time", "run_id", "session_id", "event")
 PARSE_THREADS = min(4, os.cpu_count() or 1)  # blocks pyarrow parses at once during a cold load
 PARSE_DEPTH = PARSE_THREADS + 1  # blocks read ahead of the one being stored
 ARROW_MIN_BLOCK = 1 << 20  # below this the per-line loop is faster than pyarrow's start-up
@@ -164,7 +163,7 @@ def _arrow_batch(data: bytes, start: int, stop: int, max_bytes: int) -> Batch | 
     lines = _one_object_per_line(np.frombuffer(data, dtype=np.uint8, count=stop - start, offset=start), max_bytes)
     if lines is None:
         return None
-    schema = pa.schema([(name, pa.string() if name in _STRING_FIELDS else pa.int64()) for name in BASE_FIELD_ORDER])
+    schema = pa.schema([(name, pa.string() if name in STRING_FIELDS else pa.int64()) for name in BASE_FIELD_ORDER])
     table = pj.read_json(  # on a BulkParses thread: one block, parsed by this thread alone
         pa.BufferReader(pa.py_buffer(data).slice(start, stop - start)),
         read_options=pj.ReadOptions(use_threads=False, block_size=max(stop - start, 1 << 20)),

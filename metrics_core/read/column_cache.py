@@ -23,7 +23,7 @@ Contract
   second dashboard process sees the old file or the new one, never half of one; the last writer
   wins and both wrote a valid cache.  Every byte is covered by a CRC-32: a corrupt, truncated or
   foreign file is ignored, never an exception, and so is anything but a regular file at the cache
-  path (a FIFO, a device), which is never waited on (``storage.open_regular``).  A cache directory
+  path (a FIFO, a device), which is never waited on (``run_file.open_regular``).  A cache directory
   that cannot be written means no cache, not an error.
 * Private (``metrics_core.read.private_files``): the directory is made 0700 and each file 0600.
   A cache directory or file that another user owns or can write to is never read nor written

@@ -46,10 +46,11 @@ EXCERPT_BYTES = 80
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _MICROSECOND = timedelta(microseconds=1)
-_STRING_FIELDS = frozenset(("time", "run_id", "session_id", "event"))
-_BASE_TYPES = {name: (str if name in _STRING_FIELDS else int) for name in BASE_FIELD_ORDER}
+# The base fields that are strings; every other base field is an int (the columnar path reads them so too).
+STRING_FIELDS = frozenset(("time", "run_id", "session_id", "event"))
+_BASE_TYPES = {name: (str if name in STRING_FIELDS else int) for name in BASE_FIELD_ORDER}
 _BASE_TUPLE = tuple(_BASE_TYPES[name] for name in BASE_FIELD_ORDER)
-_INT_FIELDS = tuple(name for name in BASE_FIELD_ORDER if name not in _STRING_FIELDS)
+_INT_FIELDS = tuple(name for name in BASE_FIELD_ORDER if name not in STRING_FIELDS)
 # Each base key once at the top level, as the writer produces it.  Counting them in the raw bytes
 # is cheap; only a line where the count is off (a repeat, a nested "step" key) or that holds a
 # \u escape (which can spell a key name: "\u0073tep" is "step") pays for the exact check with

@@ -226,28 +226,6 @@ def last_records(
         os.close(fd)
 
 
-# -- throughput -------------------------------------------------------------------------------
-
-
-class Rates:
-    """Tokens per second of each ``train`` record, as ``metrics_core.analysis.derived.tokens_per_second``:
-    tokens consumed since the previous ``train`` record of the same session over the wall time
-    between them; None for a session's first one and where time did not advance."""
-
-    def __init__(self) -> None:
-        self._last: dict[str, tuple[int, int]] = {}  # session -> (time ns, tokens_seen)
-
-    def __call__(self, record: Mapping[str, Any]) -> float | None:
-        """The rate at ``record`` (a train record, fed in file order)."""
-        now = (record["time"], record["tokens_seen"])
-        before = self._last.get(record["session_id"])
-        self._last[record["session_id"]] = now
-        if before is None or now[0] <= before[0]:
-            return None
-        rate = (float(now[1]) - float(before[1])) / ((now[0] - before[0]) / 1e9)
-        return rate if math.isfinite(rate) else None
-
-
 # -- the digest of a whole run -----------------------------------------------------------------
 
 
@@ -289,7 +267,7 @@ class RunDigest(FollowedLog, AccountedSessions):
     """Everything ``summary`` prints about a run, kept as running state; see the module docstring.
 
     ``refresh()`` reads what was appended since the last call.  What ``runs.run_status`` reads
-    (``runs.StatusSource``) is here under the names ``RunReader`` gives it.
+    (``run_status.StatusSource``) is here under the names ``RunReader`` gives it.
     """
 
     def __init__(

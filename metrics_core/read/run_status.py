@@ -38,7 +38,7 @@ END_STATUSES = ("finished", "failed", "interrupted")
 
 
 class StatusSource(Protocol):
-    """What ``run_status`` reads of a run: ``RunReader``, ``digest.RunDigest`` and the dashboard
+    """What ``run_status`` reads of a run: ``RunReader``, ``run_digest.RunDigest`` and the dashboard
     store's record of a released run all provide it."""
 
     path: Path  # the run's metrics file (its failure note lies beside it when ``on_disk``)
@@ -73,7 +73,7 @@ class StatusSource(Protocol):
 class StatusRecord:
     """What ``run_status`` reads of a run, kept when its reader is closed and its records dropped:
     with it, the run's status still follows the clock and its writer's lock.  ``identity``: the
-    file's identity when that reader last read it (``storage.FileStat``), so a later write shows."""
+    file's identity when that reader last read it (``run_file.FileStat``), so a later write shows."""
 
     path: Path
     on_disk: bool

@@ -1,7 +1,7 @@
 """A run at a glance: the one summary the runs table, the dashboard's store and ``summary`` print.
 
 ``summarise`` reads it from any ``SummarySource``: ``RunReader`` answers from the tails of its
-columns and ``digest.RunDigest`` from its running state, both in O(1) per call, so a summary after
+columns and ``run_digest.RunDigest`` from its running state, both in O(1) per call, so a summary after
 an append costs what reading the append cost.  No numpy or pandas here: the terminal tools use it
 on training nodes.
 """
@@ -49,7 +49,7 @@ class SummarySource(StatusSource, Protocol):
 class FollowedLog:
     """The ``SummarySource`` answers of a reader built on the read layers: a ``SessionLog`` in
     ``log``, the ``LineFollower`` that feeds it in ``_follower``, its ``RunFile`` in ``file``.
-    ``RunReader`` and ``digest.RunDigest`` both are; each adds ``last_number``, feeds ``log``,
+    ``RunReader`` and ``run_digest.RunDigest`` both are; each adds ``last_number``, feeds ``log``,
     ``_note_bad`` and ``schema_versions``, and extends ``_clear`` with what it holds besides."""
 
     log: SessionLog
@@ -171,7 +171,7 @@ class RunSummary:
     val_loss: LastValue | None
     bad_lines: int
     pending_bytes: int
-    reason: str | None = None  # why it stopped (``runs.stop_reason``)
+    reason: str | None = None  # why it stopped (``run_status.stop_reason``)
     config: dict[str, str] | None = None
     loss_trend: tuple[float, ...] = ()
 

@@ -1,7 +1,7 @@
 """A runs root in a bucket (``s3://bucket/prefix``, S3-compatible; ``gs://bucket/prefix``, Google
 Cloud Storage; ``az://container/prefix``, Azure Blob Storage), with a bounded request cost.
 
-The same ``roots.RunsRoot`` as a local directory, so the dashboard's store serves it unchanged;
+The same ``runs_root.RunsRoot`` as a local directory, so the dashboard's store serves it unchanged;
 run names are the keys under the prefix, as directories are under a local root.  Optional: needs
 ``pyarrow`` (``object_storage``); ``import metrics_core`` never loads this module.
 
@@ -9,7 +9,7 @@ Request cost, which is what a bucket charges for (TensorBoard lists and re-reads
 cycle, so its cost grows with the runs kept, not with the runs alive):
 
 * The root is listed at most once per ``list_interval``, lazily, by whichever call needs it
-  first, flat (``object_storage.discover_bucket_runs``): one ListObjectsV2 request per 1,000 keys
+  first, flat (``bucket_runs.discover_bucket_runs``): one ListObjectsV2 request per 1,000 keys
   on S3, one objects.list request per 1,000 objects on Cloud Storage, one List Blobs request per
   5,000 blobs on Azure (azure-storage-blob's; pyarrow's Azure client lists by hierarchy, a
   request per directory, so per run, and is used only where azure-storage-blob is not installed).

@@ -3,7 +3,7 @@
 Discovery promises: every directory under ``root`` (down to ``max_depth``) that holds a
 ``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.  One
 that is no regular file (a FIFO, a directory) is listed too: its readers refuse it naming the
-path and why (``storage.open_regular``), so it shows as a run in error, not as no run.
+path and why (``run_file.open_regular``), so it shows as a run in error, not as no run.
 Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
 An entry that cannot be looked into (a directory the OS refuses to list, a symlink loop, a link
@@ -21,10 +21,6 @@ from pathlib import Path
 
 from metrics_core.errors import RunNotFoundError, RunPathError
 from metrics_core.write.writer import METRICS_FILENAME
-
-STALL_FLOOR_S = 60.0
-STALL_GAPS = 5.0
-END_STATUSES = ("finished", "failed", "interrupted")
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,7 +13,7 @@ A root answers, each at a stated cost:
 * whether a run a reader once read is still as that reader left it (``unchanged``), and whether a
   run of a given status is looked at every safety interval even with no hint (``polls``).
 
-``LocalRoot`` is a directory, its ``watch.RunsWatcher`` and ``runs.discover_runs``: the watcher's
+``LocalRoot`` is a directory, its ``watcher.RunsWatcher`` and ``runs.discover_runs``: the watcher's
 hints make a changed run due at once, and every run is still ``stat``-ed each safety interval
 whatever the hints say (a lost inotify event, a network file system never mean stale data).
 Every file it opens for a run is one inside the directory (``run_file.open_regular``'s
@@ -177,7 +177,7 @@ class LocalRoot:
             return 0
 
     def stamp(self, info: RunInfo) -> tuple[int, ...] | None:
-        """One ``stat``: the file's identity (``storage.FileStat``), None when it cannot be read."""
+        """One ``stat``: the file's identity (``run_file.FileStat``), None when it cannot be read."""
         try:
             found = LocalFile(info.metrics_path).stat()
         except OSError:

@@ -3,16 +3,16 @@
 Optional: needs pyarrow and the read side (numpy, pandas); ``import metrics_core`` never loads it.
 Parquet is the format DuckDB, Spark, Trino, Polars and pandas read at any scale.
 
-The runs are read through ``roots.open_root``, the seam the dashboard reads them through: a local
+The runs are read through ``runs_root.open_root``, the seam the dashboard reads them through: a local
 directory, or a bucket prefix (``s3://``, ``gs://``, ``az://``; ``metrics_core.roots.bucket_root``), whose
 one listing tells which runs changed at no request per run.  An export directory ``OUT`` (a local
-directory, or a bucket prefix through ``buckets.bucket_filesystem``) holds:
+directory, or a bucket prefix through ``addresses.bucket_filesystem``) holds:
 
 * ``OUT/<name>-<hash>.parquet``, one per run: every record of every session, replayed ones
   included, one row per record, as ``export_table.run_table`` makes it (its docstring lists the
   columns and how a field's name and type are chosen).
 * ``OUT/_manifest.json``: which file holds which run, the identity of the metrics file it was
-  made from (``storage.FileStat``), and what ``metrics_core.sql.query``'s ``runs`` and ``sessions``
+  made from (``run_file.FileStat``), and what ``metrics_core.sql.query``'s ``runs`` and ``sessions``
   views show of it (``export_table.run_facts``).
   Engines that read a directory of Parquet skip names starting with ``_`` (Spark, Hive, Trino).
 

@@ -2,8 +2,8 @@
 
 ``query`` runs one read-only statement through DuckDB (the optional ``sql`` extra) over an export
 made by ``metrics_core.sql.export``: an export directory as it is (local or in a bucket), or a runs
-root (a directory, or a bucket prefix read through ``roots.open_root`` as the dashboard reads it),
-which is first exported incrementally into a directory of the cache (``cache.default_directory``,
+root (a directory, or a bucket prefix read through ``runs_root.open_root`` as the dashboard reads it),
+which is first exported incrementally into a directory of the cache (``column_cache.default_directory``,
 never the runs root: ``<cache>/sql/<hash of the root's path or address>``; ``export_for_query``).  The views
 (``query_views``) are ``records`` (the Parquet files, one row per record), ``runs`` and
 ``sessions`` (from the export's manifest; a run's status is decided when the query runs, by

@@ -20,7 +20,7 @@ Contract
   mapped through ``CUDA_VISIBLE_DEVICES`` when that lists indices.
 * **Keys** (``system_keys``): ``sys/<field>`` in a single process, ``sys/<field>/rank<N>`` (global
   rank) under a process group, one key per rank, so the dashboard draws one chart per field
-  with a line per rank (``views.logged_charts``).
+  with a line per rank (``chart_specs.logged_charts``).
 * **Lifetime.** ``close()`` stops the thread and releases NVML; the thread is a daemon, so a
   process that never closes it still exits.  A sampler that fails to read (a GPU that fell off
   the bus) keeps its last good fields and goes on; it never raises into training.

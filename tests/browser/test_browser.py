@@ -229,7 +229,7 @@ def test_straggler_chart_config_and_differing_keys_are_drawn(page: object, serve
     assert diff[0][1:] == ["ranks", "ranks-other"]
 
 
-# In the page: the body sizes of the live route's answers so far (live_push), oldest first.
+# In the page: the body sizes of the live route's answers so far (live/push.py), oldest first.
 ANSWERS_JS = """() => performance.getEntriesByType('resource')
   .filter(e => e.name.includes('/api/changes')).map(e => e.decodedBodySize)"""
 

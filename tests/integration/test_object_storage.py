@@ -1,4 +1,4 @@
-"""Runs in a bucket, read through ``object_storage.ObjectFile``, against a real S3-compatible server
+"""Runs in a bucket, read through ``bucket_files.ObjectFile``, against a real S3-compatible server
 (moto's server mode in a subprocess on a free localhost port): the readers tell the same story of
 an object as of the local file it was uploaded from, through appends and rewrites."""
 

@@ -1,4 +1,4 @@
-"""``python -m metrics_core sync`` and runs in parts (``object_storage.PartsFile``), against a real
+"""``python -m metrics_core sync`` and runs in parts (``bucket_files.PartsFile``), against a real
 S3-compatible server (conftest's moto server): a live run uploaded as immutable parts, each complete
 line once, read back exactly as the local file."""
 

@@ -4,6 +4,7 @@ evaluating in its own thread within its share of a core."""
 from __future__ import annotations
 
 import math
+import random
 import threading
 import time
 from datetime import datetime, timedelta, timezone
@@ -16,7 +17,7 @@ from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard import alerting
 from metrics_core.dashboard.alerting import Pacer, ServerAlerter, alerts_notice, firing_lines, run_alert_lines
 from metrics_core.dashboard.store.run_store import RunStore
-from tests.support import read_records
+from tests.support import append_records, base_record, read_records
 from tests.support.alerts import nan_and_healthy_runs, write_losses
 
 T0 = datetime(2026, 1, 2, 3, 4, 5, tzinfo=timezone.utc)
@@ -190,3 +191,68 @@ def test_the_server_alerter_reads_through_the_store_and_finds_what_the_command_f
         shared.close()
         own.close()
         store.close()
+
+
+def test_every_rule_kind_says_the_same_fed_the_rows_the_server_picks_as_fed_every_record(tmp_path: Path) -> None:
+    """By construction over the rule kinds: over random runs (resumed sessions, spikes, NaN
+    windows, fractions on a session's first window, no attempts, thresholds), the rules fed what
+    the server's alerter feeds them of each block (the reader's columns, of a long block only
+    ``needed_rows``) say after every block what the rules fed every record as the command reads
+    them say; every condition a train record raises is a declared kind (``TRAIN_KINDS``, a
+    threshold), and every declared kind fires: a new kind is checked as soon as it exists."""
+    from metrics_core.alerts.rules import TRAIN_KINDS, RunRules, Threshold
+    from metrics_core.read.run_digest import batches, follow_file
+    from metrics_core.read.run_reader import RunReader
+
+    thresholds = (Threshold("grad_norm_avg", event="train", above=5.0), Threshold("lr", below=1e-4))
+    config = AlertConfig(spike_min_windows=3, spike_windows=6, clear_after_windows=5, thresholds=thresholds,
+                         clipped_fraction_above=0.5, skipped_fraction_above=0.3)  # fmt: skip
+    declared = {kind.name for kind in TRAIN_KINDS} | {threshold.name for threshold in thresholds}
+    fired: set[str] = set()
+    fed = total = 0
+    for seed in range(8):
+        rng = random.Random(seed)
+        path = tmp_path / f"run{seed}" / "metrics.jsonl"
+        records, step = [], 0
+        for session in "abcdef":
+            step -= rng.randint(0, 30)  # a resume from an earlier checkpoint
+            for row in range(rng.randint(20, 150)):
+                step += 1
+                # Rare values: a long block's last ``memory`` windows often set none, so the rows
+                # before them that do must be fed (a session's first window often: it sets none).
+                values: dict = {}
+                if rng.random() < 0.03:
+                    values["grad_norm_avg"] = rng.choice([1.0, 9.0])
+                if rng.random() < 0.03:
+                    values["lr"] = rng.choice([3e-4, 5e-5])
+                if rng.random() < (0.9 if row == 0 else 0.03):
+                    skipped = {"attempted_updates": rng.choice([0, 4]), "skipped_updates_in_window": rng.randint(0, 4)}
+                    values |= rng.choice([{"clipped_fraction": rng.choice([0.1, 0.9])}, skipped])
+                loss = rng.choice([1.0 + rng.random() * 0.01] * 40 + [50.0, None, "keys"])
+                if loss is None:
+                    values["nonfinite_loss"] = True
+                elif loss == "keys":
+                    values |= {"train_loss": 1.0, "nonfinite_keys": rng.choice(["loss,grad_norm", "grad_norm"])}
+                else:
+                    values["train_loss"] = loss
+                records.append(base_record(step, session=session, **values))
+        append_records(path, *records)
+        reader = RunReader(path.parent)
+        reader.refresh()
+        parsed = [record for batch in batches(follow_file(path)) for record in batch.records]
+        every, server = RunRules(config), RunRules(config)
+        start = 0
+        while start < len(parsed):
+            stop = min(len(parsed), start + rng.choice([1, 7, 40, 300]))
+            every.add(parsed[start:stop])
+            names = (*server.fields("train"), "time")
+            columns = {name: alerting._slice(reader.column("train", name), start, stop) for name in names
+                       if reader.column("train", name) is not None}  # fmt: skip
+            block = alerting._records([("train", columns)], server)
+            server.add(block)
+            fed, total, start = fed + len(block), total + stop - start, stop
+            found = every.conditions("running")
+            assert server.conditions("running") == found
+            fired |= {condition.name for condition in found}
+    assert fired <= declared and fired == declared
+    assert fed < total / 2  # of the long blocks, the rules were fed what they need

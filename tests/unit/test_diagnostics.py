@@ -10,7 +10,7 @@ import pytest
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
 from metrics_core.analysis.derived import replay_windows, session_table
 from metrics_core.analysis.diagnostics import diagnose, diagnose_reader
-from metrics_core.analysis.loss_checks import diagnose_from_scratch
+from metrics_core.analysis.loss_checks import CHECKED_FIELDS, diagnose_from_scratch
 from tests.support import append_bytes, append_records, base_record, read_run, three_session_run
 from tests.support.reading import checks, window
 
@@ -219,3 +219,28 @@ def test_a_new_session_or_an_odd_column_checks_from_scratch(tmp_path: Path) -> N
     args |= {"train": reader.frame("train")}
     found = diagnose(**args, since=first)
     assert found.running is None and found == diagnose_from_scratch(**args)
+
+
+def test_the_findings_frame_of_the_checked_fields_finds_what_every_field_finds(tmp_path: Path) -> None:
+    """The run page's memo gives the checks a train frame of ``CHECKED_FIELDS`` alone: over a run that
+    trips a check of each kind (accounting, counters, tokens, a resume's loss and batch, a straggler,
+    a missing loss), incremental and from scratch, it finds what the frame of every field finds."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    ranks = [0, 3, 3, 3, 3, 3, 3, 3]
+    append_records(
+        path,
+        *(health(10 * (i + 1), rank, 1.5 if rank == 3 else 1.05) for i, rank in enumerate(ranks)),
+        window(90, tokens=1000), window(100, attempted=12, updates=10, skipped=1, cumulative_skipped=1),
+        window(110, cumulative_skipped=5), base_record(120, train_loss=None), window(115, loss=1.2),
+        base_record(60, event="session_start", session="s2"),
+        *(window(s, "s2", loss=1.6, tokens=16000, seen=s * 1600) for s in range(70, 151, 10)),
+    )  # fmt: skip
+    reader = read_run(path)
+    train = reader.frame("train")
+    args = {"sessions": reader.sessions, "ingest": reader.ingest_health(),
+            "redone": reader.redone_by("train")}  # fmt: skip
+    every = diagnose_from_scratch(train=train, **args)
+    assert len(checks(every)) >= 7
+    checked = train[[column for column in train.columns if column in CHECKED_FIELDS]]
+    assert diagnose_from_scratch(train=checked, **args) == every
+    assert diagnose(train=checked, **args) == diagnose(train=train, **args) == every

@@ -341,7 +341,7 @@ def _is_module(package: str, name: str) -> bool:
 def test_only_the_server_fence_uses_streamlits_internals() -> None:
     """No module outside dashboard/server/ imports a private Streamlit module or name, or names a
     path Streamlit serves (``_stcore``): an upgrade that changes one breaks the fence's tests
-    (tests/test_serving.py), not a page."""
+    (tests/unit/test_serving.py, tests/browser/test_serving.py), not a page."""
     found = {str(path.relative_to(REPO)): private_streamlit_uses(path) for path in outside_the_fence()}
     assert {path: uses for path, uses in found.items() if uses} == {}
 

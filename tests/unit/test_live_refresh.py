@@ -1,5 +1,5 @@
 """The run page's live refresh without a browser: the changes route that tells a tab its run
-changed and brings its charts the new points (``live_push``, ``live_feed``), and the one drawing
+changed and brings its charts the new points (``live.push``, ``live.feed``), and the one drawing
 slot every tab's refresh takes (``widgets.refresh_slot``)."""
 
 from __future__ import annotations

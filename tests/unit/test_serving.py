@@ -291,7 +291,7 @@ def test_streamlits_bundle_still_reads_the_base_url_and_marks_its_script_state()
 
 
 def test_streamlit_serves_the_chart_assets_directory() -> None:
-    """Streamlit's own manifest scan (here a checkout; tests/test_install.py a wheel) gives
+    """Streamlit's own manifest scan (here a checkout; tests/integration/test_install.py a wheel) gives
     metrics-core.plotly the directory of the vendored plotly.js."""
     from streamlit.components.v2.component_manager import BidiComponentManager
 

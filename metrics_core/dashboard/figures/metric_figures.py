@@ -1,7 +1,7 @@
 """A metric's line chart (``metric_figure``): frames and sessions in, a ``Figure`` out.
 
 * one trace per session in the session's colour (or one per series in a colour of its own, to
-  compare runs), on ``figures.chart_layout``; past ``SESSION_TRACES`` sessions (a run resumed
+  compare runs), on ``layout.chart_layout``; past ``SESSION_TRACES`` sessions (a run resumed
   thousands of times) one trace for them all in a neutral colour, broken where a session begins,
   so a chart costs its points, not its sessions;
 * superseded records (work a later session redid) are drawn dimmed, never hidden;

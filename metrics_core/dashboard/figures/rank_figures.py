@@ -1,6 +1,6 @@
 """A data-parallel run's ranks (``straggler_figure``): per session, the band from the fastest
 rank's time per step to the slowest's, their ratio, and the windows whose ranks were out of
-lockstep, on ``figures.chart_layout``; above it, always, the latest ratio, and the rank that is
+lockstep, on ``layout.chart_layout``; above it, always, the latest ratio, and the rank that is
 consistently slowest when there is one (``rank_spread``).  The ratio the chart and its CSV share,
 and whether a run has more than one rank, are the chart spec's (``views.chart_specs``).
 

@@ -17,7 +17,7 @@ from functools import partial
 
 import numpy as np
 
-from metrics_core.analysis.derived import replay_rows, replay_windows
+from metrics_core.analysis.derived import REPLAY_FIELDS, replay_rows, replay_windows
 from metrics_core.dashboard.figures.figure_dicts import Figure
 from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure, run_points
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
@@ -26,7 +26,7 @@ from metrics_core.dashboard.figures.rank_figures import straggler_figure
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_specs import (
     DEFAULT_CHARTS,
-    WRITER_FIELDS,
+    LINE_FIELDS,
     Chart,
     ChartOptions,
     ChartSpec,
@@ -43,7 +43,7 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
     session resumed to the furthest of the superseded tail and its redo, with the loss change."""
     if x not in ("step", "tokens_seen"):
         return []
-    train = view.frame("train", WRITER_FIELDS)
+    train = view.frame("train", LINE_FIELDS | REPLAY_FIELDS)
     windows = replay_windows(train, view.sessions, view.redone_by)
     if not windows:
         return []

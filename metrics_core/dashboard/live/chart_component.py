@@ -314,7 +314,7 @@ def live_chart(
 
     Zoom to raw points: the page reports the x-range the user zoomed to, and while it stands the
     chart shows ``zoom(xrange)`` (the records in that range at full resolution, e.g.
-    ``charts.zoom_chart``) instead of ``figure``; zooming out (autoscale, double-click) returns to
+    ``chart_memo.zoom_chart``) instead of ``figure``; zooming out (autoscale, double-click) returns to
     ``figure``.  The figure keeps its ``uirevision``, so the user's view stays where it is.
     ``csv``: a URL of the chart's rows as CSV, a link under the chart (``downloads.csv_link``).
     """

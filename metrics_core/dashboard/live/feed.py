@@ -6,7 +6,7 @@ line.  So a tab that is told its run changed (``push``) asks for ``feed_answer``
 new status line and, per chart it holds, the payload that brings it to the new snapshot
 (``chart_component.chart_payload``: usually a few appended points).  The answer depends only on the
 snapshot, the page's options and what the tab holds, so tabs in step share one answer
-(``live_push`` keeps it), and twenty viewers cost about one.
+(``push`` keeps it), and twenty viewers cost about one.
 
 Everything else the page draws is summed up by ``page_signature``, in two parts.  When its layout
 part differs from the one the tab drew (the run stopped, a session began, a finding or an alert
@@ -74,7 +74,7 @@ def _digest(value: object) -> str:
 
 
 def drawn_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
-    """The run page's charts of ``view`` by their element keys (``views.chart_key``)."""
+    """The run page's charts of ``view`` by their element keys (``chart_specs.chart_key``)."""
     groups, _ = view_chart_groups(view, options)
     return {chart_key(key): figure for figures in groups.values() for key, figure in figures.items()}
 

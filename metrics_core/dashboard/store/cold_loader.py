@@ -1,7 +1,7 @@
 """The cold runs of a root (never read yet), read smallest file first: some by the page that lists
 them, within its budget, the rest by one background thread, so a page never waits for a cold root.
 
-The store (``store.RunStore``) owns the runs and how one is read; this module owns only the queue
+The store (``run_store.RunStore``) owns the runs and how one is read; this module owns only the queue
 and the thread: which run is read next, and that exactly one loader reads while any is queued.
 A run is queued once (its ``queued`` flag stays set until the store has read it, and the runs page
 shows it as ``loading`` meanwhile); a queued run bigger than what a page's caller may read is

@@ -8,7 +8,7 @@
   grows, never from a frame of the whole run;
 * ``peek_row``: a big run's row before it is read, from the last ``PEEK_BYTES`` of its file;
 * ``error_row``: a run that cannot be shown; ``unreadable_row``: an entry of the root that cannot be
-  looked into (``runs.UnreadableEntry``).
+  looked into (``discovery.UnreadableEntry``).
 
 ``grown_in_last_session`` is the test both this module and the store's snapshots use to extend
 what they computed instead of recomputing it: rows appended by the last session change nothing

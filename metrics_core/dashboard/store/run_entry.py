@@ -1,7 +1,7 @@
 """One run as the server-wide store holds it: its reader, when it is re-read, its status, its
 row of the runs table and its snapshot.
 
-``store.RunStore`` keeps one ``RunEntry`` per run and owns what spans runs (which runs there are,
+``run_store.RunStore`` keeps one ``RunEntry`` per run and owns what spans runs (which runs there are,
 the watcher's hints, which runs are viewed, the memory budget, the cold loader, the table); what
 one run's data is and how it is kept up to date lives here, so the rule that decides whether a
 run is re-read is written once, next to the state it reads.  Every entry of one store shares an
@@ -28,7 +28,7 @@ names, never where the server keeps its files.
 
 Release: a reader is closed once its run is idle (``release_if_idle``: not live, neither changed
 nor viewed for ``idle_s``); the entry keeps its summary, its row and what ``run_status`` needs
-(``runs.StatusRecord``), so a released run whose file did not change costs one ``stat`` per
+(``run_status.StatusRecord``), so a released run whose file did not change costs one ``stat`` per
 ``safety_interval`` (and, not ended, a lock probe: stalled may become crashed).
 """
 

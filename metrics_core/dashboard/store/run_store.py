@@ -49,7 +49,7 @@ seconds is never released for the budget: the runs pages are refreshing may exce
 on two big runs would otherwise release each other's run at every refresh, each reopen costing a
 cache read or a parse and the charts' and diagnostics' lineage.  A run's first read is no change: a
 cold root is released run by run.  Any other run keeps its ``RunSummary`` and row and what
-``run_status`` needs (``runs.StatusRecord``: the last event, record time and cadence, the file's identity as
+``run_status`` needs (``run_status.StatusRecord``: the last event, record time and cadence, the file's identity as
 it was read), and its reader is closed once its row is computed: the loader holds one cold run at a
 time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
 ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
@@ -126,7 +126,7 @@ class RunStore:
         warm: Callable[[RunView], object] | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """``root``: a directory, ``s3://bucket/prefix``, or a ``RunsRoot`` (``roots.open_root``
+        """``root``: a directory, ``s3://bucket/prefix``, or a ``RunsRoot`` (``runs_root.open_root``
         opens the first two, with ``force_polling`` for a directory's watcher and ``list_interval``
         for a bucket's listing).  ``cache``: where readers keep a columnar copy of big runs, so that a restarted server
         reopens them at a few percent of a cold parse (``metrics_core.read.column_cache``); never in ``root``.

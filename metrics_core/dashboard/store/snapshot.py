@@ -28,13 +28,13 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis.derived import tokens_per_second_rows
 from metrics_core.dashboard.store.rows import event_rows, grown_in_last_session
 from metrics_core.read.column_table import Held
 from metrics_core.read.columns import Chunk
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.session_model import LostWork, Session
+from metrics_core.read.throughput import tokens_per_second_rows
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
 # Per run, the states of this many ``bounded`` keys are kept, least recently used dropped first:
@@ -192,7 +192,7 @@ class RunView:
     status: str
     lost_work: LostWork
     lineage: Lineage = field(default_factory=Lineage, repr=False)
-    reason: str | None = None  # why the run stopped (``runs.stop_reason``)
+    reason: str | None = None  # why the run stopped (``run_status.stop_reason``)
     _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
     _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
     _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)

@@ -116,7 +116,8 @@ DEFAULT_CHARTS = (
     Chart("lr", "Learning rate", (Line("train", "lr", "lr"),), False, True),
     Chart("throughput", "Throughput (tokens/s)", (Line("train", "tokens_per_s", "tokens/s"),), True, False),
 )
-# The writer's own fields: the defaults chart what they mean; a key outside this set is the user's.
+# The writer's own fields: the default charts draw what they mean, so none is charted as a logged
+# key (``logged_keys``); a key outside this set is the user's.
 WRITER_FIELDS = frozenset(
     {
         "schema_version",
@@ -339,7 +340,7 @@ def spec_makers(
     makers: dict[str, Callable[[], ChartSpec]] = {
         chart.key: partial(chart_spec, view, chart, history, x=x) for chart in defaults
     }
-    if is_distributed(view.frame("train", WRITER_FIELDS)):
+    if is_distributed(view.frame("train", ("world_size",))):
         makers["straggler"] = partial(_straggler_spec, view, history, x)
     shared = cache(partial(_rows_of, view, history, chart_fields(logged), x))
     return makers | {chart.key: partial(_shared_spec, shared, chart) for chart in logged}

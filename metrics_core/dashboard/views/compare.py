@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.dashboard.views.chart_specs import WRITER_FIELDS, Series, logged_keys, with_derived
+from metrics_core.dashboard.views.chart_specs import LINE_FIELDS, Series, logged_keys, with_derived
 from metrics_core.dashboard.views.memo import view_x_keys
 from metrics_core.dashboard.views.x_keys import X_MODES, fill_x
 
@@ -65,7 +65,7 @@ def run_series(view: RunView, name: str, event: str, metric: str, *, x: str, col
     """``metric`` of ``event``'s records of one run (its effective history), named ``name``; the
     frame holds ``x`` when it is a logged key (``fill_x``).  Validation is sparse (every N steps):
     drawn raw with markers, as on the run page, not smoothed."""
-    frame = with_derived(view.effective(event, WRITER_FIELDS | {metric} | ({x} - X_MODES.keys())), metric)
+    frame = with_derived(view.effective(event, LINE_FIELDS | {metric} | ({x} - X_MODES.keys())), metric)
     if x not in X_MODES:
         frame = fill_x(frame, x, view.effective("train", ("step", x)))
     return Series(frame, metric, name, markers=event == "validation", colour=colour)

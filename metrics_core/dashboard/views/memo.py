@@ -22,8 +22,9 @@ import time
 from dataclasses import dataclass
 
 from metrics_core.analysis.diagnostics import Finding, diagnose
+from metrics_core.analysis.loss_checks import CHECKED_FIELDS
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.dashboard.views.chart_specs import WRITER_FIELDS, Chart, charts_of, logged_keys
+from metrics_core.dashboard.views.chart_specs import Chart, charts_of, logged_keys
 from metrics_core.dashboard.views.x_keys import growing_keys
 
 _log = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def _carried_findings(view: RunView) -> list[Finding]:
 def _diagnose(view: RunView, since: list[Finding] | None) -> list[Finding]:
     try:
         return diagnose(
-            train=view.frame("train", WRITER_FIELDS),
+            train=view.frame("train", CHECKED_FIELDS),
             sessions=view.sessions,
             redone=view.redone_by,
             ingest=view.ingest,
