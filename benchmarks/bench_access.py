@@ -16,7 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from metrics_core.dashboard.server.access import Access, AccessGuard, BrowserSessions
+from metrics_core.dashboard.clients.browser_sessions import BrowserSessions
+from metrics_core.dashboard.server.access import Access, AccessGuard
 
 TOKEN = "t" * 43  # the length of a made-up token
 ACCESS = Access(token=TOKEN, loopback=True)

@@ -7,14 +7,13 @@ from urllib.parse import unquote
 
 import pytest
 
+from metrics_core.dashboard.clients.browser_sessions import BrowserSessions
+from metrics_core.dashboard.clients.wrong_tokens import GuessLimit, client_key
 from metrics_core.dashboard.server.access import (
     COOKIE_PREFIX,
     Access,
     AccessGuard,
-    BrowserSessions,
-    GuessLimit,
     access_url,
-    client_key,
     host_name,
     is_loopback,
     refuse_open_bind,
