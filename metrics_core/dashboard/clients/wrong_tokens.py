@@ -78,8 +78,8 @@ def guesser(client: Address | None, server: Address | None) -> str:
     """Whom a request's wrong tokens count against: for a loopback connection the user of this host
     who opened it (``uid:1000``, from ``loopback_peers``), so one user's guesses slow that user
     only; else, or when that socket is not found (not Linux, gone), ``client_key`` of its address.
-    Reads the kernel's socket table for a loopback client: ask only when a wait or a wrong token
-    needs the answer."""
+    For a loopback client this asks the kernel (a system call, or where that is refused a read of
+    its socket table): ask only when a wait or a wrong token needs the answer."""
     key = client_key(client[0] if client else None)
     if key == LOOPBACK and server:
         uid = peer_uid(client, server)

@@ -32,9 +32,9 @@ What stands whatever the token says:
 The cookie (HttpOnly, SameSite=Strict) is named after the port the server listens on
 (``metrics_session_8501``, read off each connection: Streamlit may move to the next free port at
 start), so two dashboards of one user on one host keep a cookie each.  The check is a few
-dictionary and string operations per request; its one I/O, a look at the kernel's socket table
-for whom a loopback client is, comes only with a token and no session while some client waits
-or when the token is wrong.  Its state is used from the server's event loop only.
+dictionary and string operations per request; its one I/O, asking the kernel whom a loopback
+client is, comes only with a token and no session, while some client waits or when the token is
+wrong.  Its state is used from the server's event loop only.
 """
 
 from __future__ import annotations
@@ -260,8 +260,8 @@ class AccessGuard:
             again = _request_path(scope, raw_query) if navigation else ""
             await self._refuse(scope, send, reason or "No token came with it.", again=again)
             return
-        # Who sent it, found only when a wait or a wrong token needs it (for a loopback client, a
-        # look at the kernel's socket table): a page with its session never asks.
+        # Who sent it, found only when a wait or a wrong token needs it (for a loopback client, the
+        # kernel is asked): a page with its session never asks.
         client = guesser(scope.get("client"), scope.get("server")) if self.guesses.anyone_waits() else None
         wait = 0.0 if client is None else self.guesses.wait(client)
         if wait:  # not checked: an answer now would tell a right guess from the others
