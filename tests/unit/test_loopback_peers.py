@@ -22,7 +22,8 @@ WAYS = {"diagnostics": diagnosed_uid, "table": listed_uid, "either": peer_uid}
 @pytest.mark.parametrize("way", WAYS)
 def test_a_loopback_connection_is_found_as_its_clients_user_and_a_closed_one_is_not(way: str) -> None:
     """A connection to a listening socket of this process: looked up as the server sees it (the
-    client's address, the server's), it is this process's user; its client closed, it is no one's."""
+    client's address, the server's), it is this process's user, its client half-closed too; its
+    client closed, it is no one's."""
     uid_of = WAYS[way]
     with socket.create_server(("127.0.0.1", 0)) as listener:
         client = socket.create_connection(listener.getsockname())
@@ -32,8 +33,10 @@ def test_a_loopback_connection_is_found_as_its_clients_user_and_a_closed_one_is_
             assert uid_of(*seen) == os.getuid()
             assert way != "either" or guesser(*seen) == f"uid:{os.getuid()}"
             assert uid_of(("127.0.0.1", seen[0][1]), ("127.0.0.2", seen[1][1])) is None  # no such pair
+            client.shutdown(socket.SHUT_WR)  # sent all it will: still its process's
+            assert uid_of(*seen) == os.getuid()
             client.close()
-            assert uid_of(*seen) is None  # closing: its line says no longer established
+            assert uid_of(*seen) is None  # no process holds it: its uid is no one's
             assert way != "either" or guesser(*seen) == "loopback"
 
 
@@ -59,9 +62,11 @@ def test_a_dual_stack_servers_clients_are_found_over_ipv4_and_ipv6(way: str) -> 
 
 
 def table_line(slot: int, local: str, remote: str, state: str, uid: int) -> bytes:
-    """One line of ``/proc/net/tcp`` as the kernel writes it (``tcp4_seq_show``)."""
+    """One line of ``/proc/net/tcp`` as the kernel writes it (``tcp4_seq_show``); a time-wait
+    entry's (state 06) as ``get_timewait4_sock`` does, with no inode."""
+    inode = 0 if state == "06" else slot + 9000
     return (
-        f"{slot:4d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:5d}        0 {slot + 9000} "
+        f"{slot:4d}: {local} {remote} {state} 00000000:00000000 00:00000000 00000000 {uid:5d}        0 {inode} "
         f"1 0000000000000000 100 0 0 10 0\n"
     ).encode()
 
@@ -79,7 +84,7 @@ class CountingReads(io.BytesIO):
 
 def test_the_table_is_read_only_up_to_the_line_even_one_cut_between_reads() -> None:
     """The wanted line is found where a read ends inside it; a closed socket of the same pair
-    before it (its uid 0, whoever made it) is passed over; nothing after the line is read."""
+    before it (its uid 0 whoever made it, no inode) is passed over; nothing after the line is read."""
     pair, other = "0100007F:D431 0100007F:2135", "0100007F:D432 0100007F:2135"
     lines = [table_line(n, *other.split(), "01", 1000 + n) for n in range(CHUNK // 150)]
     lines.append(table_line(1, *pair.split(), "06", 0))  # a time-wait entry of the same pair

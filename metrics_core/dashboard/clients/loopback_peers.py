@@ -4,8 +4,9 @@ the kernel tells it (Linux).
 An address says nothing of who connected (anyone on the node can send from any of 127.0.0.0/8),
 the kernel does: the client's end of a loopback connection is a socket of this host whose local
 address is the request's client and whose remote one is the server's, and it knows the user that
-made it.  Only an established socket is believed: a closed one lingers as a time-wait entry whose
-``uid`` says 0 (root) whoever made it.
+made it.  Only a socket a process still holds is believed (its inode is not 0): a closed one
+lingers as a time-wait entry whose ``uid`` says 0 (root) whoever made it.  A half-closed one
+(``shutdown``) is still its user's.
 
 Asked two ways, cheapest first (``peer_uid``):
 
@@ -19,8 +20,8 @@ Asked two ways, cheapest first (``peer_uid``):
   that line split.  An IPv4 client is looked for in ``tcp``, then as an IPv4-mapped address in
   ``tcp6`` (a dual-stack client socket).
 
-None when neither knows the socket (not Linux, the socket gone or no longer established): the
-caller falls back to what the address says.
+None when neither knows the socket (not Linux, the socket closed or gone): the caller falls back
+to what the address says.
 """
 
 from __future__ import annotations
@@ -35,8 +36,10 @@ from pathlib import Path
 from typing import BinaryIO
 
 CHUNK = 1 << 16  # bytes a read of the table: some 400 sockets' lines
-ESTABLISHED = 1  # the kernel's TCP_ESTABLISHED
-UID_FIELD = 4  # on a table's line after the address pair: st, tx_queue:rx_queue, tr:tm->when, retrnsmt, uid
+UID_FIELD, INODE_FIELD = (
+    4,
+    6,
+)  # on a table's line after the address pair: st, queues, timer, retrnsmt, uid, timeout, inode
 NETLINK_SOCK_DIAG, SOCK_DIAG_BY_FAMILY, NLMSG_ERROR = 4, 20, 2
 NO_COOKIE = 0xFFFFFFFF  # the socket is named by its addresses alone
 Address = Sequence  # (host, port), as an ASGI scope's ``client`` and ``server``
@@ -44,8 +47,8 @@ IP = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def peer_uid(client: Address, server: Address, *, tables: Path = Path("/proc/net")) -> int | None:
-    """The uid of the established TCP socket of this host whose local address is ``client`` and
-    remote one ``server``, or None when there is none: the socket diagnostics' answer, or where they
+    """The uid of the TCP socket a process of this host holds whose local address is ``client``
+    and remote one ``server``, or None when there is none: the socket diagnostics' answer, or where they
     are refused the socket table's in ``tables``."""
     try:
         return diagnosed_uid(client, server)
@@ -74,7 +77,7 @@ def diagnosed_uid(client: Address, server: Address) -> int | None:
         raise OSError(errno.EAFNOSUPPORT, "no netlink here")
     with socket.socket(socket.AF_NETLINK, socket.SOCK_DGRAM, NETLINK_SOCK_DIAG) as kernel:
         kernel.send(struct.pack("=IHHII", 16 + len(request), SOCK_DIAG_BY_FAMILY, 1, 1, 0) + request)  # NLM_F_REQUEST
-        kernel.setblocking(False)  # answered before send returns: none there is no answer
+        kernel.setblocking(False)  # the kernel answers within send: nothing to read is no answer
         answer = kernel.recv(1024)
     kind = struct.unpack_from("=H", answer, 4)[0] if len(answer) >= 20 else None
     if kind == NLMSG_ERROR:
@@ -84,7 +87,8 @@ def diagnosed_uid(client: Address, server: Address) -> int | None:
         raise OSError(code, "socket diagnostics refused")
     if kind != SOCK_DIAG_BY_FAMILY or len(answer) < 88:
         raise OSError(errno.EPROTO, "socket diagnostics answered in a shape not known here")
-    return struct.unpack_from("=I", answer, 80)[0] if answer[17] == ESTABLISHED else None  # inet_diag_msg
+    uid, inode = struct.unpack_from("=II", answer, 80)  # inet_diag_msg's
+    return uid if inode else None
 
 
 def listed_uid(client: Address, server: Address, *, tables: Path = Path("/proc/net")) -> int | None:
@@ -105,15 +109,16 @@ def listed_uid(client: Address, server: Address, *, tables: Path = Path("/proc/n
 
 
 def socket_uid(lines: BinaryIO, needle: bytes) -> int | None:
-    """The ``uid`` on the established socket's line of ``lines`` (a ``/proc/net/tcp`` table) that
-    holds ``needle`` (its local and remote address as written); reads no further than that line."""
+    """The ``uid`` on the line of ``lines`` (a ``/proc/net/tcp`` table) that holds ``needle`` (its
+    local and remote address as written) and a socket a process holds; reads no further than that
+    line."""
     text = b""
     while True:
         at = text.find(needle)
         end = text.find(b"\n", at) if at >= 0 else -1
         if end >= 0:
             fields = text[at + len(needle) : end].split()
-            if len(fields) > UID_FIELD and int(fields[0], 16) == ESTABLISHED and fields[UID_FIELD].isdigit():
+            if len(fields) > INODE_FIELD and fields[INODE_FIELD] != b"0" and fields[UID_FIELD].isdigit():
                 return int(fields[UID_FIELD])
             text = text[end:]  # a closed socket of the same pair: the live one may follow
             continue
