@@ -277,9 +277,9 @@ NOBODY = 65534  # another user of the node: Debian's nobody and nogroup
 
 
 @contextmanager
-def co_tenant(url: str) -> Iterator[Callable[[str], int]]:
-    """Another user of the node (``NOBODY``): ``ask(target)`` has a process of theirs GET ``target``
-    (as written, nothing but what it carries) from the server at ``url`` and gives the status.  The
+def co_tenant(url: str) -> Iterator[Callable[..., int]]:
+    """Another user of the node (``NOBODY``): ``ask(target, headers)`` has a process of theirs GET
+    ``target`` (as written, with ``headers`` only) from the server at ``url`` and gives the status.  The
     process is this one forked, its user dropped before its first connection: an interpreter
     started afresh may be one that user cannot read."""
     context = multiprocessing.get_context("fork")
@@ -289,14 +289,15 @@ def co_tenant(url: str) -> Iterator[Callable[[str], int]]:
         os.setgroups([])
         os.setgid(NOBODY)
         os.setuid(NOBODY)
-        while (target := theirs.recv()) is not None:
-            theirs.send(raw_get(url, target, {"Host": urlsplit(url).netloc})[0])
+        while (asked := theirs.recv()) is not None:
+            target, headers = asked
+            theirs.send(raw_get(url, target, {"Host": urlsplit(url).netloc, **headers})[0])
 
     process = context.Process(target=serve, daemon=True)
     process.start()
 
-    def ask(target: str) -> int:
-        ours.send(target)
+    def ask(target: str, headers: dict[str, str] | None = None) -> int:
+        ours.send((target, headers or {}))
         assert ours.poll(30), "the other user's process did not answer"
         return ours.recv()
 
@@ -307,10 +308,13 @@ def co_tenant(url: str) -> Iterator[Callable[[str], int]]:
         process.join(10)
 
 
-@pytest.mark.skipif(
+another_user = pytest.mark.skipif(
     not hasattr(os, "setuid") or os.geteuid() != 0 or not os.path.exists("/proc/net/tcp"),
-    reason="being another user of the node takes root, and telling users apart Linux's socket table",
+    reason="being another user of the node takes root, and telling users apart Linux's kernel",
 )
+
+
+@another_user
 def test_another_users_wrong_tokens_make_only_that_user_wait(server: tuple[str, object]) -> None:
     """Another user sends wrong tokens from loopback until a wait starts: the owner's printed URL
     and Bearer requests (from loopback too) are still let in at once, and the other user's next try,
@@ -326,6 +330,17 @@ def test_another_users_wrong_tokens_make_only_that_user_wait(server: tuple[str, 
         assert status == 200 and b"train_loss" in body
         assert ask(f"/?token={ACCESS_TOKEN}") == 429
         assert ask(f"/?token=wrong-{NOBODY}") == 429
+
+
+@another_user
+def test_a_forwarded_for_address_makes_no_new_client(server: tuple[str, object]) -> None:
+    """Uvicorn believes ``X-Forwarded-For`` from loopback: another user writing a new address there
+    with each guess is still one client, which waits after five, and the owner does not."""
+    url, _ = server
+    with co_tenant(url) as ask:
+        forged = [ask(f"/?token=wrong-{n}", {"X-Forwarded-For": f"10.9.0.{n}"}) for n in range(7)]
+        assert forged == [403] * 6 + [429]
+        assert raw_get(url, f"/?token={ACCESS_TOKEN}", {"Host": urlsplit(url).netloc})[0] == 303
 
 
 @pytest.mark.parametrize(

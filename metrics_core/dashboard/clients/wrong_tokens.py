@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from metrics_core.dashboard.clients.loopback_peers import Address, peer_uid
 
 LOOPBACK = "loopback"
+FORWARDED = "forwarded"
 
 
 @dataclass(slots=True)
@@ -78,8 +79,12 @@ def guesser(client: Address | None, server: Address | None) -> str:
     """Whom a request's wrong tokens count against: for a loopback connection the user of this host
     who opened it (``uid:1000``, from ``loopback_peers``), so one user's guesses slow that user
     only; else, or when that socket is not found (not Linux, gone), ``client_key`` of its address.
+    An address with port 0 is not a connection's but an ``X-Forwarded-For`` header's, which uvicorn
+    believes from loopback, so whatever any user of the node wrote there: all such are one client.
     For a loopback client this asks the kernel (a system call, or where that is refused a read of
     its socket table): ask only when a wait or a wrong token needs the answer."""
+    if client and not client[1]:
+        return FORWARDED
     key = client_key(client[0] if client else None)
     if key == LOOPBACK and server:
         uid = peer_uid(client, server)
