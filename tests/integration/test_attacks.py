@@ -14,14 +14,16 @@ from __future__ import annotations
 
 import http.client
 import json
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from urllib.parse import urlencode, urljoin, urlsplit
 
 import psutil
@@ -269,6 +271,76 @@ def test_the_cookie_is_a_session_never_the_token_and_a_bearer_client_gets_none(s
     assert status == 200 and b"train_loss" in body and "set-cookie" not in said
     status, said, _ = raw_get(url, "/", {**own, "Authorization": f"Bearer {ACCESS_TOKEN}"})
     assert status == 200 and "set-cookie" not in said
+
+
+NOBODY = 65534  # another user of the node: Debian's nobody and nogroup
+
+
+@contextmanager
+def co_tenant(url: str) -> Iterator[Callable[..., int]]:
+    """Another user of the node (``NOBODY``): ``ask(target, headers)`` has a process of theirs GET
+    ``target`` (as written, with ``headers`` only) from the server at ``url`` and gives the status.  The
+    process is this one forked, its user dropped before its first connection: an interpreter
+    started afresh may be one that user cannot read."""
+    context = multiprocessing.get_context("fork")
+    ours, theirs = context.Pipe()
+
+    def serve() -> None:
+        os.setgroups([])
+        os.setgid(NOBODY)
+        os.setuid(NOBODY)
+        while (asked := theirs.recv()) is not None:
+            target, headers = asked
+            theirs.send(raw_get(url, target, {"Host": urlsplit(url).netloc, **headers})[0])
+
+    process = context.Process(target=serve, daemon=True)
+    process.start()
+
+    def ask(target: str, headers: dict[str, str] | None = None) -> int:
+        ours.send((target, headers or {}))
+        assert ours.poll(30), "the other user's process did not answer"
+        return ours.recv()
+
+    try:
+        yield ask
+    finally:
+        ours.send(None)
+        process.join(10)
+
+
+another_user = pytest.mark.skipif(
+    not hasattr(os, "setuid") or os.geteuid() != 0 or not os.path.exists("/proc/net/tcp"),
+    reason="being another user of the node takes root, and telling users apart Linux's kernel",
+)
+
+
+@another_user
+def test_another_users_wrong_tokens_make_only_that_user_wait(server: tuple[str, object]) -> None:
+    """Another user sends wrong tokens from loopback until a wait starts: the owner's printed URL
+    and Bearer requests (from loopback too) are still let in at once, and the other user's next try,
+    the right token or not, waits (429, unchecked)."""
+    url, _ = server
+    own = {"Host": urlsplit(url).netloc}
+    with co_tenant(url) as ask:
+        assert [ask(f"/run?run={RUN}&token=wrong-{n}") for n in range(6)] == [403] * 6
+        status, said, _ = raw_get(url, f"/?token={ACCESS_TOKEN}", own)
+        assert status == 303 and said["set-cookie"].startswith("metrics_session_")
+        status, _, body = raw_get(url, f"/api/csv?run={RUN}&chart=loss&history=effective&only=", {
+            **own, "Authorization": f"Bearer {ACCESS_TOKEN}"})  # fmt: skip
+        assert status == 200 and b"train_loss" in body
+        assert ask(f"/?token={ACCESS_TOKEN}") == 429
+        assert ask(f"/?token=wrong-{NOBODY}") == 429
+
+
+@another_user
+def test_a_forwarded_for_address_makes_no_new_client(server: tuple[str, object]) -> None:
+    """Uvicorn believes ``X-Forwarded-For`` from loopback: another user writing a new address there
+    with each guess is still one client, which waits after five, and the owner does not."""
+    url, _ = server
+    with co_tenant(url) as ask:
+        forged = [ask(f"/?token=wrong-{n}", {"X-Forwarded-For": f"10.9.0.{n}"}) for n in range(7)]
+        assert forged == [403] * 6 + [429]
+        assert raw_get(url, f"/?token={ACCESS_TOKEN}", {"Host": urlsplit(url).netloc})[0] == 303
 
 
 @pytest.mark.parametrize(

@@ -7,14 +7,13 @@ from urllib.parse import unquote
 
 import pytest
 
+from metrics_core.dashboard.clients.browser_sessions import BrowserSessions
+from metrics_core.dashboard.clients.wrong_tokens import GuessLimit, client_key, guesser
 from metrics_core.dashboard.server.access import (
     COOKIE_PREFIX,
     Access,
     AccessGuard,
-    BrowserSessions,
-    GuessLimit,
     access_url,
-    client_key,
     host_name,
     is_loopback,
     refuse_open_bind,
@@ -347,6 +346,8 @@ def test_the_clients_remembered_are_bounded_and_forgotten() -> None:
     assert guesses.wait("10.0.0.9") == 0.0 and len(guesses) == 2
     assert {client_key(a) for a in ("127.0.0.1", "127.200.0.1", "::1", "::ffff:127.0.0.1")} == {"loopback"}
     assert client_key("2001:db8::1") == client_key("2001:db8::ffff") != client_key("2001:db8:0:1::1")
+    forwarded = {guesser((address, 0), ("127.0.0.1", 8501)) for address in ("10.0.0.1", "10.0.0.2", "::1")}
+    assert forwarded == {"forwarded"}  # port 0: uvicorn took the address from X-Forwarded-For, as sent
 
 
 def test_sessions_are_bounded_oldest_dropped_first_and_expire() -> None:

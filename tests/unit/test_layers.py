@@ -201,13 +201,13 @@ def test_every_import_path_users_were_shown_still_works(module: str) -> None:
         assert callable(getattr(imported, name)), f"{module}.{name}"
 
 
-# -- inside the dashboard: store < views < figures < live < server < its own modules and pages ---------
+# -- inside the dashboard: store < views < figures < live < clients < server < its own modules and pages
 
 DASHBOARD = PACKAGE / "dashboard"
 # Lowest first.  ``display_text`` is the dashboard's text helper, below everything that shows text
 # (as ``metrics_core.text`` is below the package); the dashboard's other own modules (widgets,
 # panels, settings, ...) sit above the server, under the pages.
-DASHBOARD_LAYERS = ("display_text", "store", "views", "figures", "live", "server")
+DASHBOARD_LAYERS = ("display_text", "store", "views", "figures", "live", "clients", "server")
 OWN_MODULES = len(DASHBOARD_LAYERS)
 # What the views may read of the store: the snapshot and the facts of its rows, never the store itself.
 VIEWS_READ_OF_STORE = {"store.snapshot", "store.rows", "store.run_config"}
@@ -258,7 +258,7 @@ def test_the_dashboard_graph_counts_late_imports() -> None:
 
 
 def test_the_dashboard_imports_only_downward() -> None:
-    """store < views < figures < live < server < the dashboard's own modules (pages above all): no
+    """store < views < figures < live < clients < server < the dashboard's own modules (pages above all): no
     module imports a layer above its own, not even inside a function, so a snapshot reaches a chart
     through each layer once, in order."""
     assert upward_dashboard_imports(dashboard_graph()) == []

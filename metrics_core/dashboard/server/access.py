@@ -13,7 +13,8 @@ serves) and its health check.  ``METRICS_TOKEN=off`` turns the token off, for a 
 an authenticating proxy; an empty or short ``METRICS_TOKEN`` (``$(cat file)`` of a missing file)
 refuses to start (``server_token``), as does binding beyond loopback with no token
 (``refuse_open_bind``).  A client that sent wrong tokens waits before its next one is checked
-(``GuessLimit``).
+(``clients.wrong_tokens``); on loopback a client is a user of this host, not an address, so
+another user's guesses never make the owner wait.
 
 What stands whatever the token says:
 
@@ -31,8 +32,9 @@ What stands whatever the token says:
 The cookie (HttpOnly, SameSite=Strict) is named after the port the server listens on
 (``metrics_session_8501``, read off each connection: Streamlit may move to the next free port at
 start), so two dashboards of one user on one host keep a cookie each.  The check is a few
-dictionary and string operations per request, no I/O; its state is used from the server's event
-loop only.
+dictionary and string operations per request; its one I/O, asking the kernel whom a loopback
+client is, comes only with a token and no session, while some client waits or when the token is
+wrong.  Its state is used from the server's event loop only.
 """
 
 from __future__ import annotations
@@ -43,13 +45,13 @@ import ipaddress
 import math
 import re
 import secrets
-import time
-from collections import OrderedDict
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
 from html import escape
 from urllib.parse import parse_qsl, quote, unquote_plus, urlencode
 
+from metrics_core.dashboard.clients.browser_sessions import BrowserSessions
+from metrics_core.dashboard.clients.wrong_tokens import GuessLimit, guesser
 from metrics_core.dashboard.server.asgi_gzip import ASGIApp, Receive, Scope, Send, route_path
 
 TOKEN_VARIABLE = "METRICS_TOKEN"
@@ -140,107 +142,6 @@ def access_url(address: str, port: int, base_url: str, token: str) -> str:
     base = "/" + base_url.strip("/") if base_url.strip("/") else ""
     query = f"?{urlencode({'token': token})}" if token else ""
     return f"http://{host}:{port}{base}/{query}"
-
-
-@dataclass
-class BrowserSessions:
-    """The sessions handed to browsers: a random value the server keeps and the cookie carries.  A
-    page on another port of the host receives the cookie (cookies are not scoped by port): its
-    value opens nothing once it expires or the server restarts, never through a proxy that asks for
-    the token, and is not the token.  At most ``limit`` are kept, the oldest dropped first (only
-    a request with the token makes one), each for ``lifetime`` seconds."""
-
-    lifetime: float = 7 * 24 * 3600.0  # a browser shows the token again once a week, or after a restart
-    limit: int = 256
-    clock: Callable[[], float] = time.monotonic
-    _expires: OrderedDict[str, float] = field(default_factory=OrderedDict, init=False)  # oldest first: all live alike
-
-    def new(self) -> str:
-        """A new session value, valid for ``lifetime`` seconds from now."""
-        while len(self._expires) >= self.limit:
-            self._expires.popitem(last=False)
-        value = secrets.token_urlsafe(32)
-        self._expires[value] = self.clock() + self.lifetime
-        return value
-
-    def valid(self, value: str | None) -> bool:
-        """Whether ``value`` is a session this server handed out and that has not expired."""
-        expires = self._expires.get(value) if value else None
-        if expires is not None and expires <= self.clock():
-            del self._expires[value]
-            return False
-        return expires is not None
-
-    def __len__(self) -> int:
-        return len(self._expires)
-
-
-@dataclass(slots=True)
-class _Client:
-    wrong: int  # wrong tokens so far
-    until: float  # no token from this client is checked before this time
-    last: float  # when its last wrong token came
-
-
-@dataclass
-class GuessLimit:
-    """After ``free`` wrong tokens from a client (``client_key``), its next token is checked only
-    after a wait that doubles with each further wrong one, from ``first`` up to ``longest`` seconds;
-    a token sent during the wait is not checked (answering at once "right" would let guesses in
-    parallel through).  At most ``limit`` clients are kept, the least recently wrong dropped first;
-    a client is forgotten ``forget`` seconds after its last wrong token and its wait."""
-
-    free: int = 5
-    first: float = 1.0
-    longest: float = 60.0  # then one guess a minute per client
-    limit: int = 1024
-    forget: float = 600.0
-    clock: Callable[[], float] = time.monotonic
-    _clients: OrderedDict[str, _Client] = field(default_factory=OrderedDict, init=False)  # least recently wrong first
-
-    def wait(self, client: str) -> float:
-        """Seconds before a token from ``client`` is checked; 0: now."""
-        known = self._clients.get(client) if self._clients else None  # the common case: nobody guessed
-        if known is None:
-            return 0.0
-        now = self.clock()
-        if now >= max(known.until, known.last) + self.forget:
-            del self._clients[client]
-            return 0.0
-        return max(known.until - now, 0.0)
-
-    def wrong(self, client: str) -> None:
-        """``client`` sent a wrong token: past ``free`` of them, its wait starts (and doubles)."""
-        now = self.clock()
-        known = self._clients.pop(client, None) or _Client(0, now, now)
-        known.wrong += 1
-        known.last = now
-        extra = known.wrong - self.free
-        if extra > 0:
-            known.until = now + min(self.first * 2 ** min(extra - 1, 32), self.longest)
-        self._clients[client] = known
-        while len(self._clients) > self.limit:
-            self._clients.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._clients)
-
-
-@functools.lru_cache(maxsize=256)  # a client sends from the same address every time
-def client_key(address: str | None) -> str:
-    """The client a request comes from, for ``GuessLimit``: every loopback address is one (anyone on
-    the host can send from any of 127.0.0.0/8), an IPv6 address its /64, any other address itself."""
-    if not address:
-        return ""
-    try:
-        parsed = ipaddress.ip_address(address)
-    except ValueError:
-        return address
-    if parsed.is_loopback or (parsed.version == 6 and parsed.ipv4_mapped and parsed.ipv4_mapped.is_loopback):
-        return "loopback"
-    if parsed.version == 6:
-        return str(ipaddress.ip_network(f"{address}/64", strict=False))
-    return address
 
 
 @dataclass(frozen=True)
@@ -359,15 +260,17 @@ class AccessGuard:
             again = _request_path(scope, raw_query) if navigation else ""
             await self._refuse(scope, send, reason or "No token came with it.", again=again)
             return
-        client = client_key((scope.get("client") or ("", 0))[0])
-        wait = self.guesses.wait(client)
+        # Who sent it, found only when a wait or a wrong token needs it (for a loopback client, the
+        # kernel is asked): a page with its session never asks.
+        client = guesser(scope.get("client"), scope.get("server")) if self.guesses.anyone_waits() else None
+        wait = 0.0 if client is None else self.guesses.wait(client)
         if wait:  # not checked: an answer now would tell a right guess from the others
             retry = str(math.ceil(wait))
-            said = f"Too many wrong tokens came from this address: the next one is checked in {retry} s."
+            said = f"Too many wrong tokens came from this client: the next one is checked in {retry} s."
             await self._refuse(scope, send, said, status=429, extra=[(b"retry-after", retry.encode())])
             return
         if not self.access.right_token(offered):
-            self.guesses.wrong(client)
+            self.guesses.wrong(guesser(scope.get("client"), scope.get("server")) if client is None else client)
             await self._refuse(scope, send, "The token it was given is not this server's.")
             return
         if query_token is None or kind == "websocket":  # Bearer: shown on every request, no cookie
