@@ -196,3 +196,15 @@ def test_the_sweep_pages_inputs_ranges_and_url(table) -> None:
         "range": ["seed:1.0:2.0"],
     }
     assert "run" not in sweep_query([], sweep, {})
+
+
+def test_the_runs_table_says_missing_as_a_dash_and_a_metric_as_the_losses_read(table) -> None:
+    """A config key a run lacks reads "—", never None or nan; a metric's last and best read with the
+    four digits of the loss columns beside them (its last train loss is the "train loss" shown)."""
+    shown, _ = runs_table(table.reset_index(), keys=["absent", "seed"], config_filter="", swept=False)
+    shown = with_metric_columns(shown, dict(table["metrics"]), "train_loss", best_max=False)
+    readable = readable_runs(shown)
+    cells = readable.drop(columns="loss trend", errors="ignore")
+    assert not cells.isna().any().any() and not cells.isin(["None", "nan", "NaN", "<NA>"]).any().any()
+    assert set(readable["absent"]) == {"—"}
+    assert (readable["train_loss last"] == readable["train loss"]).all()

@@ -4,7 +4,6 @@ runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
-from datetime import datetime as _datetime
 from urllib.parse import quote
 
 import pandas as pd
@@ -17,6 +16,7 @@ from metrics_core.dashboard.display_text import (
     human_count,
     human_value,
     shorten_words,
+    stamp_text,
 )
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, TREND_POINTS
 from metrics_core.dashboard.views.chart_filter import chart_filter
@@ -99,13 +99,6 @@ def trend(values: object, points: int = TREND_POINTS) -> list[float]:
     return [float(value) for value in array]
 
 
-def _stamp(value: object) -> str:
-    """A start time to the minute, in UTC; missing (or NaT) → ``"—"``."""
-    if not isinstance(value, _datetime) or pd.isna(value):
-        return MISSING
-    return value.strftime("%Y-%m-%d %H:%M UTC")
-
-
 PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws and sends
 
 
@@ -146,7 +139,7 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     shown["val loss"] = table["val loss"].map(human_value)
     shown["last activity"] = table["last record age (s)"].map(age_text)
     if "started" in table.columns:
-        shown["started"] = table["started"].map(_stamp)
+        shown["started"] = table["started"].map(stamp_text)
     if "duration (s)" in table.columns:
         shown["duration"] = table["duration (s)"].map(clock_text)
     shown["sessions"] = table["sessions"].map(human_count)
@@ -161,10 +154,16 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
         _cell_text(error if isinstance(error, str) else why) for error, why in zip(table["error"], reason, strict=True)
     ]
     # Config keys and a metric's values next to the run: a sweep's settings and results side by side.
+    # Numbers read as the losses beside them do (four significant digits), a missing value as "—".
     extra = [column for column in table.columns if column not in RUNS_TABLE_KNOWN]
     for column in extra:
-        shown[column] = table[column]
+        shown[column] = table[column].map(_extra_cell)
     return shown[["run", "status", *extra, *shown.columns[2 : len(shown.columns) - len(extra)]]].reset_index(drop=True)
+
+
+def _extra_cell(value: object) -> object:
+    """A config value (text) or a metric's value (a number) as the runs table shows it."""
+    return value if isinstance(value, str) else human_value(value)
 
 
 def _cell_text(text: object) -> str:
