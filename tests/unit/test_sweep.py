@@ -23,6 +23,7 @@ from metrics_core.dashboard.views.sweep import (
     metric_keys,
     parse_range,
     range_text,
+    sweep_axis,
     sweep_inputs,
     sweep_of,
     sweep_query,
@@ -208,3 +209,24 @@ def test_the_runs_table_says_missing_as_a_dash_and_a_metric_as_the_losses_read(t
     assert not cells.isna().any().any() and not cells.isin(["None", "nan", "NaN", "<NA>"]).any().any()
     assert set(readable["absent"]) == {"—"}
     assert (readable["train_loss last"] == readable["train loss"]).all()
+
+
+def test_rates_spanning_twice_and_any_key_spanning_tenfold_are_log_axes_seeds_are_whole() -> None:
+    """lr 0.02 and 0.1 (a rate, 5×) and a weight decay 1e-4…1e-2 are drawn on log axes; a dropout
+    0.1…0.3 (no rate, 3×) and a negative key stay linear; a seed 0…3 has whole ticks only."""
+    for key, values, log in (
+        ("lr", ["0.02", "0.1"], True),
+        ("optim.learning_rate", ["3e-4", "6e-4"], True),
+        ("peak_lr", ["1e-3", "1.5e-3"], False),
+        ("weight_decay", ["1e-4", "1e-2"], True),
+        ("dropout", ["0.1", "0.3"], False),
+        ("lr", ["-0.1", "0.1"], False),
+    ):
+        assert sweep_axis(key, values).log is log, (key, values)
+    seed = sweep_axis("seed", ["0", "1", "2", "3"])
+    assert seed.integer and not sweep_axis("lr", ["1", "2"]).integer  # a rate on a log axis: its own ticks
+    sweep = sweep_of({"a": {"seed": "0"}, "b": {"seed": "3"}}, {"a": {"x": (1.0, 1.0, 1.0)}}, metric="x", value="last")
+    axis = sweep_chart(sweep, sweep.axes[0], sweep.chosen({}))["layout"]["xaxis"]
+    assert (axis["tickformat"], axis["tick0"], axis["dtick"]) == (",d", 0, 1)
+    many = sweep_of({str(n): {"seed": str(n)} for n in range(0, 100, 7)}, {}, metric="x", value="last")
+    assert sweep_chart(many, many.axes[0], many.chosen({}))["layout"]["xaxis"]["dtick"] == 20

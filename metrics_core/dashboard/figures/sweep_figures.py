@@ -3,7 +3,8 @@
 plotly's ``parcoords`` is not in the basic bundle the pages load (scatter, bar and pie only:
 ``vendor/README.md``), so a sweep is a grid of scatter charts, one per swept key, which read the
 same way: the runs a range on one key keeps stand out in every other.  A categorical key's values
-are its tick labels; a numeric key spanning decades is drawn on a log axis.  Pure functions: a
+are its tick labels; a numeric key spanning a decade (a rate, twice) is drawn on a log axis, whole
+numbers (a seed) on whole ticks.  Pure functions: a
 ``views.sweep.Sweep`` in, plotly's JSON as plain dicts out.
 """
 
@@ -84,6 +85,8 @@ def sweep_chart(
             "tickvals": list(range(len(axis.labels))),
             "ticktext": [plotly_text(shorten(label, WORD_CHARS)) for label in axis.labels],
         }
+    elif axis.integer:  # a seed: ticks at whole numbers, never 0.5
+        x_axis |= {"tickformat": ",d", "tick0": 0, "dtick": _whole_step(axis)}
     if xrange is not None:
         x_axis["range"] = [math.log10(v) for v in xrange] if axis.log and min(xrange) > 0 else list(xrange)
     layout = dict(
@@ -105,3 +108,10 @@ def sweep_chart(
         },
     )
     return figure_of(traces, layout)
+
+
+def _whole_step(axis: SweepAxis) -> int:
+    """The step between whole ticks: 1, 2, 5, 10, 20… so that about eight ticks cover the values."""
+    numbers = [position for position in axis.positions if position is not None]
+    span = max(numbers) - min(numbers) if numbers else 0.0
+    return next(step for step in (m * 10**e for e in range(19) for m in (1, 2, 5)) if span / step <= 8)

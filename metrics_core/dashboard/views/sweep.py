@@ -8,7 +8,8 @@ Best is the least value for every metric but those whose name says higher is bet
 (``HIGHER_IS_BETTER``: accuracy, F1, AUC, BLEU, reward, throughput…); a page may choose either.
 
 A swept key is an axis: numeric when every run's value reads as a number (logarithmic when they
-are all positive and span a factor of ``LOG_SPAN`` or more, as learning rates do), else categorical,
+are all positive and span a factor of ``LOG_SPAN`` or more, or ``RATE_LOG_SPAN`` for a key whose
+name says rate, as learning rates do; whole numbers, a seed, on whole ticks), else categorical,
 its values as tick labels at positions 0, 1, 2…  A range on an axis is in data units: the values
 themselves on a numeric axis, positions on a categorical one.
 """
@@ -31,6 +32,8 @@ HIGHER_IS_BETTER = re.compile(
 FIRST_METRICS = ("train_loss", "val_loss")  # offered first: what a sweep is usually judged by
 VALUES = ("last", "best")
 LOG_SPAN = 10.0
+RATE_LOG_SPAN = 2.0  # a rate (lr 0.02 and 0.1) is searched by factors, so drawn on a log axis sooner
+RATE_NAME = re.compile(r"(?<![a-z])lr(?![a-z])|rate", re.IGNORECASE)  # lr, peak_lr, optim.lr, learning_rate…
 MAX_AXES = 24  # swept keys charted: runs whose configs differ in 2,000 keys must not make 2,000 charts
 
 
@@ -83,6 +86,7 @@ class SweepAxis:
     positions: tuple[float | None, ...]
     labels: tuple[str, ...] = ()  # categorical: the values at positions 0, 1, 2…; numeric: ()
     log: bool = False
+    integer: bool = False  # numeric, every value a whole number (a seed, a layer count)
 
     @property
     def categorical(self) -> bool:
@@ -111,8 +115,10 @@ def sweep_axis(key: str, values: Sequence[str | None]) -> SweepAxis:
     numbers = [_number(value) for value in values]
     if all(number is not None for number in numbers):
         positive = min(numbers) > 0  # type: ignore[type-var]
-        log = positive and max(numbers) / min(numbers) >= LOG_SPAN  # type: ignore[type-var, operator]
-        return SweepAxis(key, tuple(numbers), log=log)
+        span = LOG_SPAN if RATE_NAME.search(key) is None else RATE_LOG_SPAN
+        log = positive and max(numbers) / min(numbers) >= span  # type: ignore[type-var, operator]
+        integer = not log and all(number.is_integer() for number in numbers)  # type: ignore[union-attr]
+        return SweepAxis(key, tuple(numbers), log=log, integer=integer)
     texts = [NOT_SET if value is None else value for value in values]
     labels = sorted(set(texts), key=lambda text: (text == NOT_SET, _number(text) is None, _number(text) or 0, text))
     at = {label: float(index) for index, label in enumerate(labels)}
