@@ -27,6 +27,7 @@ from metrics_core.dashboard.display_text import (
 from metrics_core.dashboard.figures.layout import session_colour, session_key
 from metrics_core.dashboard.store.run_store import RunView
 from metrics_core.dashboard.views.config_tables import RunConfig, changes_table, config_diff, config_table
+from metrics_core.read.session_model import session_name
 from metrics_core.text import MISSING
 
 SEVERITY_ICONS = {
@@ -96,7 +97,7 @@ def config_panel(config: RunConfig | None) -> None:
     if changed:
         label += f" · :orange[changed at resume: {md_text(shorten(', '.join(changed), WORD_CHARS))}]"
     with st.popover(label, icon=":material/tune:"):
-        session = f"S{config.session + 1}" if config.session is not None else "an unknown session"
+        session = session_name(config.session) if config.session is not None else "an unknown session"
         st.caption(
             f"From the config record of session {session} (id {md_text(repr(shorten(config.session_id, 40)))}, "
             f"step {config.step}); {config.records} config record(s) in the run."
@@ -154,7 +155,7 @@ def sessions_table(table: pd.DataFrame) -> None:
     steps = zip(table["first step"], table["last step"], strict=True)
     shown = pd.DataFrame(
         {
-            "session": [f"S{number}" for number in table["session"]],
+            "session": [session_name(number - 1) for number in table["session"]],
             "start": table["start"].map(stamp_text),
             "end": [stamp_text(end, date=not _same_day(start, end)) for start, end in spans],
             "duration": table["duration (s)"].map(clock_text),

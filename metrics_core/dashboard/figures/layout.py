@@ -201,7 +201,7 @@ def chart_layout(
     edges = [float(at) for at, _ in boundaries] + [float(value) for value in spans]
     span = max(edges) - min(edges) if edges else 0.0
     labels = resume_labels(
-        [(float(at), f"S{s.index + 1} · resume @ {s.resume_step}", f"S{s.index + 1}") for at, s in boundaries],
+        [(float(at), f"{s.name} · resume @ {s.resume_step}", s.name) for at, s in boundaries],
         span=span,
     )
     for (at, session), label in zip(boundaries, labels, strict=True):
@@ -229,7 +229,7 @@ def chart_layout(
                     "yshift": label[1] * LABEL_ROW_PX,
                     "showarrow": False,
                     "text": label[0],
-                    "hovertext": f"S{session.index + 1} · resume @ {session.resume_step}",
+                    "hovertext": f"{session.name} · resume @ {session.resume_step}",
                     "font": {"size": LABEL_FONT, "color": colour},
                 }
             )
@@ -248,7 +248,7 @@ def chart_layout(
                     "size": 7,
                     "color": [session_colour(s.index) for _, s in boundaries],
                 },
-                hovertext=[f"S{s.index + 1} · resume @ {s.resume_step}" for _, s in boundaries],
+                hovertext=[f"{s.name} · resume @ {s.resume_step}" for _, s in boundaries],
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
@@ -341,7 +341,7 @@ def session_key(sessions: Sequence[Session]) -> list[tuple[str, str, str]]:
     key = []
     for session in sessions:
         what = "start" if session.index == 0 else f"resume @ {session.resume_step}"
-        key.append((f"S{session.index + 1}", session_colour(session.index), what))
+        key.append((session.name, session_colour(session.index), what))
     return key
 
 
