@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 import streamlit as st
+from streamlit.delta_generator import DeltaGenerator
 
 from metrics_core.dashboard.display_text import md_text, next_age_change, shorten
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
@@ -113,7 +114,10 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     )
 
 
-BEST_RULE = "Unset: the least value, or the greatest for a metric named like accuracy, F1, AUC, reward or throughput"
+BEST_RULE = (
+    "Chosen by the metric's name until you pick: the least value, or the greatest for a metric named like "
+    "accuracy, F1, AUC, reward or throughput"
+)
 CONFIG_FILTER_HELP = (
     "Space-separated `key=value` or `key!=value` terms on the flattened config (`optim.lr`), all must "
     "hold; numbers compare as numbers (`3e-4` matches `0.0003`); quote a term holding a space."
@@ -177,11 +181,28 @@ def column_controls(table: pd.DataFrame) -> None:
         format_func=shorten,
         placeholder="Show a metric's last and best value",
     )
-    best = rule.segmented_control("Best is", ("min", "max"), key="runs_best", help=BEST_RULE)
+    best = best_control(rule, "runs_best", metric)
     to_url("column", columns)
     to_url("swept", "1" if swept_on else "0", default="1")
     to_url("metric", metric)
-    to_url("best", best)
+    to_url("best", best if st.session_state["runs_best_picked"] else None)
+
+
+def best_control(where: DeltaGenerator, key: str, metric: str | None) -> str | None:
+    """The "Best is" buttons for ``metric``, drawn in ``where``: the choice its name implies
+    (``sweep.best_is_max``) shows selected until the user picks (a value already in ``key``, from
+    the URL, counts as picked); picking the selected one again goes back to the name's choice.
+    Returns "min", "max", or None without a metric."""
+    state, picked = st.session_state, f"{key}_picked"
+    if picked not in state:
+        state[picked] = state.get(key) is not None
+    if not state[picked] or state.get(key) is None:
+        state[key] = None if metric is None else "max" if best_is_max(metric) else "min"
+        state[picked] = False
+    where.segmented_control(
+        "Best is", ("min", "max"), key=key, help=BEST_RULE, on_change=lambda: state.__setitem__(picked, True)
+    )
+    return state[key]
 
 
 def selection_links(names: list[str], *, metric: str | None = None, value: str = "last", sweep: bool = True) -> None:

@@ -1,5 +1,5 @@
 """How pages look in a real headless Chromium against the session's shared dashboard: the sessions
-table fits a 1,400 px window, and a chosen "Best is" reads as chosen."""
+table fits a 1,400 px window, and the "Best is" in force reads as chosen."""
 
 from __future__ import annotations
 
@@ -33,3 +33,20 @@ def test_the_sessions_table_fits_a_1400_px_window(page: object, server: str) -> 
     wait_until(page, lambda: page.evaluate(GRID_OVERFLOW_JS) is not None, timeout=30)
     overflow = page.evaluate(GRID_OVERFLOW_JS)
     assert overflow is not None and overflow <= 0, f"the table scrolls {overflow} px sideways"
+
+
+LOOKS_JS = """() => Array.from(document.querySelectorAll('[data-testid=stButtonGroup] button[role=radio]'))
+  .map(b => [b.innerText, b.getAttribute('aria-checked'), getComputedStyle(b).color])"""
+
+
+def test_best_is_shows_the_choice_in_force_as_selected(page: object, server: str) -> None:
+    """A metric picked on the runs page: "min" (a loss's best) is drawn selected (checked, in
+    another colour than "max"); a click on "max" selects it instead, and the URL keeps it."""
+    page.goto(f"{server}/?metric=train_loss&filter=resumed-looks")
+    wait_until(page, lambda: len(page.evaluate(LOOKS_JS)) == 2, timeout=30)
+    (low, low_checked, low_colour), (high, high_checked, high_colour) = page.evaluate(LOOKS_JS)
+    assert (low, low_checked, high, high_checked) == ("min", "true", "max", "false") and low_colour != high_colour
+    page.locator("[data-testid=stButtonGroup] button[role=radio]", has_text="max").click()
+    wait_until(
+        page, lambda: "best=max" in page.url and [c for *_, c, _ in page.evaluate(LOOKS_JS)] == ["false", "true"]
+    )

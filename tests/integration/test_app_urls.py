@@ -82,7 +82,7 @@ def test_what_a_url_asks_is_bounded_and_shown_as_text(runs_root: Path) -> None:
     assert not app.exception
     assert app.text_input(key="run_filter").value == ""
     assert app.multiselect(key="config_columns").value == columns[:URL_MAX_VALUES]
-    assert app.button_group(key="runs_best").value is None
+    assert app.button_group(key="runs_best").value == "min" and "best" not in app.query_params  # by its name
     warnings = " ".join(warning.value for warning in app.warning)  # markdown, every mark escaped
     read_as = re.sub(r"\\(.)", r"\1", warnings)
     assert r"\*\*max\*\*" in warnings and "filter= is longer" in read_as and "500 column=" in read_as
