@@ -84,7 +84,9 @@ class Axis:
 X_AXES = {
     "step": Axis("step", "~s", ","),
     "tokens_seen": Axis("tokens seen", "~s", ","),
-    "time": Axis("wall time (UTC)", "", ""),
+    # One line of tick labels, as every other x axis has: plotly's default date ticks take two
+    # ("21:40" over "Dec 7, 2026"), which pushed the axis title into the legend below it.
+    "time": Axis("wall time (UTC)", "%b %-d %H:%M", "%Y-%m-%d %H:%M:%S"),
     "relative": Axis("hours since start (h)", ".3~f", ".3~f"),
 }
 # Streamlit's own palettes (its default light and dark themes), so a chart sits in the page.
