@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import streamlit as st
-from streamlit.delta_generator import DeltaGenerator
 
 from metrics_core.dashboard.display_text import md_text, next_age_change, shorten
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
@@ -26,12 +26,14 @@ from metrics_core.dashboard.views.config_tables import (
 )
 from metrics_core.dashboard.views.runs_table import (
     PAGE_ROWS,
+    SORTS,
     STATUS_BADGES,
     STATUS_COLOURS,
     filter_runs,
     readable_runs,
     run_links,
     runs_page,
+    sorted_runs,
     status_pills,
 )
 from metrics_core.dashboard.views.sweep import best_is_max, metric_keys, with_metric_columns
@@ -94,14 +96,15 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     keys = column_keys(
         configs, shown["run"].tolist(), state.get("config_columns", []), swept=state.get("swept_columns", True)
     )
-    rows, page, pages = runs_page(shown, state.get("runs_page", 1))  # the columns below: for the page's rows only
-    rows = with_config_columns(rows, configs, keys)
     metric = state.get("runs_metric")
+    best_max = bool(metric) and (state.get("runs_best") or ("max" if best_is_max(metric) else "min")) == "max"
+    order = lambda rows: sorted_runs(rows, state.get("runs_sort", "activity"), metric=metric, best_max=best_max)  # noqa: E731
+    rows, page, pages = runs_page(shown, state.get("runs_page", 1), order=order)  # the columns below: the page's only
+    rows = with_config_columns(rows, configs, keys)
     if metric:
-        best = state.get("runs_best") or ("max" if best_is_max(metric) else "min")
         tails = dict(zip(rows["run"].tolist(), rows["metrics"].tolist(), strict=True))
-        rows = with_metric_columns(rows, tails, metric, best_max=best == "max")
-    readable = readable_runs(rows)
+        rows = with_metric_columns(rows, tails, metric, best_max=best_max)
+    readable = readable_runs(rows, order=order)
     return RunsPage(
         rows=status_pills(run_links(readable)),
         names=tuple(readable["run"]),
@@ -122,6 +125,9 @@ CONFIG_FILTER_HELP = (
     "Space-separated `key=value` or `key!=value` terms on the flattened config (`optim.lr`), all must "
     "hold; numbers compare as numbers (`3e-4` matches `0.0003`); quote a term holding a space."
 )
+
+
+SORT_HELP = "The order of every listed run, across pages; a metric's best or last puts the best first"
 
 
 def filter_controls() -> None:
@@ -153,8 +159,9 @@ def column_controls(table: pd.DataFrame) -> None:
     keys picked by hand (options keep the chosen keys, so a key whose run vanished does not make the
     widget fail), the keys swept between the listed runs (on by default), and a metric whose last
     and best value each run shows; best is the least value unless the metric reads higher-is-better
-    (accuracy, F1, reward…: ``sweep.best_is_max``), or as chosen.  Each is in the URL
-    (``?column=a&column=b&swept=0&metric=val_loss&best=max``); a metric or key named there that
+    (accuracy, F1, reward…: ``sweep.best_is_max``), or as chosen; and the order of the runs
+    (``views.runs_table.SORTS``).  Each is in the URL
+    (``?column=a&column=b&swept=0&metric=val_loss&best=max&sort=best``); a metric or key named there that
     no run logs (yet: the runs may still be read) is kept, as the widgets keep a chosen one."""
     state = st.session_state
     url_texts("column", "config_columns")
@@ -172,7 +179,8 @@ def column_controls(table: pd.DataFrame) -> None:
         help="Show the config keys whose values differ between the listed runs (a sweep's hyperparameters) as columns",
     )
     metrics = metric_keys(table["metrics"])
-    which, rule = st.columns([4, 1], vertical_alignment="bottom")
+    url_choice("sort", "runs_sort", list(SORTS), default="activity")
+    which, rule, order = st.columns([3, 1, 1], vertical_alignment="bottom")
     metric = which.selectbox(
         "Metric: last and best value",
         [*metrics, *{state.get("runs_metric")} - {None, *metrics}],
@@ -182,14 +190,19 @@ def column_controls(table: pd.DataFrame) -> None:
         placeholder="Show a metric's last and best value",
     )
     best = best_control(rule, "runs_best", metric)
+    sorts = [*SORTS] if metric else ["activity", "name"]
+    if state["runs_sort"] not in sorts:
+        state["runs_sort"] = "activity"
+    sort = order.selectbox("Sort by", sorts, format_func=SORTS.get, key="runs_sort", help=SORT_HELP)
     to_url("column", columns)
     to_url("swept", "1" if swept_on else "0", default="1")
     to_url("metric", metric)
+    to_url("sort", sort, default="activity")
     to_url("best", best if st.session_state["runs_best_picked"] else None)
 
 
-def best_control(where: DeltaGenerator, key: str, metric: str | None) -> str | None:
-    """The "Best is" buttons for ``metric``, drawn in ``where``: the choice its name implies
+def best_control(where: Any, key: str, metric: str | None) -> str | None:
+    """The "Best is" buttons for ``metric``, drawn in ``where`` (a column): the choice its name implies
     (``sweep.best_is_max``) shows selected until the user picks (a value already in ``key``, from
     the URL, counts as picked); picking the selected one again goes back to the name's choice.
     Returns "min", "max", or None without a metric."""

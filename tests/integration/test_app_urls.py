@@ -88,3 +88,20 @@ def test_what_a_url_asks_is_bounded_and_shown_as_text(runs_root: Path) -> None:
     assert r"\*\*max\*\*" in warnings and "filter= is longer" in read_as and "500 column=" in read_as
     assert app.selectbox(key="runs_metric").value == "[x](http://e)"
     assert len(app.dataframe[0].value) == 12
+
+
+def test_the_runs_order_is_in_the_url_and_sorts_every_listed_run(runs_root: Path) -> None:
+    """sort=best with a metric lists the runs best first (the least loss, across the pages'
+    order, not one page's); picking "run name" writes sort=name; without a metric, the order
+    by a metric falls back to newest activity."""
+    write_sweep(runs_root, windows=4)
+    read(open_page("runs"))
+    app = open_page("runs", metric="train_loss", sort="best")
+    assert not app.exception and app.selectbox(key="runs_sort").value == "best"
+    best = [float(value) for value in app.dataframe[0].value["train_loss best (min)"]]
+    assert best == sorted(best) and len(best) == 12
+    app.selectbox(key="runs_sort").set_value("name").run()
+    names = list(app.dataframe[0].value["run"])
+    assert names == sorted(names) and param(app, "sort") == ["name"]
+    plain = open_page("runs", sort="best")
+    assert plain.selectbox(key="runs_sort").value == "activity" and "sort" not in plain.query_params

@@ -4,6 +4,7 @@ runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from urllib.parse import quote
 
 import pandas as pd
@@ -20,6 +21,7 @@ from metrics_core.dashboard.display_text import (
 )
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, TREND_POINTS
 from metrics_core.dashboard.views.chart_filter import chart_filter
+from metrics_core.dashboard.views.sweep import metric_value
 
 
 def filter_runs(table: pd.DataFrame, pattern: str) -> tuple[pd.DataFrame, str | None]:
@@ -112,24 +114,55 @@ def newest_first(table: pd.DataFrame) -> pd.DataFrame:
     return by_age.loc[(by_age["status"] != "unreadable").sort_values(kind="stable").index]
 
 
-def runs_page(table: pd.DataFrame, page: int, rows: int = PAGE_ROWS) -> tuple[pd.DataFrame, int, int]:
-    """Page ``page`` (from 1, clamped to the pages there are) of ``table`` newest activity first,
-    the page it is and how many pages there are: the runs page formats and draws one page, so a
-    live update of a root of 1,000 runs costs O(``rows``) in formatting and bytes, O(runs) only
-    in sorting."""
+# How the runs page can order its runs (``?sort=``): the metric's two need a metric chosen.
+SORTS = {
+    "activity": "newest activity",
+    "name": "run name",
+    "best": "the metric's best",
+    "last": "the metric's last",
+}
+
+
+def sorted_runs(table: pd.DataFrame, sort: str, *, metric: str | None = None, best_max: bool = False) -> pd.DataFrame:
+    """``table`` (the store's runs page, its ``metrics`` column included) in the order ``sort``
+    names (``SORTS``): newest activity first, by name, or by the ``metric``'s best or last value,
+    the best first (the least, or the greatest with ``best_max``), runs without one last; ties
+    keep the newest activity first.  O(runs)."""
+    ordered = newest_first(table)
+    if sort == "name":
+        return ordered.sort_values("run", kind="stable")
+    if sort in ("best", "last") and metric:
+        tails = ordered["metrics"].tolist()
+        values = [metric_value(tail, metric, value=sort, best_max=best_max) for tail in tails]
+        key = pd.Series(values, index=ordered.index, dtype="float64")
+        return ordered.loc[key.sort_values(ascending=not best_max, na_position="last", kind="stable").index]
+    return ordered
+
+
+def runs_page(
+    table: pd.DataFrame,
+    page: int,
+    rows: int = PAGE_ROWS,
+    *,
+    order: Callable[[pd.DataFrame], pd.DataFrame] = newest_first,
+) -> tuple[pd.DataFrame, int, int]:
+    """Page ``page`` (from 1, clamped to the pages there are) of ``table`` in ``order`` (newest
+    activity first), the page it is and how many pages there are: the runs page formats and draws
+    one page, so a live update of a root of 1,000 runs costs O(``rows``) in formatting and bytes,
+    O(runs) only in sorting."""
     pages = max(1, -(-len(table) // rows))
     page = min(max(page, 1), pages)
-    return newest_first(table).iloc[(page - 1) * rows : page * rows], page, pages
+    return order(table).iloc[(page - 1) * rows : page * rows], page, pages
 
 
-def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """The runs table as the page shows it: newest activity first, status badges, human numbers,
-    ages and durations as text; the run column stays the name (the page makes it a link).
+def readable_runs(table: pd.DataFrame, *, order: Callable[[pd.DataFrame], pd.DataFrame] = newest_first) -> pd.DataFrame:
+    """The runs table as the page shows it: in ``order`` (newest activity first), status badges,
+    human numbers, ages and durations as text; the run column stays the name (the page makes it a link).
 
     ``table`` is the store's runs table, optionally with ``started`` (a datetime), ``duration (s)``
     and ``loss trend`` (a list of floats) per run.
     """
-    table = newest_first(table)
+    table = order(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
     if "progress" in table.columns and table["progress"].notna().any():  # runs being read: how far each came
         shown["progress"] = table["progress"].map(lambda text: text if isinstance(text, str) else "")
