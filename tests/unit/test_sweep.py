@@ -227,6 +227,10 @@ def test_rates_spanning_twice_and_any_key_spanning_tenfold_are_log_axes_seeds_ar
     assert seed.integer and not sweep_axis("lr", ["1", "2"]).integer  # a rate on a log axis: its own ticks
     sweep = sweep_of({"a": {"seed": "0"}, "b": {"seed": "3"}}, {"a": {"x": (1.0, 1.0, 1.0)}}, metric="x", value="last")
     axis = sweep_chart(sweep, sweep.axes[0], sweep.chosen({}))["layout"]["xaxis"]
-    assert (axis["tickformat"], axis["tick0"], axis["dtick"]) == (",d", 0, 1)
+    assert (axis["tickvals"], axis["ticktext"]) == ([0.0, 3.0], ["0", "3"])  # a few values: a tick at each
     many = sweep_of({str(n): {"seed": str(n)} for n in range(0, 100, 7)}, {}, metric="x", value="last")
-    assert sweep_chart(many, many.axes[0], many.chosen({}))["layout"]["xaxis"]["dtick"] == 20
+    axis = sweep_chart(many, many.axes[0], many.chosen({}))["layout"]["xaxis"]
+    assert (axis["tickformat"], axis["tick0"], axis["dtick"]) == (",d", 0, 20)  # many: whole ticks 20 apart
+    rates = sweep_of({"a": {"lr": "0.02"}, "b": {"lr": "0.05"}}, {}, metric="x", value="last")
+    axis = sweep_chart(rates, rates.axes[0], rates.chosen({}))["layout"]["xaxis"]
+    assert axis["type"] == "log" and axis["ticktext"] == ["0.02", "0.05"]

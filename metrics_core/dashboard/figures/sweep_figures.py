@@ -4,7 +4,7 @@ plotly's ``parcoords`` is not in the basic bundle the pages load (scatter, bar a
 ``vendor/README.md``), so a sweep is a grid of scatter charts, one per swept key, which read the
 same way: the runs a range on one key keeps stand out in every other.  A categorical key's values
 are its tick labels; a numeric key spanning a decade (a rate, twice) is drawn on a log axis, whole
-numbers (a seed) on whole ticks.  Pure functions: a
+numbers (a seed) on whole ticks, a key of a few values with a tick at each.  Pure functions: a
 ``views.sweep.Sweep`` in, plotly's JSON as plain dicts out.
 """
 
@@ -85,7 +85,10 @@ def sweep_chart(
             "tickvals": list(range(len(axis.labels))),
             "ticktext": [plotly_text(shorten(label, WORD_CHARS)) for label in axis.labels],
         }
-    elif axis.integer:  # a seed: ticks at whole numbers, never 0.5
+    elif len(swept := sorted({p for p in axis.positions if p is not None})) <= VALUE_TICKS:
+        # A few values swept (lr 0.02 and 0.05, seeds 0–3): a tick at each, none between.
+        x_axis |= {"tickvals": swept, "ticktext": [f"{value:.4g}" for value in swept]}
+    elif axis.integer:  # many whole numbers: whole ticks, never 0.5
         x_axis |= {"tickformat": ",d", "tick0": 0, "dtick": _whole_step(axis)}
     if xrange is not None:
         x_axis["range"] = [math.log10(v) for v in xrange] if axis.log and min(xrange) > 0 else list(xrange)
@@ -108,6 +111,9 @@ def sweep_chart(
         },
     )
     return figure_of(traces, layout)
+
+
+VALUE_TICKS = 8  # a numeric key with at most this many values swept has a tick at each
 
 
 def _whole_step(axis: SweepAxis) -> int:
