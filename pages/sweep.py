@@ -55,7 +55,8 @@ def sweep_view() -> None:
         state["sweep_metric"] = metrics[0]
     controls = st.columns([3, 1, 1], vertical_alignment="bottom")
     metric = controls[0].selectbox("Metric", metrics, key="sweep_metric")
-    value = controls[1].segmented_control("Value", VALUES, key="sweep_value") or "last"
+    state["sweep_value"] = state.get("sweep_value") or "last"  # the value in force shows selected
+    value = controls[1].segmented_control("Value", VALUES, key="sweep_value")
     best = best_control(controls[2], "sweep_best", metric)
     sweep = sweep_of(configs, tails, metric=metric, value=value, best_max=best == "max")
     if not sweep.axes:

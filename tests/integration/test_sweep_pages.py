@@ -61,4 +61,6 @@ def test_the_sweep_page_reads_and_writes_its_url(runs_root: Path) -> None:
     )
     everything = open_page("sweep")
     assert not everything.exception and len(everything.dataframe[0].value) == len(NAMES_ORDER)
+    value, best = everything.button_group(key="sweep_value"), everything.button_group(key="sweep_best")
+    assert (value.value, best.value) == ("last", "min")  # the choices in force show selected
     assert not math.isnan(everything.dataframe[0].value.iloc[0, -1])
