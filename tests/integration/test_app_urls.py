@@ -98,7 +98,7 @@ def test_the_runs_order_is_in_the_url_and_sorts_every_listed_run(runs_root: Path
     read(open_page("runs"))
     app = open_page("runs", metric="train_loss", sort="best")
     assert not app.exception and app.selectbox(key="runs_sort").value == "best"
-    best = [float(value) for value in app.dataframe[0].value["train_loss best (min)"]]
+    best = [float(value) for value in app.dataframe[0].value["train loss best (min)"]]
     assert best == sorted(best) and len(best) == 12
     app.selectbox(key="runs_sort").set_value("name").run()
     names = list(app.dataframe[0].value["run"])

@@ -6,6 +6,7 @@ keys and not the constant ones, and a range chosen on one key keeps the runs ins
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import orjson
@@ -23,7 +24,6 @@ from metrics_core.dashboard.views.sweep import (
     metric_keys,
     parse_range,
     range_text,
-    sweep_axis,
     sweep_inputs,
     sweep_of,
     sweep_query,
@@ -85,7 +85,7 @@ def test_last_and_best_equal_the_values_in_the_files(sweep_root: Path, table) ->
             losses, accuracy = file_values(path, "train", "train_loss"), file_values(path, "validation", "val_acc")
             row = with_metric_columns(table.reset_index(), dict(table["metrics"]), "train_loss", best_max=False)
             row = row.set_index("run").loc[name]
-            assert (row["train_loss last"], row["train_loss best (min)"]) == (losses[-1], min(losses))
+            assert (row["train loss"], row["train loss best (min)"]) == (losses[-1], min(losses))
             tails = table.at[name, "metrics"]
             sweep = sweep_of({name: table.at[name, "config"]}, {name: tails}, metric="val_acc", value="best")
             assert sweep.best_max and sweep.values == (max(accuracy),)
@@ -201,36 +201,14 @@ def test_the_sweep_pages_inputs_ranges_and_url(table) -> None:
 
 def test_the_runs_table_says_missing_as_a_dash_and_a_metric_as_the_losses_read(table) -> None:
     """A config key a run lacks reads "—", never None or nan; a metric's last and best read with the
-    four digits of the loss columns beside them (its last train loss is the "train loss" shown)."""
+    four digits of the loss columns beside them, and a loss the table shows is named as it is there,
+    its last value not repeated."""
     shown, _ = runs_table(table.reset_index(), keys=["absent", "seed"], config_filter="", swept=False)
-    shown = with_metric_columns(shown, dict(table["metrics"]), "train_loss", best_max=False)
-    readable = readable_runs(shown)
-    cells = readable.drop(columns="loss trend", errors="ignore")
-    assert not cells.isna().any().any() and not cells.isin(["None", "nan", "NaN", "<NA>"]).any().any()
-    assert set(readable["absent"]) == {"—"}
-    assert (readable["train_loss last"] == readable["train loss"]).all()
-
-
-def test_rates_spanning_twice_and_any_key_spanning_tenfold_are_log_axes_seeds_are_whole() -> None:
-    """lr 0.02 and 0.1 (a rate, 5×) and a weight decay 1e-4…1e-2 are drawn on log axes; a dropout
-    0.1…0.3 (no rate, 3×) and a negative key stay linear; a seed 0…3 has whole ticks only."""
-    for key, values, log in (
-        ("lr", ["0.02", "0.1"], True),
-        ("optim.learning_rate", ["3e-4", "6e-4"], True),
-        ("peak_lr", ["1e-3", "1.5e-3"], False),
-        ("weight_decay", ["1e-4", "1e-2"], True),
-        ("dropout", ["0.1", "0.3"], False),
-        ("lr", ["-0.1", "0.1"], False),
-    ):
-        assert sweep_axis(key, values).log is log, (key, values)
-    seed = sweep_axis("seed", ["0", "1", "2", "3"])
-    assert seed.integer and not sweep_axis("lr", ["1", "2"]).integer  # a rate on a log axis: its own ticks
-    sweep = sweep_of({"a": {"seed": "0"}, "b": {"seed": "3"}}, {"a": {"x": (1.0, 1.0, 1.0)}}, metric="x", value="last")
-    axis = sweep_chart(sweep, sweep.axes[0], sweep.chosen({}))["layout"]["xaxis"]
-    assert (axis["tickvals"], axis["ticktext"]) == ([0.0, 3.0], ["0", "3"])  # a few values: a tick at each
-    many = sweep_of({str(n): {"seed": str(n)} for n in range(0, 100, 7)}, {}, metric="x", value="last")
-    axis = sweep_chart(many, many.axes[0], many.chosen({}))["layout"]["xaxis"]
-    assert (axis["tickformat"], axis["tick0"], axis["dtick"]) == (",d", 0, 20)  # many: whole ticks 20 apart
-    rates = sweep_of({"a": {"lr": "0.02"}, "b": {"lr": "0.05"}}, {}, metric="x", value="last")
-    axis = sweep_chart(rates, rates.axes[0], rates.chosen({}))["layout"]["xaxis"]
-    assert axis["type"] == "log" and axis["ticktext"] == ["0.02", "0.05"]
+    accuracy = readable_runs(with_metric_columns(shown, dict(table["metrics"]), "val_acc", best_max=True))
+    loss = readable_runs(with_metric_columns(shown, dict(table["metrics"]), "val_loss", best_max=False))
+    for readable in (accuracy, loss):
+        cells = readable.drop(columns="loss trend", errors="ignore")
+        assert not cells.isna().any().any() and not cells.isin(["None", "nan", "NaN", "<NA>"]).any().any()
+    assert set(accuracy["absent"]) == {"—"}
+    assert all(re.fullmatch(r"0\.\d{1,4}", value) for value in accuracy["val_acc last"])  # as "val loss" reads
+    assert "val loss best (min)" in loss.columns and not [c for c in loss.columns if c.startswith("val_loss")]

@@ -60,21 +60,26 @@ def metric_keys(tails: Iterable[object]) -> list[str]:
     return [key for key in FIRST_METRICS if key in keys] + sorted(keys - set(FIRST_METRICS))
 
 
+# The runs table's own columns of these metrics' last values (``store.rows``): a metric picked
+# is named as they are, and its last value is not shown twice.
+SHOWN_LAST = {"train_loss": "train loss", "val_loss": "val loss"}
+
+
 def with_metric_columns(
     table: pd.DataFrame, tails: Mapping[str, object], metric: str, *, best_max: bool
 ) -> pd.DataFrame:
     """The runs table with ``metric``'s last and best value per run (``tails``: run -> its row's
-    ``metrics``), as numbers the table can sort by; columns named after the metric and the rule."""
+    ``metrics``), as numbers; columns named after the metric (as the table names a loss it
+    already shows, whose last value it then keeps in its own column) and the rule."""
     runs = table["run"].tolist()  # a list: iterating a string column is slow
-    last = [metric_value(tails.get(run), metric) for run in runs]
+    name = SHOWN_LAST.get(metric) or shorten(metric, CELL_CHARS)
+    columns = {}
+    if name not in table.columns:
+        last = [metric_value(tails.get(run), metric) for run in runs]
+        columns[f"{name} last"] = pd.Series(last, index=table.index, dtype="float64")
     best = [metric_value(tails.get(run), metric, value="best", best_max=best_max) for run in runs]
-    name = shorten(metric, CELL_CHARS)
-    return table.assign(
-        **{
-            f"{name} last": pd.Series(last, index=table.index, dtype="float64"),
-            f"{name} best ({'max' if best_max else 'min'})": pd.Series(best, index=table.index, dtype="float64"),
-        }
-    )
+    columns[f"{name} best ({'max' if best_max else 'min'})"] = pd.Series(best, index=table.index, dtype="float64")
+    return table.assign(**columns)
 
 
 @dataclass(frozen=True, slots=True)
