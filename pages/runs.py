@@ -24,10 +24,9 @@ import streamlit as st
 
 from metrics_core.dashboard.alerting import notice_of, show_notice
 from metrics_core.dashboard.display_text import md_text
-from metrics_core.dashboard.runs_table_view import column_controls, runs_page_view, runs_table_view
+from metrics_core.dashboard.runs_table_view import column_controls, filter_controls, runs_page_view, runs_table_view
 from metrics_core.dashboard.settings import ask_for_demo, get_alerter, get_store, settings
 from metrics_core.dashboard.sql_box import query_box
-from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
 from metrics_core.dashboard.widgets import demo_note, runs_table_or_stop
 
 config = settings()
@@ -79,17 +78,7 @@ if table.empty:
         ask_for_demo()
         st.rerun()
     st.stop()
-by_name, by_config = st.columns(2)
-by_name.text_input(
-    "Filter runs", key="run_filter", placeholder="e.g. ^llama*lr3e-4", help=RUN_FILTER_HELP, max_chars=FILTER_MAX_CHARS
-)
-by_config.text_input(
-    "Filter by config",
-    key="config_filter",
-    placeholder="e.g. optim.lr=3e-4 model!=gpt2",
-    help="Space-separated `key=value` or `key!=value` terms on the flattened config (`optim.lr`), all must "
-    "hold; numbers compare as numbers (`3e-4` matches `0.0003`); quote a term holding a space.",
-)
+filter_controls()
 column_controls(table)
 shown = runs_page_view(table)  # what the filters above select, from their session state
 st.session_state["runs_shown"] = (generation, shown)

@@ -10,12 +10,11 @@ import streamlit as st
 
 from metrics_core.dashboard.figures.sweep_figures import chart_key, sweep_chart
 from metrics_core.dashboard.live.chart_component import chart_zooms, live_chart, load_plotly
-from metrics_core.dashboard.runs_table_view import BEST_RULE, linked_runs, selection_links
+from metrics_core.dashboard.runs_table_view import best_control, linked_runs, selection_links
 from metrics_core.dashboard.server.page_head import plotly_url
 from metrics_core.dashboard.settings import get_store, settings
 from metrics_core.dashboard.views.sweep import (
     VALUES,
-    best_is_max,
     chosen_ranges,
     metric_keys,
     parse_range,
@@ -56,9 +55,9 @@ def sweep_view() -> None:
         state["sweep_metric"] = metrics[0]
     controls = st.columns([3, 1, 1], vertical_alignment="bottom")
     metric = controls[0].selectbox("Metric", metrics, key="sweep_metric")
-    value = controls[1].segmented_control("Value", VALUES, key="sweep_value") or "last"
-    rule = "max" if best_is_max(metric) else "min"
-    best = controls[2].segmented_control("Best is", ("min", "max"), key="sweep_best", help=BEST_RULE) or rule
+    state["sweep_value"] = state.get("sweep_value") or "last"  # the value in force shows selected
+    value = controls[1].segmented_control("Value", VALUES, key="sweep_value")
+    best = best_control(controls[2], "sweep_best", metric)
     sweep = sweep_of(configs, tails, metric=metric, value=value, best_max=best == "max")
     if not sweep.axes:
         st.info("These runs share every config key: there is no sweep to show.")

@@ -55,8 +55,8 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
 # (header, columns, right-aligned): 3+16+10+10+8+8+8+11+9 columns and 8 two-space gaps = 99.
 _TABLE = (
-    ("#", 3, True),
-    ("session", 16, False),
+    ("", 3, False),  # S1, S2…: the session as the pages name it
+    ("session id", 16, False),
     ("first step", 10, True),
     ("last step", 10, True),
     ("records", 8, True),
@@ -81,7 +81,7 @@ def session_rows(sessions: Sequence[Session], status: str) -> list[str]:
     for s in sessions:
         ended = s.end_status or ("crashed" if s.index + 1 < len(sessions) else status) or "no session_end"
         cells = [
-            str(s.index + 1),
+            s.name,
             fit_middle(clean(s.session_id), ID_COLUMNS),
             count_text(s.first_step, 10),
             count_text(s.last_step, 10),

@@ -30,15 +30,15 @@ from metrics_core.dashboard.views.chart_specs import (
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.memo import view_findings, view_x_keys
 from metrics_core.dashboard.views.x_keys import X_MODES, x_error
-from metrics_core.dashboard.widgets import csv_button, to_url, url_choice
+from metrics_core.dashboard.widgets import csv_button, to_url, url_choice, url_text
 
 
 def chart_controls(view: RunView) -> tuple[ChartOptions, bool]:
     """The sidebar's chart options for ``view``'s run (the theme is the fragment's to read: see
     ``page_theme``) and whether live updates are paused.  The x axis is a mode of ``X_MODES`` or a
     key the run logs that grows within each session (``view_x_keys``), and lives in the URL
-    (``?x=epoch``); one that does not grow is refused with a message.  A refused chart filter is
-    said, and filters nothing."""
+    (``?x=epoch``); one that does not grow is refused with a message.  The chart filter is in the URL
+    too (``?charts=loss|val/``); a refused one is said, and filters nothing."""
     keys = view_x_keys(view)
     choices = [*X_MODES, *keys]
     with st.sidebar:
@@ -49,6 +49,7 @@ def chart_controls(view: RunView) -> tuple[ChartOptions, bool]:
         log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
         history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
         paused = st.toggle("Pause live updates", key="pause")
+        url_text("charts", "filter_charts", max_chars=FILTER_MAX_CHARS)
         only = st.text_input(
             "Charts (filter)",
             key="filter_charts",
@@ -56,6 +57,7 @@ def chart_controls(view: RunView) -> tuple[ChartOptions, bool]:
             placeholder="e.g. loss|val/",
             help=f"{FILTER_HELP} The others are not drawn.",
         )
+        to_url("charts", only, default="")
         if error := filter_error(only):
             st.error(md_text(error))
             only = ""

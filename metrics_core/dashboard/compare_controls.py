@@ -62,11 +62,10 @@ def compare_controls(views: Mapping[str, RunView]) -> CompareOptions:
 
 
 def _group_control(configs: Mapping[str, Mapping[str, str] | None]) -> str:
-    """The grouping chosen (``views.groups``' syntax): a select of single runs, the config keys
-    (those the runs differ in first) and a run-name pattern typed beside it."""
-    swept = swept_keys(configs)
-    others = sorted({key for config in configs.values() if config for key in config} - set(swept))
-    options = [SINGLE, *swept, *others, BY_NAME]
+    """The grouping chosen (``views.groups``' syntax): a select of single runs, the config keys the
+    runs differ in (a key every run shares makes one group: no choice) and a run-name pattern typed
+    beside it."""
+    options = [SINGLE, *swept_keys(configs), BY_NAME]
     default = default_group(configs)
     state = st.session_state
     if GROUP_KEY not in state:

@@ -21,8 +21,9 @@ files and URLs, so nothing here lets them become markup:
   and column name a spreadsheet would run as a formula is kept text (``text.csv_cell``).
 * ``shorten`` / ``shorten_words`` cut long strings with an ellipsis (a 10,000-character session
   id must not stretch the page).
-* ``human_count``, ``human_value``, ``age_text``, ``clock_text``: numbers, ages and durations as
-  people read them; a missing or non-finite value reads ``MISSING``.
+* ``human_count``, ``human_value``, ``age_text``, ``clock_text``, ``stamp_text``: numbers, ages,
+  durations and times (UTC, to the second) as people read them; a missing or non-finite value
+  reads ``MISSING``.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from __future__ import annotations
 import os
 import re
 import string
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -185,3 +187,13 @@ def clock_text(seconds: object) -> str:
         return MISSING
     total = round(max(number, 0.0))
     return f"{total // 3600}:{total // 60 % 60:02d}:{total % 60:02d}"
+
+
+def stamp_text(value: object, *, date: bool = True) -> str:
+    """A time in UTC to the second (``"2026-12-07 21:39:22"``; without ``date``, ``"21:39:22"``);
+    missing (or NaT) → ``"—"``."""
+    if not isinstance(value, datetime) or pd.isna(value):
+        return MISSING
+    if value.tzinfo is not None:
+        value = value.astimezone(UTC)
+    return value.strftime("%Y-%m-%d %H:%M:%S" if date else "%H:%M:%S")

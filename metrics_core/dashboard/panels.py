@@ -15,11 +15,20 @@ import pandas as pd
 import streamlit as st
 
 from metrics_core.analysis.diagnostics import Finding
-from metrics_core.dashboard.display_text import WORD_CHARS, clock_text, human_count, md_text, shorten, shorten_words
+from metrics_core.dashboard.display_text import (
+    WORD_CHARS,
+    clock_text,
+    human_count,
+    md_text,
+    shorten,
+    shorten_words,
+    stamp_text,
+)
 from metrics_core.dashboard.figures.layout import session_colour, session_key
 from metrics_core.dashboard.store.run_store import RunView
 from metrics_core.dashboard.views.config_tables import RunConfig, changes_table, config_diff, config_table
-from metrics_core.text import fit_middle
+from metrics_core.read.session_model import session_name
+from metrics_core.text import MISSING
 
 SEVERITY_ICONS = {
     "error": ":material/error:",
@@ -88,7 +97,7 @@ def config_panel(config: RunConfig | None) -> None:
     if changed:
         label += f" · :orange[changed at resume: {md_text(shorten(', '.join(changed), WORD_CHARS))}]"
     with st.popover(label, icon=":material/tune:"):
-        session = f"S{config.session + 1}" if config.session is not None else "an unknown session"
+        session = session_name(config.session) if config.session is not None else "an unknown session"
         st.caption(
             f"From the config record of session {session} (id {md_text(repr(shorten(config.session_id, 40)))}, "
             f"step {config.step}); {config.records} config record(s) in the run."
@@ -116,54 +125,67 @@ def config_diff_panel(configs: dict[str, dict[str, str] | None]) -> None:
 
 REASON_CHARS = 400  # a stop reason above the charts: an exception's message, within reason
 
-# What each column of the sessions table means, shown on hover of its header.
+# What each column of the sessions table means, shown on hover of its header.  Short headers and
+# no session id or record count on the page (the CSV has every column): the table fits 1,400 px.
 SESSION_COLUMNS = {
-    "session": "S1, S2, …: the session's colour on every chart of the run",
-    "id": "the session_id its writer wrote (shortened in the middle; the CSV has it whole)",
-    "start": "its first record (UTC)",
-    "end": "its last record (UTC)",
+    "session": "S1, S2, …: the session's colour on every chart of the run, and its name in tail and summary",
+    "start": "its first record, UTC",
+    "end": "its last record, UTC (the time alone on the day it started)",
     "duration": "from its first record to its last, h:mm:ss",
-    "downtime before": "from the previous session's last record to this one's first: time the run did not train",
-    "first step": "the step of its first record",
-    "last step": "the step of its last record",
+    "downtime": "before it: from the previous session's last record to its first, time the run did not train",
+    "steps": "the steps of its first and last records",
     "resume step": "the step it resumed from: the earlier sessions' records after it are superseded",
-    "steps replayed": "steps an earlier session had already trained, trained again after this resume",
-    "tokens replayed": "tokens of those steps, trained again (≤: a bound, where the records cannot place the resume "
+    "replayed": "steps an earlier session had already trained, trained again after this resume",
+    "replayed tokens": "tokens of those steps, trained again (≤: a bound, where the records cannot place the resume "
     "inside a log window)",
-    "records": "records it wrote",
-    "discarded bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
-    "skipped updates": "optimizer updates skipped in its windows (FP16 overflow)",
-    "mean tokens/s": "tokens trained over its duration",
-    "end status": "how it ended: its session_end record, else crashed (a later session exists) or the run's status",
+    "tokens/s": "mean tokens trained per second over its duration",
+    "torn bytes": "torn tail the writer cut when this session opened the file (0: a clean start)",
+    "skipped": "optimizer updates skipped in its windows (FP16 overflow)",
+    "ended": "how it ended: its session_end record, else crashed (a later session exists) or the run's status",
     "reason": "why it ended: the exception (and the rank it came from), the signal, or what a crash means",
 }
 
 
-def sessions_table(table: pd.DataFrame, *, id_chars: int = 24) -> None:
-    """``derived.session_table`` as a data grid (cells are text, never markdown): durations as
-    h:mm:ss, counts compact (1.2M), ids shortened in the middle, the session number in its chart
-    colour, and each column explained on hover."""
+def sessions_table(table: pd.DataFrame) -> None:
+    """``derived.session_table`` as a data grid (cells are text, never markdown) within 1,400 px:
+    times to the second, durations as h:mm:ss, counts compact (1.2M), a missing value as "—",
+    the session number in its chart colour, and each column explained on hover."""
     bounds = zip(table["tokens replayed"], table["tokens replayed is an upper bound"], strict=True)
-    shown = table.assign(
-        session=[f"S{number}" for number in table["session"]],
-        id=table["id"].map(lambda text: fit_middle(str(text), id_chars)),
-        duration=table["duration (s)"].map(clock_text),
-        **{"tokens replayed": [("≤ " if bound else "") + human_count(tokens) for tokens, bound in bounds]},
-        **{"downtime before": table["downtime before (s)"].map(clock_text)},
-    )[list(SESSION_COLUMNS)]
+    spans = zip(table["start"], table["end"], strict=True)
+    steps = zip(table["first step"], table["last step"], strict=True)
+    shown = pd.DataFrame(
+        {
+            "session": [session_name(number - 1) for number in table["session"]],
+            "start": table["start"].map(stamp_text),
+            "end": [stamp_text(end, date=not _same_day(start, end)) for start, end in spans],
+            "duration": table["duration (s)"].map(clock_text),
+            "downtime": table["downtime before (s)"].map(clock_text),
+            "steps": [f"{_step(first)}–{_step(last)}" for first, last in steps],
+            "resume step": table["resume step"].map(_step),
+            "replayed": table["steps replayed"],
+            "replayed tokens": [("≤ " if bound else "") + human_count(tokens) for tokens, bound in bounds],
+            "tokens/s": table["mean tokens/s"].map(human_count),
+            "torn bytes": table["discarded bytes"].map(_step),
+            "skipped": table["skipped updates"].map(_step),
+            "ended": table["end status"],
+            "reason": table["reason"].map(lambda text: text if isinstance(text, str) else MISSING),
+        }
+    )
     colours = [f"color: {session_colour(number - 1)}; font-weight: 600" for number in table["session"]]
     styled = shown.style.apply(lambda _: colours, subset=["session"])
-    counts = ("steps replayed", "records", "discarded bytes", "skipped updates", "mean tokens/s")
     config = {column: st.column_config.Column(column, help=help) for column, help in SESSION_COLUMNS.items()}
-    config |= {
-        column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="compact")
-        for column in counts
-    }
-    config |= {
-        column: st.column_config.NumberColumn(column, help=SESSION_COLUMNS[column], format="localized")
-        for column in ("first step", "last step", "resume step")
-    }
+    config["replayed"] = st.column_config.NumberColumn("replayed", help=SESSION_COLUMNS["replayed"], format="localized")
+    config["reason"] = st.column_config.TextColumn("reason", help=SESSION_COLUMNS["reason"], width="medium")
     st.dataframe(styled, hide_index=True, column_config=config)
+
+
+def _step(count: object) -> str:
+    """A count in full (a step, bytes), or "—" where unknown."""
+    return MISSING if count is None or pd.isna(count) else f"{int(count):,}"
+
+
+def _same_day(start: object, end: object) -> bool:
+    return stamp_text(start)[:10] == stamp_text(end)[:10]
 
 
 def stopped_panel(view: RunView) -> None:

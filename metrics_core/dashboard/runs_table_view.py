@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import pandas as pd
 import streamlit as st
 
 from metrics_core.dashboard.display_text import md_text, next_age_change, shorten
+from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
 from metrics_core.dashboard.views.config_tables import (
     column_keys,
     config_keys,
@@ -24,16 +26,18 @@ from metrics_core.dashboard.views.config_tables import (
 )
 from metrics_core.dashboard.views.runs_table import (
     PAGE_ROWS,
+    SORTS,
     STATUS_BADGES,
     STATUS_COLOURS,
     filter_runs,
     readable_runs,
     run_links,
     runs_page,
+    sorted_runs,
     status_pills,
 )
 from metrics_core.dashboard.views.sweep import best_is_max, metric_keys, with_metric_columns
-from metrics_core.dashboard.widgets import SAME_TAB_JS, SAME_TAB_KEY
+from metrics_core.dashboard.widgets import SAME_TAB_JS, SAME_TAB_KEY, to_url, url_choice, url_flag, url_text, url_texts
 
 RUNS_COLUMNS = {
     "status": st.column_config.MultiselectColumn(
@@ -46,6 +50,7 @@ RUNS_COLUMNS = {
     "run": st.column_config.LinkColumn(
         "run", display_text=r"run=(.*)$", help="Click a run: it opens here; tick rows to open several together"
     ),
+    "started": st.column_config.TextColumn("started", help="its first record, UTC"),
     "loss trend": st.column_config.LineChartColumn("loss trend", width="small", help="train loss, whole run"),
     "error": st.column_config.TextColumn(
         "error",
@@ -91,14 +96,15 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     keys = column_keys(
         configs, shown["run"].tolist(), state.get("config_columns", []), swept=state.get("swept_columns", True)
     )
-    rows, page, pages = runs_page(shown, state.get("runs_page", 1))  # the columns below: for the page's rows only
-    rows = with_config_columns(rows, configs, keys)
     metric = state.get("runs_metric")
+    best_max = bool(metric) and (state.get("runs_best") or ("max" if best_is_max(metric) else "min")) == "max"
+    order = lambda rows: sorted_runs(rows, state.get("runs_sort", "activity"), metric=metric, best_max=best_max)  # noqa: E731
+    rows, page, pages = runs_page(shown, state.get("runs_page", 1), order=order)  # the columns below: the page's only
+    rows = with_config_columns(rows, configs, keys)
     if metric:
-        best = state.get("runs_best") or ("max" if best_is_max(metric) else "min")
         tails = dict(zip(rows["run"].tolist(), rows["metrics"].tolist(), strict=True))
-        rows = with_metric_columns(rows, tails, metric, best_max=best == "max")
-    readable = readable_runs(rows)
+        rows = with_metric_columns(rows, tails, metric, best_max=best_max)
+    readable = readable_runs(rows, order=order)
     return RunsPage(
         rows=status_pills(run_links(readable)),
         names=tuple(readable["run"]),
@@ -111,7 +117,41 @@ def runs_page_view(table: pd.DataFrame) -> RunsPage:
     )
 
 
-BEST_RULE = "Unset: the least value, or the greatest for a metric named like accuracy, F1, AUC, reward or throughput"
+BEST_RULE = (
+    "Chosen by the metric's name until you pick: the least value, or the greatest for a metric named like "
+    "accuracy, F1, AUC, reward or throughput"
+)
+CONFIG_FILTER_HELP = (
+    "Space-separated `key=value` or `key!=value` terms on the flattened config (`optim.lr`), all must "
+    "hold; numbers compare as numbers (`3e-4` matches `0.0003`); quote a term holding a space."
+)
+
+
+SORT_HELP = "The order of every listed run, across pages; a metric's best or last puts the best first"
+
+
+def filter_controls() -> None:
+    """The runs page's two filters, by run name and by config, into session state
+    (``runs_page_view`` reads them), seeded from and written to the URL (``?filter=``, ``?config=``)."""
+    url_text("filter", "run_filter", max_chars=FILTER_MAX_CHARS)
+    url_text("config", "config_filter", max_chars=FILTER_MAX_CHARS)
+    by_name, by_config = st.columns(2)
+    name = by_name.text_input(
+        "Filter runs",
+        key="run_filter",
+        placeholder="e.g. ^llama*lr3e-4",
+        help=RUN_FILTER_HELP,
+        max_chars=FILTER_MAX_CHARS,
+    )
+    config = by_config.text_input(
+        "Filter by config",
+        key="config_filter",
+        placeholder="e.g. optim.lr=3e-4 model!=gpt2",
+        help=CONFIG_FILTER_HELP,
+        max_chars=FILTER_MAX_CHARS,
+    )
+    to_url("filter", name, default="")
+    to_url("config", config, default="")
 
 
 def column_controls(table: pd.DataFrame) -> None:
@@ -119,20 +159,29 @@ def column_controls(table: pd.DataFrame) -> None:
     keys picked by hand (options keep the chosen keys, so a key whose run vanished does not make the
     widget fail), the keys swept between the listed runs (on by default), and a metric whose last
     and best value each run shows; best is the least value unless the metric reads higher-is-better
-    (accuracy, F1, reward…: ``sweep.best_is_max``), or as chosen."""
+    (accuracy, F1, reward…: ``sweep.best_is_max``), or as chosen; and the order of the runs
+    (``views.runs_table.SORTS``).  Each is in the URL
+    (``?column=a&column=b&swept=0&metric=val_loss&best=max&sort=best``); a metric or key named there that
+    no run logs (yet: the runs may still be read) is kept, as the widgets keep a chosen one."""
     state = st.session_state
+    url_texts("column", "config_columns")
+    url_flag("swept", "swept_columns", default=True)
+    url_text("metric", "runs_metric", default=None)
+    url_choice("best", "runs_best", ("min", "max"), default=None)
     keys = config_keys([*table["config"].dropna(), dict.fromkeys(state.get("config_columns", []))])
     picker, swept = st.columns([4, 1], vertical_alignment="bottom")
-    picker.multiselect("Config columns", keys, key="config_columns", placeholder="Show config keys as columns")
-    swept.toggle(
+    columns = picker.multiselect(
+        "Config columns", keys, key="config_columns", placeholder="Show config keys as columns"
+    )
+    swept_on = swept.toggle(
         "Swept keys",
-        value=True,
         key="swept_columns",
         help="Show the config keys whose values differ between the listed runs (a sweep's hyperparameters) as columns",
     )
     metrics = metric_keys(table["metrics"])
-    which, rule = st.columns([4, 1], vertical_alignment="bottom")
-    which.selectbox(
+    url_choice("sort", "runs_sort", list(SORTS), default="activity")
+    which, rule, order = st.columns([3, 1, 1], vertical_alignment="bottom")
+    metric = which.selectbox(
         "Metric: last and best value",
         [*metrics, *{state.get("runs_metric")} - {None, *metrics}],
         index=None,
@@ -140,12 +189,33 @@ def column_controls(table: pd.DataFrame) -> None:
         format_func=shorten,
         placeholder="Show a metric's last and best value",
     )
-    rule.segmented_control(
-        "Best is",
-        ("min", "max"),
-        key="runs_best",
-        help=BEST_RULE,
+    best = best_control(rule, "runs_best", metric)
+    sorts = [*SORTS] if metric else ["activity", "name"]
+    if state["runs_sort"] not in sorts:
+        state["runs_sort"] = "activity"
+    sort = order.selectbox("Sort by", sorts, format_func=SORTS.get, key="runs_sort", help=SORT_HELP)
+    to_url("column", columns)
+    to_url("swept", "1" if swept_on else "0", default="1")
+    to_url("metric", metric)
+    to_url("sort", sort, default="activity")
+    to_url("best", best if st.session_state["runs_best_picked"] else None)
+
+
+def best_control(where: Any, key: str, metric: str | None) -> str | None:
+    """The "Best is" buttons for ``metric``, drawn in ``where`` (a column): the choice its name implies
+    (``sweep.best_is_max``) shows selected until the user picks (a value already in ``key``, from
+    the URL, counts as picked); picking the selected one again goes back to the name's choice.
+    Returns "min", "max", or None without a metric."""
+    state, picked = st.session_state, f"{key}_picked"
+    if picked not in state:
+        state[picked] = state.get(key) is not None
+    if not state[picked] or state.get(key) is None:
+        state[key] = None if metric is None else "max" if best_is_max(metric) else "min"
+        state[picked] = False
+    where.segmented_control(
+        "Best is", ("min", "max"), key=key, help=BEST_RULE, on_change=lambda: state.__setitem__(picked, True)
     )
+    return state[key]
 
 
 def selection_links(names: list[str], *, metric: str | None = None, value: str = "last", sweep: bool = True) -> None:

@@ -24,6 +24,12 @@ EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 MARKER_EVENTS = ("session_start", "session_end")
 
 
+def session_name(index: int) -> str:
+    """The name of a run's session ``index`` (from 0) on every page and in the terminal tools: S1,
+    S2… in file order (an id is long and says nothing of the order)."""
+    return f"S{index + 1}"
+
+
 def as_datetime(time_ns: int) -> datetime:
     """A record's time (int ns since the epoch, as the parsers give it) as a UTC datetime (µs)."""
     return EPOCH + timedelta(microseconds=time_ns // 1000)
@@ -71,6 +77,11 @@ class Session:
     resumed_from_step: int | None
     end_status: str | None
     end_error: str | None  # its session_end's ``error``: "ValueError: …", "SIGTERM", "rank 2: …"
+
+    @property
+    def name(self) -> str:
+        """What every page and terminal tool calls it (``session_name``)."""
+        return session_name(self.index)
 
     @property
     def resume_step(self) -> int:

@@ -33,6 +33,7 @@ VIEWS: dict[str, tuple[str, dict[str, str]]] = {
             "skipped_updates": "skipped so far",
             "time": "when it was written (UTC)",
             "superseded": "true when a later session redid it (resumed before it)",
+            "config": "a config record's config as JSON, a key read by its path: config->>'$.optim.lr'",
             "<key>": 'every other field under its own name: train_loss, lr, val_loss, "sys/gpu_mem_gb"…',
         },
     ),
@@ -76,12 +77,23 @@ VIEWS: dict[str, tuple[str, dict[str, str]]] = {
 }
 
 
+CONFIG_EXAMPLE = (
+    "  SELECT DISTINCT r.run, c.config->>'$.optim.lr' AS lr, r.min_val_loss\n"
+    "  FROM runs r JOIN records c USING (run) WHERE c.event = 'config' ORDER BY r.min_val_loss"
+)
+
+
 def help_text() -> str:
     """The views and their columns, as ``query --help`` lists them."""
     lines = ["views:"]
     for view, (row, columns) in VIEWS.items():
         lines.append(f"  {view}: {row}")
         lines += [f"    {name:<28} {meaning}" for name, meaning in columns.items()]
+    lines += [
+        "",
+        "a sweep's config keys beside its results (a resumed run logs its config once a session):",
+        CONFIG_EXAMPLE,
+    ]
     return "\n".join(lines)
 
 

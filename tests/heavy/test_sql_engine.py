@@ -15,6 +15,7 @@ from metrics_core.read.run_reader import RunReader
 from metrics_core.roots.discovery import find_runs
 from metrics_core.sql.export import MANIFEST, export_root, file_name
 from metrics_core.sql.query import QueryError, connect, run_query
+from metrics_core.sql.query_views import CONFIG_EXAMPLE, help_text
 from tests.support import append_records, base_record, small_run, three_session_run
 from tests.support.reading import NOW, query, snapshot_files
 
@@ -176,3 +177,15 @@ def test_a_query_past_its_time_is_interrupted(exported: tuple[Path, Path]) -> No
             run_query(connection, "SELECT count(*) FROM range(100000000000) a, records b", timeout_s=0.2)
     finally:
         connection.close()
+
+
+def test_the_config_example_query_help_gives_reads_a_sweeps_keys(tmp_path: Path) -> None:
+    """``query --help`` says how to read config keys (``config->>'$.path'``), and its example gives
+    each run of a sweep once, with its learning rate beside its result."""
+    from tests.support.sweeps import PEAK_LRS, SEEDS, write_sweep
+
+    assert "config->>" in help_text() and CONFIG_EXAMPLE in help_text()
+    write_sweep(tmp_path / "runs", windows=4)
+    export_root(tmp_path / "runs", tmp_path / "export")
+    rows = query(tmp_path / "export", CONFIG_EXAMPLE.replace("optim.lr", "peak_lr"))
+    assert len(rows) == len(PEAK_LRS) * len(SEEDS) and {float(lr) for _, lr, _ in rows} == set(PEAK_LRS)

@@ -16,12 +16,15 @@ def param(app: object, name: str) -> str | None:
 
 
 def test_compare_reads_group_band_and_x_from_the_url_and_writes_them_back(runs_root: Path) -> None:
-    """/compare?run=…&group=peak_lr&band=std&x=epoch opens with those controls set; a run-name
+    """/compare?run=…&group=peak_lr&band=std&x=epoch opens with those controls set, the keys the
+    runs differ in offered as groups (not a key they share); a run-name
     pattern picked in the sidebar lands in the URL as group=name:<pattern>; single runs as none."""
     names = write_sweep(runs_root, seeds=(0, 1), steps=100)
     app = open_page("compare", run=names, group="peak_lr", band="std", x="epoch")
     assert not app.exception and not app.warning
     assert app.selectbox(key="compare_group").value == "peak_lr"
+    offered = app.selectbox(key="compare_group").options  # warmup, the same for every run, is no group
+    assert offered[0] == "single runs" and sorted(offered[1:-1]) == ["peak_lr", "seed"]
     assert app.radio(key="compare_band").value == "std"
     assert app.selectbox(key="compare_x").value == "epoch"
     assert param(app, "group") == "peak_lr" and param(app, "band") == "std" and param(app, "x") == "epoch"

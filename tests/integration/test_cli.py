@@ -168,13 +168,13 @@ def test_ctrl_c_and_a_closed_pipe_exit_0(tmp_path: Path) -> None:
 
 
 def test_summary_prints_sessions_status_and_health(tmp_path: Path) -> None:
-    """summary: status, one table row per session, lost work, last losses and the checks."""
+    """summary: status, one row per session (S1… as the pages name them), lost work, last losses, the checks."""
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     result = cli("summary", str(tmp_path / "r"))
     assert result.returncode == 0, result.stderr
     out = result.stdout
     assert "status    crashed" in out and "36 in 3 session(s)" in out
-    rows = [line for line in out.splitlines() if re.match(r"\s+[123]  s[123] ", line)]
+    rows = [line for line in out.splitlines() if re.match(r"S[123]   s[123] ", line)]
     assert [row.split()[1:5] for row in rows] == [["s1", "0", "100", "13"], ["s2", "60", "150", "12"],
                                                  ["s3", "120", "200", "11"]]  # fmt: skip
     assert [row.split()[-3:] for row in rows] == [["crashed", "0", "B"], ["crashed", "17", "B"], ["crashed", "17", "B"]]

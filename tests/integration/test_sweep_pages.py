@@ -33,9 +33,9 @@ def test_the_runs_page_shows_the_swept_keys_and_a_chosen_metrics_last_and_best(r
     assert {*SWEPT} <= set(app.dataframe[0].value.columns) and "model" not in app.dataframe[0].value.columns
     app.selectbox(key="runs_metric").set_value("train_loss").run()
     columns = list(app.dataframe[0].value.columns)
-    assert columns[columns.index("seed") + 1 :][:2] == ["train_loss last", "train_loss best (min)"]
+    assert columns[columns.index("seed") + 1 :][:1] == ["train loss best (min)"]  # its last: "train loss"
     app.button_group(key="runs_best").set_value("max").run()
-    assert "train_loss best (max)" in app.dataframe[0].value.columns
+    assert "train loss best (max)" in app.dataframe[0].value.columns
     app.toggle(key="swept_columns").set_value(False).run()
     assert not {*SWEPT} & set(app.dataframe[0].value.columns) and not app.exception
 
@@ -61,4 +61,6 @@ def test_the_sweep_page_reads_and_writes_its_url(runs_root: Path) -> None:
     )
     everything = open_page("sweep")
     assert not everything.exception and len(everything.dataframe[0].value) == len(NAMES_ORDER)
+    value, best = everything.button_group(key="sweep_value"), everything.button_group(key="sweep_best")
+    assert (value.value, best.value) == ("last", "min")  # the choices in force show selected
     assert not math.isnan(everything.dataframe[0].value.iloc[0, -1])

@@ -6,6 +6,7 @@ keys and not the constant ones, and a range chosen on one key keeps the runs ins
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import orjson
@@ -84,7 +85,7 @@ def test_last_and_best_equal_the_values_in_the_files(sweep_root: Path, table) ->
             losses, accuracy = file_values(path, "train", "train_loss"), file_values(path, "validation", "val_acc")
             row = with_metric_columns(table.reset_index(), dict(table["metrics"]), "train_loss", best_max=False)
             row = row.set_index("run").loc[name]
-            assert (row["train_loss last"], row["train_loss best (min)"]) == (losses[-1], min(losses))
+            assert (row["train loss"], row["train loss best (min)"]) == (losses[-1], min(losses))
             tails = table.at[name, "metrics"]
             sweep = sweep_of({name: table.at[name, "config"]}, {name: tails}, metric="val_acc", value="best")
             assert sweep.best_max and sweep.values == (max(accuracy),)
@@ -196,3 +197,18 @@ def test_the_sweep_pages_inputs_ranges_and_url(table) -> None:
         "range": ["seed:1.0:2.0"],
     }
     assert "run" not in sweep_query([], sweep, {})
+
+
+def test_the_runs_table_says_missing_as_a_dash_and_a_metric_as_the_losses_read(table) -> None:
+    """A config key a run lacks reads "—", never None or nan; a metric's last and best read with the
+    four digits of the loss columns beside them, and a loss the table shows is named as it is there,
+    its last value not repeated."""
+    shown, _ = runs_table(table.reset_index(), keys=["absent", "seed"], config_filter="", swept=False)
+    accuracy = readable_runs(with_metric_columns(shown, dict(table["metrics"]), "val_acc", best_max=True))
+    loss = readable_runs(with_metric_columns(shown, dict(table["metrics"]), "val_loss", best_max=False))
+    for readable in (accuracy, loss):
+        cells = readable.drop(columns="loss trend", errors="ignore")
+        assert not cells.isna().any().any() and not cells.isin(["None", "nan", "NaN", "<NA>"]).any().any()
+    assert set(accuracy["absent"]) == {"—"}
+    assert all(re.fullmatch(r"0\.\d{1,4}", value) for value in accuracy["val_acc last"])  # as "val loss" reads
+    assert "val loss best (min)" in loss.columns and not [c for c in loss.columns if c.startswith("val_loss")]

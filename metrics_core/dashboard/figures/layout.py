@@ -88,7 +88,9 @@ class Axis:
 X_AXES = {
     "step": Axis("step", "~s", ","),
     "tokens_seen": Axis("tokens seen", "~s", ","),
-    "time": Axis("wall time (UTC)", "", ""),
+    # One line of tick labels, as every other x axis has: plotly's default date ticks take two
+    # ("21:40" over "Dec 7, 2026"), which pushed the axis title into the legend below it.
+    "time": Axis("wall time (UTC)", "%b %-d %H:%M", "%Y-%m-%d %H:%M:%S"),
     "relative": Axis("hours since start (h)", ".3~f", ".3~f"),
 }
 # Streamlit's own palettes (its default light and dark themes), so a chart sits in the page.
@@ -206,7 +208,7 @@ def chart_layout(
     edges = [float(at) for at, _ in boundaries] + [float(value) for value in spans]
     span = max(edges) - min(edges) if edges else 0.0
     labels = resume_labels(
-        [(float(at), f"S{s.index + 1} · resume @ {s.resume_step}", f"S{s.index + 1}") for at, s in lined],
+        [(float(at), f"{s.name} · resume @ {s.resume_step}", s.name) for at, s in lined],
         span=span,
     )
     for (at, session), label in zip(lined, labels, strict=True):
@@ -234,7 +236,7 @@ def chart_layout(
                     "yshift": label[1] * LABEL_ROW_PX,
                     "showarrow": False,
                     "text": label[0],
-                    "hovertext": f"S{session.index + 1} · resume @ {session.resume_step}",
+                    "hovertext": f"{session.name} · resume @ {session.resume_step}",
                     "font": {"size": LABEL_FONT, "color": colour},
                 }
             )
@@ -253,7 +255,7 @@ def chart_layout(
                     "size": 7,
                     "color": [session_colour(s.index) for _, s in boundaries],
                 },
-                hovertext=[f"S{s.index + 1} · resume @ {s.resume_step}" for _, s in boundaries],
+                hovertext=[f"{s.name} · resume @ {s.resume_step}" for _, s in boundaries],
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
@@ -346,7 +348,7 @@ def session_key(sessions: Sequence[Session]) -> list[tuple[str, str, str]]:
     key = []
     for session in sessions:
         what = "start" if session.index == 0 else f"resume @ {session.resume_step}"
-        key.append((f"S{session.index + 1}", session_colour(session.index), what))
+        key.append((session.name, session_colour(session.index), what))
     return key
 
 

@@ -188,6 +188,29 @@ def off_scale_markers(
     return markers
 
 
+def ends_low(columns: Sequence[np.ndarray], y_range: Sequence[float], *, log: bool) -> bool:
+    """Whether the curves end in the lower half of ``y_range`` (log10 units with ``log``): a loss
+    that converged, whose end the off-scale note, in a corner of the plot, must not cover (it goes
+    to the top corner then, else to the bottom one)."""
+    ends = []
+    for values in columns:
+        values = np.asarray(values, dtype=np.float64)
+        values = values[np.isfinite(values) & (values > 0)] if log else values[np.isfinite(values)]
+        if len(values):
+            ends.append(np.log10(values[-1]) if log else values[-1])
+    return bool(ends) and float(np.mean(ends)) < (y_range[0] + y_range[1]) / 2
+
+
+def log_ticks(values: np.ndarray) -> dict[str, Any]:
+    """Tick settings of a log axis over ``values``: within a decade or three, labels at 1, 2 and 5
+    of each decade (``D2``) where plotly would label every digit (0.1, 0.09, 0.08… crammed)."""
+    positive = values[np.isfinite(values) & (values > 0)]
+    if not len(positive):
+        return {}
+    decades = np.log10(positive.max() / positive.min())
+    return {"dtick": "D2"} if 0.3 <= decades <= 3 else {}
+
+
 def y_axes(
     layout: dict[str, Any],
     axes: dict[bool, Axis | None],
@@ -217,6 +240,8 @@ def y_axes(
         }
         values = np.concatenate(drawn[secondary]).astype(np.float64) if drawn[secondary] else np.zeros(0)
         logged |= bool(np.isfinite(values).any())
+        if log:
+            settings |= log_ticks(values)
         if axis.fixed is not None and not log:
             settings["range"] = list(axis.fixed)
         elif axis.robust and (robust := robust_range(drawn[secondary], log=log)) is not None:
@@ -254,14 +279,15 @@ def y_axes(
             }
         )
     if off_scale:
+        top = chosen is not None and ends_low(drawn[False], chosen, log=log_y)
         layout.setdefault("annotations", []).append(
             {
                 "x": 1,
-                "y": 0,
+                "y": 1 if top else 0,
                 "xref": "paper",
                 "yref": "paper",
                 "xanchor": "right",
-                "yanchor": "bottom",
+                "yanchor": "top" if top else "bottom",
                 "showarrow": False,
                 "opacity": 0.9,
                 "bgcolor": palette["plot"],

@@ -3,7 +3,8 @@
 plotly's ``parcoords`` is not in the basic bundle the pages load (scatter, bar and pie only:
 ``vendor/README.md``), so a sweep is a grid of scatter charts, one per swept key, which read the
 same way: the runs a range on one key keeps stand out in every other.  A categorical key's values
-are its tick labels; a numeric key spanning decades is drawn on a log axis.  Pure functions: a
+are its tick labels; a numeric key spanning a decade (a rate, twice) is drawn on a log axis, whole
+numbers (a seed) on whole ticks, a key of a few values with a tick at each.  Pure functions: a
 ``views.sweep.Sweep`` in, plotly's JSON as plain dicts out.
 """
 
@@ -84,6 +85,11 @@ def sweep_chart(
             "tickvals": list(range(len(axis.labels))),
             "ticktext": [plotly_text(shorten(label, WORD_CHARS)) for label in axis.labels],
         }
+    elif len(swept := sorted({p for p in axis.positions if p is not None})) <= VALUE_TICKS:
+        # A few values swept (lr 0.02 and 0.05, seeds 0–3): a tick at each, none between.
+        x_axis |= {"tickvals": swept, "ticktext": [f"{value:.4g}" for value in swept]}
+    elif axis.integer:  # many whole numbers: whole ticks, never 0.5
+        x_axis |= {"tickformat": ",d", "tick0": 0, "dtick": _whole_step(axis)}
     if xrange is not None:
         x_axis["range"] = [math.log10(v) for v in xrange] if axis.log and min(xrange) > 0 else list(xrange)
     layout = dict(
@@ -105,3 +111,13 @@ def sweep_chart(
         },
     )
     return figure_of(traces, layout)
+
+
+VALUE_TICKS = 8  # a numeric key with at most this many values swept has a tick at each
+
+
+def _whole_step(axis: SweepAxis) -> int:
+    """The step between whole ticks: 1, 2, 5, 10, 20… so that about eight ticks cover the values."""
+    numbers = [position for position in axis.positions if position is not None]
+    span = max(numbers) - min(numbers) if numbers else 0.0
+    return next(step for step in (m * 10**e for e in range(19) for m in (1, 2, 5)) if span / step <= 8)

@@ -29,6 +29,7 @@ import pandas as pd
 
 from metrics_core.dashboard.display_text import CELL_CHARS, shorten
 from metrics_core.dashboard.store.run_config import RunConfig, key_union, run_config
+from metrics_core.read.session_model import session_name
 
 if TYPE_CHECKING:
     from metrics_core.read.run_reader import Session
@@ -72,7 +73,7 @@ def changes_table(config: RunConfig) -> pd.DataFrame:
     return pd.DataFrame(
         [
             {
-                "session": f"S{c.session + 1}" if c.session >= 0 else shorten(c.session_id, 20),
+                "session": session_name(c.session) if c.session >= 0 else shorten(c.session_id, 20),
                 "step": c.step,
                 "key": shorten(c.key, CELL_CHARS),
                 "before": _cell(c.before),

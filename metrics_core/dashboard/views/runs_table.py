@@ -4,7 +4,7 @@ runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
-from datetime import datetime as _datetime
+from collections.abc import Callable
 from urllib.parse import quote
 
 import pandas as pd
@@ -17,9 +17,11 @@ from metrics_core.dashboard.display_text import (
     human_count,
     human_value,
     shorten_words,
+    stamp_text,
 )
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, TREND_POINTS
 from metrics_core.dashboard.views.chart_filter import chart_filter
+from metrics_core.dashboard.views.sweep import metric_value
 
 
 def filter_runs(table: pd.DataFrame, pattern: str) -> tuple[pd.DataFrame, str | None]:
@@ -99,13 +101,6 @@ def trend(values: object, points: int = TREND_POINTS) -> list[float]:
     return [float(value) for value in array]
 
 
-def _stamp(value: object) -> str:
-    """A start time to the minute, in UTC; missing (or NaT) → ``"—"``."""
-    if not isinstance(value, _datetime) or pd.isna(value):
-        return MISSING
-    return value.strftime("%Y-%m-%d %H:%M UTC")
-
-
 PAGE_ROWS = 100  # runs drawn per page: what a live update of a big root redraws and sends
 
 
@@ -119,24 +114,55 @@ def newest_first(table: pd.DataFrame) -> pd.DataFrame:
     return by_age.loc[(by_age["status"] != "unreadable").sort_values(kind="stable").index]
 
 
-def runs_page(table: pd.DataFrame, page: int, rows: int = PAGE_ROWS) -> tuple[pd.DataFrame, int, int]:
-    """Page ``page`` (from 1, clamped to the pages there are) of ``table`` newest activity first,
-    the page it is and how many pages there are: the runs page formats and draws one page, so a
-    live update of a root of 1,000 runs costs O(``rows``) in formatting and bytes, O(runs) only
-    in sorting."""
+# How the runs page can order its runs (``?sort=``): the metric's two need a metric chosen.
+SORTS = {
+    "activity": "newest activity",
+    "name": "run name",
+    "best": "the metric's best",
+    "last": "the metric's last",
+}
+
+
+def sorted_runs(table: pd.DataFrame, sort: str, *, metric: str | None = None, best_max: bool = False) -> pd.DataFrame:
+    """``table`` (the store's runs page, its ``metrics`` column included) in the order ``sort``
+    names (``SORTS``): newest activity first, by name, or by the ``metric``'s best or last value,
+    the best first (the least, or the greatest with ``best_max``), runs without one last; ties
+    keep the newest activity first.  O(runs)."""
+    ordered = newest_first(table)
+    if sort == "name":
+        return ordered.sort_values("run", kind="stable")
+    if sort in ("best", "last") and metric:
+        tails = ordered["metrics"].tolist()
+        values = [metric_value(tail, metric, value=sort, best_max=best_max) for tail in tails]
+        key = pd.Series(values, index=ordered.index, dtype="float64")
+        return ordered.loc[key.sort_values(ascending=not best_max, na_position="last", kind="stable").index]
+    return ordered
+
+
+def runs_page(
+    table: pd.DataFrame,
+    page: int,
+    rows: int = PAGE_ROWS,
+    *,
+    order: Callable[[pd.DataFrame], pd.DataFrame] = newest_first,
+) -> tuple[pd.DataFrame, int, int]:
+    """Page ``page`` (from 1, clamped to the pages there are) of ``table`` in ``order`` (newest
+    activity first), the page it is and how many pages there are: the runs page formats and draws
+    one page, so a live update of a root of 1,000 runs costs O(``rows``) in formatting and bytes,
+    O(runs) only in sorting."""
     pages = max(1, -(-len(table) // rows))
     page = min(max(page, 1), pages)
-    return newest_first(table).iloc[(page - 1) * rows : page * rows], page, pages
+    return order(table).iloc[(page - 1) * rows : page * rows], page, pages
 
 
-def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
-    """The runs table as the page shows it: newest activity first, status badges, human numbers,
-    ages and durations as text; the run column stays the name (the page makes it a link).
+def readable_runs(table: pd.DataFrame, *, order: Callable[[pd.DataFrame], pd.DataFrame] = newest_first) -> pd.DataFrame:
+    """The runs table as the page shows it: in ``order`` (newest activity first), status badges,
+    human numbers, ages and durations as text; the run column stays the name (the page makes it a link).
 
     ``table`` is the store's runs table, optionally with ``started`` (a datetime), ``duration (s)``
     and ``loss trend`` (a list of floats) per run.
     """
-    table = newest_first(table)
+    table = order(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
     if "progress" in table.columns and table["progress"].notna().any():  # runs being read: how far each came
         shown["progress"] = table["progress"].map(lambda text: text if isinstance(text, str) else "")
@@ -146,7 +172,7 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
     shown["val loss"] = table["val loss"].map(human_value)
     shown["last activity"] = table["last record age (s)"].map(age_text)
     if "started" in table.columns:
-        shown["started"] = table["started"].map(_stamp)
+        shown["started"] = table["started"].map(stamp_text)
     if "duration (s)" in table.columns:
         shown["duration"] = table["duration (s)"].map(clock_text)
     shown["sessions"] = table["sessions"].map(human_count)
@@ -161,10 +187,16 @@ def readable_runs(table: pd.DataFrame) -> pd.DataFrame:
         _cell_text(error if isinstance(error, str) else why) for error, why in zip(table["error"], reason, strict=True)
     ]
     # Config keys and a metric's values next to the run: a sweep's settings and results side by side.
+    # Numbers read as the losses beside them do (four significant digits), a missing value as "—".
     extra = [column for column in table.columns if column not in RUNS_TABLE_KNOWN]
     for column in extra:
-        shown[column] = table[column]
+        shown[column] = table[column].map(_extra_cell)
     return shown[["run", "status", *extra, *shown.columns[2 : len(shown.columns) - len(extra)]]].reset_index(drop=True)
+
+
+def _extra_cell(value: object) -> object:
+    """A config value (text) or a metric's value (a number) as the runs table shows it."""
+    return value if isinstance(value, str) else human_value(value)
 
 
 def _cell_text(text: object) -> str:

@@ -8,7 +8,8 @@ Best is the least value for every metric but those whose name says higher is bet
 (``HIGHER_IS_BETTER``: accuracy, F1, AUC, BLEU, reward, throughput…); a page may choose either.
 
 A swept key is an axis: numeric when every run's value reads as a number (logarithmic when they
-are all positive and span a factor of ``LOG_SPAN`` or more, as learning rates do), else categorical,
+are all positive and span a factor of ``LOG_SPAN`` or more, or ``RATE_LOG_SPAN`` for a key whose
+name says rate, as learning rates do; whole numbers, a seed, on whole ticks), else categorical,
 its values as tick labels at positions 0, 1, 2…  A range on an axis is in data units: the values
 themselves on a numeric axis, positions on a categorical one.
 """
@@ -31,6 +32,8 @@ HIGHER_IS_BETTER = re.compile(
 FIRST_METRICS = ("train_loss", "val_loss")  # offered first: what a sweep is usually judged by
 VALUES = ("last", "best")
 LOG_SPAN = 10.0
+RATE_LOG_SPAN = 2.0  # a rate (lr 0.02 and 0.1) is searched by factors, so drawn on a log axis sooner
+RATE_NAME = re.compile(r"(?<![a-z])lr(?![a-z])|rate", re.IGNORECASE)  # lr, peak_lr, optim.lr, learning_rate…
 MAX_AXES = 24  # swept keys charted: runs whose configs differ in 2,000 keys must not make 2,000 charts
 
 
@@ -57,21 +60,26 @@ def metric_keys(tails: Iterable[object]) -> list[str]:
     return [key for key in FIRST_METRICS if key in keys] + sorted(keys - set(FIRST_METRICS))
 
 
+# The runs table's own columns of these metrics' last values (``store.rows``): a metric picked
+# is named as they are, and its last value is not shown twice.
+SHOWN_LAST = {"train_loss": "train loss", "val_loss": "val loss"}
+
+
 def with_metric_columns(
     table: pd.DataFrame, tails: Mapping[str, object], metric: str, *, best_max: bool
 ) -> pd.DataFrame:
     """The runs table with ``metric``'s last and best value per run (``tails``: run -> its row's
-    ``metrics``), as numbers the table can sort by; columns named after the metric and the rule."""
+    ``metrics``), as numbers; columns named after the metric (as the table names a loss it
+    already shows, whose last value it then keeps in its own column) and the rule."""
     runs = table["run"].tolist()  # a list: iterating a string column is slow
-    last = [metric_value(tails.get(run), metric) for run in runs]
+    name = SHOWN_LAST.get(metric) or shorten(metric, CELL_CHARS)
+    columns = {}
+    if name not in table.columns:
+        last = [metric_value(tails.get(run), metric) for run in runs]
+        columns[f"{name} last"] = pd.Series(last, index=table.index, dtype="float64")
     best = [metric_value(tails.get(run), metric, value="best", best_max=best_max) for run in runs]
-    name = shorten(metric, CELL_CHARS)
-    return table.assign(
-        **{
-            f"{name} last": pd.Series(last, index=table.index, dtype="float64"),
-            f"{name} best ({'max' if best_max else 'min'})": pd.Series(best, index=table.index, dtype="float64"),
-        }
-    )
+    columns[f"{name} best ({'max' if best_max else 'min'})"] = pd.Series(best, index=table.index, dtype="float64")
+    return table.assign(**columns)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +91,7 @@ class SweepAxis:
     positions: tuple[float | None, ...]
     labels: tuple[str, ...] = ()  # categorical: the values at positions 0, 1, 2…; numeric: ()
     log: bool = False
+    integer: bool = False  # numeric, every value a whole number (a seed, a layer count)
 
     @property
     def categorical(self) -> bool:
@@ -111,8 +120,10 @@ def sweep_axis(key: str, values: Sequence[str | None]) -> SweepAxis:
     numbers = [_number(value) for value in values]
     if all(number is not None for number in numbers):
         positive = min(numbers) > 0  # type: ignore[type-var]
-        log = positive and max(numbers) / min(numbers) >= LOG_SPAN  # type: ignore[type-var, operator]
-        return SweepAxis(key, tuple(numbers), log=log)
+        span = LOG_SPAN if RATE_NAME.search(key) is None else RATE_LOG_SPAN
+        log = positive and max(numbers) / min(numbers) >= span  # type: ignore[type-var, operator]
+        integer = not log and all(number.is_integer() for number in numbers)  # type: ignore[union-attr]
+        return SweepAxis(key, tuple(numbers), log=log, integer=integer)
     texts = [NOT_SET if value is None else value for value in values]
     labels = sorted(set(texts), key=lambda text: (text == NOT_SET, _number(text) is None, _number(text) or 0, text))
     at = {label: float(index) for index, label in enumerate(labels)}
