@@ -248,7 +248,7 @@ def demo_note(demo: Path, user_root: Path) -> None:
             f"by metrics_core, kept in the dashboard's own {demo.resolve()}. Your runs under "
             f"{user_root.resolve()} take its place as soon as the first one is written."
         ),
-        icon="🧪",
+        icon=":material/science:",
     )
 
 
