@@ -4,7 +4,8 @@ Discovery promises: every directory under ``root`` (down to ``max_depth``) that 
 ``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.  One
 that is no regular file (a FIFO, a directory) is listed too: its readers refuse it naming the
 path and why (``storage.open_regular``), so it shows as a run in error, not as no run.
-Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
+Hidden directories (``.git``, ``.cache`` ...) are skipped: which directories discovery looks into
+is one rule, ``walked``, that the watcher (``roots.watcher``) watches by too; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
 An entry that cannot be looked into (a directory the OS refuses to list, a symlink loop, a link
 through a file) never hides the others: ``discover_runs`` lists every other run and names each such
@@ -25,6 +26,19 @@ from metrics_core.write.writer import METRICS_FILENAME
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
 END_STATUSES = ("finished", "failed", "interrupted")
+MAX_DEPTH = 6  # directories below the root discovery looks into, at most
+
+
+def hidden(name: str) -> bool:
+    """Whether an entry is hidden (``.git``, ``.cache``): discovery never looks at it."""
+    return name.startswith(".")
+
+
+def walked(parts: tuple[str, ...], *, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether discovery looks into the directory whose path below the root is ``parts`` (``()``:
+    the root): none of them hidden, at most ``max_depth`` of them.  A run is a ``metrics.jsonl``
+    in such a directory; the watcher watches these directories and no others."""
+    return len(parts) <= max_depth and not any(hidden(part) for part in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +93,7 @@ def _reason(exc: OSError) -> str:
     return _REASONS.get(exc.errno) or exc.strerror or type(exc).__name__
 
 
-def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunListing:
+def discover_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> RunListing:
     """Every run under ``root`` and every entry that could not be looked into; see the module
     docstring for the rules.  Raises ``RunNotFoundError`` only when ``root`` itself is no directory.
 
@@ -101,7 +115,7 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
             unreadable.append(UnreadableEntry("/".join(relative) or ".", _reason(exc)))
             return
         for entry in entries:
-            if entry.name.startswith("."):
+            if hidden(entry.name):
                 continue
             link = entry.is_symlink()  # from the directory listing: no system call
             try:
@@ -111,7 +125,7 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
                     if not link or _inside(Path(entry.path), real_root):  # any type: readers name a FIFO
                         runs.append(RunInfo("/".join(relative) or ".", directory))
                     continue
-                if len(relative) >= max_depth or not entry.is_dir():
+                if not walked((*relative, entry.name), max_depth=max_depth) or not entry.is_dir():
                     continue
             except FileNotFoundError:
                 continue  # a link to nothing, or removed since the listing
@@ -132,7 +146,7 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
     )
 
 
-def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunInfo]:
+def find_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> list[RunInfo]:
     """Every run under ``root``, sorted by name; see the module docstring for the rules.  An entry
     that cannot be looked into is left out: ``discover_runs`` names them."""
     return list(discover_runs(root, max_depth=max_depth).runs)
