@@ -103,9 +103,11 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -
     real_root = _real_root(root)
     runs: list[RunInfo] = []
     unreadable: list[UnreadableEntry] = []
-    seen: set[Path] = {real_root}
+    # Paths as strings: a ``Path`` per directory is most of a walk of ten thousand runs.
+    inside = str(real_root).rstrip("/") + "/"
+    seen: set[str] = {str(real_root)}
 
-    def visit(directory: Path, real_directory: Path, relative: tuple[str, ...]) -> None:
+    def visit(directory: str, real_directory: str, relative: tuple[str, ...]) -> None:
         try:
             with os.scandir(directory) as listing:
                 entries = sorted(listing, key=lambda entry: (entry.is_symlink(), entry.name))
@@ -123,7 +125,7 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -
                     entry.stat()  # follows it (kept for is_dir/is_file): a loop or a file on the way raises here
                 if entry.name == METRICS_FILENAME:
                     if not link or _inside(Path(entry.path), real_root):  # any type: readers name a FIFO
-                        runs.append(RunInfo("/".join(relative) or ".", directory))
+                        runs.append(RunInfo("/".join(relative) or ".", Path(directory)))
                     continue
                 if not walked((*relative, entry.name), max_depth=max_depth) or not entry.is_dir():
                     continue
@@ -134,13 +136,13 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -
                 continue
             # Only a link can lead elsewhere: anything else is its real parent's real path plus its
             # name, so the walk resolves (an lstat per path component) links alone, not 1,000 runs.
-            real = Path(os.path.realpath(entry.path)) if link else real_directory / entry.name
-            if real in seen or not real.is_relative_to(real_root):
+            real = os.path.realpath(entry.path) if link else os.path.join(real_directory, entry.name)
+            if real in seen or not real.startswith(inside):
                 continue
             seen.add(real)
-            visit(Path(entry.path), real, (*relative, entry.name))
+            visit(entry.path, real, (*relative, entry.name))
 
-    visit(Path(root), real_root, ())
+    visit(str(Path(root)), str(real_root), ())
     return RunListing(
         tuple(sorted(runs, key=lambda run: run.name)), tuple(sorted(unreadable, key=lambda entry: entry.name))
     )
