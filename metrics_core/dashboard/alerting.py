@@ -37,7 +37,7 @@ from metrics_core.dashboard.store.rows import event_rows
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.read.columns import Column, as_python
 from metrics_core.read.run_reader import RunReader
-from metrics_core.read.run_status import SETTLED, StatusRecord
+from metrics_core.read.run_status import SETTLED, StatusRecord, StatusSource
 from metrics_core.roots.discovery import RunInfo
 from metrics_core.text import clean
 
@@ -135,6 +135,9 @@ class StoreFollow:
                 return None, []
             self._key, self._seen = key, self.store.status_key(self.info)
             return RunState.of(released, now), []
+        if key != self._key and self._past_horizon(reader, now):  # nothing it holds can alert: not fed
+            self._reader, self._key, self._seen = None, key, self.store.status_key(self.info)
+            return RunState.of(reader, now), []
         if self._reader is None or self._reader() is not reader or reader.resets != self._resets:
             if key == self._key and self._reader is not None:  # the same data read again: nothing new
                 self._rows = {event: event_rows(reader, event) for event in reader.events}
@@ -157,12 +160,12 @@ class StoreFollow:
         self._seen = self.store.status_key(self.info)
         return RunState.of(reader, now), taken
 
-    def _past_horizon(self, released: StatusRecord, now: datetime) -> bool:
-        """Whether a released run can raise no new alert whatever its records hold: settled, and
-        its last record older than ``ignore_after_h``.  Its rules are then not fed (the store
-        would read the run again for them: a year's root read twice); a write makes its data new,
+    def _past_horizon(self, run: StatusSource, now: datetime) -> bool:
+        """Whether a run can raise no new alert whatever its records hold: settled, and its last
+        record older than ``ignore_after_h``.  Its rules are then not fed (for a released run the
+        store would read it again for them: a year's root read twice); a write makes its data new,
         and the rules start again from its first record."""
-        state = RunState.of(released, now)
+        state = RunState.of(run, now)
         horizon = self.config.ignore_after_h * 3600.0
         return state.status in SETTLED and bool(horizon) and state.age_s is not None and state.age_s > horizon
 
