@@ -76,7 +76,7 @@ def test_an_idle_refresh_stats_the_unsettled_runs_only(filled: tuple[RunStore, C
         clock[0] += SAFETY_S
         store.runs_table()
         store.runs_table()
-    assert root.calls["unchanged"] + root.calls["stamp"] <= SETTLED_POLLS  # the live run's, not 60 × 29
+    assert root.calls["unchanged"] + root.calls["stamp"] <= SETTLED_POLLS  # the live run's, not 60 per interval
     assert root.calls["reader"] == 0
     walks = root.calls["discover"]
     assert walks <= SETTLED_POLLS * SAFETY_S / 10 + 1  # every REDISCOVER_S at most

@@ -18,7 +18,7 @@ root polls a run of its status (a local root polls every run: a no-change refres
 so a lost inotify event or a network filesystem never means stale data; a bucket polls live runs
 only, one HEAD each).  A settled run (``run_status.SETTLED``: only a write can change it, and the
 root's hints say when) is polled every ``settled_interval`` instead: ten thousand finished runs
-cost a ``stat`` each per minute, not per refresh.
+cost a ``stat`` each every few minutes, not per refresh.
 
 Failure containment: one run never takes a page down.  Whatever reading or snapshotting a run
 raises (a reader bug, a permission error, a value pandas cannot hold) becomes a ``RunViewError``

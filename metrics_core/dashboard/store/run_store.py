@@ -99,7 +99,7 @@ __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what 
 
 T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
-SETTLED_POLLS = 30  # a settled run is stat-ed once per this many safety intervals (``RunEntry.next_due``)
+SETTLED_POLLS = 150  # a settled run is stat-ed once per this many safety intervals (``RunEntry.next_due``)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
