@@ -97,15 +97,16 @@ def main() -> None:
         command = [sys.executable, __file__, "--child", str(root), "--idle", str(args.idle)]
         found[runs] = figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
         print(f"{runs:>6} runs ({figures['mode']}): listed in {figures['listed_s'] * 1e3:6.0f} ms, filled in "
-              f"{figures['filled_s']:6.1f} s using {figures['filled_cpu_s']:6.1f} s CPU; RSS {figures['rss_mb']:5.0f} MB; "
-              f"idle {figures['idle_share']:6.2%} of a core", flush=True)  # fmt: skip
+              f"{figures['filled_s']:6.1f} s using {figures['filled_cpu_s']:6.1f} s CPU; "
+              f"RSS {figures['rss_mb']:5.0f} MB; idle {figures['idle_share']:6.2%} of a core", flush=True)  # fmt: skip
     if 1 in found and len(found) > 1:
         one = found[1]
         for runs, figures in found.items():
             if runs != 1:
+                idle = figures["idle_share"] - one["idle_share"]
                 print(f"{runs:>6} runs against 1: listed {figures['listed_s'] / one['listed_s']:.1f}x, RSS "
-                      f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{figures['idle_share'] - one['idle_share']:.2%} "
-                      f"of a core, filling {figures['filled_cpu_s'] / runs * 1e3:.1f} ms CPU per run")  # fmt: skip
+                      f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{idle:.2%} of a core, "
+                      f"filling {figures['filled_cpu_s'] / runs * 1e3:.1f} ms CPU per run")  # fmt: skip
 
 
 if __name__ == "__main__":
