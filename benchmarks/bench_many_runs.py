@@ -15,6 +15,9 @@ reading through the store), the root watched with inotify.  Printed side by side
 * RSS then (``/proc/self/status``);
 * idle: with nothing changing, ``runs_table()`` once a second (an open runs page's fragment) for
   ``--idle`` seconds while the alerter runs its passes: the process's CPU as a share of one core.
+
+``--browser ROUNDS``: then, a real ``streamlit run`` per root (a fresh cache) and Chromium, in
+alternating rounds: seconds from opening the runs page until its table lists every run.
 """
 
 from __future__ import annotations
@@ -81,19 +84,41 @@ def measure(root: Path, idle_s: float) -> dict[str, float]:
             "rss_mb": rss, "idle_share": idle, "mode": store.source.mode}  # fmt: skip
 
 
+def browser_rounds(roots: dict[int, Path], rounds: int) -> None:
+    """The runs page of each root drawn in a fresh server, roots alternating: see the module docstring."""
+    from benchmarks.bench_runs_page import LISTED_JS
+    from metrics_core.testing.live_server import chromium, streamlit_server
+
+    shown: dict[int, list[float]] = {runs: [] for runs in roots}
+    with chromium() as browser:
+        for _ in range(rounds):
+            for runs, root in roots.items():
+                with streamlit_server(root, "--cache-dir", tempfile.mkdtemp(prefix="metrics_bench_cache_")) as url:
+                    page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+                    start = time.perf_counter()
+                    page.goto(url)
+                    page.wait_for_function(LISTED_JS, arg=runs, timeout=600_000)
+                    shown[runs].append(time.perf_counter() - start)
+                    page.close()
+    for runs, times in shown.items():
+        print(f"browser, {runs:>6} runs: the runs page lists them {min(times):.2f} s after opening it "
+              f"(best of {rounds})")  # fmt: skip
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, nargs="+", default=[1, 2500, 5000, 10000])
     parser.add_argument("--idle", type=float, default=30.0, help="seconds of idle measured per root")
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "metrics_bench_many_runs")
+    parser.add_argument("--browser", type=int, default=0, metavar="ROUNDS", help="also the runs page in Chromium")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print(json.dumps(measure(args.child, args.idle)))
         return
-    found = {}
+    found, roots = {}, {}
     for runs in args.runs:
-        root = make_root(args.dir / f"runs{runs}", runs)
+        root = roots[runs] = make_root(args.dir / f"runs{runs}", runs)
         command = [sys.executable, __file__, "--child", str(root), "--idle", str(args.idle)]
         found[runs] = figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
         print(f"{runs:>6} runs ({figures['mode']}): listed in {figures['listed_s'] * 1e3:6.0f} ms, filled in "
@@ -107,6 +132,9 @@ def main() -> None:
                 print(f"{runs:>6} runs against 1: listed {figures['listed_s'] / one['listed_s']:.1f}x, RSS "
                       f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{idle:.2%} of a core, "
                       f"filling {figures['filled_cpu_s'] / runs * 1e3:.1f} ms CPU per run")  # fmt: skip
+
+    if args.browser:
+        browser_rounds(roots, args.browser)
 
 
 if __name__ == "__main__":
