@@ -52,13 +52,12 @@ from metrics_core.read.private_files import create_private
 from metrics_core.read.records import MAX_RECORD_BYTES
 from metrics_core.read.run_digest import batches
 from metrics_core.read.run_file import LocalFile
-from metrics_core.read.run_status import END_STATUSES, StatusSource, run_status, write_failure
+from metrics_core.read.run_status import SETTLED, StatusSource, run_status, write_failure
 from metrics_core.read.run_summary import FollowedLog
 from metrics_core.read.session_accounting import SessionLog
 from metrics_core.roots.discovery import RunInfo, find_runs
 from metrics_core.text import utf8
 
-SETTLED = (*END_STATUSES, "crashed")  # statuses only a write can change: the run's file is let go
 REDISCOVER_S = 60.0  # a new run is noticed within a minute: alerts wait at least that long for a stall
 RECENT_ALERTS = 1000  # transitions kept for a page to show
 INTERVAL_S = 10.0  # between passes: an idle pass over 1,000 runs is a stat each (docs/PERFORMANCE.md)
@@ -203,6 +202,7 @@ class AlertEvaluator:
         firing: Mapping[str, Iterable[str]] | None = None,
         pace: Callable[[], None] | None = None,
         follow: Callable[[RunInfo], RunFollow] | None = None,
+        runs: Callable[[], list[RunInfo]] | None = None,
     ) -> None:
         """``rediscover_s``: how often the root is walked for runs that appeared or went (the walk,
         a ``scandir`` per directory, is most of an idle pass over a big root).  ``firing``: per
@@ -210,13 +210,16 @@ class AlertEvaluator:
         count as firing, and alert again only after they have cleared.  ``pace``: called after
         each block of a run read (``RunFeed.refresh``), where a pass may wait: a dashboard
         server's alerter shares its process, and Python's lock, with the pages.  ``follow``: how a
-        run found under the root is followed (``FileFollow``, reading its file, by default)."""
+        run found under the root is followed (``FileFollow``, reading its file, by default).
+        ``runs``: what lists the runs instead of a walk, asked at every pass (a server's store,
+        which walks only when its root says runs came or went, and says which runs changed)."""
         self.root = Path(root)
         self.pace = pace
         self.config = config or AlertConfig()
         within = self.root.resolve()  # no run's read leads outside it (``run_file.open_regular``)
         self._follow = follow or (lambda info: FileFollow(info.metrics_path, self.config, pace, within=within))
-        self.rediscover_s = rediscover_s
+        self.rediscover_s = 0.0 if runs is not None else rediscover_s
+        self._list_runs = runs or (lambda: find_runs(self.root))
         self._clock = clock
         self._found_at = -math.inf
         self._runs: dict[str, _Run] = {}
@@ -263,7 +266,7 @@ class AlertEvaluator:
 
     def _rediscover(self, now: datetime) -> list[Alert]:
         """Walk the root: follow the runs that appeared, forget those that went (their alerts clear)."""
-        infos = find_runs(self.root)
+        infos = self._list_runs()
         self._found_at = self._clock()
         self.stats["walks"] += 1
         names = {info.name: info for info in infos}
@@ -335,13 +338,14 @@ class Alerter:
         firing: Mapping[str, Iterable[str]] | None = None,
         pace: Callable[[], None] | None = None,
         follow: Callable[[RunInfo], RunFollow] | None = None,
+        runs: Callable[[], list[RunInfo]] | None = None,
     ) -> None:
-        """``pace``, ``follow``: as ``AlertEvaluator``'s."""
+        """``pace``, ``follow``, ``runs``: as ``AlertEvaluator``'s."""
         self.config = config or AlertConfig()
         url = webhook or self.config.webhook
         # The webhook first: a URL that cannot be posted to is refused before the root is opened.
         self.delivery = None if url is None else Delivery(url, root=str(root), report=report)
-        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace, follow=follow)
+        self.evaluator = AlertEvaluator(root, self.config, firing=firing, pace=pace, follow=follow, runs=runs)
 
     def tick(self, *, now: datetime | None = None) -> list[Alert]:
         """One pass; firing alerts (and cleared ones with ``notify_cleared``) are queued and the

@@ -38,7 +38,7 @@ from metrics_core.dashboard.store.rows import event_rows
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.read.columns import Column, as_python
 from metrics_core.read.run_reader import RunReader
-from metrics_core.read.run_status import StatusRecord
+from metrics_core.read.run_status import SETTLED, StatusRecord, StatusSource
 from metrics_core.roots.discovery import RunInfo
 from metrics_core.text import clean
 
@@ -104,8 +104,11 @@ class StoreFollow:
         self._key: Any = None  # the store's data key of what they were fed
         self._resets = 0  # the reader's resets when the rules started on it
         self._rows: dict[str, int] = {}  # per event: rows fed to the rules
+        self._seen: tuple[object, ...] | None = None  # the store's ``status_key`` at the last pass
 
     def conditions(self, now: datetime, stats: dict[str, int]) -> tuple[list[Condition], float | None] | None:
+        if self.store.quiet(self.info, self._seen):
+            return None  # settled and unchanged since the last pass: its conditions stand
         take = lambda reader, released, key: self._take(reader, released, key, now)  # noqa: E731
         try:
             state, taken = self.store.read_run(self.info, take, now=now)
@@ -129,7 +132,13 @@ class StoreFollow:
         """Under the run's lock: its state and the new rows' columns (``_Taken``); no state when
         the store holds no reader and the rules lack some of what it read."""
         if reader is None:
-            return (RunState.of(released, now) if released is not None and key == self._key else None), []
+            if released is None or (key != self._key and not self._past_horizon(released, now)):
+                return None, []
+            self._key, self._seen = key, self.store.status_key(self.info)
+            return RunState.of(released, now), []
+        if key != self._key and self._past_horizon(reader, now):  # nothing it holds can alert: not fed
+            self._reader, self._key, self._seen = None, key, self.store.status_key(self.info)
+            return RunState.of(reader, now), []
         if self._reader is None or self._reader() is not reader or reader.resets != self._resets:
             if key == self._key and self._reader is not None:  # the same data read again: nothing new
                 self._rows = {event: event_rows(reader, event) for event in reader.events}
@@ -149,12 +158,22 @@ class StoreFollow:
                 (event, {name: _slice(column, start, stop) for name, column in columns.items() if column is not None})
             )
         self._key = key
+        self._seen = self.store.status_key(self.info)
         return RunState.of(reader, now), taken
+
+    def _past_horizon(self, run: StatusSource, now: datetime) -> bool:
+        """Whether a run can raise no new alert whatever its records hold: settled, and its last
+        record older than ``ignore_after_h``.  Its rules are then not fed (for a released run the
+        store would read it again for them: a year's root read twice); a write makes its data new,
+        and the rules start again from its first record."""
+        state = RunState.of(run, now)
+        horizon = self.config.ignore_after_h * 3600.0
+        return state.status in SETTLED and bool(horizon) and state.age_s is not None and state.age_s > horizon
 
     def close(self) -> None:
         """Forget the rules' state (the store's reader is the store's): the next pass feeds them
         the reader's records again from its first."""
-        self._reader = self._key = None
+        self._reader = self._key = self._seen = None
 
 
 def _slice(column: Column, start: int, stop: int) -> tuple[str, np.ndarray, list[str]]:
@@ -202,6 +221,7 @@ class ServerAlerter:
             report=_log.warning,
             pace=pace,
             follow=lambda info: StoreFollow(store, info, config, pace),
+            runs=store.runs,
         )
         self.interval = interval
         self._ready = threading.Event()

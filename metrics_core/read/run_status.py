@@ -35,6 +35,7 @@ from metrics_core.write.failure_note import FAILURE_NOTE_FILENAME, NOTE_BYTES, p
 STALL_FLOOR_S = 60.0
 STALL_GAPS = 5.0
 END_STATUSES = ("finished", "failed", "interrupted")
+SETTLED = (*END_STATUSES, "crashed")  # statuses only a write to the run's file can change
 
 
 class StatusSource(Protocol):

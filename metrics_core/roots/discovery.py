@@ -4,7 +4,8 @@ Discovery promises: every directory under ``root`` (down to ``max_depth``) that 
 ``metrics.jsonl`` is a run, named by its path relative to ``root`` with ``/`` separators.  One
 that is no regular file (a FIFO, a directory) is listed too: its readers refuse it naming the
 path and why (``run_file.open_regular``), so it shows as a run in error, not as no run.
-Hidden directories (``.git``, ``.cache`` ...) are skipped; a symlink is followed only when its
+Hidden directories (``.git``, ``.cache`` ...) are skipped: which directories discovery looks into
+is one rule, ``walked``, that the watcher (``roots.watcher``) watches by too; a symlink is followed only when its
 target stays inside ``root``, and a directory reached twice (through a link) is listed once.
 An entry that cannot be looked into (a directory the OS refuses to list, a symlink loop, a link
 through a file) never hides the others: ``discover_runs`` lists every other run and names each such
@@ -21,6 +22,20 @@ from pathlib import Path
 
 from metrics_core.errors import RunNotFoundError, RunPathError
 from metrics_core.write.writer import METRICS_FILENAME
+
+MAX_DEPTH = 6  # directories below the root discovery looks into, at most
+
+
+def hidden(name: str) -> bool:
+    """Whether an entry is hidden (``.git``, ``.cache``): discovery never looks at it."""
+    return name.startswith(".")
+
+
+def walked(parts: tuple[str, ...], *, max_depth: int = MAX_DEPTH) -> bool:
+    """Whether discovery looks into the directory whose path below the root is ``parts`` (``()``:
+    the root): none of them hidden, at most ``max_depth`` of them.  A run is a ``metrics.jsonl``
+    in such a directory; the watcher watches these directories and no others."""
+    return len(parts) <= max_depth and not any(hidden(part) for part in parts)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,7 +90,7 @@ def _reason(exc: OSError) -> str:
     return _REASONS.get(exc.errno) or exc.strerror or type(exc).__name__
 
 
-def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunListing:
+def discover_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> RunListing:
     """Every run under ``root`` and every entry that could not be looked into; see the module
     docstring for the rules.  Raises ``RunNotFoundError`` only when ``root`` itself is no directory.
 
@@ -85,9 +100,11 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
     real_root = _real_root(root)
     runs: list[RunInfo] = []
     unreadable: list[UnreadableEntry] = []
-    seen: set[Path] = {real_root}
+    # Paths as strings: a ``Path`` per directory is most of a walk of ten thousand runs.
+    inside = str(real_root).rstrip("/") + "/"
+    seen: set[str] = {str(real_root)}
 
-    def visit(directory: Path, real_directory: Path, relative: tuple[str, ...]) -> None:
+    def visit(directory: str, real_directory: str, relative: tuple[str, ...]) -> None:
         try:
             with os.scandir(directory) as listing:
                 entries = sorted(listing, key=lambda entry: (entry.is_symlink(), entry.name))
@@ -97,7 +114,7 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
             unreadable.append(UnreadableEntry("/".join(relative) or ".", _reason(exc)))
             return
         for entry in entries:
-            if entry.name.startswith("."):
+            if hidden(entry.name):
                 continue
             link = entry.is_symlink()  # from the directory listing: no system call
             try:
@@ -105,9 +122,9 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
                     entry.stat()  # follows it (kept for is_dir/is_file): a loop or a file on the way raises here
                 if entry.name == METRICS_FILENAME:
                     if not link or _inside(Path(entry.path), real_root):  # any type: readers name a FIFO
-                        runs.append(RunInfo("/".join(relative) or ".", directory))
+                        runs.append(RunInfo("/".join(relative) or ".", Path(directory)))
                     continue
-                if len(relative) >= max_depth or not entry.is_dir():
+                if not walked((*relative, entry.name), max_depth=max_depth) or not entry.is_dir():
                     continue
             except FileNotFoundError:
                 continue  # a link to nothing, or removed since the listing
@@ -116,19 +133,19 @@ def discover_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> RunLis
                 continue
             # Only a link can lead elsewhere: anything else is its real parent's real path plus its
             # name, so the walk resolves (an lstat per path component) links alone, not 1,000 runs.
-            real = Path(os.path.realpath(entry.path)) if link else real_directory / entry.name
-            if real in seen or not real.is_relative_to(real_root):
+            real = os.path.realpath(entry.path) if link else os.path.join(real_directory, entry.name)
+            if real in seen or not real.startswith(inside):
                 continue
             seen.add(real)
-            visit(Path(entry.path), real, (*relative, entry.name))
+            visit(entry.path, real, (*relative, entry.name))
 
-    visit(Path(root), real_root, ())
+    visit(str(Path(root)), str(real_root), ())
     return RunListing(
         tuple(sorted(runs, key=lambda run: run.name)), tuple(sorted(unreadable, key=lambda entry: entry.name))
     )
 
 
-def find_runs(root: str | os.PathLike[str], *, max_depth: int = 6) -> list[RunInfo]:
+def find_runs(root: str | os.PathLike[str], *, max_depth: int = MAX_DEPTH) -> list[RunInfo]:
     """Every run under ``root``, sorted by name; see the module docstring for the rules.  An entry
     that cannot be looked into is left out: ``discover_runs`` names them."""
     return list(discover_runs(root, max_depth=max_depth).runs)

@@ -2,15 +2,20 @@
 
 Contract
 --------
-* The watchdog handler thread only bumps counters under a lock: a per-run-directory change
-  count and a structure generation (runs or directories created, moved or deleted).  Readers
-  are refreshed by their owners, when ``take_dirty`` says their run changed.
-* The reader's own ``open``/``close`` of a metrics file generates inotify events too; those
-  (``opened``, ``closed_no_write``) are ignored, or every read would trigger the next one.
+* It watches what discovery walks and nothing else (``discovery.walked``: no hidden directory,
+  nothing deeper than discovery looks): with inotify (``inotify_tree``) one watch per such
+  directory, so files another user writes into the root cannot spend the user's inotify watches;
+  polling lists only those directories.
+* The watching thread only bumps counters under a lock: a per-run-directory change count and a
+  structure generation (runs or directories created, moved or deleted).  Readers are refreshed by
+  their owners, when ``take_dirty`` says their run changed.  A lost batch of events (the kernel's
+  queue overflowed) counts as a change of every run and of the structure.
+* The reader's own ``open``/``close`` of a metrics file are not watched for (inotify), or ignored
+  (polling), or every read would trigger the next one.
 * inotify does not see writes made by other hosts to a network filesystem (NFS, Lustre, GPFS,
   CIFS ...).  The root's filesystem type is read from ``/proc/mounts``; on a network filesystem,
-  when inotify limits are exhausted, or when asked (``force_polling``), a polling observer that
-  stats the tree every ``poll_interval`` seconds is used instead, and ``mode_reason`` says why.
+  when inotify limits are exhausted, or when asked (``force_polling``), watchdog's polling observer
+  stats the walked tree every ``poll_interval`` seconds instead, and ``mode_reason`` says why.
 * A watcher is a hint, not the source of truth: owners of open readers should still refresh them
   every few seconds (a no-change refresh is one ``stat``), so a lost event never means stale data.
 """
@@ -28,10 +33,11 @@ from watchdog.events import (
     FileSystemEvent,
     FileSystemEventHandler,
 )
-from watchdog.observers import Observer
 from watchdog.observers.api import BaseObserver
-from watchdog.observers.polling import PollingObserver
+from watchdog.observers.polling import PollingObserverVFS
 
+from metrics_core.roots.discovery import find_runs, hidden, walked
+from metrics_core.roots.inotify_tree import InotifyTree
 from metrics_core.write.writer import METRICS_FILENAME
 
 NETWORK_FILESYSTEMS = frozenset(
@@ -81,28 +87,36 @@ def filesystem_type(path: Path, *, mounts_file: str | os.PathLike[str] = "/proc/
 
 
 class _Counters(FileSystemEventHandler):
-    """Runs on watchdog's thread: counts, nothing else."""
+    """Runs on the watching thread: counts, nothing else."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.changes: dict[Path, int] = {}
         self.structure = 0
+        self.lost = 0  # batches of events the kernel dropped: every run may have changed
+
+    def count(self, directory: Path, name: str, kind: str) -> None:
+        """One event (``inotify_tree``'s kinds): ``name`` in ``directory`` changed, came or went."""
+        with self.lock:
+            if kind in ("directory", "lost"):
+                self.structure += 1
+                self.lost += kind == "lost"
+            elif name == METRICS_FILENAME:
+                self.changes[directory] = self.changes.get(directory, 0) + 1
+                self.structure += kind == "entry"
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type in _IGNORED:
+        """A polling observer's event, counted as ``count`` counts ``inotify_tree``'s."""
+        if event.event_type in _IGNORED or (event.is_directory and event.event_type == "modified"):
             return
-        paths = [event.src_path, getattr(event, "dest_path", "")]
-        with self.lock:
-            if event.is_directory:
-                if event.event_type != "modified":
-                    self.structure += 1
-                return
-            for raw in paths:
-                path = Path(os.fsdecode(raw)) if raw else None
-                if path is not None and path.name == METRICS_FILENAME:
-                    self.changes[path.parent] = self.changes.get(path.parent, 0) + 1
-                    if event.event_type != "modified" and event.event_type != "closed":
-                        self.structure += 1
+        written = event.event_type in ("modified", "closed")
+        kind = "directory" if event.is_directory else "changed" if written else "entry"
+        for raw in (event.src_path, getattr(event, "dest_path", "")):
+            if raw:
+                path = Path(os.fsdecode(raw))
+                self.count(path.parent, path.name, kind)
+                if event.is_directory:
+                    return
 
 
 class RunsWatcher:
@@ -121,6 +135,8 @@ class RunsWatcher:
         self._counters = _Counters()
         self._taken: dict[Path, int] = {}
         self._observer: BaseObserver | None = None
+        self._tree: InotifyTree | None = None
+        self._lost_taken = 0
         fs_type = filesystem_type(self.root, mounts_file=mounts_file)
         if force_polling:
             self.mode, self.mode_reason = "polling", "polling forced"
@@ -136,15 +152,33 @@ class RunsWatcher:
         """Start watching; falls back to polling when inotify cannot be set up."""
         if self.mode == "inotify":
             try:
-                self._observer = self._start(Observer())
+                self._tree = InotifyTree(self.root, self._counters.count).start()
                 return self
             except OSError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EMFILE, errno.ENFILE, errno.ENOMEM):
                     raise
                 self.mode = "polling"
                 self.mode_reason = f"inotify limit reached ({errno.errorcode.get(exc.errno, exc.errno)})"
-        self._observer = self._start(PollingObserver(timeout=self.poll_interval))
+        observer = PollingObserverVFS(os.stat, self._walked_entries, polling_interval=self.poll_interval)
+        self._observer = self._start(observer)
         return self
+
+    def _walked_entries(self, directory: str | None) -> list[os.DirEntry]:
+        """What the polling observer lists of ``directory``: its files, and the directories
+        discovery walks into (``discovery.walked``), links to directories aside."""
+        parts = Path(directory or ".").relative_to(self.root).parts
+        kept = []
+        with os.scandir(directory) as listing:
+            for entry in listing:
+                if hidden(entry.name):
+                    continue
+                try:
+                    if entry.is_dir() and (entry.is_symlink() or not walked((*parts, entry.name))):
+                        continue
+                except OSError:
+                    continue
+                kept.append(entry)
+        return kept
 
     def _start(self, observer: BaseObserver) -> BaseObserver:
         observer.schedule(self._counters, str(self.root), recursive=True)
@@ -156,7 +190,15 @@ class RunsWatcher:
             raise
         return observer
 
+    @property
+    def watches(self) -> int:
+        """inotify watches held (0 when polling)."""
+        return 0 if self._tree is None else self._tree.watches
+
     def stop(self) -> None:
+        if self._tree is not None:
+            self._tree.stop()
+            self._tree = None
         if self._observer is not None:
             self._observer.stop()
             self._observer.join(timeout=5)
@@ -177,7 +219,10 @@ class RunsWatcher:
     def take_dirty(self) -> set[Path]:
         """Run directories whose metrics file changed since the previous call."""
         with self._counters.lock:
-            changes = dict(self._counters.changes)
+            changes, lost = dict(self._counters.changes), self._counters.lost
         dirty = {path for path, count in changes.items() if self._taken.get(path) != count}
         self._taken = changes
+        if lost != self._lost_taken:  # events were dropped: every run may have changed
+            self._lost_taken = lost
+            dirty |= {run.directory for run in find_runs(self.root)}
         return dirty

@@ -24,7 +24,7 @@ from metrics_core.dashboard.display_text import (
 )
 from metrics_core.dashboard.figures.layout import Highlight
 from metrics_core.dashboard.figures.metric_figures import metric_figure
-from metrics_core.dashboard.store import run_store as store_module
+from metrics_core.dashboard.store import root_listing
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_specs import ChartOptions, Series
@@ -210,7 +210,7 @@ def test_overview_lists_the_runs_beside_entries_it_cannot_look_into(tmp_path: Pa
         assert rows.loc["alpha", "last step"] == 20 and rows.loc["group/beta", "last step"] == 20
         before = store.runs_table_generation()
         (tmp_path / "loop").unlink()
-        clock[0] += store_module.REDISCOVER_S
+        clock[0] += root_listing.REDISCOVER_S
         assert sorted(store.runs_table()["run"]) == ["alpha", "group/beta", "group/through"]
         assert store.runs_table_generation() != before
     finally:

@@ -19,7 +19,7 @@ import pytest
 from metrics_core.dashboard.figures.chart_memo import view_chart_grid, view_chart_groups, view_charts
 from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.figures.run_charts import run_charts
-from metrics_core.dashboard.store import run_entry
+from metrics_core.dashboard.store import root_listing, run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, Lineage, RunView
@@ -550,7 +550,7 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
         store.runs_table()
         idle = store.runs_table_generation()
         for _ in range(3):
-            clock[0] += store_module.REDISCOVER_S  # find_runs again, same runs
+            clock[0] += root_listing.REDISCOVER_S  # find_runs again, same runs
             store.runs_table()
         assert store.runs_table_generation() == idle
         append_records(tmp_path / "r" / "metrics.jsonl", base_record(20, train_loss=0.5))
@@ -559,7 +559,7 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
         appended = store.runs_table_generation()
         assert appended != idle
         append_records(tmp_path / "s" / "metrics.jsonl", base_record(10, train_loss=1.0))
-        clock[0] += store_module.REDISCOVER_S
+        clock[0] += root_listing.REDISCOVER_S
         assert store.runs_table()["run"].tolist() == ["r", "s"]
         assert store.runs_table_generation() != appended
     finally:

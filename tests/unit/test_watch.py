@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+from metrics_core.roots.discovery import MAX_DEPTH, find_runs
 from metrics_core.roots.watcher import RunsWatcher, filesystem_type
 from tests.support import append_records, base_record
 
@@ -47,6 +49,46 @@ def test_watcher_sees_new_run_and_append(tmp_path: Path, force_polling: bool) ->
         dirty: set[Path] = set()
         assert wait_for(lambda: bool(dirty.update(watcher.take_dirty()) or root / "old" in dirty))
         assert root / "new" not in dirty
+
+
+def inotify_watches() -> int:
+    """The inotify watches this process holds, as the kernel lists them (``inotify wd:`` lines)."""
+    total = 0
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") == "anon_inode:inotify":
+                lines = Path(f"/proc/self/fdinfo/{fd}").read_text().splitlines()
+                total += sum(line.startswith("inotify wd:") for line in lines)
+        except OSError:
+            continue  # closed meanwhile
+    return total
+
+
+def test_watches_only_what_discovery_walks(tmp_path: Path) -> None:
+    """Hidden folders and folders below discovery's depth cost no inotify watch, before start or
+    created after it; a run in a new walked folder is still seen."""
+    root = tmp_path / "runs"
+    append_records(root / "a" / "metrics.jsonl", base_record(1))
+    for number in range(300):
+        (root / ".git" / "objects" / f"{number:03x}").mkdir(parents=True)
+    deepest = root.joinpath(*(f"d{level}" for level in range(MAX_DEPTH)))  # the deepest walked folder
+    for number in range(300):
+        (deepest / "below" / f"{number:03x}").mkdir(parents=True)
+    append_records(deepest / "metrics.jsonl", base_record(1))
+    before = inotify_watches()
+    with RunsWatcher(root) as watcher:
+        assert watcher.mode == "inotify"
+        walked = 2 + MAX_DEPTH  # the root, a, d0 ... d5
+        assert inotify_watches() - before == walked
+        assert watcher.watches == walked
+        (root / ".cache" / "new").mkdir(parents=True)
+        (deepest / "below" / "new").mkdir()
+        append_records(root / "b" / "metrics.jsonl", base_record(1))
+        dirty: set[Path] = set()
+        assert wait_for(lambda: bool(dirty.update(watcher.take_dirty()) or root / "b" in dirty))
+        assert inotify_watches() - before == walked + 1
+        assert watcher.watches == walked + 1
+    assert {run.name for run in find_runs(root)} == {"a", "b", "/".join(deepest.relative_to(root).parts)}
 
 
 def test_readers_own_reads_do_not_mark_dirty(tmp_path: Path) -> None:

@@ -282,6 +282,22 @@ def unreadable_row(entry: UnreadableEntry) -> dict[str, Any]:
     return {"run": entry.name, "status": "unreadable", "error": entry.reason}
 
 
+def runs_frame(
+    rows: list[dict[str, Any]], times: list[datetime | None], unreadable: tuple[UnreadableEntry, ...]
+) -> tuple[pd.DataFrame, np.ndarray]:
+    """The runs table of ``rows`` and then a row per ``unreadable`` entry, and each row's last
+    record time (``times``) in seconds since the epoch (NaN: none), for ``with_ages``."""
+    table = pd.DataFrame(rows + [unreadable_row(bad) for bad in unreadable], columns=list(RUNS_TABLE_COLUMNS))
+    seconds = [np.nan if when is None else when.timestamp() for when in times] + [np.nan] * len(unreadable)
+    return table, np.array(seconds, dtype=np.float64)
+
+
+def with_ages(table: pd.DataFrame, times: np.ndarray, now: datetime) -> pd.DataFrame:
+    """``runs_frame``'s table with each row's last record age at ``now`` (per call: the rest is kept)."""
+    ages = now.timestamp() - times
+    return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
+
+
 def last_value(frame: pd.DataFrame, column: str) -> float | None:
     if column not in frame.columns:
         return None

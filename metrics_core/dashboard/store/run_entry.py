@@ -12,10 +12,13 @@ take it themselves; ``update``, ``release_if_idle`` and ``set_row`` are called w
 ``held`` needs none.  A row that changed is signalled to the store (``EntryContext.row_changed``)
 under the entry's lock: the store's lock may be taken inside an entry's, never the other way round.
 
-Refresh policy: a run is re-read when the root's hints say its file changed, and in any case when
-its last refresh is older than ``safety_interval`` seconds if the root polls a run of its status
-(a local root polls every run: a no-change refresh is one ``stat``, so a lost inotify event or a
-network filesystem never means stale data; a bucket polls live runs only, one HEAD each).
+Refresh policy (``next_due``, the one rule): a run is re-read when the root's hints say its file
+changed, and in any case when its last refresh is older than ``safety_interval`` seconds if the
+root polls a run of its status (a local root polls every run: a no-change refresh is one ``stat``,
+so a lost inotify event or a network filesystem never means stale data; a bucket polls live runs
+only, one HEAD each).  A settled run (``run_status.SETTLED``: only a write can change it, and the
+root's hints say when) is polled every ``settled_interval`` instead: ten thousand finished runs
+cost a ``stat`` each every few minutes, not per refresh.
 
 Failure containment: one run never takes a page down.  Whatever reading or snapshotting a run
 raises (a reader bug, a permission error, a value pandas cannot hold) becomes a ``RunViewError``
@@ -59,7 +62,7 @@ from metrics_core.errors import MetricsError, RunFileError, RunNotFoundError
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.read_progress import ReadProgress
 from metrics_core.read.run_reader import RunReader
-from metrics_core.read.run_status import END_STATUSES, StatusRecord, run_status, stop_reason
+from metrics_core.read.run_status import END_STATUSES, SETTLED, StatusRecord, run_status, stop_reason
 from metrics_core.read.run_summary import RunSummary, summarise
 from metrics_core.roots.discovery import RunInfo
 from metrics_core.roots.runs_root import RunsRoot
@@ -86,6 +89,7 @@ class EntryContext:
     source: RunsRoot
     cache: CachePolicy | None
     safety_interval: float
+    settled_interval: float  # ``safety_interval`` for a run only a write can change (``RunEntry.next_due``)
     idle_s: float
     clock: Callable[[], float]
     stats: dict[str, int]
@@ -134,6 +138,38 @@ class RunEntry:
         """Records this entry's reader holds; safe without its lock (another thread may release it)."""
         reader = self.reader
         return 0 if reader is None else reader.records
+
+    def next_due(self) -> float:
+        """The clock time from which ``update`` re-reads (or ``stat``-s) the run: at once when
+        it was never read or a hint named it; else its last refresh plus the interval its status
+        is polled at (never, for a status the root does not poll).  A failed run: when its
+        failure is looked at again.  See the module docstring, "Refresh policy"."""
+        ctx = self.ctx
+        if self.failure is not None:  # refreshed_at: when the failure was last looked at again
+            return max(self.failed_at, self.refreshed_at) + ctx.safety_interval
+        if self.summary is None or self.hinted:
+            return float("-inf")
+        if not ctx.source.polls(self.summary.status):
+            return float("inf")
+        settled = self.summary.status in SETTLED
+        return self.refreshed_at + (ctx.settled_interval if settled else ctx.safety_interval)
+
+    def quiet(self, seen: tuple[object, ...] | None) -> bool:
+        """Whether the run is settled, not due, and its data and status are as ``seen``
+        (``status_key``) said: a reader of many runs (the server's alerter) skips it.  No lock:
+        a change it misses is seen by the next call."""
+        summary = self.summary
+        return (
+            summary is not None
+            and summary.status in SETTLED
+            and seen == self.status_key()
+            and self.ctx.clock() < self.next_due()
+        )
+
+    def status_key(self) -> tuple[object, ...] | None:
+        """What ``quiet`` compares: the data read and the status it reads as."""
+        summary = self.summary
+        return None if summary is None else (self.data_key, summary.status, self.failure)
 
     def reading(self, info: RunInfo, *, caller_bytes: int) -> tuple[ReadProgress | None, bool]:
         """Whether a snapshot would wait for a read, found without waiting: None if not (the run
@@ -206,13 +242,10 @@ class RunEntry:
         """
         ctx = self.ctx
         if self.failure is not None:
-            stamp = ctx.source.stamp(info)
+            stamp, self.refreshed_at = ctx.source.stamp(info), ctx.clock()
             if stamp == self.failure_stamp or ctx.clock() - self.failed_at < ctx.safety_interval:
                 raise RunViewError(info.name, self.failure)
-        elapsed = ctx.clock() - self.refreshed_at
-        due = self.summary is None or (
-            elapsed >= ctx.safety_interval and (self.hinted or ctx.source.polls(self.summary.status))
-        )
+        due = self.summary is None or ctx.clock() >= self.next_due()
         if not due and (self.reader is not None or not need_reader):
             return
         hinted, self.hinted = self.hinted, False  # a hint from now on is about a later change

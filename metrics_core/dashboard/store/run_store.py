@@ -21,12 +21,12 @@ root in the background is ``cold_loader.ColdLoader``'s.
 
 Cost model (a root of 1,000 runs, runs of millions of records, live):
 
-* ``runs_table()`` costs O(runs) per call and touches no record: each run's row comes from a
-  ``RunSummary`` that the refresh which read new bytes updates from the tail of the reader's
-  columns (O(new records), never a frame of the whole run), and the table is rebuilt only when a
-  row changed; otherwise only the ages column is recomputed.  A run's status is re-evaluated
-  when its file is stat'ed (every ``safety_interval`` or on a watcher hint), and never again
-  once it ended (``session_end``) until the file changes.
+* ``runs_table()`` looks only at the runs due (``run_schedule``: a hint named them, or their poll
+  came: every ``safety_interval``, and every ``SETTLED_POLLS`` of them for a run only a write can
+  change) and touches no record: each run's row comes from a ``RunSummary`` that the refresh
+  which read new bytes updates from the tail of the reader's columns (O(new records)), and the
+  table is rebuilt only when a row changed; otherwise only the ages column is recomputed.  The
+  root is walked again only when that may have changed (``root_listing``).
 * Cold loading never holds up a page: the first ``runs_table()`` reads runs never read yet,
   smallest file first, until ``load_budget_s`` is spent or the next file is bigger than
   ``CALLER_READ_BYTES`` (a small root is complete at once, a big run never parsed on a page's
@@ -51,14 +51,14 @@ cache read or a parse and the charts' and diagnostics' lineage.  A run's first r
 cold root is released run by run.  Any other run keeps its ``RunSummary`` and row and what
 ``run_status`` needs (``run_status.StatusRecord``: the last event, record time and cadence, the file's identity as
 it was read), and its reader is closed once its row is computed: the loader holds one cold run at a
-time.  A released run whose file did not change costs one ``stat`` per ``safety_interval`` (and, not
-ended, a lock probe: stalled may become crashed); one that changed, or is viewed, gets a fresh
+time.  A released run whose file did not change costs one ``stat`` when due (``RunEntry.next_due``;
+not ended, a lock probe too: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
 Freed memory is given back to the OS once per ``TRIM_S`` of views (``_return_memory``): what a
 server holds follows what it keeps, not how long a page has been open.
 
 The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
-per run per process.
+per run per process; it skips a settled run that did not change (``quiet``).
 
 The runs page's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -81,8 +81,10 @@ import pandas as pd
 from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
 from metrics_core.dashboard.store.page_reads import PageReads
-from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS, unreadable_row
+from metrics_core.dashboard.store.root_listing import RootListing
+from metrics_core.dashboard.store.rows import runs_frame, with_ages
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
+from metrics_core.dashboard.store.run_schedule import RunSchedule
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.columns import return_memory_to_os
@@ -97,7 +99,7 @@ __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what 
 
 T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
-REDISCOVER_S = 10.0  # find_runs even without a watcher event (a watch can miss a new directory)
+SETTLED_POLLS = 150  # a settled run is stat-ed once per this many safety intervals (``RunEntry.next_due``)
 IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
 RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
@@ -150,19 +152,16 @@ class RunStore:
         self._clock = clock
         self._lock = threading.Lock()
         self._entries: dict[str, RunEntry] = {}
-        self._runs: list[RunInfo] = []
-        self._unreadable: tuple[UnreadableEntry, ...] = ()  # entries of the root the last walk could not look into
-        self._runs_key: tuple[int, float] | None = None
+        self._schedule: RunSchedule[RunEntry, RunInfo] = RunSchedule()  # when each run is next looked at
+        self._listed: tuple[int, list[tuple[RunInfo, RunEntry]]] | None = None  # (listing generation, entries)
         self._rows_generation = 0  # bumped whenever any run's row changes
         # (runs page generation, table, last record time per row in s since epoch): replaced as one
         # value, as several threads (tabs, the loader's rows) may rebuild it at once
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
-        self._runs_generation = 0
         self._viewed: OrderedDict[str, RunEntry] = OrderedDict()  # viewed runs, least recently viewed first
-        self._resolved: dict[str, tuple[tuple[int, float], RunInfo]] = {}  # name -> (when, as resolved)
         self._returned_at = float("-inf")  # the clock when freed memory was last given back (``_return_memory``)
         # Work counters, read by the complexity tests (work is counted, not timed).
-        self.stats = {
+        self.stats: dict[str, int] = {
             "find_runs": 0,
             "summaries": 0,
             "views": 0,
@@ -174,12 +173,14 @@ class RunStore:
             "cache_saves": 0,
             "prepared": 0,
         }
+        self._listing = RootListing(self.source, clock=clock, stats=self.stats)
         self.saver = CacheSaver(self.stats, delay_s=saver_delay_s)
         self._page_reads = PageReads(warm=warm)
         self._context = EntryContext(
             source=self.source,
             cache=None if cache is None else replace(cache, save_inline=False),  # saved by ``saver``'s thread
             safety_interval=safety_interval,
+            settled_interval=safety_interval * SETTLED_POLLS,
             idle_s=idle_s,
             clock=clock,
             stats=self.stats,
@@ -188,7 +189,7 @@ class RunStore:
         )
         self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
             size=self.source.size,
-            read=lambda entry, info: entry.read_cold(info, datetime.now(timezone.utc)),
+            read=lambda entry, info: self._read_cold(entry, info, datetime.now(timezone.utc)),
             peek=RunEntry.peek,
             big=CALLER_READ_BYTES,
             delay_s=loader_delay_s,
@@ -217,19 +218,11 @@ class RunStore:
         return sum(entry.held for entry in entries)
 
     def runs(self) -> list[RunInfo]:
-        """The runs under the root, rediscovered when the root says runs may have come or gone."""
+        """The runs under the root, walked again when that may have changed (``root_listing``)."""
         with self._lock:
-            key = (self.source.structure_generation, self._clock() // REDISCOVER_S)
-            if key != self._runs_key:
-                found = self.source.discover()
-                runs = list(found.runs)
-                if (runs, found.unreadable) != (self._runs, self._unreadable):  # a rediscovery alone is no change
-                    self._runs, self._unreadable = runs, found.unreadable
-                    self._runs_generation += 1
-                self._runs_key = key
-                self.stats["find_runs"] += 1
+            self._listing.refresh()
             self._take_hints()
-            return list(self._runs)
+            return list(self._listing.runs)
 
     def _take_hints(self) -> None:
         """Mark the runs the root saw change as due; O(changed runs).  Caller holds ``_lock``."""
@@ -237,13 +230,32 @@ class RunStore:
             entry = self._entries.get(name)
             if entry is not None:
                 entry.refreshed_at, entry.hinted = float("-inf"), True
+                self._schedule.put(entry, float("-inf"))
+
+    def _listed_entries(self) -> list[tuple[RunInfo, RunEntry]]:
+        """The runs and their entries, made again (and each run scheduled) only when the runs changed."""
+        with self._lock:
+            if self._listed is not None and self._listed[0] == self._listing.generation:
+                return self._listed[1]
+            pairs = [(info, self._entries.get(info.name) or self._new_entry(info)) for info in self._listing.runs]
+            self._listed = (self._listing.generation, pairs)
+        for _, entry in pairs:
+            self._schedule.put(entry)
+        return pairs
+
+    def _new_entry(self, info: RunInfo) -> RunEntry:
+        """Caller holds ``_lock``."""
+        entry = self._entries[info.name] = RunEntry(info.name, self._context)
+        return entry
+
+    def _read_cold(self, entry: RunEntry, info: RunInfo, now: datetime) -> None:
+        """A queued run's first read (by a page's caller or the loader), then its schedule."""
+        entry.read_cold(info, now)
+        self._schedule.put(entry)
 
     def _entry(self, info: RunInfo) -> RunEntry:
         with self._lock:
-            entry = self._entries.get(info.name)
-            if entry is None:
-                entry = self._entries[info.name] = RunEntry(info.name, self._context)
-            return entry
+            return self._entries.get(info.name) or self._new_entry(info)
 
     def view(self, name: str, *, now: datetime | None = None) -> RunView:
         """A fresh snapshot of run ``name``.
@@ -251,13 +263,14 @@ class RunStore:
         Raises RunPathError / RunNotFoundError for bad names (OSError for one the OS refuses,
         e.g. too long), and RunViewError when the run exists but cannot be read or shown.
         """
-        info = self._resolve(name)
+        info = self._listing.resolve(name, self.safety_interval)
         with self._lock:
             self._take_hints()
         entry = self._viewed_entry(info)
         try:
             return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
+            self._schedule.put(entry)
             self._trim_viewed(keep=entry)
             self._return_memory()
 
@@ -274,7 +287,7 @@ class RunStore:
         the read (started on a thread of its own if none is under way: ``page_reads``) has come: a
         page shows that, then calls ``view`` once this says None (which says why a read failed).
         ``wait``: if such a read is under way, wait for its end up to that long first.  Raises as ``view``."""
-        info = self._resolve(name)
+        info = self._listing.resolve(name, self.safety_interval)
         entry = self._entry(info)
         reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
         if start:
@@ -321,32 +334,26 @@ class RunStore:
 
         Raises RunViewError when the run cannot be read, RunNotFoundError when it vanished."""
         entry = self._entry(info)
-        with entry.lock:
-            entry.update(info, now or datetime.now(timezone.utc), need_reader=need_reader)
-            try:
-                return use(entry.reader, entry.released, entry.data_key)
-            finally:
-                entry.release_if_idle()
+        try:
+            with entry.lock:
+                entry.update(info, now or datetime.now(timezone.utc), need_reader=need_reader)
+                try:
+                    return use(entry.reader, entry.released, entry.data_key)
+                finally:
+                    entry.release_if_idle()
+        finally:
+            self._schedule.put(entry)
 
-    def _resolve(self, name: str) -> RunInfo:
-        """The root's ``resolve(name)``, reused for up to ``safety_interval`` while the root saw no run
-        or directory appear or go: a local root's realpath checks (a few ``lstat`` per path component)
-        are most of what a refresh that finds nothing new costs each tab.  Refusals are not reused."""
-        if self.safety_interval <= 0:
-            self.stats["resolves"] += 1
-            return self.source.resolve(name)
-        key = (self.source.structure_generation, self._clock() // self.safety_interval)
-        with self._lock:
-            found = self._resolved.get(name)
-        if found is not None and found[0] == key:
-            return found[1]
-        info = self.source.resolve(name)
-        self.stats["resolves"] += 1
-        with self._lock:
-            if len(self._resolved) > len(self._entries) + 64:  # names that never became runs
-                self._resolved.clear()
-            self._resolved[name] = (key, info)
-        return info
+    def quiet(self, info: RunInfo, seen: tuple[object, ...] | None) -> bool:
+        """Whether run ``info`` is settled, not due, and as ``seen`` (``status_key``): the server's
+        alerter skips it, and the store's schedule pays its ``stat``s.  No lock (``RunEntry.quiet``)."""
+        entry = self._entries.get(info.name)
+        return entry is not None and entry.quiet(seen)
+
+    def status_key(self, info: RunInfo) -> tuple[object, ...] | None:
+        """What ``quiet`` compares run ``info`` with; call it in ``read_run``'s ``use``, under the run's lock."""
+        entry = self._entries.get(info.name)
+        return None if entry is None else entry.status_key()
 
     def _trim_viewed(self, *, keep: RunEntry) -> None:
         """Forget viewed runs not viewed for ``idle_s``, and, least recently viewed first, those not
@@ -393,7 +400,7 @@ class RunStore:
         which are per call): O(1), so a live page tells "nothing changed" without comparing rows.
         Rows change only in the store's calls (``runs_table()``, ``view()``): call one first."""
         with self._lock:
-            return (self._runs_generation, self._rows_generation)
+            return (self._listing.generation, self._rows_generation)
 
     def runs_table(self, *, now: datetime | None = None) -> pd.DataFrame:
         """One row per run with what the runs table shows; a run that cannot be shown is a row
@@ -402,25 +409,25 @@ class RunStore:
         yet is a row with status ``loading``: this call reads cold runs for ``load_budget_s``
         unless the background loader is already at it, and leaves the rest to the loader."""
         now = now or datetime.now(timezone.utc)
-        infos = self.runs()
-        entries = [self._entry(info) for info in infos]
-        cold = [
-            (entry, info)
-            for entry, info in zip(entries, infos, strict=True)
-            if entry.summary is None and entry.failure is None and not entry.queued
-        ]
+        self.runs()
+        pairs = self._listed_entries()
+        cold = []
+        for info, entry in self._schedule.take_due(self._clock(), self._listing.names):
+            if entry.summary is None and entry.failure is None:  # never read: the loader's, or its queue's
+                if not entry.queued:
+                    cold.append((entry, info))
+                continue
+            entry.refresh_row(info, now, wait=False)  # not if another thread reads it: due again next call
+            self._schedule.put(entry)
         if self.loader.queue(cold):
             deadline = self._clock() + self.load_budget_s
             while self._clock() < deadline and (job := self.loader.take(up_to=CALLER_READ_BYTES)) is not None:
-                job[0].read_cold(job[1], now)
+                self._read_cold(job[0], job[1], now)
             self.loader.start()
-        for info, entry in zip(infos, entries, strict=True):
-            if entry.queued and entry.summary is None and entry.failure is None:  # the loader's: not waited for
-                if entry.row is None:
-                    entry.set_row({"run": info.name, "status": "loading"})
-            else:
-                entry.refresh_row(info, now, wait=False)
-        return self._overview_table(entries, self._unreadable, now)
+        for entry, info in cold:
+            if entry.queued and entry.summary is None and entry.failure is None and entry.row is None:
+                entry.set_row({"run": info.name, "status": "loading"})  # the loader's: not waited for
+        return self._overview_table([entry for _, entry in pairs], self._listing.unreadable, now)
 
     def _overview_table(
         self, entries: list[RunEntry], unreadable: tuple[UnreadableEntry, ...], now: datetime
@@ -434,17 +441,7 @@ class RunStore:
             rows = [
                 {**(entry.row or {"run": entry.name, "status": "loading"}), "progress": progress and progress.text()}
                 for entry, progress in zip(entries, reading, strict=True)
-            ] + [unreadable_row(bad) for bad in unreadable]
-            table = pd.DataFrame(rows, columns=list(RUNS_TABLE_COLUMNS))
-            times = np.array(
-                [_epoch_s(entry.row_time) for entry in entries] + [np.nan] * len(unreadable), dtype=np.float64
-            )
-            self._table = cached = (key, table, times)
+            ]
+            self._table = cached = (key, *runs_frame(rows, [entry.row_time for entry in entries], unreadable))
             self.stats["table_builds"] += 1
-        _, table, times = cached
-        ages = now.timestamp() - times
-        return table.assign(**{"last record age (s)": np.where(np.isnan(ages), None, ages)})
-
-
-def _epoch_s(when: datetime | None) -> float:
-    return np.nan if when is None else when.timestamp()
+        return with_ages(cached[1], cached[2], now)
