@@ -42,6 +42,7 @@ else:  # `streamlit run app.py` imports this module to serve it
     from metrics_core.dashboard.server.serving import app_options
     from metrics_core.dashboard.settings import close_server
 
-    print(package_origin(__file__), flush=True)  # which copy of the code this server runs
+    if (other_copy := package_origin(__file__)) is not None:  # the server runs code from elsewhere
+        print(other_copy, flush=True)
     # Written out as `app = st.App(...)`: `streamlit run` finds the app by reading this file's source.
     app = st.App(__file__, **app_options(__file__, shutdown=close_server, routes=own_routes))

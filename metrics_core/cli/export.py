@@ -1,9 +1,9 @@
 """``python -m metrics_core export ROOT OUT``: every run of a root as Parquet, one file per run, incrementally.
 
 The export is ``metrics_core.sql.export``'s (``export_root``); this command reads its options and
-prints the export's report; on a terminal, stderr shows a bar of the runs done (``cli.progress``).
-Exit status 0 when done, 1 when some run could not be exported, 2 when refused or failed (one line
-on stderr).
+prints the export's report; on a terminal, stderr shows a bar of the runs' bytes read
+(``cli.progress``), which one big run moves too.  Exit status 0 when done, 1 when some run could
+not be exported, 2 when refused or failed (one line on stderr).
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import argparse
 from typing import TYPE_CHECKING, TextIO
 
 from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
-from metrics_core.cli.progress import progress_bar
+from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.text import clean
 
 if TYPE_CHECKING:
@@ -38,7 +38,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
 
     home = cache_home(args)
     check_cache_outside(args.root, home)
-    with progress_bar(err, NAME, unit="run", quiet=args.quiet) as bar:
+    with progress_bar(err, NAME, unit=BYTES, quiet=args.quiet) as bar:
         report = export_root(args.root, args.out, cache=CachePolicy(home), progress=bar.update)
     out.write("".join(clean(line) + "\n" for line in report.lines()))
     return 1 if report.failed else 0

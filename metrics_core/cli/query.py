@@ -2,7 +2,7 @@
 
 The statement check, the export and the locked-down connection are ``metrics_core.sql.query``'s;
 this command reads its options, exports a runs root into the cache first (an export directory is
-read as it is; on a terminal, stderr shows a bar of the runs exported) and prints the rows: an
+read as it is; on a terminal, stderr shows a bar of the runs' bytes read) and prints the rows: an
 aligned table of at most ``--max-rows`` (1,000 by default) and ``TABLE_BYTES``, or CSV streamed
 batch by batch; text from the runs cleaned for the terminal in both (``text.clean``), and in CSV
 kept text in a spreadsheet too (``text.csv_cell``).  ``--timeout`` covers the whole command: the
@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
 from metrics_core.cli.command import add_cache_dir, add_quiet, cache_home
-from metrics_core.cli.progress import progress_bar
+from metrics_core.cli.progress import BYTES, progress_bar
 from metrics_core.sql.query import QueryError, check_read_only, export_for_query, is_export, spill_directory
 from metrics_core.sql.query_process import query_export
 from metrics_core.sql.query_views import help_text
@@ -65,7 +65,7 @@ def run(args: argparse.Namespace, out: TextIO, err: TextIO) -> int:
     export = args.root
     if not is_export(export):
         deadline = None if args.timeout is None else started + args.timeout
-        with progress_bar(err, "export", unit="run", quiet=args.quiet) as bar:
+        with progress_bar(err, "export", unit=BYTES, quiet=args.quiet) as bar:
             export, report = export_for_query(args.root, home, bar.update, deadline=deadline)
         err.write("".join(clean(line) + "\n" for line in report.lines()[1:]))
         if report.left:

@@ -41,16 +41,18 @@ def app_script(dashboard: Path = _HERE) -> Path:
     raise SystemExit(f"metrics-dashboard: {dashboard} has no app script (entry/app.py, or app.py two levels up)")
 
 
-def package_origin(script: str | Path) -> str:
-    """One line saying which ``metrics_core`` serves the app script ``script``.  A checkout's app.py
-    runs the package first on ``sys.path`` (Streamlit puts the script's directory first, so the
-    checkout's own), which could still be another, installed copy; the server's log says which."""
+def package_origin(script: str | Path) -> str | None:
+    """A warning when the server runs another copy of ``metrics_core`` than the one beside the app
+    script ``script``, else None (the usual case says nothing).  Streamlit puts the script's
+    directory first on ``sys.path``, so a checkout's app.py runs the checkout's package, but a
+    copy imported earlier (an installed one, a ``PYTHONPATH``) would win, and edits to the
+    checkout would then change nothing the server shows."""
     script = Path(script).resolve()
     own = script.parents[2] if script.parent.name == "entry" else script.parent / "metrics_core"
     package = _HERE.parent
     if package == own.resolve():
-        return f"metrics_core: {package}, the app script's own ({script})"
-    return f"metrics_core: {package}, NOT the copy beside the app script ({own}); app script: {script}"
+        return None
+    return f"warning: this server runs metrics_core from {package}, not {own} beside the app script {script}"
 
 
 def streamlit_arguments(argv: Sequence[str], environ: Mapping[str, str], script: Path) -> list[str]:

@@ -31,6 +31,7 @@ are contiguous and an earlier session's records never change once a later sessio
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -126,11 +127,10 @@ class RunReader(FollowedLog, AccountedSessions):
 
     # -- reading -------------------------------------------------------------------------------
 
-    def refresh(self) -> int:
+    def refresh(self, progress: Callable[[int, int], None] | None = None) -> int:
         """Parse whatever complete lines were appended since the last call; return how many records.
-
-        Never raises for what the file holds: bad lines are counted, not thrown.
-        """
+        Never raises for what the file holds: bad lines are counted, not thrown.  ``progress(bytes
+        parsed, file size)`` after each block (``line_follower.READ_CHUNK``): a terminal's bar."""
         before, lines = self.records, self._lines()
         parses = BulkParses(self.bulk_threshold, self.max_record_bytes)
         bulk = False
@@ -138,15 +138,15 @@ class RunReader(FollowedLog, AccountedSessions):
             for item in self._follower.follow():
                 if isinstance(item, Lines):
                     parses.add(item)
-                    bulk |= self._store(parses, keep=PARSE_DEPTH)
+                    bulk |= self._store(parses, keep=PARSE_DEPTH, progress=progress)
                 elif isinstance(item, LongLine):
-                    bulk |= self._store(parses, keep=0)  # the lines before it are counted first
+                    bulk |= self._store(parses, keep=0, progress=progress)  # the lines before it are counted first
                     self._note_bad([item.bad])
                 elif isinstance(item, Restart):
                     self._clear()
                     self._cache_saved_at = None
                     before = lines = 0
-            bulk |= self._store(parses, keep=0)
+            bulk |= self._store(parses, keep=0, progress=progress)
         finally:
             parses.close()
         if self._restored is not None:  # what the cache held is not news, nor worth saving again
@@ -161,7 +161,7 @@ class RunReader(FollowedLog, AccountedSessions):
     def _lines(self) -> int:
         return self._follower.lines_read
 
-    def _store(self, parses: BulkParses, *, keep: int) -> bool:
+    def _store(self, parses: BulkParses, *, keep: int, progress: Callable[[int, int], None] | None = None) -> bool:
         """Store queued blocks, oldest first, until ``keep`` remain; True if pyarrow parsed any."""
         bulk = False
         while len(parses.queue) > keep:
@@ -175,14 +175,13 @@ class RunReader(FollowedLog, AccountedSessions):
                     self._ingest(batch)
                     bulk, count = True, batch.lines
                 line += count
+            if progress is not None:
+                progress(block.offset + block.end, self._follower.target)
         return bulk
 
     def _ingest_rows(self, rows: list[dict[str, Any]], bad: list[BadLine]) -> None:
-        """Store what the per-line parser found: the rows stay dicts until ``_flush``.
-
-        For a refresh of a few records, creating the small arrays a vectorised form needs cost
-        more than parsing the lines.
-        """
+        """Store what the per-line parser found: the rows stay dicts until ``_flush`` (for a refresh
+        of a few records, creating the small arrays a vectorised form needs costs more than parsing)."""
         if bad:
             self._note_bad(bad)
         if not rows:

@@ -245,7 +245,9 @@ def export_root(
 
     ``cache``: the columnar cache of parsed runs (never inside ``root``), so that a run that grew
     is parsed from where its cached parse ended.  ``filesystem``: the client of ``out``'s bucket
-    (default from the environment).  ``progress(runs done, runs)`` before each run and at the end.
+    (default from the environment).  ``progress(bytes done, bytes)`` of the runs' metrics files
+    (their sizes as the listing found them): before each run, as each block of a run's file is
+    parsed (one big run moves a bar too), and at the end; a run left as exported counts whole.
     ``deadline`` (a ``time.monotonic()``): past it, no run is
     begun once one has been read; the runs not reached keep their entries as last exported
     (``ExportReport.left``), so an export cut short writes what it did and the next one goes on
@@ -289,9 +291,13 @@ def _export(
         before: Mapping[str, dict[str, Any]] = manifest.get("runs", {})
         present = destination.listing()
         plan = _Plan()
-        for done, run in enumerate(listing.runs):
+        sizes = [root.size(run) for run in listing.runs]  # no request for a bucket's: its listing's
+        total, done = sum(sizes), 0
+        for run, size in zip(listing.runs, sizes, strict=True):
             if progress is not None:
-                progress(done, len(listing.runs))
+                progress(done, total)
+            read = _read_progress(progress, done, size, total)
+            done += size
             if deadline is not None and (plan.written or plan.failed) and time.monotonic() > deadline:
                 plan.left.append(run.name)
                 if run.name in before:
@@ -302,7 +308,7 @@ def _export(
                 plan.entries[run.name] = entry
                 continue
             try:
-                plan.entries[run.name] = _export_run(root, run, stamp, destination, cache)
+                plan.entries[run.name] = _export_run(root, run, stamp, destination, cache, read)
                 plan.written.append(run.name)
             except (MetricsError, OSError) as exc:
                 if isinstance(exc, ExportError):
@@ -311,7 +317,7 @@ def _export(
                 if entry is not None:
                     plan.entries[run.name] = entry  # kept as last exported: nothing already exported is lost
         if progress is not None:
-            progress(len(listing.runs), len(listing.runs))
+            progress(total, total)
         removed = sorted(set(before) - set(plan.entries))
         if plan.written or removed or not manifest:
             document = {"format": FORMAT, "root": root_id, "runs": plan.entries}
@@ -335,15 +341,32 @@ def _unchanged(entry: Mapping[str, Any], stamp: tuple[int, ...] | None, present:
     return entry.get("source") == list(stamp) and present.get(entry.get("file")) == entry.get("bytes")
 
 
+def _read_progress(
+    progress: Callable[[int, int], None] | None, before: int, size: int, total: int
+) -> Callable[[int, int], None] | None:
+    """The ``RunReader.refresh`` progress of a run of ``size`` bytes, the ``before`` bytes of the
+    runs ahead of it done: ``progress`` of the whole export (a file grown since the listing counts
+    as its listed size)."""
+    if progress is None:
+        return None
+    report = progress
+    return lambda read, _file_size: report(before + min(read, size), total)
+
+
 def _export_run(
-    root: RunsRoot, run: RunInfo, stamp: tuple[int, ...] | None, destination: Destination, cache: CachePolicy | None
+    root: RunsRoot,
+    run: RunInfo,
+    stamp: tuple[int, ...] | None,
+    destination: Destination,
+    cache: CachePolicy | None,
+    read: Callable[[int, int], None] | None = None,
 ) -> dict[str, Any]:
     """Read the run (from its cached parse when there is one), write its file; its manifest entry.
     ``stamp``: the run's file as the root said it was before this read (a write since makes the
-    next export read it again)."""
+    next export read it again).  ``read``: ``RunReader.refresh``'s progress."""
     reader = root.reader(run, cache=cache)
     try:
-        reader.refresh()
+        reader.refresh(read)
         schema, slices = run_slices(reader, run.name)
         facts = run_facts(reader)
     finally:

@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 
+from metrics_core.cli.terminal import bytes_text
 from tests.support import BUCKET, REPO, append_records, base_record, three_session_run
 
 # Hides tqdm from the CLI, as on a training node that has orjson alone.
@@ -140,16 +141,19 @@ def test_tail_takes_the_bar_off_the_line_before_each_record_line_on_a_shared_ter
     assert frames(last, b"tail")[-1] == 100 and not last.rsplit(b"\r", 2)[-2].strip()
 
 
-def test_export_and_query_draw_a_bar_of_runs(tmp_path: Path) -> None:
-    """export of a root of four runs on a terminal: a bar of runs to 4/4; in a pipe, nothing on
-    stderr; query over the root shows the same bar while it exports."""
+def test_export_and_query_draw_a_bar_of_bytes(tmp_path: Path) -> None:
+    """export of a root of four runs on a terminal: a bar of their files' bytes to the total; in a
+    pipe, nothing on stderr; query over the root shows the same bar while it exports."""
     root = tmp_path / "runs"
     for name in "abcd":
         three_session_run(root / name / "metrics.jsonl")
-    err, out, status = on_terminal("export", str(root), str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c1"))
+    size = sum(path.stat().st_size for path in root.glob("*/metrics.jsonl"))
+    err, out, status = on_terminal(
+        "export", str(root), str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c1"), hide_tqdm=True
+    )
     assert status == 0 and out == b"exported 4 run(s), 0 unchanged, 0 removed\n"
     assert_moved_to_the_total(err, b"export")
-    assert b"4/4" in err and b"run/s" in err
+    assert f"{bytes_text(size)}/{bytes_text(size)}".encode() in err, err
     piped = in_a_pipe("export", str(root), str(tmp_path / "out2"), "--cache-dir", str(tmp_path / "c2"))
     assert piped.returncode == 0 and piped.stderr == b"" and piped.stdout == out
     sql = "SELECT count(*) AS n FROM runs"
@@ -158,6 +162,16 @@ def test_export_and_query_draw_a_bar_of_runs(tmp_path: Path) -> None:
     assert_moved_to_the_total(err, b"export")
     quiet = on_terminal("query", str(root), sql, "--quiet", "--cache-dir", str(tmp_path / "c4"))
     assert quiet[0] == b"" and quiet[2] == 0
+
+
+@pytest.mark.parametrize("hide_tqdm", [False, True], ids=["tqdm", "without-tqdm"])
+def test_export_of_one_big_run_draws_a_bar_of_its_bytes(big_run: Path, tmp_path: Path, hide_tqdm: bool) -> None:
+    """export of a root holding one 24 MB run: the bar counts the run's bytes, shown moving to
+    that total (a bar of runs would go from 0/1 to 1/1 with nothing between)."""
+    err, out, status = on_terminal("export", str(big_run.parent), str(tmp_path / "out"), hide_tqdm=hide_tqdm)
+    assert status == 0 and out == b"exported 1 run(s), 0 unchanged, 0 removed\n", err
+    assert_moved_to_the_total(err, b"export")
+    assert (b"22.9 MB/22.9 MB" if hide_tqdm else b"22.9M/22.9M") in err, err
 
 
 def test_sync_of_a_backlog_draws_a_bar_of_bytes(big_run: Path, bucket: object) -> None:

@@ -1,16 +1,17 @@
 """The package as a user installs it (``pip install 'metrics-core[app]'``, a wheel in a venv of its own,
 metrics_core/testing/wheel_venv.py): it holds every module and asset of the checkout, ``metrics-dashboard`` serves
-the dashboard from it, and a checkout's app.py says which copy of the code it runs.  The browser
+the dashboard from it, and a checkout's app.py runs the checkout's code.  The browser
 half (the live chart drawn, plotly.js from the browser's cache) is in test_browser_bytes.py."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
 
-from metrics_core.testing.live_server import REPO, free_port, installed_dashboard, served
+from metrics_core.testing.live_server import ACCESS_TOKEN, REPO, free_port, installed_dashboard, served
 from metrics_core.testing.wheel_venv import installed_package, outside_checkout
 from tests.support import small_run
 
@@ -45,21 +46,21 @@ def test_the_wheel_installs_every_module_and_asset_of_the_package_and_the_apps_f
 
 def test_metrics_dashboard_serves_the_installed_package_from_anywhere(wheel_venv: Path, tmp_path: Path) -> None:
     """``metrics-dashboard --runs DIR --port N``, started outside the checkout, serves the installed
-    package's own app script and code (its log says so) and its run page answers."""
+    package's own app script and code (no warning of another copy) and prints one URL, with its token."""
     small_run(tmp_path / "runs" / "small" / "metrics.jsonl")
-    package = installed_package(wheel_venv)
     with installed_dashboard(wheel_venv, tmp_path / "runs", cwd=tmp_path) as (url, log):
         log.seek(0)
         said = log.read().decode(errors="replace")
-    script = package / "dashboard" / "entry" / "app.py"
-    assert f"metrics_core: {package}, the app script's own ({script})" in said, said
-    # The packaged .streamlit/config.toml applies outside the checkout: loopback only, no network URL.
-    assert f"URL: {url}\n" in said and "Network URL" not in said, said
+    assert "warning: this server runs metrics_core" not in said, said
+    # The packaged .streamlit/config.toml applies outside the checkout: loopback only, and none of
+    # Streamlit's own tokenless URLs, so the one URL printed is the one to open.
+    assert re.findall(r"https?://\S+", said) == [f"{url}/?token={ACCESS_TOKEN}"], said
 
 
 def test_a_checkouts_app_py_runs_the_checkouts_code_beside_an_installed_copy(wheel_venv: Path, tmp_path: Path) -> None:
     """``streamlit run <checkout>/app.py`` with the venv's Streamlit, where an installed metrics_core
-    is importable too, runs the checkout's package, and its log says which copy it runs."""
+    is importable too, runs the checkout's package: its log has no warning of another copy (the
+    warning's text is in tests/unit/test_install_launch.py)."""
     (tmp_path / "runs").mkdir()
     port = free_port()
     command = [str(wheel_venv / "bin" / "python"), "-m", "streamlit", "run", str(REPO / "app.py"),
@@ -67,7 +68,7 @@ def test_a_checkouts_app_py_runs_the_checkouts_code_beside_an_installed_copy(whe
     with served(command, port, cwd=tmp_path, env=outside_checkout(dict(os.environ)), what="app.py") as (_, log):
         log.seek(0)
         said = log.read().decode(errors="replace")
-    assert f"metrics_core: {REPO / 'metrics_core'}, the app script's own ({REPO / 'app.py'})" in said, said
+    assert "warning: this server runs metrics_core" not in said and "Open the dashboard" in said, said
 
 
 def test_the_installed_package_answers_sql_over_a_root(wheel_venv: Path, tmp_path: Path) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import http.client
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -123,9 +124,11 @@ def test_streamlits_connections_keep_nagle_on_unless_served(
     assert stalled is plain, times
 
 
-def test_the_server_prints_the_url_to_open_with_its_token_last(runs_root: Path) -> None:
+def test_the_only_url_the_server_prints_is_the_one_to_open_with_its_token_last(runs_root: Path) -> None:
     """The last line a starting server prints is the URL that lets a browser in, or says there is
-    no token."""
+    no token; it is the first and only URL in its output: none of Streamlit's own welcome lines
+    ("Local URL: http://localhost:8501", which answers 403 without the token: the app's
+    .streamlit/config.toml hides them), and no line about which copy of the code runs."""
     said = []
     for _ in range(2):
         with dashboard(runs_root, env={"METRICS_TOKEN": "off"} if said else {}) as (url, _, log):
@@ -136,9 +139,13 @@ def test_the_server_prints_the_url_to_open_with_its_token_last(runs_root: Path) 
                 if "Open the dashboard" in text or time.monotonic() > deadline:
                     break
                 time.sleep(0.1)
-            said.append((url, text.strip().splitlines()[-1]))
-    assert said[0][1] == f"Open the dashboard: {said[0][0]}/?token={ACCESS_TOKEN}"
-    assert said[1][1] == f"Open the dashboard: {said[1][0]}/ (no access token: METRICS_TOKEN=off)"
+            said.append((url, text))
+    (url, text), (open_url, open_text) = said
+    assert text.strip().splitlines()[-1] == f"Open the dashboard: {url}/?token={ACCESS_TOKEN}"
+    assert open_text.strip().splitlines()[-1] == f"Open the dashboard: {open_url}/ (no access token: METRICS_TOKEN=off)"
+    assert re.findall(r"https?://\S+", text) == [f"{url}/?token={ACCESS_TOKEN}"], text
+    assert re.findall(r"https?://\S+", open_text) == [f"{open_url}/"], open_text
+    assert "URL:" not in text + open_text and "metrics_core" not in text + open_text, text + open_text
 
 
 def test_listening_everywhere_without_a_token_is_refused_in_one_line(runs_root: Path) -> None:

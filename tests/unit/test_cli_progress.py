@@ -7,6 +7,7 @@ import io
 from pathlib import Path
 
 from metrics_core.cli.progress import BYTES, MIN_INTERVAL_S, _LineBar, progress_bar, progress_line
+from metrics_core.read.line_follower import READ_CHUNK
 from metrics_core.read.run_digest import RunDigest
 from metrics_core.text import width
 from tests.support import append_records, base_record
@@ -96,3 +97,22 @@ def test_the_readers_report_offsets_up_to_the_file_size(tmp_path: Path) -> None:
     digest.close()
     size = path.stat().st_size
     assert seen == [(size, size)]
+
+
+def test_export_of_one_big_run_reports_the_bytes_of_its_file_as_they_are_parsed(tmp_path: Path) -> None:
+    """export_root over a root of one run of two read blocks (``line_follower.READ_CHUNK``):
+    ``progress(bytes, total)`` moves through that run's file block by block, not from 0 straight
+    to the end; an export that finds the run unchanged counts it whole at once."""
+    from metrics_core.sql.export import export_root
+
+    path = tmp_path / "runs" / "big" / "metrics.jsonl"
+    append_records(path, *(base_record(step, note="x" * 200_000) for step in range(55)))
+    size = path.stat().st_size
+    assert READ_CHUNK < size < 2 * READ_CHUNK
+    for expected_moves in (1, 0):
+        seen: list[tuple[int, int]] = []
+        export_root(tmp_path / "runs", tmp_path / "out", progress=lambda *figures, seen=seen: seen.append(figures))
+        done = [figure for figure, _ in seen]
+        assert {total for _, total in seen} == {size} and done == sorted(done) and done[0] == 0 and done[-1] == size
+        assert len({figure for figure in done if 0 < figure < size}) >= expected_moves, seen
+        assert expected_moves or seen == [(0, size), (size, size)]

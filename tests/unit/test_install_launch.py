@@ -1,5 +1,5 @@
 """``metrics-dashboard``'s launcher without starting anything: the arguments it passes to Streamlit,
-the app script it picks, and the line naming which copy of the package runs."""
+the app script it picks, and the warning when the server runs another copy of the package."""
 
 from __future__ import annotations
 
@@ -11,10 +11,15 @@ from metrics_core.dashboard.launch import app_script, package_origin, streamlit_
 from metrics_core.testing.live_server import REPO
 
 
-def test_package_origin_names_a_copy_that_is_not_the_app_scripts_own(tmp_path: Path) -> None:
-    """An app script whose own package is elsewhere (another checkout) gets a line that says so."""
+def test_package_origin_warns_only_of_a_copy_that_is_not_the_app_scripts_own(tmp_path: Path) -> None:
+    """An app script whose own package is elsewhere (another checkout) gets a warning naming both
+    copies; the checkout's own app.py, whose package is this one, gets nothing to print."""
     line = package_origin(tmp_path / "app.py")
-    assert line.startswith(f"metrics_core: {REPO / 'metrics_core'}, NOT the copy beside the app script"), line
+    assert line == (
+        f"warning: this server runs metrics_core from {REPO / 'metrics_core'}, "
+        f"not {tmp_path.resolve() / 'metrics_core'} beside the app script {tmp_path.resolve() / 'app.py'}"
+    )
+    assert package_origin(REPO / "app.py") is None
 
 
 def test_metrics_dashboard_passes_port_and_host_to_streamlit_and_the_rest_to_the_app(tmp_path: Path) -> None:
