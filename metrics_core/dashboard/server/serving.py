@@ -285,8 +285,9 @@ def access_guard(environ: Mapping[str, str], base_url: str) -> tuple[Middleware,
     and the line the server prints once it listens: the URL to open, with its token (made then:
     Streamlit may move to the next free port), the only one printed: Streamlit's own welcome lines,
     whose URLs lack the token, are off (``logger.hideWelcomeMessage`` in .streamlit/config.toml, read
-    before app.py is imported; tests/integration/test_serving_processes.py checks it).  ``SystemExit`` with one line when ``METRICS_TOKEN``
-    is refused (``server_token``) or the server would listen beyond loopback with no token."""
+    before app.py is imported; tests/integration/test_serving_processes.py checks it).  ``SystemExit``
+    with one line when ``METRICS_TOKEN`` is refused (``server_token``) or the server would listen
+    beyond loopback with no token."""
     address = str(config.get_option("server.address") or "")
     token = server_token(environ)
     refusal = refuse_open_bind(address, token)
