@@ -6,11 +6,20 @@ ten thousand.  ``minmax_indices`` splits the series into equal-count buckets and
 the first point, the minimum and the maximum (so every spike and dip survives and the line's
 shape is kept), one missing value if the bucket holds any (so a gap stays a gap), and always the
 very last point (TensorBoard: "the latest datum should always be included").
+
+A chart's caller chooses the downsampler (a ``Downsampler``: the y series and a budget in, the
+sorted indices to draw out), as TensorBoard's data provider takes ``downsample=``: the code that
+builds traces draws the points it is handed and never knows how they were chosen.  Min/max is the
+default; ``benchmarks/bench_downsample.py`` measures it against LTTB (docs/PERFORMANCE.md).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
+
+Downsampler = Callable[[np.ndarray, int], np.ndarray]  # (y series, max points) -> sorted indices to keep
 
 
 def minmax_indices(values: np.ndarray, max_points: int = 4000) -> np.ndarray:

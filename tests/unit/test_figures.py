@@ -16,9 +16,10 @@ import pytest
 from metrics_core.analysis.downsample import minmax_indices
 from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.figures.layout import NO_TEMPLATE, SESSION_COLOURS, SUPERSEDED_OPACITY
-from metrics_core.dashboard.figures.metric_figures import MARKED_POINTS, ema_smooth, metric_figure
+from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import out_of_lockstep, straggler_figure
 from metrics_core.dashboard.figures.run_charts import compare_chart, run_charts
+from metrics_core.dashboard.figures.series_traces import MARKED_POINTS, ema_smooth
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_csv import CSV_PIECE_ROWS, chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS

@@ -11,8 +11,9 @@ import pandas as pd
 import pyarrow as pa
 import pytest
 
-from metrics_core.dashboard.figures.metric_figures import LONE_SUFFIX, metric_figure
+from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.run_charts import run_charts
+from metrics_core.dashboard.figures.series_traces import LONE_SUFFIX
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import Lineage, build_view
 from metrics_core.dashboard.views.chart_specs import ChartOptions, Series

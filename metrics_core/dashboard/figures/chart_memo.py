@@ -215,7 +215,7 @@ def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
             continue  # placed by the tail's own y-range: the next full build marks the run's
         xs = np.asarray(trace["x"]) if trace.get("x") is not None else np.zeros(0)
         if xs.dtype == object and all(x is None for x in xs.tolist()):
-            continue  # a legend entry (``metric_figures.legend_entry``): its one null point is all it has
+            continue  # a legend entry (``series_traces.legend_entry``): its one null point is all it has
         number = traces.get((trace.get("name"), trace.get("yaxis")))
         old = figure["data"][number] if number is not None else {}
         last = old["x"][-1] if old.get("x") is not None and len(old["x"]) else None

@@ -29,7 +29,7 @@ from metrics_core.dashboard.display_text import plotly_text, shorten
 from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.layout import Axis, chart_height, chart_layout, compact, rgba, x_values
 from metrics_core.dashboard.figures.metric_axes import axis_of, off_scale_markers, y_axes
-from metrics_core.dashboard.figures.metric_figures import LABEL_CHARS, MARKED_POINTS, ema_smooth
+from metrics_core.dashboard.figures.series_traces import LABEL_CHARS, MARKED_POINTS, ema_smooth
 from metrics_core.dashboard.views.chart_specs import Series, column_numbers
 from metrics_core.dashboard.views.compare import GroupSeries
 from metrics_core.dashboard.views.groups import legend_name

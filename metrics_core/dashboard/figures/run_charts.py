@@ -6,7 +6,9 @@
 pages' charts (a compare chart of groups of runs: ``group_figures``).  Nothing here memoises
 (``chart_memo`` does, per snapshot) and nothing here decides
 which rows a chart draws (its spec does): this module only calls down, into the views and the
-figure builders beside it.
+figure builders beside it.  How a line's points are picked is chosen here, where the charts' data is
+read: ``run_charts`` and ``chart_builders`` take a ``downsample`` (``analysis.downsample``, min/max
+unless told), as TensorBoard's data provider does, and the figure builders draw what it picks.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from functools import partial
 import numpy as np
 
 from metrics_core.analysis.derived import REPLAY_FIELDS, replay_rows, replay_windows
+from metrics_core.analysis.downsample import Downsampler, minmax_indices
 from metrics_core.dashboard.figures.figure_dicts import Figure
 from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure, run_points
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
@@ -63,37 +66,56 @@ def replay_highlights(view: RunView, x: str) -> list[Highlight]:
 
 
 def run_charts(
-    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
+    view: RunView,
+    options: ChartOptions,
+    *,
+    max_points: int = CHART_POINTS,
+    charts: Sequence[Chart] | None = None,
+    downsample: Downsampler = minmax_indices,
 ) -> dict[str, Figure]:
     """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
-    with a budget of ``max_points`` drawn points."""
-    builders = chart_builders(view, options, max_points=max_points, charts=charts)
+    with a budget of ``max_points`` drawn points, picked by ``downsample``."""
+    builders = chart_builders(view, options, max_points=max_points, charts=charts, downsample=downsample)
     return {key: build() for key, build in builders.items()}
 
 
 def chart_builders(
-    view: RunView, options: ChartOptions, *, max_points: int = CHART_POINTS, charts: Sequence[Chart] | None = None
+    view: RunView,
+    options: ChartOptions,
+    *,
+    max_points: int = CHART_POINTS,
+    charts: Sequence[Chart] | None = None,
+    downsample: Downsampler = minmax_indices,
 ) -> dict[str, Callable[[], Figure]]:
     """``run_charts``, each chart a call that draws it, in the page's order: a page can show the
     first chart of a big run while the others are drawn."""
     highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
     makers = spec_makers(view, options.history, only=options.only, charts=charts, x=options.x)
-    return {key: partial(_drawn, view, key, make, options, highlights, max_points) for key, make in makers.items()}
+    draw = partial(_drawn, view, options=options, highlights=highlights, max_points=max_points, downsample=downsample)
+    return {key: partial(draw, key, make) for key, make in makers.items()}
 
 
 def _drawn(
     view: RunView,
     key: str,
     make: Callable[[], ChartSpec],
+    *,
     options: ChartOptions,
     highlights: Sequence[Highlight],
     max_points: int,
+    downsample: Downsampler,
 ) -> Figure:
-    return spec_figure(view, key, make(), options, highlights, max_points)
+    return spec_figure(view, key, make(), options, highlights, max_points, downsample)
 
 
 def spec_figure(
-    view: RunView, key: str, spec: ChartSpec, options: ChartOptions, highlights: Sequence[Highlight], max_points: int
+    view: RunView,
+    key: str,
+    spec: ChartSpec,
+    options: ChartOptions,
+    highlights: Sequence[Highlight],
+    max_points: int,
+    downsample: Downsampler = minmax_indices,
 ) -> Figure:
     """``spec`` drawn; ``layout.uirevision`` names what keeps the user's zoom (run, chart, axes, history)."""
     if spec.kind == "straggler":
@@ -120,6 +142,7 @@ def spec_figure(
         highlights=highlights,
         max_points=max_points,
         theme=options.theme,
+        downsample=downsample,
     )
 
 
