@@ -27,7 +27,7 @@ from metrics_core.dashboard.figures.series_traces import (
 )
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions, Series
-from tests.support import append_records, base_record
+from tests.support import append_records, base_record, rank_window
 
 
 def _frame(rows: int, sessions: int = 1) -> pd.DataFrame:
@@ -94,6 +94,22 @@ def test_run_charts_pass_their_downsampler_to_every_line(tmp_path: Path) -> None
         loss = figures["loss"]["data"]
         drawn = [trace for trace in loss if len(trace.get("x", ())) > 1]
         assert drawn and all(len(trace["x"]) == len(range(0, 500, 7)) for trace in drawn)
+    finally:
+        store.close()
+
+
+def test_the_straggler_band_is_picked_by_the_caller_s_downsampler_too(tmp_path: Path) -> None:
+    append_records(tmp_path / "run" / "metrics.jsonl", *(rank_window(s) for s in range(10, 20_001, 10)))
+    store = RunStore(tmp_path)
+    try:
+        asked: list[int] = []
+
+        def stride(values: np.ndarray, max_points: int) -> np.ndarray:
+            asked.append(len(values))
+            return np.arange(0, len(values), 50)
+
+        figure = run_charts(store.view("run"), ChartOptions(), downsample=stride)["straggler"]
+        assert asked and [len(trace.get("x", ())) for trace in figure["data"]] == [40, 40, 40]  # band edges, ratio
     finally:
         store.close()
 

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from metrics_core.analysis.downsample import minmax_indices
+from metrics_core.analysis.downsample import Downsampler, minmax_indices
 from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.layout import (
     CHART_POINTS,
@@ -106,6 +106,7 @@ def straggler_figure(
     highlights: Sequence[Highlight] = (),
     max_points: int = CHART_POINTS,
     theme: str = "light",
+    downsample: Downsampler = minmax_indices,
 ) -> Figure:
     """Per-rank time per step of a data-parallel run, from its ``train`` records.
 
@@ -113,13 +114,14 @@ def straggler_figure(
     the slowest's, whose hover names the slowest rank ("slowest: rank 3") and the max/min ratio;
     the ratio itself on the right axis; and a red mark on the chart's floor at every window whose
     ranks were not in lockstep; above the plot, ``rank_spread(frame).text()``.  The band's two
-    edges are downsampled together (each edge's min/max buckets are kept for both), so a spike of
-    either edge survives.
+    edges are downsampled together (each edge's points, picked by ``downsample``, are kept for
+    both), so a spike of either edge survives.
     """
     origin = pd.Timestamp(sessions[0].start_time) if sessions else None
     traces: list[dict[str, Any]] = []
     if len(frame):
-        _add_band(traces, frame, superseded, x=x, origin=origin, points_per_row=max_points / len(frame) / 3)
+        points_per_row = max_points / len(frame) / 3
+        _add_band(traces, frame, superseded, x=x, origin=origin, points_per_row=points_per_row, downsample=downsample)
     xs = x_values(frame, x, origin) if len(frame) else np.array([])
     spans = [float(np.nanmin(xs)), float(np.nanmax(xs))] if len(xs) else []
     layout = chart_layout(
@@ -178,6 +180,7 @@ def _add_band(
     x: str,
     origin: pd.Timestamp | None,
     points_per_row: float,
+    downsample: Downsampler,
 ) -> None:
     xs = x_values(frame, x, origin)
     low, high = column_numbers(frame, "rank_step_time_min_s"), column_numbers(frame, "rank_step_time_max_s")
@@ -191,7 +194,7 @@ def _add_band(
             if not len(rows):
                 continue
             budget = int(min(TRACE_POINTS, max(MIN_TRACE_POINTS, points_per_row * len(rows))))
-            keep = rows[np.union1d(minmax_indices(low[rows], budget), minmax_indices(high[rows], budget))]
+            keep = rows[np.union1d(downsample(low[rows], budget), downsample(high[rows], budget))]
             colour, opacity = session_colour(int(code)), SUPERSEDED_OPACITY if dimmed else 1.0
             suffix = f" · S{code + 1}" + (" (superseded)" if dimmed else "")
             group = f"band{suffix}"

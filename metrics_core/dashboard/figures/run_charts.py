@@ -129,6 +129,7 @@ def spec_figure(
             revision=f"{view.name}:{key}:{options.x}:{options.history}",
             max_points=max_points,
             theme=options.theme,
+            downsample=downsample,
         )
     log_y = options.log_y and spec.loggable
     return metric_figure(
