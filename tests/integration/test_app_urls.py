@@ -4,26 +4,14 @@ seeded from the URL and written back to it, and what a URL asks is bounded and s
 from __future__ import annotations
 
 import re
-import time
 from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
 from metrics_core.dashboard.widgets import URL_MAX_VALUES
-from tests.support import open_page, small_run
+from tests.support import all_read, open_page, small_run
 from tests.support.sweeps import write_sweep
-
-
-def read(app: AppTest) -> AppTest:
-    """``app`` (the runs page) rerun until the store's loader has read every run of the root."""
-    deadline = time.monotonic() + 30
-    while any("loading" in str(status) for status in app.dataframe[0].value["status"]):
-        assert time.monotonic() < deadline, "the runs are still being read"
-        time.sleep(0.2)
-        app.run()
-    assert not app.exception
-    return app
 
 
 def param(app: AppTest, name: str) -> list[str]:
@@ -36,7 +24,7 @@ def test_a_runs_page_url_reopens_its_view_and_each_control_writes_it(runs_root: 
     """filter, config, column, swept, metric and best set the runs page's controls and table; a
     control changed is written back; one set back to its default leaves the URL."""
     write_sweep(runs_root)
-    read(open_page("runs"))
+    all_read(open_page("runs"))
     query = {"filter": "lr0.001", "config": "seed!=0", "column": ["model", "warmup"], "swept": "0"}
     app = open_page("runs", **query, metric="val_acc", best="min")
     assert not app.exception and not app.warning
@@ -76,7 +64,7 @@ def test_what_a_url_asks_is_bounded_and_shown_as_text(runs_root: Path) -> None:
     """Too long a filter, too many columns and an unknown best are said and ignored; markup in a
     metric's name is a name, never markup."""
     write_sweep(runs_root, windows=4)
-    read(open_page("runs"))
+    all_read(open_page("runs"))
     columns = [f"k{number}" for number in range(URL_MAX_VALUES + 500)]
     app = open_page("runs", filter="a" * (FILTER_MAX_CHARS + 1), column=columns, best="**max**", metric="[x](http://e)")
     assert not app.exception
@@ -95,7 +83,7 @@ def test_the_runs_order_is_in_the_url_and_sorts_every_listed_run(runs_root: Path
     order, not one page's); picking "run name" writes sort=name; without a metric, the order
     by a metric falls back to newest activity."""
     write_sweep(runs_root, windows=4)
-    read(open_page("runs"))
+    all_read(open_page("runs"))
     app = open_page("runs", metric="train_loss", sort="best")
     assert not app.exception and app.selectbox(key="runs_sort").value == "best"
     best = [float(value) for value in app.dataframe[0].value["train loss best (min)"]]

@@ -4,32 +4,18 @@ project's writer: widgets found by key, controls read from and written to the UR
 from __future__ import annotations
 
 import math
-import time
 from pathlib import Path
 
-from streamlit.testing.v1 import AppTest
-
 from metrics_core.dashboard.views.sweep import range_text
-from tests.support import open_page
+from tests.support import all_read, open_page
 from tests.support.sweeps import NAMES_ORDER, SEEDS, SWEPT, sweep_run_name, write_sweep
-
-
-def read(app: AppTest) -> AppTest:
-    """``app`` (the runs page) rerun until the store's loader has read every run of the root."""
-    deadline = time.monotonic() + 30
-    while any("loading" in str(status) for status in app.dataframe[0].value["status"]):
-        assert time.monotonic() < deadline, "the runs are still being read"
-        time.sleep(0.2)
-        app.run()
-    assert not app.exception
-    return app
 
 
 def test_the_runs_page_shows_the_swept_keys_and_a_chosen_metrics_last_and_best(runs_root: Path) -> None:
     """By default the swept keys are columns; a metric picked adds its last and best value (best the
     least, unless chosen otherwise); switching the swept keys off leaves only the keys picked."""
     write_sweep(runs_root)
-    app = read(open_page("runs"))
+    app = all_read(open_page("runs"))
     assert {*SWEPT} <= set(app.dataframe[0].value.columns) and "model" not in app.dataframe[0].value.columns
     app.selectbox(key="runs_metric").set_value("train_loss").run()
     columns = list(app.dataframe[0].value.columns)
@@ -45,7 +31,7 @@ def test_the_sweep_page_reads_and_writes_its_url(runs_root: Path) -> None:
     peak_lr lists that rate's runs; a metric picked is written back to the URL.  With no ``run=``, every
     run of the root."""
     write_sweep(runs_root)
-    read(open_page("runs"))
+    all_read(open_page("runs"))
     around = range_text("peak_lr", (2e-4, 5e-4))
     app = open_page("sweep", run=[*NAMES_ORDER, "ghost"], metric="val_acc", value="best", range=around)
     assert not app.exception

@@ -15,6 +15,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable, Coroutine, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -417,6 +418,17 @@ def open_page(page: str, **query: str | list[str]) -> AppTest:
     app.run()
     if page != "runs":
         app.switch_page(f"pages/{page}.py").run()
+    return app
+
+
+def all_read(app: AppTest) -> AppTest:
+    """``app`` (the runs page) rerun until the store's loader has read every run of the root."""
+    deadline = time.monotonic() + 30
+    while any("loading" in str(status) for status in app.dataframe[0].value["status"]):
+        assert time.monotonic() < deadline, "the runs are still being read"
+        time.sleep(0.2)
+        app.run()
+    assert not app.exception
     return app
 
 
