@@ -175,7 +175,8 @@ def check_lines(
     * the time: the writer's format is parsed once per distinct second, then six ASCII digits;
       the range is checked with the second, which is cached only when wholly inside it.
     """
-    lines = block.split(b"\n")[:-1]
+    lines = block.split(b"\n")
+    lines.pop()  # what follows the last newline: nothing
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
     loads, base_values, second_ns = orjson.loads, _base_values, _second_ns
