@@ -187,12 +187,12 @@ class RunReader(FollowedLog, AccountedSessions):
         if not rows:
             return
         versions, pending = self.schema_versions, self._pending
+        event, per_event = None, []
         for row in rows:
             version = row["schema_version"]
             versions[version] = versions.get(version, 0) + 1
-            per_event = pending.get(row["event"])
-            if per_event is None:
-                per_event = pending[row["event"]] = []
+            if row["event"] != event:  # a run of one event's rows finds its list once
+                event, per_event = row["event"], pending.setdefault(row["event"], [])
             per_event.append(row)
         self.log.add(rows)
         self._pending_rows += len(rows)

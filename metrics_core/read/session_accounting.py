@@ -103,32 +103,40 @@ class SessionLog:
     def add(self, rows: Sequence[dict[str, Any]]) -> list[int]:
         """Records in file order (``time`` in ns); returns each one's session index."""
         firsts = self._first_step_in_event
-        session_id, acc, index = None, None, -1
+        session_id, index, last = None, -1, None
+        noted: set[str] = set()  # the events this call saw in session ``index``: their first step is kept
         indices = []
         for row in rows:
             if row["session_id"] != session_id:
+                if last is not None:
+                    self._ended_at(index, last)
                 session_id = row["session_id"]
                 index = self.session(session_id)
                 acc = self._sessions[index]
-            if acc.records == 0:
-                acc.first_step, acc.start_ns, acc.first_tokens = row["step"], row["time"], row["tokens_seen"]
+                if acc.records == 0:
+                    acc.first_step, acc.start_ns, acc.first_tokens = row["step"], row["time"], row["tokens_seen"]
+                noted = set()
+            last = row
             acc.records += 1
-            acc.last_step, acc.end_ns = row["step"], row["time"]
-            acc.last_tokens, acc.last_skipped = row["tokens_seen"], row["skipped_updates"]
             event = row["event"]
-            by_session = firsts.get(event)
-            if by_session is None:
-                by_session = firsts[event] = {}
-            if index not in by_session:
-                by_session[index] = row["step"]
+            if event not in noted:
+                noted.add(event)
+                firsts.setdefault(event, {}).setdefault(index, row["step"])
             if event in MARKER_EVENTS:
                 self.note_marker(row)
             indices.append(index)
-        if rows:
+        if last is not None:  # the last record of the last session: the rest had theirs at the switch
+            self._ended_at(index, last)
             self.records += len(rows)
-            self.last_event = rows[-1]["event"]
+            self.last_event = last["event"]
             self._recent_times.extend([row["time"] for row in rows[-RECENT_TIMES:]])
         return indices
+
+    def _ended_at(self, index: int, row: dict[str, Any]) -> None:
+        """Session ``index``'s last record so far is ``row``."""
+        acc = self._sessions[index]
+        acc.last_step, acc.end_ns = row["step"], row["time"]
+        acc.last_tokens, acc.last_skipped = row["tokens_seen"], row["skipped_updates"]
 
     def add_run(self, index: int, count: int, first: tuple[int, int, int], last: tuple[int, int, int, int]) -> None:
         """``count`` contiguous records of session ``index``: the first's (step, time, tokens_seen),
