@@ -343,9 +343,11 @@ def runs_table_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> d
         store.runs_table()
         idle = {key: store.stats[key] - cold[key] for key in cold}
         append_records(root / "run0000" / "metrics.jsonl", base_record(60, train_loss=0.1))
-        store._entries["run0000"].refreshed_at = float("-inf")  # as the watcher's hint does
         before = dict(store.stats)
-        assert store.runs_table().set_index("run").loc["run0000", "last step"] == 60
+        deadline = time.monotonic() + 30  # until the watcher's hint names the run (a page's refresh)
+        while store.runs_table().set_index("run").loc["run0000", "last step"] != 60:
+            assert time.monotonic() < deadline, "the watcher never named the appended run"
+            time.sleep(0.02)
         after = {key: store.stats[key] - before[key] for key in before}
     finally:
         store.close()
