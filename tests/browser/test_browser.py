@@ -185,7 +185,7 @@ def test_sessions_page_shades_replay_windows_and_shows_the_table(page: object, s
     # grid's own script is loaded lazily by Streamlit when the element arrives.
     (table,) = wait_until(page, lambda: (grids := page.evaluate(GRID_JS, "[data-testid=stMain]"))
                           and len(grids[0]) == 4 and grids)  # fmt: skip
-    assert [row[0] for row in table[1:]] == ["S1", "S2", "S3"] and table[3][1] == "s3"
+    assert [row[0] for row in table[1:]] == ["S1", "S2", "S3"]
 
 
 def test_a_link_opened_before_the_run_exists_shows_it_once_it_does(

@@ -15,7 +15,6 @@ from metrics_core.dashboard.display_text import (
     md_text,
     shorten,
 )
-from metrics_core.text import fit_middle
 from tests.support import REPO, append_records, base_record, open_page, popovers, without_permission_override
 from tests.support.dashboard import HOSTILE_NAMES, make_runs
 
@@ -74,7 +73,8 @@ def test_a_failing_run_page_names_the_run_and_the_cause(runs_root: Path, poisone
 
 
 def test_hostile_names_reach_markdown_only_escaped(runs_root: Path) -> None:
-    """Run titles, session ids in the sessions table and names from the URL are escaped markdown."""
+    """Run titles and names from the URL are escaped markdown; the sessions table names a hostile
+    session S1, never by its id."""
     name = "[x](https:__evil.example)"  # '/' would make a nested run directory
     append_records(runs_root / name / "metrics.jsonl",
                    *(base_record(s, session="[Log in again](https://evil.example/login)", train_loss=1.0)
@@ -84,7 +84,8 @@ def test_hostile_names_reach_markdown_only_escaped(runs_root: Path) -> None:
     assert app.title[0].value == md_text(name)
     app = open_page("sessions", run=name)
     assert not app.exception
-    assert app.dataframe[0].value["id"].tolist() == [fit_middle("[Log in again](https://evil.example/login)", 24)]
+    table = app.dataframe[0].value  # the session by name: its id is in the CSV, never in markdown
+    assert table["session"].tolist() == ["S1"] and "[Log in again]" not in "".join(map(str, table.to_numpy().ravel()))
     app = open_page("compare", run=["**y**", name])
     assert not app.exception
     assert md_text("'**y**'") in app.warning[0].value
