@@ -167,13 +167,13 @@ def shown(server: Settings) -> Settings:
 
 @st.cache_resource(show_spinner=False)
 def demo_root(cache: Path | None) -> Path:
-    """Where this server's demo writes its runs: a fresh ``demo-runs`` of the dashboard's own cache
-    directory, else a temporary directory of its own; never the user's runs root."""
-    if cache is None:
-        return Path(tempfile.mkdtemp(prefix="metrics-demo-"))
-    root = cache / "demo-runs"
-    shutil.rmtree(root, ignore_errors=True)  # the last server's demo: this one starts its own
-    root.mkdir(mode=0o700, parents=True)
+    """Where this server's demo writes its runs, never the user's runs root: a new directory of its
+    own (0700, made by ``mkdtemp``, so two servers sharing a cache never meet) in the dashboard's
+    cache directory, else in the system's temporary directory; removed when the server exits."""
+    if cache is not None:
+        cache.mkdir(mode=0o700, parents=True, exist_ok=True)
+    root = Path(tempfile.mkdtemp(prefix="demo-runs-", dir=cache))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
     return root
 
 

@@ -61,14 +61,15 @@ def test_the_demo_is_a_sweep_kept_outside_the_runs_root_until_the_users_first_ru
     while len(listed()) < len(SWEEP) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert listed() == [f"run?run={name}" for name in sorted(SWEEP)]
-    assert [run.name for run in find_runs(tmp_path / "cache" / "demo-runs")] == sorted(SWEEP)
+    (demo,) = (tmp_path / "cache").glob("demo-runs-*")
+    assert [run.name for run in find_runs(demo)] == sorted(SWEEP) and demo.stat().st_mode & 0o777 == 0o700
     assert list(runs_root.iterdir()) == []
     make_run(runs_root, "mine")
     assert listed() == ["run?run=mine"] and not any("A demo" in info.value for info in app.info)
     deadline = time.monotonic() + 30
-    while demo_processes(tmp_path / "cache") and time.monotonic() < deadline:
+    while demo_processes(demo) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert demo_processes(tmp_path / "cache") == []
+    assert demo_processes(demo) == []
 
 
 def demo_processes(under: Path) -> list[int]:
