@@ -53,6 +53,7 @@ from metrics_core.buckets.bucket_runs import discover_bucket_runs
 from metrics_core.buckets.cloud_reads import reads_for
 from metrics_core.buckets.object_reads import ArrowReads
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.roots.bucket_root import BucketRoot
 from metrics_core.testing.buckets import (
     AZURITE_ACCOUNT,
@@ -191,7 +192,9 @@ def main() -> None:
         reads = reads_for(address) if args.reads == "client" else ArrowReads(bucket_filesystem(address))
         print(f"reads: {type(reads).__name__}")
         root = BucketRoot(url, list_interval=args.list_interval, reads=reads, clock=lambda: clock[0])
-        store = RunStore(root, safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
+        store = RunStore(
+            root, StoreSettings(safety_interval=args.refresh, load_budget_s=3600.0, clock=lambda: clock[0])
+        )
         try:
             store.runs_table()
             counts, sent = proxy.snapshot()

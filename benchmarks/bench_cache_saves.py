@@ -30,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from benchmarks.bench_snapshot import kept_run
 from benchmarks.timing import percentile
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.read.column_cache import CachePolicy
 
 APPEND_S = 0.1
@@ -45,7 +46,7 @@ def measure(kept: Path, *, seconds: float, interval: float | None) -> dict[str, 
         path = root / "r" / "metrics.jsonl"
         shutil.copyfile(kept, path)
         policy = None if interval is None else CachePolicy(cache, interval_s=interval)
-        store = RunStore(root, cache=policy, safety_interval=0.0, saver_delay_s=0.0)
+        store = RunStore(root, StoreSettings(cache=policy, safety_interval=0.0, saver_delay_s=0.0))
         try:
             store.view("r")  # the cold parse (its save runs on the saver thread)
             deadline = time.monotonic() + 120

@@ -58,10 +58,12 @@ def measure(root: Path, idle_s: float) -> dict[str, float]:
     from metrics_core.alerts.rules import AlertConfig
     from metrics_core.dashboard.alerting import ServerAlerter
     from metrics_core.dashboard.store.run_store import RunStore
+    from metrics_core.dashboard.store.store_settings import StoreSettings
     from metrics_core.read.column_cache import CachePolicy
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    store = RunStore(root, cache=CachePolicy(Path(tempfile.mkdtemp(prefix="metrics_bench_cache_"))))
+    cache = CachePolicy(Path(tempfile.mkdtemp(prefix="metrics_bench_cache_")))
+    store = RunStore(root, StoreSettings(cache=cache))
     alerter = ServerAlerter(store, AlertConfig(), webhook=None)
     try:
         table = store.runs_table()

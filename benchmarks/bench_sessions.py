@@ -36,6 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from metrics_core.cli.main import main as cli_main
 from metrics_core.dashboard.figures.run_charts import chart_builders
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.read.run_reader import RunReader
 from metrics_core.sql.export_table import run_facts, run_table
@@ -43,7 +44,7 @@ from metrics_core.testing.generate import write_resumed_run
 
 
 def page(root: Path) -> None:
-    store = RunStore(root, safety_interval=0.0)
+    store = RunStore(root, StoreSettings(safety_interval=0.0))
     try:
         view = store.view("r")
         next(iter(chart_builders(view, ChartOptions()).values()))()

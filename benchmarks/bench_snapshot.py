@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.snapshot import build_view
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.testing.generate import write_run
 
 
@@ -51,7 +52,7 @@ def per_append_ms(path: Path, appends: int, batch: int) -> dict[str, float]:
         (root / "r").mkdir()
         shutil.copyfile(path, root / "r" / "metrics.jsonl")
         last = orjson.loads(path.read_bytes()[-4096:].splitlines()[-1])
-        store = store_module.RunStore(root, safety_interval=0.0)
+        store = store_module.RunStore(root, StoreSettings(safety_interval=0.0))
         try:
             view = store.view("r")
             extended, scratch = [], []

@@ -23,7 +23,8 @@ from metrics_core.alerts.webhooks import WEBHOOK_VARIABLE, command_line_warning
 from metrics_core.dashboard.alerting import ServerAlerter
 from metrics_core.dashboard.demo import start_demo
 from metrics_core.dashboard.display_text import md_text
-from metrics_core.dashboard.store.run_store import RECENT_S, RunStore
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import RECENT_S, StoreSettings
 from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.errors import MetricsError
 from metrics_core.read.column_cache import CachePolicy, default_directory
@@ -192,8 +193,7 @@ def _store(runs: Path | str, poll: bool, cache: Path | None, refresh: float, lis
     recent_s = max(RECENT_S, 4 * refresh)
     # A bucket's live run costs a HEAD per look: looked at no more than once per page refresh.
     polling = {"safety_interval": refresh} if is_bucket_url(runs) else {}
-    store = RunStore(
-        runs,
+    settings = StoreSettings(
         force_polling=poll,
         cache=None if cache is None else CachePolicy(cache),
         recent_s=recent_s,
@@ -201,6 +201,7 @@ def _store(runs: Path | str, poll: bool, cache: Path | None, refresh: float, lis
         warm=view_findings,  # the run and sessions pages show its health: computed beside their charts
         **polling,
     )
+    store = RunStore(runs, settings)
     _OPEN_STORES.append(store)
     return store
 

@@ -13,6 +13,7 @@ from metrics_core.dashboard.live.chart_component import (
     next_payload,
 )
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_specs import (
     ChartOptions,
 )
@@ -26,7 +27,7 @@ class LiveRun:
     def __init__(self, root: Path, records: int) -> None:
         self.path = root / "live" / "metrics.jsonl"
         write_run(self.path, records)
-        self.store = RunStore(root, safety_interval=0.0)
+        self.store = RunStore(root, StoreSettings(safety_interval=0.0))
         self.options = ChartOptions(smoothing=0.6)
         self.sent = {key: next_payload(None, encode(figure), resync=False)
                      for key, figure in view_charts(self.store.view("live"), self.options).items()}  # fmt: skip

@@ -21,6 +21,7 @@ from metrics_core.buckets.sync import RunSync
 from metrics_core.dashboard.launch import streamlit_arguments
 from metrics_core.dashboard.settings import parse_settings
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.errors import RunNotFoundError
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord, write_failure
@@ -59,7 +60,9 @@ def proxy(bucket: pafs.S3FileSystem, s3_endpoint: str, monkeypatch: pytest.Monke
 def bucket_store(clock: list[float], **options: float) -> RunStore:
     """A store on ``s3://runs/exp`` as the dashboard makes one at ``--refresh 5``, on the test's clock."""
     root = BucketRoot(f"s3://{BUCKET}/exp", list_interval=options.pop("list_interval", 60.0), clock=lambda: clock[0])
-    return RunStore(root, safety_interval=REFRESH_S, load_budget_s=3600.0, clock=lambda: clock[0], **options)
+    return RunStore(
+        root, StoreSettings(safety_interval=REFRESH_S, load_budget_s=3600.0, clock=lambda: clock[0], **options)
+    )
 
 
 def statuses(store: RunStore) -> dict[str, str]:
@@ -190,7 +193,7 @@ def test_a_bucket_that_does_not_exist_is_one_line_and_retried_sparingly(proxy: C
     the listing is tried again after ``RETRY_S``, not at every call."""
     clock = [0.0]
     root = BucketRoot("s3://no-such-bucket/exp", clock=lambda: clock[0])
-    store = RunStore(root, safety_interval=REFRESH_S, clock=lambda: clock[0])
+    store = RunStore(root, StoreSettings(safety_interval=REFRESH_S, clock=lambda: clock[0]))
     try:
         for _ in range(3):
             with pytest.raises(

@@ -21,7 +21,8 @@ from tests.support.dashboard import HOSTILE_NAMES, make_runs
 RUNS_PAGE_SCRIPT = """
 import json, sys
 from metrics_core.dashboard.store.run_store import RunStore
-store = RunStore(sys.argv[1], safety_interval=0.0)
+from metrics_core.dashboard.store.store_settings import StoreSettings
+store = RunStore(sys.argv[1], StoreSettings(safety_interval=0.0))
 try:
     rows = store.runs_table()
     print(json.dumps({row.run: [row.status, row.error] for row in rows.itertuples()}))

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from tests.support import append_records, base_record, spawn_python
 
 WRITER_THEN_WAIT = """
@@ -39,7 +40,7 @@ def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbe
             tmp_path / "plain" / "metrics.jsonl",
             base_record(1, train_loss=1.0, time=datetime.now(timezone.utc).isoformat()),
         )
-        store = RunStore(tmp_path, safety_interval=0.0)
+        store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
         try:
             status = lambda: store.runs_table().set_index("run")["status"].to_dict()  # noqa: E731
             assert status() == {"r": "live", "plain": "crashed"}
@@ -51,7 +52,7 @@ def test_a_killed_writer_reads_crashed_at_the_next_refresh_not_after_the_heartbe
     finally:
         writer.kill()
         writer.wait()
-    fresh = RunStore(tmp_path, safety_interval=0.0)
+    fresh = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         assert fresh.runs_table(now=datetime.now(timezone.utc)).set_index("run").loc["r", "status"] == "crashed"
     finally:

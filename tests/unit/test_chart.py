@@ -21,6 +21,7 @@ from metrics_core.dashboard.live.chart_component import (
     plotly_source,
 )
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.views.compare import COMPARE_METRICS
 from metrics_core.testing.generate import write_run
@@ -85,7 +86,7 @@ def test_a_live_update_of_a_1k_record_run_sends_under_10_kb(tmp_path: Path) -> N
     values = lambda s: {"train_loss": 5.0 / s, "grad_norm_avg": 1.0, "grad_norm_max": 2.0, "lr": 1e-4,  # noqa: E731
                         "clipped_fraction": 0.1, "skipped_updates_in_window": 0, "tokens": 100}  # fmt: skip
     append_records(path, *(base_record(s, **values(s)) for s in range(10, 10_001, 10)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         options = ChartOptions(smoothing=0.6)
         charts = run_charts(store.view("r"), options)
@@ -107,7 +108,7 @@ def test_two_tabs_on_one_run_share_its_snapshot_charts_and_update(tmp_path: Path
     once), naming the same figure."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=5.0 / s) for s in range(10, 1_001, 10)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         options = ChartOptions(smoothing=0.6)
         figure = view_charts(store.view("r"), options)["loss"]
@@ -142,7 +143,7 @@ def test_a_session_keeps_only_the_figures_its_newest_extends(tmp_path: Path) -> 
     path = tmp_path / "r" / "metrics.jsonl"
     steps = range(1, CHART_POINTS + 2_001)
     append_records(path, *(base_record(s, train_loss=5.0 / s, grad_norm_avg=1.0 + s % 3) for s in steps))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         options = ChartOptions(smoothing=0.6)
         charts = run_charts(store.view("r"), options)

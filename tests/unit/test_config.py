@@ -11,6 +11,7 @@ import pytest
 from metrics_core import MetricsWriter, RunContext, TrainingState
 from metrics_core.dashboard.store.run_config import MAX_KEYS, ROOT_KEY, flatten_config, run_config
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.config_tables import (
     NOT_SET,
     changes_table,
@@ -110,7 +111,7 @@ def test_config_written_by_the_writer_reaches_the_view_once_per_snapshot(tmp_pat
     with MetricsWriter(RunContext(tmp_path / "w", "w", "s1")) as writer:
         writer.write("session_start", state)
         writer.write_config(state, CONFIG)
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         view = store.view("w")
         assert view_config(view) is view_config(view)

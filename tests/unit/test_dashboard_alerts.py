@@ -17,6 +17,7 @@ from metrics_core.alerts.webhooks import Alert
 from metrics_core.dashboard import alerting
 from metrics_core.dashboard.alerting import Pacer, ServerAlerter, alerts_notice, firing_lines, run_alert_lines
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from tests.support import append_records, base_record, read_records
 from tests.support.alerts import nan_and_healthy_runs, write_losses
 
@@ -146,7 +147,7 @@ def test_the_server_alerter_reads_through_the_store_and_finds_what_the_command_f
     fed: list[int] = []  # records the server's rules were fed
     records_of = alerting._records
     monkeypatch.setattr(alerting, "_records", lambda *args: fed.append(len(found := records_of(*args))) or found)
-    store = RunStore(root, idle_s=0.0, safety_interval=0.0)  # every pass reads what was appended
+    store = RunStore(root, StoreSettings(idle_s=0.0, safety_interval=0.0))  # every pass reads what was appended
     shared = AlertEvaluator(root, config, follow=lambda info: StoreFollow(store, info, config, None))
     own = AlertEvaluator(root, config)
     rng = random.Random(3)

@@ -26,6 +26,7 @@ from metrics_core.dashboard.figures.layout import Highlight
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.store import root_listing
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_specs import ChartOptions, Series
 from metrics_core.dashboard.views.runs_table import newest_first, run_link, run_links
@@ -179,7 +180,7 @@ def test_figure_text_fields_are_escaped_for_plotly() -> None:
 def test_overview_lists_every_run_and_a_failing_one_as_an_error_row(tmp_path: Path, poisoned: dict) -> None:
     """One run whose reading raises is a row with status 'error' and the reason; the others are listed."""
     make_runs(tmp_path, "alpha", "poisoned", "zeta")
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         table = store.runs_table()
         assert table["run"].tolist() == ["alpha", "poisoned", "zeta"]
@@ -201,7 +202,7 @@ def test_overview_lists_the_runs_beside_entries_it_cannot_look_into(tmp_path: Pa
     (tmp_path / "loop").symlink_to("loop")
     (tmp_path / "group" / "through").symlink_to("beta/metrics.jsonl/x")
     clock = [0.0]
-    store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0, clock=lambda: clock[0]))
     try:
         rows = store.runs_table().set_index("run")
         assert sorted(rows.index) == ["alpha", "group/beta", "group/through", "loop"]
@@ -220,7 +221,7 @@ def test_overview_lists_the_runs_beside_entries_it_cannot_look_into(tmp_path: Pa
 def test_a_failed_run_is_retried_from_scratch_only_once_its_file_changed(tmp_path: Path, poisoned: dict) -> None:
     """A cached failure costs no re-read; after an append the run is re-read from the start and shown."""
     make_runs(tmp_path, "poisoned")
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         for _ in range(3):
             with pytest.raises(RunViewError):
@@ -239,7 +240,7 @@ def test_a_string_logged_under_a_loss_name_does_not_break_the_overview(tmp_path:
     """A metric string value where a number was expected is shown as no value, not a crash."""
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0),
                    base_record(20, train_loss='<a href="https://evil.example">x</a>'))  # fmt: skip
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         row = store.runs_table().iloc[0]
         assert row["status"] != "error" and row["train loss"] == 1.0
@@ -251,7 +252,7 @@ def test_a_string_among_loss_values_is_a_gap_in_the_view_not_a_failure(tmp_path:
     """A field whose type changed (a string under train_loss once) is numeric in the view, the string a NaN."""
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0),
                    base_record(20, train_loss="<b>oops</b>"), base_record(30, train_loss=0.5))  # fmt: skip
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         loss = store.view("r").frames["train"]["train_loss"]
         assert loss.dtype == np.float64 and loss.isna().tolist() == [False, True, False]
@@ -265,7 +266,7 @@ def test_diagnostics_that_raise_become_a_finding(tmp_path: Path, monkeypatch: py
 
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
     monkeypatch.setattr(live_views, "diagnose", lambda **_: 1 / 0)
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         [finding] = live_views.view_findings(store.view("r"))
         assert finding.severity == "error" and "ZeroDivisionError" in finding.message

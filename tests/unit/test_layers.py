@@ -390,12 +390,13 @@ def test_a_snapshot_reaches_a_tab_calling_only_down_the_layers(tmp_path: Path) -
 
     from metrics_core.dashboard.live.feed import drawn_charts, feed_answer, page_signature
     from metrics_core.dashboard.store.run_store import RunStore
+    from metrics_core.dashboard.store.store_settings import StoreSettings
     from metrics_core.dashboard.views.chart_specs import ChartOptions
     from tests.support import append_records, base_record, three_session_run
 
     three_session_run(tmp_path / "r" / "metrics.jsonl")
     append_records(tmp_path / "r" / "metrics.jsonl", *(base_record(s, session="s3", mfu=s / 1e3) for s in (210, 220)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         view, options = store.view("r"), ChartOptions(smoothing=0.5)
         drawn, held = page_signature(view, options, ()).layout, {key: 0 for key in drawn_charts(view, options)}

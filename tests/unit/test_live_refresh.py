@@ -19,6 +19,7 @@ from metrics_core.dashboard.live.chart_component import encode
 from metrics_core.dashboard.live.feed import drawn_charts, page_signature
 from metrics_core.dashboard.live.push import CHANGES_PATH, SharedAnswers, changes_route, options_query, snapshot_serial
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_specs import ChartOptions
 from metrics_core.dashboard.widgets import refresh_slot
 from tests.support import append_records, base_record, run_async
@@ -39,7 +40,7 @@ def test_the_changes_route_answers_a_tab_once_its_run_has_a_newer_snapshot(tmp_p
     record is appended (with the serial of the snapshot it will then draw), or at the long poll's end."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         drawn = snapshot_serial(store.view("r"))
         assert snapshot_serial(store.view("r")) == drawn  # the same snapshot while nothing changed
@@ -70,7 +71,7 @@ def test_tabs_in_step_get_the_appended_points_from_one_answer_and_a_changed_page
     the route cannot read is refused."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s, lr=3e-4) for s in range(10, 51, 10)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     computed: list[str] = []
 
     def alerts(run: str) -> tuple[str, ...]:  # asked once per answer computed
@@ -146,7 +147,7 @@ def test_a_superseded_snapshots_figures_are_freed_without_the_cyclic_collector(t
     the cyclic collector's full passes come minutes apart, and every append's figures would wait."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(10, 51, 10)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     drawn: list[list[weakref.ref]] = []
     gc.disable()
     try:

@@ -15,6 +15,7 @@ from metrics_core.alerts.evaluator import AlertEvaluator
 from metrics_core.alerts.rules import AlertConfig
 from metrics_core.dashboard.alerting import StoreFollow
 from metrics_core.dashboard.store.run_store import SETTLED_POLLS, RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.read.run_status import SETTLED
 from metrics_core.roots.runs_root import LocalRoot
 from tests.support import append_records, base_record
@@ -61,7 +62,8 @@ def filled(tmp_path: Path, writer_lock: Callable[[Path], None]) -> Iterator[tupl
     append_records(tmp_path / "live" / "metrics.jsonl", {**base_record(0, event="session_start"), "time": now})
     writer_lock(tmp_path / "live" / "metrics.jsonl")
     root, clock = CountingRoot(tmp_path), [0.0]
-    store = RunStore(root, safety_interval=SAFETY_S, load_budget_s=60.0, loader_delay_s=60.0, clock=lambda: clock[0])
+    settings = StoreSettings(safety_interval=SAFETY_S, load_budget_s=60.0, loader_delay_s=60.0, clock=lambda: clock[0])
+    store = RunStore(root, settings)
     table = store.runs_table(now=datetime.now(timezone.utc))
     assert (table["status"] == "finished").sum() == 60 and "loading" not in set(table["status"])
     assert table.set_index("run")["status"]["live"] not in SETTLED

@@ -25,6 +25,7 @@ from metrics_core.dashboard.live.push import (
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, canonical
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, chart_filter, filter_error
 from metrics_core.dashboard.views.chart_specs import (
@@ -166,7 +167,7 @@ def test_long_polls_for_unknown_runs_are_answered_404_at_once_and_long_polls_are
     after one look at the store, naming no server path; a run's long poll waits; beyond the cap
     a long poll is answered 503."""
     small_run(tmp_path / "r" / "metrics.jsonl")
-    store = CountingStore(RunStore(tmp_path, safety_interval=0.0))
+    store = CountingStore(RunStore(tmp_path, StoreSettings(safety_interval=0.0)))
     route = changes_route(lambda: store, lambda: 0.05, long_poll_s=3600.0, long_polls_max=3)
     try:
         seen = snapshot_serial(store.store.view("r"))
@@ -196,7 +197,7 @@ def test_a_long_poll_whose_client_is_gone_ends_at_once_and_gives_its_place_back(
     under the cap is free again at once, and a server stopping (it waits for the requests in
     flight) is not kept waiting by it."""
     small_run(tmp_path / "r" / "metrics.jsonl")
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     route = changes_route(lambda: store, lambda: 0.05, long_poll_s=3600.0, long_polls_max=1)
     try:
         seen = snapshot_serial(store.view("r"))
@@ -223,7 +224,7 @@ def test_a_key_is_an_x_only_where_the_run_logs_it_growing(tmp_path: Path) -> Non
         tmp_path / "r" / "metrics.jsonl",
         *(base_record(step, train_loss=1.0 / step, epoch=step // 10) for step in range(1, 60)),
     )
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         view = store.view("r")
         assert x_allowed(view, "step") and x_allowed(view, "time") and x_allowed(view, "epoch")
@@ -238,7 +239,7 @@ def test_the_csv_route_names_no_server_path_and_refuses_an_over_long_filter(tmp_
     filter like any other."""
     small_run(tmp_path / "root" / "r" / "metrics.jsonl")
     small_run(tmp_path / "outside" / "metrics.jsonl")
-    store = RunStore(tmp_path / "root", safety_interval=0.0)
+    store = RunStore(tmp_path / "root", StoreSettings(safety_interval=0.0))
     route = csv_route(lambda: store)
 
     async def scenario() -> list[tuple[int, str]]:
@@ -267,7 +268,7 @@ def test_chart_csvs_are_built_a_few_at_a_time_the_next_ones_wait_and_the_rest_ar
     are then answered in full, two are refused at once (503, with when to ask again).  A client that
     leaves while its CSV is sent gives its turn back."""
     small_run(tmp_path / "r" / "metrics.jsonl")
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     gate, lock = threading.Event(), threading.Lock()
     building = {"now": 0, "most": 0}
 
@@ -317,7 +318,7 @@ def test_a_run_keeps_the_figures_of_the_last_options_asked_for_only(tmp_path: Pa
     figures and lineage are dropped (built again if asked for), and what is kept of the others
     stays."""
     small_run(tmp_path / "r" / "metrics.jsonl")
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         view = store.view("r")
         first = ChartOptions(smoothing=0.0)

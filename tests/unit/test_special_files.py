@@ -21,6 +21,7 @@ import pytest
 from metrics_core import RunContext
 from metrics_core.dashboard.store.rows import peek_row
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.errors import RunFileError, WriterLockedError
 from metrics_core.read.column_cache import CachePolicy, load
 from metrics_core.read.run_digest import RunDigest, last_records
@@ -147,7 +148,7 @@ def test_the_store_lists_special_runs_as_errors_naming_the_path_and_every_other_
     special(root / "piped" / "metrics.jsonl", "fifo")
     special(root / "nested" / "folder" / "metrics.jsonl", "directory")
     assert [run.name for run in find_runs(root)] == ["alpha", "nested/folder", "piped", "zeta"]
-    store = RunStore(root, force_polling=True, load_budget_s=60.0)
+    store = RunStore(root, StoreSettings(force_polling=True, load_budget_s=60.0))
     try:
         with no_waiting():
             rows = {row["run"]: row for row in store.runs_table().to_dict("records")}

@@ -23,6 +23,7 @@ from metrics_core.dashboard.store import root_listing, run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, Lineage, RunView
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views import chart_specs as views_module
 from metrics_core.dashboard.views.chart_specs import (
     LINE_FIELDS,
@@ -83,7 +84,7 @@ def _last_number(frame: pd.DataFrame, column: str) -> LastValue | None:
 def test_views_are_reused_until_the_file_changes(tmp_path: Path) -> None:
     """Same snapshot object while nothing changed (so tabs share it); a new one after an append."""
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         first = store.view("r")
         assert store.view("r") is first
@@ -101,7 +102,7 @@ def test_tabs_refreshing_one_run_check_its_path_once_per_safety_interval(tmp_pat
     again, and a run gone from the root is refused then."""
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
     clock = [0.0]
-    store = RunStore(tmp_path, safety_interval=2.0, clock=lambda: clock[0])
+    store = RunStore(tmp_path, StoreSettings(safety_interval=2.0, clock=lambda: clock[0]))
     try:
         views = {store.view("r") for _ in range(20)}
         assert len(views) == 1 and store.stats["resolves"] == 1
@@ -216,7 +217,7 @@ def test_incremental_summary_equals_the_full_recount_after_every_append(tmp_path
         [base_record(40, session="s2", train_loss="oops"), base_record(50, session="s2", train_loss=0.3)],
         [base_record(60, session="s2", event="session_end", status="finished")],
     ]
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         for records in appends:
             append_records(path, *records)
@@ -247,7 +248,7 @@ def test_a_snapshot_extended_from_the_last_equals_one_built_from_scratch_after_e
         train([740], "s2"),
         [base_record(750, event="session_end", session="s2", status="finished")],
     ]
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         views = []  # held, as a page's charts hold theirs: what the next snapshot extends
         for records in appends:
@@ -272,7 +273,7 @@ def test_snapshots_held_by_a_page_never_change_while_live_appends_extend_their_m
     append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 300, 10)),
                    base_record(200, event="session_start", session="s2"),
                    *(base_record(s, session="s2", train_loss=0.5) for s in range(200, 260, 10)))  # fmt: skip
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         held = []  # (snapshot, copies of its masks when it was built)
         for number in range(12):
@@ -301,7 +302,7 @@ def test_a_live_append_extends_the_snapshot_without_a_pass_over_the_run(
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0) for s in range(10, 200, 10)),
                    base_record(190, event="validation", val_loss=0.8))  # fmt: skip
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         first = store.view("r")
         superseded = count_calls(monkeypatch, RunReader, "superseded")
@@ -336,7 +337,7 @@ def runs_table_work(root: Path, runs: int, monkeypatch: pytest.MonkeyPatch) -> d
                        *(base_record(s, train_loss=1.0 / s) for s in range(10, 60, 10)))  # fmt: skip
     frames = count_calls(monkeypatch, RunReader, "frame_columns")
     resolves = count_calls(monkeypatch, roots_module, "resolve_run")  # the local root resolves names
-    store = RunStore(root, safety_interval=3600.0, load_budget_s=3600.0)
+    store = RunStore(root, StoreSettings(safety_interval=3600.0, load_budget_s=3600.0))
     try:
         assert (store.runs_table()["status"] != "loading").all()
         cold = dict(store.stats)
@@ -380,7 +381,7 @@ def test_live_appends_to_a_run_logging_200_keys_build_only_what_the_page_draws(
     path = tmp_path / "run" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s, **logged(s)) for s in range(10, 40, 10)))
     options = ChartOptions()
-    store = RunStore(tmp_path, safety_interval=0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0))
     try:
         page = lambda view: (view_chart_groups(view, options), view_findings(view))  # noqa: E731
         page(store.view("run"))
@@ -409,7 +410,7 @@ def test_a_cold_root_is_listed_at_once_and_filled_in_in_the_background(tmp_path:
     itself; the loader thread reads them all, with no call asking for it."""
     for name in ("a", "b", "c"):
         append_records(tmp_path / name / "metrics.jsonl", base_record(10, train_loss=1.0))
-    store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
+    store = RunStore(tmp_path, StoreSettings(load_budget_s=0.0, loader_delay_s=0.0))
     try:
         first = store.runs_table()
         assert first["run"].tolist() == ["a", "b", "c"]
@@ -441,7 +442,7 @@ def test_a_loader_that_dies_does_not_stop_later_calls_from_loading(tmp_path: Pat
 
     monkeypatch.setattr(run_entry, "peek_row", peek_fails_once)
     monkeypatch.setattr(threading, "excepthook", lambda args: None)  # the dying thread's traceback
-    store = RunStore(tmp_path, load_budget_s=0.0, loader_delay_s=0.0)
+    store = RunStore(tmp_path, StoreSettings(load_budget_s=0.0, loader_delay_s=0.0))
     try:
         store.runs_table()
         deadline = time.monotonic() + 60
@@ -462,7 +463,7 @@ def test_a_big_cold_run_is_read_by_the_loader_never_on_a_page_call(tmp_path: Pat
     append_records(
         tmp_path / "big" / "metrics.jsonl", *(base_record(s, train_loss=1.0, pad="x" * 40) for s in range(records))
     )
-    store = RunStore(tmp_path, load_budget_s=3600.0, loader_delay_s=0.0)
+    store = RunStore(tmp_path, StoreSettings(load_budget_s=3600.0, loader_delay_s=0.0))
     try:
         first = store.runs_table().set_index("run")["status"]
         assert first["small"] == "crashed" and first["big"] in ("loading", "crashed")
@@ -486,7 +487,7 @@ def test_a_big_cold_run_shows_its_last_records_from_the_tail_until_it_is_read(tm
                    base_record(records, event="validation", val_loss=0.25),
                    base_record(records + 1, train_loss="oops"))  # fmt: skip
     append_bytes(tmp_path / "big" / "metrics.jsonl", b'{"schema_version": 1, "step": 99')  # torn
-    store = RunStore(tmp_path, load_budget_s=0.0, safety_interval=3600.0, loader_delay_s=0.0)
+    store = RunStore(tmp_path, StoreSettings(load_budget_s=0.0, safety_interval=3600.0, loader_delay_s=0.0))
     try:
         [first, _] = store.runs()
         with store._entry(first).lock:  # the loader, done peeking, waits to read "a"
@@ -512,7 +513,7 @@ def test_a_run_busy_in_another_thread_does_not_hold_up_the_overview(tmp_path: Pa
     its row; every other run is refreshed, and the busy one is once it is free."""
     for name in ("a", "b"):
         append_records(tmp_path / name / "metrics.jsonl", base_record(10, train_loss=1.0))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         store.runs_table()
         for name in ("a", "b"):
@@ -532,7 +533,7 @@ def test_a_run_busy_in_another_thread_does_not_hold_up_the_overview(tmp_path: Pa
 def test_an_idle_overview_only_recomputes_ages(tmp_path: Path) -> None:
     """No change: the same rows, the table not rebuilt, and the record age follows the clock."""
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
-    store = RunStore(tmp_path, safety_interval=3600.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=3600.0))
     try:
         first = store.runs_table()
         builds = store.stats["table_builds"]
@@ -547,7 +548,7 @@ def test_the_overview_generation_moves_only_when_a_row_or_the_run_list_changes(t
     """Idle calls and the periodic rediscovery leave it alone; an append and a new run move it."""
     append_records(tmp_path / "r" / "metrics.jsonl", base_record(10, train_loss=1.0))
     clock = [0.0]
-    store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0, clock=lambda: clock[0]))
     try:
         store.runs_table()
         idle = store.runs_table_generation()
@@ -589,7 +590,7 @@ def memory_root(root: Path, finished: int, hold: Callable[[Path], None] | None, 
 
 def listed_store(root: Path, clock: list[float], **options: object) -> RunStore:
     """A store that read every run of ``root`` in its first ``runs_table()`` (no loader, no budget)."""
-    store = RunStore(root, safety_interval=0.0, load_budget_s=3600.0, clock=lambda: clock[0], **options)
+    store = RunStore(root, StoreSettings(safety_interval=0.0, load_budget_s=3600.0, clock=lambda: clock[0], **options))
     assert "loading" not in store.runs_table(now=MEMORY_NOW)["status"].tolist()
     return store
 
@@ -822,7 +823,7 @@ def test_a_live_update_of_a_long_run_draws_every_new_record_from_a_short_tail(
 
     for drawing in ("run_charts", "chart_builders"):  # a tail's charts; a full build's, drawn one by one
         monkeypatch.setattr(chart_memo, drawing, counted(getattr(chart_memo, drawing)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         options = ChartOptions(smoothing=0.6)
         first = view_charts(store.view("r"), options)
@@ -870,7 +871,7 @@ def test_a_first_build_draws_each_chart_when_the_page_asks_and_a_live_update_ext
         return original(view, key, *args)
 
     monkeypatch.setattr(run_charts_module, "spec_figure", counted)
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         options = ChartOptions(smoothing=0.6)
         view = store.view("run")
@@ -904,7 +905,7 @@ def test_a_first_build_left_half_drawn_does_not_keep_its_snapshot_alive(tmp_path
     collector (which may not run for minutes while it holds a big run's rows)."""
     path = tmp_path / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 200)))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     gc.disable()
     try:
         view = store.view("r")
@@ -930,7 +931,7 @@ def test_findings_of_a_live_run_are_recomputed_at_most_a_share_of_a_core(
     monkeypatch.setattr(live_views, "REBUILD_CPU_SHARE", 1e-9)  # every check "costs" far more than its interval
     path = tmp_path / "r" / "metrics.jsonl"
     long_run(path, range(10, 101, 10))
-    store = RunStore(tmp_path, safety_interval=0.0)
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
     try:
         live_views.view_findings(store.view("r"))
         long_run(path, range(110, 121, 10))
@@ -973,14 +974,14 @@ def test_a_restarted_store_reopens_a_big_run_from_its_own_cache_dir(tmp_path: Pa
     path = runs / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 2001)))
     policy = CachePolicy(cache, min_records=1)
-    first = RunStore(runs, cache=policy)
+    first = RunStore(runs, StoreSettings(cache=policy))
     try:
         cold = first.view("r")
     finally:
         first.close()  # readers save what they parsed
     assert list(cache.iterdir()) and sorted(p.name for p in (runs / "r").iterdir()) == ["metrics.jsonl"]
     append_records(path, base_record(2001, train_loss=0.1))
-    second = RunStore(runs, cache=policy)
+    second = RunStore(runs, StoreSettings(cache=policy))
     try:
         warm = second.view("r")
         entry = second._entries["r"]
@@ -1025,7 +1026,7 @@ def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_free
     monkeypatch.setattr(store_module, "return_memory_to_os", lambda: returned.append(clock[0]))
     path = tmp_path / "live" / "metrics.jsonl"
     append_records(path, *(base_record(step, train_loss=1.0 / step, grad_norm_avg=0.5) for step in range(1, 11)))
-    store = RunStore(tmp_path, safety_interval=0.0, clock=lambda: clock[0])
+    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0, clock=lambda: clock[0]))
     options = ChartOptions()
 
     def alive() -> dict[str, int]:

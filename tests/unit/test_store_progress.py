@@ -15,6 +15,7 @@ from metrics_core.dashboard.store import run_entry
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.rows import RUNS_TABLE_COLUMNS
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.views.runs_table import readable_runs
 from metrics_core.read import column_cache
@@ -151,7 +152,7 @@ def test_a_page_waiting_for_a_read_is_answered_as_it_ends_and_its_findings_are_w
         warmed.append((view, threading.current_thread().name))
         done.set()
 
-    store = RunStore(runs, warm=warm)
+    store = RunStore(runs, StoreSettings(warm=warm))
     try:
         assert store.prepare("big") is not None
         assert reading.wait(20)
@@ -186,7 +187,7 @@ def test_a_run_re_read_beside_the_runs_table_is_not_shown_as_being_read(tmp_path
     runs = tmp_path / "runs"
     path = runs / "old" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0) for s in range(1, 51)))
-    store = RunStore(runs, idle_s=0.0, safety_interval=0.0)  # an idle run's reader is released at once
+    store = RunStore(runs, StoreSettings(idle_s=0.0, safety_interval=0.0))  # an idle run's reader is released at once
     try:
         assert store.runs_table()["progress"].isna().all()
         [info] = store.runs()
@@ -223,7 +224,7 @@ def test_cache_saves_are_written_by_the_saver_thread_never_in_a_view(tmp_path: P
     runs = tmp_path / "runs"
     path = runs / "r" / "metrics.jsonl"
     append_records(path, *(base_record(s, train_loss=1.0 / s) for s in range(1, 2001)))
-    store = RunStore(runs, cache=policy, safety_interval=0, saver_delay_s=0)
+    store = RunStore(runs, StoreSettings(cache=policy, safety_interval=0, saver_delay_s=0))
     try:
         store.view("r")  # the cold parse: its save is due
         eventually(lambda: store.stats["cache_saves"] == 1)

@@ -15,6 +15,7 @@ import pytest
 from metrics_core.dashboard.figures.sweep_figures import chart_key, sweep_chart
 from metrics_core.dashboard.store.rows import MetricTails
 from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.config_tables import runs_table, swept_keys
 from metrics_core.dashboard.views.runs_table import readable_runs
 from metrics_core.dashboard.views.sweep import (
@@ -45,7 +46,7 @@ def sweep_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def table(sweep_root: Path):
-    store = RunStore(sweep_root, loader_delay_s=0.0, load_budget_s=60.0)
+    store = RunStore(sweep_root, StoreSettings(loader_delay_s=0.0, load_budget_s=60.0))
     try:
         yield store.runs_table().set_index("run")
     finally:

@@ -19,6 +19,9 @@ bucket prefix in ``metrics_core.roots.bucket_root``); the store asks it which ru
 changed, and for a run's reader, and never knows which kind it has.  Reading the runs of a cold
 root in the background is ``cold_loader.ColdLoader``'s.
 
+The ``safety_interval``, ``load_budget_s``, ``idle_s``, ``recent_s`` and ``view_budget_records``
+below are fields of the store's ``store_settings.StoreSettings``.
+
 Cost model (a root of 1,000 runs, runs of millions of records, live):
 
 * ``runs_table()`` looks only at the runs due (``run_schedule``: a hint named them, or their poll
@@ -67,7 +70,6 @@ once per snapshot, for the runs page to filter on and pick columns from; it is n
 from __future__ import annotations
 
 import threading
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
@@ -86,13 +88,12 @@ from metrics_core.dashboard.store.rows import runs_frame, with_ages
 from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunViewError
 from metrics_core.dashboard.store.run_schedule import RunSchedule
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.read.column_cache import CachePolicy
+from metrics_core.dashboard.store.store_settings import DEFAULT_SETTINGS, StoreSettings
 from metrics_core.read.columns import return_memory_to_os
 from metrics_core.read.read_progress import ReadProgress
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
 from metrics_core.roots.discovery import RunInfo, UnreadableEntry
-from metrics_core.roots.locations import LIST_INTERVAL_S
 from metrics_core.roots.runs_root import RunsRoot, open_root
 
 __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what it hands out, what it raises
@@ -100,56 +101,25 @@ __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what 
 T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 SETTLED_POLLS = 150  # a settled run is stat-ed once per this many safety intervals (``RunEntry.next_due``)
-IDLE_S = 60.0  # a run neither changed nor viewed for this long is idle: not "open in a page", not appending
-RECENT_S = 10.0  # a run viewed this lately is on a page that refreshes (20 refreshes at the default 0.5 s)
 TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
-VIEW_BUDGET_RECORDS = 4_000_000  # records the readers of viewed, not live, runs may hold
-SAVER_DELAY_S = 10.0  # a cache save waits this long: a page drawing the run's first charts goes first
 CLOSE_WAIT_S = 2.0  # ``close`` waits this long for a run's lock, not for the computation holding it
 
 
 class RunStore:
     """Readers, per-run summaries and views of every run under ``root``; see the module docstring."""
 
-    def __init__(
-        self,
-        root: str | Path | RunsRoot,
-        *,
-        force_polling: bool = False,
-        list_interval: float = LIST_INTERVAL_S,
-        safety_interval: float = 2.0,
-        load_budget_s: float = 0.1,
-        loader_delay_s: float = 1.0,
-        saver_delay_s: float = SAVER_DELAY_S,
-        cache: CachePolicy | None = None,
-        idle_s: float = IDLE_S,
-        recent_s: float = RECENT_S,
-        view_budget_records: int = VIEW_BUDGET_RECORDS,
-        warm: Callable[[RunView], object] | None = None,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
+    def __init__(self, root: str | Path | RunsRoot, settings: StoreSettings = DEFAULT_SETTINGS) -> None:
         """``root``: a directory, ``s3://bucket/prefix``, or a ``RunsRoot`` (``runs_root.open_root``
-        opens the first two, with ``force_polling`` for a directory's watcher and ``list_interval``
-        for a bucket's listing).  ``cache``: where readers keep a columnar copy of big runs, so that a restarted server
-        reopens them at a few percent of a cold parse (``metrics_core.read.column_cache``); never in ``root``.
-        ``loader_delay_s``: how long the loader lets the page that listed the runs draw them before
-        it takes a core (on a small machine a page that lists a big root draws sooner and steadier).
-        ``saver_delay_s``: how long a cache save waits, so the pages draw first (``cache_saver``).
-        ``idle_s`` / ``recent_s`` / ``view_budget_records``: which runs keep their readers (module docstring,
-        "Memory").  ``warm``: called with the view of each read ``prepare`` started, on its thread,
-        once the pages may have it (``page_reads``)."""
+        opens the first two, with the settings' ``force_polling`` for a directory's watcher and
+        ``list_interval`` for a bucket's listing).  ``settings``: ``store_settings.StoreSettings``."""
+        self.settings = settings
         self.source = (
-            open_root(root, force_polling=force_polling, list_interval=list_interval)
+            open_root(root, force_polling=settings.force_polling, list_interval=settings.list_interval)
             if isinstance(root, (str, Path))
             else root
         )
         self.root = self.source.location
-        self.idle_s = idle_s
-        self.recent_s = recent_s
-        self.view_budget_records = view_budget_records
-        self.safety_interval = safety_interval
-        self.load_budget_s = load_budget_s
-        self._clock = clock
+        self._clock = settings.clock
         self._lock = threading.Lock()
         self._entries: dict[str, RunEntry] = {}
         self._schedule: RunSchedule[RunEntry, RunInfo] = RunSchedule()  # when each run is next looked at
@@ -173,16 +143,16 @@ class RunStore:
             "cache_saves": 0,
             "prepared": 0,
         }
-        self._listing = RootListing(self.source, clock=clock, stats=self.stats)
-        self.saver = CacheSaver(self.stats, delay_s=saver_delay_s)
-        self._page_reads = PageReads(warm=warm)
+        self._listing = RootListing(self.source, clock=settings.clock, stats=self.stats)
+        self.saver = CacheSaver(self.stats, delay_s=settings.saver_delay_s)
+        self._page_reads = PageReads(warm=settings.warm)
         self._context = EntryContext(
             source=self.source,
-            cache=None if cache is None else replace(cache, save_inline=False),  # saved by ``saver``'s thread
-            safety_interval=safety_interval,
-            settled_interval=safety_interval * SETTLED_POLLS,
-            idle_s=idle_s,
-            clock=clock,
+            cache=None if settings.cache is None else replace(settings.cache, save_inline=False),  # ``saver``'s thread
+            safety_interval=settings.safety_interval,
+            settled_interval=settings.safety_interval * SETTLED_POLLS,
+            idle_s=settings.idle_s,
+            clock=settings.clock,
             stats=self.stats,
             row_changed=self._row_changed,
             save_later=self.saver.submit,
@@ -192,7 +162,7 @@ class RunStore:
             read=lambda entry, info: self._read_cold(entry, info, datetime.now(timezone.utc)),
             peek=RunEntry.peek,
             big=CALLER_READ_BYTES,
-            delay_s=loader_delay_s,
+            delay_s=settings.loader_delay_s,
             stats=self.stats,
         )
 
@@ -263,7 +233,7 @@ class RunStore:
         Raises RunPathError / RunNotFoundError for bad names (OSError for one the OS refuses,
         e.g. too long), and RunViewError when the run exists but cannot be read or shown.
         """
-        info = self._listing.resolve(name, self.safety_interval)
+        info = self._listing.resolve(name, self.settings.safety_interval)
         with self._lock:
             self._take_hints()
         entry = self._viewed_entry(info)
@@ -287,7 +257,7 @@ class RunStore:
         the read (started on a thread of its own if none is under way: ``page_reads``) has come: a
         page shows that, then calls ``view`` once this says None (which says why a read failed).
         ``wait``: if such a read is under way, wait for its end up to that long first.  Raises as ``view``."""
-        info = self._listing.resolve(name, self.safety_interval)
+        info = self._listing.resolve(name, self.settings.safety_interval)
         entry = self._entry(info)
         reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
         if start:
@@ -365,9 +335,10 @@ class RunStore:
             now = self._clock()  # under the lock: a view after it sets viewed_at >= now, too recent to pick
             viewed = [(entry, entry.viewed_at) for entry in self._viewed.values()]
         held = sum(entry.held for entry, _ in viewed)
+        kept = self.settings
         for entry, viewed_at in viewed:
             age = now - viewed_at
-            if entry is keep or age < self.recent_s or (age < self.idle_s and held <= self.view_budget_records):
+            if entry is keep or age < kept.recent_s or (age < kept.idle_s and held <= kept.view_budget_records):
                 continue
             held -= self._unview(entry, viewed_at)
 
@@ -420,7 +391,7 @@ class RunStore:
             entry.refresh_row(info, now, wait=False)  # not if another thread reads it: due again next call
             self._schedule.put(entry)
         if self.loader.queue(cold):
-            deadline = self._clock() + self.load_budget_s
+            deadline = self._clock() + self.settings.load_budget_s
             while self._clock() < deadline and (job := self.loader.take(up_to=CALLER_READ_BYTES)) is not None:
                 self._read_cold(job[0], job[1], now)
             self.loader.start()
