@@ -19,7 +19,7 @@ import pytest
 from metrics_core.dashboard.figures.chart_memo import view_chart_grid, view_chart_groups, view_charts
 from metrics_core.dashboard.figures.figure_dicts import figure_json
 from metrics_core.dashboard.figures.run_charts import run_charts
-from metrics_core.dashboard.store import root_listing, run_entry
+from metrics_core.dashboard.store import root_listing, run_entry, viewed_runs
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, Lineage, RunView
@@ -707,8 +707,8 @@ def test_two_tabs_on_two_runs_over_the_budget_keep_both_until_one_is_left(
 def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_released_later(
     tmp_path: Path, writer_lock: Callable[[Path], None]
 ) -> None:
-    """The interleavings of two threads, in one thread: ``_trim_viewed`` picks run00 (over the budget,
-    not viewed for recent_s), then a view of run00 comes before the eviction step (``_unview`` with the
+    """The interleavings of two threads, in one thread: ``ViewedRuns.trim`` picks run00 (over the budget,
+    not viewed for recent_s), then a view of run00 comes before the eviction step (``ViewedRuns.unview`` with the
     viewed_at it saw): run00 stays viewed, so the next runs page keeps its reader (it used to lose its
     fresh viewed_at and be released under a page showing it).  And a run whose lock another thread
     holds when it would be trimmed stays viewed, and the next view releases it (it used to be
@@ -722,7 +722,7 @@ def test_a_run_viewed_while_being_trimmed_keeps_its_reader_and_a_busy_one_is_rel
         seen = run00.viewed_at
         clock[0] += 10.0  # run00 is now the trim's to evict ...
         store.view("run00")  # ... but a tab views it first
-        assert store._unview(run00, seen) == 0
+        assert store._viewed.unview(run00, seen) == 0
         assert "run00" in store._viewed and run00.viewed_at == clock[0]
         store.runs_table(now=MEMORY_NOW)
         assert run00.reader is not None and store.held_records() == 2000 + 2001
@@ -1023,7 +1023,7 @@ def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_free
 
     returned: list[float] = []
     clock = [0.0]
-    monkeypatch.setattr(store_module, "return_memory_to_os", lambda: returned.append(clock[0]))
+    monkeypatch.setattr(viewed_runs, "return_memory_to_os", lambda: returned.append(clock[0]))
     path = tmp_path / "live" / "metrics.jsonl"
     append_records(path, *(base_record(step, train_loss=1.0 / step, grad_norm_avg=0.5) for step in range(1, 11)))
     store = RunStore(tmp_path, StoreSettings(safety_interval=0.0, clock=lambda: clock[0]))
@@ -1055,7 +1055,7 @@ def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_free
             if step in (111, 610):
                 counts.append(alive())
         assert counts[1] == counts[0]  # 500 appends later: not one more snapshot, column set or figure
-        assert len(returned) == int(clock[0] / store_module.TRIM_S) + 1  # at 0, then once per TRIM_S
-        assert all(b - a >= store_module.TRIM_S for a, b in itertools.pairwise(returned))
+        assert len(returned) == int(clock[0] / viewed_runs.TRIM_S) + 1  # at 0, then once per TRIM_S
+        assert all(b - a >= viewed_runs.TRIM_S for a, b in itertools.pairwise(returned))
     finally:
         store.close()

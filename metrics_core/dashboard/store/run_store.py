@@ -6,7 +6,7 @@ Pages never touch a reader: they get an immutable ``RunView`` snapshot, rebuilt 
 run's file changed, so ten open tabs cost one parse and one set of frames.
 
 This module is the server-wide registry: which runs there are, the root's hints, which runs are
-viewed and the memory budget over them, the cold loader, and the runs table.  Each run is a
+viewed and the memory budget over them (``viewed_runs``), the cold loader, and the runs table.  Each run is a
 ``run_entry.RunEntry``, which owns everything about that one run: its reader, the refresh policy
 (when it is re-read), its status and row, its snapshot, and failure containment (whatever reading
 or showing a run raises becomes that run's ``RunViewError`` and its ``error`` row; ``runs_table()``
@@ -57,7 +57,7 @@ it was read), and its reader is closed once its row is computed: the loader hold
 time.  A released run whose file did not change costs one ``stat`` when due (``RunEntry.next_due``;
 not ended, a lock probe too: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
-Freed memory is given back to the OS once per ``TRIM_S`` of views (``_return_memory``): what a
+Freed memory is given back to the OS once per ``TRIM_S`` of views (``ViewedRuns.return_memory``): what a
 server holds follows what it keeps, not how long a page has been open.
 
 The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
@@ -70,7 +70,6 @@ once per snapshot, for the runs page to filter on and pick columns from; it is n
 from __future__ import annotations
 
 import threading
-from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -89,7 +88,7 @@ from metrics_core.dashboard.store.run_entry import EntryContext, RunEntry, RunVi
 from metrics_core.dashboard.store.run_schedule import RunSchedule
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.store.store_settings import DEFAULT_SETTINGS, StoreSettings
-from metrics_core.read.columns import return_memory_to_os
+from metrics_core.dashboard.store.viewed_runs import ViewedRuns
 from metrics_core.read.read_progress import ReadProgress
 from metrics_core.read.run_reader import RunReader
 from metrics_core.read.run_status import StatusRecord
@@ -101,7 +100,6 @@ __all__ = ["RunStore", "RunView", "RunViewError"]  # the store's contract: what 
 T = TypeVar("T")
 CALLER_READ_BYTES = 1 << 20  # ~2,500 records, a few ms: bigger cold runs are left to the loader
 SETTLED_POLLS = 150  # a settled run is stat-ed once per this many safety intervals (``RunEntry.next_due``)
-TRIM_S = 5.0  # freed memory is given back to the OS at most this often (``RunStore._return_memory``)
 CLOSE_WAIT_S = 2.0  # ``close`` waits this long for a run's lock, not for the computation holding it
 
 
@@ -128,8 +126,7 @@ class RunStore:
         # (runs page generation, table, last record time per row in s since epoch): replaced as one
         # value, as several threads (tabs, the loader's rows) may rebuild it at once
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
-        self._viewed: OrderedDict[str, RunEntry] = OrderedDict()  # viewed runs, least recently viewed first
-        self._returned_at = float("-inf")  # the clock when freed memory was last given back (``_return_memory``)
+        self._viewed = ViewedRuns(settings, settings.clock)  # the runs pages are on, and what they may hold
         # Work counters, read by the complexity tests (work is counted, not timed).
         self.stats: dict[str, int] = {
             "find_runs": 0,
@@ -236,21 +233,13 @@ class RunStore:
         info = self._listing.resolve(name, self.settings.safety_interval)
         with self._lock:
             self._take_hints()
-        entry = self._viewed_entry(info)
+        entry = self._viewed.mark(self._entry(info))
         try:
             return entry.snapshot(info, now or datetime.now(timezone.utc))
         finally:
             self._schedule.put(entry)
-            self._trim_viewed(keep=entry)
-            self._return_memory()
-
-    def _viewed_entry(self, info: RunInfo) -> RunEntry:
-        entry = self._entry(info)
-        with self._lock:
-            entry.viewed_at = self._clock()
-            self._viewed[info.name] = entry
-            self._viewed.move_to_end(info.name)
-        return entry
+            self._viewed.trim(keep=entry)
+            self._viewed.return_memory()
 
     def prepare(self, name: str, *, wait: float = 0.0) -> ReadProgress | None:
         """Whether ``view(name)`` would wait for a read, without waiting: None if not, else how far
@@ -261,7 +250,7 @@ class RunStore:
         entry = self._entry(info)
         reading, start = entry.reading(info, caller_bytes=CALLER_READ_BYTES)
         if start:
-            self._viewed_entry(info)  # asked for by a page: not released as idle before it is shown
+            self._viewed.mark(entry)  # asked for by a page: not released as idle before it is shown
             self._page_reads.start(info.name, lambda: self._prepared_view(entry, info))
         elif reading is not None and wait > 0:
             self._page_reads.wait(info.name, wait)
@@ -272,19 +261,6 @@ class RunStore:
         view = entry.snapshot(info, datetime.now(timezone.utc))
         self.stats["prepared"] += 1
         return view
-
-    def _return_memory(self) -> None:
-        """Give freed memory back to the OS at most once per ``TRIM_S``: a live page's snapshots,
-        figures and payloads are arrays a little bigger at each append, and the heap keeps the
-        freed ones in pages it never returns, so a server's RSS would grow with time, not with the
-        data it holds.  Cost: a walk of the heap's free lists, well under a millisecond when done
-        this often."""
-        with self._lock:
-            now = self._clock()
-            if now - self._returned_at < TRIM_S:
-                return
-            self._returned_at = now
-        return_memory_to_os()
 
     def read_run(
         self,
@@ -324,43 +300,6 @@ class RunStore:
         """What ``quiet`` compares run ``info`` with; call it in ``read_run``'s ``use``, under the run's lock."""
         entry = self._entries.get(info.name)
         return None if entry is None else entry.status_key()
-
-    def _trim_viewed(self, *, keep: RunEntry) -> None:
-        """Forget viewed runs not viewed for ``idle_s``, and, least recently viewed first, those not
-        viewed for ``recent_s`` while the viewed runs hold more than ``view_budget_records``
-        (``keep``, just viewed, stays even if its snapshot took longer than ``recent_s``), and
-        release their readers unless they are live or changed lately (a busy or re-viewed one stays
-        viewed: ``_unview``).  O(viewed runs)."""
-        with self._lock:
-            now = self._clock()  # under the lock: a view after it sets viewed_at >= now, too recent to pick
-            viewed = [(entry, entry.viewed_at) for entry in self._viewed.values()]
-        held = sum(entry.held for entry, _ in viewed)
-        kept = self.settings
-        for entry, viewed_at in viewed:
-            age = now - viewed_at
-            if entry is keep or age < kept.recent_s or (age < kept.idle_s and held <= kept.view_budget_records):
-                continue
-            held -= self._unview(entry, viewed_at)
-
-    def _unview(self, entry: RunEntry, viewed_at: float) -> int:
-        """Forget ``entry`` as viewed and release its reader if idle, unless it was viewed again
-        since ``viewed_at`` (a page is on it: the next runs page must not release it) or another
-        thread holds its lock (it stays viewed, and the next ``_trim_viewed`` tries again: forgotten
-        unreleased, nothing would ever release it while no runs page runs).  Returns the records
-        it held if it was forgotten, else 0."""
-        if not entry.lock.acquire(blocking=False):
-            return 0
-        try:
-            with self._lock:
-                if entry.viewed_at != viewed_at:
-                    return 0
-                entry.viewed_at = float("-inf")
-                del self._viewed[entry.name]
-            held = entry.held
-            entry.release_if_idle()
-            return held
-        finally:
-            entry.lock.release()
 
     def _row_changed(self) -> None:
         with self._lock:
