@@ -5,6 +5,8 @@
     run_file.RunFile -> line_follower.LineFollower -> records / arrow_records -> session_accounting.SessionLog
                                                                                -> column_table.Table per event
 
+and keeps a columnar copy of its parse, restored when the file is opened (``reader_cache.ReaderCache``).
+
 Promises
 --------
 * ``refresh()`` reads only what was appended since the last call and hands out only **new,
@@ -39,17 +41,17 @@ import numpy as np
 import pandas as pd
 
 from metrics_core.errors import RunNotFoundError
-from metrics_core.read import column_cache as cache
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
 from metrics_core.read.column_table import SparseColumn, Table, chunks_of
 from metrics_core.read.columns import CategoryTypes, Column, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
+from metrics_core.read.reader_cache import ReaderCache
 from metrics_core.read.records import MAX_RECORD_BYTES, BadLine, check_lines
 from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
-from metrics_core.read.session_accounting import AccountedSessions, SessionLog
+from metrics_core.read.session_accounting import AccountedSessions
 from metrics_core.read.session_model import LostWork, Progress, Session
 from metrics_core.read.supersession import EventRows, redone_by, rows_by_session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
@@ -59,7 +61,7 @@ __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
 FLUSH_ROWS = 4096  # per-line rows kept as dicts before they are columnarised
 
 
-class RunReader(FollowedLog, AccountedSessions):
+class RunReader(FollowedLog, AccountedSessions, ReaderCache):
     """Tails one run's ``metrics.jsonl``; see the module docstring for what it promises."""
 
     def __init__(
@@ -245,65 +247,6 @@ class RunReader(FollowedLog, AccountedSessions):
                 table.extend(chunks_of(rows), len(rows))
         self._pending.clear()
         self._pending_rows = 0
-
-    # -- columnar cache (metrics_core.read.column_cache holds the format and the rules) ---------------------
-
-    def _load_cache(self) -> None:
-        """On opening the file: continue from a cached parse of it, when one matches it."""
-        self.served_from_cache = False
-        key = self.file.cache_key() if self.cache is not None else None
-        found = None if key is None else cache.load(self.cache, key, max_record_bytes=self.max_record_bytes)
-        if found is None or not self._follower.matches(found.position):
-            return
-        self._clear()
-        self.log, self._tables = found.log, found.tables
-        self.bad_lines, self.bad_line_samples = found.bad_lines, list(found.bad_line_samples)
-        self.schema_versions = found.schema_versions
-        self._follower.resume(found.position)
-        self._cache_saved_at, self._cache_lines = self.cache.clock(), found.position.lines
-        self.served_from_cache = True
-        self._restored = (self.records, found.position.lines)
-
-    def _maybe_save_cache(self, parsed_lines: int) -> None:
-        """Save (or, ``save_inline`` off, mark ``cache_due``) after a parse of ``min_records`` lines,
-        else at most every ``interval_s`` once cached."""
-        policy = self.cache
-        if parsed_lines >= policy.min_records or (
-            self._cache_saved_at is not None and policy.clock() - self._cache_saved_at >= policy.interval_s
-        ):
-            self.cache_due = True  # cleared by the capture
-            if policy.save_inline:
-                self.save_cache()
-
-    def save_cache(self) -> bool:
-        """Write the parse so far to the cache now; False (no exception) if it was not written."""
-        pending = self.capture_cache()
-        return pending is not None and self.cache_written(pending, pending.write())
-
-    def capture_cache(self) -> cache.PendingSave | None:
-        """What ``save_cache`` writes, taken in O(columns + sessions) for any thread to write while
-        this reader reads on (then ``cache_written``, as its other calls); None: no cache or file."""
-        key = None if self.cache is None else self.file.cache_key()
-        if key is None:
-            return None
-        self._flush()
-        self.cache_due = False
-        parse = cache.CachedParse(
-            self._follower.position(),
-            self.max_record_bytes,
-            SessionLog.restore(self.log.state()),  # a copy: the log keeps changing while the save writes
-            self.bad_lines,
-            tuple(self.bad_line_samples),
-            dict(self.schema_versions),
-            cache.frozen_tables(self._tables),
-        )
-        return cache.PendingSave(self.cache, key, parse)
-
-    def cache_written(self, pending: cache.PendingSave, written: bool) -> bool:
-        """Note ``pending``'s outcome: the next save is timed from a write; returns ``written``."""
-        if written:
-            self._cache_saved_at, self._cache_lines = self.cache.clock(), pending.parse.position.lines
-        return written
 
     # -- queries -------------------------------------------------------------------------------
 
