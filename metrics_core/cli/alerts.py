@@ -15,7 +15,7 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from metrics_core.alerts.evaluator import INTERVAL_S, Alerter, load_state, save_state
+from metrics_core.alerts.alerter import INTERVAL_S, Alerter, load_state, save_state
 from metrics_core.alerts.rules import AlertConfig, load_config
 from metrics_core.alerts.webhooks import WEBHOOK_VARIABLE, Alert, command_line_warning
 from metrics_core.cli.command import interval_arg

@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 import streamlit as st
 
-from metrics_core.alerts.evaluator import INTERVAL_S, Alerter, RunState
+from metrics_core.alerts.alerter import INTERVAL_S, Alerter
+from metrics_core.alerts.evaluator import RunState
 from metrics_core.alerts.needed_rows import needed_rows
 from metrics_core.alerts.rules import AlertConfig, Condition, RunRules
 from metrics_core.alerts.webhooks import Alert

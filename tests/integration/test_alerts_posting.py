@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from metrics_core import MetricsWriter, RunContext, TrainingState
-from metrics_core.alerts.evaluator import Alerter
+from metrics_core.alerts.alerter import Alerter
 from metrics_core.alerts.rules import AlertConfig
 from metrics_core.alerts.webhooks import Alert, Delivery
 from tests.support import Receiver, interruptible, spawn_python

@@ -21,7 +21,8 @@ from pathlib import Path
 import orjson
 import pytest
 
-from metrics_core.alerts.evaluator import Alerter, AlertEvaluator, load_state, save_state
+from metrics_core.alerts.alerter import Alerter, load_state, save_state
+from metrics_core.alerts.evaluator import AlertEvaluator
 from metrics_core.cli.main import main
 from metrics_core.dashboard.store.rows import peek_row
 from metrics_core.errors import RunFileError
