@@ -13,7 +13,6 @@ unless told), as TensorBoard's data provider does, and the figure builders draw 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
@@ -26,7 +25,7 @@ from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure,
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import straggler_figure
-from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.dashboard.store.snapshot import EMPTY, RunView
 from metrics_core.dashboard.views.chart_specs import (
     DEFAULT_CHARTS,
     LINE_FIELDS,
@@ -202,23 +201,17 @@ def compare_chart(
 
 def _run_curve(view: RunView, name: str, event: str, metric: str, x: str, smoothing: float) -> RunCurve:
     """``run_points`` of one run's ``metric``, kept with the snapshot: a run that did not change
-    since the last refresh (a finished seed of a sweep) costs nothing to draw again in its group."""
-    kept = view.memo(("group_points", event, metric, x), _KeptCurves)
-    return kept.get(smoothing, lambda: run_points(run_series(view, name, event, metric, x=x), x, smoothing))
-
-
-class _KeptCurves:
-    """One run's curves of one metric and x by smoothing, the last ``KEPT_SMOOTHINGS`` kept: a
-    smoothing slider dragged across its range leaves no more than that per run.  Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: dict[float, RunCurve] = {}
-
-    def get(self, smoothing: float, compute: Callable[[], RunCurve]) -> RunCurve:
-        with self._lock:  # tabs drawing the same run wait for one computation, not one each
-            found = self._kept.pop(smoothing, None)
-            self._kept[smoothing] = found = compute() if found is None else found
-            while len(self._kept) > KEPT_SMOOTHINGS:
-                del self._kept[next(iter(self._kept))]
-            return found
+    since the last refresh (a finished seed of a sweep) costs nothing to draw again in its group.
+    The last ``KEPT_SMOOTHINGS`` smoothings are kept: a slider dragged across its range leaves no
+    more than that per run."""
+    kept = view.kept(("group_points", event, metric, x))
+    with kept.lock:  # tabs drawing the same run wait for one computation, not one each
+        curves: dict[float, RunCurve] = {} if kept.value is EMPTY else kept.value
+        found = curves.pop(smoothing, None)
+        if found is None:
+            found = run_points(run_series(view, name, event, metric, x=x), x, smoothing)
+        curves[smoothing] = found
+        while len(curves) > KEPT_SMOOTHINGS:
+            del curves[next(iter(curves))]
+        kept.value = curves
+        return found

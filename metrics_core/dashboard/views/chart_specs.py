@@ -13,10 +13,10 @@ the figures.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cache, partial
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from functools import cache, cached_property, partial
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -44,8 +44,8 @@ class ChartOptions:
     ``only`` is the chart filter (``chart_filter``: terms, not a regular expression), matched
     against chart titles and keys (``pick_charts``): the charts it leaves out are not built, and
     cost nothing per update.
-    The theme is part of every memo and lineage key the options are, so a dark tab and a light
-    tab each get their own figures, built coloured (no recoloured copy per snapshot).
+    The theme is part of every memo and lineage key the options are (``key``), so a dark tab and a
+    light tab each get their own figures, built coloured (no recoloured copy per snapshot).
     """
 
     x: str = "step"
@@ -54,6 +54,12 @@ class ChartOptions:
     history: str = "effective"
     theme: str = "light"
     only: str = ""
+
+    @cached_property
+    def key(self) -> tuple[Any, ...]:
+        """The options as a memo key: a tuple of plain values, which the snapshot's memo hashes
+        without calling back into this module (a dataclass's ``__hash__`` is code of this module)."""
+        return astuple(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +223,9 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
     own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
     keys: dict[str, tuple[str, ...]] = {}
     for event in CHARTED_EVENTS:
-        columns = view.columns[event]
-        for column in columns.names:
+        for column, kind in view.columns[event].kinds().items():
             # integers and floats: booleans, categories, times and mixed values are no chart's numbers
-            if column not in WRITER_FIELDS and columns.kind(column) in "iuf":
+            if column not in WRITER_FIELDS and kind in "iuf":
                 keys[column] = (*keys.get(column, ()), event)
     return keys
 
@@ -397,6 +402,11 @@ def chart_key(key: str) -> str:
     """The Streamlit key of the run page's live chart ``key`` (its element carries the class
     ``st-key-<that>``)."""
     return f"chart_{key}"
+
+
+def chart_keys(keys: Iterable[str]) -> list[str]:
+    """``chart_key`` of each of ``keys``, in order."""
+    return [chart_key(key) for key in keys]
 
 
 EMA_FORGET = 1e-7  # the smoothing's warm-up: rows until the start's weight falls below this
