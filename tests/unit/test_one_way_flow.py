@@ -20,10 +20,13 @@ from types import FrameType
 from typing import Any
 
 from metrics_core import MetricsWriter, RunContext, TrainingState, TrainingWindow
+from metrics_core.dashboard.figures.figure_dicts import figure_json
+from metrics_core.dashboard.figures.run_charts import chart_builders, run_charts
 from metrics_core.dashboard.live.chart_component import encode
 from metrics_core.dashboard.live.feed import drawn_charts, feed_answer, page_signature
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.dashboard.views.chart_specs import ChartOptions
+from tests.support import append_records, base_record, distributed_run, three_session_run
 from tests.support.layers import dashboard_layer
 
 PACKAGE = "metrics_core."
@@ -36,15 +39,17 @@ class Way:
     layer above the caller's own (any module outside the dashboard sits below all of it)."""
 
     entered: list[str] = field(default_factory=list)
+    functions: list[tuple[str, str]] = field(default_factory=list)  # (module, function) of each entry
     upward: list[tuple[str, str, str]] = field(default_factory=list)
 
     def count(self, *, leaving_out: frozenset[str] = frozenset()) -> Counter[str]:
         """How often each module was entered, but those of ``leaving_out``."""
         return Counter(module for module in self.entered if module not in leaving_out)
 
-    def returns(self) -> int:
-        """Entries into a module already entered before: the way's bounces."""
-        return len(self.entered) - len(set(self.entered))
+    def returns(self, *, leaving_out: frozenset[str] = frozenset()) -> int:
+        """Entries into a module already entered before, but those of ``leaving_out``: the way's bounces."""
+        counts = self.count(leaving_out=leaving_out)
+        return sum(counts.values()) - len(counts)
 
 
 def _rank(module: str) -> int:
@@ -75,6 +80,7 @@ def follow(call: Callable[[], Any]) -> tuple[Any, Way]:
         if caller == name:
             return
         way.entered.append(name.removeprefix(PACKAGE))
+        way.functions.append((name.removeprefix(PACKAGE), frame.f_code.co_name))
         if caller is not None and _rank(caller) < _rank(name):
             way.upward.append((caller, name, frame.f_code.co_name))
 
@@ -146,10 +152,21 @@ SPINE = {
 }
 
 
+# What the layers above ask of a snapshot: a memo's place, an event's rows, a frame of some of its
+# fields, the kinds of its fields.  Values, every one: the snapshot runs none of their code.
+SNAPSHOT_READS = {"kept", "rows", "frame", "effective", "kinds"}
+# Entries into a module already entered, on the way but the per-chart drawing: the snapshot read by
+# the views' memo (its places, the logged keys' kinds, the checked frame), the figures' memo (its
+# places, each event's rows) and the specs (each event's rows, read once for all charts); the specs
+# asked for the chart list's filter, the specs and the headings; the chart component twice.
+RETURNS_AT_MOST = 25
+
+
 def test_a_live_answer_goes_down_the_layers_entering_each_module_once(tmp_path: Path) -> None:
     """The feed, the views' memo and the figures' memo are each entered once, in that order (the
-    views' values handed down to the figures), and no call goes up a layer: the snapshot keeps
-    values and calls nothing back (its memo once called the views' and figures' functions)."""
+    views' values handed down to the figures), the snapshot only read, and no call goes up a
+    layer: the snapshot keeps values and calls nothing back (its memo once called the views' and
+    figures' functions)."""
     answer, way = live_answer(tmp_path, ChartOptions(smoothing=0.5))
     assert len(answer["charts"]) >= 6 and {chart["op"] for chart in answer["charts"].values()} == {"extend"}
     assert way.upward == []
@@ -158,6 +175,35 @@ def test_a_live_answer_goes_down_the_layers_entering_each_module_once(tmp_path: 
     assert first_entered == ["live", "views", "store", "figures"]
     counts = way.count(leaving_out=PER_CHART)
     assert {module: counts[module] for module in SPINE} == SPINE
+    assert {function for module, function in way.functions if module == "dashboard.store.snapshot"} <= SNAPSHOT_READS
+    assert way.returns(leaving_out=PER_CHART) <= RETURNS_AT_MOST
+
+
+def test_the_charts_drawn_in_one_pass_are_the_charts_drawn_one_by_one(tmp_path: Path) -> None:
+    """``run_charts`` reads the snapshot's rows once for all the charts (``chart_specs.chart_specs``);
+    a page drawing them one by one (``chart_builders``) reads each chart's own: the same figures,
+    on a resumed run with logged keys and a data-parallel one, in every history mode."""
+    three_session_run(tmp_path / "resumed" / "metrics.jsonl")
+    extra = [base_record(s, session="s3", mfu=s / 1e3, **{"val/acc": 0.5}) for s in (210, 220)]
+    append_records(tmp_path / "resumed" / "metrics.jsonl", *extra)
+    distributed_run(tmp_path / "ranks" / "metrics.jsonl")
+    store = RunStore(tmp_path, safety_interval=0.0)
+    try:
+        for run in ("resumed", "ranks"):
+            view = store.view(run)
+            for options in (
+                ChartOptions(smoothing=0.6),
+                ChartOptions(history="all", x="tokens_seen", log_y=True),
+                ChartOptions(history="sessions", only="loss|mfu|rank"),
+            ):
+                whole = run_charts(view, options)
+                one_by_one = {key: draw() for key, draw in chart_builders(view, options).items()}
+                assert list(whole) == list(one_by_one) and len(whole) >= 2
+                assert [figure_json(figure) for figure in whole.values()] == [
+                    figure_json(figure) for figure in one_by_one.values()
+                ]
+    finally:
+        store.close()
 
 
 def _module_function(module: str, source: str) -> Callable[..., Any]:

@@ -112,25 +112,24 @@ def view_chart_grid(view: RunView, options: ChartOptions) -> ChartGrid:
         groups, logged = view_chart_groups(view, options, charts)
         figure = {key: figure for keyed in groups.values() for key, figure in keyed.items()}.__getitem__
     else:
-        build = _full_build(view, options, charts)
+        build = _full_build(view, options, charts, whole=False)
         groups, logged = grouped_figures(view, options, dict.fromkeys(build.keys), charts=charts)
         figure = build.figure
     return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, figure)
 
 
 class _Build:
-    """The run page's charts of one snapshot and options (``chart_builders``), each drawn once, when
-    first asked for, whichever thread asks: the tabs drawing them one by one and the lineage's full
-    build share them.  ``cost_s``: the time drawing them took, however many threads asked."""
+    """The run page's charts of one snapshot and options, each drawn once whichever thread asks:
+    the tabs drawing them one by one and the lineage's full build share them.  Drawn one at a time
+    when first asked for (``_lazy_build``: a page's first chart shown while the others are drawn),
+    or all at once (``_whole_build``: their rows read in one pass).  ``cost_s``: the time drawing
+    them took, however many threads asked."""
 
-    def __init__(self, view: RunView, options: ChartOptions, charts: list[Chart]) -> None:
-        start = time.perf_counter()
-        # Through a weak proxy: the snapshot's memo holds this build, and one a page left half
-        # drawn must not hold the snapshot in a cycle, which only the garbage collector frees.
-        self._builders = chart_builders(weakref.proxy(view), options, charts=charts)
-        self.keys = tuple(self._builders)
-        self.cost_s = time.perf_counter() - start
-        self._figures: dict[str, Figure] = {}
+    def __init__(self, builders: dict[str, Callable[[], Figure]], figures: dict[str, Figure], cost_s: float) -> None:
+        self._builders = builders
+        self._figures = figures
+        self.keys = tuple(builders or figures)
+        self.cost_s = cost_s
         self._lock = threading.Lock()
 
     def figure(self, key: str) -> Figure:
@@ -147,8 +146,25 @@ class _Build:
         return {key: self.figure(key) for key in self.keys}
 
 
-def _full_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
-    return _once(view, ("build", options.key), lambda: _Build(view, options, charts))
+def _lazy_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
+    start = time.perf_counter()
+    # Through a weak proxy: the snapshot's memo holds this build, and one a page left half
+    # drawn must not hold the snapshot in a cycle, which only the garbage collector frees.
+    builders = chart_builders(weakref.proxy(view), options, charts=charts)
+    return _Build(builders, {}, time.perf_counter() - start)
+
+
+def _whole_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
+    start = time.perf_counter()
+    figures = run_charts(view, options, charts=charts)
+    return _Build({}, figures, time.perf_counter() - start)
+
+
+def _full_build(view: RunView, options: ChartOptions, charts: list[Chart], *, whole: bool) -> _Build:
+    """The build of ``view``'s charts with ``options`` that every caller shares: the first caller
+    chooses it drawn ``whole`` or one chart at a time."""
+    build = _whole_build if whole else _lazy_build
+    return _once(view, ("build", options.key), lambda: build(view, options, charts))
 
 
 def _carried_charts(view: RunView, options: ChartOptions, charts: list[Chart]) -> dict[str, Figure]:
@@ -163,7 +179,7 @@ def _carried_charts(view: RunView, options: ChartOptions, charts: list[Chart]) -
         extended = _extend_charts(previous, view, options, charts) if previous is not None else None
         if extended is not None:
             return extended
-        build = _full_build(view, options, charts)
+        build = _full_build(view, options, charts, whole=True)
         figures = build.figures()
         return _Charts(view, figures, view, time.monotonic(), build.cost_s)
 

@@ -33,6 +33,7 @@ from metrics_core.dashboard.views.chart_specs import (
     ChartOptions,
     ChartSpec,
     chart_spec,
+    chart_specs,
     spec_makers,
 )
 from metrics_core.dashboard.views.compare import compare_series, group_series, run_series
@@ -73,9 +74,13 @@ def run_charts(
     downsample: Downsampler = minmax_indices,
 ) -> dict[str, Figure]:
     """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
-    with a budget of ``max_points`` drawn points, picked by ``downsample``."""
-    builders = chart_builders(view, options, max_points=max_points, charts=charts, downsample=downsample)
-    return {key: build() for key, build in builders.items()}
+    with a budget of ``max_points`` drawn points, picked by ``downsample``: their specs made at once
+    (``chart_specs.chart_specs``: the snapshot's rows read in one pass), then drawn."""
+    highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
+    specs = chart_specs(view, options.history, only=options.only, charts=charts, x=options.x)
+    return {
+        key: spec_figure(view, key, spec, options, highlights, max_points, downsample) for key, spec in specs.items()
+    }
 
 
 def chart_builders(

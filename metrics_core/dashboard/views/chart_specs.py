@@ -4,7 +4,10 @@
 key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
 their replays shaded), as ``ChartSpec``s of ``Series`` (their rows as CSV: ``views.chart_csv``; the
-compare page's series are ``views.compare``'s).  This is the views layer: it reads snapshots
+compare page's series are ``views.compare``'s): each a call, so a page drawing a big run's charts
+one by one shows the first before the others' rows are found.  ``chart_specs`` makes them all at
+once, for a caller that draws them all, reading the snapshot's rows once for all of them (the same
+specs, one frame per event).  This is the views layer: it reads snapshots
 (``store.snapshot``) and knows nothing of figures: ``figures.run_charts`` draws the specs.  Nothing
 here memoises: ``views.memo`` keeps the chart list and findings per snapshot, ``figures.chart_memo``
 the figures.
@@ -23,7 +26,7 @@ import pandas as pd
 
 from metrics_core.analysis.derived import tokens_per_second
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.dashboard.views.chart_filter import chart_filter, filter_error
+from metrics_core.dashboard.views.chart_filter import chart_picks
 from metrics_core.dashboard.views.x_keys import X_MODES, column_numbers, fill_x
 
 HISTORY_MODES = {
@@ -270,8 +273,8 @@ def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int
     """The charts ``pattern`` keeps (``chart_filter.chart_filter``: matched against title and key;
     a refused pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how
     many of the logged keys' charts matched in all."""
-    keeps = chart_filter("" if filter_error(pattern) else pattern).keeps
-    kept = [chart for chart in charts if keeps(chart.title, chart.key)]
+    picks = chart_picks(pattern, [(chart.title, chart.key) for chart in charts])
+    kept = [chart for chart, picked in zip(charts, picks, strict=True) if picked]
     defaults = [chart for chart in kept if not chart.group]
     logged = [chart for chart in kept if chart.group]
     return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
@@ -349,6 +352,19 @@ def spec_makers(
         makers["straggler"] = partial(_straggler_spec, view, history, x)
     shared = cache(partial(_rows_of, view, history, chart_fields(logged), x))
     return makers | {chart.key: partial(_shared_spec, shared, chart) for chart in logged}
+
+
+def chart_specs(
+    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None, x: str = "step"
+) -> dict[str, ChartSpec]:
+    """What ``spec_makers`` makes, made at once for a caller that draws every chart: the rows of all
+    the charts found in one pass over the snapshot (one frame per event, of all their fields)."""
+    picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
+    rows = _rows_of(view, history, chart_fields(picked), x)
+    specs = {chart.key: _spec(rows, chart) for chart in picked if not chart.group}
+    if is_distributed(view.frame("train", ("world_size",))):
+        specs["straggler"] = _straggler_spec(view, history, x)
+    return specs | {chart.key: _spec(rows, chart) for chart in picked if chart.group}
 
 
 def chart_spec(view: RunView, chart: Chart, history: str, *, x: str = "step") -> ChartSpec:
