@@ -4,7 +4,8 @@
 ``straggler_figure``), with the replay windows shaded in the sessions history mode
 (``replay_highlights``); ``session_overlay`` and ``compare_chart`` are the sessions and compare
 pages' charts (a compare chart of groups of runs: ``group_figures``).  Nothing here memoises
-(``chart_memo`` does, per snapshot) and nothing here decides
+but a group's curve of each run, kept in its snapshot (``chart_memo`` keeps the rest, per snapshot),
+and nothing here decides
 which rows a chart draws (its spec does): this module only calls down, into the views and the
 figure builders beside it.  How a line's points are picked is chosen here, where the charts' data is
 read: ``run_charts`` and ``chart_builders`` take a ``downsample`` (``analysis.downsample``, min/max
