@@ -4,9 +4,11 @@ the previous snapshot's figures of a live run written by the real writer, after 
 The tool: every call into a ``metrics_core`` function is seen (``sys.setprofile``); a call from
 another module's frame (the nearest ``metrics_core`` frame below it) *enters* its module.  The way
 is the modules in the order they are entered; a module entered again was left and came back to.
-What the flow must be: each module of the spine (the feed, the figures' memo, the views' memo,
-the snapshot's memo) entered once, values handed down the call stack, and no call from a module
-into a layer above its own: a memo that keeps values, never one that calls its caller's function.
+What the flow must be: each module of the spine (the feed, the views' memo, the figures' memo)
+entered once, the snapshot only read, values handed back up the call stack, and no call from a
+module into a layer above its own: a memo that keeps values, never one that calls its caller's
+function.  The drawing of each chart (``PER_CHART``) is left out of the counts: its modules are
+entered once per chart.
 """
 
 from __future__ import annotations
@@ -35,8 +37,9 @@ PACKAGE = "metrics_core."
 @dataclass
 class Way:
     """What following one call saw: ``entered``, each module as it was entered, in order (names
-    without the ``metrics_core.`` prefix); ``upward``, each call (caller, callee, function) into a
-    layer above the caller's own (any module outside the dashboard sits below all of it)."""
+    without the ``metrics_core.`` prefix), and ``functions``, the function each entry called;
+    ``upward``, each call (caller, callee, function) into a layer above the caller's own (any
+    module outside the dashboard sits below all of it)."""
 
     entered: list[str] = field(default_factory=list)
     functions: list[tuple[str, str]] = field(default_factory=list)  # (module, function) of each entry
@@ -125,7 +128,7 @@ def live_answer(tmp_path: Path, options: ChartOptions) -> tuple[dict[str, Any], 
             store.close()
 
 
-# Entered once per chart drawn (six here), by the figure builders: the drawing of one chart,
+# Entered once per chart drawn (seven here), by the figure builders: the drawing of one chart,
 # its layout, axes, traces and text, and the min/max downsampling of its points.  A chart's way
 # through them is its own; the way between the layers is the spine's.
 PER_CHART = frozenset(
@@ -165,8 +168,7 @@ RETURNS_AT_MOST = 25
 def test_a_live_answer_goes_down_the_layers_entering_each_module_once(tmp_path: Path) -> None:
     """The feed, the views' memo and the figures' memo are each entered once, in that order (the
     views' values handed down to the figures), the snapshot only read, and no call goes up a
-    layer: the snapshot keeps values and calls nothing back (its memo once called the views' and
-    figures' functions)."""
+    layer: the snapshot keeps values and calls none of the views' or figures' functions."""
     answer, way = live_answer(tmp_path, ChartOptions(smoothing=0.5))
     assert len(answer["charts"]) >= 6 and {chart["op"] for chart in answer["charts"].values()} == {"extend"}
     assert way.upward == []
