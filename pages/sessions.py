@@ -5,7 +5,7 @@ import streamlit as st
 
 from metrics_core.analysis.derived import session_table
 from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, shorten
-from metrics_core.dashboard.figures.run_charts import session_overlay
+from metrics_core.dashboard.figures.chart_memo import view_session_overlay
 from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
 from metrics_core.dashboard.panels import finding_text, sessions_table, stopped_panel
 from metrics_core.dashboard.server.page_head import plotly_url
@@ -60,10 +60,7 @@ def sessions() -> None:
     charts = {chart.key: chart for chart in charts_of(view)}
     key = st.selectbox("Chart", list(charts), format_func=lambda key: charts[key].title, key="session_chart")
     chart = charts.get(key, DEFAULT_CHARTS[0])
-    overlay = view.memo(
-        ("overlay", chart, x, smoothing, theme),
-        lambda: session_overlay(view, chart=chart, x=x, smoothing=smoothing, theme=theme),
-    )
+    overlay = view_session_overlay(view, chart=chart, x=x, smoothing=smoothing, theme=theme)
     live_chart(overlay, key="chart_sessions")
     st.caption(
         "Shaded: each replay, from the resume step to the last step the earlier session had reached. "

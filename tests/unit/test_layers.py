@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import REPO
+from tests.support.layers import DASHBOARD_LAYERS, dashboard_layer
 
 PACKAGE = REPO / "metrics_core"
 
@@ -204,20 +205,8 @@ def test_every_import_path_users_were_shown_still_works(module: str) -> None:
 # -- inside the dashboard: store < views < figures < live < clients < server < its own modules and pages
 
 DASHBOARD = PACKAGE / "dashboard"
-# Lowest first.  ``display_text`` is the dashboard's text helper, below everything that shows text
-# (as ``metrics_core.text`` is below the package); the dashboard's other own modules (widgets,
-# panels, settings, ...) sit above the server, under the pages.
-DASHBOARD_LAYERS = ("display_text", "store", "views", "figures", "live", "clients", "server")
-OWN_MODULES = len(DASHBOARD_LAYERS)
 # What the views may read of the store: the snapshot and the facts of its rows, never the store itself.
 VIEWS_READ_OF_STORE = {"store.snapshot", "store.rows", "store.run_config"}
-
-
-def dashboard_layer(module: str) -> int:
-    """The rank of a ``metrics_core.dashboard`` module: its subpackage's place in ``DASHBOARD_LAYERS``,
-    or ``OWN_MODULES`` for the dashboard's other top-level modules."""
-    first = module.removeprefix("metrics_core.dashboard.").split(".")[0]
-    return DASHBOARD_LAYERS.index(first) if first in DASHBOARD_LAYERS else OWN_MODULES
 
 
 def dashboard_graph() -> dict[str, set[str]]:
@@ -377,60 +366,3 @@ def test_the_dashboard_keeps_at_most_twelve_modules_of_its_own() -> None:
     """The dashboard's own top-level modules (its layers live in subpackages) stay few: a new job
     goes to the layer it belongs to."""
     assert len([path for path in DASHBOARD.glob("*.py") if path.name != "__init__.py"]) <= 12
-
-
-def test_a_snapshot_reaches_a_tab_calling_only_down_the_layers(tmp_path: Path) -> None:
-    """Following ``feed.feed_answer`` on a fresh snapshot: every call into a dashboard module comes
-    from its own layer or one above (the snapshot's ``memo`` and ``lineage.carry`` run the caller's
-    own function, so they do not count as callers), and the layers are first entered in order:
-    live, figures, views, store.  A callback passed down (a function argument) could call up
-    without any import: only following the calls shows it."""
-    import sys
-    from dataclasses import replace
-
-    from metrics_core.dashboard.live.feed import drawn_charts, feed_answer, page_signature
-    from metrics_core.dashboard.store.run_store import RunStore
-    from metrics_core.dashboard.store.store_settings import StoreSettings
-    from metrics_core.dashboard.views.chart_specs import ChartOptions
-    from tests.support import append_records, base_record, three_session_run
-
-    three_session_run(tmp_path / "r" / "metrics.jsonl")
-    append_records(tmp_path / "r" / "metrics.jsonl", *(base_record(s, session="s3", mfu=s / 1e3) for s in (210, 220)))
-    store = RunStore(tmp_path, StoreSettings(safety_interval=0.0))
-    try:
-        view, options = store.view("r"), ChartOptions(smoothing=0.5)
-        drawn, held = page_signature(view, options, ()).layout, {key: 0 for key in drawn_charts(view, options)}
-        fresh = replace(view, lineage=type(view.lineage)())  # the same records, nothing memoised yet
-        entered, upward = [], []
-
-        def caller(frame: object) -> str | None:
-            frame = frame.f_back
-            while frame is not None:
-                name = frame.f_globals.get("__name__", "")
-                transparent = name.endswith("store.snapshot") and frame.f_code.co_name in ("memo", "carry")
-                if name.startswith("metrics_core.dashboard.") and not transparent:
-                    return name
-                frame = frame.f_back
-            return None
-
-        def follow(frame: object, event: str, _arg: object) -> None:
-            name = frame.f_globals.get("__name__", "")
-            if event != "call" or not name.startswith("metrics_core.dashboard."):
-                return
-            layer = DASHBOARD_LAYERS[min(dashboard_layer(name), OWN_MODULES - 1)]
-            if layer not in entered:
-                entered.append(layer)
-            calling = caller(frame)
-            if calling is not None and dashboard_layer(calling) < dashboard_layer(name):
-                upward.append((calling, name, frame.f_code.co_name))
-
-        sys.setprofile(follow)
-        try:
-            answer = feed_answer(fresh, options, (), drawn, held)
-        finally:
-            sys.setprofile(None)
-    finally:
-        store.close()
-    assert len(answer["charts"]) == len(held) > 6  # every chart drawn and encoded on the way
-    assert upward == []
-    assert [layer for layer in entered if layer != "display_text"] == ["live", "figures", "views", "store"]

@@ -24,7 +24,7 @@ from metrics_core.dashboard.live.push import (
 )
 from metrics_core.dashboard.server.asgi_gzip import GzipCopies, StaticGzip, canonical
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT
+from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, EMPTY
 from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, chart_filter, filter_error
@@ -327,11 +327,11 @@ def test_a_run_keeps_the_figures_of_the_last_options_asked_for_only(tmp_path: Pa
             last = view_charts(view, ChartOptions(smoothing=round(step * SMOOTHING_STEP, 2)))
         assert view_charts(view, ChartOptions(smoothing=0.4)) is last
         assert view_charts(view, first) is not built  # dropped, built again
-        kept = view.lineage.carry(("charts", ChartOptions(smoothing=0.4)), lambda state: state)
-        dropped = view.lineage.carry(("charts", ChartOptions(smoothing=0.01)), lambda state: state)
+        kept = view.lineage.kept(("charts", ChartOptions(smoothing=0.4).key)).value
+        dropped = view.lineage.kept(("charts", ChartOptions(smoothing=0.01).key)).value
     finally:
         store.close()
-    assert kept is not None and kept.figures is last and dropped is None
+    assert kept is not EMPTY and kept.figures is last and dropped is EMPTY
     assert BOUNDED_KEPT < 40
 
 

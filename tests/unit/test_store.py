@@ -7,9 +7,10 @@ import itertools
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import orjson
@@ -22,7 +23,7 @@ from metrics_core.dashboard.figures.run_charts import run_charts
 from metrics_core.dashboard.store import root_listing, run_entry, viewed_runs
 from metrics_core.dashboard.store import run_store as store_module
 from metrics_core.dashboard.store.run_store import RunStore
-from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, Lineage, RunView
+from metrics_core.dashboard.store.snapshot import BOUNDED_KEPT, EMPTY, Lineage, RunView, Slots
 from metrics_core.dashboard.store.store_settings import StoreSettings
 from metrics_core.dashboard.views import chart_specs as views_module
 from metrics_core.dashboard.views.chart_specs import (
@@ -117,6 +118,24 @@ def test_tabs_refreshing_one_run_check_its_path_once_per_safety_interval(tmp_pat
         store.close()
 
 
+def once(slots: Slots, key: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()`` kept under ``key`` of ``slots`` (a snapshot's memo or a lineage), as the views
+    and figures memoise: the first caller to take the key's lock computes, the others read."""
+    kept = slots.kept(key)
+    with kept.lock:
+        if kept.value is EMPTY:
+            kept.value = compute()
+        return kept.value
+
+
+def carry(slots: Slots, key: Hashable, update: Callable[[Any], Any], *, bounded: bool = False) -> Any:
+    """The state under ``key`` replaced by ``update(it or None)``, as the views and figures carry it."""
+    kept = slots.kept(key, bounded=bounded)
+    with kept.lock:
+        kept.value = update(None if kept.value is EMPTY else kept.value)
+        return kept.value
+
+
 def test_derived_data_is_computed_once_per_snapshot_across_threads(tmp_path: Path) -> None:
     """Eight threads asking for the same charts get one computation and the same figures."""
     append_records(tmp_path / "r" / "metrics.jsonl", *(base_record(s, train_loss=1.0 / s) for s in range(1, 50)))
@@ -127,7 +146,7 @@ def test_derived_data_is_computed_once_per_snapshot_across_threads(tmp_path: Pat
         results: list[object] = []
 
         def ask() -> None:
-            results.append(view.memo("counted", lambda: calls.append(1) or len(calls)))
+            results.append(once(view, "counted", lambda: calls.append(1) or len(calls)))
 
         threads = [threading.Thread(target=ask) for _ in range(8)]
         for thread in threads:
@@ -149,9 +168,9 @@ def test_a_memo_computation_may_ask_for_another_key_without_deadlocking(tmp_path
     try:
         view = store.view("r")
         calls: list[str] = []
-        inner = lambda: view.memo("inner", lambda: calls.append("inner") or 1)  # noqa: E731
+        inner = lambda: once(view, "inner", lambda: calls.append("inner") or 1)  # noqa: E731
         results: list[object] = []
-        outer = lambda: results.append(view.memo("outer", lambda: inner() + 1))  # noqa: E731
+        outer = lambda: results.append(once(view, "outer", lambda: inner() + 1))  # noqa: E731
         threads = [threading.Thread(target=target, daemon=True) for target in (outer, lambda: results.append(inner()))]
         for thread in threads:
             thread.start()
@@ -159,7 +178,7 @@ def test_a_memo_computation_may_ask_for_another_key_without_deadlocking(tmp_path
             thread.join(timeout=10)
         assert not any(thread.is_alive() for thread in threads), "nested memo calls deadlocked"
         assert sorted(results) == [1, 2] and calls == ["inner"]
-        assert view.memo("outer", lambda: 0) == 2
+        assert once(view, "outer", lambda: 0) == 2
     finally:
         store.close()
 
@@ -176,27 +195,27 @@ def test_a_lineage_carries_different_keys_side_by_side_and_one_key_an_update_at_
         assert other_done.wait(10), "the other key's update waited for this one"
         return "slow"
 
-    thread = threading.Thread(target=lineage.carry, args=("charts", slow))
+    thread = threading.Thread(target=carry, args=(lineage, "charts", slow))
     thread.start()
     assert updating.wait(10)
-    assert lineage.carry("findings", lambda previous: "quick") == "quick"  # while "charts" is updated
+    assert carry(lineage, "findings", lambda previous: "quick") == "quick"  # while "charts" is updated
     other_done.set()
     thread.join(10)
-    assert lineage.carry("charts", lambda previous: previous) == "slow"
+    assert carry(lineage, "charts", lambda previous: previous) == "slow"
 
     def bump(previous: int | None) -> int:
         time.sleep(0.01)  # two overlapping updates would both extend the same previous state
         return (previous or 0) + 1
 
-    threads = [threading.Thread(target=lineage.carry, args=("count", bump)) for _ in range(8)]
+    threads = [threading.Thread(target=carry, args=(lineage, "count", bump)) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join(10)
-    assert lineage.carry("count", lambda previous: previous) == 8
+    assert carry(lineage, "count", lambda previous: previous) == 8
     for number in range(10 * BOUNDED_KEPT):  # a client asking for ever new options
-        lineage.carry(("options", number), lambda previous: previous, bounded=True)
-    assert len(lineage._key_locks) == BOUNDED_KEPT + 3  # the bounded keys kept, "charts", "findings", "count"
+        carry(lineage, ("options", number), lambda previous: previous, bounded=True)
+    assert len(lineage._kept) == BOUNDED_KEPT + 3  # the bounded keys kept, "charts", "findings", "count"
 
 
 # -- the runs page is O(runs), and each run's row is kept incrementally ------------------
@@ -1037,7 +1056,7 @@ def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_free
             for kind in kinds:
                 if isinstance(thing, kind):
                     counts[kind.__name__] += 1
-        counts["lineage"] = len(store._entries["live"].lineage._state)
+        counts["lineage"] = len(store._entries["live"].lineage._kept)
         return counts
 
     try:

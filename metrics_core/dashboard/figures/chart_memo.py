@@ -1,7 +1,7 @@
 """The run page's figures, memoised per snapshot and carried along a live run.
 
 Every tab of a page asks for the same snapshot's charts; they are drawn once per snapshot and
-options (``RunView.memo``) and, on a live run, from the previous snapshot's (``RunView.lineage``),
+options (kept in ``RunView.kept``) and, on a live run, from the previous snapshot's (``RunView.lineage``),
 so a refresh pays for the appended records, not the whole run (each run keeps those of the
 options asked for last, ``snapshot.BOUNDED_KEPT``: a client may ask for any number of options):
 
@@ -16,9 +16,11 @@ options asked for last, ``snapshot.BOUNDED_KEPT``: a client may ask for any numb
   each chart is drawn when the page asks for it, so a big run's first chart is shown while the
   others are drawn.
 * ``zoom_chart``: a chart drawn from only the records in the x-range the user zoomed to.
+* ``view_session_overlay``: the sessions page's chart.
 
-Calls go one way: down into the views (the chart list, ``views.memo``; the specs, through
-``run_charts``) and the snapshot; never back up.
+Calls go one way: down into the views (the chart list, ``views.memo``, unless the caller hands
+it down; the specs, through ``run_charts``) and the snapshot, which keeps the values this module
+computes and calls nothing back.
 """
 
 from __future__ import annotations
@@ -26,8 +28,9 @@ from __future__ import annotations
 import threading
 import time
 import weakref
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 import pandas as pd
@@ -35,8 +38,8 @@ import pandas as pd
 from metrics_core.dashboard.figures.figure_dicts import Figure
 from metrics_core.dashboard.figures.layout import x_values
 from metrics_core.dashboard.figures.metric_axes import OFF_SCALE
-from metrics_core.dashboard.figures.run_charts import chart_builders, run_charts
-from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.dashboard.figures.run_charts import chart_builders, run_charts, session_overlay
+from metrics_core.dashboard.store.snapshot import EMPTY, RunView
 from metrics_core.dashboard.views.chart_specs import Chart, ChartOptions, grouped_figures, warmup_rows
 from metrics_core.dashboard.views.memo import REBUILD_CPU_SHARE, view_charts_of
 
@@ -46,13 +49,25 @@ TAIL_REBUILD_S = 120.0
 TAIL_EVENTS = ("train", "validation")
 
 
-def view_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
-    """The run page's charts, once per snapshot and options, shared by every tab.
+def _once(view: RunView, key: Hashable, compute: Callable[[], Any]) -> Any:
+    """``compute()`` (a function of this module) once per snapshot and ``key``, one of many
+    (``snapshot.BOUNDED_KEPT`` are kept)."""
+    kept = view.kept(key, bounded=True)
+    with kept.lock:
+        if kept.value is EMPTY:
+            kept.value = compute()
+        return kept.value
+
+
+def view_charts(view: RunView, options: ChartOptions, charts: list[Chart] | None = None) -> dict[str, Figure]:
+    """The run page's charts, once per snapshot and options, shared by every tab.  ``charts``:
+    ``views.memo.view_charts_of(view)``, where the caller has it.
 
     On a long live run they are extended, not rebuilt (``_extend_charts``): cost O(appended
     records + smoothing warm-up), where ``run_charts`` costs O(records).
     """
-    return view.memo(("charts", options), lambda: _carried_charts(view, options), bounded=True)
+    charts = view_charts_of(view) if charts is None else charts
+    return _once(view, ("charts", options.key), lambda: _carried_charts(view, options, charts))
 
 
 @dataclass(frozen=True, eq=False)
@@ -66,15 +81,15 @@ class _Charts:
     cost_s: float
 
 
-def view_chart_groups(view: RunView, options: ChartOptions) -> tuple[dict[str, dict[str, Figure]], int]:
+def view_chart_groups(
+    view: RunView, options: ChartOptions, charts: list[Chart] | None = None
+) -> tuple[dict[str, dict[str, Figure]], int]:
     """``chart_specs.grouped_figures`` of ``view_charts``, once per snapshot and options: finding the
-    logged keys walks every column of the run's frames, which a tab's refresh need not repeat."""
-    charts = view_charts_of(view)
-    return view.memo(
-        ("groups", options),
-        lambda: grouped_figures(view, options, view_charts(view, options), charts=charts),
-        bounded=True,
-    )
+    logged keys walks every column of the run's frames, which a tab's refresh need not repeat.
+    ``charts``: ``views.memo.view_charts_of(view)``, where the caller has it."""
+    charts = view_charts_of(view) if charts is None else charts
+    figures = view_charts(view, options, charts)
+    return _once(view, ("groups", options.key), lambda: grouped_figures(view, options, figures, charts=charts))
 
 
 @dataclass(frozen=True)
@@ -92,30 +107,29 @@ def view_chart_grid(view: RunView, options: ChartOptions) -> ChartGrid:
     carries these options' charts they come whole (``view_charts``: a live update extends them);
     on a first build (a run just read, options just picked) each is drawn when the page asks for
     it, so the first is shown while the others are drawn, and ``view_charts`` takes the same ones."""
-    if view.lineage.holds(("charts", options)):
-        groups, logged = view_chart_groups(view, options)
+    charts = view_charts_of(view)
+    if view.lineage.holds(("charts", options.key)):
+        groups, logged = view_chart_groups(view, options, charts)
         figure = {key: figure for keyed in groups.values() for key, figure in keyed.items()}.__getitem__
     else:
-        charts = view_charts_of(view)
-        build = _full_build(view, options, charts)
+        build = _full_build(view, options, charts, whole=False)
         groups, logged = grouped_figures(view, options, dict.fromkeys(build.keys), charts=charts)
         figure = build.figure
     return ChartGrid({group: list(keyed) for group, keyed in groups.items()}, logged, figure)
 
 
 class _Build:
-    """The run page's charts of one snapshot and options (``chart_builders``), each drawn once, when
-    first asked for, whichever thread asks: the tabs drawing them one by one and the lineage's full
-    build share them.  ``cost_s``: the time drawing them took, however many threads asked."""
+    """The run page's charts of one snapshot and options, each drawn once whichever thread asks:
+    the tabs drawing them one by one and the lineage's full build share them.  Drawn one at a time
+    when first asked for (``_lazy_build``: a page's first chart shown while the others are drawn),
+    or all at once (``_whole_build``: their rows read in one pass).  ``cost_s``: the time drawing
+    them took, however many threads asked."""
 
-    def __init__(self, view: RunView, options: ChartOptions, charts: list[Chart]) -> None:
-        start = time.perf_counter()
-        # Through a weak proxy: the snapshot's memo holds this build, and one a page left half
-        # drawn must not hold the snapshot in a cycle, which only the garbage collector frees.
-        self._builders = chart_builders(weakref.proxy(view), options, charts=charts)
-        self.keys = tuple(self._builders)
-        self.cost_s = time.perf_counter() - start
-        self._figures: dict[str, Figure] = {}
+    def __init__(self, builders: dict[str, Callable[[], Figure]], figures: dict[str, Figure], cost_s: float) -> None:
+        self._builders = builders
+        self._figures = figures
+        self.keys = tuple(builders or figures)
+        self.cost_s = cost_s
         self._lock = threading.Lock()
 
     def figure(self, key: str) -> Figure:
@@ -132,15 +146,31 @@ class _Build:
         return {key: self.figure(key) for key in self.keys}
 
 
-def _full_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
-    return view.memo(("build", options), lambda: _Build(view, options, charts), bounded=True)
+def _lazy_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
+    start = time.perf_counter()
+    # Through a weak proxy: the snapshot's memo holds this build, and one a page left half
+    # drawn must not hold the snapshot in a cycle, which only the garbage collector frees.
+    builders = chart_builders(weakref.proxy(view), options, charts=charts)
+    return _Build(builders, {}, time.perf_counter() - start)
 
 
-def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
+def _whole_build(view: RunView, options: ChartOptions, charts: list[Chart]) -> _Build:
+    start = time.perf_counter()
+    figures = run_charts(view, options, charts=charts)
+    return _Build({}, figures, time.perf_counter() - start)
+
+
+def _full_build(view: RunView, options: ChartOptions, charts: list[Chart], *, whole: bool) -> _Build:
+    """The build of ``view``'s charts with ``options`` that every caller shares: the first caller
+    chooses it drawn ``whole`` or one chart at a time."""
+    build = _whole_build if whole else _lazy_build
+    return _once(view, ("build", options.key), lambda: build(view, options, charts))
+
+
+def _carried_charts(view: RunView, options: ChartOptions, charts: list[Chart]) -> dict[str, Figure]:
     stale: list[bool] = []
-    charts = view_charts_of(view)  # not under the lineage's lock, which it takes itself
 
-    def update(previous: _Charts | None) -> _Charts | None:
+    def update(previous: _Charts | None) -> _Charts:
         if previous is not None and view.records < previous.view.records:
             stale.append(True)  # a tab still holding an older snapshot: leave the lineage alone
             return previous
@@ -149,12 +179,14 @@ def _carried_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
         extended = _extend_charts(previous, view, options, charts) if previous is not None else None
         if extended is not None:
             return extended
-        build = _full_build(view, options, charts)
+        build = _full_build(view, options, charts, whole=True)
         figures = build.figures()
         return _Charts(view, figures, view, time.monotonic(), build.cost_s)
 
-    carried = view.lineage.carry(("charts", options), update, bounded=True)
-    return run_charts(view, options) if stale else carried.figures
+    kept = view.lineage.kept(("charts", options.key), bounded=True)
+    with kept.lock:
+        carried = kept.value = update(None if kept.value is EMPTY else kept.value)
+    return run_charts(view, options, charts=charts) if stale else carried.figures
 
 
 def _extend_charts(previous: _Charts, view: RunView, options: ChartOptions, charts: list[Chart]) -> _Charts | None:
@@ -234,6 +266,12 @@ def _append_points(figure: Figure, tail: Figure | None) -> Figure | None:
     return Figure(data=data, layout=figure["layout"])
 
 
+def view_session_overlay(view: RunView, *, chart: Chart, x: str, smoothing: float, theme: str) -> Figure:
+    """The sessions page's chart (``run_charts.session_overlay``), once per snapshot and controls."""
+    key = ("overlay", chart.key, x, smoothing, theme)
+    return _once(view, key, lambda: session_overlay(view, chart=chart, x=x, smoothing=smoothing, theme=theme))
+
+
 def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[float, float]) -> Figure:
     """Chart ``key`` drawn from only the records whose x lies in ``xrange`` (plus the smoothing's
     warm-up before it), so a zoom into 1,000 records of a 5M-record run shows every one of them
@@ -241,9 +279,7 @@ def zoom_chart(view: RunView, options: ChartOptions, key: str, xrange: tuple[flo
     Cost: one O(rows) vectorised mask per event, then O(rows in range)."""
     low, high = sorted(float(value) for value in xrange)
     whole = view_charts(view, options)[key]
-    return view.memo(
-        ("zoom", options, key, low, high), lambda: _zoom_chart(view, options, key, whole, low, high), bounded=True
-    )
+    return _once(view, ("zoom", options.key, key, low, high), lambda: _zoom_chart(view, options, key, whole, low, high))
 
 
 def _zoom_chart(view: RunView, options: ChartOptions, key: str, whole: Figure, low: float, high: float) -> Figure:

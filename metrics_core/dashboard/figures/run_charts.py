@@ -4,7 +4,8 @@
 ``straggler_figure``), with the replay windows shaded in the sessions history mode
 (``replay_highlights``); ``session_overlay`` and ``compare_chart`` are the sessions and compare
 pages' charts (a compare chart of groups of runs: ``group_figures``).  Nothing here memoises
-(``chart_memo`` does, per snapshot) and nothing here decides
+but a group's curve of each run, kept in its snapshot (``chart_memo`` keeps the rest, per snapshot),
+and nothing here decides
 which rows a chart draws (its spec does): this module only calls down, into the views and the
 figure builders beside it.  How a line's points are picked is chosen here, where the charts' data is
 read: ``run_charts`` and ``chart_builders`` take a ``downsample`` (``analysis.downsample``, min/max
@@ -13,7 +14,6 @@ unless told), as TensorBoard's data provider does, and the figure builders draw 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Mapping, Sequence
 from functools import partial
 
@@ -26,7 +26,7 @@ from metrics_core.dashboard.figures.group_figures import RunCurve, group_figure,
 from metrics_core.dashboard.figures.layout import CHART_POINTS, Highlight, session_colour, x_values
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.figures.rank_figures import straggler_figure
-from metrics_core.dashboard.store.snapshot import RunView
+from metrics_core.dashboard.store.snapshot import EMPTY, RunView
 from metrics_core.dashboard.views.chart_specs import (
     DEFAULT_CHARTS,
     LINE_FIELDS,
@@ -34,6 +34,7 @@ from metrics_core.dashboard.views.chart_specs import (
     ChartOptions,
     ChartSpec,
     chart_spec,
+    chart_specs,
     spec_makers,
 )
 from metrics_core.dashboard.views.compare import compare_series, group_series, run_series
@@ -74,9 +75,13 @@ def run_charts(
     downsample: Downsampler = minmax_indices,
 ) -> dict[str, Figure]:
     """Every chart of the run page (of ``charts``, default ``charts_of(view)``) as a figure, each
-    with a budget of ``max_points`` drawn points, picked by ``downsample``."""
-    builders = chart_builders(view, options, max_points=max_points, charts=charts, downsample=downsample)
-    return {key: build() for key, build in builders.items()}
+    with a budget of ``max_points`` drawn points, picked by ``downsample``: their specs made at once
+    (``chart_specs.chart_specs``: the snapshot's rows read in one pass), then drawn."""
+    highlights = replay_highlights(view, options.x) if options.history == "sessions" else []
+    specs = chart_specs(view, options.history, only=options.only, charts=charts, x=options.x)
+    return {
+        key: spec_figure(view, key, spec, options, highlights, max_points, downsample) for key, spec in specs.items()
+    }
 
 
 def chart_builders(
@@ -202,23 +207,17 @@ def compare_chart(
 
 def _run_curve(view: RunView, name: str, event: str, metric: str, x: str, smoothing: float) -> RunCurve:
     """``run_points`` of one run's ``metric``, kept with the snapshot: a run that did not change
-    since the last refresh (a finished seed of a sweep) costs nothing to draw again in its group."""
-    kept = view.memo(("group_points", event, metric, x), _KeptCurves)
-    return kept.get(smoothing, lambda: run_points(run_series(view, name, event, metric, x=x), x, smoothing))
-
-
-class _KeptCurves:
-    """One run's curves of one metric and x by smoothing, the last ``KEPT_SMOOTHINGS`` kept: a
-    smoothing slider dragged across its range leaves no more than that per run.  Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._kept: dict[float, RunCurve] = {}
-
-    def get(self, smoothing: float, compute: Callable[[], RunCurve]) -> RunCurve:
-        with self._lock:  # tabs drawing the same run wait for one computation, not one each
-            found = self._kept.pop(smoothing, None)
-            self._kept[smoothing] = found = compute() if found is None else found
-            while len(self._kept) > KEPT_SMOOTHINGS:
-                del self._kept[next(iter(self._kept))]
-            return found
+    since the last refresh (a finished seed of a sweep) costs nothing to draw again in its group.
+    The last ``KEPT_SMOOTHINGS`` smoothings are kept: a slider dragged across its range leaves no
+    more than that per run."""
+    kept = view.kept(("group_points", event, metric, x))
+    with kept.lock:  # tabs drawing the same run wait for one computation, not one each
+        curves: dict[float, RunCurve] = {} if kept.value is EMPTY else kept.value
+        found = curves.pop(smoothing, None)
+        if found is None:
+            found = run_points(run_series(view, name, event, metric, x=x), x, smoothing)
+        curves[smoothing] = found
+        while len(curves) > KEPT_SMOOTHINGS:
+            del curves[next(iter(curves))]
+        kept.value = curves
+        return found

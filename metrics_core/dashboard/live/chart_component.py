@@ -40,7 +40,7 @@ import hashlib
 import itertools
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from functools import cache, cached_property, partial
 from pathlib import Path
@@ -230,6 +230,19 @@ def _plain(value: Any) -> Any:
     if isinstance(value, float) and value != value:
         return None
     return value.item() if isinstance(value, np.generic) else value
+
+
+def held_encodings(held: Mapping[str, object]) -> dict[str, Encoded | None]:
+    """``encoded_by_token`` of each token a page says its charts hold, by chart: taken before the
+    figures of a new snapshot are built, so none of those still held is dropped meanwhile."""
+    return {key: encoded_by_token(token) for key, token in held.items()}
+
+
+def payloads(figures: Mapping[str, Figure], held: Mapping[str, Encoded | None]) -> dict[str, dict[str, Any]]:
+    """The ``chart_payload`` that brings each chart of ``held`` (``held_encodings``) to its figure
+    in ``figures``, but those that say "same": a live answer's charts, in one call."""
+    found = {key: chart_payload(encode(figures[key]), base) for key, base in held.items()}
+    return {key: payload for key, payload in found.items() if payload["op"] != "same"}
 
 
 def chart_payload(encoded: Encoded, held: Encoded | None) -> dict[str, Any]:

@@ -24,10 +24,10 @@ from typing import Any, NamedTuple
 
 from metrics_core.dashboard.figures.chart_memo import view_chart_groups
 from metrics_core.dashboard.figures.figure_dicts import Figure, json_text
-from metrics_core.dashboard.live.chart_component import chart_payload, encode, encoded_by_token
+from metrics_core.dashboard.live.chart_component import held_encodings, payloads
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.dashboard.views.chart_specs import ChartOptions, chart_key
-from metrics_core.dashboard.views.memo import view_findings
+from metrics_core.dashboard.views.chart_specs import ChartOptions, chart_keys
+from metrics_core.dashboard.views.memo import PageViews, view_page
 
 
 def status_line(view: RunView) -> tuple[str, str]:
@@ -52,19 +52,36 @@ class PageSignature(NamedTuple):
     details: str
 
 
+class _Page(NamedTuple):
+    """What the run page draws of a snapshot, computed down the layers in one pass: the views'
+    values (the chart list, the findings), then the figures drawn of that chart list."""
+
+    views: PageViews
+    groups: dict[str, dict[str, Figure]]
+    logged: int
+
+
+def _page(view: RunView, options: ChartOptions) -> _Page:
+    views = view_page(view)
+    return _Page(views, *view_chart_groups(view, options, views.charts))
+
+
 def page_signature(view: RunView, options: ChartOptions, alerts: Sequence[str]) -> PageSignature:
     """The ``PageSignature`` of the run page drawing ``view`` with ``options`` and firing ``alerts``."""
-    groups, logged = view_chart_groups(view, options)
-    findings = view_findings(view)
+    return _signature(view, _page(view, options), alerts)
+
+
+def _signature(view: RunView, page: _Page, alerts: Sequence[str]) -> PageSignature:
+    findings = page.views.findings
     layout = (
         view.status,
         view.reason,
         [(session.index, session.resume_step) for session in view.sessions],
-        len(view.frames["config"]),
+        view.rows("config"),
         [(finding.severity, finding.check) for finding in findings],
         list(alerts),
-        [(group, list(figures)) for group, figures in groups.items()],
-        logged,
+        [(group, list(figures)) for group, figures in page.groups.items()],
+        page.logged,
     )
     return PageSignature(_digest(layout), _digest([finding.message for finding in findings]))
 
@@ -75,8 +92,12 @@ def _digest(value: object) -> str:
 
 def drawn_charts(view: RunView, options: ChartOptions) -> dict[str, Figure]:
     """The run page's charts of ``view`` by their element keys (``chart_specs.chart_key``)."""
-    groups, _ = view_chart_groups(view, options)
-    return {chart_key(key): figure for figures in groups.values() for key, figure in figures.items()}
+    return _drawn(_page(view, options))
+
+
+def _drawn(page: _Page) -> dict[str, Figure]:
+    figures = {key: figure for keyed in page.groups.values() for key, figure in keyed.items()}
+    return dict(zip(chart_keys(figures), figures.values(), strict=True))
 
 
 def feed_answer(
@@ -84,19 +105,16 @@ def feed_answer(
 ) -> dict[str, Any]:
     """What brings a tab that drew a page of layout signature ``drawn`` and holds chart figures
     ``held`` (element key -> ``Encoded.token``) to ``view``: the status line, a payload per chart
-    whose figure changed and the details signature, or ``{"rerun": True}`` when the layout changed."""
+    whose figure changed and the details signature, or ``{"rerun": True}`` when the layout changed.
+    Down the layers once: the snapshot's views, the figures drawn of them, their payloads."""
     # First: the previous snapshot's figures, which tabs in step hold, are kept until new ones are built.
-    bases = {key: encoded_by_token(token) for key, token in held.items()}
-    signature = page_signature(view, options, alerts)
+    bases = held_encodings(held)
+    page = _page(view, options)
+    signature = _signature(view, page, alerts)
     if signature.layout != drawn:
         return {"rerun": True}
-    figures = drawn_charts(view, options)
+    figures = _drawn(page)
     if held.keys() != figures.keys():  # the tab holds other charts than the page draws
         return {"rerun": True}
-    charts = {}
-    for key, base in bases.items():
-        payload = chart_payload(encode(figures[key]), base)
-        if payload["op"] != "same":
-            charts[key] = payload
     status, counts = status_line(view)
-    return {"status": status, "counts": counts, "charts": charts, "details": signature.details}
+    return {"status": status, "counts": counts, "charts": payloads(figures, bases), "details": signature.details}

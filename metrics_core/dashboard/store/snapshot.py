@@ -37,55 +37,68 @@ from metrics_core.read.session_model import LostWork, Session
 from metrics_core.read.throughput import tokens_per_second_rows
 
 EVENTS = ("train", "validation", "checkpoint", "session_start", "session_end", "config")
-# Per run, the states of this many ``bounded`` keys are kept, least recently used dropped first:
+# Per run, the values of this many ``bounded`` keys are kept, least recently used dropped first:
 # such keys come one per page options asked for (figures of a smoothing, a theme, a filter, a zoom),
-# and a client may ask for any number of them.  Tabs in use ask for a few at a time.  (The keys are
-# the callers' objects: they are hashed in ``memo`` and ``carry`` themselves, whose calls stand for
-# their callers', see tests/unit/test_layers.py.)
+# and a client may ask for any number of them.  Tabs in use ask for a few at a time.  A key is a
+# tuple of plain values (``ChartOptions.key``): hashing it here runs none of the callers' code.
 BOUNDED_KEPT = 16
+EMPTY: Any = object()  # ``Kept.value`` before anything is kept
 
 
-class Lineage:
+class Kept:
+    """One key's place in a ``Slots``: ``value`` (``EMPTY`` until the caller stores one) and
+    ``lock``, which whoever computes or replaces the value holds meanwhile.  The store hands the
+    place out and never computes: the caller computes, under ``lock``, and stores the value, so
+    a snapshot is read by the layers above it and never calls back into them."""
+
+    __slots__ = ("lock", "value")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.value: Any = EMPTY
+
+
+class Slots:
+    """Values by key, each in its ``Kept``; thread-safe.  ``kept(key)`` is the one call a caller
+    makes: asked for the first time, a key gets an empty place.  Whoever takes its lock first
+    computes the value; the others wait and read it.  One lock per key: a computation may ask for
+    another key, and two threads asking for different keys do not wait for each other."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()  # the dicts below; never held while a caller computes
+        self._kept: dict[Hashable, Kept] = {}
+        self._recent: OrderedDict[Hashable, None] = OrderedDict()  # the bounded keys, least recent first
+
+    def kept(self, key: Hashable, *, bounded: bool = False) -> Kept:
+        """The place of ``key``.  ``bounded``: a key of which there may be many (``BOUNDED_KEPT``
+        are kept: a dropped one gets an empty place when next asked for, and a value stored in
+        its old place meanwhile is lost with it)."""
+        with self._lock:
+            found = self._kept.get(key)
+            if found is None:
+                found = self._kept[key] = Kept()
+            if bounded:
+                self._recent[key] = None
+                self._recent.move_to_end(key)
+                while len(self._recent) > BOUNDED_KEPT:
+                    del self._kept[self._recent.popitem(last=False)[0]]
+            return found
+
+    def holds(self, key: Hashable) -> bool:
+        """Whether a value is kept under ``key``."""
+        with self._lock:
+            found = self._kept.get(key)
+            return found is not None and found.value is not EMPTY
+
+
+class Lineage(Slots):
     """State carried from one snapshot of a run to the next (incremental charts, throttled checks).
 
     Shared by every snapshot built from one reader, so a live update can extend what the previous
     snapshot computed instead of recomputing the run; a new reader (a reset after a failure)
-    starts a new lineage.  ``carry`` is thread-safe, one lock per key: two threads carrying
-    different keys (the charts and the diagnostics of a run's first view) compute side by side.
+    starts a new lineage.  A caller carries a key by taking its place's lock and replacing its
+    value by the next one, computed from it (``EMPTY``: nothing carried yet).
     """
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()  # the dicts below; never held while an update runs
-        self._key_locks: dict[Hashable, threading.Lock] = {}
-        self._state: dict[Hashable, Any] = {}
-        self._recent: OrderedDict[Hashable, None] = OrderedDict()  # the bounded keys, least recent first
-
-    def carry(self, key: Hashable, update: Callable[[Any], Any], *, bounded: bool = False) -> Any:
-        """Replace the state under ``key`` by ``update(previous or None)`` and return it, atomically
-        for that key (``update`` must not carry the same key).  ``bounded``: a key of which there
-        may be many (``BOUNDED_KEPT``): a dropped one starts again from None."""
-        with self._lock:
-            lock = self._key_locks.setdefault(key, threading.Lock())
-        with lock:
-            with self._lock:
-                previous = self._state.get(key)
-            value = update(previous)
-            with self._lock:
-                self._state[key] = value
-                self._key_locks.setdefault(key, lock)  # dropped meanwhile: kept again with its state
-                if bounded:
-                    self._recent[key] = None
-                    self._recent.move_to_end(key)
-                    while len(self._recent) > BOUNDED_KEPT:
-                        dropped = self._recent.popitem(last=False)[0]
-                        del self._state[dropped]
-                        self._key_locks.pop(dropped, None)
-            return value
-
-    def holds(self, key: Hashable) -> bool:
-        """Whether state is carried under ``key``: ``carry`` would not start from None."""
-        with self._lock:
-            return key in self._state
 
 
 class EventColumns:
@@ -145,6 +158,10 @@ class EventColumns:
             return "f" if found.values.kind in ("int", "float") else "O"
         return (found if found is not None else self.array(name)).dtype.kind
 
+    def kinds(self) -> dict[str, str]:
+        """``kind`` of every field the reader holds, in its order: one call for a run's every key."""
+        return {name: self.kind(name) for name in self.names}
+
     def frame(self, fields: Collection[str] | None = None) -> pd.DataFrame:
         """A frame of the fields among ``fields`` (every field: None), in the reader's order; the
         same object for the same fields.  Do not modify it: every tab shares it."""
@@ -177,7 +194,7 @@ class RunView:
     """Everything a page shows about one run, as of one refresh.
 
     Immutable, so anything derived from it (figures, diagnostics) is computed once per snapshot
-    with ``memo`` and shared by every tab: on a long run the charts and the diagnostics take far
+    in its memo (``kept``) and shared by every tab: on a long run the charts and the diagnostics take far
     too long to build to redo per tab per refresh.
     """
 
@@ -193,38 +210,14 @@ class RunView:
     lost_work: LostWork
     lineage: Lineage = field(default_factory=Lineage, repr=False)
     reason: str | None = None  # why the run stopped (``run_status.stop_reason``)
-    _memo: dict[Hashable, Any] = field(default_factory=dict, init=False, repr=False)
-    _memo_lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
-    _key_locks: dict[Hashable, threading.Lock] = field(default_factory=dict, init=False, repr=False)
-    _recent: OrderedDict[Hashable, None] = field(default_factory=OrderedDict, init=False, repr=False)
+    _memo: Slots = field(default_factory=Slots, init=False, repr=False)
 
-    def memo(self, key: Hashable, compute: Callable[[], Any], *, bounded: bool = False) -> Any:
-        """``compute()`` once per snapshot and ``key``, whichever thread asks first.
-
-        One lock per key: a computation may ask for another key (a zoomed chart needs the whole
-        run's), and two tabs asking for different keys do not wait for each other.  ``bounded``: a
-        key of which there may be many (one per page options: ``BOUNDED_KEPT`` are kept, a dropped
-        one is computed again when asked for).
-        """
-        with self._memo_lock:
-            if key in self._memo:
-                if bounded:
-                    self._recent.move_to_end(key)
-                return self._memo[key]
-            lock = self._key_locks.setdefault(key, threading.Lock())
-        with lock:
-            with self._memo_lock:
-                if key in self._memo:
-                    return self._memo[key]
-            value = compute()
-            with self._memo_lock:
-                self._memo[key] = value
-                self._key_locks.pop(key, None)
-                if bounded:
-                    self._recent[key] = None
-                    while len(self._recent) > BOUNDED_KEPT:
-                        del self._memo[self._recent.popitem(last=False)[0]]
-            return value
+    def kept(self, key: Hashable, *, bounded: bool = False) -> Kept:
+        """The place of ``key`` in this snapshot's memo (``Slots.kept``): anything derived from
+        the snapshot (its charts, findings, a zoomed chart) is computed once, by the first caller
+        to take its lock, and shared by every tab.  ``bounded``: a key of which there may be many
+        (one per page options)."""
+        return self._memo.kept(key, bounded=bounded)
 
     @property
     def frames(self) -> Mapping[str, pd.DataFrame]:
@@ -246,7 +239,11 @@ class RunView:
         superseded = self.superseded[event]
         if not superseded.any():
             return self.frame(event, fields)
-        return self.memo(("effective", event), lambda: self.columns[event].picked(~superseded)).frame(fields)
+        kept = self.kept(("effective", event))
+        with kept.lock:
+            if kept.value is EMPTY:
+                kept.value = self.columns[event].picked(~superseded)
+        return kept.value.frame(fields)
 
 
 def _numeric_where_numbers(arrays: dict[str, Any]) -> dict[str, Any]:
@@ -298,7 +295,7 @@ def _throughput(lineage: Lineage, arrays: Mapping[str, Any], previous: EventColu
         np.asarray(arrays["tokens_seen"][start:], dtype=np.float64), times_ns, arrays["session_id"].codes[start:]
     )
     head = None if previous is None else previous.array("tokens_per_s")
-    buffer = lineage.carry(("derived", "tokens_per_s"), lambda found: found if found is not None else _Appended())
+    buffer = _buffer(lineage, ("derived", "tokens_per_s"), _Appended)
     return {"tokens_per_s": buffer.extended(head, rates if head is None else rates[1:])}
 
 
@@ -421,7 +418,16 @@ class _Appended:
 
 def _extended(lineage: Lineage, key: Hashable, mask: np.ndarray, rows: int, *, fill: bool | int = False) -> np.ndarray:
     """``mask`` with ``fill`` for the rows after it, from the buffer ``lineage`` keeps under ``key``."""
-    return lineage.carry(key, lambda buffer: buffer if buffer is not None else _MaskBuffer(fill)).extended(mask, rows)
+    return _buffer(lineage, key, lambda: _MaskBuffer(fill)).extended(mask, rows)
+
+
+def _buffer(lineage: Lineage, key: Hashable, new: Callable[[], Any]) -> Any:
+    """The buffer ``lineage`` keeps under ``key``, ``new()`` the first time."""
+    kept = lineage.kept(key)
+    with kept.lock:
+        if kept.value is EMPTY:
+            kept.value = new()
+        return kept.value
 
 
 def _read_only(mask: np.ndarray) -> np.ndarray:

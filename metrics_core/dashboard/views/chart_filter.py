@@ -22,6 +22,7 @@ so); the page's box cannot hold more.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 FILTER_MAX_CHARS = 200
@@ -104,3 +105,10 @@ def chart_filter(pattern: str, what: str = "chart filter") -> ChartFilter:
         if text or start or end:
             alternatives.append(_Alternative(tuple(text.split("*")), start, end))
     return ChartFilter(tuple(alternatives))
+
+
+def chart_picks(pattern: str, named: Iterable[tuple[str, ...]]) -> list[bool]:
+    """Whether chart filter ``pattern`` keeps each of ``named`` (a chart's title and key), in one
+    call for a run page's every chart; a refused pattern (``filter_error``) keeps all."""
+    keeps = chart_filter("" if filter_error(pattern) else pattern).keeps
+    return [keeps(*names) for names in named]

@@ -4,7 +4,10 @@
 key the run logged), the rows and columns it draws (per history mode:
 the effective history, every session with superseded records dimmed, or sessions overlaid with
 their replays shaded), as ``ChartSpec``s of ``Series`` (their rows as CSV: ``views.chart_csv``; the
-compare page's series are ``views.compare``'s).  This is the views layer: it reads snapshots
+compare page's series are ``views.compare``'s): each a call, so a page drawing a big run's charts
+one by one shows the first before the others' rows are found.  ``chart_specs`` makes them all at
+once, for a caller that draws them all, reading the snapshot's rows once for all of them (the same
+specs, one frame per event).  This is the views layer: it reads snapshots
 (``store.snapshot``) and knows nothing of figures: ``figures.run_charts`` draws the specs.  Nothing
 here memoises: ``views.memo`` keeps the chart list and findings per snapshot, ``figures.chart_memo``
 the figures.
@@ -13,17 +16,17 @@ the figures.
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from functools import cache, partial
-from typing import TypeVar
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import astuple, dataclass
+from functools import cache, cached_property, partial
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
 
 from metrics_core.analysis.derived import tokens_per_second
 from metrics_core.dashboard.store.snapshot import RunView
-from metrics_core.dashboard.views.chart_filter import chart_filter, filter_error
+from metrics_core.dashboard.views.chart_filter import chart_picks
 from metrics_core.dashboard.views.x_keys import X_MODES, column_numbers, fill_x
 
 HISTORY_MODES = {
@@ -44,8 +47,8 @@ class ChartOptions:
     ``only`` is the chart filter (``chart_filter``: terms, not a regular expression), matched
     against chart titles and keys (``pick_charts``): the charts it leaves out are not built, and
     cost nothing per update.
-    The theme is part of every memo and lineage key the options are, so a dark tab and a light
-    tab each get their own figures, built coloured (no recoloured copy per snapshot).
+    The theme is part of every memo and lineage key the options are (``key``), so a dark tab and a
+    light tab each get their own figures, built coloured (no recoloured copy per snapshot).
     """
 
     x: str = "step"
@@ -54,6 +57,12 @@ class ChartOptions:
     history: str = "effective"
     theme: str = "light"
     only: str = ""
+
+    @cached_property
+    def key(self) -> tuple[Any, ...]:
+        """The options as a memo key: a tuple of plain values, which the snapshot's memo hashes
+        without calling back into this module (a dataclass's ``__hash__`` is code of this module)."""
+        return astuple(self)
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,10 +226,9 @@ def logged_keys(view: RunView) -> dict[str, tuple[str, ...]]:
     own fields, with the events it appears in: the numbers the user logged (``mfu``, ``val/acc``)."""
     keys: dict[str, tuple[str, ...]] = {}
     for event in CHARTED_EVENTS:
-        columns = view.columns[event]
-        for column in columns.names:
+        for column, kind in view.columns[event].kinds().items():
             # integers and floats: booleans, categories, times and mixed values are no chart's numbers
-            if column not in WRITER_FIELDS and columns.kind(column) in "iuf":
+            if column not in WRITER_FIELDS and kind in "iuf":
                 keys[column] = (*keys.get(column, ()), event)
     return keys
 
@@ -265,8 +273,8 @@ def pick_charts(charts: Sequence[Chart], pattern: str) -> tuple[list[Chart], int
     """The charts ``pattern`` keeps (``chart_filter.chart_filter``: matched against title and key;
     a refused pattern keeps all), at most ``MAX_LOGGED_CHARTS`` of logged keys among them; and how
     many of the logged keys' charts matched in all."""
-    keeps = chart_filter("" if filter_error(pattern) else pattern).keeps
-    kept = [chart for chart in charts if keeps(chart.title, chart.key)]
+    picks = chart_picks(pattern, [(chart.title, chart.key) for chart in charts])
+    kept = [chart for chart, picked in zip(charts, picks, strict=True) if picked]
     defaults = [chart for chart in kept if not chart.group]
     logged = [chart for chart in kept if chart.group]
     return defaults + logged[:MAX_LOGGED_CHARTS], len(logged)
@@ -346,6 +354,19 @@ def spec_makers(
     return makers | {chart.key: partial(_shared_spec, shared, chart) for chart in logged}
 
 
+def chart_specs(
+    view: RunView, history: str, *, only: str = "", charts: Sequence[Chart] | None = None, x: str = "step"
+) -> dict[str, ChartSpec]:
+    """What ``spec_makers`` makes, made at once for a caller that draws every chart: the rows of all
+    the charts found in one pass over the snapshot (one frame per event, of all their fields)."""
+    picked = pick_charts(charts_of(view) if charts is None else charts, only)[0]
+    rows = _rows_of(view, history, chart_fields(picked), x)
+    specs = {chart.key: _spec(rows, chart) for chart in picked if not chart.group}
+    if is_distributed(view.frame("train", ("world_size",))):
+        specs["straggler"] = _straggler_spec(view, history, x)
+    return specs | {chart.key: _spec(rows, chart) for chart in picked if chart.group}
+
+
 def chart_spec(view: RunView, chart: Chart, history: str, *, x: str = "step") -> ChartSpec:
     """``chart`` with its rows for ``history`` (holding ``x`` when it is a logged key)."""
     events = tuple(dict.fromkeys(line.event for line in chart.lines))
@@ -397,6 +418,11 @@ def chart_key(key: str) -> str:
     """The Streamlit key of the run page's live chart ``key`` (its element carries the class
     ``st-key-<that>``)."""
     return f"chart_{key}"
+
+
+def chart_keys(keys: Iterable[str]) -> list[str]:
+    """``chart_key`` of each of ``keys``, in order."""
+    return [chart_key(key) for key in keys]
 
 
 EMA_FORGET = 1e-7  # the smoothing's warm-up: rows until the start's weight falls below this

@@ -21,21 +21,21 @@ from __future__ import annotations
 
 import math
 import shlex
-from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from collections.abc import Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, TypeVar
+from typing import TYPE_CHECKING, Protocol
 
 import pandas as pd
 
 from metrics_core.dashboard.display_text import CELL_CHARS, shorten
 from metrics_core.dashboard.store.run_config import RunConfig, key_union, run_config
+from metrics_core.dashboard.store.snapshot import EMPTY, Kept
 from metrics_core.read.session_model import session_name
 
 if TYPE_CHECKING:
     from metrics_core.read.run_reader import Session
 
 NOT_SET = "(not set)"  # how a table shows a key a run (or a session's record) does not have
-_T = TypeVar("_T")
 
 
 class ConfigSource(Protocol):
@@ -45,12 +45,16 @@ class ConfigSource(Protocol):
     def frames(self) -> Mapping[str, pd.DataFrame]: ...
     @property
     def sessions(self) -> Sequence[Session]: ...
-    def memo(self, key: Hashable, compute: Callable[[], _T]) -> _T: ...
+    def kept(self, key: Hashable) -> Kept: ...
 
 
 def view_config(view: ConfigSource) -> RunConfig | None:
     """``run_config`` of a snapshot, computed once per snapshot and shared by every tab and page."""
-    return view.memo("config", lambda: run_config(view.frames["config"], view.sessions))
+    kept = view.kept("config")
+    with kept.lock:
+        if kept.value is EMPTY:
+            kept.value = run_config(view.frames["config"], view.sessions)
+        return kept.value
 
 
 def config_keys(configs: Iterable[Mapping[str, str] | None]) -> list[str]:
