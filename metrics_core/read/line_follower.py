@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from metrics_core.read.records import EXCERPT_BYTES, BadLine, excerpt
 from metrics_core.read.run_file import FileStat, RunFile
@@ -39,8 +40,7 @@ _SPLIT_BYTES = 64 << 10  # a block up to this long is handed out split into its 
 _AHEAD_BYTES = 64 << 10  # a last line and new bytes up to this long each are read in one call (then copied)
 
 
-@dataclass(frozen=True, slots=True)
-class Lines:
+class Lines(NamedTuple):  # a tuple: built per append without a frozen dataclass's setattr per field
     """Complete lines: ``data[:end]``, which starts at byte ``offset`` of the file and at line
     number ``first_line`` (None when the follower did not start at the file's start).  ``lines``:
     those lines without their newlines when the block is short (a live append): split once, where
