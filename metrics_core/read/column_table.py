@@ -8,6 +8,9 @@ appending rows it lacks costs nothing but their count.  Which form a column take
 where the cost is already paid: when it is created (from its first chunk), when missing values
 grow its buffer, and when a sparse one gets values; the form never changes what a column holds
 (its kind, values and missing rows are those of the dense column), only what it costs.
+
+``PendingRows`` holds the records a per-line parse found, as dicts, until they are appended to
+their tables: a live append of a few records is columnarised when a query needs it, not per refresh.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from collections import Counter
 from collections.abc import Mapping
 from dataclasses import dataclass
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
@@ -23,6 +27,7 @@ import pandas as pd
 
 from metrics_core.read.columns import MISSING, NUMPY_DTYPES, Chunk, Column, as_python, chunk_from_pylist, convert
 
+_EVENT_AND_VERSION = itemgetter("event", "schema_version")
 SPARSE_AT = 16  # a column held on at most 1 row in this many is stored as its rows and values
 DENSE_AT = 4  # and stored dense again once it holds more than 1 row in this many
 
@@ -278,3 +283,43 @@ class Table:
 
     def nbytes(self) -> int:
         return sum(column.nbytes() for column in self.columns.values())
+
+
+class PendingRows:
+    """Records the per-line parser found, kept as dicts per event until ``flush`` columnarises them:
+    for a refresh of a few records, creating the small arrays a vectorised form needs costs more
+    than parsing the records."""
+
+    __slots__ = ("by_event", "count")
+
+    def __init__(self) -> None:
+        self.by_event: dict[str, list[dict[str, Any]]] = {}
+        self.count = 0
+
+    def add(self, rows: list[dict[str, Any]], versions: dict[int, int]) -> None:
+        """Keep ``rows`` (in file order) and count them by ``schema_version`` into ``versions``."""
+        by_event, self.count = self.by_event, self.count + len(rows)
+        kinds = set(map(_EVENT_AND_VERSION, rows))
+        if len(kinds) == 1:  # one event of one version (a live append): no loop in Python
+            ((event, version),) = kinds
+            by_event.setdefault(event, []).extend(rows)
+            versions[version] = versions.get(version, 0) + len(rows)
+            return
+        event, per_event = None, []
+        for row in rows:
+            version = row["schema_version"]
+            versions[version] = versions.get(version, 0) + 1
+            if row["event"] != event:  # a run of one event's rows finds its list once
+                event, per_event = row["event"], by_event.setdefault(row["event"], [])
+            per_event.append(row)
+
+    def flush(self, tables: dict[str, Table]) -> None:
+        """Append the rows kept to their event's table (created if new), and keep none."""
+        for event, rows in self.by_event.items():
+            table = tables.setdefault(event, Table())
+            if len(rows) == 1:  # a live append
+                table.append(rows[0])
+            else:
+                table.extend(chunks_of(rows), len(rows))
+        self.by_event.clear()
+        self.count = 0

@@ -19,13 +19,16 @@ Promises
 
 Cost: a call that finds nothing new is one ``stat``; otherwise reads of at most
 ``max(READ_CHUNK, max_record_bytes + 1)`` bytes, each handed out as one ``Lines`` block without
-being copied.
+being copied.  A live append costs three system calls: the ``stat``, the first bytes, and one
+read from the start of the last line handed out through the new bytes (its fingerprint checked
+on the way).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from metrics_core.read.records import EXCERPT_BYTES, BadLine, excerpt
 from metrics_core.read.run_file import FileStat, RunFile
@@ -33,17 +36,21 @@ from metrics_core.read.run_file import FileStat, RunFile
 READ_CHUNK = 8 << 20  # bytes per read: bounds memory per block, holds any line short enough to parse
 _FINGERPRINT = 256  # first bytes of a line compared to notice a rewrite (its time and session id)
 _REREAD_BYTES = 64 << 10  # an incomplete line up to this long is read again rather than skipped over
+_SPLIT_BYTES = 64 << 10  # a block up to this long is handed out split into its lines
+_AHEAD_BYTES = 64 << 10  # a last line and new bytes up to this long each are read in one call (then copied)
 
 
-@dataclass(frozen=True, slots=True)
-class Lines:
+class Lines(NamedTuple):  # a tuple: built per append without a frozen dataclass's setattr per field
     """Complete lines: ``data[:end]``, which starts at byte ``offset`` of the file and at line
-    number ``first_line`` (None when the follower did not start at the file's start)."""
+    number ``first_line`` (None when the follower did not start at the file's start).  ``lines``:
+    those lines without their newlines when the block is short (a live append): split once, where
+    they are counted, for the parser; None for a long block, which a parser may not split."""
 
     data: bytes
     end: int
     offset: int
     first_line: int | None
+    lines: list[bytes] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,6 +119,7 @@ class LineFollower:
         self._pending_head = b""  # their first bytes, to notice a writer cutting and rewriting them
         self._head = b""
         self._last_line: tuple[int, bytes] = (0, b"")
+        self._ahead: bytes | None = None  # the bytes from the offset on, read with the last line's check
 
     @property
     def read_identity(self) -> tuple[int, ...] | None:
@@ -180,10 +188,11 @@ class LineFollower:
         ):
             self._scanned = 0  # the incomplete tail was cut (a writer resumed): scan it anew
         while self.offset + self._scanned < size:
-            resume = rereads(self._scanned, self.chunk)
+            resume = not self._scanned or rereads(self._scanned, self.chunk)
             start = self.offset if resume else self.offset + self._scanned
             wanted = min(self.chunk, size - start)
-            data = self.file.read(start, wanted)
+            data = self._ahead if self._ahead is not None else self.file.read(start, wanted)
+            self._ahead = None
             if len(data) < wanted:  # it ends there now: shrank under us, or a run in parts ends at a torn part
                 size = start + len(data)  # the next call looks again
             if not data:
@@ -203,10 +212,13 @@ class LineFollower:
                 self._head = data[: min(first + 1, _FINGERPRINT)]
             last = data.rfind(b"\n", 0, cut - 1) + 1
             self._last_line = (start + last, data[last : min(cut, last + _FINGERPRINT)])
-            block = Lines(data, cut, start, self.line)
+            lines = data[:cut].split(b"\n") if cut <= _SPLIT_BYTES else None
+            if lines is not None:
+                lines.pop()  # what follows the last newline: nothing
+            block = Lines(data, cut, start, self.line, lines)
             self.offset = start + cut
             if self.line is not None:
-                self.line += data.count(b"\n", 0, cut)
+                self.line += data.count(b"\n", 0, cut) if lines is None else len(lines)
             self._scanned = len(data) - cut
             if self._scanned:
                 self._pending_head = data[cut : cut + EXCERPT_BYTES]
@@ -237,9 +249,21 @@ class LineFollower:
         if stat.size < self.offset:
             return f"the file shrank from {self.offset:,} to {stat.size:,} bytes"
         where, last = self._last_line
-        if self.file.read(0, len(self._head)) != self._head or self.file.read(where, len(last)) != last:
+        if self.file.read(0, len(self._head)) != self._head or self._read_last_line(where, stat.size) != last:
             return "the file was rewritten before the read offset"
         return None
+
+    def _read_last_line(self, where: int, size: int) -> bytes:
+        """The fingerprint's bytes of the last line handed out, at ``where``.  When that line and
+        the new bytes are short and no incomplete line waits, the same read takes the bytes
+        ``follow`` reads next (from the offset to ``size``), kept in ``_ahead``: one system call less
+        (a live append), for a copy of at most ``_AHEAD_BYTES``."""
+        length, skip = len(self._last_line[1]), self.offset - where
+        if self._scanned or not 0 < skip <= _AHEAD_BYTES or not 0 < size - self.offset <= _AHEAD_BYTES:
+            return self.file.read(where, length)
+        data = self.file.read(where, size - where)
+        self._ahead = data[skip:]
+        return data[:length]
 
     def close(self) -> None:
         self.file.close()

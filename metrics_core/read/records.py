@@ -30,7 +30,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
-from operator import itemgetter
+from operator import itemgetter, methodcaller
 from typing import Any
 
 import orjson
@@ -57,6 +57,7 @@ _INT_FIELDS = tuple(name for name in BASE_FIELD_ORDER if name not in STRING_FIEL
 # the standard library's pairs hook.
 _BASE_KEY = re.compile(rb'"(?:' + b"|".join(name.encode() for name in BASE_FIELD_ORDER) + rb')"\s*:')
 _base_values = itemgetter(*BASE_FIELD_ORDER)
+_COLONS = methodcaller("count", b":")
 # The writer's time, ``YYYY-MM-DDTHH:MM:SS.ffffff+00:00``: its second, with the dot after it, is
 # parsed once (cached).
 _WRITER_SECOND = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.", re.ASCII)
@@ -156,9 +157,10 @@ def check_record(line: bytes, *, max_bytes: int = MAX_RECORD_BYTES) -> dict[str,
 
 
 def check_lines(
-    block: bytes, first_line: int, *, max_bytes: int = MAX_RECORD_BYTES
+    block: bytes, first_line: int, *, max_bytes: int = MAX_RECORD_BYTES, lines: list[bytes] | None = None
 ) -> tuple[list[dict[str, Any]], list[BadLine], int]:
-    """``check_record`` of every line of ``block`` (complete lines, ending in ``\\n``).
+    """``check_record`` of every line of ``block`` (complete lines, ending in ``\\n``); ``lines``:
+    those lines without their newlines, where the caller has them (``line_follower.Lines.lines``).
 
     Returns the records (``time`` in ns), the bad lines numbered from ``first_line``, and the
     number of lines; blank lines are neither.  Each line gets exactly ``check_record``'s answer:
@@ -167,6 +169,10 @@ def check_lines(
     Cost: a writer's line costs ``orjson.loads`` plus about half of ``check_record``'s own checks,
     because what needs no per-line answer is checked once per block:
 
+    * the limits: a block of at most ``max_bytes`` bytes and ``MAX_FIELDS`` colons holds no line
+      over either (a key needs a colon), so only a larger block measures its lines, in C loops;
+      one with a line over a limit gives every line to ``check_record``;
+    * a line that is not a JSON object fails ``orjson.loads`` or the lookup of its base fields;
     * the int64 range: four values in [0, 2**63) are recognised by one ``|`` and a shift;
     * no repeated key: with no escape in the block, every key occurrence needs its own ``:``,
       and the writer's time holds three; so when the block's colons number exactly the distinct
@@ -175,23 +181,25 @@ def check_lines(
     * the time: the writer's format is parsed once per distinct second, then six ASCII digits;
       the range is checked with the second, which is cached only when wholly inside it.
     """
-    lines = block.split(b"\n")
-    lines.pop()  # what follows the last newline: nothing
+    if lines is None:
+        lines = block.split(b"\n")
+        lines.pop()  # what follows the last newline: nothing
     rows: list[dict[str, Any]] = []
     bad: list[BadLine] = []
+    in_block = block.count(b":")
+    within = _within_limits(block, lines, in_block, max_bytes)
     loads, base_values, second_ns = orjson.loads, _base_values, _second_ns
     prefix, second = "", None
     colons = 0  # what the block's colon count must be if no fast-path record repeats a key
     for number, line in enumerate(lines, start=first_line):
-        if line[:1] != b"{" or len(line) > max_bytes:
-            if line.strip():
-                colons += _exact(line, number, max_bytes, rows, bad)
-            continue
         try:
+            if not within:
+                raise TypeError  # a line over a limit is refused unparsed by check_record
             obj = loads(line)
             version, when, run_id, session, event, step, tokens, skipped = base_values(obj)
         except (orjson.JSONDecodeError, KeyError, TypeError):
-            colons += _exact(line, number, max_bytes, rows, bad)
+            if line.strip():  # a blank line is neither a record nor a bad line
+                colons += _exact(line, number, max_bytes, rows, bad)
             continue
         if (
             type(when) is str
@@ -203,7 +211,6 @@ def check_lines(
             and type(session) is str
             and type(event) is str
             and not (version | step | tokens | skipped) >> 63
-            and len(obj) <= MAX_FIELDS
             and len(when) == 32
             and when[26:] == "+00:00"
         ):
@@ -217,9 +224,17 @@ def check_lines(
                 continue
         colons += _exact(line, number, max_bytes, rows, bad)
     colons += sum(map(len, rows)) + 3 * len(rows)  # every record as if fast: _exact took its own back
-    if b"\\" in block or block.count(b":") != colons:
+    if in_block != colons or b"\\" in block:
         rows, bad = _check_repeats(rows, bad, lines, first_line)
     return rows, bad, len(lines)
+
+
+def _within_limits(block: bytes, lines: list[bytes], colons: int, max_bytes: int) -> bool:
+    """Whether no line of ``block`` (split into ``lines``, holding ``colons`` colons) is over
+    ``max_bytes`` bytes or can hold over ``MAX_FIELDS`` keys."""
+    return (len(block) <= max_bytes or max(map(len, lines), default=0) <= max_bytes) and (
+        colons <= MAX_FIELDS or max(map(_COLONS, lines), default=0) <= MAX_FIELDS
+    )
 
 
 def _exact(line: bytes, number: int, max_bytes: int, rows: list[dict[str, Any]], bad: list[BadLine]) -> int:

@@ -83,7 +83,7 @@ def batches(follower: LineFollower, progress: Callable[[int, int], None] | None 
 
 def _parsed(block: Lines, max_record_bytes: int) -> Batch:
     data = block.data[: block.end]
-    rows, bad, _ = check_lines(data, block.first_line or 1, max_bytes=max_record_bytes)
+    rows, bad, _ = check_lines(data, block.first_line or 1, max_bytes=max_record_bytes, lines=block.lines)
     if bad:  # place them by offset too, and by offset alone where line numbers are unknown
         first = block.first_line or 1
         starts = [0]  # of the block's lines, up to the last bad one

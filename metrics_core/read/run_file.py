@@ -24,17 +24,15 @@ from __future__ import annotations
 
 import os
 import stat as stat_mode
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from metrics_core.errors import RunFileError, RunNotFoundError
 from metrics_core.write.crash_safety import lock_is_held
 from metrics_core.write.writer import METRICS_FILENAME
 
 
-@dataclass(frozen=True, slots=True)
-class FileStat:
+class FileStat(NamedTuple):  # a tuple: built per refresh without a frozen dataclass's setattr per field
     """What a file is at one moment: ``identity`` changes with any write (size, mtime and ctime:
     ``cp -p`` over a run keeps size and mtime, but no write keeps ctime) or replacement."""
 

@@ -43,7 +43,7 @@ import pandas as pd
 from metrics_core.errors import RunNotFoundError
 from metrics_core.read.arrow_records import ARROW_MIN_BLOCK, PARSE_DEPTH, Batch, BulkParses
 from metrics_core.read.column_cache import CachePolicy
-from metrics_core.read.column_table import SparseColumn, Table, chunks_of
+from metrics_core.read.column_table import PendingRows, SparseColumn, Table
 from metrics_core.read.columns import CategoryTypes, Column, return_memory_to_os
 from metrics_core.read.health import IngestHealth
 from metrics_core.read.line_follower import LineFollower, Lines, LongLine, Restart
@@ -99,8 +99,7 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
     def _clear(self) -> None:
         super()._clear()
         self._tables: dict[str, Table] = {}
-        self._pending: dict[str, list[dict[str, Any]]] = {}
-        self._pending_rows = 0
+        self._pending = PendingRows()
         self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
         self._event_types: dict[str, pd.CategoricalDtype] = {}
         self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray]] = {}  # per event: ``redone_by``, its key
@@ -138,9 +137,13 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
         bulk = False
         try:
             for item in self._follower.follow():
-                if isinstance(item, Lines):
+                if isinstance(item, Lines) and (parses.queue or item.end >= self.bulk_threshold):
                     parses.add(item)
                     bulk |= self._store(parses, keep=PARSE_DEPTH, progress=progress)
+                elif isinstance(item, Lines):  # a few lines (a live append), none queued before them: parsed now
+                    self._check_lines(item.data, 0, item.end, item.first_line, item.lines)
+                    if progress is not None:
+                        progress(item.offset + item.end, self._follower.target)
                 elif isinstance(item, LongLine):
                     bulk |= self._store(parses, keep=0, progress=progress)  # the lines before it are counted first
                     self._note_bad([item.bad])
@@ -171,8 +174,7 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
             line = block.first_line
             for start, stop, batch in parts:
                 if batch is None:
-                    rows, bad, count = check_lines(block.data[start:stop], line, max_bytes=self.max_record_bytes)
-                    self._ingest_rows(rows, bad)
+                    count = self._check_lines(block.data, start, stop, line)
                 else:
                     self._ingest(batch)
                     bulk, count = True, batch.lines
@@ -181,25 +183,22 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
                 progress(block.offset + block.end, self._follower.target)
         return bulk
 
+    def _check_lines(self, data: bytes, start: int, stop: int, line: int, lines: list[bytes] | None = None) -> int:
+        """Parse and store the lines of ``data[start:stop]`` (split into ``lines``, if given), the
+        first numbered ``line``; returns how many lines they were."""
+        rows, bad, count = check_lines(data[start:stop], line, max_bytes=self.max_record_bytes, lines=lines)
+        self._ingest_rows(rows, bad)
+        return count
+
     def _ingest_rows(self, rows: list[dict[str, Any]], bad: list[BadLine]) -> None:
-        """Store what the per-line parser found: the rows stay dicts until ``_flush`` (for a refresh
-        of a few records, creating the small arrays a vectorised form needs costs more than parsing)."""
+        """Store what the per-line parser found: the rows stay dicts until ``_flush``."""
         if bad:
             self._note_bad(bad)
-        if not rows:
-            return
-        versions, pending = self.schema_versions, self._pending
-        event, per_event = None, []
-        for row in rows:
-            version = row["schema_version"]
-            versions[version] = versions.get(version, 0) + 1
-            if row["event"] != event:  # a run of one event's rows finds its list once
-                event, per_event = row["event"], pending.setdefault(row["event"], [])
-            per_event.append(row)
-        self.log.add(rows)
-        self._pending_rows += len(rows)
-        if self._pending_rows >= FLUSH_ROWS:
-            self._flush()
+        if rows:
+            self._pending.add(rows, self.schema_versions)
+            self.log.add(rows)
+            if self._pending.count >= FLUSH_ROWS:
+                self._flush()
 
     def _ingest(self, batch: Batch) -> None:
         """Store one pyarrow batch: counts, sessions, markers, columns."""
@@ -239,14 +238,7 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
 
     def _flush(self) -> None:
         """Columnarise rows the per-line parser left as dicts (called before any query)."""
-        for event, rows in self._pending.items():
-            table = self._tables.setdefault(event, Table())
-            if len(rows) == 1:  # a live append
-                table.append(rows[0])
-            else:
-                table.extend(chunks_of(rows), len(rows))
-        self._pending.clear()
-        self._pending_rows = 0
+        self._pending.flush(self._tables)
 
     # -- queries -------------------------------------------------------------------------------
 

@@ -19,7 +19,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metrics_core.read.records import check_lines, check_record
+from metrics_core.read.records import MAX_FIELDS, MAX_RECORD_BYTES, check_lines, check_record
 from metrics_core.read.run_reader import RunReader
 from tests.support import HOSTILE, append_bytes, base_record, line, snapshot
 
@@ -288,6 +288,10 @@ TRICKY = {
     "last representable microsecond": line(base_record(5) | {"time": "2262-04-11T23:47:16.854775+00:00"}),
     "one microsecond later": line(base_record(5) | {"time": "2262-04-11T23:47:16.854776+00:00"}),
     "blank": b" \r\n",
+    "over the field limit": WRITER_LINE[:-2] + b"".join(b',"k%d":1' % i for i in range(MAX_FIELDS)) + b"}\n",
+    "over the byte limit": WRITER_LINE[:-2] + b',"pad":"' + b"x" * MAX_RECORD_BYTES + b'"}\n',
+    "an array": b"[1, 2]\n",
+    "an object after spaces": b"  " + WRITER_LINE,
     "CRLF": WRITER_LINE[:-1] + b"\r\n",
 }
 

@@ -260,6 +260,23 @@ def test_rewritten_file_of_larger_size_is_detected(metrics: Path) -> None:
     assert reader.frame("train")["step"].tolist() == list(range(50, 60))
 
 
+def test_a_rewrite_of_the_last_line_read_is_noticed_in_the_read_that_takes_the_new_bytes(metrics: Path) -> None:
+    """Same inode and first line, the last line handed out changed and new lines after it: the
+    check of that line, made in the same read as the new bytes, starts the reader over."""
+    append_records(metrics, *(base_record(i) for i in range(3)))
+    reader = RunReader(metrics)
+    reader.refresh()
+    kept = b"".join(metrics.read_bytes().splitlines(keepends=True)[:2])
+    with open(metrics, "r+b") as out:  # the same length up to the last line's end, then longer
+        out.seek(len(kept))
+        out.write(b"".join(orjson.dumps(base_record(step)) + b"\n" for step in (7, 8)))
+    assert reader.refresh() == 4
+    assert reader.resets == 1 and "rewritten" in reader.reset_reasons[0]
+    assert reader.frame("train")["step"].tolist() == [0, 1, 7, 8]
+    append_records(metrics, base_record(9))  # and an append after it is read as one
+    assert reader.refresh() == 1 and reader.resets == 1
+
+
 @pytest.mark.parametrize("bulk_threshold", [0, 1 << 40], ids=["pyarrow", "per-line"])
 def test_three_sessions_effective_history(metrics: Path, bulk_threshold: int) -> None:
     """Records of earlier sessions at or beyond a later session's first step are superseded."""
