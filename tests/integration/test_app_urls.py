@@ -8,8 +8,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from metrics_core.dashboard.controls.url_state import URL_MAX_VALUES
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
-from metrics_core.dashboard.widgets import URL_MAX_VALUES
 from tests.support import all_read, open_page, small_run
 from tests.support.sweeps import write_sweep
 
