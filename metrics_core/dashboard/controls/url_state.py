@@ -4,8 +4,8 @@ Each control is seeded from its ``?param=`` on the session's first run of the pa
 and the helpers for a choice, a flag, a text, texts and a number), then written back after the
 widget (``to_url``), left out while it is the default so that a plain link stays short.  A value
 from the URL is data: checked (against the choices, its length or its range), and a refused one is
-said, as text, and the default used.  The run and compare pages' smoothing and log-y controls are
-here once (``smoothing_slider``, ``log_y_toggle``).
+said, as text, and the default used.  The pages' smoothing slider and log-y toggle are here once
+(``smoothing_slider``, ``log_y_toggle``).
 """
 
 from __future__ import annotations
@@ -122,11 +122,11 @@ def to_url(param: str, value: str | Sequence[str] | None, *, default: str | Sequ
         st.query_params[param] = values if len(values) > 1 else values[0]
 
 
-def smoothing_slider() -> float:
+def smoothing_slider(default: float = SMOOTHING_DEFAULT) -> float:
     """The smoothing slider (key ``smoothing``), in the URL as ``?smoothing=0.8``."""
-    url_number("smoothing", "smoothing", default=SMOOTHING_DEFAULT, refusal=smoothing_error)
+    url_number("smoothing", "smoothing", default=default, refusal=smoothing_error)
     smoothing = st.slider("Smoothing", 0.0, SMOOTHING_MAX, step=SMOOTHING_STEP, key="smoothing")
-    to_url("smoothing", f"{smoothing:g}", default=f"{SMOOTHING_DEFAULT:g}")
+    to_url("smoothing", f"{smoothing:g}", default=f"{default:g}")
     return smoothing
 
 
