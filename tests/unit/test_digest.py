@@ -251,3 +251,15 @@ def test_session_order_finds_every_session_in_file_order(tmp_path: Path) -> None
     assert session_order(eight, end=eight.stat().st_size) == [s.session_id for s in read_run(eight).sessions]
     (tmp_path / "empty.jsonl").write_bytes(b"")
     assert session_order(tmp_path / "empty.jsonl", end=0) == []
+
+
+def test_query_names_the_sessions_s1_s2_s3_beside_their_ids(tmp_path: Path) -> None:
+    """The ``sessions`` view of ``query`` has each session's name as the pages and tail give it."""
+    pytest.importorskip("pyarrow")
+    from metrics_core.sql.export_table import run_facts
+    from metrics_core.sql.query_views import sessions_view
+
+    run = tmp_path / "resumed"
+    ids = resumed_by_the_writer(run)
+    view = sessions_view({"resumed": run_facts(read_run(run / "metrics.jsonl"))}).to_pydict()
+    assert (view["session"], view["name"]) == (ids, ["S1", "S2", "S3"])
