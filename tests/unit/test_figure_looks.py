@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from metrics_core.dashboard.figures.layout import LABEL_ROW_PX, Highlight
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.read.run_reader import RunReader
@@ -56,3 +57,18 @@ def test_wall_time_ticks_are_one_line_so_the_axis_title_stays_above_the_legend(t
     axis = figure_of(tmp_path, [1.0, 0.5, 0.25], x="time").layout.xaxis
     assert axis.title.text == "wall time (UTC)" and axis.tickformat and "\n" not in axis.tickformat
     assert "<br>" not in axis.tickformat and axis.hoverformat.endswith("%S")
+
+
+def test_two_replays_labels_sit_on_two_rows_so_a_narrow_chart_does_not_overlap_them(tmp_path: Path) -> None:
+    """Two replays a few hundred steps apart (the demo's run on a phone): their labels are on two
+    rows, the second a label's height lower, not one over the other."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(step, train_loss=1.0 / step) for step in range(1, 1000)))
+    reader = RunReader(path)
+    reader.refresh()
+    replays = [Highlight(206.0, 600.0, "replay S1→S2 · Δloss +0.00332", "#ff7f0e"),
+               Highlight(803.0, 1200.0, "replay S2→S3 · Δloss +0.00573", "#2ca02c")]  # fmt: skip
+    figure = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions, highlights=replays)  # fmt: skip
+    labels = [a for a in figure.layout.annotations if (a.text or "").startswith("replay")]
+    assert [(a.x, a.yshift or 0) for a in labels] == [(206.0, 0), (803.0, -LABEL_ROW_PX)]

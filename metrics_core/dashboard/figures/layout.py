@@ -259,7 +259,7 @@ def chart_layout(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    for highlight in highlights:
+    for number, highlight in enumerate(highlights):
         shapes.append(
             {
                 "type": "rect",
@@ -286,6 +286,8 @@ def chart_layout(
                 "showarrow": False,
                 "text": plotly_text(shorten(highlight.label)),
                 "font": {"size": 10},
+                # Every other label a row lower: on a narrow chart two replays' labels would overlap.
+                "yshift": -LABEL_ROW_PX * (number % 2),
             }
         )
     axis = x_axis(x)
