@@ -72,3 +72,26 @@ def test_two_replays_labels_sit_on_two_rows_so_a_narrow_chart_does_not_overlap_t
                            sessions=reader.sessions, highlights=replays)  # fmt: skip
     labels = [a for a in figure.layout.annotations if (a.text or "").startswith("replay")]
     assert [(a.x, a.yshift or 0) for a in labels] == [(206.0, 0), (803.0, -LABEL_ROW_PX)]
+
+
+def test_resume_labels_of_a_chart_with_a_right_axis_fit_its_narrower_plot(tmp_path: Path) -> None:
+    """The demo's run (resumes at 206 and 803 over 1,500 steps): on the loss chart both labels fit
+    one row at a phone's width; the skipped-updates chart's right axis narrows its plot, so its two
+    labels no longer fit one row (they overlapped there on a phone): the second goes a row up."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    for session, (first, last) in (("s1", (1, 593)), ("s2", (206, 1199)), ("s3", (803, 1500))):
+        steps = range(first, last + 1, 3)
+        append_records(path, *(base_record(step, session=session, train_loss=1.0 / step, skipped_updates_in_window=0,
+                                           skipped_updates=step // 50) for step in steps))  # fmt: skip
+    reader = RunReader(path)
+    reader.refresh()
+    frame = reader.frame("train")
+
+    def labels(*series: Series) -> list[tuple[str, int]]:
+        figure = metric_figure(list(series), title="t", sessions=reader.sessions)
+        return [(a.text, a.yshift or 0) for a in figure.layout.annotations if (a.text or "").startswith("S")]
+
+    assert labels(Series(frame, "train_loss", "train")) == [("S2 · resume @ 206", 0), ("S3 · resume @ 803", 0)]
+    skipped = labels(Series(frame, "skipped_updates_in_window", "per window"),
+                     Series(frame, "skipped_updates", "cumulative", secondary_y=True))  # fmt: skip
+    assert skipped == [("S2 · resume @ 206", 0), ("S3 · resume @ 803", LABEL_ROW_PX)]
