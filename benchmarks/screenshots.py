@@ -1,4 +1,4 @@
-"""Screenshots of every dashboard page — desktop, phone (390×844) and dark — into docs/screenshots/.
+"""Screenshots of every dashboard page — desktop (1400×900), phone (390 wide) and dark — into docs/screenshots/.
 
     .venv/bin/python benchmarks/screenshots.py [--out docs/screenshots]
 
@@ -30,7 +30,16 @@ PAGES = {
     "compare": f"/compare?run={STORY_RUN}&run=lr0.02-seed0",
     "sweep": "/sweep",
 }
-VIEWS = {"desktop": {"width": 1400, "height": 1000}, "phone": {"width": 390, "height": 844}}
+# Charts each page draws at least (the run page's first screen; the compare page's five default
+# metrics; the sweep's two swept keys): the shot waits for them, not for the first one alone.
+CHARTS = {"runs": 0, "run": 2, "sessions": 1, "compare": 5, "sweep": 2}
+# Every chart drawn and laid out at its height: a chart still being drawn is a title over a sliver.
+SETTLED_JS = """n => {
+  const charts = [...document.querySelectorAll('.js-plotly-plot')];
+  const drawn = g => g.querySelector('.main-svg') && g.getBoundingClientRect().height > 100;
+  return charts.length >= n && charts.every(drawn);
+}"""
+VIEWS = {"desktop": {"width": 1400, "height": 900}, "phone": {"width": 390, "height": 844}}
 
 
 def make_root(root: Path) -> object:
@@ -61,20 +70,39 @@ def png(raw: bytes) -> bytes:
     return out.getvalue()
 
 
+# The page's height: Streamlit scrolls an inner container, not the document, so Chromium's
+# full-page screenshot would stop at the window's edge.  The main block's bottom, unscrolled.
+PAGE_HEIGHT_JS = """() => Math.ceil(
+  document.querySelector('[data-testid=stMainBlockContainer]').getBoundingClientRect().bottom)"""
+MAX_HEIGHT = 8000
+
+
+def opened(context: object, url: str, name: str, view: dict) -> object:
+    """A tab of ``context`` showing the page in a window of ``view``'s size, its charts drawn."""
+    page = context.new_page()
+    page.set_viewport_size(view)
+    page.goto(url)
+    if name == "runs":
+        page.wait_for_selector("[data-testid=stDataFrame]", timeout=60_000)
+    page.wait_for_timeout(1500)  # the grid paints, the charts still to come start
+    page.wait_for_function(SETTLED_JS, arg=CHARTS[name], timeout=60_000)
+    page.wait_for_timeout(1000)
+    return page
+
+
 def shoot(browser: object, url: str, out: Path, suffix: str, view: dict) -> None:
     for name, path in PAGES.items():
         context = browser.new_context(viewport=view, device_scale_factor=1)
         try:
-            page = context.new_page()
-            page.goto(url + path)
-            if name != "runs":
-                page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length > 0",
-                                       timeout=60_000)  # fmt: skip
-            else:
-                page.wait_for_selector("[data-testid=stDataFrame]", timeout=60_000)
-            page.wait_for_timeout(2500)  # the last charts draw, the grid paints
+            page = opened(context, url + path, name, view)
+            if suffix != "desktop" or name != "run":  # the whole page, not the window's first screen
+                # Opened anew in a window as tall as the page: a window resized under a page leaves
+                # Streamlit's layout of the old size (a chart under the next section).
+                height = min(MAX_HEIGHT, max(view["height"], page.evaluate(PAGE_HEIGHT_JS)))
+                page.close()
+                page = opened(context, url + path, name, {"width": view["width"], "height": height})
             target = out / f"{name}-{suffix}.png"
-            target.write_bytes(png(page.screenshot(full_page=suffix != "desktop" or name != "run")))
+            target.write_bytes(png(page.screenshot()))
             print(f"{target}  {target.stat().st_size // 1024} KB")
         finally:
             context.close()

@@ -1,9 +1,11 @@
 """`/sessions?run=<name>` — the sessions of one resumed run side by side: what each crash cost.
-Opened from the top bar with no run named, it offers a picker of the runs."""
+Opened from the top bar with no run named, it offers a picker of the runs.  Its alignment and
+smoothing are in the URL too (`align=tokens_seen`, `smoothing=0.5`)."""
 
 import streamlit as st
 
 from metrics_core.analysis.derived import session_table
+from metrics_core.dashboard.controls.url_state import smoothing_slider, to_url, url_choice
 from metrics_core.dashboard.display_text import clock_text, file_stem, md_text, shorten
 from metrics_core.dashboard.figures.chart_memo import view_session_overlay
 from metrics_core.dashboard.live.chart_component import live_chart, load_plotly
@@ -15,14 +17,17 @@ from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.dashboard.widgets import csv_button, live_view, page_theme, run_or_pick
 from metrics_core.text import MISSING
 
+ALIGNS = ["step", "tokens_seen"]
 config = settings()
 store = get_store(config)
 load_plotly(plotly_url())  # first: the browser fetches and compiles plotly.js while the rest arrives
 name = run_or_pick(store, refresh=config.refresh, title="Sessions of {}").name  # as resolved: "a/./b" is "a/b"
 st.title(f"Sessions of {md_text(shorten(name))}")
 st.page_link("pages/run.py", label="Back to the run's charts", icon=":material/arrow_back:", query_params={"run": name})
-x = st.segmented_control("Align on", ["step", "tokens_seen"], default="step", key="align") or "step"
-smoothing = st.slider("Smoothing", 0.0, 0.99, 0.0, 0.01, key="smoothing")
+url_choice("align", "align", ALIGNS, default="step")
+x = st.segmented_control("Align on", ALIGNS, key="align") or "step"
+to_url("align", x, default="step")
+smoothing = smoothing_slider(default=0.0)  # each session's own noise: unsmoothed by default
 
 
 @st.fragment(run_every=config.refresh)

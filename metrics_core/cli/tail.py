@@ -12,8 +12,11 @@ reads backwards from the end, so its cost does not grow with the file; ``-n +K``
 K-th record, like tail(1).  ``--follow`` prints new complete records as they land and, when the
 file is cut or replaced, says so on stderr and prints the new content from its start.  Strings
 from the file go through ``text.clean``: a hostile session id cannot move the cursor or recolour
-the terminal.  Exit status 0, also on Ctrl-C and when the reader of a pipe goes away (``| head``);
-2 when the run does not exist.  A long read before the first line (``-n +K``, a rare ``--event``) shows
+the terminal.  Each line names its session S1, S2… as the pages do
+(``session_model.session_name``): ``-n +K`` counts them as it reads; ``-n N`` finds the sessions
+before the end it reads by bisection (``read.session_order``), so its cost still does not grow with
+the file.  Exit status 0, also on Ctrl-C and when the reader of a pipe goes away (``| head``); 2
+when the run does not exist.  A long read before the first line (``-n +K``, a rare ``--event``) shows
 a bar on stderr when it is a terminal (``cli.progress``), never in the output.
 """
 
@@ -27,12 +30,14 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from metrics_core.cli.command import add_quiet, add_run_dir, interval_arg
 from metrics_core.cli.progress import BYTES, progress_bar
-from metrics_core.cli.terminal import ID_COLUMNS, pad, rate_text, stamp, value_text
+from metrics_core.cli.terminal import pad, rate_text, stamp, value_text
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_digest import batches, follow_file, last_records
 from metrics_core.read.run_file import metrics_path, named_directory
+from metrics_core.read.session_model import session_name
+from metrics_core.read.session_order import session_order
 from metrics_core.read.throughput import Rates
-from metrics_core.text import MISSING, clean, fit, fit_middle
+from metrics_core.text import MISSING, clean, fit
 
 if TYPE_CHECKING:
     from metrics_core.cli.command import Subcommands
@@ -113,6 +118,7 @@ def describe(record: Mapping[str, Any], rate: float | None) -> str:
     return fit("  ".join(f"{clean(key)} {_any_text(record[key])}" for key in extra), 200)
 
 
+SESSION_COLUMNS = 4  # S1…S999 and a space; a run of more sessions shifts its lines by a column
 _BASE_KEYS = frozenset(
     ("schema_version", "time", "run_id", "session_id", "event", "step", "tokens_seen", "skipped_updates")
 )
@@ -128,9 +134,9 @@ def _any_text(value: Any) -> str:
     return MISSING if value is None else str(value).lower() if isinstance(value, bool) else str(value)
 
 
-def record_line(record: Mapping[str, Any], rate: float | None) -> str:
-    """One record as one plain line: time, session, event, step, then its values."""
-    session = pad(fit_middle(clean(record["session_id"]), ID_COLUMNS), ID_COLUMNS)
+def record_line(record: Mapping[str, Any], rate: float | None, session: str) -> str:
+    """One record as one plain line: time, session (its name: S1, S2…), event, step, then its values."""
+    session = pad(session, SESSION_COLUMNS)
     event = pad(clean(record["event"]), 13)
     return f"{stamp(record['time'])}  {session}  {event} step {record['step']:>9}  {describe(record, rate)}".rstrip()
 
@@ -143,19 +149,26 @@ def skipped_note(skipped: Sequence[BadLine]) -> str:
 
 
 class _Printer:
-    """Writes record lines in file order, computing each train record's tokens/s on the way;
+    """Writes record lines in file order, computing each train record's tokens/s and numbering the
+    sessions on the way (from ``sessions``, the ids of those before the records fed, in order);
     ``before_line`` is called before each line (it takes a progress bar off a shared terminal)."""
 
     def __init__(
-        self, out: TextIO, keep: Callable[[Mapping[str, Any]], bool], before_line: Callable[[], None] = lambda: None
+        self,
+        out: TextIO,
+        keep: Callable[[Mapping[str, Any]], bool],
+        before_line: Callable[[], None] = lambda: None,
+        sessions: Sequence[str] = (),
     ) -> None:
         self.out, self.keep, self.rates, self.before_line = out, keep, Rates(), before_line
+        self.sessions = {session: index for index, session in enumerate(sessions)}
 
     def feed(self, record: Mapping[str, Any], *, show: bool = True) -> None:
         rate = self.rates(record) if record["event"] == "train" else None
+        index = self.sessions.setdefault(record["session_id"], len(self.sessions))
         if show and self.keep(record):
             self.before_line()
-            self.out.write(record_line(record, rate) + "\n")
+            self.out.write(record_line(record, rate, session_name(index)) + "\n")
 
 
 def tail(
@@ -195,6 +208,8 @@ def tail(
     else:
         with progress_bar(err, NAME, unit=BYTES, quiet=quiet) as bar:
             found = last_records(path, count, keep=keep, progress=bar.update, within=within)
+        # The sessions before those read (a few probes), to name them as the pages do.
+        printer = _Printer(out, keep, sessions=session_order(path, end=found.end, within=within))
         for record in found.context:
             printer.feed(record, show=False)
         for record in found.records:

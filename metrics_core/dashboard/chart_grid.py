@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from metrics_core.dashboard.controls.url_state import log_y_toggle, smoothing_slider, to_url, url_choice, url_text
 from metrics_core.dashboard.display_text import md_text
 from metrics_core.dashboard.downloads import csv_file_name, csv_link
 from metrics_core.dashboard.figures.chart_memo import view_chart_grid, zoom_chart
@@ -19,18 +20,11 @@ from metrics_core.dashboard.panels import PANELS_KEY, config_panel, health_panel
 from metrics_core.dashboard.store.run_store import RunView
 from metrics_core.dashboard.views.chart_csv import chart_csv_pieces_of
 from metrics_core.dashboard.views.chart_filter import FILTER_HELP, FILTER_MAX_CHARS, filter_error
-from metrics_core.dashboard.views.chart_specs import (
-    HISTORY_MODES,
-    MAX_LOGGED_CHARTS,
-    SMOOTHING_MAX,
-    SMOOTHING_STEP,
-    ChartOptions,
-    chart_key,
-)
+from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, MAX_LOGGED_CHARTS, ChartOptions, chart_key
 from metrics_core.dashboard.views.config_tables import view_config
 from metrics_core.dashboard.views.memo import view_findings, view_x_keys
 from metrics_core.dashboard.views.x_keys import X_MODES, x_error
-from metrics_core.dashboard.widgets import csv_button, to_url, url_choice, url_text
+from metrics_core.dashboard.widgets import csv_button
 
 
 def chart_controls(view: RunView) -> tuple[ChartOptions, bool]:
@@ -38,15 +32,16 @@ def chart_controls(view: RunView) -> tuple[ChartOptions, bool]:
     ``page_theme``) and whether live updates are paused.  The x axis is a mode of ``X_MODES`` or a
     key the run logs that grows within each session (``view_x_keys``), and lives in the URL
     (``?x=epoch``); one that does not grow is refused with a message.  The chart filter is in the URL
-    too (``?charts=loss|val/``); a refused one is said, and filters nothing."""
+    too (``?charts=loss|val/``); a refused one is said, and filters nothing; so are the smoothing and
+    log-y (``?smoothing=0.8&log=1``, ``url_state``)."""
     keys = view_x_keys(view)
     choices = [*X_MODES, *keys]
     with st.sidebar:
         url_choice("x", "x_axis", choices, default="step", refusal=lambda asked: x_error(asked, keys))
         x = st.selectbox("x axis", choices, format_func=lambda x: X_MODES.get(x, x), key="x_axis")
         to_url("x", x, default="step")
-        smoothing = st.slider("Smoothing", 0.0, SMOOTHING_MAX, 0.6, SMOOTHING_STEP, key="smoothing")
-        log_y = st.toggle("Log-scale y (loss, grad norm, LR)", key="log_y")
+        smoothing = smoothing_slider()
+        log_y = log_y_toggle("Log-scale y (loss, grad norm, LR)")
         history = st.radio("Sessions", list(HISTORY_MODES), key="history", format_func=HISTORY_MODES.get)
         paused = st.toggle("Pause live updates", key="pause")
         url_text("charts", "filter_charts", max_chars=FILTER_MAX_CHARS)

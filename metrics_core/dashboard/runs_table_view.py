@@ -15,6 +15,7 @@ from typing import Any
 import pandas as pd
 import streamlit as st
 
+from metrics_core.dashboard.controls.url_state import to_url, url_choice, url_flag, url_text, url_texts
 from metrics_core.dashboard.display_text import md_text, next_age_change, shorten
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS, RUN_FILTER_HELP
 from metrics_core.dashboard.views.config_tables import (
@@ -37,7 +38,7 @@ from metrics_core.dashboard.views.runs_table import (
     status_pills,
 )
 from metrics_core.dashboard.views.sweep import best_is_max, metric_keys, with_metric_columns
-from metrics_core.dashboard.widgets import SAME_TAB_JS, SAME_TAB_KEY, to_url, url_choice, url_flag, url_text, url_texts
+from metrics_core.dashboard.widgets import SAME_TAB_JS, SAME_TAB_KEY
 
 RUNS_COLUMNS = {
     "status": st.column_config.MultiselectColumn(

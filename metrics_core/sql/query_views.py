@@ -14,6 +14,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from metrics_core.read.session_model import session_name
+
 if TYPE_CHECKING:
     import pyarrow as pa
 
@@ -63,6 +65,7 @@ VIEWS: dict[str, tuple[str, dict[str, str]]] = {
             "run": "its run",
             "session": "its session_id",
             "session_index": "0, 1, …",
+            "name": "S1, S2, …: as the pages, tail and summary call it",
             "first_step, last_step": "of its first and last record",
             "records": "it wrote",
             "own_records_superseded": "of its records, those a later session redid",
@@ -192,6 +195,7 @@ def sessions_view(entries: Mapping[str, Mapping[str, Any]]) -> pa.Table:
             ("run", text),
             ("session", text),
             ("session_index", whole),
+            ("name", text),
             ("first_step", whole),
             ("last_step", whole),
             ("records", whole),
@@ -222,6 +226,7 @@ def sessions_view(entries: Mapping[str, Mapping[str, Any]]) -> pa.Table:
                     "run": name,
                     "session": row["session_id"],
                     "session_index": row["index"],
+                    "name": session_name(row["index"]),
                     "start_time": _time(row["start_time"]),
                     "end_time": _time(row["end_time"]),
                 }

@@ -66,3 +66,30 @@ def test_the_run_page_draws_against_the_epoch_named_in_its_url(page: object, ser
     shown = "e => e.textContent + [...e.querySelectorAll('input')].map(i => i.value + i.placeholder).join('')"
     assert "epoch" in page.locator(".st-key-x_axis").evaluate(shown)
     assert "x=epoch" in page.url
+
+
+# In the page: what the compare page's sidebar shows of the controls a link sets.
+CONTROLS_JS = """() => ({
+  metrics: [...document.querySelectorAll('.st-key-compare_metrics [data-tag]')].map(t => t.textContent),
+  smoothing: document.querySelector('.st-key-smoothing input[type="range"]')?.value,
+  log: document.querySelector('.st-key-log_y input[type="checkbox"]')?.checked,
+  filter: document.querySelector('.st-key-compare_filter input')?.value,
+})"""
+
+
+def test_the_compare_page_reopens_the_metrics_smoothing_log_y_and_filter_of_its_url(page: object, server: str) -> None:
+    """/compare?…&metric=val_loss&smoothing=0.8&log=1&filter=seed0: the sidebar shows that view;
+    turning log-y off takes log=1 out of the URL and leaves the rest."""
+    runs = [("run", name) for name in sweep_runs()[:2]]
+    view = [("metric", "val_loss"), ("smoothing", "0.8"), ("log", "1"), ("filter", "seed0")]
+    page.goto(f"{server}/compare?{urlencode([*runs, *view])}")
+
+    def controls() -> dict | None:
+        shown = page.evaluate(CONTROLS_JS)
+        return shown if shown["metrics"] and shown["log"] is not None and shown["filter"] else None
+
+    assert wait_until(page, controls, timeout=60) == {
+        "metrics": ["validation loss"], "smoothing": "0.8", "log": True, "filter": "seed0"}  # fmt: skip
+    page.locator(".st-key-log_y label").click()
+    wait_until(page, lambda: "log=1" not in page.url, timeout=30)
+    assert all(f"{name}={value}" in page.url for name, value in view if name != "log")

@@ -8,8 +8,8 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from metrics_core.dashboard.controls.url_state import URL_MAX_VALUES
 from metrics_core.dashboard.views.chart_filter import FILTER_MAX_CHARS
-from metrics_core.dashboard.widgets import URL_MAX_VALUES
 from tests.support import all_read, open_page, small_run
 from tests.support.sweeps import write_sweep
 
@@ -93,3 +93,24 @@ def test_the_runs_order_is_in_the_url_and_sorts_every_listed_run(runs_root: Path
     assert names == sorted(names) and param(app, "sort") == ["name"]
     plain = open_page("runs", sort="best")
     assert plain.selectbox(key="runs_sort").value == "activity" and "sort" not in plain.query_params
+
+
+def test_smoothing_log_y_and_alignment_are_in_the_url_of_the_run_and_sessions_pages(runs_root: Path) -> None:
+    """``smoothing=`` and ``log=`` set the run page's slider and toggle, ``align=`` and
+    ``smoothing=`` the sessions page's; a change is written back, a smoothing no slider offers is
+    said and ignored."""
+    small_run(runs_root / "alpha" / "metrics.jsonl")
+    app = open_page("run", run="alpha", smoothing="0.85", log="1")
+    assert not app.exception and not app.warning
+    assert (app.slider(key="smoothing").value, app.toggle(key="log_y").value) == (0.85, True)
+    app.toggle(key="log_y").set_value(False).run()
+    assert "log" not in app.query_params and param(app, "smoothing") == ["0.85"]
+    app.slider(key="smoothing").set_value(0.6).run()
+    assert "smoothing" not in app.query_params  # the default
+    app = open_page("sessions", run="alpha", align="tokens_seen", smoothing="0.3")
+    assert not app.exception
+    assert (app.button_group(key="align").value, app.slider(key="smoothing").value) == ("tokens_seen", 0.3)
+    app.slider(key="smoothing").set_value(0.0).run()
+    assert "smoothing" not in app.query_params and param(app, "align") == ["tokens_seen"]
+    refused = open_page("run", run="alpha", smoothing="0.123")
+    assert refused.slider(key="smoothing").value == 0.6 and "must be a multiple of" in refused.warning[0].value

@@ -70,7 +70,7 @@ def test_tail_prints_one_clean_line_per_record(tmp_path: Path) -> None:
     assert result.stderr == ""
     lines = result.stdout.splitlines()
     assert len(lines) == 3
-    assert "s1                train         step        10" in lines[0] and "loss 0.1000" in lines[0]
+    assert "Z  S1    train         step        10" in lines[0] and "loss 0.1000" in lines[0]
     assert "lr 3.00e-04" in lines[1] and "skips 1" in lines[1] and "clip 0.25" in lines[1]
     assert "tok/s 100" in lines[1]  # 1000 tokens in 10 s
     assert "val_loss 0.9000" in lines[2]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import os
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -9,11 +10,14 @@ from pathlib import Path
 import orjson
 import pytest
 
+from metrics_core import MetricsWriter, RunContext, TrainingState
+from metrics_core.cli.main import main
 from metrics_core.cli.summary import summary_lines
 from metrics_core.read.run_digest import batches, follow_file, last_records
+from metrics_core.read.session_order import session_order
 from metrics_core.testing.generate import write_run
 from metrics_core.text import clean, fit, fit_middle, width
-from tests.support import append_bytes, append_records, base_record, three_session_run
+from tests.support import append_bytes, append_records, base_record, eight_sessions, read_run, three_session_run
 from tests.support.reading import (
     assert_agrees_with_reader,
 )
@@ -193,3 +197,69 @@ def test_hostile_text_is_cleaned_and_fitted() -> None:
     assert width("日本") == 4 and width(fit("日本語のセッション", 7)) <= 7
     assert fit_middle("20251129T000000Z-gpu-node-017-pid40000", 16) == "20251129…id40000"
     assert fit("abc", 3) == "abc" and fit("abcd", 3) == "ab…"
+
+
+def resumed_by_the_writer(directory: Path) -> list[str]:
+    """Three sessions written by MetricsWriter, 1,500 windows each (~300 KB, many probe reads), the
+    second and third resumed from a checkpoint before the previous one's last step; their ids."""
+    ids = ["7f3a9c1e-first", "0b44d2aa-second", "c9e1f07d-third"]
+    state = TrainingState()
+    for number, session in enumerate(ids):
+        state.step = number * 1000
+        with MetricsWriter(RunContext(directory, "resumed", session)) as writer:
+            writer.write("session_start", state, discarded_bytes=0, resumed_from_step=state.step or None)
+            for _ in range(1500):
+                state.step += 1
+                state.tokens_seen += 512
+                writer.write("train", state, train_loss=1.0 / state.step, lr=3e-4, tokens=512)
+    return ids
+
+
+def test_tail_and_summary_name_the_sessions_s1_s2_s3_as_the_pages_do(tmp_path: Path) -> None:
+    """tail -n N (read backwards, the sessions before found by bisection) names each line's session
+    as tail -n +1 (counted forwards) and the pages do: S1, S2, S3, never the session id; summary too."""
+    run = tmp_path / "resumed"
+    ids = resumed_by_the_writer(run)
+
+    def cli(*args: str) -> list[str]:
+        out, err = io.StringIO(), io.StringIO()
+        assert main([*args], out, err) == 0 and err.getvalue() == ""
+        return out.getvalue().splitlines()
+
+    forward = cli("tail", str(run), "-n", "+1")
+    assert [line.split()[2] for line in forward] == ["S1"] * 1501 + ["S2"] * 1501 + ["S3"] * 1501
+    for count in (1, 10, 1502, 3003):
+        assert cli("tail", str(run), "-n", str(count)) == forward[-count:], count
+    starts = cli("tail", str(run), "-n", "3", "--event", "session_start")
+    assert [line.split()[2:4] for line in starts] == [["S1", "session_start"], ["S2", "session_start"],
+                                                       ["S3", "session_start"]]  # fmt: skip
+    assert not any(session[:8] in line for line in forward for session in ids)
+    rows = [line.split()[0] for line in cli("summary", str(run)) if line[:2] in ("S1", "S2", "S3")]
+    assert rows == ["S1", "S2", "S3"]
+
+
+def test_session_order_finds_every_session_in_file_order(tmp_path: Path) -> None:
+    """The bisection's sessions equal the reader's, in order: the generator's three overlapping
+    sessions with a bad line and a torn tail, the eight-session run, and an empty file."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    write_run(path, 6000)
+    append_bytes(path, b"not json\n" + b'{"schema_version":1,"ti')
+    end = path.stat().st_size - 23
+    assert session_order(path, end=end) == [s.session_id for s in read_run(path).sessions]
+    eight = tmp_path / "eight.jsonl"
+    eight_sessions(eight)
+    assert session_order(eight, end=eight.stat().st_size) == [s.session_id for s in read_run(eight).sessions]
+    (tmp_path / "empty.jsonl").write_bytes(b"")
+    assert session_order(tmp_path / "empty.jsonl", end=0) == []
+
+
+def test_query_names_the_sessions_s1_s2_s3_beside_their_ids(tmp_path: Path) -> None:
+    """The ``sessions`` view of ``query`` has each session's name as the pages and tail give it."""
+    pytest.importorskip("pyarrow")
+    from metrics_core.sql.export_table import run_facts
+    from metrics_core.sql.query_views import sessions_view
+
+    run = tmp_path / "resumed"
+    ids = resumed_by_the_writer(run)
+    view = sessions_view({"resumed": run_facts(read_run(run / "metrics.jsonl"))}).to_pydict()
+    assert (view["session"], view["name"]) == (ids, ["S1", "S2", "S3"])

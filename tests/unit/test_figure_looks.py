@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from metrics_core.dashboard.figures.layout import LABEL_ROW_PX, Highlight
 from metrics_core.dashboard.figures.metric_figures import metric_figure
 from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.read.run_reader import RunReader
@@ -56,3 +57,41 @@ def test_wall_time_ticks_are_one_line_so_the_axis_title_stays_above_the_legend(t
     axis = figure_of(tmp_path, [1.0, 0.5, 0.25], x="time").layout.xaxis
     assert axis.title.text == "wall time (UTC)" and axis.tickformat and "\n" not in axis.tickformat
     assert "<br>" not in axis.tickformat and axis.hoverformat.endswith("%S")
+
+
+def test_two_replays_labels_sit_on_two_rows_so_a_narrow_chart_does_not_overlap_them(tmp_path: Path) -> None:
+    """Two replays a few hundred steps apart (the demo's run on a phone): their labels are on two
+    rows, the second a label's height lower, not one over the other."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_records(path, *(base_record(step, train_loss=1.0 / step) for step in range(1, 1000)))
+    reader = RunReader(path)
+    reader.refresh()
+    replays = [Highlight(206.0, 600.0, "replay S1→S2 · Δloss +0.00332", "#ff7f0e"),
+               Highlight(803.0, 1200.0, "replay S2→S3 · Δloss +0.00573", "#2ca02c")]  # fmt: skip
+    figure = metric_figure([Series(reader.frame("train"), "train_loss", "train")], title="Loss",
+                           sessions=reader.sessions, highlights=replays)  # fmt: skip
+    labels = [a for a in figure.layout.annotations if (a.text or "").startswith("replay")]
+    assert [(a.x, a.yshift or 0) for a in labels] == [(206.0, 0), (803.0, -LABEL_ROW_PX)]
+
+
+def test_resume_labels_of_a_chart_with_a_right_axis_fit_its_narrower_plot(tmp_path: Path) -> None:
+    """The demo's run (resumes at 206 and 803 over 1,500 steps): on the loss chart both labels fit
+    one row at a phone's width; the skipped-updates chart's right axis narrows its plot, so its two
+    labels no longer fit one row (they overlapped there on a phone): the second goes a row up."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    for session, (first, last) in (("s1", (1, 593)), ("s2", (206, 1199)), ("s3", (803, 1500))):
+        steps = range(first, last + 1, 3)
+        append_records(path, *(base_record(step, session=session, train_loss=1.0 / step, skipped_updates_in_window=0,
+                                           skipped_updates=step // 50) for step in steps))  # fmt: skip
+    reader = RunReader(path)
+    reader.refresh()
+    frame = reader.frame("train")
+
+    def labels(*series: Series) -> list[tuple[str, int]]:
+        figure = metric_figure(list(series), title="t", sessions=reader.sessions)
+        return [(a.text, a.yshift or 0) for a in figure.layout.annotations if (a.text or "").startswith("S")]
+
+    assert labels(Series(frame, "train_loss", "train")) == [("S2 · resume @ 206", 0), ("S3 · resume @ 803", 0)]
+    skipped = labels(Series(frame, "skipped_updates_in_window", "per window"),
+                     Series(frame, "skipped_updates", "cumulative", secondary_y=True))  # fmt: skip
+    assert skipped == [("S2 · resume @ 206", 0), ("S3 · resume @ 803", LABEL_ROW_PX)]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 import re
+from contextlib import nullcontext
 from pathlib import Path
 
 import orjson
@@ -213,3 +214,23 @@ def test_the_runs_table_says_missing_as_a_dash_and_a_metric_as_the_losses_read(t
     assert set(accuracy["absent"]) == {"—"}
     assert all(re.fullmatch(r"0\.\d{1,4}", value) for value in accuracy["val_acc last"])  # as "val loss" reads
     assert "val loss best (min)" in loss.columns and not [c for c in loss.columns if c.startswith("val_loss")]
+
+
+def test_the_runs_table_has_an_error_column_only_when_a_listed_run_has_an_error(tmp_path: Path) -> None:
+    """Finished runs listed: no error column (an empty one pushed the demo's runs table past a
+    1,400 px window); a run that failed among them: the column, with its exception."""
+    for name in ("done-a", "done-b", "failed"):
+        with pytest.raises(ValueError) if name == "failed" else nullcontext():
+            with training_session(tmp_path / name, state=TrainingState(), system_metrics=False) as session:
+                session.window.add(1.0, 10, 0.5, False, 1.0)
+                session.log_window(lr=0.1)
+                if name == "failed":
+                    raise ValueError("boom at step 0")
+    store = RunStore(tmp_path, loader_delay_s=0.0, load_budget_s=60.0)
+    try:
+        table = store.runs_table()
+    finally:
+        store.close()
+    assert "error" not in readable_runs(table[table["run"] != "failed"]).columns
+    shown = readable_runs(table).set_index("run")
+    assert shown.loc["failed", "error"] == "ValueError: boom at step 0" and shown.loc["done-a", "error"] == ""

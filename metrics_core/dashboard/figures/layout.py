@@ -159,15 +159,18 @@ def session_x(session: Session, x: str, origin: pd.Timestamp | None) -> object:
     return (start - origin).total_seconds() / 3600.0 if origin is not None else 0.0
 
 
-def resume_labels(positions: Sequence[tuple[float, str, str]], *, span: float) -> list[tuple[str, int] | None]:
-    """Where each session boundary's label goes so that no two overlap at ``MIN_PLOT_PX`` or wider.
+def resume_labels(
+    positions: Sequence[tuple[float, str, str]], *, span: float, plot_px: int = MIN_PLOT_PX
+) -> list[tuple[str, int] | None]:
+    """Where each session boundary's label goes so that no two overlap at ``plot_px`` or wider
+    (``MIN_PLOT_PX``; less where a right axis takes its own margin).
 
     ``positions`` are (x, full label, short label) in x order; ``span`` the x-axis range they sit in.
     Each label is tried full then short, in row 0 then row 1; one that fits nowhere is None (its
     boundary keeps a hover marker).  A wider plot (or a zoom) only moves labels apart, so a layout
     that fits at the narrowest width fits at every width.
     """
-    scale = MIN_PLOT_PX / span if span > 0 else 0.0
+    scale = plot_px / span if span > 0 else 0.0
     rows: list[list[tuple[float, float]]] = [[] for _ in range(LABEL_ROWS)]
     placed: list[tuple[str, int] | None] = []
     for at, full, short in positions:
@@ -198,9 +201,11 @@ def chart_layout(
     highlights: Sequence[Highlight],
     theme: str = "light",
     spans: Sequence[float] = (),
+    margin_right: int = MARGIN_RIGHT,
 ) -> dict[str, Any]:
     """The layout every chart shares: session boundary lines, shaded highlights, axes, legend;
-    appends the session-start markers' trace to ``traces``."""
+    appends the session-start markers' trace to ``traces``.  ``margin_right``: wider for a right
+    axis, which narrows the plot the resume labels must fit."""
     palette = THEMES[theme]
     shapes, annotations = [], []
     boundaries = [(at, session) for session in sessions[1:] if (at := session_x(session, x, origin)) is not None]
@@ -210,6 +215,7 @@ def chart_layout(
     labels = resume_labels(
         [(float(at), f"{s.name} · resume @ {s.resume_step}", s.name) for at, s in lined],
         span=span,
+        plot_px=MIN_PLOT_PX - (margin_right - MARGIN_RIGHT),
     )
     for (at, session), label in zip(lined, labels, strict=True):
         colour = session_colour(session.index)
@@ -259,7 +265,7 @@ def chart_layout(
                 hovertemplate="%{hovertext}<extra></extra>",
             )
         )
-    for highlight in highlights:
+    for number, highlight in enumerate(highlights):
         shapes.append(
             {
                 "type": "rect",
@@ -286,6 +292,8 @@ def chart_layout(
                 "showarrow": False,
                 "text": plotly_text(shorten(highlight.label)),
                 "font": {"size": 10},
+                # Every other label a row lower: on a narrow chart two replays' labels would overlap.
+                "yshift": -LABEL_ROW_PX * (number % 2),
             }
         )
     axis = x_axis(x)
@@ -296,7 +304,7 @@ def chart_layout(
         plot_bgcolor=palette["plot"],
         title={"text": plotly_text(shorten(title)), "x": 0.01, "font": {"size": 14}},
         height=chart_height(traces, MARGIN_RIGHT),
-        margin={"l": MARGIN_LEFT, "r": MARGIN_RIGHT, "t": 50 + LABEL_ROW_PX, "b": 30},
+        margin={"l": MARGIN_LEFT, "r": margin_right, "t": 50 + LABEL_ROW_PX, "b": 30},
         uirevision=revision or title,
         hovermode="x unified",
         hoverlabel={"namelength": -1},

@@ -37,6 +37,7 @@ from metrics_core.analysis.downsample import Downsampler, minmax_indices
 from metrics_core.dashboard.figures.figure_dicts import Figure, figure_of
 from metrics_core.dashboard.figures.layout import (
     CHART_POINTS,
+    MARGIN_RIGHT,
     SESSION_TRACES,
     Axis,
     Highlight,
@@ -44,7 +45,7 @@ from metrics_core.dashboard.figures.layout import (
     chart_layout,
     session_key,
 )
-from metrics_core.dashboard.figures.metric_axes import axis_of, off_scale_markers, y_axes
+from metrics_core.dashboard.figures.metric_axes import RIGHT_AXIS_PX, axis_of, off_scale_markers, y_axes
 from metrics_core.dashboard.figures.series_traces import KEY_COLOUR, RAW_OPACITY, add_series, legend_entry, smoothed
 from metrics_core.dashboard.views.chart_specs import Series
 from metrics_core.read.run_reader import Session
@@ -126,6 +127,7 @@ def metric_figure(
         highlights=highlights,
         theme=theme,
         spans=spans,
+        margin_right=RIGHT_AXIS_PX if any(item.secondary_y for item in series) else MARGIN_RIGHT,
     )
     sides = {secondary: axis_for(series, secondary=secondary) for secondary in (False, True)}
     robust = y_axes(layout, sides, drawn, log_y=log_y, theme=theme)

@@ -56,7 +56,7 @@ from metrics_core.dashboard.live.feed import DETAILS_S, feed_answer, page_signat
 from metrics_core.dashboard.store.run_store import RunStore, RunViewError
 from metrics_core.dashboard.store.snapshot import RunView
 from metrics_core.dashboard.views.chart_filter import filter_error
-from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, SMOOTHING_MAX, SMOOTHING_STEP, ChartOptions
+from metrics_core.dashboard.views.chart_specs import HISTORY_MODES, ChartOptions, smoothing_error
 from metrics_core.dashboard.views.memo import view_x_keys
 from metrics_core.dashboard.views.x_keys import X_MODES
 from metrics_core.errors import MetricsError, RunPathError
@@ -170,15 +170,14 @@ def parse_options(text: str) -> ChartOptions:
         if not isinstance(value, kind) and not (kind is float and type(value) is int):
             raise ValueError(f"opts: {name} is not a {kind.__name__}")
     options = ChartOptions(**fields)
-    steps = options.smoothing / SMOOTHING_STEP
     for name, allowed in (("history", HISTORY_MODES), ("theme", THEMES)):
         if getattr(options, name) not in allowed:
             raise ValueError(f"opts: {name} must be one of {sorted(allowed)}")
     if not options.x or len(options.x) > X_KEY_MAX_CHARS:
         modes = sorted(X_MODES)
         raise ValueError(f"opts: x must be one of {modes} or a logged key of at most {X_KEY_MAX_CHARS} characters")
-    if not (0 <= options.smoothing <= SMOOTHING_MAX and abs(steps - round(steps)) < 1e-6):
-        raise ValueError(f"opts: smoothing must be a multiple of {SMOOTHING_STEP} from 0 to {SMOOTHING_MAX}")
+    if error := smoothing_error(options.smoothing):
+        raise ValueError(f"opts: {error}")
     if error := filter_error(options.only):
         raise ValueError(f"opts: only: {error}")
     return options

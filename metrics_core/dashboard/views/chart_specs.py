@@ -35,9 +35,19 @@ HISTORY_MODES = {
     "sessions": "sessions overlaid, replays shaded",
 }
 MAX_LOGGED_CHARTS = 8  # charts of logged keys drawn at once: a narrower filter shows the others
-# The smoothing slider's range and step: the only smoothings a page asks for (``push.parse_options``).
+# The smoothing slider's range, step and start: the only smoothings a page asks for (``smoothing_error``).
 SMOOTHING_MAX = 0.99
 SMOOTHING_STEP = 0.01
+SMOOTHING_DEFAULT = 0.6
+
+
+def smoothing_error(smoothing: float) -> str | None:
+    """Why a page may not ask for ``smoothing`` (the slider's values only: each one a chart the
+    live answers may hold), or None."""
+    steps = smoothing / SMOOTHING_STEP
+    if 0 <= smoothing <= SMOOTHING_MAX and abs(steps - round(steps)) < 1e-6:
+        return None
+    return f"smoothing must be a multiple of {SMOOTHING_STEP} from 0 to {SMOOTHING_MAX}"
 
 
 @dataclass(frozen=True)

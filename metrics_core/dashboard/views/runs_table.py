@@ -181,11 +181,14 @@ def readable_runs(table: pd.DataFrame, *, order: Callable[[pd.DataFrame], pd.Dat
     shown["skipped updates"] = table["skipped updates"].map(human_count)
     shown["bad lines"] = table["bad lines"].map(human_count)
     # One column says what went wrong: a run that cannot be read has its error, a run that
-    # stopped has its reason (the exception, the signal, the failing rank); never both.
+    # stopped has its reason (the exception, the signal, the failing rank); never both.  Where no
+    # listed run has either, no column: an empty one would push the table past a 1,400 px window.
     reason = table["reason"] if "reason" in table.columns else pd.Series(None, index=table.index)
-    shown["error"] = [
+    errors = [
         _cell_text(error if isinstance(error, str) else why) for error, why in zip(table["error"], reason, strict=True)
     ]
+    if any(errors):
+        shown["error"] = errors
     # Config keys and a metric's values next to the run: a sweep's settings and results side by side.
     # Numbers read as the losses beside them do (four significant digits), a missing value as "—".
     extra = [column for column in table.columns if column not in RUNS_TABLE_KNOWN]
