@@ -383,16 +383,14 @@ class _Checksummed:
     """A binary file's writes, passed on and counted into a CRC-32 (the cache file's checksum)."""
 
     def __init__(self, out: Any, crc: int) -> None:
-        self.out, self.crc, self.written, self.closed = out, crc, 0, False
+        self.out, self.crc, self.written = out, crc, 0
+        self.closed = False  # pyarrow asks before each write; it never closes a Python sink
 
     def write(self, data: Any) -> int:
         view = memoryview(data)
         self.crc = zlib.crc32(view, self.crc)
         self.written += view.nbytes
         return self.out.write(view)
-
-    def close(self) -> None:  # pyarrow closes its sink with the stream; the file stays the caller's
-        self.closed = True
 
 
 def _arrow(column: Column) -> Any:
