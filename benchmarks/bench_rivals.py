@@ -13,6 +13,8 @@ get the same steps and values — train loss, val loss, LR, grad norm avg/max, c
 logged by their own client in a child process of the rivals' Python), a fresh server on a free
 loopback port, a fresh headless Chromium (cold cache), then:
 
+* ready: seconds from the server's start (its process spawned) to its first HTTP answer, the page
+  navigated to just after.
 * first chart: seconds from navigation to the first chart actually drawn, polled every 20 ms.
   "Drawn" per tool: ours a plotly ``.main-svg`` that is shown (plotly adds it when it plots: the
   live chart in Streamlit's page; ``bench_first_chart.py`` times its steps); trackio a
@@ -129,6 +131,7 @@ if tool == "trackio":
 class Figures:
     """One tool, one round."""
 
+    ready_s: float
     first_chart_s: float
     first_load_bytes: int
     cpu_share: float
@@ -200,8 +203,9 @@ def environ(changes: dict[str, str]) -> Iterator[None]:
 
 
 class Ours:
-    """Our dashboard at one refresh period; ``serve`` yields (page URL, server pid, append one record).
-    ``plain``: served as plain Streamlit serves it (app.py without its serving layer)."""
+    """Our dashboard at one refresh period; ``serve`` yields (page URL, server pid, append one record)
+    and leaves in ``ready_s`` how long its server took to answer.  ``plain``: served as plain
+    Streamlit serves it (app.py without its serving layer)."""
 
     def __init__(self, refresh: float, *, plain: bool = False) -> None:
         self.name = f"ours {refresh:g} s" + (", plain serving" if plain else "")
@@ -221,7 +225,9 @@ class Ours:
                              grad_norm_max=1.4, clipped_fraction=0.1)  # fmt: skip
 
             append()  # the live session has started before the page opens, as on a real cluster
+            started = time.monotonic()
             with environ(self.env), streamlit_server(directory, refresh=self.refresh) as url:
+                self.ready_s = time.monotonic() - started
                 yield f"{url}/run?run={RUN}", server_pid(url), append
 
 
@@ -254,9 +260,11 @@ class Rival:
             try:
                 if "ready\n" not in iter(writer.stdout.readline, ""):  # the client may print first
                     raise RuntimeError(f"{self.name}'s writer failed (exit code {writer.wait()})")
+                started = time.monotonic()
                 server = subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT,
                                           start_new_session=True)  # fmt: skip
                 wait_for_http(url, server, log, what=self.name)
+                self.ready_s = time.monotonic() - started
 
                 def append() -> None:
                     writer.stdin.write("append\n")
@@ -317,7 +325,7 @@ def measure(tool: Tool, seconds: float) -> tuple[Figures, str]:
         cpu_share = (tree_cpu_seconds(pid) - cpu) / (time.monotonic() - wall)
         rss = tree_rss(pid)
         context.close()
-    return Figures(first_chart, first_load, cpu_share, rss), weights
+    return Figures(tool.ready_s, first_chart, first_load, cpu_share, rss), weights
 
 
 def heaviest(wire: Wire, count: int = 3) -> str:
@@ -361,7 +369,8 @@ def main() -> None:
                 print(f"round {number + 1}: {tool.name} failed: {exc}")
                 continue
             results[tool.name].append(found)
-            print(f"round {number + 1}: {tool.name:>17}: first chart {found.first_chart_s:.2f} s, first load "
+            print(f"round {number + 1}: {tool.name:>17}: ready {found.ready_s:.2f} s, first chart "
+                  f"{found.first_chart_s:.2f} s, first load "
                   f"{found.first_load_bytes / 1e6:.2f} MB, CPU {found.cpu_share:.1%}, "
                   f"RSS {found.rss_bytes / 1e6:.0f} MB  ({load()})\n{'':>27}heaviest: {weights}")  # fmt: skip
     print(f"end: {load()}")
@@ -376,18 +385,19 @@ def report(results: dict[str, list[Figures]], tools: list[Tool]) -> None:
         if found
     }
     print(f"\nmedians over {max(map(len, results.values()))} rounds")
-    print(f"{'tool':>17} | first chart | first load | CPU per live tab | RSS")
+    print(f"{'tool':>17} | ready | first chart | first load | CPU per live tab | RSS")
     for name, m in medians.items():
-        print(f"{name:>17} | {m.first_chart_s:9.2f} s | {m.first_load_bytes / 1e6:7.2f} MB | {m.cpu_share:14.1%}"
-              f" | {m.rss_bytes / 1e6:.0f} MB")  # fmt: skip
+        print(f"{name:>17} | {m.ready_s:3.2f} s | {m.first_chart_s:9.2f} s | {m.first_load_bytes / 1e6:7.2f} MB"
+              f" | {m.cpu_share:14.1%} | {m.rss_bytes / 1e6:.0f} MB")  # fmt: skip
     ours = medians.get(tools[0].name)
     if ours is None:
         return
     for rival in (name for name in medians if not name.startswith("ours") or name.endswith(" before")):
         theirs = medians[rival]
         ratios = {field: ratio(getattr(ours, field), getattr(theirs, field)) for field in Figures.__dataclass_fields__}
-        print(f"{tools[0].name} / {rival}: first chart {ratios['first_chart_s']}, first load "
-              f"{ratios['first_load_bytes']}, CPU {ratios['cpu_share']}, RSS {ratios['rss_bytes']}")  # fmt: skip
+        print(f"{tools[0].name} / {rival}: ready {ratios['ready_s']}, first chart {ratios['first_chart_s']}, "
+              f"first load {ratios['first_load_bytes']}, CPU {ratios['cpu_share']}, "
+              f"RSS {ratios['rss_bytes']}")  # fmt: skip
 
 
 def ratio(ours: float, theirs: float) -> str:

@@ -152,8 +152,9 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
     it cannot."""
     tables = parse.tables
     try:
-        streams = {event: _table_streams(table) for event, table in tables.items()}  # Arrow's buffers, not copied
-        payload_size = sum(len(stream) for pair in streams.values() for stream in pair)
+        batches = {event: _table_batches(table) for event, table in tables.items()}  # views of the rows
+        sizes = {event: [_stream_size(batch) for batch in pair] for event, pair in batches.items()}
+        payload_size = sum(map(sum, sizes.values()))
         position = parse.position
         header_state = {
             "format": FORMAT,
@@ -172,7 +173,7 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
             [
                 event,
                 table.size,
-                [len(stream) for stream in streams[event]],
+                sizes[event],
                 [
                     [name, column.kind, list(column.categories), isinstance(column, SparseColumn)]
                     for name, column in table.columns.items()
@@ -183,10 +184,6 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
         header = json.dumps(header_state).encode()
         if len(header) + payload_size > policy.max_file_bytes:
             return False
-        crc = zlib.crc32(header)
-        for pair in streams.values():
-            for stream in pair:
-                crc = zlib.crc32(stream, crc)
         directory = Path(policy.directory)
         refused = directory_refusal(directory)
         if refused is not None:
@@ -197,11 +194,16 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
         handle, temporary = tempfile.mkstemp(dir=directory, prefix=".tmp-", suffix=".mcc")  # 0600, O_EXCL
         try:
             with os.fdopen(handle, "wb") as out:
-                out.write(_PREFIX.pack(_MAGIC, len(header), payload_size, crc))
+                out.write(_PREFIX.pack(_MAGIC, len(header), payload_size, 0))  # its CRC once the payload is out
                 out.write(header)
-                for pair in streams.values():
-                    for stream in pair:
-                        out.write(stream)
+                sink = _Checksummed(out, zlib.crc32(header))
+                for pair in batches.values():
+                    for batch in pair:
+                        _write_stream(sink, batch)
+                if sink.written != payload_size:
+                    raise ValueError("the streams differ from their measured sizes")
+                out.seek(0)
+                out.write(_PREFIX.pack(_MAGIC, len(header), payload_size, sink.crc))
             os.replace(temporary, target)
         except BaseException:
             with contextlib.suppress(OSError):
@@ -216,8 +218,8 @@ def save(policy: CachePolicy, key: str, parse: CachedParse) -> bool:
 
 
 def _release_streams() -> None:
-    """Give back what the streams took: pyarrow's pool keeps freed memory for reuse, and the
-    streams of a save are about the run's resident column bytes, not needed again for minutes."""
+    """Give back what a save's Arrow arrays took (the text of object columns): pyarrow's pool keeps
+    freed memory for reuse, and nothing needs it again until the next save, minutes later."""
     import pyarrow as pa
 
     pa.default_memory_pool().release_unused()
@@ -336,10 +338,10 @@ def _decode(state: dict[str, Any], streams: list[np.ndarray]) -> dict[str, Table
     return tables
 
 
-def _table_streams(table: Table) -> tuple[Any, Any]:
-    """Two Arrow IPC streams, each a ``pyarrow.Buffer`` (a bytes-like object; empty when it holds no
-    column): the table's dense columns in order, one row per record; and its sparse columns in
-    order, in one row, each as two lists, its rows and its values."""
+def _table_batches(table: Table) -> tuple[Any, Any]:
+    """The table as two Arrow record batches (None when it holds no such column), each written as one
+    IPC stream: its dense columns in order, one row per record; and its sparse columns in order, in
+    one row, each as two lists, its rows and its values.  Numeric columns are views of the rows."""
     import pyarrow as pa
 
     dense = [_arrow(column) for column in table.columns.values() if not isinstance(column, SparseColumn)]
@@ -349,19 +351,46 @@ def _table_streams(table: Table) -> tuple[Any, Any]:
             held = Column.restore(column.kind, column.values(), column.categories)
             for values in (pa.array(column.rows()), _arrow(held)):
                 lists.append(pa.ListArray.from_arrays(pa.array([0, len(values)], pa.int32()), values))
-    return _stream(dense), _stream(lists)
+    return _batch(dense), _batch(lists)
 
 
-def _stream(arrays: list[Any]) -> Any:
+def _batch(arrays: list[Any]) -> Any:
     import pyarrow as pa
 
-    if not arrays:
-        return b""
-    batch = pa.record_batch(arrays, names=[f"c{i}" for i in range(len(arrays))])
-    sink = pa.BufferOutputStream()
-    with pa.ipc.new_stream(sink, batch.schema) as writer:
-        writer.write_batch(batch)
-    return sink.getvalue()
+    return pa.record_batch(arrays, names=[f"c{i}" for i in range(len(arrays))]) if arrays else None
+
+
+def _write_stream(sink: Any, batch: Any) -> None:
+    """``batch`` as an Arrow IPC stream into ``sink``, buffer by buffer (nothing when None): a save
+    never holds a serialized copy of the run's columns, only the file's writes."""
+    import pyarrow as pa
+
+    if batch is not None:
+        with pa.ipc.new_stream(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+
+
+def _stream_size(batch: Any) -> int:
+    """The bytes ``_write_stream`` writes for ``batch``, counted without keeping them."""
+    import pyarrow as pa
+
+    counter = pa.MockOutputStream()
+    _write_stream(counter, batch)
+    return counter.size()
+
+
+class _Checksummed:
+    """A binary file's writes, passed on and counted into a CRC-32 (the cache file's checksum)."""
+
+    def __init__(self, out: Any, crc: int) -> None:
+        self.out, self.crc, self.written = out, crc, 0
+        self.closed = False  # pyarrow asks before each write; it never closes a Python sink
+
+    def write(self, data: Any) -> int:
+        view = memoryview(data)
+        self.crc = zlib.crc32(view, self.crc)
+        self.written += view.nbytes
+        return self.out.write(view)
 
 
 def _arrow(column: Column) -> Any:

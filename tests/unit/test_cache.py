@@ -159,6 +159,36 @@ def test_a_reopen_holds_the_cached_columns_once(tmp_path: Path, cache_loads: lis
     assert peak < 1.3 * cached.stat().st_size  # a read and then a copy of the columns: 2x
 
 
+def test_a_save_streams_the_columns_to_its_file_without_a_copy_of_them(tmp_path: Path, cache_loads: list[bool]) -> None:
+    """A save writes the columns as they are: what it allocates (Python's heap and Arrow's pool) is
+    a small part of the file it writes, not the file and the copies it was made from."""
+    import pyarrow as pa
+
+    path = tmp_path / "r" / "metrics.jsonl"
+    append_bytes(path, records(1, 20_000))
+    policy = CachePolicy(tmp_path / "cache", min_records=1, save_inline=False)
+    reader = RunReader(path, cache=policy)
+    reader.refresh()
+    pending = reader.capture_cache()
+    assert pending is not None
+    default = pa.default_memory_pool()
+    pool = pa.proxy_memory_pool(default)
+    pa.set_memory_pool(pool)
+    tracemalloc.start()
+    try:
+        assert pending.write()
+        peak = tracemalloc.get_traced_memory()[1] + pool.max_memory()
+    finally:
+        tracemalloc.stop()
+        pa.set_memory_pool(default)
+    (cached,) = policy.directory.glob("*.mcc")
+    assert peak < 0.25 * cached.stat().st_size
+    reopened = RunReader(path, cache=policy)
+    reopened.refresh()
+    assert cache_loads == [False, True]
+    assert snapshot(reopened) == snapshot(reader)
+
+
 @pytest.mark.parametrize("rewrite", ["truncate and rewrite", "cp over", "replace", "shrink"])
 def test_a_rewritten_file_never_gets_the_cache_of_its_old_content(
     tmp_path: Path, policy: CachePolicy, cache_loads: list[bool], rewrite: str
