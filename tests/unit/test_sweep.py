@@ -226,7 +226,7 @@ def test_the_runs_table_has_an_error_column_only_when_a_listed_run_has_an_error(
                 session.log_window(lr=0.1)
                 if name == "failed":
                     raise ValueError("boom at step 0")
-    store = RunStore(tmp_path, loader_delay_s=0.0, load_budget_s=60.0)
+    store = RunStore(tmp_path, StoreSettings(loader_delay_s=0.0, load_budget_s=60.0))
     try:
         table = store.runs_table()
     finally:
