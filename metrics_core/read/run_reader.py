@@ -31,7 +31,7 @@ are contiguous and an earlier session's records never change once a later sessio
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -435,7 +435,7 @@ class RunReader(FollowedLog, AccountedSessions):
             self._mappings[table] = (column, mapping)
         return column.codes(mapping, len(self.log))
 
-    def _event_rows(self) -> dict[str, dict[int, EventRows]]:
+    def _event_rows(self) -> dict[str, Mapping[int, EventRows]]:
         """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
         found = {}
