@@ -223,10 +223,10 @@ class RunReader(FollowedLog, AccountedSessions):
         )
         for (index, span), first, last in zip(spans.items(), starts, ends, strict=True):
             log.add_run(index, span[2], first, last)
-        pairs = batch.event_codes.astype(np.int64) * len(log) + sessions
-        unique, first_rows = np.unique(pairs, return_index=True)
-        for pair, row in zip(unique.tolist(), first_rows.tolist(), strict=True):
-            log.note_first_step(batch.event_names[pair // len(log)], pair % len(log), int(batch.steps[row]))
+        unique, first_rows = np.unique(batch.event_codes.astype(np.int64) * len(log) + sessions, return_index=True)
+        firsts = (values.tolist() for values in (*np.divmod(unique, len(log)), batch.steps[first_rows]))
+        for event, index, step in zip(*firsts, strict=True):  # lists: no numpy scalar per session
+            log.note_first_step(batch.event_names[event], index, step)
         for marker in batch.markers:
             log.note_marker(marker)
         log.note_times(batch.event_names[batch.event_codes[-1]], batch.times[-64:].tolist())
