@@ -51,7 +51,7 @@ from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
 from metrics_core.read.session_accounting import AccountedSessions, SessionLog
 from metrics_core.read.session_model import LostWork, Progress, Session
-from metrics_core.read.supersession import EventRows, redone_by, rows_by_session
+from metrics_core.read.supersession import EventRows, Range, redone_by_ranges, rows_by_session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
@@ -101,7 +101,7 @@ class RunReader(FollowedLog, AccountedSessions):
         self._pending_rows = 0
         self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
         self._event_types: dict[str, pd.CategoricalDtype] = {}
-        self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray]] = {}  # per event: ``redone_by``, its key
+        self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray, list[Range]]] = {}  # per event, by key
         self._mappings: dict[Table, tuple[Column, np.ndarray]] = {}  # per table: its session codes' sessions
 
     # -- what the layers below know ------------------------------------------------------------
@@ -406,11 +406,10 @@ class RunReader(FollowedLog, AccountedSessions):
         table = self._tables.get(event)
         if table is None:
             return np.zeros(0, dtype=np.int32)
-        key = (table.size, len(self.log), self.log.thresholds_version)
-        found = self._redone.get(event)
+        key, found = (table.size, len(self.log), self.log.thresholds_version), self._redone.get(event)
         if found is None or found[0] != key:
             sessions, steps = self._global_sessions(table), table.columns["step"].view()
-            found = self._redone[event] = (key, redone_by(self.log.thresholds(event), sessions, steps))
+            found = self._redone[event] = (key, *redone_by_ranges(self.log.thresholds(event), sessions, steps))
         return found[1]
 
     def session_indices(self, event: str) -> np.ndarray:
@@ -444,6 +443,7 @@ class RunReader(FollowedLog, AccountedSessions):
             if event == "train":
                 tokens = np.zeros(table.size) if "tokens" not in columns else columns["tokens"].numbers()
                 train = (tokens, columns["time"].view(), columns["tokens_seen"].view())
-            rows = (self._global_sessions(table), columns["step"].view(), len(self.log))
-            found[event] = rows_by_session(*rows, thresholds=self.log.thresholds(event), train=train)
+            self.redone_by(event)  # keeps its ranges beside it: the sweep over the sessions is made once
+            rows, ranges = (self._global_sessions(table), columns["step"].view(), len(self.log)), self._redone[event][2]
+            found[event] = rows_by_session(*rows, thresholds=self.log.thresholds(event), train=train, ranges=ranges)
         return found

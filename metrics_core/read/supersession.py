@@ -13,7 +13,9 @@ figures, the diagnostics and the SQL export all ask it:
 * ``threshold``: one session's threshold for one event (``SessionLog.thresholds`` lists them).
 * ``redone_ranges``: which later session redid which rows of each earlier session, as row ranges.
 * ``redone_by``: per row of an event, the session that redid it (-1: none); ``superseded`` is
-  ``redone_by >= 0``, ``RunReader.redone_by`` and the snapshots hold it.
+  ``redone_by >= 0``, ``RunReader.redone_by`` and the snapshots hold it.  ``redone_by_ranges``
+  hands over its ranges too, which ``rows_by_session`` keeps for ``replay``: the reader sweeps
+  the sessions once per event.
 * ``replay``: what each resume cost (steps, tokens, records), and the training time that produced
   superseded train windows, from each session's ``EventRows`` (``rows_by_session`` makes them of
   the reader's columns; ``RunDigest`` keeps its own).
@@ -85,6 +87,9 @@ class EventRows(NamedTuple):
         return len(self.steps) if self.end is None else self.end
 
 
+Range = tuple[int, int, int, int]  # (session, redoer, start, stop): ``redone_ranges``
+
+
 def _later(thresholds: Sequence[float]) -> Iterator[tuple[int, list[float], list[int], int]]:
     """For each session, from the last to the first: ``(index, limits, ids, top)``, where
     ``ids[:top]`` are the later sessions that can redo its records (each one's threshold below
@@ -122,10 +127,14 @@ def _shares(held: EventRows, limits: list[float], ids: list[int], top: int) -> I
         start = stop
 
 
-def redone_ranges(thresholds: Sequence[float], rows: Mapping[int, EventRows]) -> Iterator[tuple[int, int, int, int]]:
+def redone_ranges(thresholds: Sequence[float], rows: Mapping[int, EventRows]) -> Iterator[Range]:
     """``(session, redoer, start, stop)``: items ``start:stop`` of ``rows[session]``'s sequences
     (one event's rows per session; ``EventRows.first`` to ``stop``) were redone by session
-    ``redoer``.  O(sessions + ranges × log sessions)."""
+    ``redoer``.  O(sessions + ranges × log sessions); O(ranges) when ``rows`` holds them already
+    (``rows_by_session``'s ``ranges``)."""
+    if isinstance(rows, _SessionRows) and rows.ranges is not None:
+        yield from rows.ranges
+        return
     for index, limits, ids, top in _later(thresholds):
         held = rows.get(index) if top else None
         if held is not None:
@@ -228,12 +237,16 @@ def rows_by_session(
     *,
     thresholds: Sequence[float],
     train: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
+    ranges: list[Range] | None = None,
 ) -> Mapping[int, EventRows]:
     """One event's ``EventRows`` of each session a later one may have redone (its highest step at
     or above a later session's ``thresholds``), from its rows' session indices and steps, and for
     train ``(tokens, times in ns, tokens_seen)``.  O(rows) vectorised; each ``EventRows`` is made
-    when asked for (``_SessionRows``)."""
-    return _by_session(sessions, steps, count, thresholds, train)[2]
+    when asked for (``_SessionRows``).  ``ranges``: ``redone_by_ranges``' of the same rows and
+    thresholds, kept by the caller, so that ``redone_ranges`` of these rows is not worked out again."""
+    rows = _by_session(sessions, steps, count, thresholds, train)[2]
+    rows.ranges = ranges
+    return rows
 
 
 class _SessionRows(Mapping[int, EventRows]):
@@ -241,7 +254,7 @@ class _SessionRows(Mapping[int, EventRows]):
     asked for and dropped after use: a run of thousands of sessions keeps no object per session
     and event (the collector's passes over them cost as much as making them)."""
 
-    __slots__ = ("_bounds", "_ordered", "_reachable", "_steps", "_train")
+    __slots__ = ("_bounds", "_ordered", "_reachable", "_steps", "_train", "ranges")
 
     def __init__(
         self,
@@ -258,6 +271,7 @@ class _SessionRows(Mapping[int, EventRows]):
             ordered,
             train,
         )
+        self.ranges: list[Range] | None = None  # ``redone_ranges`` of these rows, when known
 
     def get(self, index: int, default: EventRows | None = None) -> EventRows | None:  # type: ignore[override]
         if not (0 <= index < len(self._reachable) and self._reachable[index]):
@@ -312,20 +326,28 @@ def _by_session(
 def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """Per row of one event (its session's index, its step), the index of the session that redid
     it, -1 where none did; read-only.  O(rows + sessions + ranges × log sessions)."""
+    return redone_by_ranges(thresholds, sessions, steps)[0]
+
+
+def redone_by_ranges(
+    thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarray
+) -> tuple[np.ndarray, list[Range]]:
+    """``redone_by``, and the ``redone_ranges`` it was made of, for ``rows_by_session`` of the
+    same rows and thresholds to reuse: the sweep over the sessions is made once per event."""
     import numpy as np
 
     count = len(thresholds)
     result = np.full(len(steps), -1, dtype=np.int32)
-    if count < 2 or not len(steps):
-        result.flags.writeable = False
-        return result
-    order, _, rows = _by_session(sessions, steps, count, thresholds, None)
-    for _, redoer, start, stop in redone_ranges(thresholds, rows):
-        result[start:stop] = redoer  # rows in session order: ``order`` puts them back
-    if order is not None:
-        result[order] = result.copy()
+    ranges: list[Range] = []
+    if count >= 2 and len(steps):
+        order, _, rows = _by_session(sessions, steps, count, thresholds, None)
+        ranges = list(redone_ranges(thresholds, rows))
+        for _, redoer, start, stop in ranges:
+            result[start:stop] = redoer  # rows in session order: ``order`` puts them back
+        if order is not None:
+            result[order] = result.copy()
     result.flags.writeable = False
-    return result
+    return result, ranges
 
 
 def redo_windows(
