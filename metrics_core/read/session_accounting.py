@@ -26,7 +26,7 @@ from itertools import pairwise
 from typing import Any
 
 from metrics_core.read.session_model import MARKER_EVENTS, LostWork, Progress, Session, as_datetime
-from metrics_core.read.supersession import EventRows, Replay, replay, threshold
+from metrics_core.read.supersession import EventRows, Replay, replay, thresholds
 
 RECENT_TIMES = 64  # the usual gap between records comes from the last few
 
@@ -181,12 +181,11 @@ class SessionLog:
 
     def thresholds(self, event: str) -> list[float]:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions
-        (``supersession.threshold``); kept until a session begins or first logs an event."""
+        (``supersession.thresholds``); kept until a session begins or first logs an event."""
         key = (len(self._sessions), self.thresholds_version)
         found = self._thresholds.get(event)
         if found is None or found[0] != key:
-            logged = self._first_step_in_event.get(event, {})
-            limits = [threshold(acc.first_step, logged.get(index)) for index, acc in enumerate(self._sessions)]
+            limits = thresholds(self.first_steps(), self._first_step_in_event.get(event, {}))
             found = self._thresholds[event] = (key, limits)
         return found[1]
 

@@ -2,7 +2,7 @@
 
 The rule (docs/FORMAT.md): a session whose first record is at step S supersedes earlier
 sessions' records of an event with step > S, and those at exactly S when it logged that event at
-S itself: its *threshold* for the event is S, or S + 1 when it did not (``threshold``).  A
+S itself: its *threshold* for the event is S, or S + 1 when it did not (``thresholds``).  A
 superseded record is *redone by* exactly one session: the first later one whose threshold is at
 or below the record's step.  Superseded records are kept and shown (each session as its own
 segment); the effective history leaves them out.
@@ -10,7 +10,7 @@ segment); the effective history leaves them out.
 This module is the only place the rule is written; the readers, the store's snapshots, the
 figures, the diagnostics and the SQL export all ask it:
 
-* ``threshold``: one session's threshold for one event (``SessionLog.thresholds`` lists them).
+* ``thresholds``: each session's threshold for one event (``SessionLog.thresholds`` keeps them).
 * ``redone_ranges``: which later session redid which rows of each earlier session, as row ranges.
 * ``redone_by``: per row of an event, the session that redid it (-1: none); ``superseded`` is
   ``redone_by >= 0``, ``RunReader.redone_by`` and the snapshots hold it.  ``redone_by_ranges``
@@ -55,10 +55,11 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def threshold(first_step: int, first_step_of_event: int | None) -> float:
-    """The lowest step of an event's records in earlier sessions that a session superseded: its
-    first step, or the next one when its first record of that event is not at its first step."""
-    return float(first_step + (first_step_of_event != first_step))
+def thresholds(first_steps: Sequence[int], first_steps_of_event: Mapping[int, int]) -> list[float]:
+    """Per session, the lowest step of an event's records in earlier sessions that it superseded:
+    its first step, or the next one when its first record of that event (``first_steps_of_event``,
+    by session index; absent: it logged none) is not at its first step."""
+    return [float(step + (first_steps_of_event.get(index) != step)) for index, step in enumerate(first_steps)]
 
 
 class EventRows(NamedTuple):
