@@ -61,7 +61,8 @@ def width(text: str) -> int:
     """Terminal columns ``text`` takes: wide (CJK, emoji) characters 2, combining marks 0."""
     if text.isascii():
         return len(text)
-    return sum(_char_width(char) for char in text)
+    others = [char for char in text if not char.isascii()]  # an ASCII character takes one column
+    return len(text) - len(others) + sum(_char_width(char) for char in others)
 
 
 def _char_width(char: str) -> int:

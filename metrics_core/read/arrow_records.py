@@ -27,7 +27,7 @@ import numpy as np
 from metrics_core.read.columns import Chunk
 from metrics_core.read.line_follower import Lines
 from metrics_core.read.records import MAX_FIELDS, STRING_FIELDS, TIME_MAX_NS, TIME_MIN_NS, BadLine
-from metrics_core.read.session_model import MARKER_EVENTS
+from metrics_core.read.session_model import MARKER_EVENTS, MARKER_FIELDS
 from metrics_core.write.writer import BASE_FIELD_ORDER
 
 PARSE_THREADS = min(4, os.cpu_count() or 1)  # blocks pyarrow parses at once during a cold load
@@ -207,7 +207,8 @@ def _arrow_batch(data: bytes, start: int, stop: int, max_bytes: int) -> Batch | 
             part.num_rows,
         )
     marker_codes = [code for code, event in enumerate(event_names) if event in MARKER_EVENTS]
-    markers = table.take(np.flatnonzero(np.isin(event_codes, marker_codes))).to_pylist()
+    held = [name for name in MARKER_FIELDS if name in table.column_names]  # a dict per marker: no more than read
+    markers = table.select(held).take(np.flatnonzero(np.isin(event_codes, marker_codes))).to_pylist()
     version_counts = pc.value_counts(table["schema_version"]).to_pylist()
     return Batch(
         count=table.num_rows,

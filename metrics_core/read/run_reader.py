@@ -33,7 +33,7 @@ are contiguous and an earlier session's records never change once a later sessio
 from __future__ import annotations
 
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -53,7 +53,7 @@ from metrics_core.read.run_file import LocalFile, RunFile, run_file_path
 from metrics_core.read.run_summary import FollowedLog, LastValue
 from metrics_core.read.session_accounting import AccountedSessions
 from metrics_core.read.session_model import LostWork, Progress, Session
-from metrics_core.read.supersession import EventRows, redone_by, rows_by_session
+from metrics_core.read.supersession import EventRows, Range, redone_by_ranges, rows_by_session
 from metrics_core.write.writer import BASE_FIELD_ORDER, METRICS_FILENAME
 
 __all__ = ["IngestHealth", "LostWork", "Progress", "RunReader", "Session"]
@@ -102,7 +102,7 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
         self._pending = PendingRows()
         self._session_types = CategoryTypes()  # of this log's session ids, which only ever grow
         self._event_types: dict[str, pd.CategoricalDtype] = {}
-        self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray]] = {}  # per event: ``redone_by``, its key
+        self._redone: dict[str, tuple[tuple[int, int, int], np.ndarray, list[Range]]] = {}  # per event, by key
         self._mappings: dict[Table, tuple[Column, np.ndarray]] = {}  # per table: its session codes' sessions
 
     # -- what the layers below know ------------------------------------------------------------
@@ -210,24 +210,21 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
         log = self.log
         to_global = np.array([log.session(sid) for sid in batch.session_ids], dtype=np.int32)
         sessions = to_global[batch.session_codes]
-        bounds = np.concatenate(([0], np.flatnonzero(np.diff(sessions)) + 1, [len(sessions)])).tolist()
-        spans: dict[int, list[int]] = {}  # per session: its first row, last row, rows (a few runs per block)
-        for index, start, stop in zip(sessions[bounds[:-1]].tolist(), bounds, bounds[1:], strict=False):
-            span = spans.setdefault(index, [start, stop - 1, 0])
-            span[1:] = stop - 1, span[2] + stop - start
-        firsts, lasts = (np.array([span[k] for span in spans.values()], dtype=np.int64) for k in (0, 1))
+        # per session of the block: its first row, its rows, its last row (vectorised: no object per session)
+        indices, firsts, counts = np.unique(sessions, return_index=True, return_counts=True)
+        lasts = len(sessions) - 1 - np.unique(sessions[::-1], return_index=True)[1]
         starts = zip(
             *(values[firsts].tolist() for values in (batch.steps, batch.times, batch.tokens_seen)), strict=True
         )
         ends = zip(
             *(v[lasts].tolist() for v in (batch.steps, batch.times, batch.tokens_seen, batch.skipped)), strict=True
         )
-        for (index, span), first, last in zip(spans.items(), starts, ends, strict=True):
-            log.add_run(index, span[2], first, last)
-        pairs = batch.event_codes.astype(np.int64) * len(log) + sessions
-        unique, first_rows = np.unique(pairs, return_index=True)
-        for pair, row in zip(unique.tolist(), first_rows.tolist(), strict=True):
-            log.note_first_step(batch.event_names[pair // len(log)], pair % len(log), int(batch.steps[row]))
+        for index, count, first, last in zip(indices.tolist(), counts.tolist(), starts, ends, strict=True):
+            log.add_run(index, count, first, last)
+        unique, first_rows = np.unique(batch.event_codes.astype(np.int64) * len(log) + sessions, return_index=True)
+        firsts = (values.tolist() for values in (*np.divmod(unique, len(log)), batch.steps[first_rows]))
+        for event, index, step in zip(*firsts, strict=True):  # lists: no numpy scalar per session
+            log.note_first_step(batch.event_names[event], index, step)
         for marker in batch.markers:
             log.note_marker(marker)
         log.note_times(batch.event_names[batch.event_codes[-1]], batch.times[-64:].tolist())
@@ -341,11 +338,10 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
         table = self._tables.get(event)
         if table is None:
             return np.zeros(0, dtype=np.int32)
-        key = (table.size, len(self.log), self.log.thresholds_version)
-        found = self._redone.get(event)
+        key, found = (table.size, len(self.log), self.log.thresholds_version), self._redone.get(event)
         if found is None or found[0] != key:
             sessions, steps = self._global_sessions(table), table.columns["step"].view()
-            found = self._redone[event] = (key, redone_by(self.log.thresholds(event), sessions, steps))
+            found = self._redone[event] = (key, *redone_by_ranges(self.log.thresholds(event), sessions, steps))
         return found[1]
 
     def session_indices(self, event: str) -> np.ndarray:
@@ -370,7 +366,7 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
             self._mappings[table] = (column, mapping)
         return column.codes(mapping, len(self.log))
 
-    def _event_rows(self) -> dict[str, dict[int, EventRows]]:
+    def _event_rows(self) -> dict[str, Mapping[int, EventRows]]:
         """What ``SessionLog.replayed`` reads of the columns: each event's rows per session."""
         self._flush()
         found = {}
@@ -379,6 +375,7 @@ class RunReader(FollowedLog, AccountedSessions, ReaderCache):
             if event == "train":
                 tokens = np.zeros(table.size) if "tokens" not in columns else columns["tokens"].numbers()
                 train = (tokens, columns["time"].view(), columns["tokens_seen"].view())
-            rows = (self._global_sessions(table), columns["step"].view(), len(self.log))
-            found[event] = rows_by_session(*rows, thresholds=self.log.thresholds(event), train=train)
+            self.redone_by(event)  # keeps its ranges beside it: the sweep over the sessions is made once
+            rows, ranges = (self._global_sessions(table), columns["step"].view(), len(self.log)), self._redone[event][2]
+            found[event] = rows_by_session(*rows, thresholds=self.log.thresholds(event), train=train, ranges=ranges)
         return found

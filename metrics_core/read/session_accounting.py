@@ -26,7 +26,7 @@ from itertools import pairwise
 from typing import Any
 
 from metrics_core.read.session_model import MARKER_EVENTS, LostWork, Progress, Session, as_datetime
-from metrics_core.read.supersession import EventRows, Replay, replay, threshold
+from metrics_core.read.supersession import EventRows, Replay, replay, thresholds
 
 RECENT_TIMES = 64  # the usual gap between records comes from the last few
 
@@ -181,12 +181,11 @@ class SessionLog:
 
     def thresholds(self, event: str) -> list[float]:
         """Per session, the lowest step of ``event`` records it supersedes in earlier sessions
-        (``supersession.threshold``); kept until a session begins or first logs an event."""
+        (``supersession.thresholds``); kept until a session begins or first logs an event."""
         key = (len(self._sessions), self.thresholds_version)
         found = self._thresholds.get(event)
         if found is None or found[0] != key:
-            logged = self._first_step_in_event.get(event, {})
-            limits = [threshold(acc.first_step, logged.get(index)) for index, acc in enumerate(self._sessions)]
+            limits = thresholds(self.first_steps(), self._first_step_in_event.get(event, {}))
             found = self._thresholds[event] = (key, limits)
         return found[1]
 
@@ -252,35 +251,45 @@ class SessionLog:
         """
         count, built = len(self._sessions), self._built
         if built is not None and built[0] is redone and len(built[1]) == count:
-            result = built[1] if built[2] == self.records else [*built[1][:-1], self._session(count - 1, redone)]
+            result = built[1] if built[2] == self.records else [*built[1][:-1], *self._made(count - 1, redone)]
         else:
-            result = [self._session(index, redone) for index in range(count)]
+            result = self._made(0, redone)
         self._built = (redone, result, self.records)
         return list(result)
 
-    def _session(self, index: int, redone: Replay) -> Session:
-        acc = self._sessions[index]
-        return Session(
-            session_id=acc.session_id,
-            index=index,
-            first_step=acc.first_step,
-            last_step=acc.last_step,
-            start_time=as_datetime(acc.start_ns),
-            end_time=as_datetime(acc.end_ns),
-            records=acc.records,
-            first_tokens_seen=acc.first_tokens,
-            last_tokens_seen=acc.last_tokens,
-            skipped_updates=acc.last_skipped,
-            downtime_s=None if index == 0 else (acc.start_ns - self._sessions[index - 1].end_ns) / 1e9,
-            steps_replayed=redone.steps[index],
-            tokens_replayed=redone.tokens[index],
-            tokens_replayed_is_upper_bound=redone.tokens_bound[index],
-            records_superseded=redone.records[index],
-            discarded_bytes=acc.discarded_bytes,
-            resumed_from_step=acc.resumed_from_step,
-            end_status=acc.end_status,
-            end_error=acc.end_error,
-        )
+    def _made(self, start: int, redone: Replay) -> list[Session]:
+        """Sessions ``start`` to the last, in one pass: a run resumed thousands of times makes
+        thousands of them on opening."""
+        accs = self._sessions
+        previous_end = accs[start - 1].end_ns if start else None
+        made = []
+        for index in range(start, len(accs)):
+            acc = accs[index]
+            made.append(
+                Session(
+                    session_id=acc.session_id,
+                    index=index,
+                    first_step=acc.first_step,
+                    last_step=acc.last_step,
+                    start_time=as_datetime(acc.start_ns),
+                    end_time=as_datetime(acc.end_ns),
+                    records=acc.records,
+                    first_tokens_seen=acc.first_tokens,
+                    last_tokens_seen=acc.last_tokens,
+                    skipped_updates=acc.last_skipped,
+                    downtime_s=None if previous_end is None else (acc.start_ns - previous_end) / 1e9,
+                    steps_replayed=redone.steps[index],
+                    tokens_replayed=redone.tokens[index],
+                    tokens_replayed_is_upper_bound=redone.tokens_bound[index],
+                    records_superseded=redone.records[index],
+                    discarded_bytes=acc.discarded_bytes,
+                    resumed_from_step=acc.resumed_from_step,
+                    end_status=acc.end_status,
+                    end_error=acc.end_error,
+                )
+            )
+            previous_end = acc.end_ns
+        return made
 
     def lost_work(self, redone: Replay) -> LostWork:
         """Downtime, replayed work and the training time that produced superseded train windows."""

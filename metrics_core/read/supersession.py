@@ -2,7 +2,7 @@
 
 The rule (docs/FORMAT.md): a session whose first record is at step S supersedes earlier
 sessions' records of an event with step > S, and those at exactly S when it logged that event at
-S itself: its *threshold* for the event is S, or S + 1 when it did not (``threshold``).  A
+S itself: its *threshold* for the event is S, or S + 1 when it did not (``thresholds``).  A
 superseded record is *redone by* exactly one session: the first later one whose threshold is at
 or below the record's step.  Superseded records are kept and shown (each session as its own
 segment); the effective history leaves them out.
@@ -10,10 +10,12 @@ segment); the effective history leaves them out.
 This module is the only place the rule is written; the readers, the store's snapshots, the
 figures, the diagnostics and the SQL export all ask it:
 
-* ``threshold``: one session's threshold for one event (``SessionLog.thresholds`` lists them).
+* ``thresholds``: each session's threshold for one event (``SessionLog.thresholds`` keeps them).
 * ``redone_ranges``: which later session redid which rows of each earlier session, as row ranges.
 * ``redone_by``: per row of an event, the session that redid it (-1: none); ``superseded`` is
-  ``redone_by >= 0``, ``RunReader.redone_by`` and the snapshots hold it.
+  ``redone_by >= 0``, ``RunReader.redone_by`` and the snapshots hold it.  ``redone_by_ranges``
+  hands over its ranges too, which ``rows_by_session`` keeps for ``replay``: the reader sweeps
+  the sessions once per event.
 * ``replay``: what each resume cost (steps, tokens, records), and the training time that produced
   superseded train windows, from each session's ``EventRows`` (``rows_by_session`` makes them of
   the reader's columns; ``RunDigest`` keeps its own).
@@ -53,19 +55,22 @@ if TYPE_CHECKING:
     import numpy as np
 
 
-def threshold(first_step: int, first_step_of_event: int | None) -> float:
-    """The lowest step of an event's records in earlier sessions that a session superseded: its
-    first step, or the next one when its first record of that event is not at its first step."""
-    return float(first_step + (first_step_of_event != first_step))
+def thresholds(first_steps: Sequence[int], first_steps_of_event: Mapping[int, int]) -> list[float]:
+    """Per session, the lowest step of an event's records in earlier sessions that it superseded:
+    its first step, or the next one when its first record of that event (``first_steps_of_event``,
+    by session index; absent: it logged none) is not at its first step."""
+    return [float(step + (first_steps_of_event.get(index) != step)) for index, step in enumerate(first_steps)]
 
 
 class EventRows(NamedTuple):
-    """What ``replay`` needs of one event's records of one session, in file order.
+    """What ``replay`` needs of one event's records of one session, in file order: items
+    ``first:end`` of the sequences (all of them by default), which may hold other sessions' rows
+    around them, so that one event's rows are not copied per session.
 
     ``tokens`` / ``window_s`` (train only): each window's tokens and the wall time since the
     session's previous train record (0 for its first; a missing value counts 0); ``tokens_seen``
     (train only) each record's counter.  Any sequence type: ``array`` for the terminal tools,
-    numpy for the reader.  ``ordered``: steps never go down, so the rows a later session redid are
+    lists for the reader.  ``ordered``: steps never go down, so the rows a later session redid are
     ranges, found by bisection.  A tuple: one is made per session and event, cheaply.
     """
 
@@ -74,6 +79,16 @@ class EventRows(NamedTuple):
     tokens: Sequence[float] | None = None
     window_s: Sequence[float] | None = None
     tokens_seen: Sequence[int] | None = None
+    first: int = 0
+    end: int | None = None  # None: to the end of the sequences
+
+    @property
+    def stop(self) -> int:
+        """The index after the session's last row."""
+        return len(self.steps) if self.end is None else self.end
+
+
+Range = tuple[int, int, int, int]  # (session, redoer, start, stop): ``redone_ranges``
 
 
 def _later(thresholds: Sequence[float]) -> Iterator[tuple[int, list[float], list[int], int]]:
@@ -93,21 +108,19 @@ def _later(thresholds: Sequence[float]) -> Iterator[tuple[int, list[float], list
         top += 1
 
 
-def _shares(
-    steps: Sequence[int], ordered: bool, limits: list[float], ids: list[int], top: int
-) -> Iterator[tuple[int, int, int]]:
-    """``(redoer, start, stop)``: the rows of ``steps`` each session of the stack redid.  A row's
+def _shares(held: EventRows, limits: list[float], ids: list[int], top: int) -> Iterator[tuple[int, int, int]]:
+    """``(redoer, start, stop)``: the rows of ``held`` each session of the stack redid.  A row's
     redoer is the nearest one whose threshold is at or below its step: the last limit <= step."""
     if not top:
         return
-    if not ordered:
-        for row, step in enumerate(steps):
-            position = bisect_right(limits, step, 0, top) - 1
+    steps, end = held.steps, held.stop
+    if not held.ordered:
+        for row in range(held.first, end):
+            position = bisect_right(limits, steps[row], 0, top) - 1
             if position >= 0:
                 yield ids[position], row, row + 1
         return
-    end = len(steps)
-    start = bisect_left(steps, limits[0])
+    start = bisect_left(steps, limits[0], held.first, end)
     while start < end:  # one bisection per range: a range per redoer, never per row
         position = bisect_right(limits, steps[start], 0, top) - 1
         stop = end if position + 1 == top else bisect_left(steps, limits[position + 1], start, end)
@@ -115,13 +128,18 @@ def _shares(
         start = stop
 
 
-def redone_ranges(thresholds: Sequence[float], rows: Mapping[int, EventRows]) -> Iterator[tuple[int, int, int, int]]:
-    """``(session, redoer, start, stop)``: rows ``start:stop`` of ``rows[session]`` (one event's
-    rows per session) were redone by session ``redoer``.  O(sessions + ranges × log sessions)."""
+def redone_ranges(thresholds: Sequence[float], rows: Mapping[int, EventRows]) -> Iterator[Range]:
+    """``(session, redoer, start, stop)``: items ``start:stop`` of ``rows[session]``'s sequences
+    (one event's rows per session; ``EventRows.first`` to ``stop``) were redone by session
+    ``redoer``.  O(sessions + ranges × log sessions); O(ranges) when ``rows`` holds them already
+    (``rows_by_session``'s ``ranges``)."""
+    if isinstance(rows, _SessionRows) and rows.ranges is not None:
+        yield from rows.ranges
+        return
     for index, limits, ids, top in _later(thresholds):
-        held = rows.get(index)
-        if held is not None and top:
-            for redoer, start, stop in _shares(held.steps, held.ordered, limits, ids, top):
+        held = rows.get(index) if top else None
+        if held is not None:
+            for redoer, start, stop in _shares(held, limits, ids, top):
                 yield index, redoer, start, stop
 
 
@@ -183,7 +201,7 @@ def _before_resume(held: EventRows, row: int, session_step: int, resume_step: in
     window's, so the records cannot tell how many (module docstring).  Only a range's first row
     can straddle: every later one starts where the one before it ended.
     """
-    window_start = int(held.steps[row - 1]) if row else session_step
+    window_start = int(held.steps[row - 1]) if row > held.first else session_step
     if not window_start < resume_step < int(held.steps[row]):
         return 0.0
     end = float(held.tokens_seen[row])
@@ -220,11 +238,59 @@ def rows_by_session(
     *,
     thresholds: Sequence[float],
     train: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None,
-) -> dict[int, EventRows]:
+    ranges: list[Range] | None = None,
+) -> Mapping[int, EventRows]:
     """One event's ``EventRows`` of each session a later one may have redone (its highest step at
     or above a later session's ``thresholds``), from its rows' session indices and steps, and for
-    train ``(tokens, times in ns, tokens_seen)``.  O(rows) vectorised, then O(1) per such session."""
-    return _by_session(sessions, steps, count, thresholds, train)[2]
+    train ``(tokens, times in ns, tokens_seen)``.  O(rows) vectorised; each ``EventRows`` is made
+    when asked for (``_SessionRows``).  ``ranges``: ``redone_by_ranges``' of the same rows and
+    thresholds, kept by the caller, so that ``redone_ranges`` of these rows is not worked out again."""
+    rows = _by_session(sessions, steps, count, thresholds, train)[2]
+    rows.ranges = ranges
+    return rows
+
+
+class _SessionRows(Mapping[int, EventRows]):
+    """One event's ``EventRows`` per session, over lists that all of them share, each made when
+    asked for and dropped after use: a run of thousands of sessions keeps no object per session
+    and event (the collector's passes over them cost as much as making them)."""
+
+    __slots__ = ("_bounds", "_ordered", "_reachable", "_steps", "_train", "ranges")
+
+    def __init__(
+        self,
+        reachable: list[bool],
+        bounds: list[int],
+        steps: list[int],
+        ordered: list[bool],
+        train: tuple[list[float], list[float], list[int]] | tuple[None, None, None],
+    ) -> None:
+        self._reachable, self._bounds, self._steps, self._ordered, self._train = (
+            reachable,
+            bounds,
+            steps,
+            ordered,
+            train,
+        )
+        self.ranges: list[Range] | None = None  # ``redone_ranges`` of these rows, when known
+
+    def get(self, index: int, default: EventRows | None = None) -> EventRows | None:  # type: ignore[override]
+        if not (0 <= index < len(self._reachable) and self._reachable[index]):
+            return default
+        bounds = self._bounds
+        return EventRows(self._steps, self._ordered[index], *self._train, bounds[index], bounds[index + 1])
+
+    def __getitem__(self, index: int) -> EventRows:
+        found = self.get(index)
+        if found is None:
+            raise KeyError(index)
+        return found
+
+    def __iter__(self) -> Iterator[int]:
+        return (index for index, reachable in enumerate(self._reachable) if reachable)
+
+    def __len__(self) -> int:
+        return sum(self._reachable)
 
 
 def _by_session(
@@ -233,56 +299,56 @@ def _by_session(
     count: int,
     thresholds: Sequence[float],
     train: tuple[np.ndarray, np.ndarray, np.ndarray] | None,
-) -> tuple[np.ndarray | None, list[int], dict[int, EventRows]]:
+) -> tuple[np.ndarray | None, list[int], _SessionRows]:
     """``rows_by_session``, with ``grouped_rows``' order and bounds."""
     import numpy as np
 
     highest = np.full(count, -np.inf)
     np.maximum.at(highest, sessions, steps)
     lowest_later = np.append(np.minimum.accumulate(np.asarray(thresholds, dtype=np.float64)[::-1])[::-1][1:], np.inf)
-    reachable = np.flatnonzero(highest >= lowest_later).tolist()
+    reachable = (highest >= lowest_later).tolist()
     order, bounds, ordered = grouped_rows(sessions, steps, count)
     if order is not None:
         steps = steps[order]
         train = None if train is None else tuple(values[order] for values in train)
-    tokens = window = seen = None
+    lists: tuple[list[float], list[float], list[int]] | tuple[None, None, None] = (None, None, None)
     if train is not None:
         tokens, times, seen = train
         tokens = np.where(np.isnan(tokens), 0.0, tokens)
         window = np.zeros(len(steps))
         window[1:] = np.diff(times) / 1e9
-        window[[start for start in bounds[:-1] if start < len(steps)]] = 0.0  # a session's first window
-        tokens, window, seen = tokens.tolist(), window.tolist(), seen.tolist()
-    steps, ordered = steps.tolist(), ordered.tolist()  # lists: bisections and sums make no numpy scalars
-    result = {}
-    for index in reachable:
-        part = slice(bounds[index], bounds[index + 1])
-        result[index] = (
-            EventRows(steps[part], ordered[index])
-            if train is None
-            else EventRows(steps[part], ordered[index], tokens[part], window[part], seen[part])
-        )
-    return order, bounds, result
+        starts = np.asarray(bounds[:-1])
+        window[starts[starts < len(steps)]] = 0.0  # a session's first window
+        lists = (tokens.tolist(), window.tolist(), seen.tolist())
+    # lists: bisections and sums make no numpy scalars
+    return order, bounds, _SessionRows(reachable, bounds, steps.tolist(), ordered.tolist(), lists)
 
 
 def redone_by(thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarray) -> np.ndarray:
     """Per row of one event (its session's index, its step), the index of the session that redid
     it, -1 where none did; read-only.  O(rows + sessions + ranges × log sessions)."""
+    return redone_by_ranges(thresholds, sessions, steps)[0]
+
+
+def redone_by_ranges(
+    thresholds: Sequence[float], sessions: np.ndarray, steps: np.ndarray
+) -> tuple[np.ndarray, list[Range]]:
+    """``redone_by``, and the ``redone_ranges`` it was made of, for ``rows_by_session`` of the
+    same rows and thresholds to reuse: the sweep over the sessions is made once per event."""
     import numpy as np
 
     count = len(thresholds)
     result = np.full(len(steps), -1, dtype=np.int32)
-    if count < 2 or not len(steps):
-        result.flags.writeable = False
-        return result
-    order, bounds, rows = _by_session(sessions, steps, count, thresholds, None)
-    for index, redoer, start, stop in redone_ranges(thresholds, rows):
-        offset = bounds[index]
-        result[offset + start : offset + stop] = redoer
-    if order is not None:
-        result[order] = result.copy()
+    ranges: list[Range] = []
+    if count >= 2 and len(steps):
+        order, _, rows = _by_session(sessions, steps, count, thresholds, None)
+        ranges = list(redone_ranges(thresholds, rows))
+        for _, redoer, start, stop in ranges:
+            result[start:stop] = redoer  # rows in session order: ``order`` puts them back
+        if order is not None:
+            result[order] = result.copy()
     result.flags.writeable = False
-    return result
+    return result, ranges
 
 
 def redo_windows(

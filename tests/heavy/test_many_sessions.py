@@ -65,8 +65,9 @@ def test_opening_a_run_of_one_record_sessions_costs_work_linear_in_sessions(
 ) -> None:
     """The snapshot and first chart of 2,000 and of 4,000 one-record sessions: the bisections that
     place rows among later sessions at most 2.2× as many for twice the sessions (a pass per pair of
-    sessions would be 4×), and one per-row supersession pass per event, not one per session."""
-    probes = {"bisect": 0}
+    sessions would be 4×), one per-row supersession pass per event, not one per session, and one
+    sweep over the sessions per event, shared by the masks and the replay accounting."""
+    probes = {"bisect": 0, "sweeps": 0}
     for name in ("bisect_left", "bisect_right"):
         original = getattr(supersession, name)
 
@@ -75,19 +76,28 @@ def test_opening_a_run_of_one_record_sessions_costs_work_linear_in_sessions(
             return _original(*args)
 
         monkeypatch.setattr(supersession, name, counted)
+    original_later = supersession._later
+
+    def sweep(*args: object) -> object:
+        probes["sweeps"] += 1
+        return original_later(*args)
+
+    monkeypatch.setattr(supersession, "_later", sweep)
     passes = []
-    original_redone_by = supersession.redone_by
-    monkeypatch.setattr("metrics_core.read.run_reader.redone_by", lambda *a: passes.append(1) or original_redone_by(*a))
+    original_pass = supersession.redone_by_ranges
+    monkeypatch.setattr(
+        "metrics_core.read.run_reader.redone_by_ranges", lambda *a: passes.append(1) or original_pass(*a)
+    )
     work = {}
     for count in (2_000, 4_000):
         path = tmp_path / f"r{count}" / "metrics.jsonl"
         one_record_sessions(path, count, back=back)
-        probes["bisect"], passes[:] = 0, []
+        probes["bisect"], probes["sweeps"], passes[:] = 0, 0, []
         reader = RunReader(path)
         reader.refresh()
         view = build_view("r", reader, "finished")
         next(iter(chart_builders(view, ChartOptions()).values()))()
         assert len(view.sessions) == count and (view.redone_by >= 0).sum() == (count - 1 if back else 0)
-        assert len(passes) <= len(reader.events)
+        assert len(passes) <= len(reader.events) and probes["sweeps"] <= len(reader.events)
         work[count] = probes["bisect"]
     assert work[4_000] <= 2.2 * work[2_000]
