@@ -226,7 +226,7 @@ def runs_table_row(
         "duration (s)": (summary.last_record_time - summary.started).total_seconds()
         if summary.started and summary.last_record_time
         else None,
-        "loss trend": list(summary.loss_trend),
+        "loss trend": summary.loss_trend,  # the summary's tuple, not a copy: each run's points held once
         "metrics": metrics or {},
     }
 

@@ -109,7 +109,9 @@ class RunEntry:
     viewed_at: float = float("-inf")  # the clock of the last ``RunStore.view()``
     changed_at: float = float("-inf")  # the clock of the last read that found new data (a first read aside)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    lineage: Lineage = field(default_factory=Lineage)
+    # What the snapshots, the loss trend and the metric tails carry from one read to the next: made
+    # with a reader and dropped with it, so a released run (most of a big root) holds none of it.
+    lineage: Lineage | None = None
     refreshed_at: float = float("-inf")
     data_key: tuple[int, ...] | None = None  # what the summary and the view were built from
     view: RunView | None = None  # None: stale, rebuilt by the next ``snapshot()``
@@ -117,8 +119,8 @@ class RunEntry:
     # it: what the next one extends.  Weak: a stale view must not pin the columns it was built on.
     built: weakref.ref[RunView] | None = None
     summary: RunSummary | None = None
-    trend: LossTrend = field(default_factory=LossTrend)
-    tails: MetricTails = field(default_factory=MetricTails)
+    trend: LossTrend | None = None
+    tails: MetricTails | None = None
     metrics: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # the row's, from ``tails``
     row: dict[str, Any] | None = None
     row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
@@ -210,6 +212,8 @@ class RunEntry:
                 if self.view is None:
                     try:
                         previous = self.built() if self.built is not None else None
+                        if self.lineage is None:
+                            self.lineage = Lineage()
                         self.view = build_view(
                             info.name,
                             self.reader,
@@ -321,7 +325,7 @@ class RunEntry:
         self.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         self.reader, self.released = None, released
         self.view = self.built = self.config_key = None  # data_key stays: a reopen finding it is no change
-        self.lineage, self.trend, self.tails = Lineage(), LossTrend(), MetricTails()
+        self.lineage = self.trend = self.tails = None
         self.ctx.stats["releases"] += 1
 
     def _failed(self, info: RunInfo, exc: Exception) -> RunViewError:
@@ -331,9 +335,8 @@ class RunEntry:
             self.reader.close()
         self.reader = self.released = None  # the next read starts from scratch, without the cache
         self.use_cache = False
-        self.lineage = Lineage()
+        self.lineage = self.trend = self.tails = None
         self.view = self.built = self.data_key = self.summary = self.config_key = None
-        self.trend, self.tails = LossTrend(), MetricTails()
         self.refreshed_at = float("-inf")
         self.failure, self.failure_stamp = _cause(exc, self.ctx.source), self.ctx.source.stamp(info)
         self.failed_at = self.ctx.clock()
@@ -352,6 +355,8 @@ class RunEntry:
             config = found.values if found is not None else None
             self.config_key = config_key
         summary = summarise(reader, now=now)
+        if self.trend is None or self.tails is None:
+            self.trend, self.tails = LossTrend(), MetricTails()
         trend = self.trend.update(reader, summary.sessions)
         self.metrics = self.tails.update(reader, summary.sessions)
         self._set_summary(replace(summary, config=config, loss_trend=trend))
