@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Protocol
 
 from metrics_core.read.health import IngestHealth
-from metrics_core.read.line_follower import LineFollower
+from metrics_core.read.line_follower import LineFollower, Position
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_file import LocalFile, RunFile
 from metrics_core.read.run_status import StatusSource, run_status, stop_reason
@@ -97,6 +97,11 @@ class FollowedLog:
     def progress(self) -> Progress:
         """Session count, start, last step and tokens, in O(1)."""
         return self.log.progress()
+
+    def position(self) -> Position:
+        """Where the reader stands in its file, with the fingerprints it checks the file against
+        (``line_follower.Position``): what a copy of its results kept elsewhere is checked with."""
+        return self._follower.position()
 
     @property
     def pending_bytes(self) -> int:

@@ -48,6 +48,7 @@ from typing import Any
 import pandas as pd
 
 from metrics_core.dashboard.display_text import under_root
+from metrics_core.dashboard.store.kept_summaries import Kept, KeptSummaries
 from metrics_core.dashboard.store.rows import (
     LossTrend,
     MetricTails,
@@ -95,6 +96,7 @@ class EntryContext:
     stats: dict[str, int]
     row_changed: Callable[[], None]
     save_later: Callable[[Hashable, Callable[[], None]], None]  # a job for the store's cache saver
+    kept: KeptSummaries | None = None  # where a settled run's facts are kept across restarts
 
 
 @dataclass
@@ -322,11 +324,24 @@ class RunEntry:
         if self.ctx.clock() - max(self.viewed_at, self.changed_at) < self.ctx.idle_s:
             return
         released = StatusRecord.of(self.reader, identity=self.reader.read_identity)
+        if self.ctx.kept is not None and self.failure is None:
+            self.ctx.kept.keep(self.name, self.summary, self.metrics, self.data_key, released, self.reader.position())
         self.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         self.reader, self.released = None, released
         self.view = self.built = self.config_key = None  # data_key stays: a reopen finding it is no change
         self.lineage = self.trend = self.tails = None
         self.ctx.stats["releases"] += 1
+
+    def restore(self, kept: Kept) -> bool:
+        """Take a settled run's facts as a previous server kept them (``kept_summaries``: its file
+        checked unchanged) unless it was read meanwhile: released, as if read and let go, and due
+        at once, so the next refresh brings its status up to date for one ``stat``."""
+        with self.lock:
+            if self.summary is not None or self.failure is not None or self.reader is not None:
+                return False
+            self.released, self.data_key, self.metrics = kept.status, kept.data_key, kept.metrics
+            self._set_summary(kept.summary)
+            return True
 
     def _failed(self, info: RunInfo, exc: Exception) -> RunViewError:
         """Forget the reader (its state is unknown after an exception) and remember why."""

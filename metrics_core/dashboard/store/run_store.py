@@ -58,7 +58,9 @@ Freed memory is given back to the OS once per ``TRIM_S`` of views (``_return_mem
 server holds follows what it keeps, not how long a page has been open.
 
 The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
-per run per process; it skips a settled run that did not change (``quiet``).
+per run per process; it skips a settled run that did not change (``quiet``).  With a cache, a
+settled run's released facts are kept across restarts (``kept_summaries``): a restarted server
+lists the runs whose files did not change without reading them.
 
 The runs page's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -80,6 +82,7 @@ import pandas as pd
 
 from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
+from metrics_core.dashboard.store.kept_summaries import KeptSummaries
 from metrics_core.dashboard.store.page_reads import PageReads
 from metrics_core.dashboard.store.root_listing import RootListing
 from metrics_core.dashboard.store.rows import runs_frame, with_ages
@@ -161,18 +164,9 @@ class RunStore:
         self._viewed: OrderedDict[str, RunEntry] = OrderedDict()  # viewed runs, least recently viewed first
         self._returned_at = float("-inf")  # the clock when freed memory was last given back (``_return_memory``)
         # Work counters, read by the complexity tests (work is counted, not timed).
-        self.stats: dict[str, int] = {
-            "find_runs": 0,
-            "summaries": 0,
-            "views": 0,
-            "table_builds": 0,
-            "background_reads": 0,
-            "releases": 0,
-            "reopens": 0,
-            "resolves": 0,
-            "cache_saves": 0,
-            "prepared": 0,
-        }
+        counted = ("find_runs", "summaries", "views", "table_builds", "background_reads", "releases", "reopens",
+                   "resolves", "cache_saves", "prepared")  # fmt: skip
+        self.stats: dict[str, int] = dict.fromkeys(counted, 0)
         self._listing = RootListing(self.source, clock=clock, stats=self.stats)
         self.saver = CacheSaver(self.stats, delay_s=saver_delay_s)
         self._page_reads = PageReads(warm=warm)
@@ -186,6 +180,7 @@ class RunStore:
             stats=self.stats,
             row_changed=self._row_changed,
             save_later=self.saver.submit,
+            kept=None if cache is None else KeptSummaries(cache.directory, self.source),
         )
         self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
             size=self.source.size,
@@ -202,6 +197,7 @@ class RunStore:
         self.loader.close()
         self.saver.close()
         self.source.close()
+        self._context.kept is None or self._context.kept.close()
         with self._lock:
             entries = list(self._entries.values())
         for entry in entries:
@@ -239,6 +235,8 @@ class RunStore:
                 return self._listed[1]
             pairs = [(info, self._entries.get(info.name) or self._new_entry(info)) for info in self._listing.runs]
             self._listed = (self._listing.generation, pairs)
+        if self._context.kept is not None:  # settled runs a previous server read: listed without a read
+            self._context.kept.restore(pairs)
         for _, entry in pairs:
             self._schedule.put(entry)
         return pairs

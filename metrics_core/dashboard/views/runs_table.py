@@ -167,7 +167,8 @@ def readable_runs(table: pd.DataFrame, *, order: Callable[[pd.DataFrame], pd.Dat
     if "progress" in table.columns and table["progress"].notna().any():  # runs being read: how far each came
         shown["progress"] = table["progress"].map(lambda text: text if isinstance(text, str) else "")
     if "loss trend" in table.columns:
-        shown["loss trend"] = table["loss trend"].map(lambda value: list(value) if isinstance(value, (list, tuple)) else [])
+        trend = table["loss trend"]
+        shown["loss trend"] = trend.map(lambda value: list(value) if isinstance(value, (list, tuple)) else [])
     shown["train loss"] = table["train loss"].map(human_value)
     shown["val loss"] = table["val loss"].map(human_value)
     shown["last activity"] = table["last record age (s)"].map(age_text)

@@ -1,0 +1,112 @@
+"""A restarted server lists the settled runs it read before without reading them again, from the
+summaries its store kept in the cache directory, and trusts none it should not (work counted, not
+timed: readers opened)."""
+
+from __future__ import annotations
+
+import logging
+import os
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from metrics_core.alerts.rules import AlertConfig, RunRules
+from metrics_core.dashboard.store.run_store import RunStore
+from metrics_core.read.column_cache import CachePolicy
+from tests.support import append_records, base_record
+from tests.unit.test_many_runs import CountingRoot, finished_runs
+
+RUNS = 12
+
+
+def listed(root: Path, cache: Path) -> tuple[pd.DataFrame, CountingRoot, RunStore]:
+    """Every row of a fresh store on ``root`` (the runs read within the call), its counting root,
+    and the store (closed: its summaries kept)."""
+    counting = CountingRoot(root)
+    store = RunStore(counting, cache=CachePolicy(cache), load_budget_s=60.0, loader_delay_s=60.0)
+    try:
+        table = store.runs_table(now=datetime.now(timezone.utc))
+    finally:
+        store.close()
+    assert "loading" not in set(table["status"])
+    return table.drop(columns=["last record age (s)"]).set_index("run").sort_index(), counting, store
+
+
+@pytest.fixture
+def root(tmp_path: Path) -> Path:
+    finished_runs(tmp_path / "runs", RUNS)
+    return tmp_path / "runs"
+
+
+def test_a_restart_lists_unchanged_settled_runs_without_reading_them(root: Path, tmp_path: Path) -> None:
+    """The second server opens no reader, and its rows are the first server's, field for field."""
+    first, counting, _ = listed(root, tmp_path / "cache")
+    assert counting.calls["reader"] == RUNS
+    second, counting, store = listed(root, tmp_path / "cache")
+    assert counting.calls["reader"] == 0
+    assert store.stats["summaries"] == 0
+    pd.testing.assert_frame_equal(first, second)
+
+
+def test_a_run_written_since_is_read_again(root: Path, tmp_path: Path) -> None:
+    """A file changed after its summary was kept is read again, and its row shows the change."""
+    listed(root, tmp_path / "cache")
+    changed = root / "team1" / "run-001" / "metrics.jsonl"
+    append_records(changed, base_record(40, event="session_start"), base_record(50, train_loss=0.01))
+    table, counting, _ = listed(root, tmp_path / "cache")
+    assert counting.calls["reader"] == 1
+    assert table.loc["team1/run-001", "last step"] == 50
+
+
+def test_a_file_rewritten_in_place_is_read_again(root: Path, tmp_path: Path) -> None:
+    """Same size and mtime, other bytes: read again, not trusted."""
+    listed(root, tmp_path / "cache")
+    path = root / "team2" / "run-002" / "metrics.jsonl"
+    data, before = path.read_bytes(), os.stat(path)
+    with open(path, "r+b") as file:  # one digit of the first record's time, same length
+        file.write(data[:40].replace(b"2", b"3", 1))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    assert path.read_bytes() != data
+    _, counting, _ = listed(root, tmp_path / "cache")
+    assert counting.calls["reader"] >= 1
+
+
+def test_a_corrupt_summary_file_is_ignored_with_a_warning(
+    root: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A flipped byte in the kept summaries: that run is read again, the others are not, and it says so."""
+    listed(root, tmp_path / "cache")
+    [kept] = (tmp_path / "cache").glob("summaries-*.jsonl")
+    data = bytearray(kept.read_bytes())
+    data[len(data) // 2] ^= 0x01
+    kept.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING):
+        _, counting, _ = listed(root, tmp_path / "cache")
+    assert 1 <= counting.calls["reader"] <= 2
+    assert "corrupt" in caplog.text
+
+
+def test_a_summary_file_others_can_write_is_refused(root: Path, tmp_path: Path) -> None:
+    """Kept summaries another user could have written are not trusted: every run is read."""
+    listed(root, tmp_path / "cache")
+    [kept] = (tmp_path / "cache").glob("summaries-*.jsonl")
+    assert os.stat(kept).st_mode & 0o777 == 0o600
+    os.chmod(kept, 0o666)
+    _, counting, _ = listed(root, tmp_path / "cache")
+    assert counting.calls["reader"] == RUNS
+
+
+def test_a_released_run_holds_its_row_and_no_reader_state(root: Path, tmp_path: Path) -> None:
+    """A settled run let go keeps its row's facts only: no lineage, loss trend or tails state,
+    the row's loss trend the summary's own; an alert rule never fed holds no loss window."""
+    store = RunStore(root, cache=CachePolicy(tmp_path / "cache"), load_budget_s=60.0)
+    try:
+        store.runs_table()
+        for entry in store._entries.values():
+            assert entry.reader is None and (entry.lineage, entry.trend, entry.tails) == (None, None, None)
+            assert entry.row["loss trend"] is entry.summary.loss_trend
+    finally:
+        store.close()
+    assert RunRules(AlertConfig())._losses is None
