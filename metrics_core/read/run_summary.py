@@ -8,6 +8,7 @@ on training nodes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -178,7 +179,7 @@ class RunSummary:
     pending_bytes: int
     reason: str | None = None  # why it stopped (``run_status.stop_reason``)
     config: dict[str, str] | None = None
-    loss_trend: tuple[float, ...] = ()
+    loss_trend: Sequence[float] = ()  # the dashboard's: an ``array("d")`` (``store.rows.LossTrend``)
 
 
 def summarise(source: SummarySource, *, now: datetime) -> RunSummary:

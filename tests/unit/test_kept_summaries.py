@@ -4,8 +4,10 @@ timed: readers opened)."""
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+from array import array
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -99,14 +101,22 @@ def test_a_summary_file_others_can_write_is_refused(root: Path, tmp_path: Path) 
 
 
 def test_a_released_run_holds_its_row_and_no_reader_state(root: Path, tmp_path: Path) -> None:
-    """A settled run let go keeps its row's facts only: no lineage, loss trend or tails state,
-    the row's loss trend the summary's own; an alert rule never fed holds no loss window."""
+    """A settled run let go keeps its row's facts only, compactly: no lineage, loss trend or tails
+    state; the row's loss trend the summary's own array of doubles, its metrics' numbers one array
+    and their names shared with the runs that log the same; an alert rule never fed holds no
+    loss window."""
     store = RunStore(root, cache=CachePolicy(tmp_path / "cache"), load_budget_s=60.0)
     try:
         store.runs_table()
-        for entry in store._entries.values():
+        entries = list(store._entries.values())
+        for entry in entries:
             assert entry.reader is None and (entry.lineage, entry.trend, entry.tails) == (None, None, None)
             assert entry.row["loss trend"] is entry.summary.loss_trend
+            assert isinstance(entry.summary.loss_trend, array) and len(entry.summary.loss_trend) == 3
+            tails = entry.row["metrics"]
+            assert tails["train_loss"][0] == entry.summary.train_loss.value
+            assert not any(isinstance(value, float) for value in gc.get_referents(tails))
+        assert len({id(entry.row["metrics"]._index) for entry in entries}) == 1
     finally:
         store.close()
     assert RunRules(AlertConfig())._losses is None

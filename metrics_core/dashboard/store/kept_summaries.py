@@ -34,7 +34,8 @@ import os
 import stat as stat_mode
 import threading
 import zlib
-from collections.abc import Iterable, Sequence
+from array import array
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
@@ -42,6 +43,7 @@ from typing import Any, Protocol
 
 import orjson
 
+from metrics_core.dashboard.store.rows import Tails
 from metrics_core.read.line_follower import Position
 from metrics_core.read.private_files import create_private, directory_refusal, private_directory, refuse, untrusted
 from metrics_core.read.run_file import LocalFile
@@ -54,7 +56,7 @@ FORMAT = 1  # bump when a kept line's fields, or what a row is made of, change
 MAX_FILE_BYTES = 256 << 20  # ~150,000 runs' lines: a bigger file is not read (one warning)
 COMPACT_RATIO = 2  # rewritten at the first listing when it holds more lines than this many per run kept
 _log = logging.getLogger(__name__)
-_Metrics = dict[str, tuple[float, float, float]]
+_Metrics = Mapping[str, tuple[float, float, float]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -198,7 +200,7 @@ class KeptSummaries:
             "p": [position.offset, len(position.head), where, len(last), _digest(position.head, last)],
             "k": list(data_key),
             "s": _encoded_summary(summary),
-            "m": metrics,
+            "m": dict(metrics),
             "r": [released.last_event, released.last_end_status, released.last_end_error,
                   _time(released.last_record_time), released.pending_bytes, released.gap_s, released.lock_seen],
         }  # fmt: skip
@@ -300,9 +302,11 @@ def _decode(record: dict[str, Any], file: LocalFile) -> Kept:
         pending_bytes=int(pending),
         reason=reason,
         config=None if config is None else dict(config),
-        loss_trend=tuple(float(value) for value in trend),
+        loss_trend=array("d", [float(value) for value in trend]) if trend else (),
     )
-    metrics = {str(key): (float(last), float(low), float(high)) for key, (last, low, high) in record["m"].items()}
+    metrics = Tails(
+        {str(key): (float(last), float(low), float(high)) for key, (last, low, high) in record["m"].items()}
+    )
     event, end_status, end_error, record_time, pending_bytes, gap, lock_seen = record["r"]
     released = StatusRecord(file.path, True, tuple(record["id"]), event, end_status, end_error,
                             _when(record_time), int(pending_bytes), gap, bool(lock_seen), file.within)  # fmt: skip

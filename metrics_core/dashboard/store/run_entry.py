@@ -40,7 +40,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -123,7 +123,7 @@ class RunEntry:
     summary: RunSummary | None = None
     trend: LossTrend | None = None
     tails: MetricTails | None = None
-    metrics: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # the row's, from ``tails``
+    metrics: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)  # the row's, from ``tails``
     row: dict[str, Any] | None = None
     row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
