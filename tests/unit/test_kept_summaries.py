@@ -14,7 +14,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from metrics_core.alerts.evaluator import AlertEvaluator
 from metrics_core.alerts.rules import AlertConfig, RunRules
+from metrics_core.dashboard.alerting import StoreFollow
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.read.column_cache import CachePolicy
 from tests.support import append_records, base_record
@@ -103,8 +105,8 @@ def test_a_summary_file_others_can_write_is_refused(root: Path, tmp_path: Path) 
 def test_a_released_run_holds_its_row_and_no_reader_state(root: Path, tmp_path: Path) -> None:
     """A settled run let go keeps its row's facts only, compactly: no lineage, loss trend or tails
     state; the row's loss trend the summary's own array of doubles, its metrics' numbers one array
-    and their names shared with the runs that log the same; an alert rule never fed holds no
-    loss window."""
+    and their names shared with the runs that log the same; the server's alerter holds no rules
+    for a run it never fed (past the horizon), and rules hold no loss window before a loss."""
     store = RunStore(root, cache=CachePolicy(tmp_path / "cache"), load_budget_s=60.0)
     try:
         store.runs_table()
@@ -117,6 +119,11 @@ def test_a_released_run_holds_its_row_and_no_reader_state(root: Path, tmp_path: 
             assert tails["train_loss"][0] == entry.summary.train_loss.value
             assert not any(isinstance(value, float) for value in gc.get_referents(tails))
         assert len({id(entry.row["metrics"]._index) for entry in entries}) == 1
+        config = AlertConfig()
+        follow = lambda info: StoreFollow(store, info, config, None)  # noqa: E731
+        evaluator = AlertEvaluator(store.root, config, follow=follow, runs=store.runs)
+        evaluator.evaluate(now=datetime.now(timezone.utc))
+        assert len(evaluator._runs) == RUNS and all(run.follow.rules is None for run in evaluator._runs.values())
     finally:
         store.close()
     assert RunRules(AlertConfig())._losses is None
