@@ -179,7 +179,7 @@ class RunSummary:
     pending_bytes: int
     reason: str | None = None  # why it stopped (``run_status.stop_reason``)
     config: dict[str, str] | None = None
-    loss_trend: Sequence[float] = ()  # the dashboard's: an ``array("d")`` (``store.rows.LossTrend``)
+    loss_trend: Sequence[float] = ()  # the dashboard's: an array of doubles (``dashboard.store.rows.LossTrend``)
 
 
 def summarise(source: SummarySource, *, now: datetime) -> RunSummary:

@@ -32,7 +32,9 @@ names, never where the server keeps its files.
 Release: a reader is closed once its run is idle (``release_if_idle``: not live, neither changed
 nor viewed for ``idle_s``); the entry keeps its summary, its row and what ``run_status`` needs
 (``run_status.StatusRecord``), so a released run whose file did not change costs one ``stat`` per
-``safety_interval`` (and, not ended, a lock probe: stalled may become crashed).
+``safety_interval`` (and, not ended, a lock probe: stalled may become crashed).  A settled run's
+released facts are handed to the store's ``kept_summaries`` as it is released, and ``restore``
+takes them back in a restarted server (its file checked unchanged): released without a read.
 """
 
 from __future__ import annotations
