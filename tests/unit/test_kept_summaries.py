@@ -127,3 +127,15 @@ def test_a_released_run_holds_its_row_and_no_reader_state(root: Path, tmp_path: 
     finally:
         store.close()
     assert RunRules(AlertConfig())._losses is None
+
+
+def test_stale_lines_are_dropped_when_they_outnumber_the_runs(root: Path, tmp_path: Path) -> None:
+    """A file holding three lines per run is rewritten with the last of each when read, and still restores them all."""
+    listed(root, tmp_path / "cache")
+    [kept] = (tmp_path / "cache").glob("summaries-*.jsonl")
+    lines = kept.read_bytes().splitlines(keepends=True)
+    assert len(lines) == RUNS
+    kept.write_bytes(b"".join(lines * 3))
+    _, counting, _ = listed(root, tmp_path / "cache")
+    assert counting.calls["reader"] == 0
+    assert len(kept.read_bytes().splitlines()) == RUNS

@@ -17,10 +17,12 @@ Contract:
   warning, as a cache file is.  Each line carries a CRC-32 and the format: a corrupt, torn or
   older line is skipped (one warning per file), never trusted, never an exception.
 * Bounded: one file per root (named by the root's resolved path), last line per run wins; read
-  once, at the store's first listing, and only up to ``MAX_FILE_BYTES``; rewritten then with the
-  runs still listed when stale lines outnumber them (``COMPACT_RATIO``).  Two servers on one root
-  and one cache directory both append; a rewrite by one may drop lines the other appends
-  meanwhile: those runs are read again at the next start, no worse.
+  once, at the store's first cold read, only up to ``MAX_FILE_BYTES`` (a bigger one is removed),
+  and rewritten then with the last line of each run when stale lines outnumber them
+  (``COMPACT_RATIO``).  Restoring follows the cold read's order and pace (``take``): what a page
+  reads within its budget first, the loader the rest; each run's line is let go as it is taken.
+  Two servers on one root and one cache directory both append; a rewrite by one may drop lines
+  the other appends meanwhile: those runs are read again at the next start, no worse.
 * Only a local root keeps summaries (a bucket's file is no ``LocalFile``: checking a
   fingerprint would cost a request per run).
 """
@@ -35,11 +37,11 @@ import stat as stat_mode
 import threading
 import zlib
 from array import array
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import orjson
 
@@ -54,7 +56,7 @@ from metrics_core.roots.runs_root import RunsRoot
 
 FORMAT = 1  # bump when a kept line's fields, or what a row is made of, change
 MAX_FILE_BYTES = 256 << 20  # ~150,000 runs' lines: a bigger file is not read (one warning)
-COMPACT_RATIO = 2  # rewritten at the first listing when it holds more lines than this many per run kept
+COMPACT_RATIO = 2  # rewritten when read if it holds more lines than this many per run kept
 _log = logging.getLogger(__name__)
 _Metrics = Mapping[str, tuple[float, float, float]]
 
@@ -69,16 +71,6 @@ class Kept:
     status: StatusRecord
 
 
-class Restorable(Protocol):
-    """What ``restore`` asks of a store's entry (``run_entry.RunEntry``)."""
-
-    summary: RunSummary | None
-
-    def restore(self, kept: Kept) -> bool:
-        """Take ``kept`` unless read meanwhile; whether it did."""
-        ...
-
-
 class KeptSummaries:
     """The kept summaries of one root in ``directory``; see the module docstring.  Thread-safe."""
 
@@ -90,29 +82,24 @@ class KeptSummaries:
         self._lock = threading.Lock()
         self._fd: int | None = None  # appended to; opened by the first ``keep``
         self._found: dict[str, bytes] | None = None  # the file's valid lines by run, until ``restore`` ends
-        self._lines = 0  # lines in the file as read
         self._off = False  # refused, or could not be written: nothing kept nor restored
         self.stats = {"restored": 0, "kept": 0, "skipped_lines": 0}
 
     # -- restoring ----------------------------------------------------------------------------
 
-    def restore(self, pairs: Sequence[tuple[RunInfo, Restorable]]) -> None:
-        """Give each entry never read of ``pairs`` (a listing) its kept facts where its file is
-        the one they were read from; then, the first time, let go of the file's lines (rewriting
-        the file if stale lines outnumber the runs).  One ``stat`` and one open per kept run."""
+    def take(self, info: RunInfo) -> Kept | None:
+        """Run ``info``'s kept facts if its file is still the one they were read from, else None;
+        asked once per run, as the store first reads it (``RunEntry.read_cold``: the runs a page
+        reads within its budget first, the loader the rest), so a restart restores in the order
+        and at the pace a cold root is read.  The file is read at the first call; each run's line
+        is let go as it is asked for.  One ``stat`` and one open per kept run."""
         with self._lock:
-            found = self._read() if self._found is None else self._found
-            self._found = {}  # read once: runs listed later are new, or were read by this server
-        if not found:
-            return
-        for info, entry in pairs:
-            line = found.get(info.name)
-            kept = None if line is None or entry.summary is not None else self._checked(info, line)
-            if kept is not None and entry.restore(kept):
-                self.stats["restored"] += 1
-        listed = [found[info.name] for info, _ in pairs if info.name in found]
-        if self._lines > COMPACT_RATIO * max(len(listed), 1):
-            self._rewrite(listed)
+            if self._found is None:
+                self._found = self._read()
+            line = self._found.pop(info.name, None)
+        kept = None if line is None else self._checked(info, line)
+        self.stats["restored"] += kept is not None
+        return kept
 
     def _read(self) -> dict[str, bytes]:
         """The file's valid lines, the last one per run; empty when there is none, or it is refused."""
@@ -128,22 +115,28 @@ class KeptSummaries:
         with open(fd, "rb") as file:
             found = os.fstat(fd)
             reason = untrusted(found) or (None if stat_mode.S_ISREG(found.st_mode) else "is not a regular file")
-            if reason is None and found.st_size > MAX_FILE_BYTES:
-                reason = f"holds {found.st_size:,} bytes, more than {MAX_FILE_BYTES:,}"
             if reason is not None:
                 self._refuse(reason)
                 return {}
+            if found.st_size > MAX_FILE_BYTES:  # ours, but more than a root's runs make: started again
+                _log.warning("%s holds %d bytes, more than %d: removed", self.path, found.st_size, MAX_FILE_BYTES)
+                with contextlib.suppress(OSError):
+                    os.unlink(self.path)
+                return {}
             data = file.read(MAX_FILE_BYTES + 1)
-        lines, skipped = {}, 0
+        lines: dict[str, bytes] = {}
+        skipped = 0
         for line in data.splitlines():
             name = _valid(line)
             if name is None:
                 skipped += 1
             else:
                 lines[name] = line
-        self._lines, self.stats["skipped_lines"] = len(lines) + skipped, skipped
+        self.stats["skipped_lines"] = skipped
         if skipped:
             _log.warning("%s: %d kept summary line(s) corrupt or of another format: ignored", self.path, skipped)
+        if len(data.splitlines()) > COMPACT_RATIO * max(len(lines), 1):
+            self._rewrite(lines.values())
         return lines
 
     def _checked(self, info: RunInfo, line: bytes) -> Kept | None:
@@ -168,7 +161,7 @@ class KeptSummaries:
             return None
 
     def _rewrite(self, lines: Iterable[bytes]) -> None:
-        """Replace the file with ``lines`` (those of the runs listed), atomically."""
+        """Replace the file with ``lines`` (the last of each run), atomically.  Caller holds the lock."""
         temporary = self.directory / f".{self.path.name}.{os.getpid()}.{threading.get_ident()}"
         try:
             fd = create_private(temporary)
@@ -179,10 +172,9 @@ class KeptSummaries:
             with contextlib.suppress(OSError):
                 os.unlink(temporary)
             return
-        with self._lock:
-            if self._fd is not None:  # appends go to the new file
-                os.close(self._fd)
-                self._fd = None
+        if self._fd is not None:  # appends go to the new file (the caller holds the lock)
+            os.close(self._fd)
+            self._fd = None
 
     # -- keeping ------------------------------------------------------------------------------
 

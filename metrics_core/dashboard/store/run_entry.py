@@ -405,7 +405,11 @@ class RunEntry:
             self.lock.release()
 
     def read_cold(self, info: RunInfo, now: datetime) -> None:
-        """The first read of a queued run (by a page's caller or the cold loader)."""
+        """The first read of a queued run (by a page's caller or the cold loader): its kept facts
+        if a previous server kept them and its file did not change since, else a read."""
+        kept = self.ctx.kept.take(info) if self.ctx.kept is not None and self.summary is None else None
+        if kept is not None:
+            self.restore(kept)
         self.refresh_row(info, now)
         self.queued = False
 

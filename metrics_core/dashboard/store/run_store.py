@@ -235,8 +235,6 @@ class RunStore:
                 return self._listed[1]
             pairs = [(info, self._entries.get(info.name) or self._new_entry(info)) for info in self._listing.runs]
             self._listed = (self._listing.generation, pairs)
-        if self._context.kept is not None:  # settled runs a previous server read: listed without a read
-            self._context.kept.restore(pairs)
         for _, entry in pairs:
             self._schedule.put(entry)
         return pairs
