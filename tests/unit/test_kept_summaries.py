@@ -139,3 +139,20 @@ def test_stale_lines_are_dropped_when_they_outnumber_the_runs(root: Path, tmp_pa
     _, counting, _ = listed(root, tmp_path / "cache")
     assert counting.calls["reader"] == 0
     assert len(kept.read_bytes().splitlines()) == RUNS
+
+
+def test_the_server_alerter_asking_first_restores_too(root: Path, tmp_path: Path) -> None:
+    """A restarted server's alerter may reach a run before the runs page does: it too gets the
+    kept facts, no read."""
+    listed(root, tmp_path / "cache")
+    counting = CountingRoot(root)
+    store = RunStore(counting, cache=CachePolicy(tmp_path / "cache"), load_budget_s=60.0, loader_delay_s=60.0)
+    try:
+        config = AlertConfig()
+        follow = lambda info: StoreFollow(store, info, config, None)  # noqa: E731
+        AlertEvaluator(store.root, config, follow=follow, runs=store.runs).evaluate(now=datetime.now(timezone.utc))
+        assert counting.calls["reader"] == 0
+        assert "loading" not in set(store.runs_table()["status"])
+        assert counting.calls["reader"] == 0
+    finally:
+        store.close()

@@ -63,7 +63,7 @@ _Metrics = Mapping[str, tuple[float, float, float]]
 
 @dataclass(frozen=True, slots=True)
 class Kept:
-    """One settled run as a previous server left it: what ``RunEntry.restore`` needs."""
+    """One settled run as a previous server left it: what a store's entry takes back (``RunEntry.update``)."""
 
     summary: RunSummary
     metrics: _Metrics
@@ -81,7 +81,7 @@ class KeptSummaries:
         self.path = directory / f"summaries-{name}.jsonl"
         self._lock = threading.Lock()
         self._fd: int | None = None  # appended to; opened by the first ``keep``
-        self._found: dict[str, bytes] | None = None  # the file's valid lines by run, until ``restore`` ends
+        self._found: dict[str, bytes] | None = None  # the file's valid lines by run not taken yet; None: not read
         self._off = False  # refused, or could not be written: nothing kept nor restored
         self.stats = {"restored": 0, "kept": 0, "skipped_lines": 0}
 
@@ -89,10 +89,10 @@ class KeptSummaries:
 
     def take(self, info: RunInfo) -> Kept | None:
         """Run ``info``'s kept facts if its file is still the one they were read from, else None;
-        asked once per run, as the store first reads it (``RunEntry.read_cold``: the runs a page
-        reads within its budget first, the loader the rest), so a restart restores in the order
-        and at the pace a cold root is read.  The file is read at the first call; each run's line
-        is let go as it is asked for.  One ``stat`` and one open per kept run."""
+        asked as the store first reads the run (``RunEntry.update``: the runs a page reads within
+        its budget first, then the loader's, or the alerter's if it asks first), so a restart
+        restores in the order and at the pace a cold root is read.  The file is read at the first
+        call; each run's line is let go as it is asked for.  One ``stat`` and one open per kept run."""
         with self._lock:
             if self._found is None:
                 self._found = self._read()

@@ -33,7 +33,7 @@ Release: a reader is closed once its run is idle (``release_if_idle``: not live,
 nor viewed for ``idle_s``); the entry keeps its summary, its row and what ``run_status`` needs
 (``run_status.StatusRecord``), so a released run whose file did not change costs one ``stat`` per
 ``safety_interval`` (and, not ended, a lock probe: stalled may become crashed).  A settled run's
-released facts are handed to the store's ``kept_summaries`` as it is released, and ``restore``
+released facts are handed to the store's ``kept_summaries`` as it is released, and ``update``
 takes them back in a restarted server (its file checked unchanged): released without a read.
 """
 
@@ -50,7 +50,7 @@ from typing import Any
 import pandas as pd
 
 from metrics_core.dashboard.display_text import under_root
-from metrics_core.dashboard.store.kept_summaries import Kept, KeptSummaries
+from metrics_core.dashboard.store.kept_summaries import KeptSummaries
 from metrics_core.dashboard.store.rows import (
     LossTrend,
     MetricTails,
@@ -253,6 +253,8 @@ class RunEntry:
             stamp, self.refreshed_at = ctx.source.stamp(info), ctx.clock()
             if stamp == self.failure_stamp or ctx.clock() - self.failed_at < ctx.safety_interval:
                 raise RunViewError(info.name, self.failure)
+        if self.summary is None and self.reader is None and self.released is None:
+            self._restore(info)  # whoever asks first (a page, the loader, the alerter): no read if kept
         due = self.summary is None or ctx.clock() >= self.next_due()
         if not due and (self.reader is not None or not need_reader):
             return
@@ -334,16 +336,14 @@ class RunEntry:
         self.lineage = self.trend = self.tails = None
         self.ctx.stats["releases"] += 1
 
-    def restore(self, kept: Kept) -> bool:
-        """Take a settled run's facts as a previous server kept them (``kept_summaries``: its file
-        checked unchanged) unless it was read meanwhile: released, as if read and let go, and due
-        at once, so the next refresh brings its status up to date for one ``stat``."""
-        with self.lock:
-            if self.summary is not None or self.failure is not None or self.reader is not None:
-                return False
+    def _restore(self, info: RunInfo) -> None:
+        """A run never read: take its facts as a previous server kept them, if it did and the file
+        is still the one they were read from (``kept_summaries.KeptSummaries.take``): released, as if
+        read and let go, and due at once, so ``update`` brings its status up to date for one ``stat``."""
+        kept = self.ctx.kept.take(info) if self.ctx.kept is not None else None
+        if kept is not None:
             self.released, self.data_key, self.metrics = kept.status, kept.data_key, kept.metrics
             self._set_summary(kept.summary)
-            return True
 
     def _failed(self, info: RunInfo, exc: Exception) -> RunViewError:
         """Forget the reader (its state is unknown after an exception) and remember why."""
@@ -405,11 +405,7 @@ class RunEntry:
             self.lock.release()
 
     def read_cold(self, info: RunInfo, now: datetime) -> None:
-        """The first read of a queued run (by a page's caller or the cold loader): its kept facts
-        if a previous server kept them and its file did not change since, else a read."""
-        kept = self.ctx.kept.take(info) if self.ctx.kept is not None and self.summary is None else None
-        if kept is not None:
-            self.restore(kept)
+        """The first read of a queued run (by a page's caller or the cold loader)."""
         self.refresh_row(info, now)
         self.queued = False
 
