@@ -18,7 +18,7 @@ reading through the store), the root watched with inotify.  Printed side by side
 * restart: the same again in a fresh process on the cache directory the first one left (its
   columnar cache and its kept summaries, ``kept_summaries``), as a restarted server.
 
-``--browser ROUNDS``: then, a real ``streamlit run`` per root (a fresh cache) and Chromium, in
+``--browser ROUNDS``: then, a real ``streamlit run`` per root (a fresh cache: a first start) and Chromium, in
 alternating rounds: seconds from opening the runs page until its table lists every run.
 """
 
@@ -119,25 +119,25 @@ def main() -> None:
     if args.child:
         print(json.dumps(measure(args.child, args.idle, args.cache)))
         return
-    found, roots = {}, {}
+    found: dict[tuple[int, str], dict] = {}
+    roots: dict[int, Path] = {}
     for runs in args.runs:
         root = roots[runs] = make_root(args.dir / f"runs{runs}", runs)
         cache = tempfile.mkdtemp(prefix="metrics_bench_cache_")
         command = [sys.executable, __file__, "--child", str(root), "--idle", str(args.idle), "--cache", cache]
         for start in ("first", "restart"):
             figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-            found.setdefault(runs, figures)
+            found[runs, start] = figures
             print(f"{runs:>6} runs ({figures['mode']}, {start:>7}): listed in {figures['listed_s'] * 1e3:6.0f} ms, "
                   f"filled in {figures['filled_s']:6.1f} s using {figures['filled_cpu_s']:6.1f} s CPU; RSS "
                   f"{figures['rss_mb']:5.0f} MB; idle {figures['idle_share']:6.2%} of a core", flush=True)  # fmt: skip
-    if 1 in found and len(found) > 1:
-        one = found[1]
-        for runs, figures in found.items():
-            if runs != 1:
-                idle = figures["idle_share"] - one["idle_share"]
-                print(f"{runs:>6} runs against 1: listed {figures['listed_s'] / one['listed_s']:.1f}x, RSS "
-                      f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{idle:.2%} of a core, "
-                      f"filling {figures['filled_cpu_s'] / runs * 1e3:.1f} ms CPU per run")  # fmt: skip
+    for (runs, start), figures in found.items():
+        one = found.get((1, start))
+        if runs != 1 and one is not None:
+            idle = figures["idle_share"] - one["idle_share"]
+            print(f"{runs:>6} runs against 1 ({start:>7}): listed {figures['listed_s'] / one['listed_s']:.1f}x, RSS "
+                  f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{idle:.2%} of a core, "
+                  f"filling {figures['filled_cpu_s'] / runs * 1e3:.2f} ms CPU per run")  # fmt: skip
 
     if args.browser:
         browser_rounds(roots, args.browser)
