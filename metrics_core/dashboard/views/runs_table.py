@@ -4,6 +4,7 @@ runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -167,8 +168,8 @@ def readable_runs(table: pd.DataFrame, *, order: Callable[[pd.DataFrame], pd.Dat
     if "progress" in table.columns and table["progress"].notna().any():  # runs being read: how far each came
         shown["progress"] = table["progress"].map(lambda text: text if isinstance(text, str) else "")
     if "loss trend" in table.columns:
-        trend = table["loss trend"]
-        shown["loss trend"] = trend.map(lambda value: list(value) if isinstance(value, (list, tuple)) else [])
+        points = (list, tuple, array)  # the store's rows hold an array of doubles (``rows.LossTrend``)
+        shown["loss trend"] = table["loss trend"].map(lambda value: list(value) if isinstance(value, points) else [])
     shown["train loss"] = table["train loss"].map(human_value)
     shown["val loss"] = table["val loss"].map(human_value)
     shown["last activity"] = table["last record age (s)"].map(age_text)
