@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import stat as stat_mode
@@ -248,14 +249,20 @@ def _digest(head: bytes, last: bytes) -> str:
 
 
 def _valid(line: bytes) -> str | None:
-    """The run a kept line is of, if its CRC holds and its format is this code's."""
+    """The run a kept line is of, if its CRC holds and its format is this code's; only the name is
+    parsed here (a restart reads every line, and decodes a run's whole line when it is taken)."""
     try:
         if line[8:9] != b" " or int(line[:8], 16) != zlib.crc32(line[9:]):
             return None
-        record = orjson.loads(line[9:])
-        return record["n"] if record.get("f") == FORMAT and isinstance(record.get("n"), str) else None
-    except (ValueError, TypeError, AttributeError):
+        text = line[9:].decode()
+        if not text.startswith(_PREFIX):  # ``keep`` writes the format, then the name, first
+            return None
+        return json.decoder.scanstring(text, len(_PREFIX))[0]
+    except ValueError:  # not hex, not UTF-8, not a JSON string
         return None
+
+
+_PREFIX = f'{{"f":{FORMAT},"n":"'
 
 
 def _time(value: datetime | None) -> str | None:
