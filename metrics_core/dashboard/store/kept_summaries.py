@@ -47,6 +47,7 @@ from typing import Any
 import orjson
 
 from metrics_core.dashboard.store.rows import Tails
+from metrics_core.read.columns import return_memory_to_os
 from metrics_core.read.line_follower import Position
 from metrics_core.read.private_files import create_private, directory_refusal, private_directory, refuse, untrusted
 from metrics_core.read.run_file import LocalFile
@@ -98,6 +99,9 @@ class KeptSummaries:
             if self._found is None:
                 self._found = self._read()
             line = self._found.pop(info.name, None)
+            emptied = line is not None and not self._found
+        if emptied:  # the file's lines, megabytes for a big root, all taken: given back to the OS
+            return_memory_to_os()
         kept = None if line is None else self._checked(info, line)
         self.stats["restored"] += kept is not None
         return kept
