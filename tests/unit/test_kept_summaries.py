@@ -1,15 +1,18 @@
 """A restarted server lists the settled runs it read before without reading them again, from the
 summaries its store kept in the cache directory, and trusts none it should not (work counted, not
-timed: readers opened)."""
+timed: readers opened); a settled run holds its row's facts only, and what reading a cold root
+freed is given back (what a server of ten thousand runs holds per run)."""
 
 from __future__ import annotations
 
 import gc
 import logging
 import os
+import threading
 from array import array
 from datetime import datetime, timezone
 from pathlib import Path
+from types import SimpleNamespace
 
 import pandas as pd
 import pytest
@@ -17,6 +20,7 @@ import pytest
 from metrics_core.alerts.evaluator import AlertEvaluator
 from metrics_core.alerts.rules import AlertConfig, RunRules
 from metrics_core.dashboard.alerting import StoreFollow
+from metrics_core.dashboard.store.cold_loader import ColdLoader
 from metrics_core.dashboard.store.run_store import RunStore
 from metrics_core.read.column_cache import CachePolicy
 from tests.support import append_records, base_record
@@ -156,3 +160,23 @@ def test_the_server_alerter_asking_first_restores_too(root: Path, tmp_path: Path
         assert counting.calls["reader"] == 0
     finally:
         store.close()
+
+
+def test_the_cold_loader_says_when_its_queue_is_drained(root: Path) -> None:
+    """Once the loader has read every queued run it calls ``drained`` (the store gives what the
+    parses freed back to the OS then), after the last read."""
+    reads: list[str] = []
+    drained = threading.Event()
+    loader = ColdLoader(
+        size=lambda info: 1,
+        read=lambda entry, info: reads.append(info),
+        peek=lambda entry, info: None,
+        big=1 << 20,
+        delay_s=0.0,
+        stats={"background_reads": 0},
+        drained=lambda: drained.set() if len(reads) == 3 else None,
+    )
+    loader.queue([(SimpleNamespace(queued=False), name) for name in ("a", "b", "c")])
+    loader.start()
+    assert drained.wait(30.0)
+    assert sorted(reads) == ["a", "b", "c"]

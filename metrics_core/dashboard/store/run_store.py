@@ -189,6 +189,7 @@ class RunStore:
             big=CALLER_READ_BYTES,
             delay_s=loader_delay_s,
             stats=self.stats,
+            drained=self._return_memory,
         )
 
     def close(self) -> None:
@@ -300,11 +301,12 @@ class RunStore:
         return view
 
     def _return_memory(self) -> None:
-        """Give freed memory back to the OS at most once per ``TRIM_S``: a live page's snapshots,
-        figures and payloads are arrays a little bigger at each append, and the heap keeps the
-        freed ones in pages it never returns, so a server's RSS would grow with time, not with the
-        data it holds.  Cost: a walk of the heap's free lists, well under a millisecond when done
-        this often."""
+        """Give freed memory back to the OS at most once per ``TRIM_S``, after a view and when the
+        cold loader drained its queue: a live page's snapshots, figures and payloads are arrays a
+        little bigger at each append, a cold root's parses leave megabytes freed, and the heap keeps
+        the freed ones in pages it never returns, so a server's RSS would grow with time, not with
+        the data it holds.  Cost: a walk of the heap's free lists, well under a millisecond when
+        done this often."""
         with self._lock:
             now = self._clock()
             if now - self._returned_at < TRIM_S:
