@@ -54,8 +54,9 @@ it was read), and its reader is closed once its row is computed: the loader hold
 time.  A released run whose file did not change costs one ``stat`` when due (``RunEntry.next_due``;
 not ended, a lock probe too: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
-Freed memory is given back to the OS once per ``TRIM_S`` of views (``_return_memory``): what a
-server holds follows what it keeps, not how long a page has been open.
+Freed memory is given back to the OS once per ``TRIM_S`` of views, and when the cold loader drained
+its queue (``_return_memory``): what a server holds follows what it keeps, not how long a page has
+been open nor how many runs it once read.
 
 The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
 per run per process; it skips a settled run that did not change (``quiet``).  With a cache, a
