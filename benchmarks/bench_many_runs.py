@@ -14,9 +14,11 @@ reading through the store), the root watched with inotify.  Printed side by side
   process's CPU time until then (every thread: the store's loader, the alerter);
 * RSS then (``/proc/self/status``);
 * idle: with nothing changing, ``runs_table()`` once a second (an open runs page's fragment) for
-  ``--idle`` seconds while the alerter runs its passes: the process's CPU as a share of one core.
+  ``--idle`` seconds while the alerter runs its passes: the process's CPU as a share of one core;
+* restart: the same again in a fresh process on the cache directory the first one left (its
+  columnar cache and its kept summaries, ``kept_summaries``), as a restarted server.
 
-``--browser ROUNDS``: then, a real ``streamlit run`` per root (a fresh cache) and Chromium, in
+``--browser ROUNDS``: then, a real ``streamlit run`` per root (a fresh cache: a first start) and Chromium, in
 alternating rounds: seconds from opening the runs page until its table lists every run.
 """
 
@@ -53,7 +55,7 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def measure(root: Path, idle_s: float) -> dict[str, float]:
+def measure(root: Path, idle_s: float, cache: Path) -> dict[str, float]:
     """One server's store and alerter on ``root``: see the module docstring."""
     from metrics_core.alerts.rules import AlertConfig
     from metrics_core.dashboard.alerting import ServerAlerter
@@ -62,8 +64,7 @@ def measure(root: Path, idle_s: float) -> dict[str, float]:
     from metrics_core.read.column_cache import CachePolicy
 
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    cache = CachePolicy(Path(tempfile.mkdtemp(prefix="metrics_bench_cache_")))
-    store = RunStore(root, StoreSettings(cache=cache))
+    store = RunStore(root, StoreSettings(cache=CachePolicy(cache)))
     alerter = ServerAlerter(store, AlertConfig(), webhook=None)
     try:
         table = store.runs_table()
@@ -114,26 +115,30 @@ def main() -> None:
     parser.add_argument("--dir", type=Path, default=Path(tempfile.gettempdir()) / "metrics_bench_many_runs")
     parser.add_argument("--browser", type=int, default=0, metavar="ROUNDS", help="also the runs page in Chromium")
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--cache", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        print(json.dumps(measure(args.child, args.idle)))
+        print(json.dumps(measure(args.child, args.idle, args.cache)))
         return
-    found, roots = {}, {}
+    found: dict[tuple[int, str], dict] = {}
+    roots: dict[int, Path] = {}
     for runs in args.runs:
         root = roots[runs] = make_root(args.dir / f"runs{runs}", runs)
-        command = [sys.executable, __file__, "--child", str(root), "--idle", str(args.idle)]
-        found[runs] = figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
-        print(f"{runs:>6} runs ({figures['mode']}): listed in {figures['listed_s'] * 1e3:6.0f} ms, filled in "
-              f"{figures['filled_s']:6.1f} s using {figures['filled_cpu_s']:6.1f} s CPU; "
-              f"RSS {figures['rss_mb']:5.0f} MB; idle {figures['idle_share']:6.2%} of a core", flush=True)  # fmt: skip
-    if 1 in found and len(found) > 1:
-        one = found[1]
-        for runs, figures in found.items():
-            if runs != 1:
-                idle = figures["idle_share"] - one["idle_share"]
-                print(f"{runs:>6} runs against 1: listed {figures['listed_s'] / one['listed_s']:.1f}x, RSS "
-                      f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{idle:.2%} of a core, "
-                      f"filling {figures['filled_cpu_s'] / runs * 1e3:.1f} ms CPU per run")  # fmt: skip
+        cache = tempfile.mkdtemp(prefix="metrics_bench_cache_")
+        command = [sys.executable, __file__, "--child", str(root), "--idle", str(args.idle), "--cache", cache]
+        for start in ("first", "restart"):
+            figures = json.loads(subprocess.run(command, check=True, capture_output=True, text=True).stdout)
+            found[runs, start] = figures
+            print(f"{runs:>6} runs ({figures['mode']}, {start:>7}): listed in {figures['listed_s'] * 1e3:6.0f} ms, "
+                  f"filled in {figures['filled_s']:6.1f} s using {figures['filled_cpu_s']:6.1f} s CPU; RSS "
+                  f"{figures['rss_mb']:5.0f} MB; idle {figures['idle_share']:6.2%} of a core", flush=True)  # fmt: skip
+    for (runs, start), figures in found.items():
+        one = found.get((1, start))
+        if runs != 1 and one is not None:
+            idle = figures["idle_share"] - one["idle_share"]
+            print(f"{runs:>6} runs against 1 ({start:>7}): listed {figures['listed_s'] / one['listed_s']:.1f}x, RSS "
+                  f"+{figures['rss_mb'] - one['rss_mb']:.0f} MB, idle +{idle:.2%} of a core, "
+                  f"filling {figures['filled_cpu_s'] / runs * 1e3:.2f} ms CPU per run")  # fmt: skip
 
     if args.browser:
         browser_rounds(roots, args.browser)

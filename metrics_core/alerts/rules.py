@@ -271,7 +271,9 @@ class RunRules:
 
     def __init__(self, config: AlertConfig) -> None:
         self.config = config
-        self._losses = _Window(config.spike_windows)
+        # Made by the first finite loss: a server follows every run of its root, and most it never
+        # feeds (settled, past the horizon), so an unfed window must cost nothing.
+        self._losses: _Window | None = None
         self._nonfinite: int | None = None  # step of the last window whose loss was not finite
         self._spike: Condition | None = None
         self._finite = 0  # windows with a finite loss since the last non-finite one
@@ -335,7 +337,7 @@ class RunRules:
         if loss is None or not math.isfinite(loss):
             return  # a window without tokens has no loss: it neither clears nor spikes
         self._finite += 1
-        window = self._losses
+        window = self._losses = self._losses or _Window(self.config.spike_windows)
         if self.config.spike_z and len(window.values) >= self.config.spike_min_windows:
             z, mean = window.z(loss)
             if z > self.config.spike_z:

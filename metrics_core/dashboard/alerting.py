@@ -100,7 +100,8 @@ class StoreFollow:
 
     def __init__(self, store: RunStore, info: RunInfo, config: AlertConfig, pace: Callable[[], None] | None) -> None:
         self.store, self.info, self.config, self.pace = store, info, config, pace
-        self.rules = RunRules(config)
+        # Made by the first feed: most runs of a big root are settled past the horizon, never fed.
+        self.rules: RunRules | None = None
         self._reader: weakref.ref[RunReader] | None = None  # the reader the rules were fed from
         self._key: Any = None  # the store's data key of what they were fed
         self._resets = 0  # the reader's resets when the rules started on it
@@ -119,13 +120,14 @@ class StoreFollow:
             return None  # the store's row says why; its active conditions stand until it reads again
         if state is None:
             return None
-        records = _records(taken, self.rules)
+        rules = self.rules if self.rules is not None else RunRules(self.config)  # never fed: a fresh one's answer
+        records = _records(taken, rules)
         for start in range(0, len(records), FEED_ROWS):
-            self.rules.add(records[start : start + FEED_ROWS])
+            rules.add(records[start : start + FEED_ROWS])
             if self.pace is not None:
                 self.pace()
         stats["records"] += sum(len(columns["step"][1]) for _, columns in taken)
-        return state.conditions(self.rules)
+        return state.conditions(rules)
 
     def _take(
         self, reader: RunReader | None, released: StatusRecord | None, key: Any, now: datetime
@@ -146,6 +148,8 @@ class StoreFollow:
             else:
                 self.rules, self._rows = RunRules(self.config), {}
             self._reader, self._resets = weakref.ref(reader), reader.resets
+        if self.rules is None:  # the rules were never made for the reader they follow: from its first row
+            self.rules, self._rows = RunRules(self.config), {}
         taken = []
         for event in reader.events:
             fields = self.rules.fields(event)

@@ -8,13 +8,14 @@ on training nodes.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Protocol
 
 from metrics_core.read.health import IngestHealth
-from metrics_core.read.line_follower import LineFollower
+from metrics_core.read.line_follower import LineFollower, Position
 from metrics_core.read.records import BadLine
 from metrics_core.read.run_file import LocalFile, RunFile
 from metrics_core.read.run_status import StatusSource, run_status, stop_reason
@@ -98,6 +99,11 @@ class FollowedLog:
         """Session count, start, last step and tokens, in O(1)."""
         return self.log.progress()
 
+    def position(self) -> Position:
+        """Where the reader stands in its file, with the fingerprints it checks the file against
+        (``line_follower.Position``): what a copy of its results kept elsewhere is checked with."""
+        return self._follower.position()
+
     @property
     def pending_bytes(self) -> int:
         """Bytes after the last ``\\n``: a record being written, or a crash's torn tail."""
@@ -173,7 +179,7 @@ class RunSummary:
     pending_bytes: int
     reason: str | None = None  # why it stopped (``run_status.stop_reason``)
     config: dict[str, str] | None = None
-    loss_trend: tuple[float, ...] = ()
+    loss_trend: Sequence[float] = ()  # the dashboard's: an array of doubles (``dashboard.store.rows.LossTrend``)
 
 
 def summarise(source: SummarySource, *, now: datetime) -> RunSummary:

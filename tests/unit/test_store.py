@@ -7,6 +7,7 @@ import itertools
 import threading
 import time
 import weakref
+from array import array
 from collections.abc import Callable, Hashable
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -68,7 +69,7 @@ def view_summary(view: RunView) -> RunSummary:
         bad_lines=view.ingest.bad_lines,
         pending_bytes=view.ingest.pending_bytes,
         config=config.values if config is not None else None,
-        loss_trend=tuple(trend(view.effective("train")["train_loss"])) if "train_loss" in train.columns else (),
+        loss_trend=array("d", trend(view.effective("train")["train_loss"])) if "train_loss" in train.columns else (),
     )
 
 

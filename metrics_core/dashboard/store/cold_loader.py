@@ -30,7 +30,8 @@ class ColdLoader(Generic[E, I]):
     ``size(info)``: the run's file size (ordering, and whether a page's caller may read it);
     ``read(entry, info)``: read the run (the store's refresh); ``peek(entry, info)``: give a big
     run a row from its tail; ``delay_s``: how long the loader lets the page that listed the runs
-    draw them before it takes a core."""
+    draw them before it takes a core; ``drained``: called by the loader once no run is queued
+    (what reading a cold root freed is given back then)."""
 
     def __init__(
         self,
@@ -41,8 +42,9 @@ class ColdLoader(Generic[E, I]):
         big: int,
         delay_s: float,
         stats: dict[str, int],
+        drained: Callable[[], None] = lambda: None,
     ) -> None:
-        self._size, self._read, self._peek = size, read, peek
+        self._size, self._read, self._peek, self._drained = size, read, peek, drained
         self.big = big
         self.delay_s = delay_s
         self._stats = stats
@@ -110,7 +112,10 @@ class ColdLoader(Generic[E, I]):
                 for entry, info in to_peek:
                     self._peek(entry, info)
                 job = self.take()
-                if job is None or self._closed.is_set():
+                if job is None:
+                    self._drained()
+                    return
+                if self._closed.is_set():
                     return
                 self._read(*job)
                 self._stats["background_reads"] += 1

@@ -18,6 +18,8 @@ decided about earlier rows.
 from __future__ import annotations
 
 import math
+from array import array
+from collections.abc import Iterator, Mapping
 from datetime import datetime, timezone
 from typing import Any
 
@@ -94,7 +96,7 @@ class LossTrend:
         kept = self._kept[: self._count]
         if len(kept) > TREND_POINTS:
             kept = kept[_trend_positions(len(kept))]
-        return tuple(float(value) for value in values[kept])
+        return _points(values[kept])
 
     def _keep(self, rows: np.ndarray) -> None:
         needed = self._count + len(rows)
@@ -124,13 +126,13 @@ class MetricTails:
         self._basis: dict[str, tuple[int, int, int, str]] = {}  # event -> (resets, sessions, rows, last session id)
         self._tails: dict[str, dict[str, tuple[float, float, float]]] = {}
 
-    def update(self, reader: RunReader, sessions: int) -> dict[str, tuple[float, float, float]]:
+    def update(self, reader: RunReader, sessions: int) -> Tails:
         """``{metric: (last, min, max)}``; a metric both events log is the train record's."""
         tails: dict[str, tuple[float, float, float]] = {}
         for event in TAIL_EVENTS:
             for key, tail in self._event(reader, event, sessions).items():
                 tails.setdefault(key, tail)
-        return tails
+        return Tails(tails)
 
     def _event(self, reader: RunReader, event: str, sessions: int) -> dict[str, tuple[float, float, float]]:
         rows = event_rows(reader, event)
@@ -186,10 +188,53 @@ def _trend_positions(count: int) -> np.ndarray:
     return np.round(np.arange(TREND_POINTS) * (count - 1) / (TREND_POINTS - 1)).astype(np.int64)
 
 
-def _picked(values: np.ndarray) -> tuple[float, ...]:
+def _picked(values: np.ndarray) -> array[float]:
     if len(values) > TREND_POINTS:
         values = values[_trend_positions(len(values))]
-    return tuple(float(value) for value in values)
+    return _points(values)
+
+
+def _points(values: np.ndarray) -> array[float]:
+    """A sparkline's points as the row keeps them: one array of doubles (a few hundred bytes),
+    not a tuple of float objects (three times that), as a root of thousands of settled runs
+    holds one per run."""
+    return array("d", np.ascontiguousarray(values, dtype=np.float64).tobytes())
+
+
+class Tails(Mapping[str, tuple[float, float, float]]):
+    """``{metric: (last, min, max)}`` as a run's row keeps it: the values one array, the names and
+    their index shared by the runs that log the same metrics (``_SHARED``, at most
+    ``MAX_SHARED_NAMES`` sets of names), a few hundred bytes a run where a dict of float tuples
+    took kilobytes: a root of ten thousand settled runs holds one per run.  Immutable."""
+
+    __slots__ = ("_index", "_values")
+
+    def __init__(self, tails: Mapping[str, tuple[float, float, float]]) -> None:
+        names = tuple(tails)
+        index = _SHARED.get(names)
+        if index is None:
+            index = {name: number for number, name in enumerate(names)}
+            if len(_SHARED) < MAX_SHARED_NAMES:
+                index = _SHARED.setdefault(names, index)
+        self._index = index
+        self._values = array("d", [value for tail in tails.values() for value in tail])
+
+    def __getitem__(self, key: str) -> tuple[float, float, float]:
+        at = 3 * self._index[key]
+        return self._values[at], self._values[at + 1], self._values[at + 2]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._index)
+
+    def __len__(self) -> int:
+        return len(self._index)
+
+    def __repr__(self) -> str:
+        return f"Tails({dict(self)!r})"
+
+
+MAX_SHARED_NAMES = 4096  # sets of metric names shared between rows (a sweep's runs log one set)
+_SHARED: dict[tuple[str, ...], dict[str, int]] = {}
 
 
 def grown_in_last_session(reader: RunReader, event: str, before: int, last: str) -> bool:
@@ -204,7 +249,7 @@ def grown_in_last_session(reader: RunReader, event: str, before: int, last: str)
 
 
 def runs_table_row(
-    name: str, summary: RunSummary, metrics: dict[str, tuple[float, float, float]] | None = None
+    name: str, summary: RunSummary, metrics: Mapping[str, tuple[float, float, float]] | None = None
 ) -> dict[str, Any]:
     """A run's row of the runs table (ages are filled in per call by ``RunStore.runs page``);
     ``metrics``: ``MetricTails.update``'s."""
@@ -226,7 +271,7 @@ def runs_table_row(
         "duration (s)": (summary.last_record_time - summary.started).total_seconds()
         if summary.started and summary.last_record_time
         else None,
-        "loss trend": list(summary.loss_trend),
+        "loss trend": summary.loss_trend,  # the summary's tuple, not a copy: each run's points held once
         "metrics": metrics or {},
     }
 

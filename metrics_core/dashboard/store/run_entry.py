@@ -32,7 +32,9 @@ names, never where the server keeps its files.
 Release: a reader is closed once its run is idle (``release_if_idle``: not live, neither changed
 nor viewed for ``idle_s``); the entry keeps its summary, its row and what ``run_status`` needs
 (``run_status.StatusRecord``), so a released run whose file did not change costs one ``stat`` per
-``safety_interval`` (and, not ended, a lock probe: stalled may become crashed).
+``safety_interval`` (and, not ended, a lock probe: stalled may become crashed).  A settled run's
+released facts are handed to the store's ``kept_summaries`` as it is released, and ``update``
+takes them back in a restarted server (its file checked unchanged): released without a read.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ from __future__ import annotations
 import logging
 import threading
 import weakref
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import Any
@@ -48,6 +50,7 @@ from typing import Any
 import pandas as pd
 
 from metrics_core.dashboard.display_text import under_root
+from metrics_core.dashboard.store.kept_summaries import KeptSummaries
 from metrics_core.dashboard.store.rows import (
     LossTrend,
     MetricTails,
@@ -95,6 +98,7 @@ class EntryContext:
     stats: dict[str, int]
     row_changed: Callable[[], None]
     save_later: Callable[[Hashable, Callable[[], None]], None]  # a job for the store's cache saver
+    kept: KeptSummaries | None = None  # where a settled run's facts are kept across restarts
 
 
 @dataclass
@@ -109,7 +113,9 @@ class RunEntry:
     viewed_at: float = float("-inf")  # the clock of the last ``RunStore.view()``
     changed_at: float = float("-inf")  # the clock of the last read that found new data (a first read aside)
     lock: threading.Lock = field(default_factory=threading.Lock)
-    lineage: Lineage = field(default_factory=Lineage)
+    # What the snapshots, the loss trend and the metric tails carry from one read to the next: made
+    # with a reader and dropped with it, so a released run (most of a big root) holds none of it.
+    lineage: Lineage | None = None
     refreshed_at: float = float("-inf")
     data_key: tuple[int, ...] | None = None  # what the summary and the view were built from
     view: RunView | None = None  # None: stale, rebuilt by the next ``snapshot()``
@@ -117,9 +123,9 @@ class RunEntry:
     # it: what the next one extends.  Weak: a stale view must not pin the columns it was built on.
     built: weakref.ref[RunView] | None = None
     summary: RunSummary | None = None
-    trend: LossTrend = field(default_factory=LossTrend)
-    tails: MetricTails = field(default_factory=MetricTails)
-    metrics: dict[str, tuple[float, float, float]] = field(default_factory=dict)  # the row's, from ``tails``
+    trend: LossTrend | None = None
+    tails: MetricTails | None = None
+    metrics: Mapping[str, tuple[float, float, float]] = field(default_factory=dict)  # the row's, from ``tails``
     row: dict[str, Any] | None = None
     row_time: datetime | None = None  # the last record time ``row`` shows (its age is per call)
     config_key: tuple[int, int] | None = None  # (config records, resets) the summary's config is of
@@ -210,6 +216,8 @@ class RunEntry:
                 if self.view is None:
                     try:
                         previous = self.built() if self.built is not None else None
+                        if self.lineage is None:
+                            self.lineage = Lineage()
                         self.view = build_view(
                             info.name,
                             self.reader,
@@ -245,6 +253,8 @@ class RunEntry:
             stamp, self.refreshed_at = ctx.source.stamp(info), ctx.clock()
             if stamp == self.failure_stamp or ctx.clock() - self.failed_at < ctx.safety_interval:
                 raise RunViewError(info.name, self.failure)
+        if self.summary is None and self.reader is None and self.released is None:
+            self._restore(info)  # whoever asks first (a page, the loader, the alerter): no read if kept
         due = self.summary is None or ctx.clock() >= self.next_due()
         if not due and (self.reader is not None or not need_reader):
             return
@@ -318,11 +328,22 @@ class RunEntry:
         if self.ctx.clock() - max(self.viewed_at, self.changed_at) < self.ctx.idle_s:
             return
         released = StatusRecord.of(self.reader, identity=self.reader.read_identity)
+        if self.ctx.kept is not None and self.failure is None:
+            self.ctx.kept.keep(self.name, self.summary, self.metrics, self.data_key, released, self.reader.position())
         self.reader.close()  # saves the cache if it is behind: the reopen reads only what follows
         self.reader, self.released = None, released
         self.view = self.built = self.config_key = None  # data_key stays: a reopen finding it is no change
-        self.lineage, self.trend, self.tails = Lineage(), LossTrend(), MetricTails()
+        self.lineage = self.trend = self.tails = None
         self.ctx.stats["releases"] += 1
+
+    def _restore(self, info: RunInfo) -> None:
+        """A run never read: take its facts as a previous server kept them, if it did and the file
+        is still the one they were read from (``kept_summaries.KeptSummaries.take``): released, as if
+        read and let go, and due at once, so ``update`` brings its status up to date for one ``stat``."""
+        kept = self.ctx.kept.take(info) if self.ctx.kept is not None else None
+        if kept is not None:
+            self.released, self.data_key, self.metrics = kept.status, kept.data_key, kept.metrics
+            self._set_summary(kept.summary)
 
     def _failed(self, info: RunInfo, exc: Exception) -> RunViewError:
         """Forget the reader (its state is unknown after an exception) and remember why."""
@@ -331,9 +352,8 @@ class RunEntry:
             self.reader.close()
         self.reader = self.released = None  # the next read starts from scratch, without the cache
         self.use_cache = False
-        self.lineage = Lineage()
+        self.lineage = self.trend = self.tails = None
         self.view = self.built = self.data_key = self.summary = self.config_key = None
-        self.trend, self.tails = LossTrend(), MetricTails()
         self.refreshed_at = float("-inf")
         self.failure, self.failure_stamp = _cause(exc, self.ctx.source), self.ctx.source.stamp(info)
         self.failed_at = self.ctx.clock()
@@ -352,6 +372,8 @@ class RunEntry:
             config = found.values if found is not None else None
             self.config_key = config_key
         summary = summarise(reader, now=now)
+        if self.trend is None or self.tails is None:
+            self.trend, self.tails = LossTrend(), MetricTails()
         trend = self.trend.update(reader, summary.sessions)
         self.metrics = self.tails.update(reader, summary.sessions)
         self._set_summary(replace(summary, config=config, loss_trend=trend))

@@ -57,11 +57,14 @@ it was read), and its reader is closed once its row is computed: the loader hold
 time.  A released run whose file did not change costs one ``stat`` when due (``RunEntry.next_due``;
 not ended, a lock probe too: stalled may become crashed); one that changed, or is viewed, gets a fresh
 reader, from the columnar cache when the store has one (a small part of a cold parse), else a full parse.
-Freed memory is given back to the OS once per ``TRIM_S`` of views (``ViewedRuns.return_memory``): what a
-server holds follows what it keeps, not how long a page has been open.
+Freed memory is given back to the OS once per ``TRIM_S`` of views, and when the cold loader drained
+its queue (``ViewedRuns.return_memory``): what a server holds follows what it keeps, not how long
+a page has been open nor how many runs it once read.
 
 The server's alerter reads the runs through the store (``read_run``), never beside it: one parse
-per run per process; it skips a settled run that did not change (``quiet``).
+per run per process; it skips a settled run that did not change (``quiet``).  With a cache, a
+settled run's released facts are kept across restarts (``kept_summaries``): a restarted server
+lists the runs whose files did not change without reading them.
 
 The runs page's ``config`` column holds each run's flattened config (``dashboard.config``), computed
 once per snapshot, for the runs page to filter on and pick columns from; it is not shown as is.
@@ -81,6 +84,7 @@ import pandas as pd
 
 from metrics_core.dashboard.store.cache_saver import CacheSaver
 from metrics_core.dashboard.store.cold_loader import ColdLoader
+from metrics_core.dashboard.store.kept_summaries import KeptSummaries
 from metrics_core.dashboard.store.page_reads import PageReads
 from metrics_core.dashboard.store.root_listing import RootListing
 from metrics_core.dashboard.store.rows import runs_frame, with_ages
@@ -128,18 +132,9 @@ class RunStore:
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._viewed = ViewedRuns(settings, settings.clock)  # the runs pages are on, and what they may hold
         # Work counters, read by the complexity tests (work is counted, not timed).
-        self.stats: dict[str, int] = {
-            "find_runs": 0,
-            "summaries": 0,
-            "views": 0,
-            "table_builds": 0,
-            "background_reads": 0,
-            "releases": 0,
-            "reopens": 0,
-            "resolves": 0,
-            "cache_saves": 0,
-            "prepared": 0,
-        }
+        counted = ("find_runs", "summaries", "views", "table_builds", "background_reads", "releases", "reopens",
+                   "resolves", "cache_saves", "prepared")  # fmt: skip
+        self.stats: dict[str, int] = dict.fromkeys(counted, 0)
         self._listing = RootListing(self.source, clock=settings.clock, stats=self.stats)
         self.saver = CacheSaver(self.stats, delay_s=settings.saver_delay_s)
         self._page_reads = PageReads(warm=settings.warm)
@@ -153,6 +148,7 @@ class RunStore:
             stats=self.stats,
             row_changed=self._row_changed,
             save_later=self.saver.submit,
+            kept=None if settings.cache is None else KeptSummaries(settings.cache.directory, self.source),
         )
         self.loader: ColdLoader[RunEntry, RunInfo] = ColdLoader(
             size=self.source.size,
@@ -161,6 +157,7 @@ class RunStore:
             big=CALLER_READ_BYTES,
             delay_s=settings.loader_delay_s,
             stats=self.stats,
+            drained=self._viewed.return_memory,
         )
 
     def close(self) -> None:
@@ -169,6 +166,7 @@ class RunStore:
         self.loader.close()
         self.saver.close()
         self.source.close()
+        self._context.kept is None or self._context.kept.close()
         with self._lock:
             entries = list(self._entries.values())
         for entry in entries:

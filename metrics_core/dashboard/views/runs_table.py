@@ -4,6 +4,7 @@ runs page table; every text cell goes through ``display_text``."""
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Callable
 from urllib.parse import quote
 
@@ -160,14 +161,15 @@ def readable_runs(table: pd.DataFrame, *, order: Callable[[pd.DataFrame], pd.Dat
     human numbers, ages and durations as text; the run column stays the name (the page makes it a link).
 
     ``table`` is the store's runs table, optionally with ``started`` (a datetime), ``duration (s)``
-    and ``loss trend`` (a list of floats) per run.
+    and ``loss trend`` (a sequence of floats) per run.
     """
     table = order(table)
     shown = pd.DataFrame({"run": table["run"], "status": table["status"].map(status_badge)})
     if "progress" in table.columns and table["progress"].notna().any():  # runs being read: how far each came
         shown["progress"] = table["progress"].map(lambda text: text if isinstance(text, str) else "")
     if "loss trend" in table.columns:
-        shown["loss trend"] = table["loss trend"].map(lambda value: value if isinstance(value, list) else [])
+        points = (list, tuple, array)  # the store's rows hold an array of doubles (``rows.LossTrend``)
+        shown["loss trend"] = table["loss trend"].map(lambda value: list(value) if isinstance(value, points) else [])
     shown["train loss"] = table["train loss"].map(human_value)
     shown["val loss"] = table["val loss"].map(human_value)
     shown["last activity"] = table["last record age (s)"].map(age_text)
