@@ -19,6 +19,14 @@ from metrics_core.testing.live_server import free_port, listening
 if TYPE_CHECKING:
     from pyarrow import fs as pafs
 
+# The tests that train (torch, transformers, lightning: here or in the processes they start) train
+# models of a few thousand weights, whose every operation is too small to split: one intra-op thread
+# each runs them several times faster than a pool whose threads wait on one another for cores shared
+# with the test's own processes.  MKL's variable, which torch (its CPU build) reads at import, and not
+# OMP_NUM_THREADS, which would shrink pyarrow's thread pool too: the code under test keeps its threads.
+# A caller's own setting wins.
+os.environ.setdefault("MKL_NUM_THREADS", "1")
+
 
 @pytest.fixture
 def run(tmp_path: Path) -> RunContext:

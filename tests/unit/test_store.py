@@ -1029,12 +1029,12 @@ def test_the_cache_dir_defaults_outside_the_runs_root_and_is_refused_inside_it(t
 def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_freed_memory_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A tab on a live run, an append every 0.25 s for 600 appends: after each, the snapshot, its
-    charts and their payloads (what the page and the live route build); the objects alive (the
-    snapshots, their columns, the encoded figures, the lineage's state) stay as many as after
-    the first appends, not one more per append, and the heap's freed pages go back to the OS once
-    per ``TRIM_S`` of the store's clock (the growth of a server's RSS with time was freed memory
-    the heap kept)."""
+    """A tab on a live run, an append every 0.25 s: after each, the snapshot, its charts and their
+    payloads (what the page and the live route build); the objects alive (the snapshots, their
+    columns, the encoded figures, the lineage's state) stay as many after six times ``BOUNDED_KEPT``
+    appends as after three (every bounded set full), not one more per append, and the heap's freed
+    pages go back to the OS once per ``TRIM_S`` of the store's clock (the growth of a server's RSS
+    with time was freed memory the heap kept)."""
     import gc
 
     from metrics_core.dashboard.live.chart_component import Encoded, encode
@@ -1065,16 +1065,17 @@ def test_a_live_page_holds_a_bounded_set_of_snapshots_and_figures_and_gives_free
         signature = page_signature(view, options, ()).layout
         held = {key: encode(figure).token for key, figure in drawn_charts(view, options).items()}
         counts = []
-        for step in range(11, 611):
+        full, last = 10 + 3 * BOUNDED_KEPT, 10 + 6 * BOUNDED_KEPT  # every bound crossed, then as many appends again
+        for step in range(11, last + 1):
             clock[0] += 0.25
             append_records(path, base_record(step, train_loss=1.0 / step + 0.01 * (step % 7), grad_norm_avg=0.5))
             view = store.view("live")
             if feed_answer(view, options, (), signature, held).get("rerun"):
                 signature = page_signature(view, options, ()).layout
             held = {key: encode(figure).token for key, figure in drawn_charts(view, options).items()}
-            if step in (111, 610):
+            if step in (full, last):
                 counts.append(alive())
-        assert counts[1] == counts[0]  # 500 appends later: not one more snapshot, column set or figure
+        assert counts[1] == counts[0]  # 3 * BOUNDED_KEPT appends later: not one more snapshot, column set or figure
         assert len(returned) == int(clock[0] / viewed_runs.TRIM_S) + 1  # at 0, then once per TRIM_S
         assert all(b - a >= viewed_runs.TRIM_S for a, b in itertools.pairwise(returned))
     finally:
