@@ -50,7 +50,7 @@ def test_no_request_goes_to_another_host(page: object, server: str) -> None:
         # Not "networkidle": a run page's live watch keeps a long poll open from its first moments.
         tab.wait_for_selector("[data-testid=stMainBlockContainer] [data-testid=stElementContainer]", state="attached")
         if "run=" in path:
-            wait_until(tab, lambda tab=tab: live_charts_drawn(tab), timeout=30)
+            wait_until(tab, lambda tab=tab: live_charts_drawn(tab), timeout=90)  # six cold pages at once on two cores
     page.wait_for_timeout(1500)  # what the pages would fetch late
     hosts = {urlsplit(url).hostname for url in requests if urlsplit(url).scheme in ("http", "https", "ws", "wss")}
     assert hosts == {"127.0.0.1"}, sorted(url for url in requests if urlsplit(url).hostname != "127.0.0.1")
