@@ -310,7 +310,12 @@ def return_large_frees_at_once() -> None:
     process; setting the thresholds stops glibc from raising them).  A page's snapshots, figures
     and encodings are arrays of a run's length, made and dropped per snapshot; on the heap the
     freed pages stayed resident until the next ``return_memory_to_os``, so the peak was the
-    charts' level plus whatever a snapshot's work had freed since."""
+    charts' level plus whatever a snapshot's work had freed since.  pyarrow is made to allocate
+    from the same heap: its own allocator (mimalloc) kept what a cold read's parse threads had
+    allocated until a later ``return_memory_to_os``, tens of MB on a long run."""
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
     with contextlib.suppress(AttributeError, OSError):  # not glibc: its own policy
         libc = ctypes.CDLL(None)
         libc.mallopt(-1, HEAP_THRESHOLD)  # M_TRIM_THRESHOLD

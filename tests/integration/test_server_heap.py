@@ -30,3 +30,35 @@ def test_a_server_gives_back_freed_arrays_at_once_after_its_heap_thresholds_were
     grown, kept = map(int, done.stdout.split())
     assert grown > 150e6
     assert kept < 0.6 * grown, (grown, kept)  # half freed: half of it given back
+
+
+def test_a_server_gives_back_what_a_parse_thread_allocated_in_arrow_once_freed() -> None:
+    """A cold read parses in threads of its own into Arrow buffers, dropped by other threads:
+    after ``return_large_frees_at_once`` they leave the process when freed (pyarrow's own
+    allocator kept them until a later trim: what a server's first read left resident when its
+    charts drew)."""
+    code = """if True:
+        import threading
+        import numpy as np
+        import pyarrow as pa
+        from metrics_core.read.columns import return_large_frees_at_once
+        return_large_frees_at_once()
+        def rss():
+            return int(open("/proc/self/statm").read().split()[1]) * 4096
+        before = rss()
+        held = []
+        def parse():
+            held.extend(pa.allocate_buffer(800_000) for _ in range(200))  # 160 MB
+            for buffer in held:
+                np.frombuffer(buffer, dtype=np.uint8)[:] = 1
+        thread = threading.Thread(target=parse)
+        thread.start()
+        thread.join()
+        grown = rss() - before
+        held.clear()
+        print(grown, rss() - before)
+    """
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60)
+    grown, kept = map(int, done.stdout.split())
+    assert grown > 150e6
+    assert kept < 0.2 * grown, (grown, kept)
