@@ -14,7 +14,7 @@ say what they say fed every row.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 
@@ -38,6 +38,31 @@ _VALUES: dict[str, Callable[[Mapping[str, np.ndarray], np.ndarray], np.ndarray]]
 }
 
 
+class _Numbers(Mapping[str, np.ndarray]):
+    """The int and float columns of ``columns`` as float64, what the rules take for a number
+    (``session_model.number``: an int or a float, never a bool), each made when read and not
+    kept: the few fields the rules read cost a copy each, one at a time, not every field a run
+    logs at once."""
+
+    def __init__(self, columns: Columns) -> None:
+        self._columns = columns
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        kind, values, _ = self._columns[name]
+        if kind not in ("int", "float"):
+            raise KeyError(name)
+        return values.astype(np.float64)
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._columns and self._columns[name][0] in ("int", "float")  # type: ignore[index]
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name in self._columns if name in self)
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
+
+
 def needed_rows(columns: Columns, rules: RunRules) -> np.ndarray | None:
     """Of a block of train rows (``columns``, in file order, fed after what ``rules`` was fed),
     the rows the rules need, in order; None: every row."""
@@ -48,19 +73,19 @@ def needed_rows(columns: Columns, rules: RunRules) -> np.ndarray | None:
     if any(kind.lookback not in ("windows", "last") or (kind.lookback == "last" and kind.name not in _VALUES)
            for kind in TRAIN_KINDS):  # fmt: skip
         return None
-    # What the rules take for a number (``session_model.number``): an int or a float, never a bool.
-    numbers = {name: column[1].astype(np.float64) for name, column in columns.items() if column[0] in ("int", "float")}
+    numbers = _Numbers(columns)
     missing = np.full(rows, np.nan)
     finite = np.isfinite(numbers.get("train_loss", missing))
     if kinds.get("nonfinite_loss") == "bool":
         finite &= columns["nonfinite_loss"][1] != 1
     if "nonfinite_keys" in columns:
         finite &= columns["nonfinite_keys"][1] < 0  # a window naming keys is not surely finite
-    windows = np.cumsum(finite[::-1])[::-1]  # finite-loss windows from each row on
-    tail = np.flatnonzero(windows >= rules.memory)
-    if not len(tail) or tail[-1] == 0:
+    # The last row from which ``memory`` finite-loss windows follow: counted from the end, the
+    # counts never decrease, so the first count to reach ``memory`` finds it.
+    from_end = int(np.searchsorted(np.cumsum(finite[::-1], dtype=np.int64), rules.memory))
+    start = rows - 1 - from_end
+    if start <= 0:
         return None
-    start = int(tail[-1])
     sessions = columns["session_id"][1][:start]
     judged = np.ones(start, dtype=bool)  # the first row is judged against the rules' last session
     judged[1:] = sessions[1:] == sessions[:-1]

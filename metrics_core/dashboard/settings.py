@@ -28,6 +28,7 @@ from metrics_core.dashboard.store.store_settings import RECENT_S, StoreSettings
 from metrics_core.dashboard.views.memo import view_findings
 from metrics_core.errors import MetricsError
 from metrics_core.read.column_cache import CachePolicy, default_directory
+from metrics_core.read.columns import return_large_frees_at_once
 from metrics_core.roots.discovery import find_runs
 from metrics_core.roots.locations import LIST_INTERVAL_S, is_bucket_url
 
@@ -201,6 +202,7 @@ def _store(runs: Path | str, poll: bool, cache: Path | None, refresh: float, lis
         warm=view_findings,  # the run and sessions pages show its health: computed beside their charts
         **polling,
     )
+    return_large_frees_at_once()
     store = RunStore(runs, settings)
     _OPEN_STORES.append(store)
     return store

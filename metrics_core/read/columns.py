@@ -295,3 +295,28 @@ def return_memory_to_os() -> None:
     pa.default_memory_pool().release_unused()
     with contextlib.suppress(AttributeError, OSError):  # not glibc: nothing to trim
         ctypes.CDLL(None).malloc_trim(0)
+
+
+# glibc's ``M_MMAP_THRESHOLD`` and ``M_TRIM_THRESHOLD``, at their defaults: an allocation this big
+# or bigger is mapped on its own and unmapped when freed, and the heap's free top is given back past
+# this size.  glibc starts there, then raises both with each mapped block freed (up to 32 and 64 MiB),
+# after which a run's arrays come from the heap, whose freed pages stay resident until a trim.
+HEAP_THRESHOLD = 128 << 10
+
+
+def return_large_frees_at_once() -> None:
+    """Make freed memory go back to the OS as soon as it is freed, for every allocation of
+    ``HEAP_THRESHOLD`` or more and at the heap's top (a server's policy: call it once in the
+    process; setting the thresholds stops glibc from raising them).  A page's snapshots, figures
+    and encodings are arrays of a run's length, made and dropped per snapshot; on the heap the
+    freed pages stayed resident until the next ``return_memory_to_os``, so the peak was the
+    charts' level plus whatever a snapshot's work had freed since.  pyarrow is made to allocate
+    from the same heap: its own allocator (mimalloc) kept what a cold read's parse threads had
+    allocated until a later ``return_memory_to_os``, tens of MB on a long run."""
+    import pyarrow as pa
+
+    pa.set_memory_pool(pa.system_memory_pool())
+    with contextlib.suppress(AttributeError, OSError):  # not glibc: its own policy
+        libc = ctypes.CDLL(None)
+        libc.mallopt(-1, HEAP_THRESHOLD)  # M_TRIM_THRESHOLD
+        libc.mallopt(-3, HEAP_THRESHOLD)  # M_MMAP_THRESHOLD

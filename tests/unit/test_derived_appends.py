@@ -104,3 +104,39 @@ def test_throughput_is_no_logged_key_and_a_logged_one_is_charted_instead(tmp_pat
     view = build_view("logged", reader, "live")
     assert view.columns["train"].derived == ()
     assert view.frame("train", FIELDS)["tokens_per_s"].tolist() == [7.0] * 4
+
+
+def test_a_live_append_extends_a_resumed_runs_effective_rows_in_place(tmp_path: Path) -> None:
+    """On a run a later session redid, the effective rows a page picked are extended by a live
+    append, not picked again: the new snapshot's columns share memory with the previous one's,
+    equal a snapshot's built from scratch, and the frames a page still holds keep their rows
+    (an append past the buffers' slack included)."""
+    path = tmp_path / "r" / "metrics.jsonl"
+    resumed = (base_record(s, session="s2", train_loss=2.0 / s, tokens_seen=90 * s) for s in range(200, 260))
+    append_records(path, *(base_record(s, train_loss=1.0 / s, tokens_seen=100 * s) for s in range(1, 300)),
+                   base_record(200, event="session_start", session="s2"), *resumed)  # fmt: skip
+    reader = RunReader(path.parent)
+    reader.refresh()
+    fields = FIELDS | {"train_loss"}
+    view = build_view("run", reader, "live", Lineage())
+    held = [(view.effective("train", fields), view.effective("train", fields).copy())]
+    for step, count in ((260, 5), (265, 1), (266, 900), (1166, 3)):
+        append_records(path, *(base_record(s, session="s2", train_loss=2.0 / s, tokens_seen=90 * s)
+                               for s in range(step, step + count)))  # fmt: skip
+        reader.refresh()
+        view = build_view("run", reader, "live", view.lineage, previous=view)
+        frame = view.effective("train", fields)
+        scratch = build_view("run", reader, "live").effective("train", fields)
+        assert view.superseded["train"].any() and len(frame) == len(scratch)
+        np.testing.assert_array_equal(frame.columns, scratch.columns)
+        for name in fields:
+            np.testing.assert_array_equal(np.asarray(frame[name]), np.asarray(scratch[name]))
+        if count < 900:  # within the slack: the previous snapshot's rows are this one's
+            before = held[-1][0]
+            for name in ("step", "train_loss", "tokens_seen", "tokens_per_s"):
+                assert np.shares_memory(frame[name].to_numpy(), before[name].to_numpy()), name
+            assert np.shares_memory(frame["time"].array._ndarray, before["time"].array._ndarray)
+        held.append((frame, frame.copy()))
+    for frame, copy in held:
+        for name in fields:
+            np.testing.assert_array_equal(np.asarray(frame[name]), np.asarray(copy[name]))

@@ -18,6 +18,7 @@ for: a snapshot too costs what such keys hold, and a live append O(such keys), n
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping
@@ -28,6 +29,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from metrics_core.dashboard.store.grown_arrays import EXTENDED_TYPES, Appended, MaskBuffer, read_only
 from metrics_core.dashboard.store.rows import event_rows, grown_in_last_session
 from metrics_core.read.column_table import Held
 from metrics_core.read.columns import Chunk
@@ -113,7 +115,7 @@ class EventColumns:
     one kept first).
     """
 
-    __slots__ = ("_arrays", "_frames", "_parent", "_picked", "derived", "names", "rows")
+    __slots__ = ("_arrays", "_frames", "_into", "_parent", "_picked", "derived", "names", "rows")
 
     def __init__(self, arrays: Mapping[str, Any], rows: int, derived: Mapping[str, np.ndarray] | None = None) -> None:
         self.names = tuple(arrays)
@@ -123,14 +125,28 @@ class EventColumns:
         self._frames: dict[tuple[str, ...], pd.DataFrame] = {}
         self._parent: EventColumns | None = None
         self._picked: slice | np.ndarray | None = None
+        self._into: Callable[[str, Any, Any], Any] | None = None
 
-    def picked(self, rows: slice | np.ndarray) -> EventColumns:
+    def picked(self, rows: slice | np.ndarray, into: Callable[[str, Any, Any], Any] | None = None) -> EventColumns:
         """The rows ``rows`` picks (a slice, or a boolean mask of ``self.rows``), in order; each
-        field is taken from this one when first asked for: O(fields asked for)."""
+        field is taken from this one when first asked for: O(fields asked for).  ``into(name,
+        values, rows)``: how a field's pick is made (else ``values[rows]``)."""
         count = len(range(self.rows)[rows]) if isinstance(rows, slice) else int(np.count_nonzero(rows))
         taken = EventColumns({}, count)
         taken.names, taken.derived, taken._parent, taken._picked = self.names, self.derived, self, rows
+        taken._into = into
         return taken
+
+    def extended_pick(self, previous: EventColumns, before: int, extend: Callable[[str, Any, Any], Any]) -> None:
+        """Take, as this pick's fields, those ``previous`` (the pick of the same rows of the
+        previous snapshot's columns, whose first ``before`` rows these columns hold unchanged)
+        made, each ``extend(name, its values, the rows from before on)``: O(new rows) a field
+        instead of a new pick of every row.  A field whose type changed is picked when asked for."""
+        for name, head in dict(previous._arrays).items():  # a page thread may be adding to it
+            if isinstance(head, EXTENDED_TYPES) and self._parent.held(name) is None:
+                new = self._parent.array(name)[before:]
+                if new.dtype == head.dtype and type(new) is type(head):
+                    self._arrays[name] = extend(name, head, new)
 
     def array(self, name: str) -> Any:
         """Field ``name``'s values (a numpy array or a pandas extension array: a ``SparseArray``
@@ -139,7 +155,9 @@ class EventColumns:
         if found is None:
             if self._parent is None:
                 raise KeyError(name)
-            found = self._arrays.setdefault(name, self._parent.array(name)[self._picked])
+            values = self._parent.array(name)
+            found = values[self._picked] if self._into is None else self._into(name, values, self._picked)
+            found = self._arrays.setdefault(name, found)
         elif isinstance(found, Held):
             found = self._arrays[name] = found.series(self.rows)
         return found
@@ -242,8 +260,25 @@ class RunView:
         kept = self.kept(("effective", event))
         with kept.lock:
             if kept.value is EMPTY:
-                kept.value = self.columns[event].picked(~superseded)
+                kept.value = self.columns[event].picked(~superseded, functools.partial(_pick_into, self.lineage, event))
         return kept.value.frame(fields)
+
+
+def _effective_field(lineage: Lineage, event: str, name: str) -> Appended:
+    """Where ``event``'s effective rows of field ``name`` are kept across a run's snapshots: a
+    live append extends the previous snapshot's (``build_view``) instead of picking every row
+    again while the previous snapshot still holds its pick."""
+    return _buffer(lineage, ("effective", event, name), Appended)
+
+
+def _pick_into(lineage: Lineage, event: str, name: str, values: Any, rows: np.ndarray) -> Any:
+    if not isinstance(values, EXTENDED_TYPES):
+        return values[rows]
+    return _effective_field(lineage, event, name).picked(values, rows)
+
+
+def _extend_into(lineage: Lineage, event: str, name: str, head: Any, new: Any) -> Any:
+    return _effective_field(lineage, event, name).extended(head, new)
 
 
 def _numeric_where_numbers(arrays: dict[str, Any]) -> dict[str, Any]:
@@ -295,7 +330,7 @@ def _throughput(lineage: Lineage, arrays: Mapping[str, Any], previous: EventColu
         np.asarray(arrays["tokens_seen"][start:], dtype=np.float64), times_ns, arrays["session_id"].codes[start:]
     )
     head = None if previous is None else previous.array("tokens_per_s")
-    buffer = _buffer(lineage, ("derived", "tokens_per_s"), _Appended)
+    buffer = _buffer(lineage, ("derived", "tokens_per_s"), Appended)
     return {"tokens_per_s": buffer.extended(head, rates if head is None else rates[1:])}
 
 
@@ -314,8 +349,10 @@ def build_view(
     Only the last session grew (a live run's append): the events that got no record keep their
     columns and masks; those that did get new columns (the reader's: O(columns + new rows)) and
     their masks extended with "not superseded" (``grown_in_last_session``) in buffers the lineage keeps
-    (``_MaskBuffer``): no O(rows) supersession or replay pass, no O(rows) copy.  Anything else (a
-    new session, a reset) is built from scratch.  Every mask is read-only: an extended one shares
+    (``grown_arrays.MaskBuffer``): no O(rows) supersession or replay pass, no O(rows) copy.  Anything else (a
+    new session, a reset) is built from scratch.  The effective rows a page picked of the previous
+    snapshot (``RunView.effective``) are extended the same way (``grown_arrays.Appended``), field by
+    field: on a resumed run, an append no longer picks every row again.  Every mask is read-only: an extended one shares
     its buffer with the snapshots before it.  Not thread-safe per lineage: ``RunStore.view``
     builds a run's snapshots under its run's lock.
     """
@@ -339,14 +376,14 @@ def build_view(
         if grown[event]:
             superseded[event] = _extended(lineage, ("superseded", event), previous.superseded[event], rows)
         else:
-            superseded[event] = _read_only(reader.superseded(event))
+            superseded[event] = read_only(reader.superseded(event))
     if "train" not in grown:
         redone = previous.redone_by
     elif grown["train"]:
         redone = _extended(lineage, ("redone_by",), previous.redone_by, columns["train"].rows, fill=-1)
     else:
         redone = reader.redone_by("train")  # read-only, and never changed in place
-    return RunView(
+    view = RunView(
         name=name,
         records=reader.records,
         sessions=sessions,
@@ -360,65 +397,20 @@ def build_view(
         lineage=lineage,
         reason=reason,
     )
-
-
-class _MaskBuffer:
-    """A snapshot mask extended in place with a fill (False; -1 for ``redone_by``): a buffer with
-    slack (a quarter more than its rows) whose prefixes are handed out read-only.
-
-    A fresh full-length mask per append would cost O(rows), allocated, page-faulted and copied.
-    Rows only ever follow the longest prefix handed out, so a snapshot held by a caller never sees
-    its mask change, as ``row_conversions.Derived`` keeps conversions.
-    """
-
-    __slots__ = ("_buffer", "_fill", "_size")
-
-    def __init__(self, fill: bool | int) -> None:
-        self._fill = fill
-        self._buffer = np.zeros(0, dtype=bool)
-        self._size = 0
-
-    def extended(self, mask: np.ndarray, rows: int) -> np.ndarray:
-        """``mask`` with the fill for the rows after it: O(new rows) when ``mask`` is the last
-        prefix this buffer handed out; else (a mask built from scratch, a full buffer) one copy
-        into a new buffer, which earlier prefixes do not share."""
-        if mask.base is not self._buffer or len(mask) != self._size or rows > len(self._buffer):
-            grown = np.full(rows + rows // 4 + 64, self._fill, dtype=mask.dtype)
-            grown[: len(mask)] = mask
-            self._buffer = grown
-        else:
-            self._buffer[self._size : rows] = self._fill
-        self._size = rows
-        return _read_only(self._buffer[:rows])
-
-
-class _Appended:
-    """A float64 series extended in place, as ``_MaskBuffer`` extends a mask: a buffer with slack
-    whose prefixes are handed out read-only; an append to the last prefix handed out costs the new
-    rows, anything else one copy into a new buffer."""
-
-    __slots__ = ("_buffer", "_size")
-
-    def __init__(self) -> None:
-        self._buffer = np.empty(0, dtype=np.float64)
-        self._size = 0
-
-    def extended(self, head: np.ndarray | None, new: np.ndarray) -> np.ndarray:
-        """``head`` (None: nothing) followed by ``new``."""
-        kept = 0 if head is None else len(head)
-        rows = kept + len(new)
-        if head is None or head.base is not self._buffer or kept != self._size or rows > len(self._buffer):
-            grown = np.empty(rows + rows // 4 + 64, dtype=np.float64)
-            grown[:kept] = head if head is not None else grown[:0]
-            self._buffer = grown
-        self._buffer[kept:rows] = new
-        self._size = rows
-        return _read_only(self._buffer[:rows])
+    for event, extended in grown.items():  # the effective rows a page picked, extended by the new ones
+        key = ("effective", event)
+        if extended and previous._memo.holds(key) and superseded[event].any():
+            pick = columns[event].picked(~superseded[event], functools.partial(_pick_into, lineage, event))
+            pick.extended_pick(
+                previous._memo.kept(key).value, previous.rows(event), functools.partial(_extend_into, lineage, event)
+            )
+            view.kept(key).value = pick
+    return view
 
 
 def _extended(lineage: Lineage, key: Hashable, mask: np.ndarray, rows: int, *, fill: bool | int = False) -> np.ndarray:
     """``mask`` with ``fill`` for the rows after it, from the buffer ``lineage`` keeps under ``key``."""
-    return _buffer(lineage, key, lambda: _MaskBuffer(fill)).extended(mask, rows)
+    return _buffer(lineage, key, lambda: MaskBuffer(fill)).extended(mask, rows)
 
 
 def _buffer(lineage: Lineage, key: Hashable, new: Callable[[], Any]) -> Any:
@@ -428,8 +420,3 @@ def _buffer(lineage: Lineage, key: Hashable, new: Callable[[], Any]) -> Any:
         if kept.value is EMPTY:
             kept.value = new()
         return kept.value
-
-
-def _read_only(mask: np.ndarray) -> np.ndarray:
-    mask.flags.writeable = False
-    return mask
