@@ -183,8 +183,15 @@ class KeptSummaries:
 
     # -- keeping ------------------------------------------------------------------------------
 
-    def keep(self, name: str, summary: RunSummary, metrics: _Metrics, data_key: tuple[int, ...] | None,
-             released: StatusRecord, position: Position) -> None:  # fmt: skip
+    def keep(
+        self,
+        name: str,
+        summary: RunSummary,
+        metrics: _Metrics,
+        data_key: tuple[int, ...] | None,
+        released: StatusRecord,
+        position: Position,
+    ) -> None:
         """Append run ``name``'s facts as its reader is released; nothing for a run that may still
         change without a write, or whose file is not on this machine's disk."""
         if summary.status not in SETTLED or data_key is None or released.identity is None or not released.on_disk:
@@ -198,9 +205,16 @@ class KeptSummaries:
             "k": list(data_key),
             "s": _encoded_summary(summary),
             "m": dict(metrics),
-            "r": [released.last_event, released.last_end_status, released.last_end_error,
-                  _time(released.last_record_time), released.pending_bytes, released.gap_s, released.lock_seen],
-        }  # fmt: skip
+            "r": [
+                released.last_event,
+                released.last_end_status,
+                released.last_end_error,
+                _time(released.last_record_time),
+                released.pending_bytes,
+                released.gap_s,
+                released.lock_seen,
+            ],
+        }
         payload = orjson.dumps(record)
         line = b"%08x %s\n" % (zlib.crc32(payload), payload)
         with self._lock:
@@ -279,16 +293,44 @@ def _when(value: str | None) -> datetime | None:
 
 def _encoded_summary(summary: RunSummary) -> list[Any]:
     loss = lambda last: None if last is None else [last.value, last.step]  # noqa: E731
-    return [summary.status, summary.records, summary.sessions, _time(summary.started),
-            _time(summary.last_record_time), summary.last_step, summary.tokens_seen, summary.skipped_updates,
-            loss(summary.train_loss), loss(summary.val_loss), summary.bad_lines, summary.pending_bytes,
-            summary.reason, summary.config, list(summary.loss_trend)]  # fmt: skip
+    return [
+        summary.status,
+        summary.records,
+        summary.sessions,
+        _time(summary.started),
+        _time(summary.last_record_time),
+        summary.last_step,
+        summary.tokens_seen,
+        summary.skipped_updates,
+        loss(summary.train_loss),
+        loss(summary.val_loss),
+        summary.bad_lines,
+        summary.pending_bytes,
+        summary.reason,
+        summary.config,
+        list(summary.loss_trend),
+    ]
 
 
 def _decode(record: dict[str, Any], file: LocalFile) -> Kept:
     """A kept line's facts, its run's file ``file`` (where its status record points)."""
-    (status, records, sessions, started, last_time, last_step, tokens, skipped, train, val, bad, pending,
-     reason, config, trend) = record["s"]  # fmt: skip
+    (
+        status,
+        records,
+        sessions,
+        started,
+        last_time,
+        last_step,
+        tokens,
+        skipped,
+        train,
+        val,
+        bad,
+        pending,
+        reason,
+        config,
+        trend,
+    ) = record["s"]
     loss = lambda last: None if last is None else LastValue(float(last[0]), int(last[1]))  # noqa: E731
     summary = RunSummary(
         status=str(status),
@@ -311,6 +353,17 @@ def _decode(record: dict[str, Any], file: LocalFile) -> Kept:
         {str(key): (float(last), float(low), float(high)) for key, (last, low, high) in record["m"].items()}
     )
     event, end_status, end_error, record_time, pending_bytes, gap, lock_seen = record["r"]
-    released = StatusRecord(file.path, True, tuple(record["id"]), event, end_status, end_error,
-                            _when(record_time), int(pending_bytes), gap, bool(lock_seen), file.within)  # fmt: skip
+    released = StatusRecord(
+        file.path,
+        True,
+        tuple(record["id"]),
+        event,
+        end_status,
+        end_error,
+        _when(record_time),
+        int(pending_bytes),
+        gap,
+        bool(lock_seen),
+        file.within,
+    )
     return Kept(summary, metrics, tuple(int(value) for value in record["k"]), released)

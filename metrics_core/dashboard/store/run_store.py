@@ -132,8 +132,18 @@ class RunStore:
         self._table: tuple[tuple[int, int], pd.DataFrame, np.ndarray] | None = None
         self._viewed = ViewedRuns(settings, settings.clock)  # the runs pages are on, and what they may hold
         # Work counters, read by the complexity tests (work is counted, not timed).
-        counted = ("find_runs", "summaries", "views", "table_builds", "background_reads", "releases", "reopens",
-                   "resolves", "cache_saves", "prepared")  # fmt: skip
+        counted = (
+            "find_runs",
+            "summaries",
+            "views",
+            "table_builds",
+            "background_reads",
+            "releases",
+            "reopens",
+            "resolves",
+            "cache_saves",
+            "prepared",
+        )
         self.stats: dict[str, int] = dict.fromkeys(counted, 0)
         self._listing = RootListing(self.source, clock=settings.clock, stats=self.stats)
         self.saver = CacheSaver(self.stats, delay_s=settings.saver_delay_s)
